@@ -1,0 +1,124 @@
+// libtiermem: a trainer's view of tiermem memory.
+//
+//   auto client = tiermem::Client::connect({});
+//   auto a = (*client)->alloc(64 << 20, {.tier = tiermem::Tier::dram});
+//   (*client)->write(a->gva, buf.data(), buf.size());
+//
+// Every call returns a Status or Result; nothing throws. A Client is safe to use
+// from several threads at once. Data written with write() and read with read()
+// is copied straight into the tier's memory when the tier is mapped into this
+// process (DRAM, PMEM on the local node); otherwise it goes through the daemon.
+// Both paths follow the page versions (seqlock), so a read never returns bytes
+// torn by a concurrent write, migration or free.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tiermem/gva.h>
+#include <tiermem/status.h>
+#include <tiermem/types.h>
+
+namespace tiermem {
+
+struct ClientOptions {
+  // Daemon control socket. Empty: $TIERMEM_SOCKET, else
+  // /run/tiermem/tiermemd.sock.
+  std::string socket_path;
+  // Shown in the daemon's log.
+  std::string client_name = "libtiermem";
+  // Map DRAM/PMEM tiers into this process to copy directly (zero-copy path).
+  // When false every read and write goes through the daemon.
+  bool direct_access = true;
+};
+
+namespace detail {
+class ClientCore;
+}
+
+// Memory of one allocation mapped into this process. The bytes are the tier's
+// memory itself: writes through the span are visible to every other mapping at
+// once, with no versioning (the allocation is pinned while mapped, so it is
+// never migrated underneath). For PMEM call persist() to make writes durable.
+// Unmaps on destruction. Movable, not copyable; keeps its Client's connection
+// alive.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(Mapping&&) noexcept;
+  Mapping& operator=(Mapping&&) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
+
+  std::span<std::byte> bytes() const { return {m_data, m_size}; }
+  std::byte* data() const { return m_data; }
+  size_t size() const { return m_size; }
+  const AllocationInfo& allocation() const { return m_allocation; }
+
+  // Flushes [offset, offset+length) to persistence (PMEM); no-op on DRAM.
+  Status persist(size_t offset, size_t length) const;
+
+ private:
+  friend class Client;
+  void release();
+
+  std::shared_ptr<detail::ClientCore> m_core;
+  AllocationInfo m_allocation;
+  std::byte* m_data = nullptr;
+  size_t m_size = 0;
+  size_t m_reserved = 0;
+  bool m_persistent = false;
+};
+
+class Client {
+ public:
+  // Connects to the daemon and exchanges protocol versions. Errors:
+  // connection_failed (no daemon on the socket), protocol_mismatch.
+  static Result<std::unique_ptr<Client>> connect(const ClientOptions& options);
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  NodeId node() const;        // the local daemon's node id
+  uint64_t page_size() const;
+
+  // Allocates `size` bytes (rounded up to pages). Errors: invalid_argument
+  // (size 0), already_exists (name taken), tier_exhausted, tier_unavailable.
+  Result<AllocationInfo> alloc(uint64_t size, const AllocOptions& options = {});
+  // Frees the allocation that starts at `gva`. Errors: not_allocated (unknown
+  // or already freed; says when), stale_generation, failed_precondition
+  // (still mapped by someone).
+  Status free(Gva gva);
+  Result<AllocationInfo> lookup(std::string_view name);
+  Result<Translation> translate(Gva gva);
+
+  // Copies into / out of the allocation holding `gva`. The range must lie
+  // inside one allocation (out_of_range otherwise).
+  Status write(Gva gva, const void* data, size_t length);
+  Status read(Gva gva, void* data, size_t length);
+  Status write(Gva gva, std::span<const std::byte> data) {
+    return write(gva, data.data(), data.size());
+  }
+  Status read(Gva gva, std::span<std::byte> out) { return read(gva, out.data(), out.size()); }
+
+  // Maps the whole allocation starting at `gva` into this process. Errors:
+  // not_supported (a tier that cannot be shared, e.g. VRAM without CUDA here).
+  Result<Mapping> map(Gva gva);
+
+  Result<NodeStat> stat();
+  Result<std::vector<AllocationInfo>> list();
+  Result<MappingDump> dump();
+
+ private:
+  explicit Client(std::shared_ptr<detail::ClientCore> core);
+  std::shared_ptr<detail::ClientCore> m_core;
+};
+
+}  // namespace tiermem

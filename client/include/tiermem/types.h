@@ -1,0 +1,115 @@
+// Plain value types shared by the client API, the daemon and the tools.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tiermem/gva.h>
+#include <tiermem/status.h>
+
+namespace tiermem {
+
+// Memory tiers, fastest first. The numeric values travel on the wire.
+enum class Tier : uint8_t {
+  automatic = 0,  // requests only: placement picks the fastest tier with room
+  vram = 1,
+  dram = 2,
+  pmem = 3,
+};
+inline constexpr Tier k_tiers_fastest_first[] = {Tier::vram, Tier::dram, Tier::pmem};
+
+// "vram", "dram", "pmem" or "auto".
+std::string_view tier_name(Tier tier);
+// Inverse of tier_name (case-insensitive); invalid_argument otherwise.
+Result<Tier> parse_tier(std::string_view text);
+
+// Page flags (M2). A page of an allocation always has read and write; pinned
+// while a client has it mapped (migration refused); durable on PMEM.
+enum PageFlag : uint32_t {
+  k_page_read = 1u << 0,
+  k_page_write = 1u << 1,
+  k_page_coherent = 1u << 2,
+  k_page_pinned = 1u << 3,
+  k_page_durable = 1u << 4,
+};
+// "RW-PD" style text: R W C P D, '-' for a cleared flag.
+std::string page_flags_text(uint32_t flags);
+
+struct AllocOptions {
+  Tier tier = Tier::automatic;
+  bool strict = false;  // fail instead of falling back to a slower tier
+  std::string name;     // optional, unique on the daemon; find it with lookup()
+};
+
+struct AllocationInfo {
+  Gva gva;
+  uint64_t size = 0;
+  Tier tier = Tier::automatic;
+  std::string name;
+  uint64_t pages = 0;
+  uint32_t map_count = 0;  // clients holding a Mapping of it
+  uint64_t created_unix_ms = 0;
+  uint32_t owner_uid = 0;
+};
+
+struct TierStat {
+  Tier tier = Tier::automatic;
+  uint64_t capacity_bytes = 0;
+  uint64_t used_bytes = 0;
+  uint64_t free_bytes = 0;
+  bool persistent = false;
+  bool shareable = false;  // co-located clients can map it
+  std::string backing;     // memfd name, pool file, or device
+  uint64_t allocations = 0;
+};
+
+struct NodeStat {
+  NodeId node = 0;
+  uint64_t page_size = 0;
+  std::vector<TierStat> tiers;
+  uint64_t allocations = 0;
+  uint64_t sessions = 0;
+  uint64_t uptime_ms = 0;
+  std::string daemon_version;
+  std::string socket_path;
+};
+
+// One page-table entry as seen from outside (M2, M3).
+struct PageInfo {
+  uint64_t page_index = 0;  // virtual page number in the home node's range
+  Tier tier = Tier::automatic;
+  NodeId node = 0;          // where the frame physically is
+  uint64_t frame_offset = 0;
+  uint32_t flags = 0;
+  uint64_t version = 0;     // the page's version word (M4)
+  uint64_t valid_mask = 0;  // L3: sub-blocks ever written
+  uint64_t dirty_mask = 0;  // L3: sub-blocks written since last persist/migration
+};
+
+// A physically contiguous run of an allocation.
+struct Extent {
+  Tier tier = Tier::automatic;
+  NodeId node = 0;
+  uint64_t frame_offset = 0;  // byte offset in the tier region
+  uint64_t gva_offset = 0;    // from the allocation's base
+  uint64_t length = 0;
+};
+
+struct Translation {
+  AllocationInfo allocation;
+  uint64_t offset_in_allocation = 0;
+  PageInfo page;                // the page holding the translated address
+  std::vector<Extent> extents;  // the whole allocation's layout
+};
+
+struct MappingDump {
+  NodeId node = 0;
+  uint64_t page_size = 0;
+  uint64_t l2_pages = 0;  // pages per L2 table (storage domain)
+  std::vector<AllocationInfo> allocations;
+  std::vector<PageInfo> pages;
+};
+
+}  // namespace tiermem

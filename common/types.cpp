@@ -1,0 +1,39 @@
+#include <tiermem/types.h>
+
+#include <cctype>
+#include <string>
+
+namespace tiermem {
+
+std::string_view tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::automatic: return "auto";
+    case Tier::vram: return "vram";
+    case Tier::dram: return "dram";
+    case Tier::pmem: return "pmem";
+  }
+  return "unknown";
+}
+
+Result<Tier> parse_tier(std::string_view text) {
+  std::string s;
+  for (char c : text) s += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (Tier t : {Tier::automatic, Tier::vram, Tier::dram, Tier::pmem}) {
+    if (s == tier_name(t)) return t;
+  }
+  return Status(ErrorCode::invalid_argument,
+                "unknown tier '" + std::string(text) + "' (use vram, dram, pmem or auto)");
+}
+
+std::string page_flags_text(uint32_t flags) {
+  static constexpr struct {
+    uint32_t bit;
+    char c;
+  } k_letters[] = {{k_page_read, 'R'},   {k_page_write, 'W'},  {k_page_coherent, 'C'},
+                   {k_page_pinned, 'P'}, {k_page_durable, 'D'}};
+  std::string out;
+  for (const auto& l : k_letters) out += (flags & l.bit) ? l.c : '-';
+  return out;
+}
+
+}  // namespace tiermem

@@ -1,0 +1,197 @@
+#include "daemon/config.hpp"
+
+#include <bit>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "common/units.hpp"
+
+namespace tiermem {
+namespace {
+
+// Walks the document, converting known keys and remembering them so that any
+// key left over is reported (a typo must not silently keep a default).
+class ConfigReader {
+ public:
+  ConfigReader(const toml::table& root, std::string_view source)
+      : m_root(root), m_source(source) {}
+
+  template <typename T>
+  void integer(std::string_view path, T* out, int64_t min, int64_t max) {
+    const toml::node* n = find(path);
+    if (n == nullptr) return;
+    auto v = n->value<int64_t>();
+    if (!v) return fail(*n, path, "must be an integer");
+    if (*v < min || *v > max) {
+      return fail(*n, path, "must be between " + std::to_string(min) + " and " + std::to_string(max));
+    }
+    *out = static_cast<T>(*v);
+  }
+
+  void size(std::string_view path, uint64_t* out) {
+    const toml::node* n = find(path);
+    if (n == nullptr) return;
+    if (auto i = n->value<int64_t>()) {
+      if (*i < 0) return fail(*n, path, "must not be negative");
+      *out = static_cast<uint64_t>(*i);
+      return;
+    }
+    auto s = n->value<std::string>();
+    if (!s) return fail(*n, path, "must be a size such as 1073741824 or \"1GiB\"");
+    auto parsed = parse_size(*s);
+    if (!parsed.ok()) return fail(*n, path, parsed.status().message());
+    *out = *parsed;
+  }
+
+  void string(std::string_view path, std::string* out) {
+    const toml::node* n = find(path);
+    if (n == nullptr) return;
+    auto s = n->value<std::string>();
+    if (!s) return fail(*n, path, "must be a string");
+    *out = *s;
+  }
+
+  void boolean(std::string_view path, bool* out) {
+    const toml::node* n = find(path);
+    if (n == nullptr) return;
+    auto b = n->value<bool>();
+    if (!b) return fail(*n, path, "must be true or false");
+    *out = *b;
+  }
+
+  void octal_mode(std::string_view path, uint32_t* out) {
+    const toml::node* n = find(path);
+    if (n == nullptr) return;
+    auto s = n->value<std::string>();
+    if (!s || s->empty() || s->find_first_not_of("01234567") != std::string::npos ||
+        std::stoul(*s, nullptr, 8) > 0777) {
+      return fail(*n, path, "must be an octal mode in quotes, such as \"0660\"");
+    }
+    *out = static_cast<uint32_t>(std::stoul(*s, nullptr, 8));
+  }
+
+  // Reports keys nobody asked for. Call after every known key was read.
+  void reject_unknown() { walk(m_root, ""); }
+
+  void fail(const toml::node& n, std::string_view path, const std::string& why) {
+    if (!m_status.ok()) return;
+    m_status = Status(ErrorCode::config_error, std::string(m_source) + ":" +
+                                                   std::to_string(n.source().begin.line) + ": " +
+                                                   std::string(path) + " " + why);
+  }
+
+  const Status& status() const { return m_status; }
+
+ private:
+  const toml::node* find(std::string_view path) {
+    m_known.insert(std::string(path));
+    return m_root.at_path(path).node();
+  }
+
+  void walk(const toml::table& table, const std::string& prefix) {
+    for (const auto& [key, node] : table) {
+      const std::string path = prefix.empty() ? std::string(key.str()) : prefix + "." + std::string(key.str());
+      if (const toml::table* sub = node.as_table()) {
+        if (!is_known_prefix(path)) fail(node, path, "is not a known section");
+        else walk(*sub, path);
+      } else if (m_known.count(path) == 0) {
+        fail(node, path, "is not a known key (see config/tiermemd.toml for every key)");
+      }
+    }
+  }
+
+  bool is_known_prefix(const std::string& prefix) const {
+    for (const auto& k : m_known) {
+      if (k.size() > prefix.size() && k.compare(0, prefix.size(), prefix) == 0 && k[prefix.size()] == '.') {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  const toml::table& m_root;
+  std::string_view m_source;
+  std::set<std::string> m_known;
+  Status m_status;
+};
+
+Status check(const DaemonConfig& c, std::string_view source) {
+  auto bad = [&](const std::string& why) {
+    return Status(ErrorCode::config_error, std::string(source) + ": " + why);
+  };
+  if (!std::has_single_bit(c.page_size) || c.page_size < 4096) {
+    return bad("mapping.page_size " + std::to_string(c.page_size) +
+               " must be a power of two of at least 4 KiB");
+  }
+  if (c.socket_path.empty()) return bad("control.socket must not be empty");
+  if (c.socket_path.size() >= 108) return bad("control.socket path is longer than a Unix socket allows (107)");
+  if (c.max_frame_bytes < 4096) return bad("control.max_frame_bytes must be at least 4 KiB");
+  if (c.max_inline_bytes + 4096 > c.max_frame_bytes) {
+    return bad("control.max_inline_bytes must be at least 4 KiB below control.max_frame_bytes");
+  }
+  if (c.dram_enabled && c.dram_capacity < c.page_size) return bad("tiers.dram.capacity is smaller than one page");
+  if (c.pmem_enabled && c.pmem_capacity < c.page_size) return bad("tiers.pmem.capacity is smaller than one page");
+  if (c.pmem_enabled && c.pmem_path.empty()) return bad("tiers.pmem.path must name the pool file");
+  if (!c.dram_enabled && !c.pmem_enabled && !c.vram_enabled) return bad("every tier is disabled");
+  static const std::set<std::string> k_levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (k_levels.count(c.log_level) == 0) {
+    return bad("log.level '" + c.log_level + "' is not one of trace, debug, info, warn, error, critical, off");
+  }
+  return Status();
+}
+
+}  // namespace
+
+Result<DaemonConfig> parse_config(std::string_view text, std::string_view source) {
+  // Debian's toml++ is built with exceptions; the only one it throws is
+  // caught right here and becomes a Status.
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& err) {
+    return Status(ErrorCode::config_error, std::string(source) + ":" +
+                                               std::to_string(err.source().begin.line) + ": " +
+                                               std::string(err.description()));
+  }
+  DaemonConfig c;
+  c.source = std::string(source);
+  ConfigReader r(root, source);
+  r.integer("node.id", &c.node_id, 1, 0xffff);
+  r.string("control.socket", &c.socket_path);
+  r.octal_mode("control.socket_mode", &c.socket_mode);
+  r.size("control.max_frame_bytes", &c.max_frame_bytes);
+  r.size("control.max_inline_bytes", &c.max_inline_bytes);
+  r.size("mapping.page_size", &c.page_size);
+  r.integer("mapping.virtual_pages", &c.virtual_pages, 0, int64_t{1} << 40);
+  r.boolean("tiers.dram.enabled", &c.dram_enabled);
+  r.size("tiers.dram.capacity", &c.dram_capacity);
+  r.boolean("tiers.pmem.enabled", &c.pmem_enabled);
+  r.string("tiers.pmem.path", &c.pmem_path);
+  r.size("tiers.pmem.capacity", &c.pmem_capacity);
+  r.boolean("tiers.vram.enabled", &c.vram_enabled);
+  r.boolean("tiers.vram.required", &c.vram_required);
+  r.integer("tiers.vram.device", &c.vram_device, 0, 1023);
+  r.size("tiers.vram.capacity", &c.vram_capacity);
+  r.string("log.level", &c.log_level);
+  r.reject_unknown();
+  if (!r.status().ok()) return r.status();
+  Status s = check(c, source);
+  if (!s.ok()) return s;
+  return c;
+}
+
+Result<DaemonConfig> load_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return Status(ErrorCode::config_error,
+                  "cannot read config file " + path + " (does it exist and is it readable?)");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path);
+}
+
+}  // namespace tiermem

@@ -1,0 +1,24 @@
+#include "mapping/tier_backend.hpp"
+
+#include <vector>
+
+namespace tiermem {
+
+Status TierBackend::copy_from(const TierBackend& source, uint64_t source_offset, uint64_t offset,
+                              size_t length) {
+  if (std::byte* src = source.host_base()) return write(offset, src + source_offset, length);
+  // Neither side addressable by the CPU as a whole: bounce through host memory.
+  constexpr size_t k_chunk = 4 << 20;
+  std::vector<std::byte> bounce(length < k_chunk ? length : k_chunk);
+  for (size_t done = 0; done < length;) {
+    const size_t n = length - done < bounce.size() ? length - done : bounce.size();
+    Status s = source.read(source_offset + done, bounce.data(), n);
+    if (!s.ok()) return s;
+    s = write(offset + done, bounce.data(), n);
+    if (!s.ok()) return s;
+    done += n;
+  }
+  return Status();
+}
+
+}  // namespace tiermem

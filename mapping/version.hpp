@@ -1,0 +1,135 @@
+// Page version words (M4) and the seqlock discipline that guards page data.
+//
+// Each page has one 64-bit word:  [ epoch : 16 | sequence : 48 ]
+//   sequence even  - the page is stable;
+//   sequence odd   - a writer (or migration, or free) is changing it;
+//   epoch          - bumped whenever the page's translation changes (alloc,
+//                    free, migration), so a client that cached the
+//                    translation with another epoch knows it is stale.
+//
+// Writers: lock (CAS even v -> v+1), change the data, unlock (store v+2,
+// release). Readers (FaRM-style optimistic): v1 = load-acquire (retry while
+// odd), copy the data, acquire fence, v2 = load; accept the copy only when
+// v1 == v2. Remote peers do the same with one-sided atomics on the same words,
+// which is why the words live in one plain aligned array (VersionArray).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+namespace tiermem::version {
+
+inline constexpr unsigned k_epoch_shift = 48;
+inline constexpr uint64_t k_sequence_mask = (uint64_t{1} << k_epoch_shift) - 1;
+
+inline bool is_locked(uint64_t v) { return (v & 1) != 0; }
+inline uint16_t epoch_of(uint64_t v) { return static_cast<uint16_t>(v >> k_epoch_shift); }
+inline uint64_t sequence_of(uint64_t v) { return v & k_sequence_mask; }
+// A stable word of the next epoch: what a translation change leaves behind.
+inline uint64_t next_epoch(uint64_t v) {
+  return static_cast<uint64_t>(static_cast<uint16_t>(epoch_of(v) + 1)) << k_epoch_shift;
+}
+
+using WordRef = std::atomic_ref<uint64_t>;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Waits until the word is stable and returns it (read side, step 1).
+inline uint64_t read_begin(uint64_t& word) {
+  for (;;) {
+    const uint64_t v = WordRef(word).load(std::memory_order_acquire);
+    if (!is_locked(v)) return v;
+    cpu_relax();
+  }
+}
+
+// True when nothing changed the page since read_begin returned `start`.
+inline bool read_validate(uint64_t& word, uint64_t start) {
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return WordRef(word).load(std::memory_order_relaxed) == start;
+}
+
+// Tries to lock a stable word whose current value is `expected`. On failure
+// *expected receives the value seen.
+inline bool try_lock(uint64_t& word, uint64_t* expected) {
+  if (is_locked(*expected)) return false;
+  return WordRef(word).compare_exchange_strong(*expected, *expected + 1,
+                                               std::memory_order_acquire,
+                                               std::memory_order_relaxed);
+}
+
+// Locks the word, waiting for any other writer; returns the locked value.
+inline uint64_t lock(uint64_t& word) {
+  uint64_t v = WordRef(word).load(std::memory_order_relaxed);
+  for (;;) {
+    if (!is_locked(v) && try_lock(word, &v)) return v + 1;
+    cpu_relax();
+    v = WordRef(word).load(std::memory_order_relaxed);
+  }
+}
+
+// Releases a word locked at value `locked` (odd): the data became visible.
+inline void unlock(uint64_t& word, uint64_t locked) {
+  WordRef(word).store(locked + 1, std::memory_order_release);
+}
+
+// Releases a locked word into the next epoch: the translation changed.
+inline void unlock_new_epoch(uint64_t& word, uint64_t locked) {
+  WordRef(word).store(next_epoch(locked), std::memory_order_release);
+}
+
+// Bounded variants for the daemon, which must not hang on a word left locked
+// by a client that died mid-write: they give up after `timeout`.
+class SpinWait {
+ public:
+  explicit SpinWait(std::chrono::nanoseconds timeout)
+      : m_deadline(std::chrono::steady_clock::now() + timeout) {}
+  // Pauses; false once the deadline has passed.
+  bool again() {
+    if (++m_spins < 1024) {
+      cpu_relax();
+      return true;
+    }
+    std::this_thread::yield();
+    return (m_spins & 63) != 0 || std::chrono::steady_clock::now() < m_deadline;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point m_deadline;
+  unsigned m_spins = 0;
+};
+
+inline bool read_begin_for(uint64_t& word, std::chrono::nanoseconds timeout, uint64_t* out) {
+  SpinWait wait(timeout);
+  for (;;) {
+    const uint64_t v = WordRef(word).load(std::memory_order_acquire);
+    if (!is_locked(v)) {
+      *out = v;
+      return true;
+    }
+    if (!wait.again()) return false;
+  }
+}
+
+inline bool lock_for(uint64_t& word, std::chrono::nanoseconds timeout, uint64_t* locked) {
+  SpinWait wait(timeout);
+  uint64_t v = WordRef(word).load(std::memory_order_relaxed);
+  for (;;) {
+    if (!is_locked(v) && try_lock(word, &v)) {
+      *locked = v + 1;
+      return true;
+    }
+    if (!wait.again()) return false;
+    v = WordRef(word).load(std::memory_order_relaxed);
+  }
+}
+
+inline uint64_t load(uint64_t& word) { return WordRef(word).load(std::memory_order_acquire); }
+
+}  // namespace tiermem::version

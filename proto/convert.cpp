@@ -1,0 +1,130 @@
+#include "convert.hpp"
+
+namespace tiermem::wire {
+
+proto::Tier to_proto(Tier tier) { return static_cast<proto::Tier>(tier); }
+
+Tier from_proto(proto::Tier tier) {
+  switch (tier) {
+    case proto::TIER_VRAM: return Tier::vram;
+    case proto::TIER_DRAM: return Tier::dram;
+    case proto::TIER_PMEM: return Tier::pmem;
+    default: return Tier::automatic;
+  }
+}
+
+void to_proto(const Gva& gva, proto::Gva* out) {
+  out->set_node(gva.node);
+  out->set_offset(gva.offset);
+  out->set_generation(gva.generation);
+}
+
+Gva from_proto(const proto::Gva& gva) {
+  Gva out;
+  out.node = static_cast<NodeId>(gva.node());
+  out.offset = gva.offset();
+  out.generation = gva.generation();
+  return out;
+}
+
+void to_proto(const Status& status, proto::Status* out) {
+  out->set_code(static_cast<uint32_t>(status.code()));
+  out->set_message(status.message());
+}
+
+Status from_proto(const proto::Status& status) {
+  if (status.code() == 0) return Status();
+  return Status(static_cast<ErrorCode>(status.code()), status.message());
+}
+
+void to_proto(const AllocationInfo& info, proto::AllocationInfo* out) {
+  to_proto(info.gva, out->mutable_gva());
+  out->set_size(info.size);
+  out->set_tier(to_proto(info.tier));
+  out->set_name(info.name);
+  out->set_pages(info.pages);
+  out->set_map_count(info.map_count);
+  out->set_created_unix_ms(info.created_unix_ms);
+  out->set_owner_uid(info.owner_uid);
+}
+
+AllocationInfo from_proto(const proto::AllocationInfo& info) {
+  AllocationInfo out;
+  out.gva = from_proto(info.gva());
+  out.size = info.size();
+  out.tier = from_proto(info.tier());
+  out.name = info.name();
+  out.pages = info.pages();
+  out.map_count = info.map_count();
+  out.created_unix_ms = info.created_unix_ms();
+  out.owner_uid = info.owner_uid();
+  return out;
+}
+
+void to_proto(const TierStat& stat, proto::TierInfo* out) {
+  out->set_tier(to_proto(stat.tier));
+  out->set_capacity_bytes(stat.capacity_bytes);
+  out->set_used_bytes(stat.used_bytes);
+  out->set_free_bytes(stat.free_bytes);
+  out->set_persistent(stat.persistent);
+  out->set_shareable(stat.shareable);
+  out->set_backing(stat.backing);
+  out->set_allocations(stat.allocations);
+}
+
+TierStat from_proto(const proto::TierInfo& info) {
+  TierStat out;
+  out.tier = from_proto(info.tier());
+  out.capacity_bytes = info.capacity_bytes();
+  out.used_bytes = info.used_bytes();
+  out.free_bytes = info.free_bytes();
+  out.persistent = info.persistent();
+  out.shareable = info.shareable();
+  out.backing = info.backing();
+  out.allocations = info.allocations();
+  return out;
+}
+
+void to_proto(const PageInfo& page, proto::PageInfo* out) {
+  out->set_page_index(page.page_index);
+  out->set_tier(to_proto(page.tier));
+  out->set_node(page.node);
+  out->set_frame_offset(page.frame_offset);
+  out->set_flags(page.flags);
+  out->set_version(page.version);
+  out->set_valid_mask(page.valid_mask);
+  out->set_dirty_mask(page.dirty_mask);
+}
+
+PageInfo from_proto(const proto::PageInfo& page) {
+  PageInfo out;
+  out.page_index = page.page_index();
+  out.tier = from_proto(page.tier());
+  out.node = static_cast<NodeId>(page.node());
+  out.frame_offset = page.frame_offset();
+  out.flags = page.flags();
+  out.version = page.version();
+  out.valid_mask = page.valid_mask();
+  out.dirty_mask = page.dirty_mask();
+  return out;
+}
+
+void to_proto(const Extent& extent, proto::Extent* out) {
+  out->set_tier(to_proto(extent.tier));
+  out->set_node(extent.node);
+  out->set_frame_offset(extent.frame_offset);
+  out->set_gva_offset(extent.gva_offset);
+  out->set_length(extent.length);
+}
+
+Extent from_proto(const proto::Extent& extent) {
+  Extent out;
+  out.tier = from_proto(extent.tier());
+  out.node = static_cast<NodeId>(extent.node());
+  out.frame_offset = extent.frame_offset();
+  out.gva_offset = extent.gva_offset();
+  out.length = extent.length();
+  return out;
+}
+
+}  // namespace tiermem::wire

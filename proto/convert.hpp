@@ -1,0 +1,33 @@
+// Conversions between the public value types and their protobuf messages.
+#pragma once
+
+#include <tiermem/gva.h>
+#include <tiermem/status.h>
+#include <tiermem/types.h>
+
+#include "control.pb.h"
+
+namespace tiermem::wire {
+
+proto::Tier to_proto(Tier tier);
+Tier from_proto(proto::Tier tier);
+
+void to_proto(const Gva& gva, proto::Gva* out);
+Gva from_proto(const proto::Gva& gva);
+
+void to_proto(const Status& status, proto::Status* out);
+Status from_proto(const proto::Status& status);
+
+void to_proto(const AllocationInfo& info, proto::AllocationInfo* out);
+AllocationInfo from_proto(const proto::AllocationInfo& info);
+
+void to_proto(const TierStat& stat, proto::TierInfo* out);
+TierStat from_proto(const proto::TierInfo& info);
+
+void to_proto(const PageInfo& page, proto::PageInfo* out);
+PageInfo from_proto(const proto::PageInfo& page);
+
+void to_proto(const Extent& extent, proto::Extent* out);
+Extent from_proto(const proto::Extent& extent);
+
+}  // namespace tiermem::wire
