@@ -132,13 +132,19 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const SessionState& s
 }
 
 Status RequestHandler::translate(const proto::TranslateRequest& r, proto::TranslateResponse* out) {
-  auto t = m_space.translate(wire::from_proto(r.gva()));
+  const Gva gva = wire::from_proto(r.gva());
+  auto t = m_space.translate(gva);
   if (!t.ok()) return t.status();
-  wire::to_proto(t->allocation, out->mutable_allocation());
-  out->set_offset_in_allocation(t->offset_in_allocation);
+  // The layout is read under one lock: extents and versions agree, which is
+  // what a client's cache relies on.
+  auto layout = m_space.layout(gva);
+  if (!layout.ok()) return layout.status();
+  wire::to_proto(layout->info, out->mutable_allocation());
+  out->set_offset_in_allocation(gva.offset - layout->info.gva.offset);
   wire::to_proto(t->page, out->add_pages());
-  for (const Extent& x : t->extents) wire::to_proto(x, out->add_extents());
-  out->set_first_page_index(t->allocation.gva.offset / m_space.page_size());
+  for (const Extent& x : layout->extents) wire::to_proto(x, out->add_extents());
+  out->set_first_page_index(layout->first_page);
+  for (uint64_t v : layout->page_versions) out->add_page_versions(v);
   return Status();
 }
 

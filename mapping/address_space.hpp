@@ -54,10 +54,13 @@ struct AllocRequest {
 };
 
 // What a client needs to map an allocation: its info and physical layout.
+// What a client caches to reach an allocation directly: its info, physical
+// layout and the version word of every page, all read under one lock.
 struct AllocationLayout {
   AllocationInfo info;
   uint64_t first_page = 0;
   std::vector<Extent> extents;
+  std::vector<uint64_t> page_versions;
 };
 
 class AddressSpace {
@@ -82,6 +85,8 @@ class AddressSpace {
 
   Result<AllocationInfo> lookup(std::string_view name) const;
   Result<Translation> translate(Gva gva) const;
+  // The layout of the allocation holding `gva`. Errors as translate().
+  Result<AllocationLayout> layout(Gva gva) const;
 
   // Copies into/out of the allocation holding `gva`; the range must lie inside
   // it. Errors: not_allocated, stale_generation, out_of_range, busy (a page
@@ -132,6 +137,7 @@ class AddressSpace {
   Status not_allocated_error(Gva gva) const;
   AllocationInfo info_of(const Allocation& a) const;
   std::vector<Extent> extents_of(const Allocation& a) const;
+  AllocationLayout layout_of(const Allocation& a) const;
   PageInfo page_info(uint64_t page) const;
   bool take_frames(TierState& tier, uint64_t pages, std::vector<UnitRange>* frames);
   Status exhausted_error(const AllocRequest& request, uint64_t pages,

@@ -88,6 +88,26 @@ std::vector<Extent> AddressSpace::extents_of(const Allocation& a) const {
   return out;
 }
 
+AllocationLayout AddressSpace::layout_of(const Allocation& a) const {
+  AllocationLayout layout;
+  layout.info = info_of(a);
+  layout.first_page = a.first_page;
+  layout.extents = extents_of(a);
+  layout.page_versions.reserve(a.pages);
+  auto& versions = const_cast<VersionArray&>(m_versions);
+  for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
+    layout.page_versions.push_back(version::load(versions.word(p)));
+  }
+  return layout;
+}
+
+Result<AllocationLayout> AddressSpace::layout(Gva gva) const {
+  std::shared_lock lock(m_mutex);
+  auto located = locate(gva);
+  if (!located.ok()) return located.status();
+  return layout_of(**located);
+}
+
 PageInfo AddressSpace::page_info(uint64_t page) const {
   PageInfo p;
   p.page_index = page;
@@ -185,11 +205,7 @@ Result<AllocationLayout> AddressSpace::pin(Gva gva) {
   if (!located.ok()) return located.status();
   auto& a = const_cast<Allocation&>(**located);
   if (a.map_count++ == 0) set_pinned(a, true);
-  AllocationLayout layout;
-  layout.info = info_of(a);
-  layout.first_page = a.first_page;
-  layout.extents = extents_of(a);
-  return layout;
+  return layout_of(a);
 }
 
 Status AddressSpace::unpin(Gva gva) {

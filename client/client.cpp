@@ -1,0 +1,206 @@
+#include <tiermem/client.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "client/client_core.hpp"
+#include "convert.hpp"
+
+namespace tiermem {
+
+using detail::ClientCore;
+
+Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
+  auto core = ClientCore::connect(options);
+  if (!core.ok()) return core.status();
+  return std::unique_ptr<Client>(new Client(std::move(core).value()));
+}
+
+Client::Client(std::shared_ptr<ClientCore> core) : m_core(std::move(core)) {}
+Client::~Client() = default;
+
+NodeId Client::node() const { return m_core->node(); }
+uint64_t Client::page_size() const { return m_core->page_size(); }
+
+Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options) {
+  proto::Request request;
+  proto::AllocRequest* a = request.mutable_alloc();
+  a->set_size(size);
+  a->set_tier(wire::to_proto(options.tier));
+  a->set_strict(options.strict);
+  a->set_name(options.name);
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  return wire::from_proto(response->alloc().allocation());
+}
+
+Status Client::free(Gva gva) {
+  proto::Request request;
+  wire::to_proto(gva, request.mutable_free()->mutable_gva());
+  auto response = m_core->connection().call(request);
+  if (response.ok()) m_core->forget(gva);
+  return response.status();
+}
+
+Result<AllocationInfo> Client::lookup(std::string_view name) {
+  proto::Request request;
+  request.mutable_lookup()->set_name(std::string(name));
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  return wire::from_proto(response->lookup().allocation());
+}
+
+Result<Translation> Client::translate(Gva gva) {
+  proto::Request request;
+  wire::to_proto(gva, request.mutable_translate()->mutable_gva());
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  const proto::TranslateResponse& t = response->translate();
+  Translation out;
+  out.allocation = wire::from_proto(t.allocation());
+  out.offset_in_allocation = t.offset_in_allocation();
+  if (t.pages_size() > 0) out.page = wire::from_proto(t.pages(0));
+  for (const auto& x : t.extents()) out.extents.push_back(wire::from_proto(x));
+  return out;
+}
+
+Status Client::write(Gva gva, const void* data, size_t length) {
+  return m_core->write(gva, data, length);
+}
+
+Status Client::read(Gva gva, void* data, size_t length) { return m_core->read(gva, data, length); }
+
+Result<Mapping> Client::map(Gva gva) {
+  proto::Request request;
+  wire::to_proto(gva, request.mutable_map()->mutable_gva());
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  const AllocationInfo info = wire::from_proto(response->map().allocation());
+
+  Mapping m;
+  m.m_core = m_core;
+  m.m_allocation = info;
+  auto unpin_on_error = [&](Status s) {
+    m.release();
+    return s;
+  };
+  auto fd = m_core->region_fd(info.tier);
+  if (!fd.ok()) return unpin_on_error(fd.status().with_context("map " + info.gva.to_string()));
+
+  // Reserve one range for the whole allocation, then place each physically
+  // contiguous extent into it.
+  m.m_reserved = info.pages * page_size();
+  void* base = ::mmap(nullptr, m.m_reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    m.m_reserved = 0;
+    return unpin_on_error(Status(ErrorCode::io_error, std::string("reserving address space: ") + std::strerror(errno)));
+  }
+  m.m_data = static_cast<std::byte*>(base);
+  m.m_size = info.size;
+  m.m_persistent = m_core->region_persistent(info.tier);
+  for (const auto& px : response->map().extents()) {
+    const Extent x = wire::from_proto(px);
+    void* at = ::mmap(m.m_data + x.gva_offset, x.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                      *fd, static_cast<off_t>(x.frame_offset));
+    if (at == MAP_FAILED) {
+      return unpin_on_error(Status(ErrorCode::io_error, "mapping an extent of " + info.gva.to_string() +
+                                                            ": " + std::strerror(errno)));
+    }
+  }
+  return m;
+}
+
+Result<NodeStat> Client::stat() {
+  proto::Request request;
+  request.mutable_stat();
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  const proto::StatResponse& s = response->stat();
+  NodeStat out;
+  out.node = static_cast<NodeId>(s.node_id());
+  out.page_size = s.page_size();
+  for (const auto& t : s.tiers()) out.tiers.push_back(wire::from_proto(t));
+  out.allocations = s.allocations();
+  out.sessions = s.sessions();
+  out.uptime_ms = s.uptime_ms();
+  out.daemon_version = s.daemon_version();
+  out.socket_path = s.socket_path();
+  return out;
+}
+
+Result<std::vector<AllocationInfo>> Client::list() {
+  proto::Request request;
+  request.mutable_list();
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  std::vector<AllocationInfo> out;
+  for (const auto& a : response->list().allocations()) out.push_back(wire::from_proto(a));
+  return out;
+}
+
+Result<MappingDump> Client::dump() {
+  proto::Request request;
+  request.mutable_dump();
+  auto response = m_core->connection().call(request);
+  if (!response.ok()) return response.status();
+  const proto::DumpResponse& d = response->dump();
+  MappingDump out;
+  out.node = static_cast<NodeId>(d.node_id());
+  out.page_size = d.page_size();
+  out.l2_pages = d.l2_pages();
+  for (const auto& a : d.allocations()) out.allocations.push_back(wire::from_proto(a));
+  for (const auto& p : d.pages()) out.pages.push_back(wire::from_proto(p));
+  return out;
+}
+
+// --- Mapping -------------------------------------------------------------------
+
+Mapping::Mapping(Mapping&& other) noexcept { *this = std::move(other); }
+
+Mapping& Mapping::operator=(Mapping&& other) noexcept {
+  if (this != &other) {
+    release();
+    m_core = std::move(other.m_core);
+    m_allocation = other.m_allocation;
+    m_data = std::exchange(other.m_data, nullptr);
+    m_size = std::exchange(other.m_size, 0);
+    m_reserved = std::exchange(other.m_reserved, 0);
+    m_persistent = other.m_persistent;
+  }
+  return *this;
+}
+
+Mapping::~Mapping() { release(); }
+
+void Mapping::release() {
+  if (m_data != nullptr) ::munmap(m_data, m_reserved);
+  m_data = nullptr;
+  m_size = m_reserved = 0;
+  if (m_core) {
+    proto::Request request;
+    wire::to_proto(m_allocation.gva, request.mutable_unmap()->mutable_gva());
+    // A failure means the connection is gone, and the daemon then unpins the
+    // session's mappings itself.
+    (void)m_core->connection().call(request);
+    m_core.reset();
+  }
+}
+
+Status Mapping::persist(size_t offset, size_t length) const {
+  if (offset > m_size || length > m_size - offset) {
+    return Status(ErrorCode::out_of_range, "persist range runs past the end of the mapping");
+  }
+  if (!m_persistent || length == 0) return Status();
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<uintptr_t>(m_data + offset) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(m_data + offset + length);
+  if (::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC) != 0) {
+    return Status(ErrorCode::io_error, std::string("msync: ") + std::strerror(errno));
+  }
+  return Status();
+}
+
+}  // namespace tiermem
