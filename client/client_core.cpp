@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "convert.hpp"
+#include "mapping/page_table.hpp"
 #include "mapping/version.hpp"
 
 namespace tiermem::detail {
@@ -77,6 +78,8 @@ Status ClientCore::open_regions() {
       }
       if (r.kind() == proto::Region::VERSIONS) {
         m_versions = std::move(map).value();
+      } else if (r.kind() == proto::Region::SUB_BLOCKS) {
+        m_sub_blocks = std::move(map).value();
       } else {
         LocalRegion& region = m_regions[static_cast<size_t>(wire::from_proto(r.tier()))];
         region.fd = std::move(fd);
@@ -142,6 +145,12 @@ void ClientCore::forget(Gva gva) {
   if (it != m_cache.begin()) m_cache.erase(std::prev(it));
 }
 
+void ClientCore::mark_written(uint64_t page, uint64_t offset, uint64_t length) {
+  const size_t word = page * k_l3_words_per_page;
+  if ((word + k_l3_words_per_page) * sizeof(uint64_t) > m_sub_blocks.size()) return;
+  mark_sub_blocks(reinterpret_cast<uint64_t*>(m_sub_blocks.data()) + word, page_size(), offset, length);
+}
+
 bool ClientCore::can_copy_direct(const CachedAllocation& a) const {
   if (!m_direct || a.base.node != node() || m_versions.data() == nullptr) return false;
   const LocalRegion& r = m_regions[static_cast<size_t>(a.tier)];
@@ -171,6 +180,7 @@ Status ClientCore::copy_direct(const CachedAllocation& a, uint64_t offset, std::
         if (version::try_lock(word, &v)) {
           std::memcpy(mem, buf, n);
           Status s = region.persistent ? msync_range(mem, n) : Status();
+          if (s.ok()) mark_written(a.first_page + index, offset % psize, n);
           version::unlock(word, v + 1);
           if (!s.ok()) return s;
           break;

@@ -65,6 +65,7 @@ class ClientCore {
   Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory);
   Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory);
   bool can_copy_direct(const CachedAllocation& a) const;
+  void mark_written(uint64_t page, uint64_t offset, uint64_t length);
 
   std::unique_ptr<Connection> m_connection;
   bool m_direct;
@@ -72,6 +73,7 @@ class ClientCore {
   std::once_flag m_regions_once;
   Status m_regions_status;
   MappedRegion m_versions;
+  MappedRegion m_sub_blocks;  // L3 bits, set on direct writes
   LocalRegion m_regions[4];  // by Tier
 
   std::shared_mutex m_cache_mutex;

@@ -171,6 +171,11 @@ Status RequestHandler::open_regions(proto::OpenRegionsResponse* out, std::vector
   v->set_length(m_space.versions().bytes());
   v->set_has_fd(true);
   fds->push_back(m_space.versions().fd());
+  proto::Region* l3 = out->add_regions();
+  l3->set_kind(proto::Region::SUB_BLOCKS);
+  l3->set_length(m_space.sub_block_words().bytes());
+  l3->set_has_fd(true);
+  fds->push_back(m_space.sub_block_words().fd());
   for (Tier t : k_tiers_fastest_first) {
     TierBackend* b = m_space.backend(t);
     if (b == nullptr) continue;

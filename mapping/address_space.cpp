@@ -47,17 +47,20 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
   }
   uint64_t virtual_pages = options.virtual_pages;
   if (virtual_pages == 0) virtual_pages = std::max(k_min_virtual_pages, frames * k_virtual_factor);
-  auto versions = VersionArray::create(virtual_pages);
+  auto versions = VersionArray::create(virtual_pages, "tiermem-versions");
   if (!versions.ok()) return versions.status();
-  return std::unique_ptr<AddressSpace>(
-      new AddressSpace(options, virtual_pages, std::move(tiers), std::move(versions).value()));
+  auto l3 = WordArray::create(virtual_pages * k_l3_words_per_page, "tiermem-l3");
+  if (!l3.ok()) return l3.status();
+  return std::unique_ptr<AddressSpace>(new AddressSpace(
+      options, virtual_pages, std::move(tiers), std::move(versions).value(), std::move(l3).value()));
 }
 
 AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_pages,
-                           TierSet tiers, VersionArray versions)
+                           TierSet tiers, VersionArray versions, WordArray l3)
     : m_node(options.node),
-      m_table(virtual_pages, options.page_size),
       m_versions(std::move(versions)),
+      m_l3(std::move(l3)),
+      m_table(virtual_pages, options.page_size, m_l3.words()),
       m_virtual(1, virtual_pages - 1) {  // page 0 stays unallocated: GVA offset 0 is null
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (!tiers[i]) continue;

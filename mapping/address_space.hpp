@@ -31,7 +31,7 @@
 #include "mapping/extent_set.hpp"
 #include "mapping/page_table.hpp"
 #include "mapping/tier_backend.hpp"
-#include "mapping/version_array.hpp"
+#include "mapping/word_array.hpp"
 
 namespace tiermem {
 
@@ -105,6 +105,8 @@ class AddressSpace {
   MappingDump dump() const;
 
   VersionArray& versions() { return m_versions; }
+  // The L3 sub-block bits, k_l3_words_per_page words per virtual page.
+  WordArray& sub_block_words() { return m_l3; }
   // The backend of a tier, or nullptr when this node has no such tier.
   TierBackend* backend(Tier tier) const { return m_tiers[static_cast<size_t>(tier)].backend.get(); }
 
@@ -129,7 +131,7 @@ class AddressSpace {
   };
 
   AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_pages, TierSet tiers,
-               VersionArray versions);
+               VersionArray versions, WordArray l3);
 
   // Finds the allocation holding `gva` (caller holds the lock).
   Result<const Allocation*> locate(Gva gva) const;
@@ -146,8 +148,9 @@ class AddressSpace {
 
   NodeId m_node;
   mutable std::shared_mutex m_mutex;
-  PageTable m_table;
   VersionArray m_versions;
+  WordArray m_l3;
+  PageTable m_table;
   std::array<TierState, 4> m_tiers;
   ExtentSet m_virtual;
   uint64_t m_virtual_cursor = 1;

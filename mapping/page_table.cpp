@@ -1,16 +1,37 @@
 #include "mapping/page_table.hpp"
 
+#include <atomic>
 #include <bit>
 #include <cassert>
 
 namespace tiermem {
 
-PageTable::PageTable(uint64_t pages, uint64_t page_size)
+void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length) {
+  if (length == 0) return;
+  const uint64_t block = page_size / k_sub_blocks_per_page;
+  const uint64_t first = offset / block;
+  const uint64_t count = (offset + length - 1) / block - first + 1;
+  const uint64_t bits = count >= 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << first;
+  // Skip the atomic when the bits are already set: the common case for
+  // repeated writes, and it keeps the cache line shared.
+  for (int i = 0; i < 2; ++i) {
+    std::atomic_ref<uint64_t> w(words[i]);
+    if ((w.load(std::memory_order_relaxed) & bits) != bits) w.fetch_or(bits, std::memory_order_relaxed);
+  }
+}
+
+PageTable::PageTable(uint64_t pages, uint64_t page_size, std::span<uint64_t> l3)
     : m_pages(pages),
       m_page_size(page_size),
       m_page_shift(static_cast<unsigned>(std::countr_zero(page_size))),
       m_l1((pages + k_l2_pages - 1) >> k_l2_shift) {
   assert(std::has_single_bit(page_size) && page_size >= 4096);
+  if (l3.size() < pages * k_l3_words_per_page) {
+    m_own_l3.assign(pages * k_l3_words_per_page, 0);
+    m_l3 = m_own_l3;
+  } else {
+    m_l3 = l3;
+  }
 }
 
 StorageDomain* PageTable::domain_for(uint64_t page) {
@@ -27,7 +48,10 @@ void PageTable::set(uint64_t page, const PageEntry& entry) {
     d->present_pages += entry.present() ? 1 : static_cast<uint32_t>(-1);
   }
   e = entry;
-  if (!entry.present()) d->sub_blocks[page & (k_l2_pages - 1)] = {};
+  if (!entry.present()) {
+    std::atomic_ref<uint64_t>(m_l3[page * k_l3_words_per_page]).store(0, std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(m_l3[page * k_l3_words_per_page + 1]).store(0, std::memory_order_relaxed);
+  }
 }
 
 void PageTable::clear(uint64_t page) {
@@ -39,26 +63,21 @@ void PageTable::clear(uint64_t page) {
 }
 
 void PageTable::mark_written(uint64_t page, uint64_t offset, uint64_t length) {
-  if (length == 0 || page >= m_pages) return;
-  StorageDomain* d = domain_for(page);
-  const uint64_t block = sub_block_size();
-  const uint64_t first = offset / block;
-  const uint64_t last = (offset + length - 1) / block;
-  const uint64_t count = last - first + 1;
-  const uint64_t bits = count >= 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << first;
-  SubBlockBits& sb = d->sub_blocks[page & (k_l2_pages - 1)];
-  sb.valid |= bits;
-  sb.dirty |= bits;
+  if (page >= m_pages) return;
+  mark_sub_blocks(&m_l3[page * k_l3_words_per_page], m_page_size, offset, length);
 }
 
 void PageTable::clean(uint64_t page) {
-  if (page >= m_pages || !m_l1[page >> k_l2_shift]) return;
-  m_l1[page >> k_l2_shift]->sub_blocks[page & (k_l2_pages - 1)].dirty = 0;
+  if (page >= m_pages) return;
+  std::atomic_ref<uint64_t>(m_l3[page * k_l3_words_per_page + 1]).store(0, std::memory_order_relaxed);
 }
 
 SubBlockBits PageTable::sub_blocks(uint64_t page) const {
-  if (page >= m_pages || !m_l1[page >> k_l2_shift]) return {};
-  return m_l1[page >> k_l2_shift]->sub_blocks[page & (k_l2_pages - 1)];
+  if (page >= m_pages) return {};
+  SubBlockBits bits;
+  bits.valid = std::atomic_ref<uint64_t>(m_l3[page * k_l3_words_per_page]).load(std::memory_order_relaxed);
+  bits.dirty = std::atomic_ref<uint64_t>(m_l3[page * k_l3_words_per_page + 1]).load(std::memory_order_relaxed);
+  return bits;
 }
 
 void PageTable::translate_batch(std::span<const uint64_t> pages, std::span<PageEntry> out) const {

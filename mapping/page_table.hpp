@@ -5,7 +5,9 @@
 //   L2: domain offset (page & 511) -> PageEntry: tier, physical node, frame;
 //   L3: per page, which sub-blocks (page_size / 64 bytes each, "cache-line
 //       groups") have ever been written (valid) and since the last persist or
-//       migration (dirty).
+//       migration (dirty). Two words per page in a flat array that can live in
+//       shared memory, so co-located clients writing directly set the bits
+//       too (atomic OR).
 //
 // Entries are 16 bytes so a lookup costs one cache-line miss after the
 // (cached) L1 load; translate_batch() prefetches ahead so independent misses
@@ -52,14 +54,22 @@ struct SubBlockBits {
 // One L2 table: k_l2_pages consecutive virtual pages.
 struct StorageDomain {
   std::array<PageEntry, k_l2_pages> entries{};
-  std::array<SubBlockBits, k_l2_pages> sub_blocks{};  // L3, apart to keep L2 dense
   uint32_t present_pages = 0;
 };
+
+// Word layout of the L3 array: page p has valid at [2p], dirty at [2p+1].
+inline constexpr size_t k_l3_words_per_page = 2;
+
+// Sets the L3 bits for a write of [offset, offset+length) within a page, given
+// the page's two words. Shared by the daemon and the client's direct path.
+void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length);
 
 class PageTable {
  public:
   // Covers virtual pages [0, pages). page_size must be a power of two >= 4096.
-  PageTable(uint64_t pages, uint64_t page_size);
+  // `l3` holds k_l3_words_per_page words per page (e.g. in shared memory);
+  // when empty the table keeps its own.
+  PageTable(uint64_t pages, uint64_t page_size, std::span<uint64_t> l3 = {});
 
   uint64_t pages() const { return m_pages; }
   uint64_t page_size() const { return m_page_size; }
@@ -99,6 +109,8 @@ class PageTable {
   uint64_t m_page_size;
   unsigned m_page_shift;
   std::vector<std::unique_ptr<StorageDomain>> m_l1;
+  std::vector<uint64_t> m_own_l3;
+  std::span<uint64_t> m_l3;
 };
 
 }  // namespace tiermem

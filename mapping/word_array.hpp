@@ -1,4 +1,5 @@
-// The contiguous array of page version words (M4).
+// Arrays of 64-bit words in shared memory: the page version words (M4) and the
+// L3 sub-block bits of the page table.
 #pragma once
 
 #include <cstddef>
@@ -11,14 +12,14 @@
 
 namespace tiermem {
 
-// One 64-bit word per virtual page, in one page-aligned memfd so co-located
+// A plain, page-aligned array of 64-bit words in a memfd, so co-located
 // clients can map it and the transport can register it for remote atomics.
-// Words start at 0 (epoch 0, stable). Thread-safe through the atomic helpers
-// in mapping/version.hpp; the array itself never moves or resizes.
-class VersionArray {
+// Words start at 0. Access them with std::atomic_ref (mapping/version.hpp);
+// the array itself never moves or resizes.
+class WordArray {
  public:
-  // Errors: io_error from memfd_create/mmap.
-  static Result<VersionArray> create(size_t words);
+  // Errors: invalid_argument (0 words), io_error from memfd_create/mmap.
+  static Result<WordArray> create(size_t words, const char* name);
 
   uint64_t& word(size_t index) { return m_words[index]; }
   size_t size() const { return m_words.size(); }
@@ -31,5 +32,8 @@ class VersionArray {
   SharedMemory m_memory;
   std::span<uint64_t> m_words;
 };
+
+// One version word per virtual page (see mapping/version.hpp).
+using VersionArray = WordArray;
 
 }  // namespace tiermem

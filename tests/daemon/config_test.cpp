@@ -1,0 +1,82 @@
+#include "daemon/config.hpp"
+
+#include <gtest/gtest.h>
+
+namespace tiermem {
+namespace {
+
+TEST(ConfigTest, EmptyFileGivesTheDocumentedDefaults) {
+  auto c = parse_config("", "empty.toml");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->node_id, 1);
+  EXPECT_EQ(c->page_size, 2u << 20);
+  EXPECT_EQ(c->socket_path, "/run/tiermem/tiermemd.sock");
+  EXPECT_EQ(c->socket_mode, 0660u);
+}
+
+TEST(ConfigTest, ReadsEveryKind) {
+  auto c = parse_config(R"(
+[node]
+id = 7
+[control]
+socket = "/tmp/x.sock"
+socket_mode = "0600"
+max_frame_bytes = "32MiB"
+max_inline_bytes = 1048576
+[mapping]
+page_size = "64KiB"
+[tiers.dram]
+capacity = "3GiB"
+[tiers.pmem]
+enabled = false
+[tiers.vram]
+required = true
+device = 1
+[log]
+level = "debug"
+)", "full.toml");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->node_id, 7);
+  EXPECT_EQ(c->socket_mode, 0600u);
+  EXPECT_EQ(c->max_frame_bytes, 32u << 20);
+  EXPECT_EQ(c->max_inline_bytes, 1u << 20);
+  EXPECT_EQ(c->page_size, 64u << 10);
+  EXPECT_EQ(c->dram_capacity, uint64_t{3} << 30);
+  EXPECT_FALSE(c->pmem_enabled);
+  EXPECT_TRUE(c->vram_required);
+  EXPECT_EQ(c->vram_device, 1);
+  EXPECT_EQ(c->log_level, "debug");
+}
+
+void expect_error(const std::string& text, const std::string& fragment) {
+  auto c = parse_config(text, "bad.toml");
+  ASSERT_FALSE(c.ok()) << "accepted: " << text;
+  EXPECT_EQ(c.status().code(), ErrorCode::config_error);
+  EXPECT_NE(c.status().message().find(fragment), std::string::npos)
+      << "message '" << c.status().message() << "' lacks '" << fragment << "'";
+  EXPECT_EQ(c.status().message().rfind("bad.toml", 0), 0u) << "names the file first";
+}
+
+TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
+  expect_error("[node]\nid = 1\ncolour = 3\n", "bad.toml:3: node.colour is not a known key");
+  expect_error("[nodes]\nid = 1\n", "nodes is not a known section");
+  expect_error("[node]\nid = \"one\"\n", "node.id must be an integer");
+  expect_error("[node]\nid = 0\n", "node.id must be between 1 and 65535");
+  expect_error("[mapping]\npage_size = \"3KiB\"\n", "power of two");
+  expect_error("[tiers.dram]\ncapacity = \"lots\"\n", "invalid size 'lots'");
+  expect_error("[control]\nsocket_mode = 660\n", "octal mode");
+  expect_error("[log]\nlevel = \"loud\"\n", "log.level 'loud'");
+  expect_error("[node\nid = 1\n", "bad.toml:1");
+  expect_error("[tiers.dram]\nenabled = false\n[tiers.pmem]\nenabled = false\n[tiers.vram]\nenabled = false\n",
+               "every tier is disabled");
+  expect_error("[control]\nmax_frame_bytes = \"1MiB\"\nmax_inline_bytes = \"1MiB\"\n", "max_inline_bytes");
+}
+
+TEST(ConfigTest, UnreadableFileIsAClearError) {
+  auto c = load_config("/nonexistent/tiermemd.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cannot read config file /nonexistent/tiermemd.toml"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tiermem

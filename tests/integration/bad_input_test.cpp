@@ -1,0 +1,214 @@
+// Bad input never hurts the daemon: garbage and oversized frames, protocol
+// violations, bad addresses and a bad config each get a clear error, and
+// other clients keep being served with their data intact.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "common/frame.hpp"
+#include "control.pb.h"
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+int raw_connect(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Reads the daemon's response on a raw connection, if any.
+bool read_response(int fd, proto::Response* out) {
+  std::string payload;
+  if (!wire::recv_frame(fd, 1 << 24, &payload, nullptr).ok()) return false;
+  return out->ParseFromString(payload);
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(m_daemon.ready()) << m_daemon.log();
+    m_client = m_daemon.connect("bystander");
+    auto a = m_client->alloc(1 << 20, {.tier = Tier::pmem, .name = "precious"});
+    ASSERT_TRUE(a.ok());
+    m_gva = a->gva;
+    ASSERT_TRUE(m_client->write(m_gva, k_data, sizeof k_data).ok());
+  }
+  // The daemon still runs, still serves the old client, and lost nothing.
+  void expect_unharmed() {
+    ASSERT_TRUE(m_daemon.alive()) << m_daemon.log();
+    char back[sizeof k_data] = {};
+    ASSERT_TRUE(m_client->read(m_gva, back, sizeof back).ok());
+    EXPECT_STREQ(back, k_data);
+    auto fresh = m_daemon.connect("fresh");
+    ASSERT_NE(fresh, nullptr) << "new clients are still accepted";
+    EXPECT_EQ(fresh->lookup("precious")->gva, m_gva);
+  }
+
+  static constexpr char k_data[] = "data that must survive";
+  test::TestDaemon m_daemon;
+  std::unique_ptr<Client> m_client;
+  Gva m_gva;
+};
+
+TEST_F(BadInputTest, GarbageBytes) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    const int fd = raw_connect(m_daemon.socket());
+    ASSERT_GE(fd, 0);
+    std::string junk(1 + rng() % 2000, '\0');
+    for (auto& c : junk) c = static_cast<char>(rng());
+    (void)::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+    proto::Response r;
+    if (read_response(fd, &r)) {
+      EXPECT_NE(r.status().code(), 0u) << "garbage must not succeed";
+      EXPECT_FALSE(r.status().message().empty());
+    }
+    ::close(fd);
+  }
+  expect_unharmed();
+}
+
+TEST_F(BadInputTest, OversizedFrameIsRefusedWithAReason) {
+  const int fd = raw_connect(m_daemon.socket());
+  const auto header = wire::encode_frame_header(1u << 30);
+  ASSERT_EQ(::send(fd, header.data(), header.size(), MSG_NOSIGNAL), 4);
+  proto::Response r;
+  ASSERT_TRUE(read_response(fd, &r));
+  EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::frame_too_large));
+  EXPECT_NE(r.status().message().find("exceeds the daemon's limit"), std::string::npos);
+  char c;
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "connection closed after the refusal";
+  ::close(fd);
+  EXPECT_NE(m_daemon.log().find("exceeds max_frame_bytes"), std::string::npos);
+  expect_unharmed();
+}
+
+TEST_F(BadInputTest, RequestBeforeHelloAndWrongProtocolVersion) {
+  int fd = raw_connect(m_daemon.socket());
+  proto::Request stat;
+  stat.set_id(1);
+  stat.mutable_stat();
+  ASSERT_TRUE(wire::send_frame(fd, stat.SerializeAsString()).ok());
+  proto::Response r;
+  ASSERT_TRUE(read_response(fd, &r));
+  EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::unexpected_message));
+  ::close(fd);
+
+  fd = raw_connect(m_daemon.socket());
+  proto::Request hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_version(99);
+  ASSERT_TRUE(wire::send_frame(fd, hello.SerializeAsString()).ok());
+  ASSERT_TRUE(read_response(fd, &r));
+  EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::protocol_mismatch));
+  EXPECT_NE(r.status().message().find("protocol 99"), std::string::npos);
+  ::close(fd);
+  expect_unharmed();
+}
+
+TEST_F(BadInputTest, TruncatedFrameThenHangUp) {
+  const int fd = raw_connect(m_daemon.socket());
+  const auto header = wire::encode_frame_header(1000);
+  ASSERT_EQ(::send(fd, header.data(), header.size(), MSG_NOSIGNAL), 4);
+  ASSERT_EQ(::send(fd, "abc", 3, MSG_NOSIGNAL), 3);
+  ::close(fd);
+  expect_unharmed();
+}
+
+TEST_F(BadInputTest, UnknownFreedAndOutOfRangeAddresses) {
+  Gva unknown = m_gva;
+  unknown.offset += 100ull << 30;
+  char buf[64];
+  Status s = m_client->read(unknown, buf, 8);
+  EXPECT_EQ(s.code(), ErrorCode::not_allocated);
+  EXPECT_NE(s.message().find(unknown.to_string()), std::string::npos) << s.message();
+
+  EXPECT_EQ(m_client->read(m_gva.plus((1 << 20) - 4), buf, 8).code(), ErrorCode::out_of_range);
+  EXPECT_EQ(m_client->write(m_gva.plus(1 << 20), buf, 1).code(), ErrorCode::out_of_range);
+
+  auto other = m_client->alloc(4096);
+  ASSERT_TRUE(m_client->free(other->gva).ok());
+  s = m_client->free(other->gva);
+  EXPECT_EQ(s.code(), ErrorCode::not_allocated) << "double free";
+  EXPECT_NE(s.message().find("freed at generation"), std::string::npos);
+  EXPECT_EQ(m_client->read(other->gva, buf, 1).code(), ErrorCode::not_allocated);
+  EXPECT_EQ(m_client->write(other->gva, buf, 1).code(), ErrorCode::not_allocated);
+
+  Gva foreign = m_gva;
+  foreign.node = 42;
+  EXPECT_EQ(m_client->read(foreign, buf, 1).code(), ErrorCode::bad_gva);
+  EXPECT_EQ(m_client->alloc(0).status().code(), ErrorCode::invalid_argument);
+  expect_unharmed();
+}
+
+TEST_F(BadInputTest, InlineReadLargerThanTheLimitIsRefused) {
+  auto rpc = Client::connect({.socket_path = m_daemon.socket(), .direct_access = false});
+  ASSERT_TRUE(rpc.ok());
+  // The client splits large reads itself; a raw oversized request is refused.
+  const int fd = raw_connect(m_daemon.socket());
+  proto::Request hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  ASSERT_TRUE(wire::send_frame(fd, hello.SerializeAsString()).ok());
+  proto::Response r;
+  ASSERT_TRUE(read_response(fd, &r));
+  proto::Request read;
+  read.set_id(2);
+  read.mutable_read()->mutable_gva()->set_node(m_gva.node);
+  read.mutable_read()->mutable_gva()->set_offset(m_gva.offset);
+  read.mutable_read()->set_length(512 << 20);
+  ASSERT_TRUE(wire::send_frame(fd, read.SerializeAsString()).ok());
+  ASSERT_TRUE(read_response(fd, &r));
+  EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::invalid_argument));
+  EXPECT_NE(r.status().message().find("max_inline_bytes"), std::string::npos);
+  ::close(fd);
+  std::vector<char> big(1 << 20);
+  EXPECT_TRUE((*rpc)->read(m_gva, big.data(), big.size()).ok()) << "split into inline-sized requests";
+  expect_unharmed();
+}
+
+TEST(BadConfigTest, DaemonRefusesToStartAndSaysWhy) {
+  const std::string dir = test::make_temp_dir("tiermem-badcfg");
+  const std::string path = dir + "/bad.toml";
+  std::ofstream(path) << "[tiers.dram]\ncapacity = \"a lot\"\n";
+  auto r = test::run_command({test::tiermemd_path(), "--config", path});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find(path + ":2: tiers.dram.capacity invalid size 'a lot'"), std::string::npos) << r.err;
+  auto check = test::run_command({test::tiermemd_path(), "--check-config", "--config", path});
+  EXPECT_EQ(check.exit_code, 2);
+  auto missing = test::run_command({test::tiermemd_path(), "--config", dir + "/none.toml"});
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("cannot read config file"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(BadConfigTest, SecondDaemonOnTheSameSocketRefusesToStart) {
+  test::TestDaemon first;
+  ASSERT_TRUE(first.ready());
+  const std::string dir = test::make_temp_dir("tiermem-dup");
+  const std::string path = dir + "/d.toml";
+  std::ofstream(path) << "[control]\nsocket = \"" << first.socket() << "\"\n[tiers.pmem]\nenabled = false\n"
+                      << "[tiers.vram]\nenabled = false\n[tiers.dram]\ncapacity = \"8MiB\"\n";
+  auto r = test::run_command({test::tiermemd_path(), "--config", path});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("another daemon is already serving"), std::string::npos) << r.err;
+  EXPECT_NE(first.connect(), nullptr) << "the first daemon is unaffected";
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tiermem

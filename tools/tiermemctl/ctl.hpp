@@ -1,0 +1,67 @@
+// Shared pieces of tiermemctl's subcommands: the connection, output in tables
+// or JSON, and the one-line error convention.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <tiermem/client.h>
+
+namespace tiermem::ctl {
+
+// Global options, parsed once in main.
+struct Context {
+  std::string socket;  // empty: $TIERMEM_SOCKET or the default
+  bool json = false;
+};
+
+// Exit codes: 0 success, 1 the operation failed, 2 bad usage.
+inline constexpr int k_exit_ok = 0;
+inline constexpr int k_exit_failed = 1;
+inline constexpr int k_exit_usage = 2;
+
+// Prints "tiermemctl: <what>: <status>" on stderr and returns k_exit_failed.
+int fail(const std::string& what, const Status& status);
+
+// Connects, or prints why not; null on failure.
+std::unique_ptr<Client> connect(const Context& ctx);
+
+// Column-aligned text table for people.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : m_rows{std::move(header)} {}
+  void add(std::vector<std::string> row) { m_rows.push_back(std::move(row)); }
+  std::string render() const;
+
+ private:
+  std::vector<std::vector<std::string>> m_rows;
+};
+
+void print_json(const nlohmann::json& value);
+
+nlohmann::json to_json(const AllocationInfo& info);
+nlohmann::json to_json(const TierStat& stat);
+nlohmann::json to_json(const PageInfo& page, uint64_t page_size, NodeId home);
+nlohmann::json to_json(const Extent& extent);
+
+std::string hex(uint64_t value);
+std::string percent(uint64_t part, uint64_t whole);
+// "1.2s", "3m04s", "2h13m" from milliseconds.
+std::string age(uint64_t ms);
+std::string version_text(uint64_t version);
+
+// Subcommands (one file each).
+int cmd_status(const Context& ctx);
+int cmd_ls(const Context& ctx);
+int cmd_alloc(const Context& ctx, const std::string& size, const std::string& tier,
+              const std::string& name, bool strict);
+int cmd_free(const Context& ctx, const std::string& gva);
+int cmd_write(const Context& ctx, const std::string& gva, const std::string& file);
+int cmd_read(const Context& ctx, const std::string& gva, const std::string& length);
+int cmd_translate(const Context& ctx, const std::string& gva);
+int cmd_dump(const Context& ctx);
+
+}  // namespace tiermem::ctl

@@ -1,0 +1,115 @@
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "mapping/version.hpp"
+#include "tools/tiermemctl/ctl.hpp"
+
+namespace tiermem::ctl {
+
+int fail(const std::string& what, const Status& status) {
+  std::fprintf(stderr, "tiermemctl: %s: %s\n", what.c_str(), status.to_string().c_str());
+  return k_exit_failed;
+}
+
+std::unique_ptr<Client> connect(const Context& ctx) {
+  auto client = Client::connect({.socket_path = ctx.socket, .client_name = "tiermemctl"});
+  if (!client.ok()) {
+    fail("connect", client.status());
+    return nullptr;
+  }
+  return std::move(client).value();
+}
+
+std::string Table::render() const {
+  std::vector<size_t> widths;
+  for (const auto& row : m_rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  std::string out;
+  for (const auto& row : m_rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+void print_json(const nlohmann::json& value) { std::cout << value.dump(2) << "\n"; }
+
+nlohmann::json to_json(const AllocationInfo& a) {
+  return {{"gva", a.gva.to_string()},
+          {"generation", a.gva.generation},
+          {"size", a.size},
+          {"tier", tier_name(a.tier)},
+          {"name", a.name},
+          {"pages", a.pages},
+          {"map_count", a.map_count},
+          {"created_unix_ms", a.created_unix_ms},
+          {"owner_uid", a.owner_uid}};
+}
+
+nlohmann::json to_json(const TierStat& t) {
+  return {{"tier", tier_name(t.tier)},       {"capacity_bytes", t.capacity_bytes},
+          {"used_bytes", t.used_bytes},      {"free_bytes", t.free_bytes},
+          {"persistent", t.persistent},      {"shareable", t.shareable},
+          {"backing", t.backing},            {"allocations", t.allocations}};
+}
+
+nlohmann::json to_json(const PageInfo& p, uint64_t page_size, NodeId home) {
+  Gva gva;
+  gva.node = home;
+  gva.offset = p.page_index * page_size;
+  return {{"page", p.page_index},
+          {"gva", gva.to_string()},
+          {"tier", tier_name(p.tier)},
+          {"node", p.node},
+          {"frame_offset", p.frame_offset},
+          {"flags", page_flags_text(p.flags)},
+          {"version", p.version},
+          {"epoch", version::epoch_of(p.version)},
+          {"sequence", version::sequence_of(p.version)},
+          {"valid_mask", hex(p.valid_mask)},
+          {"dirty_mask", hex(p.dirty_mask)}};
+}
+
+nlohmann::json to_json(const Extent& x) {
+  return {{"tier", tier_name(x.tier)},
+          {"node", x.node},
+          {"frame_offset", x.frame_offset},
+          {"gva_offset", x.gva_offset},
+          {"length", x.length}};
+}
+
+std::string hex(uint64_t value) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+std::string percent(uint64_t part, uint64_t whole) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  return buf;
+}
+
+std::string age(uint64_t ms) {
+  char buf[32];
+  const uint64_t s = ms / 1000;
+  if (s < 60) std::snprintf(buf, sizeof buf, "%.1fs", static_cast<double>(ms) / 1000.0);
+  else if (s < 3600) std::snprintf(buf, sizeof buf, "%llum%02llus", static_cast<unsigned long long>(s / 60), static_cast<unsigned long long>(s % 60));
+  else std::snprintf(buf, sizeof buf, "%lluh%02llum", static_cast<unsigned long long>(s / 3600), static_cast<unsigned long long>(s / 60 % 60));
+  return buf;
+}
+
+std::string version_text(uint64_t v) {
+  return std::to_string(version::epoch_of(v)) + "." + std::to_string(version::sequence_of(v)) +
+         (version::is_locked(v) ? " (locked)" : "");
+}
+
+}  // namespace tiermem::ctl

@@ -1,0 +1,42 @@
+// tiermemctl status: the node, its tiers and their use.
+#include <cstdio>
+
+#include "common/units.hpp"
+#include "tools/tiermemctl/ctl.hpp"
+
+namespace tiermem::ctl {
+
+int cmd_status(const Context& ctx) {
+  auto client = connect(ctx);
+  if (!client) return k_exit_failed;
+  auto stat = client->stat();
+  if (!stat.ok()) return fail("status", stat.status());
+  if (ctx.json) {
+    nlohmann::json tiers = nlohmann::json::array();
+    for (const auto& t : stat->tiers) tiers.push_back(to_json(t));
+    print_json({{"node", stat->node},
+                {"daemon_version", stat->daemon_version},
+                {"socket", stat->socket_path},
+                {"page_size", stat->page_size},
+                {"uptime_ms", stat->uptime_ms},
+                {"sessions", stat->sessions},
+                {"allocations", stat->allocations},
+                {"tiers", tiers}});
+    return k_exit_ok;
+  }
+  std::printf("node %u  tiermemd %s  up %s  %llu session(s)  %llu allocation(s)  page size %s\n",
+              stat->node, stat->daemon_version.c_str(), age(stat->uptime_ms).c_str(),
+              static_cast<unsigned long long>(stat->sessions),
+              static_cast<unsigned long long>(stat->allocations), format_size(stat->page_size).c_str());
+  std::printf("socket %s\n\n", stat->socket_path.c_str());
+  Table table({"TIER", "CAPACITY", "USED", "FREE", "USE", "ALLOCS", "PERSISTENT", "BACKING"});
+  for (const auto& t : stat->tiers) {
+    table.add({std::string(tier_name(t.tier)), format_size(t.capacity_bytes), format_size(t.used_bytes),
+               format_size(t.free_bytes), percent(t.used_bytes, t.capacity_bytes),
+               std::to_string(t.allocations), t.persistent ? "yes" : "no", t.backing});
+  }
+  std::fputs(table.render().c_str(), stdout);
+  return k_exit_ok;
+}
+
+}  // namespace tiermem::ctl
