@@ -21,6 +21,11 @@ constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
 
 Status stale() { return Status(ErrorCode::not_found, "stale translation"); }
 
+Status busy_page(const CachedAllocation& a, uint64_t index) {
+  return Status(ErrorCode::busy, "page " + std::to_string(a.first_page + index) + " of " +
+                                     a.base.to_string() + " stayed locked by another writer");
+}
+
 Status msync_range(std::byte* p, size_t length) {
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
@@ -145,10 +150,11 @@ void ClientCore::forget(Gva gva) {
   if (it != m_cache.begin()) m_cache.erase(std::prev(it));
 }
 
-void ClientCore::mark_written(uint64_t page, uint64_t offset, uint64_t length) {
+void ClientCore::mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) {
   const size_t word = page * k_l3_words_per_page;
   if ((word + k_l3_words_per_page) * sizeof(uint64_t) > m_sub_blocks.size()) return;
-  mark_sub_blocks(reinterpret_cast<uint64_t*>(m_sub_blocks.data()) + word, page_size(), offset, length);
+  mark_sub_blocks(reinterpret_cast<uint64_t*>(m_sub_blocks.data()) + word, page_size(), offset,
+                  length, dirty);
 }
 
 bool ClientCore::can_copy_direct(const CachedAllocation& a) const {
@@ -158,48 +164,110 @@ bool ClientCore::can_copy_direct(const CachedAllocation& a) const {
          (a.first_page + a.page_versions.size()) * sizeof(uint64_t) <= m_versions.size();
 }
 
+// A run is a stretch of an allocation inside one physically contiguous
+// extent: it is copied with one memcpy (large copies take the streaming-store
+// path of memcpy, which per-page copies of 2 MiB would not), under the locks
+// or version snapshots of all its pages, taken in ascending page order (the
+// order every writer and the daemon use, so writers cannot deadlock).
 Status ClientCore::copy_direct(const CachedAllocation& a, uint64_t offset, std::byte* buf,
                                size_t length, bool to_memory) {
-  const uint64_t psize = page_size();
+  constexpr uint64_t k_max_run = 64 << 20;
   const LocalRegion& region = m_regions[static_cast<size_t>(a.tier)];
-  auto* words = reinterpret_cast<uint64_t*>(m_versions.data());
   while (length > 0) {
-    const uint64_t index = offset / psize;
-    const size_t n = std::min<uint64_t>(length, psize - offset % psize);
     const Extent* x = extent_at(a, offset);
     if (x == nullptr) return stale();
-    std::byte* mem = region.map.data() + x->frame_offset + (offset - x->gva_offset);
-    if (x->frame_offset + (offset - x->gva_offset) + n > region.map.size()) return stale();
-    uint64_t& word = words[a.first_page + index];
-    const uint16_t epoch = version::epoch_of(a.page_versions[index]);
-    version::SpinWait wait(k_lock_timeout);
-    uint64_t v = version::load(word);
-    for (;;) {
-      if (version::epoch_of(v) != epoch) return stale();
-      if (to_memory) {
-        if (version::try_lock(word, &v)) {
-          std::memcpy(mem, buf, n);
-          Status s = region.persistent ? msync_range(mem, n) : Status();
-          if (s.ok()) mark_written(a.first_page + index, offset % psize, n);
-          version::unlock(word, v + 1);
-          if (!s.ok()) return s;
-          break;
-        }
-      } else if (!version::is_locked(v)) {
-        std::memcpy(buf, mem, n);
-        if (version::read_validate(word, v)) break;
-      }
-      if (!wait.again()) {
-        return Status(ErrorCode::busy, "page " + std::to_string(a.first_page + index) + " of " +
-                                           a.base.to_string() + " stayed locked by another writer");
-      }
-      v = version::load(word);
-    }
+    const uint64_t in_extent = offset - x->gva_offset;
+    const size_t n = std::min<uint64_t>({length, x->length - in_extent, k_max_run});
+    if (x->frame_offset + in_extent + n > region.map.size()) return stale();
+    Run run{a, offset, n, region.map.data() + x->frame_offset + in_extent, buf};
+    Status s = to_memory ? write_run(run, region.persistent) : read_run(run);
+    if (!s.ok()) return s;
     buf += n;
     offset += n;
     length -= n;
   }
   return Status();
+}
+
+Status ClientCore::write_run(const Run& run, bool persistent) {
+  const uint64_t psize = page_size();
+  auto* words = reinterpret_cast<uint64_t*>(m_versions.data()) + run.alloc.first_page;
+  const uint64_t first = run.offset / psize, last = (run.offset + run.length - 1) / psize;
+  uint64_t locked_buf[32];
+  std::vector<uint64_t> locked_vec;
+  uint64_t* locked = locked_buf;
+  if (last - first + 1 > std::size(locked_buf)) {
+    locked_vec.resize(last - first + 1);
+    locked = locked_vec.data();
+  }
+  auto unlock_until = [&](uint64_t end) {
+    for (uint64_t p = first; p < end; ++p) version::unlock(words[p], locked[p - first]);
+  };
+  for (uint64_t p = first; p <= last; ++p) {
+    const uint16_t epoch = version::epoch_of(run.alloc.page_versions[p]);
+    version::SpinWait wait(k_lock_timeout);
+    uint64_t v = version::load(words[p]);
+    for (;;) {
+      if (version::epoch_of(v) != epoch) {
+        unlock_until(p);
+        return stale();
+      }
+      if (version::try_lock(words[p], &v)) break;
+      if (!wait.again()) {
+        unlock_until(p);
+        return busy_page(run.alloc, p);
+      }
+      v = version::load(words[p]);
+    }
+    locked[p - first] = v + 1;
+  }
+  std::memcpy(run.memory, run.buffer, run.length);
+  Status s = persistent ? msync_range(run.memory, run.length) : Status();
+  if (s.ok()) {
+    for (uint64_t p = first; p <= last; ++p) {
+      const uint64_t from = std::max(run.offset, p * psize);
+      const uint64_t to = std::min(run.offset + run.length, (p + 1) * psize);
+      mark_written(run.alloc.first_page + p, from - p * psize, to - from, !persistent);
+    }
+  }
+  unlock_until(last + 1);
+  return s;
+}
+
+Status ClientCore::read_run(const Run& run) {
+  const uint64_t psize = page_size();
+  auto* words = reinterpret_cast<uint64_t*>(m_versions.data()) + run.alloc.first_page;
+  const uint64_t first = run.offset / psize, last = (run.offset + run.length - 1) / psize;
+  uint64_t start_buf[32];
+  std::vector<uint64_t> start_vec;
+  uint64_t* start = start_buf;
+  if (last - first + 1 > std::size(start_buf)) {
+    start_vec.resize(last - first + 1);
+    start = start_vec.data();
+  }
+  version::SpinWait wait(k_lock_timeout);
+  for (;;) {
+    uint64_t locked_page = ~uint64_t{0};
+    for (uint64_t p = first; p <= last; ++p) {
+      const uint64_t v = version::load(words[p]);
+      if (version::epoch_of(v) != version::epoch_of(run.alloc.page_versions[p])) return stale();
+      if (version::is_locked(v)) {
+        locked_page = p;
+        break;
+      }
+      start[p - first] = v;
+    }
+    if (locked_page == ~uint64_t{0}) {
+      std::memcpy(run.buffer, run.memory, run.length);
+      bool unchanged = true;
+      for (uint64_t p = first; p <= last && unchanged; ++p) {
+        unchanged = version::read_validate(words[p], start[p - first]);
+      }
+      if (unchanged) return Status();
+      locked_page = first;
+    }
+    if (!wait.again()) return busy_page(run.alloc, locked_page);
+  }
 }
 
 Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory) {

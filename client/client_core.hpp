@@ -62,10 +62,20 @@ class ClientCore {
   // translation went stale: refresh and retry".
   Status copy_direct(const CachedAllocation& a, uint64_t offset, std::byte* buf, size_t length,
                      bool to_memory);
+  // One physically contiguous stretch of a copy (see copy_direct).
+  struct Run {
+    const CachedAllocation& alloc;
+    uint64_t offset;   // from the allocation's base
+    size_t length;
+    std::byte* memory; // in the mapped tier region
+    std::byte* buffer; // the caller's
+  };
+  Status write_run(const Run& run, bool persistent);
+  Status read_run(const Run& run);
   Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory);
   Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory);
   bool can_copy_direct(const CachedAllocation& a) const;
-  void mark_written(uint64_t page, uint64_t offset, uint64_t length);
+  void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty);
 
   std::unique_ptr<Connection> m_connection;
   bool m_direct;

@@ -154,7 +154,7 @@ Status AddressSpace::write(Gva gva, const void* src, size_t length) {
     if (!version::lock_for(word, k_page_lock_timeout, &locked)) return busy_page(gva, page);
     Status s = backend(e.tier)->write(e.frame_offset + in_page, in, n);
     // The page lock orders writers of this page, so its L3 bits are ours.
-    if (s.ok()) m_table.mark_written(page, in_page, n);
+    if (s.ok()) m_table.mark_written(page, in_page, n, backend(e.tier)->persistent());
     version::unlock(word, locked);
     if (!s.ok()) return s.with_context("write to " + gva.to_string());
     in += n;

@@ -61,8 +61,10 @@ struct StorageDomain {
 inline constexpr size_t k_l3_words_per_page = 2;
 
 // Sets the L3 bits for a write of [offset, offset+length) within a page, given
-// the page's two words. Shared by the daemon and the client's direct path.
-void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length);
+// the page's two words: valid always, dirty unless the write was already made
+// durable (PMEM). Shared by the daemon and the client's direct path.
+void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length,
+                     bool dirty);
 
 class PageTable {
  public:
@@ -89,8 +91,9 @@ class PageTable {
   // Marks a page not present, keeping its generation as a tombstone.
   void clear(uint64_t page);
 
-  // Records a write of [offset, offset+length) inside `page` in the L3 bits.
-  void mark_written(uint64_t page, uint64_t offset, uint64_t length);
+  // Records a write of [offset, offset+length) inside `page` in the L3 bits;
+  // `durable` writes (persisted before returning) do not make it dirty.
+  void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool durable = false);
   // Clears the dirty bits of a page (after persist or migration).
   void clean(uint64_t page);
   SubBlockBits sub_blocks(uint64_t page) const;

@@ -155,6 +155,7 @@ TEST(ClientTest2, LookupStatListDump) {
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->offset_in_allocation, 100u);
   EXPECT_EQ(t->page.valid_mask, 1u) << "L3 bit of sub-block 0 set by the direct write";
+  EXPECT_EQ(t->page.dirty_mask, 0u) << "PMEM writes are durable when acknowledged: nothing dirty";
 }
 
 TEST(ClientTest2, ConnectingWithoutADaemonSaysSo) {

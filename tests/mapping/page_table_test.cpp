@@ -72,7 +72,11 @@ TEST(PageTableTest, SubBlockBitsLiveInTheGivenArray) {
   PageTable t(16, 4096, shared);
   t.set(2, entry(0, 1, Tier::dram));
   // A client writing directly marks the shared words itself.
-  mark_sub_blocks(&shared[2 * k_l3_words_per_page], 4096, 64, 64);
+  mark_sub_blocks(&shared[2 * k_l3_words_per_page], 4096, 64, 64, true);
+  EXPECT_EQ(t.sub_blocks(2).dirty, 0b10u);
+  t.mark_written(3, 0, 1, /*durable=*/true);
+  EXPECT_EQ(t.sub_blocks(3).valid, 1u);
+  EXPECT_EQ(t.sub_blocks(3).dirty, 0u) << "a durable write leaves nothing to flush";
   EXPECT_EQ(t.sub_blocks(2).valid, 0b10u);
 }
 
