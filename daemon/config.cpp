@@ -73,6 +73,8 @@ class ConfigReader {
     *out = static_cast<uint32_t>(std::stoul(*s, nullptr, 8));
   }
 
+  std::vector<std::string> known() const { return {m_known.begin(), m_known.end()}; }
+
   // Reports keys nobody asked for. Call after every known key was read.
   void reject_unknown() { walk(m_root, ""); }
 
@@ -118,6 +120,8 @@ class ConfigReader {
   Status m_status;
 };
 
+void read_all(ConfigReader& r, DaemonConfig* out);
+
 Status check(const DaemonConfig& c, std::string_view source) {
   auto bad = [&](const std::string& why) {
     return Status(ErrorCode::config_error, std::string(source) + ": " + why);
@@ -159,6 +163,26 @@ Result<DaemonConfig> parse_config(std::string_view text, std::string_view source
   DaemonConfig c;
   c.source = std::string(source);
   ConfigReader r(root, source);
+  read_all(r, &c);
+  r.reject_unknown();
+  if (!r.status().ok()) return r.status();
+  Status s = check(c, source);
+  if (!s.ok()) return s;
+  return c;
+}
+
+std::vector<std::string> known_config_keys() {
+  const toml::table empty;
+  ConfigReader r(empty, "");
+  DaemonConfig c;
+  read_all(r, &c);
+  return r.known();
+}
+
+namespace {
+
+void read_all(ConfigReader& r, DaemonConfig* out) {
+  DaemonConfig& c = *out;
   r.integer("node.id", &c.node_id, 1, 0xffff);
   r.string("control.socket", &c.socket_path);
   r.octal_mode("control.socket_mode", &c.socket_mode);
@@ -176,12 +200,9 @@ Result<DaemonConfig> parse_config(std::string_view text, std::string_view source
   r.integer("tiers.vram.device", &c.vram_device, 0, 1023);
   r.size("tiers.vram.capacity", &c.vram_capacity);
   r.string("log.level", &c.log_level);
-  r.reject_unknown();
-  if (!r.status().ok()) return r.status();
-  Status s = check(c, source);
-  if (!s.ok()) return s;
-  return c;
 }
+
+}  // namespace
 
 Result<DaemonConfig> load_config(const std::string& path) {
   std::ifstream in(path);

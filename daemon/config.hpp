@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <tiermem/gva.h>
 #include <tiermem/status.h>
@@ -44,5 +45,8 @@ struct DaemonConfig {
 Result<DaemonConfig> parse_config(std::string_view text, std::string_view source);
 // Reads and parses a file. Errors: config_error (also when unreadable).
 Result<DaemonConfig> load_config(const std::string& path);
+
+// Every key the parser understands, as "section.key", in reading order.
+std::vector<std::string> known_config_keys();
 
 }  // namespace tiermem

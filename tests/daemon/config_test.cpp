@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 namespace tiermem {
 namespace {
 
@@ -76,6 +79,33 @@ TEST(ConfigTest, UnreadableFileIsAClearError) {
   auto c = load_config("/nonexistent/tiermemd.toml");
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("cannot read config file /nonexistent/tiermemd.toml"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tiermem
+
+namespace tiermem {
+namespace {
+
+// config/tiermemd.toml is the documentation of every key: it must parse, and
+// it must mention every key the daemon reads.
+TEST(ConfigTest, ShippedExampleIsValidAndDocumentsEveryKey) {
+  const std::string path = std::string(TIERMEM_SOURCE_ROOT) + "/config/tiermemd.toml";
+  auto c = load_config(path);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  for (const std::string& key : known_config_keys()) {
+    const std::string section = "[" + key.substr(0, key.rfind('.')) + "]";
+    const std::string name = "\n" + key.substr(key.rfind('.') + 1) + " = ";
+    const size_t at = doc.find(section);
+    ASSERT_NE(at, std::string::npos) << "section " << section << " is not documented";
+    const size_t next = doc.find("\n[", at + 1);
+    EXPECT_NE(doc.substr(at, next - at).find(name), std::string::npos) << key << " is not documented";
+  }
+  EXPECT_GE(known_config_keys().size(), 17u);
 }
 
 }  // namespace

@@ -1,0 +1,91 @@
+// The VRAM tier on a real GPU (suite `gpu`; run on the device machine). Exits
+// 77 (skipped) where no CUDA device is present.
+#include <cuda_runtime_api.h>
+
+#include <gtest/gtest.h>
+#include <tiermem/client.h>
+
+#include <numeric>
+#include <vector>
+
+#include "mapping/address_space.hpp"
+#include "mapping/tier_backend.hpp"
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+TEST(VramTierTest, WriteReadDiscardAndCopyFromDram) {
+  auto vram = make_vram_tier(0, 64 << 20);
+  ASSERT_TRUE(vram.ok()) << vram.status().to_string();
+  EXPECT_EQ((*vram)->tier(), Tier::vram);
+  EXPECT_EQ((*vram)->host_base(), nullptr);
+  EXPECT_NE((*vram)->region_base(), nullptr);
+  EXPECT_EQ((*vram)->ipc_handle().size(), sizeof(cudaIpcMemHandle_t));
+  std::vector<unsigned char> out(8 << 20), in(8 << 20);
+  std::iota(out.begin(), out.end(), 3);
+  ASSERT_TRUE((*vram)->write(16 << 20, out.data(), out.size()).ok());
+  ASSERT_TRUE((*vram)->read(16 << 20, in.data(), in.size()).ok());
+  EXPECT_EQ(in, out);
+  ASSERT_TRUE((*vram)->discard(16 << 20, 8 << 20).ok());
+  ASSERT_TRUE((*vram)->read(16 << 20, in.data(), in.size()).ok());
+  EXPECT_EQ(in, std::vector<unsigned char>(in.size(), 0));
+  auto dram = make_dram_tier(8 << 20, "gpu-test-dram");
+  ASSERT_TRUE((*dram)->write(0, out.data(), out.size()).ok());
+  ASSERT_TRUE((*vram)->copy_from(**dram, 0, 0, out.size()).ok());
+  ASSERT_TRUE((*vram)->read(0, in.data(), in.size()).ok());
+  EXPECT_EQ(in, out);
+}
+
+TEST(VramTierTest, AutoPlacementPrefersVramAndFallsBackToDram) {
+  TierSet tiers;
+  tiers[static_cast<size_t>(Tier::vram)] = std::move(make_vram_tier(0, 8 << 20)).value();
+  tiers[static_cast<size_t>(Tier::dram)] = std::move(make_dram_tier(8 << 20, "gpu-fallback")).value();
+  auto space = std::move(AddressSpace::create({.node = 1, .page_size = 2 << 20}, std::move(tiers))).value();
+  auto first = space->allocate({.size = 6 << 20});
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->tier, Tier::vram);
+  auto second = space->allocate({.size = 4 << 20});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->tier, Tier::dram) << "VRAM has one page left";
+  std::vector<char> data(6 << 20, 'v'), back(6 << 20);
+  ASSERT_TRUE(space->write(first->gva, data.data(), data.size()).ok());
+  ASSERT_TRUE(space->read(first->gva, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+}
+
+TEST(VramDaemonTest, ClientAllocWriteReadOnVram) {
+  test::TestDaemon daemon({.vram = true, .vram_capacity = "256MiB"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto client = daemon.connect();
+  auto stat = client->stat();
+  ASSERT_TRUE(stat.ok());
+  ASSERT_EQ(stat->tiers.front().tier, Tier::vram);
+  EXPECT_EQ(stat->tiers.front().capacity_bytes, 256u << 20);
+  auto a = client->alloc(10 << 20, {.tier = Tier::vram, .strict = true});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  std::vector<unsigned char> out(10 << 20), in(10 << 20);
+  std::iota(out.begin(), out.end(), 11);
+  ASSERT_TRUE(client->write(a->gva, out.data(), out.size()).ok());
+  ASSERT_TRUE(client->read(a->gva, in.data(), in.size()).ok());
+  EXPECT_EQ(in, out);
+  auto t = client->translate(a->gva);
+  EXPECT_EQ(t->page.tier, Tier::vram);
+  EXPECT_EQ(client->map(a->gva).status().code(), ErrorCode::not_supported);
+  const auto r = test::run_ctl(daemon.socket(), {"alloc", "4MiB", "--tier", "vram", "--strict"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(client->free(a->gva).ok());
+}
+
+}  // namespace
+}  // namespace tiermem
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no CUDA device here: the gpu suite is skipped\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
