@@ -21,11 +21,16 @@ void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint6
   }
 }
 
+namespace {
+// Stands in for every storage domain that was never populated: all absent.
+const StorageDomain k_empty_domain{};
+}  // namespace
+
 PageTable::PageTable(uint64_t pages, uint64_t page_size, std::span<uint64_t> l3)
     : m_pages(pages),
       m_page_size(page_size),
       m_page_shift(static_cast<unsigned>(std::countr_zero(page_size))),
-      m_l1((pages + k_l2_pages - 1) >> k_l2_shift) {
+      m_l1((pages + k_l2_pages - 1) >> k_l2_shift, const_cast<StorageDomain*>(&k_empty_domain)) {
   assert(std::has_single_bit(page_size) && page_size >= 4096);
   if (l3.size() < pages * k_l3_words_per_page) {
     m_own_l3.assign(pages * k_l3_words_per_page, 0);
@@ -36,9 +41,12 @@ PageTable::PageTable(uint64_t pages, uint64_t page_size, std::span<uint64_t> l3)
 }
 
 StorageDomain* PageTable::domain_for(uint64_t page) {
-  auto& slot = m_l1[page >> k_l2_shift];
-  if (!slot) slot = std::make_unique<StorageDomain>();
-  return slot.get();
+  StorageDomain*& slot = m_l1[page >> k_l2_shift];
+  if (slot == &k_empty_domain) {
+    m_domains.push_back(std::make_unique<StorageDomain>());
+    slot = m_domains.back().get();
+  }
+  return slot;
 }
 
 void PageTable::set(uint64_t page, const PageEntry& entry) {
@@ -57,7 +65,7 @@ void PageTable::set(uint64_t page, const PageEntry& entry) {
 
 void PageTable::clear(uint64_t page) {
   const PageEntry* old = find(page);
-  if (old == nullptr) return;
+  if (old == nullptr || !old->present()) return;
   PageEntry tombstone;
   tombstone.generation = old->generation;
   set(page, tombstone);
@@ -107,10 +115,6 @@ void PageTable::translate_batch(std::span<const uint64_t> pages, std::span<PageE
   }
 }
 
-size_t PageTable::domains() const {
-  size_t n = 0;
-  for (const auto& d : m_l1) n += d != nullptr;
-  return n;
-}
+size_t PageTable::domains() const { return m_domains.size(); }
 
 }  // namespace tiermem

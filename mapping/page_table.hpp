@@ -78,12 +78,12 @@ class PageTable {
   unsigned page_shift() const { return m_page_shift; }
   uint64_t sub_block_size() const { return m_page_size / k_sub_blocks_per_page; }
 
-  // The entry of a page, or nullptr when the page is outside the table or its
-  // domain was never populated.
+  // The entry of a page (not present when never set), or nullptr when the page
+  // is outside the table. Unpopulated L1 slots point at one shared empty
+  // domain, so a lookup has no null check on its way.
   const PageEntry* find(uint64_t page) const {
     if (page >= m_pages) return nullptr;
-    const StorageDomain* d = m_l1[page >> k_l2_shift].get();
-    return d == nullptr ? nullptr : &d->entries[page & (k_l2_pages - 1)];
+    return &m_l1[page >> k_l2_shift]->entries[page & (k_l2_pages - 1)];
   }
 
   // Sets a page's entry (present or not), creating its domain on demand.
@@ -111,7 +111,8 @@ class PageTable {
   uint64_t m_pages;
   uint64_t m_page_size;
   unsigned m_page_shift;
-  std::vector<std::unique_ptr<StorageDomain>> m_l1;
+  std::vector<StorageDomain*> m_l1;  // never null: &k_empty_domain when unpopulated
+  std::vector<std::unique_ptr<StorageDomain>> m_domains;
   std::vector<uint64_t> m_own_l3;
   std::span<uint64_t> m_l3;
 };

@@ -19,9 +19,13 @@ PageEntry entry(uint64_t frame, uint32_t generation, Tier tier) {
 
 TEST(PageTableTest, UnpopulatedPagesAreAbsent) {
   PageTable t(4096, 2 << 20);
-  EXPECT_EQ(t.find(0), nullptr);
-  EXPECT_EQ(t.find(4095), nullptr);
+  ASSERT_NE(t.find(0), nullptr);
+  EXPECT_FALSE(t.find(0)->present());
+  EXPECT_FALSE(t.find(4095)->present());
+  EXPECT_EQ(t.find(4095)->generation, 0u);
   EXPECT_EQ(t.find(4096), nullptr) << "outside the table";
+  t.clear(17);
+  EXPECT_EQ(t.domains(), 0u) << "clearing an absent page populates nothing";
   EXPECT_EQ(t.domains(), 0u);
 }
 
