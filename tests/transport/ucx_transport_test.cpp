@@ -1,0 +1,154 @@
+// UcxTransport between two real processes: a target that registers a memfd
+// region (as tiermemd does) and an initiator that gets, puts and runs atomics
+// on it one-sided. Run once per UCX transport set.
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "common/frame.hpp"
+#include "common/shared_memory.hpp"
+#include "transport/transport.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t k_region = 8 << 20;
+
+// Runs in the child: serves a region until the parent closes the socket.
+[[noreturn]] void serve(int sock, const std::string& tls) {
+  auto t = make_ucx_transport({.tls = tls, .progress_thread = true});
+  if (!t.ok()) ::_exit(2);
+  auto memory = SharedMemory::create("transport-test", k_region);
+  auto* words = reinterpret_cast<uint64_t*>(memory->data());
+  for (size_t i = 0; i < k_region / 8; ++i) words[i] = i;
+  auto region = (*t)->register_region(memory->data(), k_region, MemoryKind::host);
+  if (!region.ok()) ::_exit(3);
+  std::string hello = (*t)->address();
+  hello += std::string(8, '\0');
+  const uint64_t base = (*region)->base();
+  std::memcpy(hello.data() + (*t)->address().size(), &base, 8);
+  const uint32_t alen = static_cast<uint32_t>((*t)->address().size());
+  std::string msg(reinterpret_cast<const char*>(&alen), 4);
+  msg += hello + (*region)->packed_key();
+  if (!wire::send_frame(sock, msg).ok()) ::_exit(4);
+  std::string bye;
+  (void)wire::recv_frame(sock, 1 << 20, &bye, nullptr);  // until the parent closes
+  // Report the final value of word 1 (atomics target) back through the exit code.
+  ::_exit(static_cast<int>(words[1] & 0x7f));
+}
+
+class UcxTransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    m_child = ::fork();
+    if (m_child == 0) {
+      ::close(sv[0]);
+      serve(sv[1], GetParam());
+    }
+    ::close(sv[1]);
+    m_sock = sv[0];
+    std::string msg;
+    ASSERT_TRUE(wire::recv_frame(m_sock, 1 << 20, &msg, nullptr).ok());
+    uint32_t alen;
+    std::memcpy(&alen, msg.data(), 4);
+    m_address = msg.substr(4, alen);
+    std::memcpy(&m_base, msg.data() + 4 + alen, 8);
+    m_key = msg.substr(4 + alen + 8);
+    auto t = make_ucx_transport({.tls = GetParam()});
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    m_transport = std::move(t).value();
+    auto ep = m_transport->connect(m_address);
+    ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+    m_ep = *ep;
+    auto key = m_transport->unpack(m_ep, m_key);
+    ASSERT_TRUE(key.ok()) << key.status().to_string();
+    m_rkey = *key;
+  }
+
+  int finish() {
+    m_rkey.reset();
+    m_ep.reset();
+    m_transport.reset();
+    ::close(m_sock);
+    int status = 0;
+    ::waitpid(m_child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  pid_t m_child = -1;
+  int m_sock = -1;
+  std::string m_address, m_key;
+  uint64_t m_base = 0;
+  std::unique_ptr<Transport> m_transport;
+  std::shared_ptr<Endpoint> m_ep;
+  std::shared_ptr<RemoteKey> m_rkey;
+};
+
+TEST_P(UcxTransportTest, GetPutAndAtomicsOnARegisteredMemfd) {
+  auto batch = m_transport->batch();
+  // Several gets in flight at once.
+  std::vector<uint64_t> words(4096);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(m_transport->get(*batch, *m_ep, words.data() + i * 1024, 8192, m_base + i * 8192, *m_rkey).ok());
+  }
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  for (size_t i = 0; i < words.size(); ++i) ASSERT_EQ(words[i], i);
+
+  std::vector<unsigned char> out(1 << 20), back(1 << 20);
+  std::iota(out.begin(), out.end(), 5);
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, out.data(), out.size(), m_base + (4 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  ASSERT_TRUE(m_transport->flush(*m_ep, 10s).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, back.data(), back.size(), m_base + (4 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(back, out);
+
+  uint64_t old = 0;
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::fetch_add, 10, 0, m_base + 8, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(old, 1u);
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::compare_swap, 40, 99, m_base + 8, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(old, 11u) << "compare failed: the word keeps 11";
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::compare_swap, 42, 11, m_base + 8, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(old, 11u);
+  EXPECT_FALSE(m_ep->transports().empty());
+  std::printf("transports in use: %s\n", m_ep->transports().c_str());
+  EXPECT_EQ(finish(), 42) << "the target saw the swapped value";
+}
+
+TEST_P(UcxTransportTest, DeadPeerFailsOperationsInsteadOfHanging) {
+  ::kill(m_child, SIGKILL);
+  int status = 0;
+  ::waitpid(m_child, &status, 0);
+  m_child = -1;
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  Status s;
+  // The failure surfaces on the first operation or within a few.
+  for (int i = 0; i < 50 && s.ok(); ++i) {
+    s = m_transport->get(*batch, *m_ep, &word, 8, m_base, *m_rkey);
+    if (s.ok()) s = m_transport->wait(*batch, 3s);
+  }
+  EXPECT_FALSE(s.ok());
+  m_rkey.reset();
+  m_ep.reset();
+  ::close(m_sock);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tiermem

@@ -1,0 +1,114 @@
+// The one-sided data plane (C1): register memory, connect to peers, and move
+// bytes and 64-bit atomics to and from their registered memory without their
+// CPU in the data path (where the fabric allows; over TCP, UCX emulates some
+// operations with messages the peer's progress thread answers).
+//
+// Operations are issued into a Batch and complete together in wait(), so
+// several can be in flight at once (over TCP a single outstanding get costs a
+// full round trip of the emulation; overlapping them is most of the speed).
+//
+// Thread-safe: every method may be called from any thread. A Batch belongs to
+// one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tiermem/status.h>
+
+namespace tiermem {
+
+// Where registered memory lives.
+enum class MemoryKind { host, cuda };
+
+// A region registered for remote access; deregistered when destroyed.
+class RegisteredRegion {
+ public:
+  virtual ~RegisteredRegion() = default;
+  // The key peers unpack to address this region (opaque bytes).
+  virtual const std::string& packed_key() const = 0;
+  virtual uint64_t base() const = 0;
+  virtual uint64_t length() const = 0;
+};
+
+// A connection to one peer's transport address. Operations on an endpoint
+// whose peer failed return transport_error.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  virtual bool failed() const = 0;
+  // What the fabric chose, e.g. "tcp/lo" or "posix/memory cma/memory".
+  virtual std::string transports() const = 0;
+};
+
+// A peer's key, unpacked for one endpoint.
+class RemoteKey {
+ public:
+  virtual ~RemoteKey() = default;
+};
+
+enum class AtomicOp { fetch_add, compare_swap, swap };
+
+// Operations issued together; wait() completes them.
+class Batch {
+ public:
+  virtual ~Batch() = default;
+  virtual size_t pending() const = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string name() const = 0;
+  // This process's address, to hand to peers (opaque bytes).
+  virtual const std::string& address() const = 0;
+
+  // Registers [base, base+length). Errors: transport_error.
+  virtual Result<std::unique_ptr<RegisteredRegion>> register_region(void* base, size_t length,
+                                                                    MemoryKind kind) = 0;
+  // Connects to the peer at `address`. Errors: transport_error.
+  virtual Result<std::shared_ptr<Endpoint>> connect(std::string_view address) = 0;
+  // Unpacks a peer's packed key for use on `endpoint`.
+  virtual Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint,
+                                                    std::string_view packed_key) = 0;
+
+  virtual std::unique_ptr<Batch> batch() = 0;
+  // Copies `length` bytes from the peer's `remote_addr` into `dst`.
+  virtual Status get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
+                     RemoteKey& key) = 0;
+  virtual Status put(Batch& batch, Endpoint& ep, const void* src, size_t length,
+                     uint64_t remote_addr, RemoteKey& key) = 0;
+  // 64-bit atomic on the peer's word at `remote_addr`; *result receives the
+  // old value. compare_swap stores `operand` when the word equals `compare`.
+  virtual Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand,
+                        uint64_t compare, uint64_t remote_addr, RemoteKey& key,
+                        uint64_t* result) = 0;
+  // Completes every operation of the batch, driving progress. Errors:
+  // transport_error (a peer failed), timeout (then the endpoints of the
+  // unfinished operations are closed, so no buffer is written later).
+  virtual Status wait(Batch& batch, std::chrono::milliseconds timeout) = 0;
+  // Remote completion of everything issued on `ep` so far.
+  virtual Status flush(Endpoint& ep, std::chrono::milliseconds timeout) = 0;
+
+  // Drives progress once; true when something happened.
+  virtual bool progress() = 0;
+};
+
+struct UcxOptions {
+  // UCX transports to use (UCX_TLS syntax); empty: UCX's default or $UCX_TLS.
+  std::string tls;
+  // Start a thread that answers peers (the daemon needs one; clients progress
+  // while they wait).
+  bool progress_thread = false;
+};
+
+// Errors: transport_error (UCX could not start).
+Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options);
+
+}  // namespace tiermem
