@@ -176,13 +176,14 @@ class UcxTransport final : public Transport {
     ucs_status_t st = UCS_ERR_UNREACHABLE;
     if (m_peer_errors.load()) st = ucp_ep_create(m_worker, &p, &ep->m_ep);
     if (st == UCS_ERR_UNREACHABLE) {
-      m_peer_errors.store(false);  // ask once per process, not on every connect
       // UCX 1.13's shared-memory transports cannot report peer failures, and
       // refuse endpoints that ask for it. Connect without: a dead peer then
       // shows as a timeout in wait() (and the control plane notices it).
       p.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
       p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
       st = ucp_ep_create(m_worker, &p, &ep->m_ep);
+      // Ask once per process, not on every connect (UCX logs each refusal).
+      if (st == UCS_OK) m_peer_errors.store(false);
     }
     if (st != UCS_OK) return ucx_error("connecting to a peer", st);
     return std::shared_ptr<Endpoint>(std::move(ep));
