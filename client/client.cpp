@@ -32,7 +32,9 @@ Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options)
   a->set_tier(wire::to_proto(options.tier));
   a->set_strict(options.strict);
   a->set_name(options.name);
-  auto response = m_core->connection().call(request);
+  a->set_coherent(options.coherent);
+  request.set_node(options.node);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   return wire::from_proto(response->alloc().allocation());
 }
@@ -40,15 +42,16 @@ Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options)
 Status Client::free(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_free()->mutable_gva());
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (response.ok()) m_core->forget(gva);
   return response.status();
 }
 
-Result<AllocationInfo> Client::lookup(std::string_view name) {
+Result<AllocationInfo> Client::lookup(std::string_view name, NodeId node) {
   proto::Request request;
+  request.set_node(node);
   request.mutable_lookup()->set_name(std::string(name));
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   return wire::from_proto(response->lookup().allocation());
 }
@@ -56,7 +59,7 @@ Result<AllocationInfo> Client::lookup(std::string_view name) {
 Result<Translation> Client::translate(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_translate()->mutable_gva());
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   const proto::TranslateResponse& t = response->translate();
   Translation out;
@@ -73,10 +76,50 @@ Status Client::write(Gva gva, const void* data, size_t length) {
 
 Status Client::read(Gva gva, void* data, size_t length) { return m_core->read(gva, data, length); }
 
+Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value) {
+  return m_core->atomic(gva, WordOp::fetch_add, value, 0);
+}
+
+Result<uint64_t> Client::compare_swap(Gva gva, uint64_t expected, uint64_t desired) {
+  return m_core->atomic(gva, WordOp::compare_swap, desired, expected);
+}
+
+Result<AllocationInfo> Client::migrate(Gva gva, Tier tier, NodeId to_node) {
+  proto::Request request;
+  auto* m = request.mutable_migrate();
+  wire::to_proto(gva, m->mutable_gva());
+  m->set_tier(wire::to_proto(tier));
+  m->set_to_node(to_node);
+  auto response = m_core->call(request);
+  m_core->forget(gva);
+  if (!response.ok()) return response.status();
+  return wire::from_proto(response->migrate().allocation());
+}
+
+Result<std::vector<NodeInfo>> Client::nodes() {
+  proto::Request request;
+  request.mutable_nodes();
+  auto response = m_core->call(request);
+  if (!response.ok()) return response.status();
+  std::vector<NodeInfo> out;
+  for (const proto::NodeInfo& n : response->nodes().nodes()) {
+    NodeInfo info;
+    info.node = static_cast<NodeId>(n.node_id());
+    info.control_address = n.control_address();
+    info.state = static_cast<NodeState>(n.state());
+    info.incarnation = n.incarnation();
+    info.transports = n.transports();
+    info.last_error = n.last_error();
+    info.state_since_ms = n.state_since_ms();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 Result<Mapping> Client::map(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_map()->mutable_gva());
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   const AllocationInfo info = wire::from_proto(response->map().allocation());
 
@@ -113,10 +156,11 @@ Result<Mapping> Client::map(Gva gva) {
   return m;
 }
 
-Result<NodeStat> Client::stat() {
+Result<NodeStat> Client::stat(NodeId node) {
   proto::Request request;
+  request.set_node(node);
   request.mutable_stat();
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   const proto::StatResponse& s = response->stat();
   NodeStat out;
@@ -131,20 +175,22 @@ Result<NodeStat> Client::stat() {
   return out;
 }
 
-Result<std::vector<AllocationInfo>> Client::list() {
+Result<std::vector<AllocationInfo>> Client::list(NodeId node) {
   proto::Request request;
+  request.set_node(node);
   request.mutable_list();
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   std::vector<AllocationInfo> out;
   for (const auto& a : response->list().allocations()) out.push_back(wire::from_proto(a));
   return out;
 }
 
-Result<MappingDump> Client::dump() {
+Result<MappingDump> Client::dump(NodeId node) {
   proto::Request request;
+  request.set_node(node);
   request.mutable_dump();
-  auto response = m_core->connection().call(request);
+  auto response = m_core->call(request);
   if (!response.ok()) return response.status();
   const proto::DumpResponse& d = response->dump();
   MappingDump out;
@@ -184,7 +230,7 @@ void Mapping::release() {
     wire::to_proto(m_allocation.gva, request.mutable_unmap()->mutable_gva());
     // A failure means the connection is gone, and the daemon then unpins the
     // session's mappings itself.
-    (void)m_core->connection().call(request);
+    (void)m_core->call(request);
     m_core.reset();
   }
 }

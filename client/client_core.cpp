@@ -1,8 +1,5 @@
 #include "client/client_core.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -10,30 +7,50 @@
 
 #include "convert.hpp"
 #include "mapping/page_table.hpp"
-#include "mapping/version.hpp"
 
 namespace tiermem::detail {
 namespace {
 
-constexpr auto k_lock_timeout = std::chrono::seconds(2);
-constexpr int k_max_refreshes = 16;
+constexpr auto k_timeout = std::chrono::milliseconds(10000);
+constexpr int k_max_attempts = 16;
 constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
 
-Status stale() { return Status(ErrorCode::not_found, "stale translation"); }
-
-Status busy_page(const CachedAllocation& a, uint64_t index) {
-  return Status(ErrorCode::busy, "page " + std::to_string(a.first_page + index) + " of " +
-                                     a.base.to_string() + " stayed locked by another writer");
-}
-
-Status msync_range(std::byte* p, size_t length) {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto start = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
-  const auto end = reinterpret_cast<uintptr_t>(p) + length;
-  if (::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC) != 0) {
-    return Status(ErrorCode::io_error, std::string("msync of PMEM range: ") + std::strerror(errno));
+// Hands copy_through_layout the accessors of this client: its mappings of
+// local memory, and the data plane for other nodes. Keeps the remote states it
+// handed out alive until the copy is done.
+class ClientAccess final : public MemoryAccess {
+ public:
+  explicit ClientAccess(ClientCore& core) : m_core(core) {}
+  Result<VersionWords*> versions(NodeId home) override {
+    if (home == m_core.node()) return m_core.local_versions();
+    auto r = remote(home);
+    if (!r.ok()) return r.status();
+    return static_cast<VersionWords*>((*r)->words.get());
   }
-  return Status();
+  Result<FrameData*> frames(NodeId node, Tier tier) override {
+    if (node == m_core.node()) return m_core.local_frames(tier);
+    auto r = remote(node);
+    if (!r.ok()) return r.status();
+    RemoteFrameData* f = (*r)->frames[static_cast<size_t>(tier)].get();
+    if (f == nullptr) {
+      return Status(ErrorCode::not_supported, "node " + std::to_string(node) + "'s " +
+                                                  std::string(tier_name(tier)) + " tier is not reachable one-sided");
+    }
+    return static_cast<FrameData*>(f);
+  }
+
+ private:
+  Result<std::shared_ptr<RemoteState>> remote(NodeId node) {
+    auto r = m_core.remote(node);
+    if (r.ok()) m_held.push_back(*r);
+    return r;
+  }
+  ClientCore& m_core;
+  std::vector<std::shared_ptr<RemoteState>> m_held;
+};
+
+bool is_transport_failure(const Status& s) {
+  return s.code() == ErrorCode::transport_error || s.code() == ErrorCode::timeout;
 }
 
 // The extent holding byte `offset` of the allocation.
@@ -53,17 +70,28 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
     const char* env = std::getenv("TIERMEM_SOCKET");
     path = env != nullptr && *env != '\0' ? env : k_default_socket;
   }
-  auto connection = Connection::open(path, options.client_name);
+  auto connection = RpcConnection::connect_unix(path);
   if (!connection.ok()) return connection.status();
-  return std::shared_ptr<ClientCore>(new ClientCore(std::move(connection).value(), options.direct_access));
+  proto::Request request;
+  request.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  request.mutable_hello()->set_client_name(options.client_name);
+  auto response = (*connection)->call(request);
+  if (!response.ok()) return response.status();
+  if (response->hello().max_frame_bytes() > 0) {
+    (*connection)->set_max_frame(static_cast<uint32_t>(response->hello().max_frame_bytes()));
+  }
+  return std::shared_ptr<ClientCore>(
+      new ClientCore(std::move(connection).value(), response->hello(), options.direct_access));
 }
+
+// --- local memory --------------------------------------------------------------------
 
 Status ClientCore::open_regions() {
   std::call_once(m_regions_once, [this] {
     proto::Request request;
     request.mutable_open_regions();
     std::vector<UniqueFd> fds;
-    auto response = m_connection->call(request, &fds);
+    auto response = call(request, &fds);
     if (!response.ok()) {
       m_regions_status = response.status();
       return;
@@ -86,24 +114,43 @@ Status ClientCore::open_regions() {
       } else if (r.kind() == proto::Region::SUB_BLOCKS) {
         m_sub_blocks = std::move(map).value();
       } else {
-        LocalRegion& region = m_regions[static_cast<size_t>(wire::from_proto(r.tier()))];
+        const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));
+        LocalRegion& region = m_regions[tier];
         region.fd = std::move(fd);
         region.map = std::move(map).value();
         region.persistent = r.persistent();
+        m_local_frames[tier].emplace(region.map.data(), region.map.size(), region.persistent);
       }
     }
+    m_local_words.emplace(reinterpret_cast<uint64_t*>(m_versions.data()), m_versions.size() / sizeof(uint64_t),
+                          reinterpret_cast<uint64_t*>(m_sub_blocks.data()), page_size());
   });
   return m_regions_status;
 }
 
+Result<VersionWords*> ClientCore::local_versions() {
+  if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
+  if (Status s = open_regions(); !s.ok()) return s;
+  return static_cast<VersionWords*>(&*m_local_words);
+}
+
+Result<FrameData*> ClientCore::local_frames(Tier tier) {
+  if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
+  if (Status s = open_regions(); !s.ok()) return s;
+  auto& f = m_local_frames[static_cast<size_t>(tier)];
+  if (!f) {
+    return Status(ErrorCode::not_supported,
+                  "the " + std::string(tier_name(tier)) + " tier cannot be mapped into a client");
+  }
+  return static_cast<FrameData*>(&*f);
+}
+
 Result<int> ClientCore::region_fd(Tier tier) {
-  Status s = open_regions();
-  if (!s.ok()) return s;
+  if (Status s = open_regions(); !s.ok()) return s;
   const LocalRegion& r = m_regions[static_cast<size_t>(tier)];
   if (!r.fd.valid()) {
     return Status(ErrorCode::not_supported,
-                  std::string("the ") + std::string(tier_name(tier)) +
-                      " tier cannot be mapped into a client process");
+                  "the " + std::string(tier_name(tier)) + " tier cannot be mapped into a client process");
   }
   return r.fd.get();
 }
@@ -112,10 +159,78 @@ bool ClientCore::region_persistent(Tier tier) const {
   return m_regions[static_cast<size_t>(tier)].persistent;
 }
 
+// --- other nodes ---------------------------------------------------------------------
+
+Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node) {
+  if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
+  std::lock_guard lock(m_remote_mutex);
+  if (auto it = m_remote.find(node); it != m_remote.end()) return it->second;
+  if (!m_transport && m_transport_status.ok()) {
+    auto t = make_ucx_transport({});
+    if (t.ok()) {
+      m_transport = std::move(t).value();
+    } else {
+      m_transport_status = t.status();
+    }
+  }
+  if (!m_transport) {
+    return Status(ErrorCode::not_supported, "no data plane here: " + m_transport_status.message());
+  }
+  proto::Request request;
+  request.mutable_nodes();
+  auto response = call(request);
+  if (!response.ok()) return response.status();
+  for (const proto::NodeInfo& n : response->nodes().nodes()) {
+    if (n.node_id() != node) continue;
+    if (n.state() != proto::NodeInfo::CONNECTED || n.transport_address().empty()) {
+      return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is " +
+                                                    std::string(node_state_name(static_cast<NodeState>(n.state()))) +
+                                                    (n.last_error().empty() ? "" : ": " + n.last_error()));
+    }
+    std::vector<RegionAdvert> regions;
+    for (const proto::RegionKey& k : n.regions()) {
+      regions.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.base(), k.length(),
+                         k.packed_key(), k.persistent()});
+    }
+    auto rn = connect_remote_node(*m_transport, node, n.incarnation(), n.transport_address(), regions);
+    if (!rn.ok()) return rn.status();
+    forget_node(node);  // translations from before a restart of the node are void
+    auto state = std::make_shared<RemoteState>();
+    state->node = *rn;
+    state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, k_timeout);
+    for (Tier t : k_tiers_fastest_first) {
+      if (!state->node->tiers[static_cast<size_t>(t)].key) continue;
+      state->frames[static_cast<size_t>(t)] = std::make_unique<RemoteFrameData>(
+          *m_transport, state->node, t, k_timeout,
+          [this, node](Tier tier, uint64_t off, uint64_t len) { return persist_remote(node, tier, off, len); });
+    }
+    m_remote[node] = state;
+    return state;
+  }
+  return Status(ErrorCode::bad_gva, "node " + std::to_string(node) + " is not in the cluster");
+}
+
+void ClientCore::drop_remote(NodeId node) {
+  std::lock_guard lock(m_remote_mutex);
+  m_remote.erase(node);
+}
+
+Status ClientCore::persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length) {
+  proto::Request request;
+  request.set_node(node);
+  auto* p = request.mutable_persist_frames();
+  p->set_tier(wire::to_proto(tier));
+  p->set_frame_offset(frame_offset);
+  p->set_length(length);
+  return call(request).status();
+}
+
+// --- translations --------------------------------------------------------------------
+
 Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool refresh) {
   if (!refresh) {
     std::shared_lock lock(m_cache_mutex);
-    auto it = m_cache.upper_bound(gva.offset);
+    auto it = m_cache.upper_bound({gva.node, gva.offset});
     if (it != m_cache.begin()) {
       const auto& a = std::prev(it)->second;
       const bool inside = a->base.node == gva.node &&
@@ -125,7 +240,7 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   }
   proto::Request request;
   wire::to_proto(gva, request.mutable_translate()->mutable_gva());
-  auto response = m_connection->call(request);
+  auto response = call(request);
   if (!response.ok()) {
     if (response.status().code() == ErrorCode::not_allocated) forget(gva);
     return response.status();
@@ -135,143 +250,32 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   const AllocationInfo info = wire::from_proto(t.allocation());
   a->base = info.gva;
   a->size = info.size;
-  a->tier = info.tier;
   a->first_page = t.first_page_index();
+  a->coherent = t.coherent();
   for (const auto& x : t.extents()) a->extents.push_back(wire::from_proto(x));
   a->page_versions.assign(t.page_versions().begin(), t.page_versions().end());
   std::unique_lock lock(m_cache_mutex);
-  m_cache[a->base.offset] = a;
+  m_cache[{a->base.node, a->base.offset}] = a;
   return std::shared_ptr<const CachedAllocation>(a);
 }
 
 void ClientCore::forget(Gva gva) {
   std::unique_lock lock(m_cache_mutex);
-  auto it = m_cache.upper_bound(gva.offset);
-  if (it != m_cache.begin()) m_cache.erase(std::prev(it));
+  auto it = m_cache.upper_bound({gva.node, gva.offset});
+  if (it != m_cache.begin() && std::prev(it)->first.first == gva.node) m_cache.erase(std::prev(it));
 }
 
-void ClientCore::mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) {
-  const size_t word = page * k_l3_words_per_page;
-  if ((word + k_l3_words_per_page) * sizeof(uint64_t) > m_sub_blocks.size()) return;
-  mark_sub_blocks(reinterpret_cast<uint64_t*>(m_sub_blocks.data()) + word, page_size(), offset,
-                  length, dirty);
+void ClientCore::forget_node(NodeId node) {
+  std::unique_lock lock(m_cache_mutex);
+  for (auto it = m_cache.begin(); it != m_cache.end();) {
+    it = it->first.first == node ? m_cache.erase(it) : std::next(it);
+  }
 }
 
-bool ClientCore::can_copy_direct(const CachedAllocation& a) const {
-  if (!m_direct || a.base.node != node() || m_versions.data() == nullptr) return false;
-  const LocalRegion& r = m_regions[static_cast<size_t>(a.tier)];
-  return r.map.data() != nullptr &&
-         (a.first_page + a.page_versions.size()) * sizeof(uint64_t) <= m_versions.size();
-}
-
-// A run is a stretch of an allocation inside one physically contiguous
-// extent: it is copied with one memcpy (large copies take the streaming-store
-// path of memcpy, which per-page copies of 2 MiB would not), under the locks
-// or version snapshots of all its pages, taken in ascending page order (the
-// order every writer and the daemon use, so writers cannot deadlock).
-Status ClientCore::copy_direct(const CachedAllocation& a, uint64_t offset, std::byte* buf,
-                               size_t length, bool to_memory) {
-  constexpr uint64_t k_max_run = 64 << 20;
-  const LocalRegion& region = m_regions[static_cast<size_t>(a.tier)];
-  while (length > 0) {
-    const Extent* x = extent_at(a, offset);
-    if (x == nullptr) return stale();
-    const uint64_t in_extent = offset - x->gva_offset;
-    const size_t n = std::min<uint64_t>({length, x->length - in_extent, k_max_run});
-    if (x->frame_offset + in_extent + n > region.map.size()) return stale();
-    Run run{a, offset, n, region.map.data() + x->frame_offset + in_extent, buf};
-    Status s = to_memory ? write_run(run, region.persistent) : read_run(run);
-    if (!s.ok()) return s;
-    buf += n;
-    offset += n;
-    length -= n;
-  }
-  return Status();
-}
-
-Status ClientCore::write_run(const Run& run, bool persistent) {
-  const uint64_t psize = page_size();
-  auto* words = reinterpret_cast<uint64_t*>(m_versions.data()) + run.alloc.first_page;
-  const uint64_t first = run.offset / psize, last = (run.offset + run.length - 1) / psize;
-  uint64_t locked_buf[32];
-  std::vector<uint64_t> locked_vec;
-  uint64_t* locked = locked_buf;
-  if (last - first + 1 > std::size(locked_buf)) {
-    locked_vec.resize(last - first + 1);
-    locked = locked_vec.data();
-  }
-  auto unlock_until = [&](uint64_t end) {
-    for (uint64_t p = first; p < end; ++p) version::unlock(words[p], locked[p - first]);
-  };
-  for (uint64_t p = first; p <= last; ++p) {
-    const uint16_t epoch = version::epoch_of(run.alloc.page_versions[p]);
-    version::SpinWait wait(k_lock_timeout);
-    uint64_t v = version::load(words[p]);
-    for (;;) {
-      if (version::epoch_of(v) != epoch) {
-        unlock_until(p);
-        return stale();
-      }
-      if (version::try_lock(words[p], &v)) break;
-      if (!wait.again()) {
-        unlock_until(p);
-        return busy_page(run.alloc, p);
-      }
-      v = version::load(words[p]);
-    }
-    locked[p - first] = v + 1;
-  }
-  std::memcpy(run.memory, run.buffer, run.length);
-  Status s = persistent ? msync_range(run.memory, run.length) : Status();
-  if (s.ok()) {
-    for (uint64_t p = first; p <= last; ++p) {
-      const uint64_t from = std::max(run.offset, p * psize);
-      const uint64_t to = std::min(run.offset + run.length, (p + 1) * psize);
-      mark_written(run.alloc.first_page + p, from - p * psize, to - from, !persistent);
-    }
-  }
-  unlock_until(last + 1);
-  return s;
-}
-
-Status ClientCore::read_run(const Run& run) {
-  const uint64_t psize = page_size();
-  auto* words = reinterpret_cast<uint64_t*>(m_versions.data()) + run.alloc.first_page;
-  const uint64_t first = run.offset / psize, last = (run.offset + run.length - 1) / psize;
-  uint64_t start_buf[32];
-  std::vector<uint64_t> start_vec;
-  uint64_t* start = start_buf;
-  if (last - first + 1 > std::size(start_buf)) {
-    start_vec.resize(last - first + 1);
-    start = start_vec.data();
-  }
-  version::SpinWait wait(k_lock_timeout);
-  for (;;) {
-    uint64_t locked_page = ~uint64_t{0};
-    for (uint64_t p = first; p <= last; ++p) {
-      const uint64_t v = version::load(words[p]);
-      if (version::epoch_of(v) != version::epoch_of(run.alloc.page_versions[p])) return stale();
-      if (version::is_locked(v)) {
-        locked_page = p;
-        break;
-      }
-      start[p - first] = v;
-    }
-    if (locked_page == ~uint64_t{0}) {
-      std::memcpy(run.buffer, run.memory, run.length);
-      bool unchanged = true;
-      for (uint64_t p = first; p <= last && unchanged; ++p) {
-        unchanged = version::read_validate(words[p], start[p - first]);
-      }
-      if (unchanged) return Status();
-      locked_page = first;
-    }
-    if (!wait.again()) return busy_page(run.alloc, locked_page);
-  }
-}
+// --- data ----------------------------------------------------------------------------
 
 Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory) {
-  const uint64_t chunk = std::max<uint64_t>(4096, m_connection->hello().max_inline_bytes());
+  const uint64_t chunk = std::max<uint64_t>(4096, m_hello.max_inline_bytes());
   while (length > 0) {
     const size_t n = std::min<uint64_t>(length, chunk);
     proto::Request request;
@@ -282,7 +286,7 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
       wire::to_proto(gva, request.mutable_read()->mutable_gva());
       request.mutable_read()->set_length(n);
     }
-    auto response = m_connection->call(request);
+    auto response = call(request);
     if (!response.ok()) return response.status();
     if (!to_memory) {
       const std::string& data = response->read().data();
@@ -298,12 +302,10 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
 
 Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) {
   if (length == 0) return Status();
-  if (m_direct && gva.node == node()) {
-    Status s = open_regions();
-    if (!s.ok()) return s;
-  }
+  if (!m_direct) return copy_rpc(gva, buf, length, to_memory);
   bool refresh = false;
-  for (int attempt = 0; attempt < k_max_refreshes; ++attempt) {
+  bool retried_transport = false;
+  for (int attempt = 0; attempt < k_max_attempts; ++attempt) {
     auto a = cached(gva, refresh);
     if (!a.ok()) return a.status();
     const CachedAllocation& alloc = **a;
@@ -315,12 +317,25 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
                         ") runs past the end of allocation " + alloc.base.to_string() + " of " +
                         std::to_string(alloc.size) + " bytes");
     }
-    if (!can_copy_direct(alloc)) return copy_rpc(gva, buf, length, to_memory);
-    Status s = copy_direct(alloc, offset, buf, length, to_memory);
-    if (s.code() != ErrorCode::not_found) return s;
-    refresh = true;  // stale: the allocation moved, was freed, or was replaced
-    // Bytes before the page that went stale were copied; copying them again
-    // is harmless, so restart the range for simplicity.
+    ClientAccess access(*this);
+    const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
+                          alloc.page_versions};
+    Status s = copy_through_layout(view, access, offset, buf, length, to_memory, k_timeout);
+    if (s.ok()) return s;
+    if (is_stale(s)) {
+      refresh = true;  // migrated, freed or replaced: translate again. Bytes
+      continue;        // copied before are copied again, which is harmless.
+    }
+    if (s.code() == ErrorCode::not_supported) return copy_rpc(gva, buf, length, to_memory);
+    if (is_transport_failure(s) && !retried_transport) {
+      // The node may have restarted: reconnect once with fresh addresses.
+      retried_transport = true;
+      for (const Extent& x : alloc.extents) drop_remote(x.node);
+      drop_remote(alloc.base.node);
+      refresh = true;
+      continue;
+    }
+    return s;
   }
   return Status(ErrorCode::busy, "translation of " + gva.to_string() +
                                      " kept changing; the allocation is being migrated or freed");
@@ -332,6 +347,67 @@ Status ClientCore::write(Gva gva, const void* src, size_t length) {
 
 Status ClientCore::read(Gva gva, void* dst, size_t length) {
   return copy(gva, static_cast<std::byte*>(dst), length, false);
+}
+
+Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
+  proto::Request request;
+  auto* a = request.mutable_atomic();
+  wire::to_proto(gva, a->mutable_gva());
+  a->set_op(op == WordOp::fetch_add ? proto::ATOMIC_FETCH_ADD : proto::ATOMIC_COMPARE_SWAP);
+  a->set_operand(operand);
+  a->set_compare(compare);
+  auto response = call(request);
+  if (!response.ok()) return response.status();
+  return response->atomic().old_value();
+}
+
+Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
+  if (gva.offset % 8 != 0) {
+    return Status(ErrorCode::invalid_argument, "atomics need an 8-byte aligned word; " + gva.to_string() + " is not");
+  }
+  if (!m_direct) return atomic_rpc(gva, op, operand, compare);
+  bool refresh = false;
+  for (int attempt = 0; attempt < k_max_attempts; ++attempt) {
+    auto a = cached(gva, refresh);
+    if (!a.ok()) return a.status();
+    const CachedAllocation& alloc = **a;
+    const uint64_t offset = gva.offset - alloc.base.offset;
+    if (offset + 8 > alloc.size) {
+      return Status(ErrorCode::out_of_range, "word at " + gva.to_string() + " lies past the end of allocation " +
+                                                 alloc.base.to_string() + " of " + std::to_string(alloc.size) + " bytes");
+    }
+    const Extent* x = extent_at(alloc, offset);
+    if (x == nullptr) {
+      refresh = true;
+      continue;
+    }
+    ClientAccess access(*this);
+    auto words = access.versions(alloc.base.node);
+    auto frames = words.ok() ? access.frames(x->node, x->tier) : Result<FrameData*>(words.status());
+    Status s = frames.status();
+    uint64_t old = 0;
+    if (s.ok()) {
+      const uint64_t index = offset / page_size();
+      s = seqlocked_atomic(**words, **frames, alloc.first_page + index, alloc.page_versions[index],
+                           alloc.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
+                           compare, &old, k_timeout);
+    }
+    if (s.ok()) return old;
+    if (is_stale(s)) {
+      refresh = true;
+      continue;
+    }
+    if (s.code() == ErrorCode::not_supported) return atomic_rpc(gva, op, operand, compare);
+    if (is_transport_failure(s)) {
+      // Not retried: the operation may have been applied before the failure,
+      // and an atomic must not be applied twice.
+      drop_remote(x->node);
+      drop_remote(alloc.base.node);
+      return s.with_context("atomic on " + gva.to_string() + " (its outcome is unknown)");
+    }
+    return s;
+  }
+  return Status(ErrorCode::busy, "translation of " + gva.to_string() + " kept changing");
 }
 
 }  // namespace tiermem::detail

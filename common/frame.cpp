@@ -14,6 +14,9 @@ Status errno_status(const char* what) {
   if (err == EPIPE || err == ECONNRESET) {
     return Status(ErrorCode::connection_closed, std::string(what) + ": peer closed the connection");
   }
+  if (err == EAGAIN || err == EWOULDBLOCK) {
+    return Status(ErrorCode::timeout, std::string(what) + ": no answer in time");
+  }
   return Status(ErrorCode::io_error, std::string(what) + ": " + std::strerror(err));
 }
 

@@ -21,6 +21,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::stale_generation: return "stale_generation";
     case ErrorCode::tier_exhausted: return "tier_exhausted";
     case ErrorCode::tier_unavailable: return "tier_unavailable";
+    case ErrorCode::stale_translation: return "stale_translation";
     case ErrorCode::io_error: return "io_error";
     case ErrorCode::connection_failed: return "connection_failed";
     case ErrorCode::connection_closed: return "connection_closed";

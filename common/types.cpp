@@ -25,6 +25,16 @@ Result<Tier> parse_tier(std::string_view text) {
                 "unknown tier '" + std::string(text) + "' (use vram, dram, pmem or auto)");
 }
 
+std::string_view node_state_name(NodeState state) {
+  switch (state) {
+    case NodeState::self: return "self";
+    case NodeState::connected: return "connected";
+    case NodeState::connecting: return "connecting";
+    case NodeState::down: return "down";
+  }
+  return "unknown";
+}
+
 std::string page_flags_text(uint32_t flags) {
   static constexpr struct {
     uint32_t bit;

@@ -1,11 +1,12 @@
-// AddressSpace: creation, allocation, free and reporting. Data access and
-// translation are in address_space_access.cpp.
+// AddressSpace: creation, allocation, free, lent frames, migration steps and
+// reporting. Translation and data access are in address_space_access.cpp.
 #include "mapping/address_space.hpp"
 
 #include <algorithm>
 #include <bit>
 #include <chrono>
 #include <mutex>
+#include <random>
 
 #include "common/units.hpp"
 #include "mapping/placement.hpp"
@@ -16,14 +17,18 @@ namespace {
 
 constexpr uint64_t k_min_virtual_pages = 4096;
 constexpr uint64_t k_virtual_factor = 16;
-// Lock wait when the daemon itself changes a page (free); clients hold a page
-// lock only for the length of one page copy.
-constexpr auto k_page_lock_timeout = std::chrono::seconds(2);
 
 uint64_t now_unix_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+uint32_t random_generation() {
+  std::random_device rd;
+  uint32_t g = 0;
+  while (g == 0) g = rd();
+  return g;
 }
 
 }  // namespace
@@ -61,7 +66,8 @@ AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_
       m_versions(std::move(versions)),
       m_l3(std::move(l3)),
       m_table(virtual_pages, options.page_size, m_l3.words()),
-      m_virtual(1, virtual_pages - 1) {  // page 0 stays unallocated: GVA offset 0 is null
+      m_virtual(1, virtual_pages - 1),  // page 0 stays unallocated: GVA offset 0 is null
+      m_next_generation(options.first_generation != 0 ? options.first_generation : random_generation()) {
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (!tiers[i]) continue;
     TierState& t = m_tiers[i];
@@ -157,14 +163,15 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   if (m_next_generation == 0) m_next_generation = 1;  // 0 means "unchecked"
   a.tier = chosen;
   a.name = request.name;
-  a.frames = std::move(frames);
   a.created_unix_ms = now_unix_ms();
   a.owner_uid = request.owner_uid;
+  a.coherent = request.coherent;
 
   uint8_t flags = k_page_read | k_page_write | k_entry_present;
   if (tier.backend->persistent()) flags |= k_page_durable;
+  if (a.coherent) flags |= k_page_coherent;
   uint64_t page = a.first_page;
-  for (const UnitRange& f : a.frames) {
+  for (const UnitRange& f : frames) {
     for (uint64_t i = 0; i < f.count; ++i, ++page) {
       PageEntry e;
       e.frame_offset = (f.start + i) * psize;
@@ -185,11 +192,19 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   return info;
 }
 
-Status AddressSpace::free(Gva gva) {
+void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset) {
+  TierState& t = m_tiers[static_cast<size_t>(tier)];
+  // A failed discard only delays returning storage: frames are cleared again
+  // when they are next allocated.
+  (void)t.backend->discard(frame_offset, page_size());
+  t.free_frames.release({frame_offset / page_size(), 1});
+}
+
+Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   std::unique_lock lock(m_mutex);
   auto located = locate(gva);
   if (!located.ok()) return located.status();
-  const Allocation& a = **located;
+  Allocation& a = **located;
   const AllocationInfo info = info_of(a);
   if (gva.offset != info.gva.offset) {
     return Status(ErrorCode::invalid_argument,
@@ -202,6 +217,9 @@ Status AddressSpace::free(Gva gva) {
                   "allocation " + info.gva.to_string() + " is mapped by " +
                       std::to_string(a.map_count) + " client(s); unmap it before freeing");
   }
+  if (a.migrating) {
+    return Status(ErrorCode::busy, "allocation " + info.gva.to_string() + " is being migrated; free it after");
+  }
   // Lock every page first so no reader or writer is inside; then the new epoch
   // tells every cached translation that the page is gone.
   std::vector<uint64_t> locked(a.pages);
@@ -213,22 +231,19 @@ Status AddressSpace::free(Gva gva) {
                                          " stayed locked by a writer; try again");
     }
   }
-  TierState& tier = m_tiers[static_cast<size_t>(a.tier)];
-  const uint64_t psize = page_size();
-  Status discard_status;
-  for (const UnitRange& f : a.frames) {
-    // A failed discard only delays returning storage; the frames are still
-    // cleared again on their next allocation.
-    Status s = tier.backend->discard(f.start * psize, f.count * psize);
-    if (discard_status.ok()) discard_status = s;
-    tier.free_frames.release(f);
-  }
   for (uint64_t i = 0; i < a.pages; ++i) {
-    m_table.clear(a.first_page + i);
-    version::unlock_new_epoch(m_versions.word(a.first_page + i), locked[i]);
+    const uint64_t page = a.first_page + i;
+    const PageEntry e = *m_table.find(page);
+    if (e.node == m_node) {
+      release_local_frame(e.tier, e.frame_offset);
+    } else if (remote_frames != nullptr) {
+      remote_frames->push_back({e.tier, e.node, e.frame_offset, 0, page_size()});
+    }
+    m_table.clear(page);
+    version::unlock_new_epoch(m_versions.word(page), locked[i]);
   }
   m_virtual.release({a.first_page, a.pages});
-  --tier.allocations;
+  --m_tiers[static_cast<size_t>(a.tier)].allocations;
   if (!a.name.empty()) m_names.erase(a.name);
   m_allocations.erase(a.first_page);
   return Status();
@@ -250,7 +265,8 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.gva.generation = a.generation;
   info.gva.offset = a.first_page * page_size();
   info.size = a.size;
-  info.tier = a.tier;
+  const PageEntry* first = m_table.find(a.first_page);
+  info.tier = first != nullptr && first->present() ? first->tier : a.tier;
   info.name = a.name;
   info.pages = a.pages;
   info.map_count = a.map_count;
@@ -258,6 +274,117 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.owner_uid = a.owner_uid;
   return info;
 }
+
+// --- frames lent to other nodes ---------------------------------------------
+
+Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pages) {
+  std::unique_lock lock(m_mutex);
+  TierState& t = m_tiers[static_cast<size_t>(tier)];
+  if (!t.backend) {
+    return Status(ErrorCode::tier_unavailable, "node " + std::to_string(m_node) + " has no " +
+                                                   std::string(tier_name(tier)) + " tier");
+  }
+  std::vector<UnitRange> frames;
+  if (!take_frames(t, pages, &frames)) {
+    return Status(ErrorCode::tier_exhausted, "node " + std::to_string(m_node) + " " +
+                                                 std::string(tier_name(tier)) + " has " +
+                                                 std::to_string(t.free_frames.free_units()) +
+                                                 " free pages, " + std::to_string(pages) + " needed");
+  }
+  std::vector<Extent> out;
+  for (const UnitRange& f : frames) {
+    (void)t.backend->discard(f.start * page_size(), f.count * page_size());
+    out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
+  }
+  t.lent_frames += pages;
+  return out;
+}
+
+Status AddressSpace::release_frames(const std::vector<Extent>& frames) {
+  std::unique_lock lock(m_mutex);
+  for (const Extent& x : frames) {
+    TierState& t = m_tiers[static_cast<size_t>(x.tier)];
+    const uint64_t count = x.length / page_size();
+    if (!t.backend || x.node != m_node || x.frame_offset % page_size() != 0 || count > t.lent_frames) {
+      return Status(ErrorCode::invalid_argument, "frames at " + std::to_string(x.frame_offset) + " of " +
+                                                     std::string(tier_name(x.tier)) + " were not lent by node " +
+                                                     std::to_string(m_node));
+    }
+    (void)t.backend->discard(x.frame_offset, x.length);
+    t.free_frames.release({x.frame_offset / page_size(), count});
+    t.lent_frames -= count;
+  }
+  return Status();
+}
+
+// --- migration ------------------------------------------------------------------
+
+Result<std::vector<uint64_t>> AddressSpace::begin_migration(Gva gva) {
+  std::unique_lock lock(m_mutex);
+  auto located = locate(gva);
+  if (!located.ok()) return located.status();
+  Allocation& a = **located;
+  const std::string name = info_of(a).gva.to_string();
+  if (a.map_count > 0) {
+    return Status(ErrorCode::failed_precondition,
+                  "allocation " + name + " is mapped by a client (pinned); unmap it to migrate");
+  }
+  if (a.coherent) {
+    return Status(ErrorCode::failed_precondition,
+                  "allocation " + name + " is coherent: its atomic words stay where clients address them");
+  }
+  if (a.migrating) return Status(ErrorCode::busy, "allocation " + name + " is already being migrated");
+  a.migrating = true;
+  std::vector<uint64_t> pages(a.pages);
+  for (uint64_t i = 0; i < a.pages; ++i) pages[i] = a.first_page + i;
+  return pages;
+}
+
+void AddressSpace::end_migration(Gva gva) {
+  std::unique_lock lock(m_mutex);
+  auto located = locate(gva);
+  if (located.ok()) (*located)->migrating = false;
+}
+
+Result<PageMove> AddressSpace::begin_move(uint64_t page) {
+  PageMove move;
+  move.page = page;
+  {
+    std::shared_lock lock(m_mutex);
+    const PageEntry* e = m_table.find(page);
+    if (e == nullptr || !e->present()) return Status(ErrorCode::not_allocated, "page was freed");
+  }
+  if (!version::lock_for(m_versions.word(page), k_page_lock_timeout, &move.locked)) {
+    return Status(ErrorCode::busy, "page " + std::to_string(page) + " stayed locked by a writer");
+  }
+  std::shared_lock lock(m_mutex);
+  move.from = *m_table.find(page);
+  return move;
+}
+
+Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
+                                 std::vector<Extent>* remote_frames) {
+  std::unique_lock lock(m_mutex);
+  PageEntry entry = to;
+  entry.generation = move.from.generation;
+  entry.flags = static_cast<uint8_t>((move.from.flags & ~k_page_durable) | k_entry_present);
+  if (to.tier == Tier::pmem) entry.flags |= k_page_durable;
+  m_table.set(move.page, entry);
+  m_table.clean(move.page);
+  version::unlock_new_epoch(m_versions.word(move.page), move.locked);
+  if (move.from.node == m_node) {
+    release_local_frame(move.from.tier, move.from.frame_offset);
+  } else if (remote_frames != nullptr) {
+    remote_frames->push_back({move.from.tier, move.from.node, move.from.frame_offset, 0, page_size()});
+  }
+  return Status();
+}
+
+void AddressSpace::abort_move(const PageMove& move) {
+  version::unlock(m_versions.word(move.page), move.locked);
+}
+
+// --- reporting ------------------------------------------------------------------
 
 std::vector<TierStat> AddressSpace::tier_stats() const {
   std::shared_lock lock(m_mutex);

@@ -1,7 +1,7 @@
 // AddressSpace: finding allocations, translation, data copies and pinning.
 #include <algorithm>
-#include <chrono>
 #include <mutex>
+#include <optional>
 
 #include "mapping/address_space.hpp"
 #include "mapping/version.hpp"
@@ -9,14 +9,35 @@
 namespace tiermem {
 namespace {
 
-constexpr auto k_page_lock_timeout = std::chrono::seconds(2);
+// Reaches only this node's memory: its version words and tier backends.
+class LocalAccess final : public MemoryAccess {
+ public:
+  LocalAccess(NodeId node, VersionArray& versions, WordArray& l3, uint64_t page_size,
+              const std::array<TierBackend*, 4>& backends)
+      : m_node(node), m_words(versions.words().data(), versions.size(), l3.words().data(), page_size) {
+    for (size_t i = 0; i < backends.size(); ++i) {
+      if (backends[i] != nullptr) m_frames[i].emplace(*backends[i]);
+    }
+  }
+  Result<VersionWords*> versions(NodeId home) override {
+    if (home != m_node) return elsewhere(home);
+    return static_cast<VersionWords*>(&m_words);
+  }
+  Result<FrameData*> frames(NodeId node, Tier tier) override {
+    if (node != m_node) return elsewhere(node);
+    auto& f = m_frames[static_cast<size_t>(tier)];
+    if (!f) return Status(ErrorCode::tier_unavailable, "no such tier here");
+    return static_cast<FrameData*>(&*f);
+  }
 
-Status busy_page(Gva gva, uint64_t page) {
-  return Status(ErrorCode::busy, "page " + std::to_string(page) + " holding " + gva.to_string() +
-                                     " stayed locked by another writer for " +
-                                     std::to_string(k_page_lock_timeout.count()) +
-                                     " s (a client may have stopped mid-write)");
-}
+ private:
+  static Status elsewhere(NodeId node) {
+    return Status(ErrorCode::not_supported, "page is on node " + std::to_string(node));
+  }
+  NodeId m_node;
+  LocalVersionWords m_words;
+  std::optional<BackendFrameData> m_frames[4];
+};
 
 }  // namespace
 
@@ -34,7 +55,7 @@ Status AddressSpace::not_allocated_error(Gva gva) const {
   return Status(ErrorCode::not_allocated, "GVA " + gva.to_string() + " is not allocated (" + why + ")");
 }
 
-Result<const AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
+Result<AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
   if (gva.node != m_node) {
     return Status(ErrorCode::bad_gva, "GVA " + gva.to_string() + " belongs to node " +
                                           std::to_string(gva.node) + ", not to node " +
@@ -46,7 +67,7 @@ Result<const AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
   auto it = m_allocations.upper_bound(page);
   if (it == m_allocations.begin()) return Status(ErrorCode::internal, "page table and allocations disagree");
   --it;
-  const Allocation& a = it->second;
+  auto& a = const_cast<Allocation&>(it->second);
   if (gva.generation != 0 && gva.generation != a.generation) {
     return Status(ErrorCode::stale_generation,
                   "GVA " + gva.to_string() + " is of generation " + std::to_string(gva.generation) +
@@ -56,34 +77,21 @@ Result<const AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
   return &a;
 }
 
-Result<const AddressSpace::Allocation*> AddressSpace::locate_range(Gva gva, size_t length,
-                                                                   const char* op) const {
-  auto located = locate(gva);
-  if (!located.ok()) return located;
-  const Allocation& a = **located;
-  const uint64_t into = gva.offset - a.first_page * page_size();
-  if (into > a.size || length > a.size - into) {
-    return Status(ErrorCode::out_of_range,
-                  std::string(op) + " of " + std::to_string(length) + " bytes at " +
-                      gva.to_string() + " (offset " + std::to_string(into) +
-                      ") runs past the end of allocation " + info_of(a).gva.to_string() + " of " +
-                      std::to_string(a.size) + " bytes");
-  }
-  return located;
-}
-
 std::vector<Extent> AddressSpace::extents_of(const Allocation& a) const {
+  // Consecutive pages on the same node and tier with consecutive frames form
+  // one extent.
   std::vector<Extent> out;
-  uint64_t gva_offset = 0;
-  for (const UnitRange& f : a.frames) {
-    Extent x;
-    x.tier = a.tier;
-    x.node = m_node;
-    x.frame_offset = f.start * page_size();
-    x.gva_offset = gva_offset;
-    x.length = f.count * page_size();
-    gva_offset += x.length;
-    out.push_back(x);
+  const uint64_t psize = page_size();
+  for (uint64_t i = 0; i < a.pages; ++i) {
+    const PageEntry& e = *m_table.find(a.first_page + i);
+    if (!out.empty()) {
+      Extent& last = out.back();
+      if (last.node == e.node && last.tier == e.tier && last.frame_offset + last.length == e.frame_offset) {
+        last.length += psize;
+        continue;
+      }
+    }
+    out.push_back({e.tier, e.node, e.frame_offset, i * psize, psize});
   }
   return out;
 }
@@ -93,6 +101,7 @@ AllocationLayout AddressSpace::layout_of(const Allocation& a) const {
   layout.info = info_of(a);
   layout.first_page = a.first_page;
   layout.extents = extents_of(a);
+  layout.coherent = a.coherent;
   layout.page_versions.reserve(a.pages);
   auto& versions = const_cast<VersionArray&>(m_versions);
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
@@ -137,58 +146,36 @@ Result<Translation> AddressSpace::translate(Gva gva) const {
   return t;
 }
 
-Status AddressSpace::write(Gva gva, const void* src, size_t length) {
-  std::shared_lock lock(m_mutex);
-  auto located = locate_range(gva, length, "write");
-  if (!located.ok()) return located.status();
-  const uint64_t psize = page_size();
-  const auto* in = static_cast<const std::byte*>(src);
-  uint64_t offset = gva.offset;
-  while (length > 0) {
-    const uint64_t page = offset >> m_table.page_shift();
-    const uint64_t in_page = offset & (psize - 1);
-    const size_t n = std::min<uint64_t>(length, psize - in_page);
-    const PageEntry e = *m_table.find(page);
-    uint64_t& word = m_versions.word(page);
-    uint64_t locked = 0;
-    if (!version::lock_for(word, k_page_lock_timeout, &locked)) return busy_page(gva, page);
-    Status s = backend(e.tier)->write(e.frame_offset + in_page, in, n);
-    // The page lock orders writers of this page, so its L3 bits are ours.
-    if (s.ok()) m_table.mark_written(page, in_page, n, backend(e.tier)->persistent());
-    version::unlock(word, locked);
-    if (!s.ok()) return s.with_context("write to " + gva.to_string());
-    in += n;
-    offset += n;
-    length -= n;
+Status AddressSpace::copy_local(Gva gva, std::byte* buffer, size_t length, bool to_memory) {
+  std::array<TierBackend*, 4> backends{};
+  for (size_t i = 0; i < backends.size(); ++i) backends[i] = m_tiers[i].backend.get();
+  LocalAccess access(m_node, m_versions, m_l3, page_size(), backends);
+  // A stale translation (a concurrent migration) is retried with a fresh one.
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    auto l = layout(gva);
+    if (!l.ok()) return l.status();
+    LayoutView view{m_node, l->first_page, page_size(), l->info.size, l->extents, l->page_versions};
+    Status s = copy_through_layout(view, access, gva.offset - l->info.gva.offset, buffer, length,
+                                   to_memory, k_page_lock_timeout);
+    if (s.code() == ErrorCode::out_of_range) {
+      return Status(ErrorCode::out_of_range,
+                    std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
+                        " bytes at " + gva.to_string() + " (offset " +
+                        std::to_string(gva.offset - l->info.gva.offset) +
+                        ") runs past the end of allocation " + l->info.gva.to_string() + " of " +
+                        std::to_string(l->info.size) + " bytes");
+    }
+    if (!is_stale(s)) return s.ok() ? s : s.with_context(std::string(to_memory ? "write to " : "read of ") + gva.to_string());
   }
-  return Status();
+  return Status(ErrorCode::busy, gva.to_string() + " kept moving; try again");
+}
+
+Status AddressSpace::write(Gva gva, const void* src, size_t length) {
+  return copy_local(gva, static_cast<std::byte*>(const_cast<void*>(src)), length, true);
 }
 
 Status AddressSpace::read(Gva gva, void* dst, size_t length) {
-  std::shared_lock lock(m_mutex);
-  auto located = locate_range(gva, length, "read");
-  if (!located.ok()) return located.status();
-  const uint64_t psize = page_size();
-  auto* out = static_cast<std::byte*>(dst);
-  uint64_t offset = gva.offset;
-  while (length > 0) {
-    const uint64_t page = offset >> m_table.page_shift();
-    const uint64_t in_page = offset & (psize - 1);
-    const size_t n = std::min<uint64_t>(length, psize - in_page);
-    const PageEntry e = *m_table.find(page);
-    uint64_t& word = m_versions.word(page);
-    for (;;) {
-      uint64_t start = 0;
-      if (!version::read_begin_for(word, k_page_lock_timeout, &start)) return busy_page(gva, page);
-      Status s = backend(e.tier)->read(e.frame_offset + in_page, out, n);
-      if (!s.ok()) return s.with_context("read of " + gva.to_string());
-      if (version::read_validate(word, start)) break;  // else a writer got in: copy again
-    }
-    out += n;
-    offset += n;
-    length -= n;
-  }
-  return Status();
+  return copy_local(gva, static_cast<std::byte*>(dst), length, false);
 }
 
 void AddressSpace::set_pinned(const Allocation& a, bool pinned) {
@@ -203,7 +190,15 @@ Result<AllocationLayout> AddressSpace::pin(Gva gva) {
   std::unique_lock lock(m_mutex);
   auto located = locate(gva);
   if (!located.ok()) return located.status();
-  auto& a = const_cast<Allocation&>(**located);
+  Allocation& a = **located;
+  if (a.migrating) return Status(ErrorCode::busy, "allocation is being migrated; map it after");
+  for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
+    if (m_table.find(p)->node != m_node) {
+      return Status(ErrorCode::not_supported,
+                    "allocation " + info_of(a).gva.to_string() + " has pages on node " +
+                        std::to_string(m_table.find(p)->node) + "; only memory of this node can be mapped");
+    }
+  }
   if (a.map_count++ == 0) set_pinned(a, true);
   return layout_of(a);
 }
@@ -212,7 +207,7 @@ Status AddressSpace::unpin(Gva gva) {
   std::unique_lock lock(m_mutex);
   auto located = locate(gva);
   if (!located.ok()) return located.status();
-  auto& a = const_cast<Allocation&>(**located);
+  Allocation& a = **located;
   if (a.map_count == 0) {
     return Status(ErrorCode::failed_precondition,
                   "allocation " + info_of(a).gva.to_string() + " is not mapped");

@@ -1,4 +1,5 @@
-// libtiermem: a trainer's view of tiermem memory.
+// libtiermem: a trainer's view of tiermem memory, on this node and on every
+// other node of the cluster.
 //
 //   auto client = tiermem::Client::connect({});
 //   auto a = (*client)->alloc(64 << 20, {.tier = tiermem::Tier::dram});
@@ -6,10 +7,12 @@
 //
 // Every call returns a Status or Result; nothing throws. A Client is safe to use
 // from several threads at once. Data written with write() and read with read()
-// is copied straight into the tier's memory when the tier is mapped into this
-// process (DRAM, PMEM on the local node); otherwise it goes through the daemon.
-// Both paths follow the page versions (seqlock), so a read never returns bytes
-// torn by a concurrent write, migration or free.
+// is copied straight into the tier's memory: with memcpy when it is on this
+// node (DRAM, PMEM), one-sided through the data plane (UCX) when it is on
+// another node, and through a daemon only where neither reaches (VRAM). Every
+// path follows the page versions (seqlock), so a read never returns bytes torn
+// by a concurrent write, migration or free, and an acknowledged write is never
+// lost to a migration.
 #pragma once
 
 #include <cstddef>
@@ -96,7 +99,8 @@ class Client {
   // or already freed; says when), stale_generation, failed_precondition
   // (still mapped by someone).
   Status free(Gva gva);
-  Result<AllocationInfo> lookup(std::string_view name);
+  // Finds a named allocation on `node` (0: the local one).
+  Result<AllocationInfo> lookup(std::string_view name, NodeId node = 0);
   Result<Translation> translate(Gva gva);
 
   // Copies into / out of the allocation holding `gva`. The range must lie
@@ -108,13 +112,33 @@ class Client {
   }
   Status read(Gva gva, std::span<std::byte> out) { return read(gva, out.data(), out.size()); }
 
+  // 64-bit atomics on the 8-byte aligned word at `gva`; return the value
+  // before. On a coherent allocation (AllocOptions::coherent) they are one
+  // one-sided operation; elsewhere the page is locked around them so that a
+  // concurrent migration cannot lose them. Errors: invalid_argument
+  // (unaligned), out_of_range, as read().
+  Result<uint64_t> fetch_add(Gva gva, uint64_t value);
+  // Stores `desired` when the word equals `expected`; returns the old value
+  // (== expected on success).
+  Result<uint64_t> compare_swap(Gva gva, uint64_t expected, uint64_t desired);
+
   // Maps the whole allocation starting at `gva` into this process. Errors:
-  // not_supported (a tier that cannot be shared, e.g. VRAM without CUDA here).
+  // not_supported (a tier that cannot be shared, e.g. VRAM without CUDA here,
+  // or memory of another node).
   Result<Mapping> map(Gva gva);
 
-  Result<NodeStat> stat();
-  Result<std::vector<AllocationInfo>> list();
-  Result<MappingDump> dump();
+  // Moves the allocation holding `gva` to `tier` on node `to_node` (0: its
+  // home node) while readers and writers go on. Errors: failed_precondition
+  // (mapped, or coherent), tier_exhausted, transport_error.
+  Result<AllocationInfo> migrate(Gva gva, Tier tier, NodeId to_node = 0);
+
+  // The cluster as the local daemon sees it, this node first.
+  Result<std::vector<NodeInfo>> nodes();
+
+  // Of node `node` (0: the local one).
+  Result<NodeStat> stat(NodeId node = 0);
+  Result<std::vector<AllocationInfo>> list(NodeId node = 0);
+  Result<MappingDump> dump(NodeId node = 0);
 
  private:
   explicit Client(std::shared_ptr<detail::ClientCore> core);

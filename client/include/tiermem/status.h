@@ -34,6 +34,7 @@ enum class ErrorCode : uint32_t {
   stale_generation = 202,
   tier_exhausted = 203,
   tier_unavailable = 204,
+  stale_translation = 205,  // a cached translation changed underneath (retried internally)
   // 3xx: I/O and transport
   io_error = 300,
   connection_failed = 301,

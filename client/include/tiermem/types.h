@@ -40,7 +40,13 @@ std::string page_flags_text(uint32_t flags);
 struct AllocOptions {
   Tier tier = Tier::automatic;
   bool strict = false;  // fail instead of falling back to a slower tier
-  std::string name;     // optional, unique on the daemon; find it with lookup()
+  std::string name;     // optional, unique on its node; find it with lookup()
+  // The node to allocate on; 0: this node, or another with room when this
+  // one has none (placement policy).
+  NodeId node = 0;
+  // The allocation holds words for fetch_add/compare_swap from many clients:
+  // its pages are never migrated, so atomics go one-sided at full rate.
+  bool coherent = false;
 };
 
 struct AllocationInfo {
@@ -102,6 +108,21 @@ struct Translation {
   uint64_t offset_in_allocation = 0;
   PageInfo page;                // the page holding the translated address
   std::vector<Extent> extents;  // the whole allocation's layout
+};
+
+enum class NodeState : uint8_t { self = 0, connected = 1, connecting = 2, down = 3 };
+// "self", "connected", "connecting", "down".
+std::string_view node_state_name(NodeState state);
+
+// A member of the cluster as the local daemon sees it.
+struct NodeInfo {
+  NodeId node = 0;
+  std::string control_address;  // host:port of its peer listener ("" when alone)
+  NodeState state = NodeState::down;
+  uint64_t incarnation = 0;     // changes when the daemon restarts
+  std::string transports;       // what the data plane uses to reach it
+  std::string last_error;
+  uint64_t state_since_ms = 0;  // unix ms of the last state change
 };
 
 struct MappingDump {

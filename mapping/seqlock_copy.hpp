@@ -1,0 +1,170 @@
+// Seqlocked copies of one physically contiguous run of pages, independent of
+// where the version words and the frames are: local memory (atomics and
+// memcpy) or a peer's (one-sided transport operations). The client and the
+// daemon both copy through these, so the protocol exists once.
+//
+// Write: lock every page of the run in ascending page order (CAS even v ->
+//   v+1, only while the page's epoch is the cached one), copy, make the data
+//   durable/visible (FrameData::write returns only then), unlock (v+2). The
+//   write is acknowledged when the unlock is done.
+// Read: load the words (retry while any is locked), copy, load again; accept
+//   when nothing changed.
+// A word of another epoch than the cached one means the translation is stale
+// (migration, free): both return `stale` and the caller refreshes.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <tiermem/status.h>
+#include <tiermem/types.h>
+
+#include "mapping/tier_backend.hpp"
+
+namespace tiermem {
+
+// The version words of one home node.
+class VersionWords {
+ public:
+  virtual ~VersionWords() = default;
+  // Loads words [first, first+count) into out.
+  virtual Status load(uint64_t first, size_t count, uint64_t* out) = 0;
+  // CAS of word `page` from `expected` to `desired`; *old receives the value
+  // seen (== expected on success).
+  virtual Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) = 0;
+  // Adds 1 to each listed word (unlocks words this caller locked).
+  virtual Status release(std::span<const uint64_t> pages) = 0;
+  // Records a write in the page's L3 bits, where the words live with them.
+  virtual void mark_written(uint64_t /*page*/, uint64_t /*offset*/, uint64_t /*length*/, bool /*dirty*/) {}
+};
+
+// 64-bit atomics on data words.
+enum class WordOp { fetch_add, compare_swap };
+
+// The frames of one tier of one node.
+class FrameData {
+ public:
+  virtual ~FrameData() = default;
+  // Atomic on the 8-byte word at `frame_offset`; *old receives its value
+  // before. compare_swap stores `operand` when the word equals `compare`.
+  virtual Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                        uint64_t* old) = 0;
+  virtual Status read(uint64_t frame_offset, void* dst, size_t length) = 0;
+  // Returns once the bytes are visible to every reader and, on a persistent
+  // tier, durable.
+  virtual Status write(uint64_t frame_offset, const void* src, size_t length) = 0;
+  virtual bool persistent() const = 0;
+};
+
+struct CopyRun {
+  uint64_t first_page = 0;           // version word index of the run's first page
+  const uint64_t* cached = nullptr;  // cached version word of each page of the run
+  uint64_t page_size = 0;
+  uint64_t offset = 0;               // byte offset of the copy in the run's first page
+  size_t length = 0;                 // bytes; the run spans ceil((offset+length)/page_size) pages
+  uint64_t frame_offset = 0;         // where byte `offset` of the first page is in the tier
+};
+
+inline uint64_t run_pages(const CopyRun& r) { return (r.offset + r.length + r.page_size - 1) / r.page_size; }
+
+// A CPU atomic on a word of memory mapped into this process (also what UCX's
+// emulated atomics do at the target, so the two are atomic with each other).
+uint64_t host_atomic(std::byte* word, WordOp op, uint64_t operand, uint64_t compare);
+
+// The error for a translation that went stale; callers refresh and retry.
+Status stale_translation();
+bool is_stale(const Status& s);
+
+// Errors: stale (refresh the translation), busy (a page stayed locked past
+// `timeout`), and whatever the words or frames return.
+Status seqlocked_write(VersionWords& words, FrameData& data, const CopyRun& run, const void* src,
+                       std::chrono::milliseconds timeout);
+Status seqlocked_read(VersionWords& words, FrameData& data, const CopyRun& run, void* dst,
+                      std::chrono::milliseconds timeout);
+// An atomic on one data word of the page whose version word is `page`
+// (cached value `cached`). A coherent page is never migrated, so the atomic
+// goes straight to the word (one operation); any other page is locked like a
+// one-page write around it, so a migration or free cannot lose it.
+Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uint64_t cached,
+                        bool coherent, uint64_t frame_offset, WordOp op, uint64_t operand,
+                        uint64_t compare, uint64_t* old, std::chrono::milliseconds timeout);
+
+// Version words in this process's memory (the daemon's array, or a client's
+// mapping of it), with the L3 words beside them when given.
+class LocalVersionWords final : public VersionWords {
+ public:
+  LocalVersionWords(uint64_t* words, size_t count, uint64_t* l3 = nullptr, uint64_t page_size = 0)
+      : m_words(words), m_count(count), m_l3(l3), m_page_size(page_size) {}
+  Status load(uint64_t first, size_t count, uint64_t* out) override;
+  Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) override;
+  Status release(std::span<const uint64_t> pages) override;
+  void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) override;
+
+ private:
+  uint64_t* m_words;
+  size_t m_count;
+  uint64_t* m_l3;
+  uint64_t m_page_size;
+};
+
+// Frames in memory mapped into this process; a persistent tier is msync'ed.
+class MappedFrameData final : public FrameData {
+ public:
+  MappedFrameData(std::byte* base, size_t length, bool persistent)
+      : m_base(base), m_length(length), m_persistent(persistent) {}
+  Status read(uint64_t frame_offset, void* dst, size_t length) override;
+  Status write(uint64_t frame_offset, const void* src, size_t length) override;
+  Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                uint64_t* old) override;
+  bool persistent() const override { return m_persistent; }
+
+ private:
+  std::byte* m_base;
+  size_t m_length;
+  bool m_persistent;
+};
+
+// Frames of one of this node's tier backends (any tier, VRAM included).
+class BackendFrameData final : public FrameData {
+ public:
+  explicit BackendFrameData(TierBackend& backend) : m_backend(backend) {}
+  Status read(uint64_t frame_offset, void* dst, size_t length) override;
+  Status write(uint64_t frame_offset, const void* src, size_t length) override;
+  Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                uint64_t* old) override;
+  bool persistent() const override { return m_backend.persistent(); }
+
+ private:
+  TierBackend& m_backend;
+};
+
+// Where an allocation's pages are, as a client or daemon caches it.
+struct LayoutView {
+  NodeId home = 0;                         // holds the version words
+  uint64_t first_page = 0;                 // version word of the allocation's first page
+  uint64_t page_size = 0;
+  uint64_t size = 0;                       // bytes of the allocation
+  std::span<const Extent> extents;         // in GVA order, covering every page
+  std::span<const uint64_t> page_versions; // cached word of every page
+};
+
+// Hands out the accessors for a node's version words and tier frames.
+class MemoryAccess {
+ public:
+  virtual ~MemoryAccess() = default;
+  // Errors: not_supported when this process cannot reach them directly (the
+  // caller then goes through a daemon), transport_error when the node is down.
+  virtual Result<VersionWords*> versions(NodeId home) = 0;
+  virtual Result<FrameData*> frames(NodeId node, Tier tier) = 0;
+};
+
+// Copies [offset, offset+length) of an allocation, run by run (a run is the
+// part of one extent the range covers, at most `max_run` bytes). Errors as
+// seqlocked_write/read; out_of_range for a range outside the allocation.
+Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint64_t offset,
+                           std::byte* buffer, size_t length, bool to_memory,
+                           std::chrono::milliseconds timeout, uint64_t max_run = 64 << 20);
+
+}  // namespace tiermem

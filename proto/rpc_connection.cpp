@@ -1,0 +1,146 @@
+#include "rpc_connection.hpp"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/frame.hpp"
+#include "convert.hpp"
+
+namespace tiermem {
+namespace {
+
+Status failed(const std::string& address, const std::string& why) {
+  return Status(ErrorCode::connection_failed, "cannot connect to tiermemd at " + address + ": " + why);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RpcConnection>> RpcConnection::connect_unix(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof addr.sun_path) {
+    return Status(ErrorCode::invalid_argument, "socket path " + path + " is too long for a Unix socket");
+  }
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return failed(path, std::strerror(errno));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    return failed(path, std::string(std::strerror(errno)) +
+                            " (is the daemon running? set TIERMEM_SOCKET or --socket to its control socket)");
+  }
+  return std::unique_ptr<RpcConnection>(new RpcConnection(std::move(fd), path));
+}
+
+Result<std::unique_ptr<RpcConnection>> RpcConnection::connect_tcp(const std::string& address,
+                                                                  std::chrono::milliseconds timeout) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return Status(ErrorCode::invalid_argument, "'" + address + "' is not host:port");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return failed(address, ::gai_strerror(rc));
+  }
+  std::string why = "no address";
+  for (addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd.valid()) continue;
+    if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      why = std::strerror(errno);
+      continue;
+    }
+    pollfd p{fd.get(), POLLOUT, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) {
+      why = "timed out after " + std::to_string(timeout.count()) + " ms";
+      continue;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      why = std::strerror(err);
+      continue;
+    }
+    // Back to blocking; small requests go out at once.
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+    const int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    ::freeaddrinfo(found);
+    auto conn = std::unique_ptr<RpcConnection>(new RpcConnection(std::move(fd), address));
+    conn->set_timeout(timeout);
+    return conn;
+  }
+  ::freeaddrinfo(found);
+  return failed(address, why);
+}
+
+void RpcConnection::set_timeout(std::chrono::milliseconds timeout) {
+  std::lock_guard lock(m_mutex);
+  timeval tv{};
+  tv.tv_sec = timeout.count() / 1000;
+  tv.tv_usec = (timeout.count() % 1000) * 1000;
+  ::setsockopt(m_fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(m_fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+bool RpcConnection::broken() const {
+  std::lock_guard lock(m_mutex);
+  return !m_fd.valid();
+}
+
+Result<proto::Response> RpcConnection::call(proto::Request& request, std::vector<UniqueFd>* fds) {
+  std::lock_guard lock(m_mutex);
+  if (!m_fd.valid()) {
+    return Status(ErrorCode::connection_closed, "the connection to tiermemd at " + m_address + " was lost");
+  }
+  request.set_id(m_next_id++);
+  std::string payload;
+  request.SerializeToString(&payload);
+  if (payload.size() > m_max_frame) {
+    return Status(ErrorCode::frame_too_large, "request of " + std::to_string(payload.size()) +
+                                                  " bytes exceeds the daemon's frame limit");
+  }
+  Status s = wire::send_frame(m_fd.get(), payload);
+  std::vector<UniqueFd> received;
+  std::string reply;
+  // The daemon answers even a refused request, so a response can still be read
+  // after a failed send (e.g. it closed after telling us why).
+  Status r = wire::recv_frame(m_fd.get(), m_max_frame + 64, &reply, &received);
+  if (!r.ok()) {
+    m_fd.reset();
+    if (!s.ok()) return s.with_context("tiermemd at " + m_address);
+    return r.with_context("tiermemd at " + m_address);
+  }
+  proto::Response response;
+  if (!response.ParseFromString(reply)) {
+    m_fd.reset();
+    return Status(ErrorCode::malformed_frame, "tiermemd sent a response that does not decode");
+  }
+  if (response.id() != request.id() && response.id() != 0) {
+    m_fd.reset();
+    return Status(ErrorCode::unexpected_message, "tiermemd answered request " + std::to_string(response.id()) +
+                                                     " while " + std::to_string(request.id()) + " was asked");
+  }
+  Status status = wire::from_proto(response.status());
+  if (!status.ok()) return status;
+  if (fds != nullptr) {
+    for (auto& f : received) fds->push_back(std::move(f));
+  }
+  return response;
+}
+
+}  // namespace tiermem
