@@ -200,6 +200,13 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("tiers.vram.device", &c.vram_device, 0, 1023);
   r.size("tiers.vram.capacity", &c.vram_capacity);
   r.string("log.level", &c.log_level);
+  r.string("cluster.file", &c.cluster_file);
+  r.string("cluster.listen", &c.cluster_listen);
+  r.integer("cluster.reconnect_interval_ms", &c.reconnect_interval_ms, 10, 600000);
+  r.integer("cluster.heartbeat_interval_ms", &c.heartbeat_interval_ms, 10, 600000);
+  r.integer("cluster.peer_timeout_ms", &c.peer_timeout_ms, 10, 600000);
+  r.string("transport.tls", &c.transport_tls);
+  r.integer("transport.timeout_ms", &c.transport_timeout_ms, 10, 3600000);
 }
 
 }  // namespace

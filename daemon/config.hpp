@@ -38,6 +38,16 @@ struct DaemonConfig {
   uint64_t vram_capacity = 0;  // 0: half of the device's free memory
 
   std::string log_level = "info";
+
+  // Cluster: empty file = this daemon runs alone.
+  std::string cluster_file;
+  std::string cluster_listen;           // bind address for peers; empty: this node's control address
+  uint64_t reconnect_interval_ms = 500;
+  uint64_t heartbeat_interval_ms = 1000;
+  uint64_t peer_timeout_ms = 5000;      // one peer request (and the heartbeat) may take this long
+
+  std::string transport_tls;            // UCX transports (UCX_TLS syntax); empty: UCX's choice
+  uint64_t transport_timeout_ms = 10000;  // one-sided operations of migrations and remote copies
 };
 
 // Parses TOML text. Errors: config_error naming the source, the line and the

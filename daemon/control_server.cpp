@@ -2,6 +2,7 @@
 
 #include "daemon/control_server.hpp"
 
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,6 +23,7 @@
 
 namespace tiermem {
 namespace asio = boost::asio;
+using asio::ip::tcp;
 using asio::local::stream_protocol;
 
 namespace {
@@ -35,17 +37,37 @@ bool someone_listens(const std::string& path) {
   return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
 }
 
-class Session : public std::enable_shared_from_this<Session> {
+// Runs blocking work as a coroutine. A named function, not a lambda: its
+// parameter lives in the coroutine frame (Boost 1.74's co_spawn destroys a
+// coroutine lambda's captures too early).
+asio::awaitable<Reply> run_deferred(std::function<Reply()> work) { co_return work(); }
+
+class SessionBase {
  public:
-  Session(stream_protocol::socket socket, RequestHandler& handler, const DaemonConfig& config,
-          uint64_t id)
-      : m_socket(std::move(socket)), m_handler(handler), m_config(config) {
+  virtual ~SessionBase() = default;
+  virtual void close() = 0;
+};
+
+// One connection: reads framed requests, answers each in turn.
+template <typename Protocol>
+class Session final : public SessionBase {
+ public:
+  using Socket = typename Protocol::socket;
+
+  Session(Socket socket, RequestHandler& handler, const DaemonConfig& config, asio::thread_pool& pool, uint64_t id)
+      : m_socket(std::move(socket)), m_handler(handler), m_config(config), m_pool(pool) {
     m_state.id = id;
-    ucred cred{};
-    socklen_t len = sizeof cred;
-    if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      m_state.uid = cred.uid;
-      m_state.pid = cred.pid;
+    if constexpr (std::is_same_v<Protocol, stream_protocol>) {
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        m_state.uid = cred.uid;
+        m_state.pid = cred.pid;
+      }
+    } else {
+      m_state.remote = true;
+      boost::system::error_code ec;
+      m_socket.set_option(tcp::no_delay(true), ec);
     }
     boost::system::error_code ec;
     m_socket.native_non_blocking(true, ec);
@@ -61,8 +83,8 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) break;
       const uint32_t length = wire::decode_frame_header(header.data());
       if (length > m_config.max_frame_bytes) {
-        spdlog::warn("session {} (pid {}): frame of {} bytes exceeds max_frame_bytes {}; closing",
-                     m_state.id, m_state.pid, length, m_config.max_frame_bytes);
+        spdlog::warn("session {} ({}): frame of {} bytes exceeds max_frame_bytes {}; closing", m_state.id,
+                     who(), length, m_config.max_frame_bytes);
         co_await send(RequestHandler::error_reply(
             0,
             Status(ErrorCode::frame_too_large,
@@ -76,16 +98,19 @@ class Session : public std::enable_shared_from_this<Session> {
       if (ec) break;
       proto::Request request;
       if (!request.ParseFromString(body)) {
-        spdlog::warn("session {} (pid {}): undecodable frame of {} bytes; closing", m_state.id,
-                     m_state.pid, length);
+        spdlog::warn("session {} ({}): undecodable frame of {} bytes; closing", m_state.id, who(), length);
         co_await send(RequestHandler::error_reply(
             0, Status(ErrorCode::malformed_frame, "frame is not a valid tiermem request"), true));
         break;
       }
-      const Reply reply = m_handler.handle(request, m_state);
+      Reply reply = m_handler.handle(request, m_state);
+      if (reply.deferred) {
+        // Blocking work (a peer's answer, a migration, one-sided copies) runs
+        // on the pool; this coroutine resumes on its own executor after.
+        reply = co_await asio::co_spawn(m_pool, run_deferred(std::move(reply.deferred)), asio::use_awaitable);
+      }
       if (reply.close_after) {
-        spdlog::warn("session {} (pid {}): {}; closing", m_state.id, m_state.pid,
-                     reply.response.status().message());
+        spdlog::warn("session {} ({}): {}; closing", m_state.id, who(), reply.response.status().message());
       }
       if (!co_await send(reply) || reply.close_after) break;
     }
@@ -94,12 +119,17 @@ class Session : public std::enable_shared_from_this<Session> {
     spdlog::debug("session {} closed", m_state.id);
   }
 
-  void close() {
+  void close() override {
     boost::system::error_code ec;
     m_socket.close(ec);
   }
 
  private:
+  std::string who() const {
+    if (m_state.peer) return m_state.client_name;
+    return m_state.remote ? std::string("tcp") : "pid " + std::to_string(m_state.pid);
+  }
+
   asio::awaitable<bool> send(const Reply& reply) {
     std::string payload;
     reply.response.SerializeToString(&payload);
@@ -117,8 +147,7 @@ class Session : public std::enable_shared_from_this<Session> {
           break;
         }
         if (n.status().code() != ErrorCode::busy) co_return false;
-        co_await m_socket.async_wait(stream_protocol::socket::wait_write,
-                                     asio::redirect_error(asio::use_awaitable, ec));
+        co_await m_socket.async_wait(Socket::wait_write, asio::redirect_error(asio::use_awaitable, ec));
         if (ec) co_return false;
       }
     }
@@ -127,9 +156,10 @@ class Session : public std::enable_shared_from_this<Session> {
     co_return !ec;
   }
 
-  stream_protocol::socket m_socket;
+  Socket m_socket;
   RequestHandler& m_handler;
   const DaemonConfig& m_config;
+  asio::thread_pool& m_pool;
   SessionState m_state;
 };
 
@@ -137,10 +167,33 @@ class Session : public std::enable_shared_from_this<Session> {
 
 class ControlServer::Impl {
  public:
-  Impl(asio::io_context& io, RequestHandler& handler, const DaemonConfig& config)
-      : m_io(io), m_handler(handler), m_config(config), m_acceptor(io) {}
+  Impl(asio::io_context& io, asio::thread_pool& pool, RequestHandler& handler, const DaemonConfig& config,
+       std::string tcp_listen)
+      : m_io(io), m_pool(pool), m_handler(handler), m_config(config), m_tcp_listen(std::move(tcp_listen)),
+        m_unix(io), m_tcp(io) {}
 
   Status listen() {
+    if (Status s = listen_unix(); !s.ok()) return s;
+    if (!m_tcp_listen.empty()) return listen_tcp();
+    return Status();
+  }
+
+  void start() {
+    asio::co_spawn(m_io, accept_loop<stream_protocol>(m_unix), asio::detached);
+    if (m_tcp.is_open()) asio::co_spawn(m_io, accept_loop<tcp>(m_tcp), asio::detached);
+  }
+
+  void stop() {
+    boost::system::error_code ec;
+    m_unix.close(ec);
+    m_tcp.close(ec);
+    std::lock_guard lock(m_mutex);
+    for (const auto& s : m_sessions) s->close();
+    ::unlink(m_config.socket_path.c_str());
+  }
+
+ private:
+  Status listen_unix() {
     const std::string& path = m_config.socket_path;
     std::error_code fs_ec;
     const auto dir = std::filesystem::path(path).parent_path();
@@ -154,50 +207,60 @@ class ControlServer::Impl {
     }
     boost::system::error_code ec;
     const stream_protocol::endpoint endpoint(path);
-    m_acceptor.open(endpoint.protocol(), ec);
-    if (!ec) m_acceptor.bind(endpoint, ec);
+    m_unix.open(endpoint.protocol(), ec);
+    if (!ec) m_unix.bind(endpoint, ec);
     if (ec) return Status(ErrorCode::io_error, "binding control socket " + path + ": " + ec.message());
     if (::chmod(path.c_str(), m_config.socket_mode) != 0) {
       return Status(ErrorCode::io_error, "chmod of " + path + ": " + std::strerror(errno));
     }
-    m_acceptor.listen(asio::socket_base::max_listen_connections, ec);
+    m_unix.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return Status(ErrorCode::io_error, "listening on " + path + ": " + ec.message());
     return Status();
   }
 
-  void start() {
-    asio::co_spawn(m_io, accept_loop(), asio::detached);
-  }
-
-  void stop() {
+  Status listen_tcp() {
+    const size_t colon = m_tcp_listen.rfind(':');
+    if (colon == std::string::npos) {
+      return Status(ErrorCode::invalid_argument, "peer listen address '" + m_tcp_listen + "' is not host:port");
+    }
     boost::system::error_code ec;
-    m_acceptor.close(ec);
-    std::lock_guard lock(m_mutex);
-    for (const auto& s : m_sessions) s->close();
-    ::unlink(m_config.socket_path.c_str());
+    tcp::resolver resolver(m_io);
+    const auto found = resolver.resolve(m_tcp_listen.substr(0, colon), m_tcp_listen.substr(colon + 1), ec);
+    if (ec || found.empty()) {
+      return Status(ErrorCode::invalid_argument,
+                    "cannot resolve peer listen address '" + m_tcp_listen + "': " + ec.message());
+    }
+    const tcp::endpoint endpoint = found.begin()->endpoint();
+    m_tcp.open(endpoint.protocol(), ec);
+    if (!ec) m_tcp.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) m_tcp.bind(endpoint, ec);
+    if (!ec) m_tcp.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status(ErrorCode::io_error, "listening for peers on " + m_tcp_listen + ": " + ec.message());
+    return Status();
   }
 
- private:
-  asio::awaitable<void> accept_loop() {
+  template <typename Protocol>
+  asio::awaitable<void> accept_loop(typename Protocol::acceptor& acceptor) {
     for (;;) {
       boost::system::error_code ec;
-      stream_protocol::socket socket(m_io);
-      co_await m_acceptor.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
-      if (ec == asio::error::operation_aborted || !m_acceptor.is_open()) co_return;
+      typename Protocol::socket socket(m_io);
+      co_await acceptor.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec) {
-        spdlog::warn("accept on {} failed: {}", m_config.socket_path, ec.message());
+        spdlog::warn("accept failed: {}", ec.message());
         continue;
       }
-      auto session = std::make_shared<Session>(std::move(socket), m_handler, m_config, ++m_next_id);
+      auto session = std::make_shared<Session<Protocol>>(std::move(socket), m_handler, m_config, m_pool, ++m_next_id);
       {
         std::lock_guard lock(m_mutex);
         m_sessions.insert(session);
       }
-      asio::co_spawn(m_io, run_session(session), asio::detached);
+      asio::co_spawn(m_io, run_session<Protocol>(session), asio::detached);
     }
   }
 
-  asio::awaitable<void> run_session(std::shared_ptr<Session> session) {
+  template <typename Protocol>
+  asio::awaitable<void> run_session(std::shared_ptr<Session<Protocol>> session) {
     m_handler.session_opened();
     co_await session->run();
     m_handler.session_closed();
@@ -206,16 +269,20 @@ class ControlServer::Impl {
   }
 
   asio::io_context& m_io;
+  asio::thread_pool& m_pool;
   RequestHandler& m_handler;
   const DaemonConfig& m_config;
-  stream_protocol::acceptor m_acceptor;
+  std::string m_tcp_listen;
+  stream_protocol::acceptor m_unix;
+  tcp::acceptor m_tcp;
   std::mutex m_mutex;
-  std::set<std::shared_ptr<Session>> m_sessions;
-  uint64_t m_next_id = 0;
+  std::set<std::shared_ptr<SessionBase>> m_sessions;
+  std::atomic<uint64_t> m_next_id{0};
 };
 
-ControlServer::ControlServer(asio::io_context& io, RequestHandler& handler, const DaemonConfig& config)
-    : m_impl(std::make_unique<Impl>(io, handler, config)) {}
+ControlServer::ControlServer(asio::io_context& io, asio::thread_pool& pool, RequestHandler& handler,
+                             const DaemonConfig& config, std::string tcp_listen)
+    : m_impl(std::make_unique<Impl>(io, pool, handler, config, std::move(tcp_listen))) {}
 ControlServer::~ControlServer() = default;
 Status ControlServer::listen() { return m_impl->listen(); }
 void ControlServer::start() { m_impl->start(); }

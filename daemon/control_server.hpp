@@ -1,5 +1,7 @@
-// The control server: a Unix-domain stream socket served with Boost.Asio
-// coroutines, one coroutine per client connection.
+// The control server: a Unix-domain stream socket for clients on this node and,
+// in a cluster, a TCP listener for peer daemons, served with Boost.Asio
+// coroutines, one per connection. Blocking work (Reply::deferred) runs on a
+// thread pool so the control threads keep serving.
 #pragma once
 
 #include <memory>
@@ -11,18 +13,21 @@
 
 namespace boost::asio {
 class io_context;
+class thread_pool;
 }
 
 namespace tiermem {
 
 class ControlServer {
  public:
-  ControlServer(boost::asio::io_context& io, RequestHandler& handler, const DaemonConfig& config);
+  // `tcp_listen` is host:port for peers, or empty for none.
+  ControlServer(boost::asio::io_context& io, boost::asio::thread_pool& pool, RequestHandler& handler,
+                const DaemonConfig& config, std::string tcp_listen);
   ~ControlServer();
 
   // Binds the socket (removing a stale one left by a crashed daemon), sets its
-  // mode and listens. Errors: already_exists (another daemon answers there),
-  // io_error (bind, chmod).
+  // mode and listens; binds the TCP listener. Errors: already_exists (another
+  // daemon answers there), io_error (bind, chmod), invalid_argument (address).
   Status listen();
   // Starts accepting; sessions run on the io_context.
   void start();

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -15,11 +16,15 @@
 
 #include "common/log.hpp"
 #include "common/units.hpp"
+#include "convert.hpp"
+#include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
 #include "daemon/control_server.hpp"
+#include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
 #include "mapping/address_space.hpp"
 #include "tiermem_config.h"
+#include "transport/transport.hpp"
 
 namespace {
 
@@ -28,6 +33,7 @@ namespace asio = boost::asio;
 
 constexpr const char* k_default_config = "/etc/tiermem/tiermemd.toml";
 constexpr unsigned k_io_threads = 2;
+constexpr unsigned k_pool_threads = 4;
 
 Result<TierSet> open_tiers(const DaemonConfig& c) {
   TierSet tiers;
@@ -61,24 +67,94 @@ void log_tiers(const AddressSpace& space) {
   }
 }
 
+// The data plane: registers the version array and every tier, and describes
+// this node for peers and clients (incarnation, address, keys).
+struct DataPlane {
+  std::unique_ptr<Transport> transport;
+  std::vector<std::unique_ptr<RegisteredRegion>> regions;
+  proto::NodeInfo self;
+};
+
+Result<DataPlane> start_data_plane(const DaemonConfig& config, AddressSpace& space, const std::string& control) {
+  DataPlane dp;
+  dp.self.set_node_id(config.node_id);
+  dp.self.set_control_address(control);
+  dp.self.set_page_size(space.page_size());
+  std::random_device rd;
+  dp.self.set_incarnation((static_cast<uint64_t>(rd()) << 32) | rd());
+  auto transport = make_ucx_transport({.tls = config.transport_tls, .progress_thread = true});
+  if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
+  dp.transport = std::move(transport).value();
+  dp.self.set_transport_address(dp.transport->address());
+  auto add = [&](void* base, size_t length, MemoryKind kind, bool versions, Tier tier, bool persistent) -> Status {
+    auto region = dp.transport->register_region(base, length, kind);
+    if (!region.ok()) return region.status();
+    proto::RegionKey* k = dp.self.add_regions();
+    k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
+    k->set_tier(wire::to_proto(tier));
+    k->set_base((*region)->base());
+    k->set_length(length);
+    k->set_packed_key((*region)->packed_key());
+    k->set_persistent(persistent);
+    dp.regions.push_back(std::move(region).value());
+    return Status();
+  };
+  if (Status s = add(space.versions().base(), space.versions().bytes(), MemoryKind::host, true, Tier::automatic, false);
+      !s.ok()) {
+    return s.with_context("registering the version array");
+  }
+  for (Tier t : k_tiers_fastest_first) {
+    TierBackend* b = space.backend(t);
+    if (b == nullptr) continue;
+    const MemoryKind kind = b->host_base() != nullptr ? MemoryKind::host : MemoryKind::cuda;
+    Status s = add(b->region_base(), b->capacity(), kind, false, t, b->persistent());
+    if (!s.ok()) {
+      // Peers then reach this tier only through this daemon (e.g. VRAM with a
+      // UCX built without CUDA).
+      spdlog::info("{} tier not reachable one-sided: {}", tier_name(t), s.message());
+    }
+  }
+  return dp;
+}
+
 // Pets the systemd watchdog at half its interval, when the unit asks for one.
 void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
   uint64_t usec = 0;
   if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return;
   const auto period = std::chrono::microseconds(usec / 2);
-  std::function<void()> pet = [&timer, period, &pet]() {
+  static std::function<void()> pet;
+  pet = [&timer, period]() {
     sd_notify(0, "WATCHDOG=1");
     timer.expires_after(period);
-    timer.async_wait([&pet](const boost::system::error_code& ec) {
+    timer.async_wait([](const boost::system::error_code& ec) {
       if (!ec) pet();
     });
   };
-  static std::function<void()> keep;
-  keep = std::move(pet);
-  asio::post(io, keep);
+  asio::post(io, pet);
+}
+
+// This node's control address in the cluster file, and every member.
+Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std::string* control) {
+  if (config.cluster_file.empty()) return std::vector<ClusterMember>{};
+  auto members = load_cluster(config.cluster_file);
+  if (!members.ok()) return members.status();
+  for (const ClusterMember& m : *members) {
+    if (m.id == config.node_id) *control = m.control;
+  }
+  if (control->empty()) {
+    return Status(ErrorCode::config_error, "node " + std::to_string(config.node_id) + " is not in cluster file " +
+                                               config.cluster_file);
+  }
+  return members;
 }
 
 int serve(const DaemonConfig& config) {
+  std::string control;
+  auto members = load_members(config, &control);
+  if (!members.ok()) {
+    spdlog::critical("cannot start: {}", members.status().to_string());
+    return 2;
+  }
   auto tiers = open_tiers(config);
   if (!tiers.ok()) {
     spdlog::critical("cannot start: {}", tiers.status().to_string());
@@ -94,15 +170,34 @@ int serve(const DaemonConfig& config) {
     return 1;
   }
   log_tiers(**space);
+  auto dp = start_data_plane(config, **space, control);
+  if (!dp.ok()) {
+    spdlog::critical("cannot start: {}", dp.status().to_string());
+    return 1;
+  }
+
+  std::unique_ptr<PeerManager> peers;
+  if (!members->empty()) {
+    PeerOptions po;
+    po.self = config.node_id;
+    po.members = *members;
+    po.reconnect_interval = std::chrono::milliseconds(config.reconnect_interval_ms);
+    po.heartbeat_interval = std::chrono::milliseconds(config.heartbeat_interval_ms);
+    po.timeout = std::chrono::milliseconds(config.peer_timeout_ms);
+    peers = std::make_unique<PeerManager>(po, dp->self, dp->transport.get());
+  }
 
   asio::io_context io;
-  RequestHandler handler(**space, config);
-  ControlServer server(io, handler, config);
+  asio::thread_pool pool(k_pool_threads);
+  RequestHandler handler(**space, config, dp->self, peers.get(), peers ? dp->transport.get() : nullptr);
+  ControlServer server(io, pool, handler, config,
+                       members->empty() ? "" : (config.cluster_listen.empty() ? control : config.cluster_listen));
   if (Status s = server.listen(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.to_string());
     return 1;
   }
   server.start();
+  if (peers) peers->start();
 
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int signo) {
@@ -115,8 +210,9 @@ int serve(const DaemonConfig& config) {
   asio::steady_timer watchdog(io);
   start_watchdog(io, watchdog);
 
-  spdlog::info("tiermemd {} node {} serving on {} (page size {}, config {})", TIERMEM_VERSION,
-               config.node_id, config.socket_path, format_size(config.page_size), config.source);
+  spdlog::info("tiermemd {} node {} serving on {}{} (page size {}, config {})", TIERMEM_VERSION, config.node_id,
+               config.socket_path, control.empty() ? "" : " and " + control + " for peers",
+               format_size(config.page_size), config.source);
   sd_notifyf(0, "READY=1\nSTATUS=node %u serving on %s", static_cast<unsigned>(config.node_id),
              config.socket_path.c_str());
 
@@ -124,6 +220,8 @@ int serve(const DaemonConfig& config) {
   for (unsigned i = 1; i < k_io_threads; ++i) workers.emplace_back([&io] { io.run(); });
   io.run();
   for (auto& t : workers) t.join();
+  if (peers) peers->stop();
+  pool.join();
   spdlog::info("stopped");
   return 0;
 }
@@ -137,7 +235,7 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path,
                  std::string("TOML configuration (default: ") + k_default_config +
                      " if present, else built-in defaults)");
-  app.add_flag("--check-config", check_only, "validate the configuration and exit");
+  app.add_flag("--check-config", check_only, "validate the configuration (and cluster file) and exit");
   app.set_version_flag("--version", std::string("tiermemd ") + TIERMEM_VERSION);
   CLI11_PARSE(app, argc, argv);
 
@@ -153,7 +251,14 @@ int main(int argc, char** argv) {
     config = std::move(loaded).value();
   }
   if (check_only) {
-    std::printf("%s: configuration is valid\n", config.source.c_str());
+    std::string control;
+    auto members = load_members(config, &control);
+    if (!members.ok()) {
+      std::fprintf(stderr, "tiermemd: %s\n", members.status().message().c_str());
+      return 2;
+    }
+    std::printf("%s: configuration is valid%s\n", config.source.c_str(),
+                members->empty() ? "" : (" (cluster of " + std::to_string(members->size()) + " nodes)").c_str());
     return 0;
   }
   if (Status s = setup_logging(config.log_level, "tiermemd"); !s.ok()) {

@@ -67,13 +67,15 @@ AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_
       m_l3(std::move(l3)),
       m_table(virtual_pages, options.page_size, m_l3.words()),
       m_virtual(1, virtual_pages - 1),  // page 0 stays unallocated: GVA offset 0 is null
-      m_next_generation(options.first_generation != 0 ? options.first_generation : random_generation()) {
+      m_next_generation(options.first_generation != 0 ? options.first_generation : random_generation()),
+      m_local_words(m_versions.words().data(), m_versions.size(), m_l3.words().data(), options.page_size) {
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (!tiers[i]) continue;
     TierState& t = m_tiers[i];
     t.frames = tiers[i]->capacity() / options.page_size;
     t.free_frames = ExtentSet(0, t.frames);
     t.backend = std::move(tiers[i]);
+    m_local_frames[i].emplace(*t.backend);
   }
 }
 
@@ -277,7 +279,7 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
 
 // --- frames lent to other nodes ---------------------------------------------
 
-Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pages) {
+Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pages, bool lend) {
   std::unique_lock lock(m_mutex);
   TierState& t = m_tiers[static_cast<size_t>(tier)];
   if (!t.backend) {
@@ -296,8 +298,15 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
     (void)t.backend->discard(f.start * page_size(), f.count * page_size());
     out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
   }
-  t.lent_frames += pages;
+  if (lend) t.lent_frames += pages;
   return out;
+}
+
+void AddressSpace::return_frames(const std::vector<Extent>& frames) {
+  std::unique_lock lock(m_mutex);
+  for (const Extent& x : frames) {
+    m_tiers[static_cast<size_t>(x.tier)].free_frames.release({x.frame_offset / page_size(), x.length / page_size()});
+  }
 }
 
 Status AddressSpace::release_frames(const std::vector<Extent>& frames) {

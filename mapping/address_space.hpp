@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -109,12 +110,20 @@ class AddressSpace {
   // The layout of the allocation holding `gva`. Errors as translate().
   Result<AllocationLayout> layout(Gva gva) const;
 
-  // Copies into/out of the allocation holding `gva` when all its pages are on
-  // this node. Errors: not_allocated, stale_generation, out_of_range, busy (a
-  // page stayed locked past the lock timeout), not_supported (a page lives on
-  // another node: copy through a MemoryAccess that reaches it), io_error.
-  Status write(Gva gva, const void* src, size_t length);
-  Status read(Gva gva, void* dst, size_t length);
+  // Copies into/out of the allocation holding `gva`. Pages on other nodes are
+  // reached through `elsewhere` (null: they are not, and the copy fails with
+  // not_supported). Errors: not_allocated, stale_generation, out_of_range,
+  // busy (a page stayed locked past the lock timeout), io_error, and those of
+  // `elsewhere`.
+  Status write(Gva gva, const void* src, size_t length, MemoryAccess* elsewhere = nullptr);
+  Status read(Gva gva, void* dst, size_t length, MemoryAccess* elsewhere = nullptr);
+  // A 64-bit atomic on the 8-byte aligned word at `gva` (see
+  // seqlocked_atomic); returns the old value.
+  Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
+                          MemoryAccess* elsewhere = nullptr);
+  // The frames of one of this node's tiers, or of another node's through
+  // `elsewhere`; for migration, which copies pages whose lock it holds.
+  Result<FrameData*> frames(NodeId node, Tier tier, MemoryAccess* elsewhere);
 
   // Pins the allocation holding `gva` for mapping by a client and returns its
   // layout; unpin() undoes one pin. Pinned pages are not migrated or freed.
@@ -123,8 +132,12 @@ class AddressSpace {
   Status unpin(Gva gva);
 
   // --- frames lent to pages homed on other nodes -------------------------
-  // Errors: tier_unavailable, tier_exhausted.
-  Result<std::vector<Extent>> reserve_frames(Tier tier, uint64_t pages);
+  // Takes free frames of a tier: lent to another node's pages (`lend`), or
+  // for a page of this node moving here. Errors: tier_unavailable,
+  // tier_exhausted.
+  Result<std::vector<Extent>> reserve_frames(Tier tier, uint64_t pages, bool lend = true);
+  // Gives back frames taken with lend = false and never used.
+  void return_frames(const std::vector<Extent>& frames);
   // Returns lent frames (and clears them). Errors: invalid_argument for
   // frames this node did not lend.
   Status release_frames(const std::vector<Extent>& frames);
@@ -193,7 +206,7 @@ class AddressSpace {
   void set_pinned(const Allocation& a, bool pinned);
   // Gives a frame of this node back to its tier (clearing it).
   void release_local_frame(Tier tier, uint64_t frame_offset);
-  Status copy_local(Gva gva, std::byte* buffer, size_t length, bool to_memory);
+  Status copy(Gva gva, std::byte* buffer, size_t length, bool to_memory, MemoryAccess* elsewhere);
 
   NodeId m_node;
   mutable std::shared_mutex m_mutex;
@@ -206,6 +219,8 @@ class AddressSpace {
   uint32_t m_next_generation = 1;
   std::map<uint64_t, Allocation> m_allocations;  // by first page
   std::unordered_map<std::string, uint64_t> m_names;
+  LocalVersionWords m_local_words;
+  std::array<std::optional<BackendFrameData>, 4> m_local_frames;
 };
 
 // Page lock waits of the daemon: clients hold a page lock for one copy only.

@@ -9,24 +9,25 @@
 namespace tiermem {
 namespace {
 
-// Reaches only this node's memory: its version words and tier backends.
-class LocalAccess final : public MemoryAccess {
+// This node's memory directly; other nodes' through `elsewhere`.
+class NodeAccess final : public MemoryAccess {
  public:
-  LocalAccess(NodeId node, VersionArray& versions, WordArray& l3, uint64_t page_size,
-              const std::array<TierBackend*, 4>& backends)
-      : m_node(node), m_words(versions.words().data(), versions.size(), l3.words().data(), page_size) {
-    for (size_t i = 0; i < backends.size(); ++i) {
-      if (backends[i] != nullptr) m_frames[i].emplace(*backends[i]);
-    }
-  }
+  NodeAccess(NodeId node, VersionWords& words, std::array<std::optional<BackendFrameData>, 4>& frames,
+             MemoryAccess* elsewhere)
+      : m_node(node), m_words(words), m_frames(frames), m_elsewhere(elsewhere) {}
   Result<VersionWords*> versions(NodeId home) override {
-    if (home != m_node) return elsewhere(home);
-    return static_cast<VersionWords*>(&m_words);
+    if (home == m_node) return &m_words;
+    if (m_elsewhere == nullptr) return elsewhere(home);
+    return m_elsewhere->versions(home);
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
-    if (node != m_node) return elsewhere(node);
+    if (node != m_node) {
+      if (m_elsewhere == nullptr) return elsewhere(node);
+      return m_elsewhere->frames(node, tier);
+    }
     auto& f = m_frames[static_cast<size_t>(tier)];
-    if (!f) return Status(ErrorCode::tier_unavailable, "no such tier here");
+    if (!f) return Status(ErrorCode::tier_unavailable, "node " + std::to_string(m_node) + " has no " +
+                                                           std::string(tier_name(tier)) + " tier");
     return static_cast<FrameData*>(&*f);
   }
 
@@ -35,8 +36,9 @@ class LocalAccess final : public MemoryAccess {
     return Status(ErrorCode::not_supported, "page is on node " + std::to_string(node));
   }
   NodeId m_node;
-  LocalVersionWords m_words;
-  std::optional<BackendFrameData> m_frames[4];
+  VersionWords& m_words;
+  std::array<std::optional<BackendFrameData>, 4>& m_frames;
+  MemoryAccess* m_elsewhere;
 };
 
 }  // namespace
@@ -146,36 +148,71 @@ Result<Translation> AddressSpace::translate(Gva gva) const {
   return t;
 }
 
-Status AddressSpace::copy_local(Gva gva, std::byte* buffer, size_t length, bool to_memory) {
-  std::array<TierBackend*, 4> backends{};
-  for (size_t i = 0; i < backends.size(); ++i) backends[i] = m_tiers[i].backend.get();
-  LocalAccess access(m_node, m_versions, m_l3, page_size(), backends);
+Status AddressSpace::copy(Gva gva, std::byte* buffer, size_t length, bool to_memory,
+                          MemoryAccess* elsewhere) {
+  NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
   // A stale translation (a concurrent migration) is retried with a fresh one.
   for (int attempt = 0; attempt < 16; ++attempt) {
     auto l = layout(gva);
     if (!l.ok()) return l.status();
-    LayoutView view{m_node, l->first_page, page_size(), l->info.size, l->extents, l->page_versions};
-    Status s = copy_through_layout(view, access, gva.offset - l->info.gva.offset, buffer, length,
-                                   to_memory, k_page_lock_timeout);
+    const LayoutView view{m_node, l->first_page, page_size(), l->info.size, l->extents, l->page_versions};
+    const uint64_t offset = gva.offset - l->info.gva.offset;
+    Status s = copy_through_layout(view, access, offset, buffer, length, to_memory, k_page_lock_timeout);
     if (s.code() == ErrorCode::out_of_range) {
       return Status(ErrorCode::out_of_range,
                     std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
-                        " bytes at " + gva.to_string() + " (offset " +
-                        std::to_string(gva.offset - l->info.gva.offset) +
+                        " bytes at " + gva.to_string() + " (offset " + std::to_string(offset) +
                         ") runs past the end of allocation " + l->info.gva.to_string() + " of " +
                         std::to_string(l->info.size) + " bytes");
     }
-    if (!is_stale(s)) return s.ok() ? s : s.with_context(std::string(to_memory ? "write to " : "read of ") + gva.to_string());
+    if (s.ok()) return s;
+    if (!is_stale(s)) return s.with_context(std::string(to_memory ? "write to " : "read of ") + gva.to_string());
   }
   return Status(ErrorCode::busy, gva.to_string() + " kept moving; try again");
 }
 
-Status AddressSpace::write(Gva gva, const void* src, size_t length) {
-  return copy_local(gva, static_cast<std::byte*>(const_cast<void*>(src)), length, true);
+Status AddressSpace::write(Gva gva, const void* src, size_t length, MemoryAccess* elsewhere) {
+  return copy(gva, static_cast<std::byte*>(const_cast<void*>(src)), length, true, elsewhere);
 }
 
-Status AddressSpace::read(Gva gva, void* dst, size_t length) {
-  return copy_local(gva, static_cast<std::byte*>(dst), length, false);
+Status AddressSpace::read(Gva gva, void* dst, size_t length, MemoryAccess* elsewhere) {
+  return copy(gva, static_cast<std::byte*>(dst), length, false, elsewhere);
+}
+
+Result<uint64_t> AddressSpace::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
+                                      MemoryAccess* elsewhere) {
+  if (gva.offset % 8 != 0) {
+    return Status(ErrorCode::invalid_argument, "atomics need an 8-byte aligned word; " + gva.to_string() + " is not");
+  }
+  NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    auto l = layout(gva);
+    if (!l.ok()) return l.status();
+    const uint64_t offset = gva.offset - l->info.gva.offset;
+    if (offset + 8 > l->info.size) {
+      return Status(ErrorCode::out_of_range, "word at " + gva.to_string() + " lies past the end of allocation " +
+                                                 l->info.gva.to_string() + " of " + std::to_string(l->info.size) + " bytes");
+    }
+    const Extent* x = nullptr;
+    for (const Extent& e : l->extents) {
+      if (offset >= e.gva_offset && offset < e.gva_offset + e.length) x = &e;
+    }
+    auto frames = access.frames(x->node, x->tier);
+    if (!frames.ok()) return frames.status();
+    const uint64_t index = offset / page_size();
+    uint64_t old = 0;
+    Status s = seqlocked_atomic(m_local_words, **frames, l->first_page + index, l->page_versions[index],
+                                l->coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
+                                compare, &old, k_page_lock_timeout);
+    if (s.ok()) return old;
+    if (!is_stale(s)) return s.with_context("atomic on " + gva.to_string());
+  }
+  return Status(ErrorCode::busy, gva.to_string() + " kept moving; try again");
+}
+
+Result<FrameData*> AddressSpace::frames(NodeId node, Tier tier, MemoryAccess* elsewhere) {
+  NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
+  return access.frames(node, tier);
 }
 
 void AddressSpace::set_pinned(const Allocation& a, bool pinned) {

@@ -7,14 +7,14 @@
 namespace tiermem::ctl {
 
 int cmd_alloc(const Context& ctx, const std::string& size_text, const std::string& tier_text,
-              const std::string& name, bool strict) {
+              const std::string& name, bool strict, bool coherent) {
   auto size = parse_size(size_text);
   if (!size.ok()) return fail("alloc", size.status());
   auto tier = parse_tier(tier_text);
   if (!tier.ok()) return fail("alloc", tier.status());
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto info = client->alloc(*size, {.tier = *tier, .strict = strict, .name = name});
+  auto info = client->alloc(*size, {.tier = *tier, .strict = strict, .name = name, .node = ctx.node, .coherent = coherent});
   if (!info.ok()) return fail("alloc " + size_text, info.status());
   if (ctx.json) {
     print_json(to_json(*info));

@@ -16,6 +16,7 @@ namespace tiermem::ctl {
 struct Context {
   std::string socket;  // empty: $TIERMEM_SOCKET or the default
   bool json = false;
+  NodeId node = 0;     // --node: which node status/ls/dump/alloc are about (0: local)
 };
 
 // Exit codes: 0 success, 1 the operation failed, 2 bad usage.
@@ -57,11 +58,13 @@ std::string version_text(uint64_t version);
 int cmd_status(const Context& ctx);
 int cmd_ls(const Context& ctx);
 int cmd_alloc(const Context& ctx, const std::string& size, const std::string& tier,
-              const std::string& name, bool strict);
+              const std::string& name, bool strict, bool coherent);
 int cmd_free(const Context& ctx, const std::string& gva);
 int cmd_write(const Context& ctx, const std::string& gva, const std::string& file);
 int cmd_read(const Context& ctx, const std::string& gva, const std::string& length);
 int cmd_translate(const Context& ctx, const std::string& gva);
 int cmd_dump(const Context& ctx);
+int cmd_nodes(const Context& ctx);
+int cmd_migrate(const Context& ctx, const std::string& gva, const std::string& tier);
 
 }  // namespace tiermem::ctl

@@ -9,7 +9,7 @@ namespace tiermem::ctl {
 int cmd_dump(const Context& ctx) {
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto d = client->dump();
+  auto d = client->dump(ctx.node);
   if (!d.ok()) return fail("dump", d.status());
   if (ctx.json) {
     nlohmann::json allocations = nlohmann::json::array();

@@ -10,7 +10,7 @@ namespace tiermem::ctl {
 int cmd_ls(const Context& ctx) {
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto list = client->list();
+  auto list = client->list(ctx.node);
   if (!list.ok()) return fail("ls", list.status());
   if (ctx.json) {
     nlohmann::json out = nlohmann::json::array();

@@ -12,19 +12,21 @@ int main(int argc, char** argv) {
   Context ctx;
   app.add_option("-s,--socket", ctx.socket, "tiermemd control socket (default: $TIERMEM_SOCKET, else /run/tiermem/tiermemd.sock)");
   app.add_flag("--json", ctx.json, "print JSON for machines instead of tables");
+  app.add_option("-N,--node", ctx.node, "node that status, ls, dump and alloc are about (default: the local one)");
 
   int rc = k_exit_ok;
   app.add_subcommand("status", "node, tiers and their use")->callback([&] { rc = cmd_status(ctx); });
   app.add_subcommand("ls", "list allocations")->callback([&] { rc = cmd_ls(ctx); });
 
   std::string size, tier = "auto", name;
-  bool strict = false;
+  bool strict = false, coherent = false;
   auto* alloc = app.add_subcommand("alloc", "allocate memory and print its GVA");
   alloc->add_option("SIZE", size, "bytes, or with a unit: 64KiB, 2MiB, 1GiB")->required();
   alloc->add_option("-t,--tier", tier, "vram, dram, pmem or auto")->capture_default_str();
   alloc->add_option("-n,--name", name, "name to find it again with lookup");
   alloc->add_flag("--strict", strict, "fail rather than fall back to a slower tier");
-  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict); });
+  alloc->add_flag("--coherent", coherent, "holds atomic words: never migrated");
+  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent); });
 
   std::string gva, file = "-", length;
   auto* free = app.add_subcommand("free", "free the allocation starting at GVA");
@@ -46,6 +48,14 @@ int main(int argc, char** argv) {
   translate->callback([&] { rc = cmd_translate(ctx, gva); });
 
   app.add_subcommand("dump", "print the mapping table")->callback([&] { rc = cmd_dump(ctx); });
+  app.add_subcommand("nodes", "the cluster: peers, their state and the data plane to them")
+      ->callback([&] { rc = cmd_nodes(ctx); });
+
+  auto* migrate = app.add_subcommand("migrate", "move an allocation to another tier and/or node");
+  migrate->add_option("GVA", gva, "NNNN:OOOOOOOOOOOOOOOO")->required();
+  migrate->add_option("-t,--tier", tier, "vram, dram or pmem")->required();
+  migrate->add_option("-n,--to-node", ctx.node, "node to move to (default: the allocation's home)");
+  migrate->callback([&] { rc = cmd_migrate(ctx, gva, tier); });
 
   try {
     app.parse(argc, argv);

@@ -9,7 +9,7 @@ namespace tiermem::ctl {
 int cmd_status(const Context& ctx) {
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto stat = client->stat();
+  auto stat = client->stat(ctx.node);
   if (!stat.ok()) return fail("status", stat.status());
   if (ctx.json) {
     nlohmann::json tiers = nlohmann::json::array();

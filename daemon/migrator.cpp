@@ -1,0 +1,120 @@
+#include "daemon/migrator.hpp"
+
+#include <map>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "convert.hpp"
+#include "daemon/peer_access.hpp"
+
+namespace tiermem {
+
+Result<Extent> Migrator::reserve(NodeId node, Tier tier) {
+  if (node == m_space.node()) {
+    auto frames = m_space.reserve_frames(tier, 1, /*lend=*/false);
+    if (!frames.ok()) return frames.status();
+    return frames->front();
+  }
+  proto::Request request;
+  request.mutable_reserve_frames()->set_tier(wire::to_proto(tier));
+  request.mutable_reserve_frames()->set_pages(1);
+  auto response = m_peers->call(node, request);
+  if (!response.ok()) return response.status();
+  if (response->reserve_frames().extents_size() != 1) {
+    return Status(ErrorCode::internal, "node " + std::to_string(node) + " lent an unexpected frame set");
+  }
+  return wire::from_proto(response->reserve_frames().extents(0));
+}
+
+void Migrator::give_back(const Extent& frame) {
+  if (frame.node == m_space.node()) {
+    m_space.return_frames({frame});
+  } else {
+    release_remote({frame});
+  }
+}
+
+void Migrator::release_remote(const std::vector<Extent>& frames) {
+  std::map<NodeId, proto::Request> by_node;
+  for (const Extent& x : frames) wire::to_proto(x, by_node[x.node].mutable_release_frames()->add_extents());
+  for (auto& [node, request] : by_node) {
+    auto r = m_peers->call(node, request);
+    // Frames of an unreachable node stay reserved there until it restarts.
+    if (!r.ok()) spdlog::warn("could not give frames back to node {}: {}", node, r.status().message());
+  }
+}
+
+Status Migrator::move_page(uint64_t page, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames,
+                           bool* moved) {
+  *moved = false;
+  auto target = reserve(to_node, tier);
+  if (!target.ok()) return target.status();
+  auto move = m_space.begin_move(page);
+  if (!move.ok()) {
+    give_back(*target);
+    return move.status();
+  }
+  if (move->from.node == to_node && move->from.tier == tier) {
+    m_space.abort_move(*move);
+    give_back(*target);
+    return Status();
+  }
+  PeerAccess access(m_peers, m_transport, m_timeout);
+  auto src = m_space.frames(move->from.node, move->from.tier, &access);
+  auto dst = m_space.frames(to_node, tier, &access);
+  Status s = !src.ok() ? src.status() : dst.status();
+  if (s.ok()) {
+    // The page's lock is ours: nobody changes it while it is copied.
+    std::vector<std::byte> buffer(m_space.page_size());
+    s = (*src)->read(move->from.frame_offset, buffer.data(), buffer.size());
+    if (s.ok()) s = (*dst)->write(target->frame_offset, buffer.data(), buffer.size());
+  }
+  if (!s.ok()) {
+    m_space.abort_move(*move);
+    give_back(*target);
+    return s;
+  }
+  PageEntry to;
+  to.frame_offset = target->frame_offset;
+  to.node = to_node;
+  to.tier = tier;
+  s = m_space.commit_move(*move, to, remote_frames);
+  *moved = s.ok();
+  return s;
+}
+
+Result<MigrationResult> Migrator::migrate(Gva gva, Tier tier, NodeId to_node) {
+  if (tier == Tier::automatic) {
+    return Status(ErrorCode::invalid_argument, "migration needs a tier to move to (vram, dram or pmem)");
+  }
+  if (to_node == 0) to_node = m_space.node();
+  if (to_node != m_space.node() && (m_peers == nullptr || !m_peers->knows(to_node))) {
+    return Status(ErrorCode::bad_gva, "node " + std::to_string(to_node) + " is not in the cluster");
+  }
+  auto pages = m_space.begin_migration(gva);
+  if (!pages.ok()) return pages.status();
+  MigrationResult result;
+  std::vector<Extent> remote_frames;
+  Status status;
+  for (uint64_t page : *pages) {
+    bool moved = false;
+    status = move_page(page, tier, to_node, &remote_frames, &moved);
+    if (!status.ok()) break;
+    result.pages_moved += moved;
+  }
+  m_space.end_migration(gva);
+  if (!remote_frames.empty()) release_remote(remote_frames);
+  if (!status.ok()) {
+    return status.with_context("migrating " + gva.to_string() + " (" + std::to_string(result.pages_moved) +
+                               " pages moved before the failure)");
+  }
+  auto t = m_space.translate(gva);
+  if (!t.ok()) return t.status();
+  result.allocation = t->allocation;
+  spdlog::info("migrated {} to {} on node {}: {} page(s) moved", gva.to_string(), tier_name(tier), to_node,
+               result.pages_moved);
+  return result;
+}
+
+}  // namespace tiermem
