@@ -12,7 +12,9 @@ namespace tiermem::detail {
 namespace {
 
 constexpr auto k_timeout = std::chrono::milliseconds(10000);
-constexpr int k_max_attempts = 16;
+// A range whose translation keeps changing (pages migrating one after the
+// other) is retried this long before the caller hears busy.
+constexpr auto k_retry_time = std::chrono::milliseconds(10000);
 constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
 
 // Hands copy_through_layout the accessors of this client: its mappings of
@@ -305,7 +307,8 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
   if (!m_direct) return copy_rpc(gva, buf, length, to_memory);
   bool refresh = false;
   bool retried_transport = false;
-  for (int attempt = 0; attempt < k_max_attempts; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
+  while (std::chrono::steady_clock::now() < give_up) {
     auto a = cached(gva, refresh);
     if (!a.ok()) return a.status();
     const CachedAllocation& alloc = **a;
@@ -367,7 +370,8 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
   }
   if (!m_direct) return atomic_rpc(gva, op, operand, compare);
   bool refresh = false;
-  for (int attempt = 0; attempt < k_max_attempts; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
+  while (std::chrono::steady_clock::now() < give_up) {
     auto a = cached(gva, refresh);
     if (!a.ok()) return a.status();
     const CachedAllocation& alloc = **a;

@@ -55,7 +55,10 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request) {
   }
   Reply reply;
   reply.deferred = [this, node, request]() {
-    auto response = m_peers->call(node, request);
+    // A migration moves page after page, each waiting out its writers.
+    const auto timeout = request.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
+                                                                         : std::chrono::milliseconds(0);
+    auto response = m_peers->call(node, request, timeout);
     if (!response.ok()) return error_reply(request.id(), response.status(), false);
     Reply out;
     out.response = std::move(response).value();

@@ -50,7 +50,9 @@ Status Migrator::move_page(uint64_t page, Tier tier, NodeId to_node, std::vector
   *moved = false;
   auto target = reserve(to_node, tier);
   if (!target.ok()) return target.status();
-  auto move = m_space.begin_move(page);
+  // Writers finish their copy first; on a loaded machine that can take a
+  // while, so wait as long as a transport operation may take.
+  auto move = m_space.begin_move(page, m_timeout);
   if (!move.ok()) {
     give_back(*target);
     return move.status();

@@ -86,17 +86,13 @@ void PeerManager::mark(Peer& peer, NodeState state, const std::string& error) {
   if (state != NodeState::connected) {
     peer.connection.reset();
     peer.remote.reset();
+    peer.idle.clear();
   }
 }
 
 // Connects, says hello and sets up the data plane to one peer. Called by the
 // background thread without the lock held during I/O.
-Status PeerManager::handshake(NodeId node) {
-  std::string address;
-  {
-    std::lock_guard lock(m_mutex);
-    address = find(node)->member.control;
-  }
+Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string& address, proto::NodeInfo* info) {
   auto conn = RpcConnection::connect_tcp(address, m_options.timeout);
   if (!conn.ok()) return conn.status();
   proto::Request hello;
@@ -104,7 +100,19 @@ Status PeerManager::handshake(NodeId node) {
   *hello.mutable_peer_hello()->mutable_self() = m_self;
   auto response = (*conn)->call(hello);
   if (!response.ok()) return response.status();
-  proto::NodeInfo info = response->peer_hello().self();
+  *info = response->peer_hello().self();
+  return conn;
+}
+
+Status PeerManager::handshake(NodeId node) {
+  std::string address;
+  {
+    std::lock_guard lock(m_mutex);
+    address = find(node)->member.control;
+  }
+  proto::NodeInfo info;
+  auto conn = open_link(address, &info);
+  if (!conn.ok()) return conn.status();
   if (info.node_id() != node) {
     return Status(ErrorCode::config_error, "the daemon at " + address + " is node " +
                                                std::to_string(info.node_id()) + ", not node " +
@@ -189,8 +197,11 @@ void PeerManager::on_peer_hello(const proto::NodeInfo& info) {
   m_wake.notify_all();
 }
 
-Result<proto::Response> PeerManager::call(NodeId node, proto::Request request) {
+Result<proto::Response> PeerManager::call(NodeId node, proto::Request request,
+                                          std::chrono::milliseconds timeout) {
   std::shared_ptr<RpcConnection> conn;
+  std::string address;
+  uint64_t incarnation = 0;
   {
     std::lock_guard lock(m_mutex);
     Peer* p = find(node);
@@ -203,22 +214,50 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request) {
                         std::string(node_state_name(p->state)) +
                         (p->last_error.empty() ? "" : ": " + p->last_error));
     }
-    conn = p->connection;
+    address = p->member.control;
+    incarnation = p->info.incarnation();
+    if (!p->idle.empty()) {
+      conn = std::move(p->idle.back());
+      p->idle.pop_back();
+    }
   }
+  if (!conn) {
+    proto::NodeInfo info;
+    auto opened = open_link(address, &info);
+    if (!opened.ok()) return opened.status().with_context("node " + std::to_string(node));
+    if (info.incarnation() != incarnation) {
+      // It restarted since the heartbeat saw it: let the heartbeat redo the
+      // link (and the data plane) first.
+      {
+        std::lock_guard lock(m_mutex);
+        find(node)->next_check = {};
+      }
+      m_wake.notify_all();
+      return Status(ErrorCode::connection_failed, "node " + std::to_string(node) + " restarted; reconnecting");
+    }
+    conn = std::shared_ptr<RpcConnection>(std::move(opened).value());
+  }
+  conn->set_timeout(timeout.count() > 0 ? timeout : m_options.timeout);
   request.set_node(node);
   request.set_forwarded(true);
   auto response = conn->call(request);
-  if (!response.ok() && conn->broken()) {
+  if (conn->broken()) {
+    // A timeout or a dead connection: this link is done. Whether the peer is
+    // down is for the heartbeat to find out, now.
     {
       std::lock_guard lock(m_mutex);
-      Peer& p = *find(node);
-      if (p.connection == conn) {
-        mark(p, NodeState::down, response.status().message());
-        p.next_check = {};
-      }
+      find(node)->next_check = {};
     }
     m_wake.notify_all();
-    return response.status().with_context("node " + std::to_string(node));
+    return response.ok() ? response : Result<proto::Response>(response.status().with_context("node " + std::to_string(node)));
+  }
+  {
+    std::lock_guard lock(m_mutex);
+    Peer& p = *find(node);
+    constexpr size_t k_max_idle = 8;
+    if (p.state == NodeState::connected && p.info.incarnation() == incarnation && p.idle.size() < k_max_idle) {
+      p.idle.push_back(std::move(conn));
+    }
   }
   return response;
 }

@@ -40,9 +40,12 @@ class PeerManager {
   void start();
   void stop();
 
-  // A blocking request to `node`, which executes it. Errors: bad_gva (not in
-  // the cluster), connection_failed (down), timeout, or the peer's answer.
-  Result<proto::Response> call(NodeId node, proto::Request request);
+  // A blocking request to `node`, which executes it, on a connection of its
+  // own (so a long request, a migration say, never holds up short ones).
+  // `timeout` 0: the configured peer timeout. Errors: bad_gva (not in the
+  // cluster), connection_failed (down), timeout, or the peer's answer.
+  Result<proto::Response> call(NodeId node, proto::Request request,
+                               std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
   // This node first, then every peer in cluster-file order.
   std::vector<proto::NodeInfo> nodes() const;
@@ -63,7 +66,8 @@ class PeerManager {
     ClusterMember member;
     proto::NodeInfo info;
     NodeState state = NodeState::connecting;
-    std::shared_ptr<RpcConnection> connection;
+    std::shared_ptr<RpcConnection> connection;  // heartbeats
+    std::vector<std::shared_ptr<RpcConnection>> idle;  // for requests, reused
     std::shared_ptr<RemoteNode> remote;
     std::string last_error;
     uint64_t since_ms = 0;
@@ -73,6 +77,8 @@ class PeerManager {
   void run();
   void check(NodeId node);
   Status handshake(NodeId node);
+  // Connects to a peer and says hello; the reply describes it.
+  Result<std::unique_ptr<RpcConnection>> open_link(const std::string& address, proto::NodeInfo* info);
   void mark(Peer& peer, NodeState state, const std::string& error);
   Peer* find(NodeId node);
   const Peer* find(NodeId node) const;

@@ -125,9 +125,15 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
       resp.mutable_release_frames();
       break;
     case proto::Request::kPersistFrames:
-      status = persist_frames(request.persist_frames());
-      resp.mutable_persist_frames();
-      break;
+      // msync on a non-DAX file can take milliseconds: off the control threads.
+      reply.deferred = [this, request]() {
+        Status s = persist_frames(request.persist_frames());
+        if (!s.ok()) return error_reply(request.id(), s, false);
+        Reply out = ok_reply(request);
+        out.response.mutable_persist_frames();
+        return out;
+      };
+      return reply;
     case proto::Request::BODY_NOT_SET:
       status = Status(ErrorCode::malformed_frame, "request has no body (unknown request type?)");
       break;

@@ -226,8 +226,8 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   // tells every cached translation that the page is gone.
   std::vector<uint64_t> locked(a.pages);
   for (uint64_t i = 0; i < a.pages; ++i) {
-    if (!version::lock_for(m_versions.word(a.first_page + i), k_page_lock_timeout, &locked[i])) {
-      for (uint64_t j = 0; j < i; ++j) version::unlock(m_versions.word(a.first_page + j), locked[j]);
+    if (!version::lock_exclusive_for(m_versions.word(a.first_page + i), k_page_lock_timeout, &locked[i])) {
+      for (uint64_t j = 0; j < i; ++j) version::unlock_exclusive(m_versions.word(a.first_page + j), locked[j]);
       return Status(ErrorCode::busy, "page " + std::to_string(a.first_page + i) + " of " +
                                          info.gva.to_string() +
                                          " stayed locked by a writer; try again");
@@ -355,7 +355,7 @@ void AddressSpace::end_migration(Gva gva) {
   if (located.ok()) (*located)->migrating = false;
 }
 
-Result<PageMove> AddressSpace::begin_move(uint64_t page) {
+Result<PageMove> AddressSpace::begin_move(uint64_t page, std::chrono::milliseconds timeout) {
   PageMove move;
   move.page = page;
   {
@@ -363,8 +363,11 @@ Result<PageMove> AddressSpace::begin_move(uint64_t page) {
     const PageEntry* e = m_table.find(page);
     if (e == nullptr || !e->present()) return Status(ErrorCode::not_allocated, "page was freed");
   }
-  if (!version::lock_for(m_versions.word(page), k_page_lock_timeout, &move.locked)) {
-    return Status(ErrorCode::busy, "page " + std::to_string(page) + " stayed locked by a writer");
+  if (!version::lock_exclusive_for(m_versions.word(page), timeout, &move.locked)) {
+    const uint64_t v = version::load(m_versions.word(page));
+    return Status(ErrorCode::busy, "page " + std::to_string(page) + " stayed locked by a writer (version " +
+                                       std::to_string(version::epoch_of(v)) + "." +
+                                       std::to_string(version::sequence_of(v)) + ")");
   }
   std::shared_lock lock(m_mutex);
   move.from = *m_table.find(page);
@@ -390,7 +393,7 @@ Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
 }
 
 void AddressSpace::abort_move(const PageMove& move) {
-  version::unlock(m_versions.word(move.page), move.locked);
+  version::unlock_exclusive(m_versions.word(move.page), move.locked);
 }
 
 // --- reporting ------------------------------------------------------------------

@@ -44,6 +44,9 @@
 
 namespace tiermem {
 
+// Page lock waits of the daemon: clients hold a page lock for one copy only.
+inline constexpr std::chrono::milliseconds k_page_lock_timeout{2000};
+
 struct AddressSpaceOptions {
   NodeId node = 1;
   uint64_t page_size = 2 << 20;
@@ -149,8 +152,9 @@ class AddressSpace {
   // migrating).
   Result<std::vector<uint64_t>> begin_migration(Gva gva);
   void end_migration(Gva gva);
-  // Locks one page's version word (waiting out writers) and returns where it is.
-  Result<PageMove> begin_move(uint64_t page);
+  // Locks one page's version word (waiting out writers, at most `timeout`)
+  // and returns where it is.
+  Result<PageMove> begin_move(uint64_t page, std::chrono::milliseconds timeout = k_page_lock_timeout);
   // Points the page at `to`, releases the lock into a new epoch (every cached
   // translation of the page is stale from here) and frees the old frame: a
   // local one directly, a lent one is appended to *remote_frames.
@@ -222,8 +226,5 @@ class AddressSpace {
   LocalVersionWords m_local_words;
   std::array<std::optional<BackendFrameData>, 4> m_local_frames;
 };
-
-// Page lock waits of the daemon: clients hold a page lock for one copy only.
-inline constexpr std::chrono::milliseconds k_page_lock_timeout{2000};
 
 }  // namespace tiermem

@@ -43,83 +43,135 @@ Status stale_translation() {
 }
 bool is_stale(const Status& s) { return s.code() == ErrorCode::stale_translation; }
 
-Status seqlocked_write(VersionWords& words, FrameData& data, const CopyRun& run, const void* src,
-                       std::chrono::milliseconds timeout) {
-  const uint64_t n = run_pages(run);
-  WordBuffer locked(n);
-  std::vector<uint64_t> held;
-  held.reserve(n);
-  auto give_back = [&] { return words.release(held); };
-  version::SpinWait wait(timeout);
-  for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t page = run.first_page + i;
-    const uint16_t epoch = version::epoch_of(run.cached[i]);
-    uint64_t expected = run.cached[i];
-    for (;;) {
-      if (version::epoch_of(expected) != epoch) {
-        (void)give_back();
-        return stale_translation();
-      }
-      if (!version::is_locked(expected)) {
+namespace {
+
+// Locks the pages of `range` in ascending order into *held. It never waits
+// while holding a lock: when a page is taken (or wanted exclusively by the
+// daemon), it lets go of what it holds, waits for that page, and starts over.
+// Holding some pages while waiting for others would let one slow writer keep
+// a migration, and everyone behind it, waiting.
+Status lock_pages(VersionWords& words, const PageRange& range, version::SpinWait& wait,
+                  std::vector<uint64_t>* held) {
+  WordBuffer known(range.count);
+  for (uint64_t i = 0; i < range.count; ++i) known[i] = range.cached[i];
+  for (;;) {
+    held->clear();
+    uint64_t blocked = range.count;  // the index of the page that stopped us
+    for (uint64_t i = 0; i < range.count && blocked == range.count; ++i) {
+      const uint64_t page = range.first_page + i;
+      // Two tries per page: a third means others keep writing it, and holding
+      // the pages before it meanwhile would block them for nothing.
+      for (int tries = 0;; ++tries) {
+        if (version::epoch_of(known[i]) != version::epoch_of(range.cached[i])) {
+          (void)words.release(*held);
+          held->clear();
+          return stale_translation();
+        }
+        if (!version::writable(known[i]) || (tries >= 2 && !held->empty())) {
+          blocked = i;
+          break;
+        }
         uint64_t old = 0;
-        Status s = words.compare_swap(page, expected, expected + 1, &old);
+        Status s = words.compare_swap(page, known[i], known[i] + 1, &old);
         if (!s.ok()) {
-          (void)give_back();
+          (void)words.release(*held);
+          held->clear();
           return s;
         }
-        if (old == expected) break;
-        expected = old;  // someone wrote since: try again from what is there
-        continue;
-      }
-      if (!wait.again()) {
-        (void)give_back();
-        return busy(page);
-      }
-      Status s = words.load(page, 1, &expected);
-      if (!s.ok()) {
-        (void)give_back();
-        return s;
+        if (old == known[i]) {
+          known[i] = old + 1;
+          held->push_back(page);
+          break;
+        }
+        known[i] = old;  // someone wrote since: try again from what is there
       }
     }
-    locked[i] = expected + 1;
-    held.push_back(page);
+    if (blocked == range.count) return Status();
+    if (Status s = words.release(*held); !s.ok()) return s;
+    held->clear();
+    // Wait, holding nothing, until the page that stopped us is free.
+    for (;;) {
+      if (!wait.again()) return busy(range.first_page + blocked);
+      if (Status s = words.load(range.first_page + blocked, 1, &known[blocked]); !s.ok()) return s;
+      if (version::writable(known[blocked]) ||
+          version::epoch_of(known[blocked]) != version::epoch_of(range.cached[blocked])) {
+        break;
+      }
+    }
+    // What we released moved on by one; reload the rest on the next CAS.
   }
-  Status s = data.write(run.frame_offset, src, run.length);
+}
+
+Status copy_segments(std::span<const CopySegment> segments, bool to_memory) {
+  for (const CopySegment& seg : segments) {
+    Status s = to_memory ? seg.frames->write(seg.frame_offset, seg.buffer, seg.length)
+                         : seg.frames->read(seg.frame_offset, seg.buffer, seg.length);
+    if (!s.ok()) return s;
+  }
+  return Status();
+}
+
+// Reads that writers spoiled this often lock the range instead.
+constexpr int k_optimistic_reads = 8;
+
+}  // namespace
+
+Status seqlocked_write(VersionWords& words, const PageRange& range, std::span<const CopySegment> segments,
+                       std::chrono::milliseconds timeout) {
+  version::SpinWait wait(timeout);
+  std::vector<uint64_t> held;
+  held.reserve(range.count);
+  if (Status s = lock_pages(words, range, wait, &held); !s.ok()) return s;
+  Status s = copy_segments(segments, true);
   if (s.ok()) {
-    for (uint64_t i = 0; i < n; ++i) {
-      const uint64_t from = i == 0 ? run.offset : 0;
-      const uint64_t to = std::min<uint64_t>(run.page_size, run.offset + run.length - i * run.page_size);
-      words.mark_written(run.first_page + i, from, to - from, !data.persistent());
+    for (const CopySegment& seg : segments) {
+      // The pages this segment touched, and which bytes of them.
+      uint64_t at = range.offset + seg.range_offset;
+      const uint64_t end = at + seg.length;
+      while (at < end) {
+        const uint64_t index = at / range.page_size;
+        const uint64_t in_page = at % range.page_size;
+        const uint64_t n = std::min(end - at, range.page_size - in_page);
+        words.mark_written(range.first_page + index, in_page, n, !seg.frames->persistent());
+        at += n;
+      }
     }
   }
-  Status r = give_back();
+  Status r = words.release(held);
   return s.ok() ? r : s;
 }
 
-Status seqlocked_read(VersionWords& words, FrameData& data, const CopyRun& run, void* dst,
+Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<const CopySegment> segments,
                       std::chrono::milliseconds timeout) {
-  const uint64_t n = run_pages(run);
-  WordBuffer before(n), after(n);
+  WordBuffer before(range.count), after(range.count);
   version::SpinWait wait(timeout);
-  for (;;) {
-    Status s = words.load(run.first_page, n, before.data());
+  for (int attempt = 0; attempt < k_optimistic_reads;) {
+    Status s = words.load(range.first_page, range.count, before.data());
     if (!s.ok()) return s;
     uint64_t locked_page = ~uint64_t{0};
-    for (uint64_t i = 0; i < n; ++i) {
-      if (version::epoch_of(before[i]) != version::epoch_of(run.cached[i])) return stale_translation();
-      if (version::is_locked(before[i]) && locked_page == ~uint64_t{0}) locked_page = run.first_page + i;
+    for (uint64_t i = 0; i < range.count; ++i) {
+      if (version::epoch_of(before[i]) != version::epoch_of(range.cached[i])) return stale_translation();
+      if (version::is_locked(before[i]) && locked_page == ~uint64_t{0}) locked_page = range.first_page + i;
     }
     if (locked_page == ~uint64_t{0}) {
-      s = data.read(run.frame_offset, dst, run.length);
+      ++attempt;
+      s = copy_segments(segments, false);
       if (!s.ok()) return s;
       std::atomic_thread_fence(std::memory_order_acquire);
-      s = words.load(run.first_page, n, after.data());
+      s = words.load(range.first_page, range.count, after.data());
       if (!s.ok()) return s;
-      if (std::memcmp(before.data(), after.data(), n * sizeof(uint64_t)) == 0) return Status();
-      locked_page = run.first_page;
+      if (std::memcmp(before.data(), after.data(), range.count * sizeof(uint64_t)) == 0) return Status();
+      locked_page = range.first_page;
     }
     if (!wait.again()) return busy(locked_page);
   }
+  // Writers keep getting in: take the pages like a writer, copy, let go.
+  std::vector<uint64_t> held;
+  held.reserve(range.count);
+  if (Status s = lock_pages(words, range, wait, &held); !s.ok()) return s;
+  Status s = copy_segments(segments, false);
+  Status r = words.release(held);
+  return s.ok() ? r : s;
 }
 
 uint64_t host_atomic(std::byte* word, WordOp op, uint64_t operand, uint64_t compare) {
@@ -138,7 +190,7 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
   version::SpinWait wait(timeout);
   for (;;) {
     if (version::epoch_of(expected) != version::epoch_of(cached)) return stale_translation();
-    if (!version::is_locked(expected)) {
+    if (version::writable(expected)) {
       uint64_t seen = 0;
       Status s = words.compare_swap(page, expected, expected + 1, &seen);
       if (!s.ok()) return s;
@@ -158,46 +210,46 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
 
 Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint64_t offset,
                            std::byte* buffer, size_t length, bool to_memory,
-                           std::chrono::milliseconds timeout, uint64_t max_run) {
+                           std::chrono::milliseconds timeout) {
   if (offset > layout.size || length > layout.size - offset) {
     return Status(ErrorCode::out_of_range, "range of " + std::to_string(length) + " bytes at offset " +
                                                std::to_string(offset) + " runs past the end of an allocation of " +
                                                std::to_string(layout.size) + " bytes");
   }
+  if (length == 0) return Status();
   auto versions = access.versions(layout.home);
   if (!versions.ok()) return versions.status();
+  const uint64_t first_index = offset / layout.page_size;
+  const uint64_t last_index = (offset + length - 1) / layout.page_size;
+  if (last_index >= layout.page_versions.size()) return stale_translation();
+  PageRange range;
+  range.first_page = layout.first_page + first_index;
+  range.count = last_index - first_index + 1;
+  range.cached = layout.page_versions.data() + first_index;
+  range.page_size = layout.page_size;
+  range.offset = offset % layout.page_size;
+
+  std::vector<CopySegment> segments;
+  uint64_t at = offset;
   size_t x = 0;
-  while (length > 0) {
-    while (x < layout.extents.size() &&
-           offset >= layout.extents[x].gva_offset + layout.extents[x].length) {
-      ++x;
-    }
-    if (x == layout.extents.size() || offset < layout.extents[x].gva_offset) return stale_translation();
+  while (at < offset + length) {
+    while (x < layout.extents.size() && at >= layout.extents[x].gva_offset + layout.extents[x].length) ++x;
+    if (x == layout.extents.size() || at < layout.extents[x].gva_offset) return stale_translation();
     const Extent& e = layout.extents[x];
     auto frames = access.frames(e.node, e.tier);
     if (!frames.ok()) return frames.status();
-    const uint64_t in_extent = offset - e.gva_offset;
-    const size_t n = std::min<uint64_t>({length, e.length - in_extent, max_run});
-    const uint64_t page_index = offset / layout.page_size;
-    if (page_index + run_pages({.page_size = layout.page_size, .offset = offset % layout.page_size, .length = n}) >
-        layout.page_versions.size()) {
-      return stale_translation();
-    }
-    CopyRun run;
-    run.first_page = layout.first_page + page_index;
-    run.cached = layout.page_versions.data() + page_index;
-    run.page_size = layout.page_size;
-    run.offset = offset % layout.page_size;
-    run.length = n;
-    run.frame_offset = e.frame_offset + in_extent;
-    Status s = to_memory ? seqlocked_write(**versions, **frames, run, buffer, timeout)
-                         : seqlocked_read(**versions, **frames, run, buffer, timeout);
-    if (!s.ok()) return s;
-    buffer += n;
-    offset += n;
-    length -= n;
+    const uint64_t in_extent = at - e.gva_offset;
+    CopySegment seg;
+    seg.frames = *frames;
+    seg.frame_offset = e.frame_offset + in_extent;
+    seg.range_offset = at - offset;
+    seg.buffer = buffer + seg.range_offset;
+    seg.length = std::min<uint64_t>(offset + length - at, e.length - in_extent);
+    segments.push_back(seg);
+    at += seg.length;
   }
-  return Status();
+  return to_memory ? seqlocked_write(**versions, range, segments, timeout)
+                   : seqlocked_read(**versions, range, segments, timeout);
 }
 
 Status LocalVersionWords::load(uint64_t first, size_t count, uint64_t* out) {

@@ -1,14 +1,18 @@
-// Seqlocked copies of one physically contiguous run of pages, independent of
-// where the version words and the frames are: local memory (atomics and
-// memcpy) or a peer's (one-sided transport operations). The client and the
-// daemon both copy through these, so the protocol exists once.
+// Seqlocked copies of a range of an allocation, independent of where the
+// version words and the frames are: local memory (atomics and memcpy) or a
+// peer's (one-sided transport operations). The client and the daemon both copy
+// through these, so the protocol exists once.
 //
-// Write: lock every page of the run in ascending page order (CAS even v ->
-//   v+1, only while the page's epoch is the cached one), copy, make the data
-//   durable/visible (FrameData::write returns only then), unlock (v+2). The
-//   write is acknowledged when the unlock is done.
-// Read: load the words (retry while any is locked), copy, load again; accept
-//   when nothing changed.
+// Write: lock every page of the range in ascending page order (CAS even v ->
+//   v+1, only while the page's epoch is the cached one and no exclusive lock
+//   is pending), copy every segment, make the data durable and visible
+//   (FrameData::write returns only then), unlock (v+2). The write is
+//   acknowledged when the unlock is done.
+// Read: load the words of the range (retry while any is locked), copy every
+//   segment, load again; accept when nothing changed. The whole range is one
+//   snapshot, also when its pages live on different nodes. After a few
+//   attempts that writers keep spoiling, the reader locks the pages like a
+//   writer (so a busy range cannot starve it).
 // A word of another epoch than the cached one means the translation is stale
 // (migration, free): both return `stale` and the caller refreshes.
 #pragma once
@@ -58,16 +62,15 @@ class FrameData {
   virtual bool persistent() const = 0;
 };
 
-struct CopyRun {
-  uint64_t first_page = 0;           // version word index of the run's first page
-  const uint64_t* cached = nullptr;  // cached version word of each page of the run
+// The pages a copy touches: version words [first_page, first_page + count),
+// their cached values, and where the copy starts in the first.
+struct PageRange {
+  uint64_t first_page = 0;
+  uint64_t count = 0;
+  const uint64_t* cached = nullptr;
   uint64_t page_size = 0;
-  uint64_t offset = 0;               // byte offset of the copy in the run's first page
-  size_t length = 0;                 // bytes; the run spans ceil((offset+length)/page_size) pages
-  uint64_t frame_offset = 0;         // where byte `offset` of the first page is in the tier
+  uint64_t offset = 0;  // of the copy's first byte in the first page
 };
-
-inline uint64_t run_pages(const CopyRun& r) { return (r.offset + r.length + r.page_size - 1) / r.page_size; }
 
 // A CPU atomic on a word of memory mapped into this process (also what UCX's
 // emulated atomics do at the target, so the two are atomic with each other).
@@ -77,11 +80,20 @@ uint64_t host_atomic(std::byte* word, WordOp op, uint64_t operand, uint64_t comp
 Status stale_translation();
 bool is_stale(const Status& s);
 
+// One physically contiguous piece of a copy.
+struct CopySegment {
+  FrameData* frames = nullptr;
+  uint64_t frame_offset = 0;
+  uint64_t range_offset = 0;  // from the copy's first byte
+  std::byte* buffer = nullptr;
+  size_t length = 0;
+};
+
 // Errors: stale (refresh the translation), busy (a page stayed locked past
 // `timeout`), and whatever the words or frames return.
-Status seqlocked_write(VersionWords& words, FrameData& data, const CopyRun& run, const void* src,
+Status seqlocked_write(VersionWords& words, const PageRange& pages, std::span<const CopySegment> segments,
                        std::chrono::milliseconds timeout);
-Status seqlocked_read(VersionWords& words, FrameData& data, const CopyRun& run, void* dst,
+Status seqlocked_read(VersionWords& words, const PageRange& pages, std::span<const CopySegment> segments,
                       std::chrono::milliseconds timeout);
 // An atomic on one data word of the page whose version word is `page`
 // (cached value `cached`). A coherent page is never migrated, so the atomic
@@ -160,11 +172,11 @@ class MemoryAccess {
   virtual Result<FrameData*> frames(NodeId node, Tier tier) = 0;
 };
 
-// Copies [offset, offset+length) of an allocation, run by run (a run is the
-// part of one extent the range covers, at most `max_run` bytes). Errors as
-// seqlocked_write/read; out_of_range for a range outside the allocation.
+// Copies [offset, offset+length) of an allocation as one seqlocked range (one
+// segment per extent it covers). Errors as seqlocked_write/read; out_of_range
+// for a range outside the allocation.
 Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint64_t offset,
                            std::byte* buffer, size_t length, bool to_memory,
-                           std::chrono::milliseconds timeout, uint64_t max_run = 64 << 20);
+                           std::chrono::milliseconds timeout);
 
 }  // namespace tiermem

@@ -1,8 +1,11 @@
 // Page version words (M4) and the seqlock discipline that guards page data.
 //
-// Each page has one 64-bit word:  [ epoch : 16 | sequence : 48 ]
+// Each page has one 64-bit word:  [ epoch : 16 | pending : 1 | sequence : 47 ]
 //   sequence even  - the page is stable;
 //   sequence odd   - a writer (or migration, or free) is changing it;
+//   pending        - the daemon wants the page exclusively (migration, free):
+//                    writers do not take it any more, so it gets it as soon
+//                    as the current writer is done (no starvation);
 //   epoch          - bumped whenever the page's translation changes (alloc,
 //                    free, migration), so a client that cached the
 //                    translation with another epoch knows it is stale.
@@ -23,8 +26,11 @@ namespace tiermem::version {
 
 inline constexpr unsigned k_epoch_shift = 48;
 inline constexpr uint64_t k_sequence_mask = (uint64_t{1} << k_epoch_shift) - 1;
+inline constexpr uint64_t k_exclusive_pending = uint64_t{1} << 47;
 
 inline bool is_locked(uint64_t v) { return (v & 1) != 0; }
+// A writer may take the page: not locked, and nobody waits for it exclusively.
+inline bool writable(uint64_t v) { return (v & (1 | k_exclusive_pending)) == 0; }
 inline uint16_t epoch_of(uint64_t v) { return static_cast<uint16_t>(v >> k_epoch_shift); }
 inline uint64_t sequence_of(uint64_t v) { return v & k_sequence_mask; }
 // A stable word of the next epoch: what a translation change leaves behind.
@@ -58,7 +64,7 @@ inline bool read_validate(uint64_t& word, uint64_t start) {
 // Tries to lock a stable word whose current value is `expected`. On failure
 // *expected receives the value seen.
 inline bool try_lock(uint64_t& word, uint64_t* expected) {
-  if (is_locked(*expected)) return false;
+  if (!writable(*expected)) return false;
   return WordRef(word).compare_exchange_strong(*expected, *expected + 1,
                                                std::memory_order_acquire,
                                                std::memory_order_relaxed);
@@ -128,6 +134,32 @@ inline bool lock_for(uint64_t& word, std::chrono::nanoseconds timeout, uint64_t*
     if (!wait.again()) return false;
     v = WordRef(word).load(std::memory_order_relaxed);
   }
+}
+
+// The daemon's exclusive lock (migration, free): announces itself so new
+// writers hold off, then takes the lock when the current writer releases it.
+// On timeout withdraws the announcement and returns false.
+inline bool lock_exclusive_for(uint64_t& word, std::chrono::nanoseconds timeout, uint64_t* locked) {
+  WordRef(word).fetch_or(k_exclusive_pending, std::memory_order_acq_rel);
+  SpinWait wait(timeout);
+  uint64_t v = WordRef(word).load(std::memory_order_relaxed);
+  for (;;) {
+    if (!is_locked(v) &&
+        WordRef(word).compare_exchange_strong(v, v + 1, std::memory_order_acquire, std::memory_order_relaxed)) {
+      *locked = v + 1;
+      return true;
+    }
+    if (!wait.again()) {
+      WordRef(word).fetch_and(~k_exclusive_pending, std::memory_order_acq_rel);
+      return false;
+    }
+    v = WordRef(word).load(std::memory_order_relaxed);
+  }
+}
+
+// Releases an exclusive lock without a translation change.
+inline void unlock_exclusive(uint64_t& word, uint64_t locked) {
+  WordRef(word).store((locked + 1) & ~k_exclusive_pending, std::memory_order_release);
 }
 
 inline uint64_t load(uint64_t& word) { return WordRef(word).load(std::memory_order_acquire); }

@@ -13,11 +13,28 @@
 #include <thread>
 
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 #include "transport/transport.hpp"
 
 namespace tiermem {
 namespace {
+
+// Set while connecting with peer failure detection on trial: UCX logs the
+// refusal of transports that cannot detect failures as an error, but here it
+// is an expected answer.
+thread_local bool t_probing_error_mode = false;
+
+// UCX logs to stdout by default, which would mix with a program's output (the
+// bytes `tiermemctl read` prints, say). Its messages go to stderr instead.
+ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*, ucs_log_level_t level,
+                                const ucs_log_component_config_t*, const char* message, va_list ap) {
+  if (t_probing_error_mode) return UCS_LOG_FUNC_RC_STOP;
+  char text[1024];
+  std::vsnprintf(text, sizeof text, message, ap);
+  std::fprintf(stderr, "UCX %s %s:%u: %s\n", ucs_log_level_names[level], file, line, text);
+  return UCS_LOG_FUNC_RC_STOP;
+}
 
 Status ucx_error(const std::string& what, ucs_status_t status) {
   return Status(ErrorCode::transport_error, what + ": " + ucs_status_string(status));
@@ -110,8 +127,9 @@ class UcxTransport final : public Transport {
     if (std::getenv("UCX_ATOMIC_MODE") == nullptr) (void)ucp_config_modify(config, "ATOMIC_MODE", "cpu");
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AMO32;
-    if (options.progress_thread) params.features |= UCP_FEATURE_WAKEUP;
+    // Wakeup for everyone: the daemon's progress thread sleeps on the event
+    // fd, and a waiting client stops spinning after a while (see wait()).
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AMO32 | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;
     st = ucp_init(&params, config, &m_context);
     ucp_config_release(config);
@@ -127,12 +145,11 @@ class UcxTransport final : public Transport {
     if (st != UCS_OK) return ucx_error("ucp_worker_get_address", st);
     m_address.assign(reinterpret_cast<const char*>(address), length);
     ucp_worker_release_address(m_worker, address);
+    st = ucp_worker_get_efd(m_worker, &m_efd);
+    if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
     if (options.progress_thread) {
-      int efd = -1;
-      st = ucp_worker_get_efd(m_worker, &efd);
-      if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
       m_wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-      m_progress = std::thread([this, efd] { progress_loop(efd); });
+      m_progress = std::thread([this] { progress_loop(m_efd); });
     }
     return Status();
   }
@@ -174,7 +191,11 @@ class UcxTransport final : public Transport {
     p.err_handler.cb = &UcxEndpoint::on_error;
     p.err_handler.arg = ep.get();
     ucs_status_t st = UCS_ERR_UNREACHABLE;
-    if (m_peer_errors.load()) st = ucp_ep_create(m_worker, &p, &ep->m_ep);
+    if (m_peer_errors.load()) {
+      t_probing_error_mode = true;
+      st = ucp_ep_create(m_worker, &p, &ep->m_ep);
+      t_probing_error_mode = false;
+    }
     if (st == UCS_ERR_UNREACHABLE) {
       // UCX 1.13's shared-memory transports cannot report peer failures, and
       // refuse endpoints that ask for it. Connect without: a dead peer then
@@ -249,7 +270,7 @@ class UcxTransport final : public Transport {
     auto& b = static_cast<UcxBatch&>(batch);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     Status result;
-    unsigned spins = 0;
+    unsigned idle = 0;
     while (!b.m_requests.empty()) {
       auto& back = b.m_requests.back();
       const ucs_status_t st = ucp_request_check_status(back.request);
@@ -259,11 +280,22 @@ class UcxTransport final : public Transport {
         b.m_requests.pop_back();
         continue;
       }
-      if (ucp_worker_progress(m_worker) == 0 && (++spins & 1023) == 0 &&
-          std::chrono::steady_clock::now() > deadline) {
+      if (ucp_worker_progress(m_worker) != 0) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < k_spins_before_sleep) continue;
+      idle = 0;
+      if (std::chrono::steady_clock::now() > deadline) {
         abandon(b);
         return Status(ErrorCode::timeout, "remote operations did not complete within " +
                                               std::to_string(timeout.count()) + " ms");
+      }
+      // Nothing moved for a while: sleep until the fabric has news instead of
+      // burning a core the peer (or its daemon) may need.
+      if (ucp_worker_arm(m_worker) == UCS_OK) {
+        pollfd p{m_efd, POLLIN, 0};
+        (void)::poll(&p, 1, 1);
       }
     }
     b.m_operands.clear();
@@ -387,6 +419,10 @@ class UcxTransport final : public Transport {
   std::atomic<bool> m_stop{false};
   std::atomic<bool> m_peer_errors{true};  // endpoints with peer failure detection
   int m_wake_fd = -1;
+  int m_efd = -1;  // the worker's event fd
+  // Empty progress calls before wait() sleeps on the event fd: a few
+  // microseconds, so round trips on a fast fabric never sleep.
+  static constexpr unsigned k_spins_before_sleep = 256;
 };
 
 UcxEndpoint::~UcxEndpoint() {
@@ -400,6 +436,8 @@ std::string UcxEndpoint::transports() const {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options) {
+  static std::once_flag log_once;
+  std::call_once(log_once, [] { ucs_log_push_handler(&log_to_stderr); });
   auto t = std::make_unique<UcxTransport>();
   Status s = t->init(options);
   if (!s.ok()) return s;

@@ -1,6 +1,9 @@
 #include "tests/support/test_daemon.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -33,19 +36,33 @@ std::string read_file(const std::string& path) {
 std::string tiermemd_path() { return env_or("TIERMEMD", "tiermemd"); }
 std::string tiermemctl_path() { return env_or("TIERMEMCTL", "tiermemctl"); }
 
-std::string make_temp_dir(const std::string& prefix) {
-  std::string templ = env_or("TMPDIR", "/tmp") + "/" + prefix + "-XXXXXX";
+std::string make_temp_dir_in(const std::string& parent, const std::string& prefix) {
+  std::string templ = parent + "/" + prefix + "-XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr) return {};
   return templ;
 }
 
-TestDaemon::TestDaemon(const DaemonOptions& o) {
-  m_dir = make_temp_dir("tiermem-test");
+std::string make_temp_dir(const std::string& prefix) { return make_temp_dir_in(env_or("TMPDIR", "/tmp"), prefix); }
+
+TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
+  m_own_dir = o.dir.empty();
+  m_dir = m_own_dir ? make_temp_dir("tiermem-test") : o.dir;
+  std::filesystem::create_directories(m_dir);
   m_socket = m_dir + "/tiermemd.sock";
   m_log = m_dir + "/tiermemd.log";
-  const std::string config = m_dir + "/tiermemd.toml";
+  m_config = m_dir + "/tiermemd.toml";
+  // PMEM pools go to /dev/shm where it exists: persisting there is a memory
+  // copy, on the test machine's disk it is an msync of milliseconds.
+  m_pmem_path = m_dir + "/pmem.pool";
+  if (std::filesystem::is_directory("/dev/shm")) {
+    const std::string shm = make_temp_dir_in("/dev/shm", "tiermem-pmem");
+    if (!shm.empty()) {
+      m_pmem_dir = shm;
+      m_pmem_path = shm + "/pmem.pool";
+    }
+  }
   {
-    std::ofstream out(config);
+    std::ofstream out(m_config);
     out << "[node]\nid = " << o.node_id << "\n"
         << "[control]\nsocket = \"" << m_socket << "\"\nmax_frame_bytes = \"" << o.max_frame
         << "\"\nmax_inline_bytes = \"" << o.max_inline << "\"\n"
@@ -53,34 +70,63 @@ TestDaemon::TestDaemon(const DaemonOptions& o) {
         << "[tiers.vram]\nenabled = " << (o.vram ? "true" : "false") << "\nrequired = "
         << (o.vram ? "true" : "false") << "\ncapacity = \"" << o.vram_capacity << "\"\n"
         << "[tiers.dram]\ncapacity = \"" << o.dram << "\"\n"
-        << "[tiers.pmem]\npath = \"" << m_dir << "/pmem.pool\"\ncapacity = \"" << o.pmem << "\"\n"
-        << "[log]\nlevel = \"debug\"\n"
-        << o.extra_toml;
+        << "[tiers.pmem]\npath = \"" << m_pmem_path << "\"\ncapacity = \"" << o.pmem << "\"\n"
+        << "[log]\nlevel = \"debug\"\n";
+    if (!o.cluster_file.empty()) {
+      out << "[cluster]\nfile = \"" << o.cluster_file
+          << "\"\nreconnect_interval_ms = 200\nheartbeat_interval_ms = 300\npeer_timeout_ms = 3000\n";
+    }
+    if (!o.tls.empty()) out << "[transport]\ntls = \"" << o.tls << "\"\n";
+    out << o.extra_toml;
   }
+  m_ready = start();
+}
+
+bool TestDaemon::start() {
   m_pid = ::fork();
   if (m_pid == 0) {
-    const int fd = ::open(m_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int fd = ::open(m_log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    const std::string bin = tiermemd_path();
-    ::execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), static_cast<char*>(nullptr));
-    std::fprintf(stderr, "exec %s: %s\n", bin.c_str(), std::strerror(errno));
+    std::vector<std::string> argv = m_options.wrapper;
+    argv.push_back(tiermemd_path());
+    argv.push_back("--config");
+    argv.push_back(m_config);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline && alive()) {
-    if (std::filesystem::exists(m_socket) && connect("probe") != nullptr) {
-      m_ready = true;
-      break;
-    }
+    if (std::filesystem::exists(m_socket) && connect("probe") != nullptr) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  return false;
+}
+
+void TestDaemon::kill() {
+  if (m_pid <= 0) return;
+  ::kill(m_pid, SIGKILL);
+  int status = 0;
+  ::waitpid(m_pid, &status, 0);
+  m_pid = -1;
+  m_ready = false;
+}
+
+bool TestDaemon::restart() {
+  if (m_pid > 0) stop();
+  m_ready = start();
+  return m_ready;
 }
 
 TestDaemon::~TestDaemon() {
   stop();
   std::error_code ec;
-  std::filesystem::remove_all(m_dir, ec);
+  if (m_own_dir) std::filesystem::remove_all(m_dir, ec);
+  if (!m_pmem_dir.empty()) std::filesystem::remove_all(m_pmem_dir, ec);
 }
 
 bool TestDaemon::alive() {
@@ -115,6 +161,77 @@ int TestDaemon::stop() {
   ::waitpid(m_pid, &status, 0);
   m_pid = -1;
   return -1;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TestCluster::TestCluster(int nodes, const DaemonOptions& base) {
+  m_dir = make_temp_dir("tiermem-cluster");
+  const std::string file = m_dir + "/cluster.toml";
+  {
+    std::ofstream out(file);
+    for (int id = 1; id <= nodes; ++id) {
+      out << "[[node]]\nid = " << id << "\ncontrol = \"127.0.0.1:" << free_port() << "\"\n";
+    }
+  }
+  for (int id = 1; id <= nodes; ++id) {
+    DaemonOptions o = base;
+    o.node_id = id;
+    o.cluster_file = file;
+    o.dir = m_dir + "/node" + std::to_string(id);
+    m_daemons.push_back(std::make_unique<TestDaemon>(o));
+  }
+}
+
+TestCluster::~TestCluster() {
+  m_daemons.clear();
+  std::error_code ec;
+  std::filesystem::remove_all(m_dir, ec);
+}
+
+bool TestCluster::ready() const {
+  for (const auto& d : m_daemons) {
+    if (!d->ready()) return false;
+  }
+  return true;
+}
+
+bool TestCluster::wait_connected(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (const auto& d : m_daemons) {
+      auto c = d->connect("wait");
+      auto nodes = c ? c->nodes() : Result<std::vector<NodeInfo>>(Status(ErrorCode::connection_failed, "down"));
+      if (!nodes.ok() || nodes->size() != m_daemons.size()) {
+        all = false;
+        break;
+      }
+      for (const auto& n : *nodes) all = all && (n.state == NodeState::self || n.state == NodeState::connected);
+      if (!all) break;
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string TestCluster::logs() const {
+  std::string out;
+  for (size_t i = 0; i < m_daemons.size(); ++i) {
+    out += "--- node " + std::to_string(i + 1) + " ---\n" + m_daemons[i]->log();
+  }
+  return out;
 }
 
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input) {

@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,11 @@ struct DaemonOptions {
   bool vram = false;
   std::string vram_capacity = "256MiB";
   std::string extra_toml;  // appended verbatim
+  std::string cluster_file;  // [cluster] file; empty: alone
+  std::string tls;           // [transport] tls
+  std::string dir;           // working directory; empty: a new temporary one
+  // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).
+  std::vector<std::string> wrapper;
 };
 
 class TestDaemon {
@@ -45,8 +52,19 @@ class TestDaemon {
   std::unique_ptr<Client> connect(const std::string& name = "test") const;
   // Sends SIGTERM and waits; returns the exit status (or -1).
   int stop();
+  // SIGKILL, no clean-up by the daemon.
+  void kill();
+  // Starts the same daemon again (same config, socket and pool).
+  bool restart();
 
  private:
+  bool start();
+
+  DaemonOptions m_options;
+  std::string m_config;
+  bool m_own_dir = true;
+  std::string m_pmem_path;
+  std::string m_pmem_dir;  // on /dev/shm, removed with the daemon
   std::string m_dir;
   std::string m_socket;
   std::string m_log;
@@ -66,9 +84,32 @@ CommandResult run_command(const std::vector<std::string>& argv, const std::strin
 CommandResult run_ctl(const std::string& socket, const std::vector<std::string>& args,
                       const std::string& input = "");
 
+// A few daemons forming one cluster on this machine (loopback TCP).
+class TestCluster {
+ public:
+  // `nodes` daemons with ids 1..nodes; `base` options apply to each.
+  TestCluster(int nodes, const DaemonOptions& base = {});
+  ~TestCluster();
+  bool ready() const;
+  // Waits until every daemon sees every other as connected.
+  bool wait_connected(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+  TestDaemon& node(int id) { return *m_daemons.at(static_cast<size_t>(id - 1)); }
+  size_t size() const { return m_daemons.size(); }
+  const std::string& dir() const { return m_dir; }
+  std::string logs() const;
+
+ private:
+  std::string m_dir;
+  std::vector<std::unique_ptr<TestDaemon>> m_daemons;
+};
+
+// A TCP port nobody listens on right now.
+int free_port();
+
 std::string tiermemd_path();
 std::string tiermemctl_path();
 // A fresh directory under $TMPDIR (or /tmp), removed by the caller if wanted.
 std::string make_temp_dir(const std::string& prefix);
+std::string make_temp_dir_in(const std::string& parent, const std::string& prefix);
 
 }  // namespace tiermem::test

@@ -1,0 +1,209 @@
+// Three real daemons on this machine form one address space. Run with UCX over
+// TCP and over shared memory: cross-node alloc, one-sided reads and writes,
+// atomics, exact sums of concurrent fetch-adds from several processes, and a
+// peer that is killed and restarted.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+test::DaemonOptions options(const std::string& tls) {
+  test::DaemonOptions o;
+  o.tls = tls;
+  o.page_size = "64KiB";
+  o.dram = "32MiB";
+  o.pmem = "16MiB";
+  return o;
+}
+
+class ClusterTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ::setenv("UCX_TLS", GetParam().c_str(), 1);  // the clients' data plane, like the daemons'
+    m_cluster = std::make_unique<test::TestCluster>(3, options(GetParam()));
+    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
+    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+    m_cluster.reset();
+    ::unsetenv("UCX_TLS");
+  }
+  std::unique_ptr<test::TestCluster> m_cluster;
+};
+
+TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
+  auto client = m_cluster->node(1).connect("cross-node");
+  ASSERT_NE(client, nullptr);
+  for (NodeId home : {NodeId{2}, NodeId{3}}) {
+    auto a = client->alloc(300 << 10, {.tier = Tier::dram, .node = home});
+    ASSERT_TRUE(a.ok()) << a.status().to_string();
+    EXPECT_EQ(a->gva.node, home);
+    const auto data = pattern(300 << 10, home);
+    ASSERT_TRUE(client->write(a->gva, data.data(), data.size()).ok());
+    std::vector<unsigned char> back(data.size());
+    ASSERT_TRUE(client->read(a->gva, back.data(), back.size()).ok());
+    EXPECT_EQ(back, data);
+    // A client of the home node sees the same bytes through its own path.
+    auto local = m_cluster->node(home).connect("home");
+    std::vector<unsigned char> there(data.size());
+    ASSERT_TRUE(local->read(a->gva, there.data(), there.size()).ok());
+    EXPECT_EQ(there, data);
+    auto t = client->translate(a->gva.plus(70 << 10));
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->page.node, home);
+    EXPECT_EQ(t->page.tier, Tier::dram);
+  }
+  for (bool coherent : {true, false}) {
+    auto counter = client->alloc(4096, {.tier = Tier::dram, .node = 2, .coherent = coherent});
+    ASSERT_TRUE(counter.ok());
+    auto old = client->fetch_add(counter->gva.plus(8), 5);
+    ASSERT_TRUE(old.ok()) << old.status().to_string();
+    EXPECT_EQ(*old, 0u);
+    EXPECT_EQ(*client->fetch_add(counter->gva.plus(8), 7), 5u);
+    auto swapped = client->compare_swap(counter->gva.plus(8), 12, 100);
+    ASSERT_TRUE(swapped.ok());
+    EXPECT_EQ(*swapped, 12u);
+    auto refused = client->compare_swap(counter->gva.plus(8), 12, 200);
+    EXPECT_EQ(*refused, 100u) << "the word is 100 now: no swap";
+    uint64_t word = 0;
+    ASSERT_TRUE(client->read(counter->gva.plus(8), &word, 8).ok());
+    EXPECT_EQ(word, 100u);
+    EXPECT_EQ(client->fetch_add(counter->gva.plus(4), 1).status().code(), ErrorCode::invalid_argument);
+  }
+  auto nodes = client->nodes();
+  ASSERT_TRUE(nodes.ok());
+  ASSERT_EQ(nodes->size(), 3u);
+  EXPECT_EQ((*nodes)[0].state, NodeState::self);
+  for (size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ((*nodes)[i].state, NodeState::connected);
+    EXPECT_FALSE((*nodes)[i].transports.empty());
+  }
+}
+
+TEST_P(ClusterTest, CliWorksAcrossNodes) {
+  const std::string sock = m_cluster->node(3).socket();
+  auto alloc = test::run_ctl(sock, {"--node", "1", "alloc", "100KiB", "--tier", "pmem"});
+  ASSERT_EQ(alloc.exit_code, 0) << alloc.err;
+  std::string gva = alloc.out.substr(0, alloc.out.find('\n'));
+  EXPECT_EQ(gva.substr(0, 5), "0001:");
+  ASSERT_EQ(test::run_ctl(sock, {"write", gva, "-"}, "over the wire").exit_code, 0);
+  auto read = test::run_ctl(m_cluster->node(2).socket(), {"read", gva, "13"});
+  EXPECT_EQ(read.out, "over the wire") << read.err;
+  auto nodes = nlohmann::json::parse(test::run_ctl(sock, {"--json", "nodes"}).out);
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[0]["node"], 3);
+  EXPECT_EQ(nodes[0]["state"], "self");
+  EXPECT_EQ(nodes[1]["state"], "connected");
+  auto migrate = test::run_ctl(sock, {"migrate", gva, "--tier", "dram", "--to-node", "2"});
+  ASSERT_EQ(migrate.exit_code, 0) << migrate.err;
+  auto t = nlohmann::json::parse(test::run_ctl(sock, {"--json", "translate", gva}).out);
+  EXPECT_EQ(t["page"]["node"], 2);
+  EXPECT_EQ(t["page"]["tier"], "dram");
+  EXPECT_EQ(test::run_ctl(sock, {"read", gva, "13"}).out, "over the wire");
+  auto ls = nlohmann::json::parse(test::run_ctl(sock, {"--json", "--node", "1", "ls"}).out);
+  ASSERT_EQ(ls.size(), 1u);
+  auto bad = test::run_ctl(sock, {"--node", "9", "status"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("node 9 is not in the cluster"), std::string::npos) << bad.err;
+}
+
+// Several processes, on several nodes, add to the same words at once.
+TEST_P(ClusterTest, ConcurrentFetchAddsFromSeveralProcessesSumExactly) {
+  auto owner = m_cluster->node(2).connect("owner");
+  auto coherent = owner->alloc(4096, {.tier = Tier::dram, .coherent = true});
+  auto locked = owner->alloc(4096, {.tier = Tier::dram});
+  ASSERT_TRUE(coherent.ok() && locked.ok());
+  constexpr int k_processes = 4;
+  constexpr int k_adds = 300;
+  std::vector<pid_t> children;
+  for (int p = 0; p < k_processes; ++p) {
+    const int node = 1 + p % 3;  // clients on every node, the home one included
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      auto c = m_cluster->node(node).connect("adder");
+      if (!c) ::_exit(2);
+      for (int i = 0; i < k_adds; ++i) {
+        if (!c->fetch_add(coherent->gva, 1).ok()) ::_exit(3);
+        if (!c->fetch_add(locked->gva.plus(64), 3).ok()) ::_exit(4);
+      }
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "adder exited with " << status;
+  }
+  uint64_t a = 0, b = 0;
+  ASSERT_TRUE(owner->read(coherent->gva, &a, 8).ok());
+  ASSERT_TRUE(owner->read(locked->gva.plus(64), &b, 8).ok());
+  EXPECT_EQ(a, uint64_t{k_processes} * k_adds);
+  EXPECT_EQ(b, uint64_t{k_processes} * k_adds * 3);
+}
+
+TEST_P(ClusterTest, KilledPeerIsSeenDownAndRejoinsAfterRestart) {
+  auto client = m_cluster->node(1).connect("watcher");
+  auto old = client->alloc(4096, {.node = 3});
+  ASSERT_TRUE(old.ok());
+  const uint64_t before = (*client->nodes())[2].incarnation;
+  m_cluster->node(3).kill();
+  bool down = false;
+  for (int i = 0; i < 100 && !down; ++i) {
+    down = (*client->nodes())[2].state != NodeState::connected;
+    if (!down) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(down) << "node 1 never noticed that node 3 died";
+  auto failed = client->alloc(4096, {.node = 3});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), ErrorCode::connection_failed);
+  EXPECT_NE(failed.status().message().find("node 3"), std::string::npos) << failed.status().message();
+  // The others keep serving each other meanwhile.
+  auto on2 = client->alloc(4096, {.node = 2});
+  ASSERT_TRUE(on2.ok()) << on2.status().to_string();
+  ASSERT_TRUE(client->write(on2->gva, "still here", 10).ok());
+
+  ASSERT_TRUE(m_cluster->node(3).restart()) << m_cluster->node(3).log();
+  ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+  auto nodes = client->nodes();
+  EXPECT_NE((*nodes)[2].incarnation, before) << "a restart is a new incarnation";
+  auto again = client->alloc(4096, {.node = 3});
+  ASSERT_TRUE(again.ok()) << again.status().to_string();
+  ASSERT_TRUE(client->write(again->gva, "back", 4).ok());
+  char back[4];
+  ASSERT_TRUE(client->read(again->gva, back, 4).ok());
+  EXPECT_EQ(std::string(back, 4), "back");
+  // Memory of the old incarnation is gone, and said to be.
+  char byte;
+  Status s = client->read(old->gva, &byte, 1);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(s.code() == ErrorCode::not_allocated || s.code() == ErrorCode::stale_generation) << s.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("tcp", "sm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tiermem

@@ -1,0 +1,164 @@
+// Migration under load (M7): pages of one allocation move between tiers and
+// nodes while writers and readers on every node keep going. Every read must be
+// whole (never torn), never go back in time, and at the end every
+// acknowledged write must be there.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int k_writers = 3;
+constexpr size_t k_size = 256 << 10;          // four 64 KiB pages
+// Word-aligned slices that straddle page boundaries.
+constexpr size_t k_slice = (k_size / k_writers) & ~size_t{7};
+constexpr size_t k_words = k_slice / 8;
+
+uint64_t word_of(int writer, uint64_t counter) { return (uint64_t(writer + 1) << 56) | counter; }
+
+class MigrationTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ::setenv("UCX_TLS", GetParam().c_str(), 1);
+    test::DaemonOptions o;
+    o.tls = GetParam();
+    o.page_size = "64KiB";
+    o.dram = "16MiB";
+    o.pmem = "16MiB";
+    m_cluster = std::make_unique<test::TestCluster>(3, o);
+    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
+    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+    m_cluster.reset();
+    ::unsetenv("UCX_TLS");
+  }
+  std::unique_ptr<test::TestCluster> m_cluster;
+};
+
+TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
+  auto owner = m_cluster->node(1).connect("owner");
+  auto a = owner->alloc(k_size, {.tier = Tier::dram});
+  ASSERT_TRUE(a.ok());
+  const Gva base = a->gva;
+
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> acked[k_writers] = {};
+  std::atomic<uint64_t> issued[k_writers] = {};
+  std::atomic<int> write_errors{0}, torn{0}, backwards{0}, read_errors{0}, reads{0};
+  std::string first_error;
+  std::mutex error_mutex;
+  auto note_error = [&](const Status& s) {
+    std::lock_guard lock(error_mutex);
+    if (first_error.empty()) first_error = s.to_string();
+  };
+
+  std::vector<std::thread> threads;
+  for (int w = 0; w < k_writers; ++w) {
+    threads.emplace_back([&, w] {
+      auto c = m_cluster->node(1 + w).connect("writer");  // one writer per node
+      std::vector<uint64_t> words(k_words);
+      for (uint64_t n = 1; !stop.load(); ++n) {
+        std::fill(words.begin(), words.end(), word_of(w, n));
+        issued[w].store(n);
+        Status s = c->write(base.plus(w * k_slice), words.data(), k_slice);
+        if (!s.ok()) {
+          ++write_errors;
+          note_error(s);
+          return;
+        }
+        acked[w].store(n);
+      }
+    });
+  }
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = m_cluster->node(r == 0 ? 2 : 3).connect("reader");
+      std::vector<uint64_t> all(k_size / 8);
+      uint64_t seen[k_writers] = {};
+      while (!stop.load()) {
+        Status s = c->read(base, all.data(), k_size);
+        if (!s.ok()) {
+          ++read_errors;
+          note_error(s);
+          return;
+        }
+        ++reads;
+        for (int w = 0; w < k_writers; ++w) {
+          const uint64_t* slice = all.data() + w * k_words;
+          const uint64_t first = slice[0];
+          for (size_t i = 1; i < k_words; ++i) {
+            if (slice[i] != first) {
+              ++torn;
+              break;
+            }
+          }
+          if (first == 0) continue;  // not written yet
+          const uint64_t counter = first & ((uint64_t{1} << 56) - 1);
+          if ((first >> 56) != uint64_t(w + 1) || counter > issued[w].load()) ++torn;
+          if (counter < seen[w]) ++backwards;
+          seen[w] = counter;
+        }
+      }
+    });
+  }
+  struct Target {
+    Tier tier;
+    NodeId node;
+  };
+  const Target targets[] = {{Tier::pmem, 1}, {Tier::dram, 2}, {Tier::pmem, 3}, {Tier::dram, 1},
+                            {Tier::dram, 3}, {Tier::pmem, 2}};
+  int migrations = 0;
+  const auto until = std::chrono::steady_clock::now() + 4s;
+  auto mover = m_cluster->node(2).connect("migrator");
+  for (size_t i = 0; std::chrono::steady_clock::now() < until || migrations < 6; ++i) {
+    const Target& t = targets[i % std::size(targets)];
+    auto m = mover->migrate(base, t.tier, t.node);
+    EXPECT_TRUE(m.ok()) << "migration " << i << " to " << tier_name(t.tier) << " on node " << t.node << ": "
+                        << m.status().to_string();
+    auto tr = mover->translate(base);
+    if (!m.ok() || !tr.ok()) break;
+    for (const Extent& x : tr->extents) {
+      EXPECT_EQ(x.node, t.node);
+      EXPECT_EQ(x.tier, t.tier);
+    }
+    ++migrations;
+    if (migrations > 60) break;
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(write_errors.load(), 0) << first_error;
+  EXPECT_EQ(read_errors.load(), 0) << first_error;
+  EXPECT_EQ(torn.load(), 0) << "a read returned a torn or impossible slice";
+  EXPECT_EQ(backwards.load(), 0) << "a read went back in time";
+  EXPECT_GT(reads.load(), 10);
+  EXPECT_GE(migrations, 6);
+  std::vector<uint64_t> final(k_size / 8);
+  ASSERT_TRUE(owner->read(base, final.data(), k_size).ok());
+  for (int w = 0; w < k_writers; ++w) {
+    EXPECT_GT(acked[w].load(), 0u) << "writer " << w << " never got a write acknowledged";
+    for (size_t i = 0; i < k_words; ++i) {
+      ASSERT_EQ(final[w * k_words + i], word_of(w, acked[w].load()))
+          << "writer " << w << " word " << i << ": the last acknowledged write is not there";
+    }
+  }
+  std::printf("%d migrations, %d full reads, writes acknowledged: %llu %llu %llu\n", migrations, reads.load(),
+              static_cast<unsigned long long>(acked[0].load()), static_cast<unsigned long long>(acked[1].load()),
+              static_cast<unsigned long long>(acked[2].load()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, MigrationTest, ::testing::Values("tcp", "sm"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tiermem
