@@ -206,6 +206,7 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("cluster.heartbeat_interval_ms", &c.heartbeat_interval_ms, 10, 600000);
   r.integer("cluster.peer_timeout_ms", &c.peer_timeout_ms, 10, 600000);
   r.string("transport.tls", &c.transport_tls);
+  r.string("transport.devices", &c.transport_devices);
   r.integer("transport.timeout_ms", &c.transport_timeout_ms, 10, 3600000);
 }
 

@@ -47,6 +47,7 @@ struct DaemonConfig {
   uint64_t peer_timeout_ms = 5000;      // one peer request (and the heartbeat) may take this long
 
   std::string transport_tls;            // UCX transports (UCX_TLS syntax); empty: UCX's choice
+  std::string transport_devices;        // UCX network devices (UCX_NET_DEVICES syntax); empty: all
   uint64_t transport_timeout_ms = 10000;  // one-sided operations of migrations and remote copies
 };
 

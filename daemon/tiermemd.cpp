@@ -82,7 +82,8 @@ Result<DataPlane> start_data_plane(const DaemonConfig& config, AddressSpace& spa
   dp.self.set_page_size(space.page_size());
   std::random_device rd;
   dp.self.set_incarnation((static_cast<uint64_t>(rd()) << 32) | rd());
-  auto transport = make_ucx_transport({.tls = config.transport_tls, .progress_thread = true});
+  auto transport = make_ucx_transport(
+      {.tls = config.transport_tls, .devices = config.transport_devices, .progress_thread = true});
   if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
   dp.transport = std::move(transport).value();
   dp.self.set_transport_address(dp.transport->address());

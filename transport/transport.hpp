@@ -103,6 +103,9 @@ class Transport {
 struct UcxOptions {
   // UCX transports to use (UCX_TLS syntax); empty: UCX's default or $UCX_TLS.
   std::string tls;
+  // Network devices (UCX_NET_DEVICES syntax); empty: UCX's default or the
+  // environment's.
+  std::string devices;
   // Start a thread that answers peers (the daemon needs one; clients progress
   // while they wait).
   bool progress_thread = false;

@@ -120,6 +120,13 @@ class UcxTransport final : public Transport {
         return ucx_error("UCX transports '" + options.tls + "'", st);
       }
     }
+    if (!options.devices.empty()) {
+      st = ucp_config_modify(config, "NET_DEVICES", options.devices.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        return ucx_error("UCX network devices '" + options.devices + "'", st);
+      }
+    }
     // Version words are changed by local CPU atomics (daemon, co-located
     // clients) and by remote atomics: these must be atomic with each other,
     // which "cpu" mode guarantees (falling back to emulation where a NIC's
