@@ -19,19 +19,20 @@ Status errno_error(const std::string& what) {
 }  // namespace
 
 MappedRegion::MappedRegion(MappedRegion&& other) noexcept
-    : m_data(std::exchange(other.m_data, nullptr)), m_size(std::exchange(other.m_size, 0)) {}
+    : m_data(std::exchange(other.m_data, nullptr)), m_size(std::exchange(other.m_size, 0)), m_owned(other.m_owned) {}
 
 MappedRegion& MappedRegion::operator=(MappedRegion&& other) noexcept {
   if (this != &other) {
-    if (m_data != nullptr) ::munmap(m_data, m_size);
+    if (m_data != nullptr && m_owned) ::munmap(m_data, m_size);
     m_data = std::exchange(other.m_data, nullptr);
     m_size = std::exchange(other.m_size, 0);
+    m_owned = other.m_owned;
   }
   return *this;
 }
 
 MappedRegion::~MappedRegion() {
-  if (m_data != nullptr) ::munmap(m_data, m_size);
+  if (m_data != nullptr && m_owned) ::munmap(m_data, m_size);
 }
 
 Result<MappedRegion> MappedRegion::map(int fd, size_t size, uint64_t offset) {
@@ -51,6 +52,14 @@ Result<SharedMemory> SharedMemory::create(const std::string& name, size_t size) 
   SharedMemory shm;
   shm.m_fd = std::move(fd);
   shm.m_region = std::move(region).value();
+  return shm;
+}
+
+SharedMemory SharedMemory::adopt(std::byte* data, size_t size, UniqueFd fd, std::shared_ptr<void> owner) {
+  SharedMemory shm;
+  shm.m_owner = std::move(owner);
+  shm.m_fd = std::move(fd);
+  shm.m_region = MappedRegion(data, size, /*owned=*/false);
   return shm;
 }
 

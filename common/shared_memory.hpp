@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include <tiermem/status.h>
@@ -15,7 +17,8 @@ namespace tiermem {
 class MappedRegion {
  public:
   MappedRegion() = default;
-  MappedRegion(std::byte* data, size_t size) : m_data(data), m_size(size) {}
+  // `owned`: unmap on destruction (false for memory someone else maps).
+  MappedRegion(std::byte* data, size_t size, bool owned = true) : m_data(data), m_size(size), m_owned(owned) {}
   MappedRegion(MappedRegion&& other) noexcept;
   MappedRegion& operator=(MappedRegion&& other) noexcept;
   MappedRegion(const MappedRegion&) = delete;
@@ -31,6 +34,7 @@ class MappedRegion {
  private:
   std::byte* m_data = nullptr;
   size_t m_size = 0;
+  bool m_owned = true;
 };
 
 // A memfd of a fixed size mapped into this process; the descriptor can be
@@ -39,6 +43,9 @@ class SharedMemory {
  public:
   // Errors: io_error with the errno text (e.g. memfd_create or mmap failing).
   static Result<SharedMemory> create(const std::string& name, size_t size);
+  // Memory mapped by someone else (e.g. allocated by the transport) from a
+  // descriptor: `owner` keeps it mapped and is released last.
+  static SharedMemory adopt(std::byte* data, size_t size, UniqueFd fd, std::shared_ptr<void> owner);
 
   std::byte* data() const { return m_region.data(); }
   size_t size() const { return m_region.size(); }
@@ -49,9 +56,14 @@ class SharedMemory {
   Status discard(uint64_t offset, uint64_t length);
 
  private:
+  // Declaration order is destruction order reversed: the owner goes last.
+  std::shared_ptr<void> m_owner;
   UniqueFd m_fd;
   MappedRegion m_region;
 };
+
+// Makes shared memory: how the daemon lets the transport provide it.
+using SharedMemoryFactory = std::function<Result<SharedMemory>(const std::string& name, size_t size)>;
 
 // Punches a hole in a file (memfd, tmpfs, ext4, xfs): the range reads as zeros
 // afterwards and its storage is released. Falls back to writing zeros through

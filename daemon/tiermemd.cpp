@@ -15,6 +15,8 @@
 #include <spdlog/spdlog.h>
 
 #include "common/log.hpp"
+#include "common/shared_memory.hpp"
+#include "common/unique_fd.hpp"
 #include "common/units.hpp"
 #include "convert.hpp"
 #include "daemon/cluster_file.hpp"
@@ -35,7 +37,7 @@ constexpr const char* k_default_config = "/etc/tiermem/tiermemd.toml";
 constexpr unsigned k_io_threads = 2;
 constexpr unsigned k_pool_threads = 4;
 
-Result<TierSet> open_tiers(const DaemonConfig& c) {
+Result<TierSet> open_tiers(const DaemonConfig& c, const SharedMemoryFactory& shared) {
   TierSet tiers;
   if (c.vram_enabled) {
     auto vram = make_vram_tier(c.vram_device, c.vram_capacity);
@@ -48,7 +50,7 @@ Result<TierSet> open_tiers(const DaemonConfig& c) {
     }
   }
   if (c.dram_enabled) {
-    auto dram = make_dram_tier(c.dram_capacity, "tiermem-dram-node" + std::to_string(c.node_id));
+    auto dram = make_dram_tier(c.dram_capacity, "tiermem-dram-node" + std::to_string(c.node_id), shared);
     if (!dram.ok()) return dram.status();
     tiers[static_cast<size_t>(Tier::dram)] = std::move(dram).value();
   }
@@ -67,56 +69,94 @@ void log_tiers(const AddressSpace& space) {
   }
 }
 
-// The data plane: registers the version array and every tier, and describes
-// this node for peers and clients (incarnation, address, keys).
-struct DataPlane {
-  std::unique_ptr<Transport> transport;
-  std::vector<std::unique_ptr<RegisteredRegion>> regions;
-  proto::NodeInfo self;
-};
+// The data plane: the transport, the memory it provides or registers, and
+// how this node describes itself to peers and clients (incarnation, address,
+// region keys).
+class DataPlane {
+ public:
+  static Result<std::unique_ptr<DataPlane>> start(const DaemonConfig& config) {
+    auto transport = make_ucx_transport(
+        {.tls = config.transport_tls, .devices = config.transport_devices, .progress_thread = true});
+    if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
+    auto dp = std::unique_ptr<DataPlane>(new DataPlane);
+    dp->m_transport = std::move(transport).value();
+    return dp;
+  }
 
-Result<DataPlane> start_data_plane(const DaemonConfig& config, AddressSpace& space, const std::string& control) {
-  DataPlane dp;
-  dp.self.set_node_id(config.node_id);
-  dp.self.set_control_address(control);
-  dp.self.set_page_size(space.page_size());
-  std::random_device rd;
-  dp.self.set_incarnation((static_cast<uint64_t>(rd()) << 32) | rd());
-  auto transport = make_ucx_transport(
-      {.tls = config.transport_tls, .devices = config.transport_devices, .progress_thread = true});
-  if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
-  dp.transport = std::move(transport).value();
-  dp.self.set_transport_address(dp.transport->address());
-  auto add = [&](void* base, size_t length, MemoryKind kind, bool versions, Tier tier, bool persistent) -> Status {
-    auto region = dp.transport->register_region(base, length, kind);
-    if (!region.ok()) return region.status();
-    proto::RegionKey* k = dp.self.add_regions();
-    k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
-    k->set_tier(wire::to_proto(tier));
-    k->set_base((*region)->base());
-    k->set_length(length);
-    k->set_packed_key((*region)->packed_key());
-    k->set_persistent(persistent);
-    dp.regions.push_back(std::move(region).value());
-    return Status();
-  };
-  if (Status s = add(space.versions().base(), space.versions().bytes(), MemoryKind::host, true, Tier::automatic, false);
-      !s.ok()) {
-    return s.with_context("registering the version array");
+  Transport* transport() const { return m_transport.get(); }
+
+  // Memory for the DRAM tier and the version array: from the transport when
+  // it can (peers on shared memory then map it), else a memfd.
+  SharedMemoryFactory shared_memory() {
+    return [this](const std::string& name, size_t size) -> Result<SharedMemory> {
+      auto a = m_transport->allocate_shared(size);
+      if (!a.ok()) {
+        if (a.status().code() != ErrorCode::not_supported) {
+          spdlog::info("{}: transport memory unavailable ({}); using a memfd", name, a.status().message());
+        }
+        return SharedMemory::create(name, size);
+      }
+      std::shared_ptr<RegisteredRegion> region(std::move(a->region));
+      m_registered.push_back(region);
+      spdlog::info("{}: {} of transport-allocated shared memory", name, format_size(a->length));
+      return SharedMemory::adopt(a->base, size, UniqueFd(a->fd), region);
+    };
   }
-  for (Tier t : k_tiers_fastest_first) {
-    TierBackend* b = space.backend(t);
-    if (b == nullptr) continue;
-    const MemoryKind kind = b->host_base() != nullptr ? MemoryKind::host : MemoryKind::cuda;
-    Status s = add(b->region_base(), b->capacity(), kind, false, t, b->persistent());
-    if (!s.ok()) {
-      // Peers then reach this tier only through this daemon (e.g. VRAM with a
-      // UCX built without CUDA).
-      spdlog::info("{} tier not reachable one-sided: {}", tier_name(t), s.message());
+
+  // Registers what is not registered yet and builds this node's NodeInfo.
+  Result<proto::NodeInfo> describe(const DaemonConfig& config, AddressSpace& space, const std::string& control) {
+    proto::NodeInfo self;
+    self.set_node_id(config.node_id);
+    self.set_control_address(control);
+    self.set_page_size(space.page_size());
+    std::random_device rd;
+    self.set_incarnation((static_cast<uint64_t>(rd()) << 32) | rd());
+    self.set_transport_address(m_transport->address());
+    auto add = [&](void* base, size_t length, MemoryKind kind, bool versions, Tier tier, bool persistent) -> Status {
+      std::shared_ptr<RegisteredRegion> region;
+      for (const auto& r : m_registered) {
+        if (r->base() == reinterpret_cast<uint64_t>(base)) region = r;
+      }
+      if (!region) {
+        auto reg = m_transport->register_region(base, length, kind);
+        if (!reg.ok()) return reg.status();
+        region = std::shared_ptr<RegisteredRegion>(std::move(reg).value());
+        m_registered.push_back(region);
+      }
+      proto::RegionKey* k = self.add_regions();
+      k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
+      k->set_tier(wire::to_proto(tier));
+      k->set_base(region->base());
+      k->set_length(length);
+      k->set_packed_key(region->packed_key());
+      k->set_persistent(persistent);
+      return Status();
+    };
+    if (Status s = add(space.versions().base(), space.versions().bytes(), MemoryKind::host, true, Tier::automatic,
+                       false);
+        !s.ok()) {
+      return s.with_context("registering the version array");
     }
+    for (Tier t : k_tiers_fastest_first) {
+      TierBackend* b = space.backend(t);
+      if (b == nullptr) continue;
+      const MemoryKind kind = b->host_base() != nullptr ? MemoryKind::host : MemoryKind::cuda;
+      Status s = add(b->region_base(), b->capacity(), kind, false, t, b->persistent());
+      if (!s.ok()) {
+        // Peers then reach this tier only through this daemon (e.g. VRAM with
+        // a UCX built without CUDA).
+        spdlog::info("{} tier not reachable one-sided: {}", tier_name(t), s.message());
+      }
+    }
+    return self;
   }
-  return dp;
-}
+
+ private:
+  DataPlane() = default;
+  std::unique_ptr<Transport> m_transport;
+  // Registrations end before the transport.
+  std::vector<std::shared_ptr<RegisteredRegion>> m_registered;
+};
 
 // Pets the systemd watchdog at half its interval, when the unit asks for one.
 void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
@@ -156,7 +196,12 @@ int serve(const DaemonConfig& config) {
     spdlog::critical("cannot start: {}", members.status().to_string());
     return 2;
   }
-  auto tiers = open_tiers(config);
+  auto dp = DataPlane::start(config);
+  if (!dp.ok()) {
+    spdlog::critical("cannot start: {}", dp.status().to_string());
+    return 1;
+  }
+  auto tiers = open_tiers(config, (*dp)->shared_memory());
   if (!tiers.ok()) {
     spdlog::critical("cannot start: {}", tiers.status().to_string());
     return 1;
@@ -165,15 +210,16 @@ int serve(const DaemonConfig& config) {
   options.node = config.node_id;
   options.page_size = config.page_size;
   options.virtual_pages = config.virtual_pages;
+  options.shared_memory = (*dp)->shared_memory();
   auto space = AddressSpace::create(options, std::move(tiers).value());
   if (!space.ok()) {
     spdlog::critical("cannot start: {}", space.status().to_string());
     return 1;
   }
   log_tiers(**space);
-  auto dp = start_data_plane(config, **space, control);
-  if (!dp.ok()) {
-    spdlog::critical("cannot start: {}", dp.status().to_string());
+  auto self = (*dp)->describe(config, **space, control);
+  if (!self.ok()) {
+    spdlog::critical("cannot start: {}", self.status().to_string());
     return 1;
   }
 
@@ -185,12 +231,12 @@ int serve(const DaemonConfig& config) {
     po.reconnect_interval = std::chrono::milliseconds(config.reconnect_interval_ms);
     po.heartbeat_interval = std::chrono::milliseconds(config.heartbeat_interval_ms);
     po.timeout = std::chrono::milliseconds(config.peer_timeout_ms);
-    peers = std::make_unique<PeerManager>(po, dp->self, dp->transport.get());
+    peers = std::make_unique<PeerManager>(po, *self, (*dp)->transport());
   }
 
   asio::io_context io;
   asio::thread_pool pool(k_pool_threads);
-  RequestHandler handler(**space, config, dp->self, peers.get(), peers ? dp->transport.get() : nullptr);
+  RequestHandler handler(**space, config, *self, peers.get(), peers ? (*dp)->transport() : nullptr);
   ControlServer server(io, pool, handler, config,
                        members->empty() ? "" : (config.cluster_listen.empty() ? control : config.cluster_listen));
   if (Status s = server.listen(); !s.ok()) {

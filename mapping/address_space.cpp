@@ -52,7 +52,7 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
   }
   uint64_t virtual_pages = options.virtual_pages;
   if (virtual_pages == 0) virtual_pages = std::max(k_min_virtual_pages, frames * k_virtual_factor);
-  auto versions = VersionArray::create(virtual_pages, "tiermem-versions");
+  auto versions = VersionArray::create(virtual_pages, "tiermem-versions", options.shared_memory);
   if (!versions.ok()) return versions.status();
   auto l3 = WordArray::create(virtual_pages * k_l3_words_per_page, "tiermem-l3");
   if (!l3.ok()) return l3.status();

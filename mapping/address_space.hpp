@@ -56,6 +56,9 @@ struct AddressSpaceOptions {
   // First generation handed out; 0 picks a random one (so GVAs of an earlier
   // run of the daemon are detected as stale).
   uint32_t first_generation = 0;
+  // Provides the memory of the version array (so the transport can hand out
+  // memory it reaches fastest); null: a memfd.
+  SharedMemoryFactory shared_memory;
 };
 
 using TierSet = std::array<std::unique_ptr<TierBackend>, 4>;  // indexed by Tier

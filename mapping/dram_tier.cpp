@@ -40,8 +40,9 @@ class DramTier final : public TierBackend {
 
 }  // namespace
 
-Result<std::unique_ptr<TierBackend>> make_dram_tier(uint64_t capacity, const std::string& name) {
-  auto memory = SharedMemory::create(name, capacity);
+Result<std::unique_ptr<TierBackend>> make_dram_tier(uint64_t capacity, const std::string& name,
+                                                    const SharedMemoryFactory& factory) {
+  auto memory = factory ? factory(name, capacity) : SharedMemory::create(name, capacity);
   if (!memory.ok()) return memory.status().with_context("DRAM tier");
   return std::unique_ptr<TierBackend>(new DramTier(std::move(memory).value(), name));
 }

@@ -20,6 +20,8 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
+#include "common/shared_memory.hpp"
+
 namespace tiermem {
 
 class TierBackend {
@@ -57,8 +59,9 @@ struct PmemTierOptions {
   uint64_t capacity = 0;  // the file is grown to this size
 };
 
-// Errors: io_error (memfd/mmap).
-Result<std::unique_ptr<TierBackend>> make_dram_tier(uint64_t capacity, const std::string& name);
+// Errors: io_error (memfd/mmap), or the factory's when given.
+Result<std::unique_ptr<TierBackend>> make_dram_tier(uint64_t capacity, const std::string& name,
+                                                    const SharedMemoryFactory& factory = nullptr);
 // Errors: io_error (open, size, map), with the path.
 Result<std::unique_ptr<TierBackend>> make_pmem_tier(const PmemTierOptions& options);
 // Errors: tier_unavailable when built without CUDA or no device is present.

@@ -18,8 +18,9 @@ namespace tiermem {
 // the array itself never moves or resizes.
 class WordArray {
  public:
-  // Errors: invalid_argument (0 words), io_error from memfd_create/mmap.
-  static Result<WordArray> create(size_t words, const char* name);
+  // Errors: invalid_argument (0 words), io_error from memfd_create/mmap, or
+  // the factory's (which provides the memory when given).
+  static Result<WordArray> create(size_t words, const char* name, const SharedMemoryFactory& factory = nullptr);
 
   uint64_t& word(size_t index) { return m_words[index]; }
   size_t size() const { return m_words.size(); }

@@ -72,6 +72,19 @@ class Transport {
   // Registers [base, base+length). Errors: transport_error.
   virtual Result<std::unique_ptr<RegisteredRegion>> register_region(void* base, size_t length,
                                                                     MemoryKind kind) = 0;
+
+  // Memory the transport allocates itself, registered, and shareable by
+  // descriptor with co-located processes. Where the fabric is shared memory,
+  // peers then map it and copy (and run atomics) directly, which they cannot
+  // do on memory merely registered. Errors: not_supported (no such memory
+  // here: allocate a memfd and register it instead), transport_error.
+  struct SharedAllocation {
+    std::byte* base = nullptr;
+    size_t length = 0;
+    int fd = -1;  // a new descriptor of the memory, owned by the caller
+    std::unique_ptr<RegisteredRegion> region;  // unmaps and frees the memory
+  };
+  virtual Result<SharedAllocation> allocate_shared(size_t length) = 0;
   // Connects to the peer at `address`. Errors: transport_error.
   virtual Result<std::shared_ptr<Endpoint>> connect(std::string_view address) = 0;
   // Unpacks a peer's packed key for use on `endpoint`.

@@ -1,5 +1,9 @@
 // Transport over UCX's ucp API.
+#include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -41,6 +45,7 @@ Status ucx_error(const std::string& what, ucs_status_t status) {
 }
 
 class UcxTransport;
+int descriptor_of(void* address);
 
 class UcxEndpoint final : public Endpoint {
  public:
@@ -127,6 +132,9 @@ class UcxTransport final : public Transport {
         return ucx_error("UCX network devices '" + options.devices + "'", st);
       }
     }
+    // Allocations (allocate_shared) from a POSIX shared-memory segment first:
+    // it has a descriptor, and shared-memory peers map it directly.
+    (void)ucp_config_modify(config, "ALLOC_PRIO", "md:posix,md:sysv,huge,thp,md:*,mmap,heap");
     // Version words are changed by local CPU atomics (daemon, co-located
     // clients) and by remote atomics: these must be atomic with each other,
     // which "cpu" mode guarantees (falling back to emulation where a NIC's
@@ -186,6 +194,43 @@ class UcxTransport final : public Transport {
     ucp_rkey_buffer_release(key);
     return std::unique_ptr<RegisteredRegion>(new UcxRegion(
         m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(base), length));
+  }
+
+  Result<SharedAllocation> allocate_shared(size_t length) override {
+    ucp_mem_map_params_t p{};
+    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    p.length = length;
+    p.flags = UCP_MEM_MAP_ALLOCATE;
+    ucp_mem_h memh = nullptr;
+    ucs_status_t st = ucp_mem_map(m_context, &p, &memh);
+    if (st != UCS_OK) return ucx_error("allocating " + std::to_string(length) + " bytes", st);
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    ucp_mem_query(memh, &attr);
+    // Only a segment backed by a file (UCX's POSIX shared memory) can be
+    // handed to other processes; anything else is given back.
+    const int fd = descriptor_of(attr.address);
+    if (fd < 0) {
+      ucp_mem_unmap(m_context, memh);
+      return Status(ErrorCode::not_supported, "UCX did not allocate file-backed shared memory here");
+    }
+    void* key = nullptr;
+    size_t key_size = 0;
+    st = ucp_rkey_pack(m_context, memh, &key, &key_size);
+    if (st != UCS_OK) {
+      ::close(fd);
+      ucp_mem_unmap(m_context, memh);
+      return ucx_error("packing a remote key", st);
+    }
+    std::string packed(static_cast<const char*>(key), key_size);
+    ucp_rkey_buffer_release(key);
+    SharedAllocation out;
+    out.base = static_cast<std::byte*>(attr.address);
+    out.length = attr.length;
+    out.fd = fd;
+    out.region.reset(new UcxRegion(m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(attr.address),
+                                   attr.length));
+    return out;
   }
 
   Result<std::shared_ptr<Endpoint>> connect(std::string_view address) override {
@@ -431,6 +476,47 @@ class UcxTransport final : public Transport {
   // microseconds, so round trips on a fast fabric never sleep.
   static constexpr unsigned k_spins_before_sleep = 256;
 };
+
+// A new descriptor of the file mapped at `address` (found by its inode among
+// this process's open descriptors), or -1 when the mapping has no file.
+int descriptor_of(void* address) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) return -1;
+  char line[512];
+  unsigned long inode = 0;
+  unsigned dev_major = 0, dev_minor = 0;
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    unsigned long start = 0, end = 0, ino = 0;
+    char perms[8];
+    unsigned long long off = 0;
+    unsigned mj = 0, mn = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %llx %x:%x %lu", &start, &end, perms, &off, &mj, &mn, &ino) == 7 &&
+        a >= start && a < end) {
+      inode = ino;
+      dev_major = mj;
+      dev_minor = mn;
+      break;
+    }
+  }
+  std::fclose(maps);
+  if (inode == 0) return -1;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    struct stat st {};
+    if (e->d_name[0] == '.' || ::fstat(fd, &st) != 0) continue;
+    if (S_ISREG(st.st_mode) && st.st_ino == inode && major(st.st_dev) == dev_major &&
+        minor(st.st_dev) == dev_minor) {
+      found = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
 
 UcxEndpoint::~UcxEndpoint() {
   if (m_ep != nullptr) m_owner.close_endpoint(m_ep, failed());
