@@ -46,10 +46,17 @@ for tls in "${tls_list[@]}"; do
     echo "${tls}_client_get_bw_${name}_vs_perftest_ratio $(ratio "$(value client_get_bw_$name "$out")" "$get_bw")"
     echo "${tls}_transport_get_bw_${name}_vs_perftest_ratio $(ratio "$(value transport_get_bw_$name "$out")" "$get_bw")"
   done
-  read -r lat _ _ < <(perftest "$tls" ucp_get 8 5000 -O 1)
-  echo "perftest_get_8B_latency_p50 $lat us"
-  # Latency: ours / perftest (goal <= 1.3).
-  echo "${tls}_client_get_8B_latency_vs_perftest_ratio $(ratio "$(value client_get_8B_latency_p50 "$out")" "$lat")"
+  # perftest's ucp_get keeps many gets in flight, so its "latency" is the cost
+  # per get in a stream; ucp_put_lat is its ping-pong latency (one way). Both
+  # are printed; a read of ours is a full round trip (three, with the page
+  # versions), the bare transport's one.
+  read -r lat _ _ < <(perftest "$tls" ucp_get 8 5000)
+  read -r putlat _ _ < <(perftest "$tls" ucp_put_lat 8 5000)
+  echo "perftest_get_8B_per_op $lat us"
+  echo "perftest_put_lat_8B_one_way $putlat us"
+  echo "${tls}_client_get_8B_latency_vs_perftest_get_ratio $(ratio "$(value client_get_8B_latency_p50 "$out")" "$lat")"
+  echo "${tls}_client_get_8B_latency_vs_perftest_put_lat_ratio $(ratio "$(value client_get_8B_latency_p50 "$out")" "$putlat")"
+  echo "${tls}_transport_get_8B_latency_vs_perftest_put_lat_ratio $(ratio "$(value transport_get_8B_latency_p50 "$out")" "$putlat")"
   read -r _ _ rate < <(perftest "$tls" ucp_fadd 8 20000)
   read -r _ _ rate1 < <(perftest "$tls" ucp_fadd 8 20000 -O 1)
   echo "perftest_fadd_rate $rate ops/s"

@@ -145,7 +145,24 @@ Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<con
                       std::chrono::milliseconds timeout) {
   WordBuffer before(range.count), after(range.count);
   version::SpinWait wait(timeout);
+  bool snapshots = true;
   for (int attempt = 0; attempt < k_optimistic_reads;) {
+    if (snapshots) {
+      Status s = words.snapshot(range.first_page, range.count, segments, before.data(), after.data());
+      if (s.ok()) {
+        ++attempt;
+        bool usable = true;
+        for (uint64_t i = 0; i < range.count; ++i) {
+          if (version::epoch_of(before[i]) != version::epoch_of(range.cached[i])) return stale_translation();
+          usable = usable && !version::is_locked(before[i]);
+        }
+        if (usable && std::memcmp(before.data(), after.data(), range.count * sizeof(uint64_t)) == 0) return Status();
+        if (!wait.again()) return busy(range.first_page);
+        continue;
+      }
+      if (s.code() != ErrorCode::not_supported) return s;
+      snapshots = false;
+    }
     Status s = words.load(range.first_page, range.count, before.data());
     if (!s.ok()) return s;
     uint64_t locked_page = ~uint64_t{0};

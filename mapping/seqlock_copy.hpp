@@ -42,6 +42,14 @@ class VersionWords {
   virtual Status release(std::span<const uint64_t> pages) = 0;
   // Records a write in the page's L3 bits, where the words live with them.
   virtual void mark_written(uint64_t /*page*/, uint64_t /*offset*/, uint64_t /*length*/, bool /*dirty*/) {}
+  // One optimistic read attempt in one go where that is cheaper than three
+  // (words, data, words again as separate round trips): loads the words into
+  // `before`, copies `segments`, loads the words into `after`, in that order
+  // at the target. not_supported: the caller does the three steps itself.
+  virtual Status snapshot(uint64_t /*first*/, size_t /*count*/, std::span<const struct CopySegment> /*segments*/,
+                          uint64_t* /*before*/, uint64_t* /*after*/) {
+    return Status(ErrorCode::not_supported, "no snapshot");
+  }
 };
 
 // 64-bit atomics on data words.

@@ -80,6 +80,32 @@ Status RemoteVersionWords::release(std::span<const uint64_t> pages) {
   return m_transport.wait(*batch, m_timeout);
 }
 
+Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<const CopySegment> segments,
+                                    uint64_t* before, uint64_t* after) {
+  std::vector<RemoteFrameData*> frames;
+  for (const CopySegment& seg : segments) {
+    auto* f = dynamic_cast<RemoteFrameData*>(seg.frames);
+    if (f == nullptr || f->node().endpoint != m_node->endpoint) {
+      return Status(ErrorCode::not_supported, "segments on other nodes");
+    }
+    frames.push_back(f);
+  }
+  if (Status s = check(first, count); !s.ok()) return s;
+  const uint64_t addr = m_node->versions.base + first * sizeof(uint64_t);
+  auto batch = m_transport.batch();
+  Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *m_node->versions.key);
+  if (s.ok()) s = m_transport.fence();
+  for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
+    s = frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
+  }
+  if (s.ok()) s = m_transport.fence();
+  if (s.ok()) {
+    s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *m_node->versions.key);
+  }
+  Status w = m_transport.wait(*batch, m_timeout);
+  return s.ok() ? w : s;
+}
+
 // --- frames ------------------------------------------------------------------------
 
 bool RemoteFrameData::persistent() const { return m_node->tiers[static_cast<size_t>(m_tier)].persistent; }
@@ -91,20 +117,23 @@ Status RemoteFrameData::check(uint64_t frame_offset, size_t length) const {
   return Status();
 }
 
-Status RemoteFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
+Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length) {
   if (Status s = check(frame_offset, length); !s.ok()) return s;
   const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
-  auto batch = m_transport.batch();
   auto* out = static_cast<std::byte*>(dst);
   for (size_t done = 0; done < length; done += k_remote_chunk) {
     const size_t n = std::min(k_remote_chunk, length - done);
-    Status s = m_transport.get(*batch, *m_node->endpoint, out + done, n, r.base + frame_offset + done, *r.key);
-    if (!s.ok()) {
-      (void)m_transport.wait(*batch, m_timeout);
-      return s;
-    }
+    Status s = m_transport.get(batch, *m_node->endpoint, out + done, n, r.base + frame_offset + done, *r.key);
+    if (!s.ok()) return s;
   }
-  return m_transport.wait(*batch, m_timeout);
+  return Status();
+}
+
+Status RemoteFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
+  auto batch = m_transport.batch();
+  Status s = issue_read(*batch, frame_offset, dst, length);
+  Status w = m_transport.wait(*batch, m_timeout);
+  return s.ok() ? w : s;
 }
 
 Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t length) {

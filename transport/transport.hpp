@@ -102,6 +102,9 @@ class Transport {
   virtual Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand,
                         uint64_t compare, uint64_t remote_addr, RemoteKey& key,
                         uint64_t* result) = 0;
+  // Orders operations: those issued before complete at their target before
+  // those issued after (on the same endpoint).
+  virtual Status fence() = 0;
   // Completes every operation of the batch, driving progress. Errors:
   // transport_error (a peer failed), timeout (then the endpoints of the
   // unfinished operations are closed, so no buffer is written later).

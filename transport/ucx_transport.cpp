@@ -318,6 +318,11 @@ class UcxTransport final : public Transport {
                  "atomic");
   }
 
+  Status fence() override {
+    const ucs_status_t st = ucp_worker_fence(m_worker);
+    return st == UCS_OK ? Status() : ucx_error("fence", st);
+  }
+
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override {
     auto& b = static_cast<UcxBatch&>(batch);
     const auto deadline = std::chrono::steady_clock::now() + timeout;
