@@ -58,6 +58,7 @@ Result<SharedMemory> SharedMemory::create(const std::string& name, size_t size) 
 SharedMemory SharedMemory::adopt(std::byte* data, size_t size, UniqueFd fd, std::shared_ptr<void> owner) {
   SharedMemory shm;
   shm.m_owner = std::move(owner);
+  shm.m_kind = "transport";
   shm.m_fd = std::move(fd);
   shm.m_region = MappedRegion(data, size, /*owned=*/false);
   return shm;

@@ -50,6 +50,8 @@ class SharedMemory {
   std::byte* data() const { return m_region.data(); }
   size_t size() const { return m_region.size(); }
   int fd() const { return m_fd.get(); }
+  // "memfd", or who else provided it ("transport").
+  const std::string& kind() const { return m_kind; }
 
   // Gives [offset, offset+length) back to the kernel; it reads as zeros after.
   // Both must be multiples of the system page size.
@@ -58,6 +60,7 @@ class SharedMemory {
  private:
   // Declaration order is destruction order reversed: the owner goes last.
   std::shared_ptr<void> m_owner;
+  std::string m_kind = "memfd";
   UniqueFd m_fd;
   MappedRegion m_region;
 };

@@ -15,7 +15,7 @@ class DramTier final : public TierBackend {
   Tier tier() const override { return Tier::dram; }
   uint64_t capacity() const override { return m_memory.size(); }
   bool persistent() const override { return false; }
-  std::string backing() const override { return "memfd:" + m_name; }
+  std::string backing() const override { return m_memory.kind() + ":" + m_name; }
   std::byte* host_base() const override { return m_memory.data(); }
   void* region_base() const override { return m_memory.data(); }
   int share_fd() const override { return m_memory.fd(); }

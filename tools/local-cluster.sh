@@ -2,15 +2,18 @@
 # Local tiermem cluster on one machine: N tiermemd daemons, each with its own
 # config, socket and PMEM pool under one directory.
 #
-#   tools/local-cluster.sh start BUILD_DIR [NODES]   start daemons (default 1 node)
+#   tools/local-cluster.sh start BUILD_DIR [NODES]   start daemons (default 2 nodes)
 #   tools/local-cluster.sh stop                      stop them
-#   tools/local-cluster.sh demo BUILD_DIR            start, run the demo client, dump, stop
+#   tools/local-cluster.sh demo BUILD_DIR            start two, run the demo client, dump, stop
 #
 # Directory: $TIERMEM_CLUSTER_DIR, default /tmp/tiermem-cluster. Node i listens
-# on DIR/nodeI/tiermemd.sock and logs to DIR/nodeI/tiermemd.log.
+# on DIR/nodeI/tiermemd.sock for clients and on 127.0.0.1:(PORT+i) for its peers
+# (PORT: $TIERMEM_BASE_PORT, default 17100), logs to DIR/nodeI/tiermemd.log.
+# The daemons share one cluster file, DIR/cluster.toml.
 set -euo pipefail
 
 dir=${TIERMEM_CLUSTER_DIR:-/tmp/tiermem-cluster}
+base_port=${TIERMEM_BASE_PORT:-17100}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
@@ -29,9 +32,19 @@ capacity = "${TIERMEM_DRAM:-256MiB}"
 [tiers.pmem]
 path = "$ndir/pmem.pool"
 capacity = "${TIERMEM_PMEM:-256MiB}"
+[cluster]
+file = "$dir/cluster.toml"
 [log]
 level = "info"
 TOML
+}
+
+write_cluster_file() {
+  local nodes=$1 node
+  : >"$dir/cluster.toml"
+  for node in $(seq 1 "$nodes"); do
+    printf '[[node]]\nid = %d\ncontrol = "127.0.0.1:%d"\n' "$node" $((base_port + node)) >>"$dir/cluster.toml"
+  done
 }
 
 stop_cluster() {
@@ -49,10 +62,12 @@ stop_cluster() {
 }
 
 start_cluster() {
-  local build=$1 nodes=${2:-1} node ndir
+  local build=$1 nodes=${2:-2} node ndir
   local tiermemd=$build/daemon/tiermemd ctl=$build/tools/tiermemctl
   [ -x "$tiermemd" ] || { echo "no tiermemd in $build (build first: tools/setup.sh build)" >&2; exit 1; }
   stop_cluster
+  mkdir -p "$dir"
+  write_cluster_file "$nodes"
   for node in $(seq 1 "$nodes"); do
     ndir=$dir/node$node
     mkdir -p "$ndir"
@@ -71,20 +86,28 @@ start_cluster() {
     done
     say "node $node up: $ndir/tiermemd.sock (log $ndir/tiermemd.log)"
   done
+  # Peers find each other within a heartbeat or two.
+  for _ in $(seq 100); do
+    [ "$("$ctl" --socket "$dir/node1/tiermemd.sock" --json nodes 2>/dev/null | grep -c '"state": "\(self\|connected\)"')" -ge "$nodes" ] && break
+    sleep 0.1
+  done
 }
 
 demo() {
   local build=$1
   local ctl=$build/tools/tiermemctl sock=$dir/node1/tiermemd.sock
   trap stop_cluster EXIT
-  start_cluster "$build" 1
+  start_cluster "$build" 2
+  say "tiermemctl nodes: two daemons, one address space"
+  "$ctl" --socket "$sock" nodes
   say "tiermemctl status"
   "$ctl" --socket "$sock" status
-  say "demo client: allocate in each tier, write, read back, map"
+  say "demo client on node 1: every tier here, then memory homed on node 2"
   TIERMEM_SOCKET=$sock "$build/client/examples/tiermem_example"
-  say "tiermemctl ls"
+  say "tiermemctl ls (node 1, then node 2)"
   "$ctl" --socket "$sock" ls
-  say "tiermemctl dump"
+  "$ctl" --socket "$sock" --node 2 ls
+  say "tiermemctl dump (node 1)"
   "$ctl" --socket "$sock" dump
   say "demo finished; daemons stopped"
 }

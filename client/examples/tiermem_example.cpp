@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace {
@@ -34,6 +35,36 @@ bool round_trip(tiermem::Client& client, tiermem::Tier tier) {
   std::printf("%-5s %s  wrote and read back %zu bytes: %s\n", std::string(tiermem::tier_name(tier)).c_str(),
               info->gva.to_string().c_str(), size, same ? "identical" : "MISMATCH");
   return same;
+}
+
+// Memory homed on another node: write and read it one-sided, count with a
+// fetch-add, and move it to this node's PMEM while keeping its address.
+bool cross_node(tiermem::Client& client, tiermem::NodeId node) {
+  auto a = client.alloc(1 << 20, {.tier = tiermem::Tier::dram, .node = node});
+  if (failed(a.status(), "alloc on another node")) return false;
+  const std::string text = "written from node " + std::to_string(client.node()) + " into node " +
+                           std::to_string(node) + "'s memory";
+  if (failed(client.write(a->gva, text.data(), text.size()), "remote write")) return false;
+  std::string back(text.size(), '\0');
+  if (failed(client.read(a->gva, back.data(), back.size()), "remote read")) return false;
+  std::printf("node %u  %s  \"%s\"\n", node, a->gva.to_string().c_str(), back.c_str());
+  auto counter = client.alloc(8, {.node = node, .coherent = true});
+  if (failed(counter.status(), "alloc counter")) return false;
+  uint64_t last = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto old = client.fetch_add(counter->gva, 1);
+    if (failed(old.status(), "fetch_add")) return false;
+    last = *old;
+  }
+  std::printf("node %u  %s  fetch_add x3 -> %llu\n", node, counter->gva.to_string().c_str(),
+              static_cast<unsigned long long>(last + 1));
+  auto moved = client.migrate(a->gva, tiermem::Tier::pmem, client.node());
+  if (failed(moved.status(), "migrate")) return false;
+  std::string again(text.size(), '\0');
+  if (failed(client.read(a->gva, again.data(), again.size()), "read after migration")) return false;
+  std::printf("node %u  %s  migrated to node %u pmem, same GVA reads: %s\n", node, a->gva.to_string().c_str(),
+              client.node(), again == text ? "identical" : "MISMATCH");
+  return back == text && again == text;
 }
 
 }  // namespace
@@ -66,5 +97,14 @@ int main() {
   auto found = c.lookup("example-mapped");
   if (failed(found.status(), "lookup")) return 1;
   std::printf("lookup  example-mapped -> %s\n", found->gva.to_string().c_str());
+
+  // The same calls reach memory homed on every other node of the cluster,
+  // one-sided through the data plane.
+  auto nodes = c.nodes();
+  if (failed(nodes.status(), "nodes")) return 1;
+  for (const tiermem::NodeInfo& n : *nodes) {
+    if (n.state != tiermem::NodeState::connected) continue;
+    ok = cross_node(c, n.node) && ok;
+  }
   return ok ? 0 : 1;
 }
