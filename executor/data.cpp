@@ -1,0 +1,134 @@
+#include "executor/data.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+namespace tiermem::exec {
+namespace {
+
+Status missing(const std::string& path, const std::string& package) {
+  return Status(ErrorCode::not_found, "dataset file " + path + " is missing (install Debian's " + package + ")");
+}
+
+Result<std::string> gunzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return Status(ErrorCode::io_error, "cannot open " + path);
+  std::string out;
+  char buf[1 << 16];
+  int n = 0;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  const bool bad = n < 0;
+  gzclose(f);
+  if (bad) return Status(ErrorCode::io_error, path + " is not a valid gzip file");
+  return out;
+}
+
+Result<Split> load_digits(const std::string& path, uint64_t seed) {
+  if (!std::filesystem::exists(path)) return missing(path, "python3-sklearn");
+  auto text = gunzip(path);
+  if (!text.ok()) return text.status();
+  Dataset all;
+  all.cols = 64;
+  all.classes = 10;
+  std::istringstream in(*text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::istringstream row(line);
+    std::string cell;
+    std::vector<float> values;
+    while (std::getline(row, cell, ',')) values.push_back(std::stof(cell));
+    if (values.size() != 65) return Status(ErrorCode::invalid_argument, path + ": a row has " + std::to_string(values.size()) + " values, not 65");
+    for (int i = 0; i < 64; ++i) all.features.push_back(values[i] / 16.0f);
+    all.labels.push_back(static_cast<int32_t>(values[64]));
+    ++all.rows;
+  }
+  // A fixed shuffle, then 80 % train, 20 % test.
+  std::vector<int64_t> order(static_cast<size_t>(all.rows));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(seed));
+  Split split;
+  split.name = "digits";
+  const int64_t train_rows = all.rows * 4 / 5;
+  for (Dataset* d : {&split.train, &split.test}) {
+    d->cols = 64;
+    d->classes = 10;
+  }
+  for (int64_t i = 0; i < all.rows; ++i) {
+    Dataset& d = i < train_rows ? split.train : split.test;
+    const int64_t r = order[static_cast<size_t>(i)];
+    d.features.insert(d.features.end(), all.features.begin() + r * 64, all.features.begin() + (r + 1) * 64);
+    d.labels.push_back(all.labels[static_cast<size_t>(r)]);
+    ++d.rows;
+  }
+  return split;
+}
+
+uint32_t be32(const std::string& s, size_t at) {
+  return static_cast<uint32_t>(static_cast<unsigned char>(s[at])) << 24 |
+         static_cast<uint32_t>(static_cast<unsigned char>(s[at + 1])) << 16 |
+         static_cast<uint32_t>(static_cast<unsigned char>(s[at + 2])) << 8 |
+         static_cast<uint32_t>(static_cast<unsigned char>(s[at + 3]));
+}
+
+Status load_idx(const std::string& dir, const std::string& prefix, Dataset* d) {
+  const std::string images = dir + "/" + prefix + "-images-idx3-ubyte.gz";
+  const std::string labels = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
+  for (const auto& p : {images, labels}) {
+    if (!std::filesystem::exists(p)) return missing(p, "dataset-fashion-mnist");
+  }
+  auto img = gunzip(images);
+  if (!img.ok()) return img.status();
+  auto lab = gunzip(labels);
+  if (!lab.ok()) return lab.status();
+  if (img->size() < 16 || be32(*img, 0) != 0x803 || lab->size() < 8 || be32(*lab, 0) != 0x801) {
+    return Status(ErrorCode::invalid_argument, "IDX headers of " + images + " / " + labels + " are not valid");
+  }
+  const uint32_t n = be32(*img, 4), h = be32(*img, 8), w = be32(*img, 12);
+  if (be32(*lab, 4) != n || img->size() < 16 + size_t{n} * h * w || lab->size() < 8 + size_t{n}) {
+    return Status(ErrorCode::invalid_argument, images + " and " + labels + " disagree or are truncated");
+  }
+  d->rows = n;
+  d->cols = static_cast<int64_t>(h) * w;
+  d->classes = 10;
+  d->features.resize(static_cast<size_t>(d->rows * d->cols));
+  for (size_t i = 0; i < d->features.size(); ++i) {
+    d->features[i] = static_cast<float>(static_cast<unsigned char>((*img)[16 + i])) / 255.0f;
+  }
+  d->labels.resize(n);
+  for (uint32_t i = 0; i < n; ++i) d->labels[i] = static_cast<unsigned char>((*lab)[8 + i]);
+  return Status();
+}
+
+}  // namespace
+
+Result<Split> load_dataset(const std::string& name, const std::string& path, uint64_t seed) {
+  if (name == "digits") return load_digits(path.empty() ? k_digits_path : path, seed);
+  if (name == "fashion-mnist") {
+    Split split;
+    split.name = name;
+    const std::string dir = path.empty() ? k_fashion_dir : path;
+    if (Status s = load_idx(dir, "train", &split.train); !s.ok()) return s;
+    if (Status s = load_idx(dir, "t10k", &split.test); !s.ok()) return s;
+    return split;
+  }
+  return Status(ErrorCode::invalid_argument, "unknown dataset '" + name + "' (digits or fashion-mnist)");
+}
+
+void fill_batch(const Dataset& data, const std::vector<int64_t>& order, int64_t start, int64_t rows, float* x,
+                int32_t* y) {
+  const auto n = static_cast<int64_t>(order.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = order[static_cast<size_t>((start + i) % n)];
+    if (x != nullptr) std::memcpy(x + i * data.cols, data.features.data() + r * data.cols, sizeof(float) * data.cols);
+    if (y != nullptr) y[i] = data.labels[static_cast<size_t>(r)];
+  }
+}
+
+}  // namespace tiermem::exec

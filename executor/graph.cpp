@@ -1,0 +1,353 @@
+#include "executor/graph.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+namespace tiermem::exec {
+namespace {
+
+// Collects protobuf's parse errors with their line numbers.
+class Errors final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column, const std::string& message) override {
+    if (first.empty()) first = std::to_string(line + 1) + ":" + std::to_string(column + 1) + ": " + message;
+  }
+  std::string first;
+};
+
+struct Rule {
+  proto::OpType type;
+  OpKind kind;
+  size_t inputs;
+  const char* name;
+};
+constexpr Rule k_rules[] = {
+    {proto::MATMUL, OpKind::matmul, 2, "MATMUL"},
+    {proto::BIAS_ADD, OpKind::bias_add, 2, "BIAS_ADD"},
+    {proto::RELU, OpKind::relu, 1, "RELU"},
+    {proto::GELU, OpKind::gelu, 1, "GELU"},
+    {proto::LAYER_NORM, OpKind::layer_norm, 3, "LAYER_NORM"},
+    {proto::ADD, OpKind::add, 2, "ADD"},
+    {proto::SOFTMAX_CROSS_ENTROPY, OpKind::softmax_xent, 2, "SOFTMAX_CROSS_ENTROPY"},
+};
+
+class Builder {
+ public:
+  Builder(const proto::ModelDef& def, std::string_view source) : m_def(def), m_source(source) {}
+
+  Result<Graph> build() {
+    m_graph.name = m_def.name();
+    m_graph.dataset = m_def.dataset();
+    m_graph.micro_batch = m_def.micro_batch();
+    m_graph.optimizer = m_def.optimizer();
+    if (m_graph.micro_batch <= 0) return fail("micro_batch must be set to the rows of a micro-batch");
+    for (const proto::TensorDef& t : m_def.tensor()) {
+      if (Status s = declare(t); !s.ok()) return s;
+    }
+    if (m_def.op_size() == 0) return fail("the model has no ops");
+    std::vector<int> order;
+    if (Status s = topological_order(&order); !s.ok()) return s;
+    for (int index : order) {
+      if (Status s = add_op(m_def.op(index)); !s.ok()) return s;
+    }
+    m_graph.loss = m_graph.find(m_def.loss());
+    if (m_def.loss().empty() || m_graph.loss < 0) return fail("loss '" + m_def.loss() + "' is not a tensor of the model");
+    if (m_graph.tensors[m_graph.loss].elements() != 1) {
+      return fail("loss '" + m_def.loss() + "' must be a scalar, it is " + shape_text(m_graph.tensors[m_graph.loss].shape));
+    }
+    return std::move(m_graph);
+  }
+
+ private:
+  Status fail(const std::string& why) const {
+    return Status(ErrorCode::config_error, std::string(m_source) + ": " + why);
+  }
+
+  Status declare(const proto::TensorDef& t) {
+    if (t.name().empty()) return fail("a tensor has no name");
+    if (m_graph.find(t.name()) >= 0) return fail("tensor '" + t.name() + "' is declared twice");
+    if (t.shape_size() == 0) return fail("tensor '" + t.name() + "' has no shape");
+    for (int64_t d : t.shape()) {
+      if (d <= 0) return fail("tensor '" + t.name() + "' has a dimension of " + std::to_string(d));
+    }
+    Tensor tensor;
+    tensor.name = t.name();
+    tensor.shape.assign(t.shape().begin(), t.shape().end());
+    tensor.dtype = t.dtype() == proto::I32 ? DType::i32 : DType::f32;
+    tensor.role = static_cast<Role>(t.role());
+    tensor.init = t.init();
+    tensor.init_fan_in = t.init_fan_in();
+    if (tensor.role == Role::grad || tensor.role == Role::optimizer_state) {
+      return fail("tensor '" + t.name() + "' is " + std::string(role_name(tensor.role)) +
+                  ": those are derived, not declared");
+    }
+    if ((tensor.role == Role::input || tensor.role == Role::label) && tensor.shape[0] != m_graph.micro_batch) {
+      return fail("tensor '" + t.name() + "' is " + shape_text(tensor.shape) + ", but a micro-batch has " +
+                  std::to_string(m_graph.micro_batch) + " rows");
+    }
+    if ((tensor.role == Role::label) != (tensor.dtype == DType::i32)) {
+      return fail("tensor '" + t.name() + "': labels, and only labels, are I32");
+    }
+    m_graph.tensors.push_back(std::move(tensor));
+    return Status();
+  }
+
+  // Orders the ops so that every op comes after the producers of its inputs;
+  // a cycle is an error that names it.
+  Status topological_order(std::vector<int>* order) {
+    std::map<std::string, int> producer;
+    for (int i = 0; i < m_def.op_size(); ++i) {
+      for (const std::string& out : m_def.op(i).output()) {
+        if (auto it = producer.find(out); it != producer.end()) {
+          return fail("tensor '" + out + "' is written by both '" + m_def.op(it->second).name() + "' and '" +
+                      m_def.op(i).name() + "'");
+        }
+        producer[out] = i;
+      }
+    }
+    std::vector<int> state(m_def.op_size(), 0);  // 0 new, 1 on the stack, 2 done
+    std::vector<int> stack;
+    std::function<Status(int)> visit = [&](int i) -> Status {
+      if (state[i] == 2) return Status();
+      if (state[i] == 1) {
+        std::string cycle;
+        auto from = std::find(stack.begin(), stack.end(), i);
+        for (auto it = from; it != stack.end(); ++it) cycle += m_def.op(*it).name() + " -> ";
+        return fail("the ops form a cycle: " + cycle + m_def.op(i).name());
+      }
+      state[i] = 1;
+      stack.push_back(i);
+      for (const std::string& in : m_def.op(i).input()) {
+        if (auto it = producer.find(in); it != producer.end()) {
+          if (Status s = visit(it->second); !s.ok()) return s;
+        }
+      }
+      stack.pop_back();
+      state[i] = 2;
+      order->push_back(i);
+      return Status();
+    };
+    for (int i = 0; i < m_def.op_size(); ++i) {
+      if (Status s = visit(i); !s.ok()) return s;
+    }
+    return Status();
+  }
+
+  // The shape an op produces from its inputs, or a shape mismatch error.
+  Result<std::vector<int64_t>> infer(const proto::OpDef& op, OpKind kind, const std::vector<int>& in) {
+    auto shape = [&](size_t i) -> const std::vector<int64_t>& { return m_graph.tensors[in[i]].shape; };
+    auto name = [&](size_t i) { return "'" + m_graph.tensors[in[i]].name + "' " + shape_text(shape(i)); };
+    auto mismatch = [&](const std::string& why) {
+      return fail("op '" + op.name() + "' (" + proto::OpType_Name(op.type()) + "): " + why);
+    };
+    for (size_t i = 0; i < in.size(); ++i) {
+      const bool labels = kind == OpKind::softmax_xent && i == 1;
+      if ((m_graph.tensors[in[i]].dtype == DType::i32) != labels) {
+        return mismatch(name(i) + (labels ? " must be I32 labels" : " must be F32"));
+      }
+    }
+    switch (kind) {
+      case OpKind::matmul:
+        if (shape(0).size() != 2 || shape(1).size() != 2) return mismatch(name(0) + " and " + name(1) + " must be matrices");
+        if (shape(0)[1] != shape(1)[0]) {
+          return mismatch(name(0) + " times " + name(1) + ": the inner dimensions " + std::to_string(shape(0)[1]) +
+                          " and " + std::to_string(shape(1)[0]) + " differ");
+        }
+        return std::vector<int64_t>{shape(0)[0], shape(1)[1]};
+      case OpKind::bias_add:
+        if (shape(0).size() != 2 || shape(1).size() != 1 || shape(1)[0] != shape(0)[1]) {
+          return mismatch("bias " + name(1) + " does not match the columns of " + name(0));
+        }
+        return shape(0);
+      case OpKind::relu:
+      case OpKind::gelu:
+        return shape(0);
+      case OpKind::layer_norm:
+        if (shape(0).size() != 2 || shape(1) != std::vector<int64_t>{shape(0)[1]} || shape(2) != shape(1)) {
+          return mismatch("gamma " + name(1) + " and beta " + name(2) + " must match the last dimension of " + name(0));
+        }
+        return shape(0);
+      case OpKind::add:
+        if (shape(0) != shape(1)) return mismatch(name(0) + " and " + name(1) + " must have the same shape");
+        return shape(0);
+      case OpKind::softmax_xent:
+        if (shape(0).size() != 2 || shape(1) != std::vector<int64_t>{shape(0)[0]}) {
+          return mismatch("labels " + name(1) + " must have one entry per row of logits " + name(0));
+        }
+        return std::vector<int64_t>{1};
+      default:
+        return mismatch("not a forward op");
+    }
+  }
+
+  int output(const std::string& name, const std::vector<int64_t>& shape, int op, Role role) {
+    int t = m_graph.find(name);
+    if (t < 0) {
+      Tensor tensor;
+      tensor.name = name;
+      tensor.shape = shape;
+      tensor.role = role;
+      m_graph.tensors.push_back(std::move(tensor));
+      t = static_cast<int>(m_graph.tensors.size()) - 1;
+    }
+    m_graph.tensors[t].producer = op;
+    return t;
+  }
+
+  Status add_op(const proto::OpDef& def) {
+    const Rule* rule = nullptr;
+    for (const Rule& r : k_rules) {
+      if (r.type == def.type()) rule = &r;
+    }
+    if (rule == nullptr) return fail("op '" + def.name() + "' has no type");
+    if (static_cast<size_t>(def.input_size()) != rule->inputs || def.output_size() != 1) {
+      return fail("op '" + def.name() + "' (" + rule->name + ") takes " + std::to_string(rule->inputs) +
+                  " input(s) and 1 output, not " + std::to_string(def.input_size()) + " and " +
+                  std::to_string(def.output_size()));
+    }
+    Op op;
+    op.name = def.name();
+    op.kind = rule->kind;
+    op.phase = Phase::forward;
+    for (const std::string& in : def.input()) {
+      const int t = m_graph.find(in);
+      if (t < 0 || (m_graph.tensors[t].role == Role::activation && m_graph.tensors[t].producer < 0)) {
+        return fail("op '" + def.name() + "' reads '" + in + "', which no op writes" +
+                    (t < 0 ? " and no tensor declares" : ""));
+      }
+      op.in.push_back(t);
+    }
+    auto shape = infer(def, rule->kind, op.in);
+    if (!shape.ok()) return shape.status();
+    const int id = static_cast<int>(m_graph.ops.size());
+    const std::string& out = def.output(0);
+    if (const int existing = m_graph.find(out); existing >= 0) {
+      const Tensor& t = m_graph.tensors[existing];
+      if (t.role != Role::activation) {
+        return fail("op '" + def.name() + "' writes '" + out + "', which is " + std::string(role_name(t.role)));
+      }
+      if (t.shape != *shape) {
+        return fail("tensor '" + out + "' is declared " + shape_text(t.shape) + " but op '" + def.name() +
+                    "' produces " + shape_text(*shape));
+      }
+    }
+    op.out.push_back(output(out, *shape, id, Role::activation));
+    if (rule->kind == OpKind::layer_norm) {
+      // Saved for the backward pass: per-row mean and 1/stddev.
+      op.out.push_back(output(def.name() + ".mean", {shape->at(0)}, id, Role::activation));
+      op.out.push_back(output(def.name() + ".rstd", {shape->at(0)}, id, Role::activation));
+    }
+    op.accumulate.assign(op.out.size(), false);
+    m_graph.ops.push_back(std::move(op));
+    return Status();
+  }
+
+  const proto::ModelDef& m_def;
+  std::string_view m_source;
+  Graph m_graph;
+};
+
+}  // namespace
+
+std::string_view op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::matmul: return "matmul";
+    case OpKind::bias_add: return "bias_add";
+    case OpKind::relu: return "relu";
+    case OpKind::gelu: return "gelu";
+    case OpKind::layer_norm: return "layer_norm";
+    case OpKind::add: return "add";
+    case OpKind::softmax_xent: return "softmax_xent";
+    case OpKind::matmul_grad_a: return "matmul_grad_a";
+    case OpKind::matmul_grad_b: return "matmul_grad_b";
+    case OpKind::bias_grad: return "bias_grad";
+    case OpKind::pass_grad: return "pass_grad";
+    case OpKind::relu_grad: return "relu_grad";
+    case OpKind::gelu_grad: return "gelu_grad";
+    case OpKind::layer_norm_grad: return "layer_norm_grad";
+    case OpKind::softmax_xent_grad: return "softmax_xent_grad";
+    case OpKind::sgd: return "sgd";
+    case OpKind::adam: return "adam";
+  }
+  return "?";
+}
+
+std::string_view role_name(Role role) {
+  switch (role) {
+    case Role::activation: return "ACTIVATION";
+    case Role::param: return "PARAM";
+    case Role::grad: return "GRAD";
+    case Role::optimizer_state: return "OPTIMIZER_STATE";
+    case Role::input: return "INPUT";
+    case Role::label: return "LABEL";
+  }
+  return "?";
+}
+
+int64_t Tensor::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int Graph::find(std::string_view tensor) const {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].name == tensor) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<int> Graph::ops_of(Phase phase) const {
+  std::vector<int> out;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].phase == phase) out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+std::vector<int> Graph::params() const {
+  std::vector<int> out;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].role == Role::param) out.push_back(static_cast<int>(i));
+  }
+  return out;
+}
+
+int64_t Graph::param_elements() const {
+  int64_t n = 0;
+  for (int p : params()) n += tensors[p].elements();
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? "," : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+Result<Graph> parse_model(std::string_view text, std::string_view source) {
+  proto::ModelDef def;
+  google::protobuf::TextFormat::Parser parser;
+  Errors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &def)) {
+    return Status(ErrorCode::config_error, std::string(source) + ":" + errors.first);
+  }
+  return Builder(def, source).build();
+}
+
+Result<Graph> load_model(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status(ErrorCode::config_error, "cannot read model file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_model(text.str(), path);
+}
+
+}  // namespace tiermem::exec

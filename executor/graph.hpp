@@ -1,0 +1,107 @@
+// The executor's training graph (X1, X2): tensors with static shapes and roles,
+// and ops, loaded from a model file (a ModelDef in protobuf text format),
+// validated, and extended by autodiff with the backward pass and the
+// optimizer. A graph is built once and never re-traced.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tiermem/status.h>
+
+#include "graph.pb.h"
+
+namespace tiermem::exec {
+
+enum class DType : uint8_t { f32, i32 };
+enum class Role : uint8_t { activation, param, grad, optimizer_state, input, label };
+
+enum class OpKind : uint8_t {
+  // forward (model files)
+  matmul, bias_add, relu, gelu, layer_norm, add, softmax_xent,
+  // backward (autodiff)
+  matmul_grad_a,      // dA (+)= dY . B^T             in: dY, B        out: dA
+  matmul_grad_b,      // dB (+)= A^T . dY             in: A, dY        out: dB
+  bias_grad,          // db (+)= sum over rows of dY  in: dY           out: db
+  pass_grad,          // dX (+)= dY                   in: dY           out: dX
+  relu_grad,          // dX (+)= dY * (X > 0)         in: X, dY        out: dX
+  gelu_grad,          // dX (+)= dY * gelu'(X)        in: X, dY        out: dX
+  layer_norm_grad,    // in: X, gamma, mean, rstd, dY   out: dX, dgamma, dbeta
+  softmax_xent_grad,  // dL = (softmax(L) - onehot(y)) * scale   in: L, y   out: dL
+  // update (optimizer)
+  sgd,                // in: param, grad, velocity  (param and velocity updated in place)
+  adam,               // in: param, grad, m, v
+};
+enum class Phase : uint8_t { forward, backward, update };
+
+std::string_view op_kind_name(OpKind kind);
+std::string_view role_name(Role role);
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  DType dtype = DType::f32;
+  Role role = Role::activation;
+  proto::Init init = proto::ZEROS;
+  int64_t init_fan_in = 0;
+  int producer = -1;   // op writing it first (-1: none, e.g. INPUT, PARAM)
+  int grad = -1;       // its gradient tensor, when one exists
+
+  int64_t elements() const;
+  int64_t bytes() const { return elements() * 4; }
+  // One instance per micro-batch (everything that flows), or one per step.
+  bool per_micro_batch() const {
+    return role == Role::activation || role == Role::input || role == Role::label ||
+           (role == Role::grad && !of_param);
+  }
+  bool of_param = false;  // GRAD tensors: the gradient of a PARAM
+};
+
+struct Op {
+  std::string name;
+  OpKind kind = OpKind::matmul;
+  Phase phase = Phase::forward;
+  std::vector<int> in, out;
+  std::vector<bool> accumulate;  // per output: add into it instead of overwriting
+  int origin = -1;               // backward/update ops: the forward op (or param) they come from
+  double flops = 0;
+};
+
+struct Graph {
+  std::string name;
+  std::string dataset;
+  int64_t micro_batch = 0;
+  proto::OptimizerDef optimizer;
+  int loss = -1;
+  // Multiplies the loss gradient beyond 1/rows of a micro-batch, so that the
+  // summed gradients are those of the mean over the whole optimizer step
+  // (micro-batches x data-parallel replicas).
+  float grad_scale = 1;
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;  // forward ops in topological order, then backward, then update
+
+  int find(std::string_view tensor) const;
+  std::vector<int> ops_of(Phase phase) const;
+  std::vector<int> params() const;
+  // Number of float32 elements of every PARAM, in tensor order.
+  int64_t param_elements() const;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape);
+
+// Parses and validates a model. Errors: config_error naming the file, and the
+// line for syntax errors (an unknown op type is one), the op and tensors for
+// everything else: wrong arity, unknown tensors, tensors written twice, writes
+// to inputs or parameters, cycles, shape mismatches, a missing or non-scalar
+// loss.
+Result<Graph> parse_model(std::string_view text, std::string_view source);
+Result<Graph> load_model(const std::string& path);
+
+// Adds the backward pass (X2) and the optimizer's update ops and state.
+// `grad_scale` multiplies the loss gradient (1 / samples per optimizer step
+// beyond the micro-batch: micro-batches x data-parallel replicas).
+Status add_training(Graph& graph, float grad_scale);
+
+}  // namespace tiermem::exec

@@ -1,0 +1,116 @@
+#include "executor/interpreter.hpp"
+
+#include <cmath>
+#include <random>
+
+#include "executor/kernels.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+float* f(const TensorMemory& mem, int t) { return static_cast<float*>(mem(t)); }
+const int32_t* labels(const TensorMemory& mem, int t) { return static_cast<const int32_t*>(mem(t)); }
+
+uint64_t fnv1a(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+OpResult run_op(const Graph& g, const Op& op, const TensorMemory& mem, bool force_accumulate, int64_t step) {
+  namespace k = kernels;
+  OpResult result;
+  auto shape = [&](int t) -> const std::vector<int64_t>& { return g.tensors[t].shape; };
+  auto acc = [&](size_t i) { return force_accumulate || op.accumulate[i]; };
+  auto count = [&](int t) { return g.tensors[t].elements(); };
+  switch (op.kind) {
+    case OpKind::matmul:
+      k::matmul(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1],
+                shape(op.in[1])[1], false);
+      break;
+    case OpKind::bias_add:
+      k::bias_add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1]);
+      break;
+    case OpKind::relu: k::relu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
+    case OpKind::gelu: k::gelu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
+    case OpKind::add: k::add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0])); break;
+    case OpKind::layer_norm:
+      k::layer_norm(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.out[0]), f(mem, op.out[1]),
+                    f(mem, op.out[2]), shape(op.in[0])[0], shape(op.in[0])[1]);
+      break;
+    case OpKind::softmax_xent:
+      result.loss = k::softmax_xent(f(mem, op.in[0]), labels(mem, op.in[1]), shape(op.in[0])[0], shape(op.in[0])[1],
+                                    &result.correct);
+      *f(mem, op.out[0]) = result.loss;
+      break;
+    case OpKind::matmul_grad_a: {  // in: dY [M,N], B [K,N]; out: dA [M,K]
+      const auto& b = shape(op.in[1]);
+      k::matmul_grad_a(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], b[0], b[1], acc(0));
+      break;
+    }
+    case OpKind::matmul_grad_b: {  // in: A [M,K], dY [M,N]; out: dB [K,N]
+      const auto& a = shape(op.in[0]);
+      k::matmul_grad_b(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), a[0], a[1], shape(op.in[1])[1], acc(0));
+      break;
+    }
+    case OpKind::bias_grad:
+      k::bias_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1], acc(0));
+      break;
+    case OpKind::pass_grad: k::pass_grad(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0]), acc(0)); break;
+    case OpKind::relu_grad:
+      k::relu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
+      break;
+    case OpKind::gelu_grad:
+      k::gelu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
+      break;
+    case OpKind::layer_norm_grad:
+      k::layer_norm_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), f(mem, op.in[4]),
+                         f(mem, op.out[0]), f(mem, op.out[1]), f(mem, op.out[2]), shape(op.in[0])[0],
+                         shape(op.in[0])[1], acc(0), acc(1));
+      break;
+    case OpKind::softmax_xent_grad: {
+      const auto& l = shape(op.in[0]);
+      k::softmax_xent_grad(f(mem, op.in[0]), labels(mem, op.in[1]), f(mem, op.out[0]), l[0], l[1],
+                           g.grad_scale / static_cast<float>(l[0]), acc(0));
+      break;
+    }
+    case OpKind::sgd: {
+      const auto& o = g.optimizer;
+      k::sgd(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), count(op.in[0]), o.learning_rate(), o.momentum(),
+             o.weight_decay());
+      break;
+    }
+    case OpKind::adam: {
+      const auto& o = g.optimizer;
+      k::adam(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), count(op.in[0]),
+              o.learning_rate(), o.beta1(), o.beta2(), o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay(), step);
+      break;
+    }
+  }
+  return result;
+}
+
+void init_param(const Tensor& t, float* data, uint64_t seed) {
+  std::mt19937_64 rng(fnv1a(t.name, seed));
+  const int64_t n = t.elements();
+  const double fan_in = t.shape.size() == 2 ? static_cast<double>(t.shape[0]) : static_cast<double>(t.init_fan_in);
+  const double fan_out = t.shape.size() == 2 ? static_cast<double>(t.shape[1]) : 1.0;
+  double bound = 0;
+  switch (t.init) {
+    case proto::ZEROS: std::fill(data, data + n, 0.0f); return;
+    case proto::ONES: std::fill(data, data + n, 1.0f); return;
+    case proto::XAVIER_UNIFORM: bound = std::sqrt(6.0 / (fan_in + fan_out)); break;
+    case proto::KAIMING_UNIFORM: bound = std::sqrt(1.0 / fan_in); break;  // PyTorch nn.Linear: a = sqrt(5)
+    case proto::LINEAR_BIAS: bound = fan_in > 0 ? 1.0 / std::sqrt(fan_in) : 0.0; break;
+    default: bound = 0;
+  }
+  std::uniform_real_distribution<double> u(-bound, bound);
+  for (int64_t i = 0; i < n; ++i) data[i] = static_cast<float>(u(rng));
+}
+
+}  // namespace tiermem::exec

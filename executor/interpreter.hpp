@@ -1,0 +1,30 @@
+// Runs one op of a training graph on buffers (the CPU kernels of kernels.hpp).
+// The trainer resolves tensors to memory from its plan; tests resolve them to
+// plain vectors.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "executor/graph.hpp"
+
+namespace tiermem::exec {
+
+// Memory of tensor `t` for the op being run.
+using TensorMemory = std::function<void*(int tensor)>;
+
+struct OpResult {
+  float loss = 0;         // softmax_xent: mean loss of the micro-batch
+  int64_t correct = 0;    // softmax_xent: rows whose arg-max is the label
+};
+
+// Runs `op`. `force_accumulate` makes every output accumulate (the trainer
+// zeroes gradient buffers and sums contributions, also those of other
+// stages). `step` is the optimizer step (Adam's bias correction, from 1).
+OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bool force_accumulate = false,
+                int64_t step = 1);
+
+// Fills a PARAM as its init says, deterministically from `seed` and its name.
+void init_param(const Tensor& tensor, float* data, uint64_t seed);
+
+}  // namespace tiermem::exec

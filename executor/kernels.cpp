@@ -1,0 +1,215 @@
+#include "executor/kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace tiermem::exec::kernels {
+namespace {
+
+// Below this many elements a parallel loop costs more than it saves.
+constexpr int64_t k_parallel = 1 << 15;
+
+}  // namespace
+
+void matmul(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.0f, a, static_cast<int>(k), b, static_cast<int>(n), accumulate ? 1.0f : 0.0f, c,
+              static_cast<int>(n));
+}
+
+void matmul_grad_a(const float* dy, const float* b, float* da, int64_t m, int64_t k, int64_t n, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(k), static_cast<int>(n),
+              1.0f, dy, static_cast<int>(n), b, static_cast<int>(n), accumulate ? 1.0f : 0.0f, da, static_cast<int>(k));
+}
+
+void matmul_grad_b(const float* a, const float* dy, float* db, int64_t m, int64_t k, int64_t n, bool accumulate) {
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(k), static_cast<int>(n), static_cast<int>(m),
+              1.0f, a, static_cast<int>(k), dy, static_cast<int>(n), accumulate ? 1.0f : 0.0f, db, static_cast<int>(n));
+}
+
+void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n) {
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = x[r * n + j] + bias[j];
+  }
+}
+
+void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate) {
+  // Columns in parallel, rows in order: the sum order never changes.
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t j = 0; j < n; ++j) {
+    float s = 0;
+    for (int64_t r = 0; r < m; ++r) s += dy[r * n + j];
+    dbias[j] = accumulate ? dbias[j] + s : s;
+  }
+}
+
+void pass_grad(const float* dy, float* dx, int64_t count, bool accumulate) {
+  if (!accumulate) {
+    if (dx != dy) std::copy(dy, dy + count, dx);
+    return;
+  }
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) dx[i] += dy[i];
+}
+
+void add(const float* a, const float* b, float* y, int64_t count) {
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) y[i] = a[i] + b[i];
+}
+
+void relu(const float* x, float* y, int64_t count) {
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;
+}
+
+void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = x[i] > 0 ? dy[i] : 0.0f;
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+namespace {
+constexpr float k_sqrt_2_over_pi = 0.7978845608028654f;
+constexpr float k_gelu_c = 0.044715f;
+}  // namespace
+
+void gelu(const float* x, float* y, int64_t count) {
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    const float inner = k_sqrt_2_over_pi * (v + k_gelu_c * v * v * v);
+    y[i] = 0.5f * v * (1.0f + std::tanh(inner));
+  }
+}
+
+void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    const float inner = k_sqrt_2_over_pi * (v + k_gelu_c * v * v * v);
+    const float t = std::tanh(inner);
+    const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k_sqrt_2_over_pi * (1.0f + 3.0f * k_gelu_c * v * v);
+    const float g = dy[i] * d;
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                int64_t m, int64_t n) {
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * n;
+    float mu = 0;
+    for (int64_t j = 0; j < n; ++j) mu += row[j];
+    mu /= static_cast<float>(n);
+    float var = 0;
+    for (int64_t j = 0; j < n; ++j) var += (row[j] - mu) * (row[j] - mu);
+    var /= static_cast<float>(n);
+    const float rs = 1.0f / std::sqrt(var + k_layer_norm_epsilon);
+    mean[r] = mu;
+    rstd[r] = rs;
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = (row[j] - mu) * rs * gamma[j] + beta[j];
+  }
+}
+
+void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                     float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n, bool accumulate_dx,
+                     bool accumulate_params) {
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * n;
+    const float* dyr = dy + r * n;
+    float sum_g = 0, sum_gx = 0;  // sums of dxhat and dxhat * xhat over the row
+    for (int64_t j = 0; j < n; ++j) {
+      const float xhat = (xr[j] - mean[r]) * rstd[r];
+      const float g = dyr[j] * gamma[j];
+      sum_g += g;
+      sum_gx += g * xhat;
+    }
+    const float inv_n = 1.0f / static_cast<float>(n);
+    for (int64_t j = 0; j < n; ++j) {
+      const float xhat = (xr[j] - mean[r]) * rstd[r];
+      const float g = dyr[j] * gamma[j];
+      const float d = rstd[r] * (g - inv_n * sum_g - xhat * inv_n * sum_gx);
+      dx[r * n + j] = accumulate_dx ? dx[r * n + j] + d : d;
+    }
+  }
+  // Parameter gradients: columns in parallel, rows in order.
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t j = 0; j < n; ++j) {
+    float sg = 0, sb = 0;
+    for (int64_t r = 0; r < m; ++r) {
+      const float xhat = (x[r * n + j] - mean[r]) * rstd[r];
+      sg += dy[r * n + j] * xhat;
+      sb += dy[r * n + j];
+    }
+    dgamma[j] = accumulate_params ? dgamma[j] + sg : sg;
+    dbeta[j] = accumulate_params ? dbeta[j] + sb : sb;
+  }
+}
+
+float softmax_xent(const float* logits, const int32_t* labels, int64_t m, int64_t c, int64_t* correct) {
+  double total = 0;
+  int64_t right = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = logits + r * c;
+    const float max = *std::max_element(row, row + c);
+    float sum = 0;
+    for (int64_t j = 0; j < c; ++j) sum += std::exp(row[j] - max);
+    total += static_cast<double>(std::log(sum) + max - row[labels[r]]);
+    right += (std::max_element(row, row + c) - row) == labels[r];
+  }
+  if (correct != nullptr) *correct = right;
+  return static_cast<float>(total / static_cast<double>(m));
+}
+
+void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
+                       float scale, bool accumulate) {
+#pragma omp parallel for if (m * c > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = logits + r * c;
+    const float max = *std::max_element(row, row + c);
+    float sum = 0;
+    for (int64_t j = 0; j < c; ++j) sum += std::exp(row[j] - max);
+    for (int64_t j = 0; j < c; ++j) {
+      const float p = std::exp(row[j] - max) / sum;
+      const float g = (p - (j == labels[r] ? 1.0f : 0.0f)) * scale;
+      dlogits[r * c + j] = accumulate ? dlogits[r * c + j] + g : g;
+    }
+  }
+}
+
+void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+         float weight_decay) {
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = grad[i] + weight_decay * param[i];
+    const float v = momentum * velocity[i] + g;
+    velocity[i] = v;
+    param[i] -= lr * v;
+  }
+}
+
+void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1, float beta2,
+          float epsilon, float weight_decay, int64_t step) {
+  const float c1 = 1.0f - std::pow(beta1, static_cast<float>(step));
+  const float c2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+  const float step_size = lr / c1;
+  const float c2_sqrt = std::sqrt(c2);
+#pragma omp parallel for if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = grad[i] + weight_decay * param[i];
+    m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+    v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    // PyTorch: denom = sqrt(v) / sqrt(bias_correction2) + eps
+    const float denom = std::sqrt(v[i]) / c2_sqrt + epsilon;
+    param[i] -= step_size * m[i] / denom;
+  }
+}
+
+}  // namespace tiermem::exec::kernels

@@ -1,0 +1,48 @@
+// CPU kernels (X12): GEMM through BLAS, element-wise loops vectorised by the
+// compiler and spread over the cores with OpenMP. Row-major float32. Every
+// kernel with an `accumulate` flag adds into its output instead of
+// overwriting it. Deterministic: same inputs, same threads, same bits.
+#pragma once
+
+#include <cstdint>
+
+namespace tiermem::exec::kernels {
+
+// C[M,N] (+)= A[M,K] . B[K,N]
+void matmul(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool accumulate);
+// dA[M,K] (+)= dY[M,N] . B[K,N]^T
+void matmul_grad_a(const float* dy, const float* b, float* da, int64_t m, int64_t k, int64_t n, bool accumulate);
+// dB[K,N] (+)= A[M,K]^T . dY[M,N]
+void matmul_grad_b(const float* a, const float* dy, float* db, int64_t m, int64_t k, int64_t n, bool accumulate);
+
+void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n);
+void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate);
+void pass_grad(const float* dy, float* dx, int64_t count, bool accumulate);
+void add(const float* a, const float* b, float* y, int64_t count);
+void relu(const float* x, float* y, int64_t count);
+void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+// GELU, tanh approximation (PyTorch's approximate="tanh").
+void gelu(const float* x, float* y, int64_t count);
+void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+
+inline constexpr float k_layer_norm_epsilon = 1e-5f;
+void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                int64_t m, int64_t n);
+void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                     float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n, bool accumulate_dx,
+                     bool accumulate_params);
+
+// Mean cross-entropy of softmax(logits) against labels; *correct gets the
+// number of rows whose arg-max is the label.
+float softmax_xent(const float* logits, const int32_t* labels, int64_t m, int64_t c, int64_t* correct);
+// dL (+)= (softmax(L) - onehot(y)) * scale
+void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
+                       float scale, bool accumulate);
+
+// PyTorch's SGD (dampening 0) and Adam, weight decay as L2 on the gradient.
+void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+         float weight_decay);
+void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1, float beta2,
+          float epsilon, float weight_decay, int64_t step);
+
+}  // namespace tiermem::exec::kernels

@@ -1,0 +1,174 @@
+#include "executor/memory_plan.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "common/units.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+// Lowest offset where [offset, offset+bytes) overlaps no placed instance whose
+// lifetime overlaps `p`'s.
+int64_t first_fit(const std::vector<Placement>& placed, const Placement& p) {
+  std::vector<std::pair<int64_t, int64_t>> busy;
+  for (const Placement& q : placed) {
+    if (q.last < p.first || p.last < q.first) continue;
+    busy.push_back({q.offset, q.offset + q.bytes});
+  }
+  std::sort(busy.begin(), busy.end());
+  int64_t offset = 0;
+  for (const auto& [start, end] : busy) {
+    if (offset + p.bytes <= start) break;
+    offset = std::max(offset, end);
+  }
+  return offset;
+}
+
+constexpr int64_t k_align = 64;
+int64_t align(int64_t n) { return (n + k_align - 1) / k_align * k_align; }
+
+}  // namespace
+
+const Placement* MemoryPlan::find(int tensor, int micro_batch) const {
+  for (const auto* list : {&work, &params, &grads, &optimizer}) {
+    for (const Placement& p : *list) {
+      if (p.tensor == tensor && (p.micro_batch == micro_batch || p.micro_batch < 0)) return &p;
+    }
+  }
+  return nullptr;
+}
+
+int64_t MemoryPlan::total_bytes() const {
+  int64_t n = 0;
+  for (const ArenaPlan& a : arenas) n += a.bytes * a.copies;
+  return n;
+}
+
+MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram) {
+  MemoryPlan plan;
+  plan.part = part;
+  plan.micro_batches = micro_batches;
+  std::vector<int> forward, backward, update;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (partition.of_op[i] != part) continue;
+    (g.ops[i].phase == Phase::forward ? forward : g.ops[i].phase == Phase::backward ? backward : update)
+        .push_back(static_cast<int>(i));
+  }
+  for (int m = 0; m < micro_batches; ++m) {
+    for (int op : forward) plan.schedule.push_back({op, m});
+  }
+  for (int m = micro_batches - 1; m >= 0; --m) {
+    for (int op : backward) plan.schedule.push_back({op, m});
+  }
+
+  // Lifetimes of per-micro-batch tensors this stage touches.
+  std::map<std::pair<int, int>, Placement> live;
+  std::vector<bool> produced_here(g.tensors.size(), false);
+  for (int op : forward) {
+    for (int t : g.ops[op].out) produced_here[t] = true;
+  }
+  for (int op : backward) {
+    for (int t : g.ops[op].out) produced_here[t] = true;
+  }
+  for (size_t pos = 0; pos < plan.schedule.size(); ++pos) {
+    const auto [op, m] = plan.schedule[pos];
+    auto touch = [&](int t) {
+      const Tensor& tensor = g.tensors[t];
+      if (!tensor.per_micro_batch()) return;
+      // Inputs and labels are loaded here; other tensors from another stage
+      // are read in place from the mailbox they arrive in.
+      const bool loaded = tensor.role == Role::input || tensor.role == Role::label;
+      if (!produced_here[t] && !loaded) {
+        if (std::find(plan.received.begin(), plan.received.end(), t) == plan.received.end()) plan.received.push_back(t);
+        return;
+      }
+      auto [it, fresh] = live.try_emplace({t, m});
+      Placement& p = it->second;
+      if (fresh) {
+        p.tensor = t;
+        p.micro_batch = m;
+        p.bytes = align(tensor.bytes());
+        p.first = static_cast<int>(pos);
+      }
+      p.last = static_cast<int>(pos);
+    };
+    for (int t : g.ops[op].in) touch(t);
+    for (int t : g.ops[op].out) touch(t);
+  }
+  // Biggest first, each at the lowest offset free over its lifetime.
+  std::vector<Placement> order;
+  for (auto& [key, p] : live) order.push_back(p);
+  std::sort(order.begin(), order.end(), [](const Placement& a, const Placement& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.first < b.first;
+  });
+  for (Placement& p : order) {
+    p.offset = first_fit(plan.work, p);
+    plan.work.push_back(p);
+    plan.work_peak = std::max(plan.work_peak, p.offset + p.bytes);
+    plan.work_naive += p.bytes;
+  }
+
+  // Per-step tensors of this stage.
+  auto stack = [](std::vector<Placement>& list, int t, int64_t bytes, int64_t* size) {
+    Placement p;
+    p.tensor = t;
+    p.offset = *size;
+    p.bytes = align(bytes);
+    *size += p.bytes;
+    list.push_back(p);
+  };
+  int64_t params = 0, grads = 0, optimizer = 0;
+  for (int op : update) {
+    const Op& u = g.ops[op];
+    stack(plan.params, u.in[0], g.tensors[u.in[0]].bytes(), &params);
+    stack(plan.grads, u.in[1], g.tensors[u.in[1]].bytes(), &grads);
+    for (size_t i = 2; i < u.in.size(); ++i) stack(plan.optimizer, u.in[i], g.tensors[u.in[i]].bytes(), &optimizer);
+  }
+  // Kernels run on the CPU: "hot" data is in the fastest tier the CPU can
+  // address. With GPU kernels parameters and activations would go to VRAM.
+  const Tier hot = vram ? Tier::vram : Tier::dram;
+  plan.arenas = {
+      {"params", hot, params, 2, "parameters; two copies, the committed step's and the next"},
+      {"grads", hot, grads, 1, "parameter gradients, summed over micro-batches"},
+      {"optimizer", Tier::dram, optimizer, 2, "optimizer state, committed with the parameters"},
+      {"work", hot, plan.work_peak, 1, "activations and their gradients, reused over lifetimes"},
+      {"snapshot", Tier::pmem, params, 1, "parameters of the last snapshot (--snapshot-every)"},
+  };
+  return plan;
+}
+
+std::string format_plan(const Graph& g, const MemoryPlan& plan) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "stage %d: %zu scheduled op runs over %d micro-batch(es)\n", plan.part,
+                plan.schedule.size(), plan.micro_batches);
+  out += line;
+  for (const ArenaPlan& a : plan.arenas) {
+    std::snprintf(line, sizeof line, "  arena %-9s %-4s %10s x%d  %s\n", a.name.c_str(),
+                  std::string(tier_name(a.tier)).c_str(), format_size(static_cast<uint64_t>(a.bytes)).c_str(),
+                  a.copies, a.purpose.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  work arena: peak %s with reuse, %s without (%.1fx less)\n",
+                format_size(static_cast<uint64_t>(plan.work_peak)).c_str(),
+                format_size(static_cast<uint64_t>(plan.work_naive)).c_str(),
+                plan.work_peak > 0 ? static_cast<double>(plan.work_naive) / static_cast<double>(plan.work_peak) : 1.0);
+  out += line;
+  std::snprintf(line, sizeof line, "  %-28s %4s %10s %10s %7s\n", "TENSOR", "MB", "OFFSET", "BYTES", "LIVE");
+  out += line;
+  for (const Placement& p : plan.work) {
+    std::snprintf(line, sizeof line, "  %-28s %4d %10lld %10lld %3d-%-3d\n", g.tensors[p.tensor].name.c_str(),
+                  p.micro_batch, static_cast<long long>(p.offset), static_cast<long long>(p.bytes), p.first, p.last);
+    out += line;
+  }
+  for (int t : plan.received) {
+    std::snprintf(line, sizeof line, "  %-28s  from another stage (read in place from the mailbox)\n",
+                  g.tensors[t].name.c_str());
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace tiermem::exec

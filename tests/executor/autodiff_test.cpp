@@ -1,0 +1,145 @@
+// Every op's gradient against finite differences of the loss.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "executor/graph.hpp"
+#include "executor/interpreter.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+struct Buffers {
+  std::vector<std::vector<float>> data;
+  void* operator()(int t) { return data[t].data(); }
+};
+
+Buffers allocate(const Graph& g, uint64_t seed) {
+  Buffers b;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (const Tensor& t : g.tensors) {
+    b.data.emplace_back(static_cast<size_t>(t.elements()), 0.0f);
+    auto& v = b.data.back();
+    if (t.role == Role::input || t.role == Role::param) {
+      for (auto& x : v) x = u(rng);
+    }
+    if (t.role == Role::label) {
+      const int64_t classes = 5;
+      for (auto& x : v) {
+        const int32_t label = static_cast<int32_t>(rng() % classes);
+        std::memcpy(&x, &label, 4);
+      }
+    }
+  }
+  return b;
+}
+
+float forward(const Graph& g, Buffers& b) {
+  float loss = 0;
+  for (int i : g.ops_of(Phase::forward)) {
+    auto r = run_op(g, g.ops[i], std::ref(b));
+    if (g.ops[i].kind == OpKind::softmax_xent) loss = r.loss;
+  }
+  return loss;
+}
+
+void check_gradients(const std::string& text) {
+  auto parsed = parse_model(text, "gradcheck");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  Graph g = std::move(parsed).value();
+  ASSERT_TRUE(add_training(g, 1.0f).ok());
+  Buffers b = allocate(g, 7);
+  forward(g, b);
+  for (int i : g.ops_of(Phase::backward)) run_op(g, g.ops[i], std::ref(b));
+  int checked = 0;
+  for (int p : g.params()) {
+    const int grad = g.tensors[p].grad;
+    ASSERT_GE(grad, 0);
+    auto& w = b.data[p];
+    for (size_t i = 0; i < w.size(); i += std::max<size_t>(1, w.size() / 7)) {
+      const float keep = w[i];
+      const float eps = 1e-2f;
+      w[i] = keep + eps;
+      const double up = forward(g, b);
+      w[i] = keep - eps;
+      const double down = forward(g, b);
+      w[i] = keep;
+      const double numeric = (up - down) / (2 * eps);
+      const double analytic = b.data[grad][i];
+      EXPECT_NEAR(analytic, numeric, 2e-3 + 2e-2 * std::abs(numeric))
+          << g.tensors[p].name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 10);
+}
+
+TEST(AutodiffTest, MatmulBiasReluSoftmaxCrossEntropy) {
+  check_gradients(R"(
+name: "g" micro_batch: 6
+tensor { name: "x" shape: [6, 4] role: INPUT }
+tensor { name: "y" shape: [6] role: LABEL dtype: I32 }
+tensor { name: "w1" shape: [4, 8] role: PARAM }
+tensor { name: "b1" shape: [8] role: PARAM }
+tensor { name: "w2" shape: [8, 5] role: PARAM }
+op { name: "fc1" type: MATMUL input: ["x", "w1"] output: "h" }
+op { name: "b" type: BIAS_ADD input: ["h", "b1"] output: "z" }
+op { name: "r" type: RELU input: "z" output: "a" }
+op { name: "fc2" type: MATMUL input: ["a", "w2"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: SGD learning_rate: 0.1 })");
+}
+
+TEST(AutodiffTest, LayerNormGeluResidualAdd) {
+  // "e" feeds two ops (layer norm and the residual): its gradient sums both.
+  check_gradients(R"(
+name: "g" micro_batch: 5
+tensor { name: "x" shape: [5, 4] role: INPUT }
+tensor { name: "y" shape: [5] role: LABEL dtype: I32 }
+tensor { name: "w0" shape: [4, 6] role: PARAM }
+tensor { name: "g1" shape: [6] role: PARAM }
+tensor { name: "b1" shape: [6] role: PARAM }
+tensor { name: "w1" shape: [6, 6] role: PARAM }
+tensor { name: "w2" shape: [6, 5] role: PARAM }
+op { name: "embed" type: MATMUL input: ["x", "w0"] output: "e" }
+op { name: "ln" type: LAYER_NORM input: ["e", "g1", "b1"] output: "n" }
+op { name: "fc" type: MATMUL input: ["n", "w1"] output: "u" }
+op { name: "gelu" type: GELU input: "u" output: "a" }
+op { name: "res" type: ADD input: ["e", "a"] output: "r" }
+op { name: "head" type: MATMUL input: ["r", "w2"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
+}
+
+TEST(AutodiffTest, OptimizersMatchTheirDefinitions) {
+  // One SGD-momentum and one Adam step on known numbers (PyTorch's formulas).
+  auto g = parse_model(R"(
+name: "o" micro_batch: 1
+tensor { name: "x" shape: [1, 1] role: INPUT }
+tensor { name: "y" shape: [1] role: LABEL dtype: I32 }
+tensor { name: "w" shape: [1, 2] role: PARAM }
+op { name: "fc" type: MATMUL input: ["x", "w"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: SGD learning_rate: 0.5 momentum: 0.9 })", "o");
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(add_training(*g, 1.0f).ok());
+  const Op& update = g->ops[g->ops_of(Phase::update).front()];
+  std::vector<float> w{1, 2}, grad{0.1f, -0.2f}, vel{0, 0};
+  std::vector<void*> mem(g->tensors.size());
+  mem[update.in[0]] = w.data();
+  mem[update.in[1]] = grad.data();
+  mem[update.in[2]] = vel.data();
+  run_op(*g, update, [&](int t) { return mem[t]; });
+  EXPECT_FLOAT_EQ(w[0], 1 - 0.5f * 0.1f);
+  run_op(*g, update, [&](int t) { return mem[t]; });
+  EXPECT_FLOAT_EQ(vel[0], 0.9f * 0.1f + 0.1f);
+  EXPECT_FLOAT_EQ(w[0], 1 - 0.5f * 0.1f - 0.5f * (0.9f * 0.1f + 0.1f));
+}
+
+}  // namespace
+}  // namespace tiermem::exec
