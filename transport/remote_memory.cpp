@@ -94,11 +94,11 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
   const uint64_t addr = m_node->versions.base + first * sizeof(uint64_t);
   auto batch = m_transport.batch();
   Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *m_node->versions.key);
-  if (s.ok()) s = m_transport.fence();
+  if (s.ok()) s = m_transport.fence(*batch);
   for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
     s = frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
   }
-  if (s.ok()) s = m_transport.fence();
+  if (s.ok()) s = m_transport.fence(*batch);
   if (s.ok()) {
     s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *m_node->versions.key);
   }

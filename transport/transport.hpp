@@ -1,7 +1,14 @@
 // The one-sided data plane (C1): register memory, connect to peers, and move
 // bytes and 64-bit atomics to and from their registered memory without their
-// CPU in the data path (where the fabric allows; over TCP, UCX emulates some
-// operations with messages the peer's progress thread answers).
+// CPU in the data path where the fabric allows (RDMA, shared memory).
+//
+// Over TCP there is no one-sided access: the peer's progress thread must
+// answer. UCX 1.13 emulates gets, puts and atomics itself there, but aborts
+// the answering process when the asking one dies with an operation in flight
+// (ucp_request_try_send: "Fatal: unexpected error"), so one killed client
+// would take its daemon down. On such endpoints this transport sends its own
+// request/reply active messages instead: the answering side checks the range
+// against its registered regions and drops replies to a dead peer.
 //
 // Operations are issued into a Batch and complete together in wait(), so
 // several can be in flight at once (over TCP a single outstanding get costs a
@@ -102,9 +109,9 @@ class Transport {
   virtual Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand,
                         uint64_t compare, uint64_t remote_addr, RemoteKey& key,
                         uint64_t* result) = 0;
-  // Orders operations: those issued before complete at their target before
-  // those issued after (on the same endpoint).
-  virtual Status fence() = 0;
+  // Orders the batch's operations: those issued before complete at their
+  // target before those issued after (on the same endpoint).
+  virtual Status fence(Batch& batch) = 0;
   // Completes every operation of the batch, driving progress. Errors:
   // transport_error (a peer failed), timeout (then the endpoints of the
   // unfinished operations are closed, so no buffer is written later).
@@ -125,6 +132,10 @@ struct UcxOptions {
   // Start a thread that answers peers (the daemon needs one; clients progress
   // while they wait).
   bool progress_thread = false;
+  // How operations reach peers without one-sided hardware (TCP): "messages"
+  // (our request/reply, the default) or "ucx" (UCX's own emulation, which
+  // aborts the target if the initiator dies mid-operation; for comparison).
+  std::string emulation = "messages";
 };
 
 // Errors: transport_error (UCX could not start).

@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include <ucp/api/ucp.h>
 #include <ucs/debug/log_def.h>
@@ -62,7 +64,74 @@ class UcxEndpoint final : public Endpoint {
   UcxTransport& m_owner;
   ucp_ep_h m_ep = nullptr;
   std::atomic<bool> m_failed{false};
+  // Operations go as request/reply messages (no one-sided path, see
+  // transport.hpp).
+  bool m_messages = false;
 };
+
+// --- request/reply messages --------------------------------------------------
+//
+// A request names an address in one of the target's registered regions; the
+// target checks it, runs the operation on its memory and replies with the
+// request's id. Both sides run the same code, so headers are in host order.
+
+constexpr uint16_t k_request_id = 41;
+constexpr uint16_t k_reply_id = 42;
+constexpr uint32_t k_message_magic = 0x544d5251;  // "QRMT"
+
+enum class MessageKind : uint8_t { get = 1, put = 2, atomic = 3 };
+
+// Why the target refused.
+enum class Refusal : int32_t { none = 0, unregistered = 1, unaligned = 2, not_host = 3, malformed = 4 };
+
+struct MessageRequest {
+  uint32_t magic = k_message_magic;
+  MessageKind kind = MessageKind::get;
+  uint8_t op = 0;  // AtomicOp
+  uint16_t reserved = 0;
+  uint64_t id = 0;
+  uint64_t address = 0;
+  uint64_t length = 0;
+  uint64_t operand = 0;
+  uint64_t compare = 0;
+};
+
+struct MessageReply {
+  uint32_t magic = k_message_magic;
+  Refusal refusal = Refusal::none;
+  uint64_t id = 0;
+  uint64_t value = 0;  // an atomic's old value
+};
+
+// One operation in flight as messages. Owned by its batch; the fields after
+// `sent` are shared with the progress callbacks under UcxTransport::m_ops_lock.
+struct MessageOp {
+  MessageRequest header;
+  UcxEndpoint* ep = nullptr;
+  const void* src = nullptr;  // put payload
+  void* dst = nullptr;        // get destination
+  uint64_t* result = nullptr;
+  bool sent = false;
+  void* send_request = nullptr;
+  void* recv_request = nullptr;  // a rendezvous reply landing in dst
+  bool replied = false;
+  ucs_status_t status = UCS_OK;
+  Refusal refusal = Refusal::none;
+};
+
+Status refusal_error(Refusal r, const MessageRequest& h) {
+  std::string what;
+  switch (r) {
+    case Refusal::unregistered: what = "the range is not in a registered region"; break;
+    case Refusal::unaligned: what = "the atomic word is not 8-byte aligned"; break;
+    case Refusal::not_host: what = "the region is device memory, which messages cannot reach"; break;
+    default: what = "malformed request"; break;
+  }
+  char where[64];
+  std::snprintf(where, sizeof where, "0x%llx+%llu", static_cast<unsigned long long>(h.address),
+                static_cast<unsigned long long>(h.length));
+  return Status(ErrorCode::out_of_range, std::string("peer refused remote access to ") + where + ": " + what);
+}
 
 class UcxRemoteKey final : public RemoteKey {
  public:
@@ -72,11 +141,47 @@ class UcxRemoteKey final : public RemoteKey {
   ucp_rkey_h m_key;
 };
 
+// Registered regions by base address, for checking message requests.
+class RegionTable {
+ public:
+  void add(uint64_t base, uint64_t length, MemoryKind kind) {
+    std::lock_guard lock(m_lock);
+    m_regions[base] = {length, kind};
+  }
+  void remove(uint64_t base) {
+    std::lock_guard lock(m_lock);
+    m_regions.erase(base);
+  }
+  Refusal check(uint64_t address, uint64_t length) const {
+    std::lock_guard lock(m_lock);
+    auto it = m_regions.upper_bound(address);
+    if (it == m_regions.begin()) return Refusal::unregistered;
+    --it;
+    if (address + length < address || address + length > it->first + it->second.length) return Refusal::unregistered;
+    if (it->second.kind != MemoryKind::host) return Refusal::not_host;
+    return Refusal::none;
+  }
+
+ private:
+  struct Entry {
+    uint64_t length;
+    MemoryKind kind;
+  };
+  mutable std::mutex m_lock;
+  std::map<uint64_t, Entry> m_regions;
+};
+
 class UcxRegion final : public RegisteredRegion {
  public:
-  UcxRegion(ucp_context_h context, ucp_mem_h memh, std::string key, uint64_t base, uint64_t length)
-      : m_context(context), m_memh(memh), m_key(std::move(key)), m_base(base), m_length(length) {}
-  ~UcxRegion() override { ucp_mem_unmap(m_context, m_memh); }
+  UcxRegion(ucp_context_h context, ucp_mem_h memh, std::string key, uint64_t base, uint64_t length,
+            RegionTable& table, MemoryKind kind)
+      : m_context(context), m_memh(memh), m_key(std::move(key)), m_base(base), m_length(length), m_table(table) {
+    m_table.add(base, length, kind);
+  }
+  ~UcxRegion() override {
+    m_table.remove(m_base);
+    ucp_mem_unmap(m_context, m_memh);
+  }
   const std::string& packed_key() const override { return m_key; }
   uint64_t base() const override { return m_base; }
   uint64_t length() const override { return m_length; }
@@ -87,17 +192,26 @@ class UcxRegion final : public RegisteredRegion {
   std::string m_key;
   uint64_t m_base;
   uint64_t m_length;
+  RegionTable& m_table;
 };
 
 class UcxBatch final : public Batch {
  public:
-  size_t pending() const override { return m_requests.size(); }
+  size_t pending() const override { return m_requests.size() + (m_messages.size() - m_done); }
   struct Pending {
     void* request;
     UcxEndpoint* ep;
   };
   std::vector<Pending> m_requests;
   std::deque<uint64_t> m_operands;  // atomic operands live until completion
+  // Message operations in issue order; those at or after a fence are sent
+  // once every one before it has finished.
+  std::vector<std::unique_ptr<MessageOp>> m_messages;
+  std::vector<size_t> m_fences;
+  size_t m_sent = 0;
+  size_t m_done = 0;         // how many are done
+  size_t m_done_prefix = 0;  // m_messages[0, m_done_prefix) are all done
+  std::vector<bool> m_is_done;
 };
 
 class UcxTransport final : public Transport {
@@ -144,7 +258,7 @@ class UcxTransport final : public Transport {
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     // Wakeup for everyone: the daemon's progress thread sleeps on the event
     // fd, and a waiting client stops spinning after a while (see wait()).
-    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AMO32 | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AMO32 | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     params.mt_workers_shared = 1;
     st = ucp_init(&params, config, &m_context);
     ucp_config_release(config);
@@ -162,6 +276,17 @@ class UcxTransport final : public Transport {
     ucp_worker_release_address(m_worker, address);
     st = ucp_worker_get_efd(m_worker, &m_efd);
     if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
+    m_use_messages = options.emulation != "ucx";
+    for (const auto& [id, cb] : {std::pair{k_request_id, &UcxTransport::on_request},
+                                 std::pair{k_reply_id, &UcxTransport::on_reply}}) {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      hp.id = id;
+      hp.cb = cb;
+      hp.arg = this;
+      st = ucp_worker_set_am_recv_handler(m_worker, &hp);
+      if (st != UCS_OK) return ucx_error("ucp_worker_set_am_recv_handler", st);
+    }
     if (options.progress_thread) {
       m_wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
       m_progress = std::thread([this] { progress_loop(m_efd); });
@@ -193,7 +318,7 @@ class UcxTransport final : public Transport {
     std::string packed(static_cast<const char*>(key), key_size);
     ucp_rkey_buffer_release(key);
     return std::unique_ptr<RegisteredRegion>(new UcxRegion(
-        m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(base), length));
+        m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(base), length, m_regions, kind));
   }
 
   Result<SharedAllocation> allocate_shared(size_t length) override {
@@ -229,7 +354,7 @@ class UcxTransport final : public Transport {
     out.length = attr.length;
     out.fd = fd;
     out.region.reset(new UcxRegion(m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(attr.address),
-                                   attr.length));
+                                   attr.length, m_regions, MemoryKind::host));
     return out;
   }
 
@@ -259,6 +384,9 @@ class UcxTransport final : public Transport {
       if (st == UCS_OK) m_peer_errors.store(false);
     }
     if (st != UCS_OK) return ucx_error("connecting to a peer", st);
+    // UCX's tcp transport has no one-sided gets or atomics: UCX would
+    // emulate them (see transport.hpp), so we send our own messages.
+    if (m_use_messages) ep->m_messages = describe(ep->m_ep).find("tcp") != std::string::npos;
     return std::shared_ptr<Endpoint>(std::move(ep));
   }
 
@@ -277,6 +405,14 @@ class UcxTransport final : public Transport {
              RemoteKey& key) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
+    if (e.m_messages) {
+      auto op = std::make_unique<MessageOp>();
+      op->header.kind = MessageKind::get;
+      op->header.address = remote_addr;
+      op->header.length = length;
+      op->dst = dst;
+      return issue(batch, e, std::move(op));
+    }
     ucp_request_param_t p{};
     return track(batch, e,
                  ucp_get_nbx(e.m_ep, dst, length, remote_addr, static_cast<UcxRemoteKey&>(key).m_key, &p),
@@ -287,6 +423,14 @@ class UcxTransport final : public Transport {
              RemoteKey& key) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
+    if (e.m_messages) {
+      auto op = std::make_unique<MessageOp>();
+      op->header.kind = MessageKind::put;
+      op->header.address = remote_addr;
+      op->header.length = length;
+      op->src = src;
+      return issue(batch, e, std::move(op));
+    }
     ucp_request_param_t p{};
     return track(batch, e,
                  ucp_put_nbx(e.m_ep, src, length, remote_addr, static_cast<UcxRemoteKey&>(key).m_key, &p),
@@ -297,6 +441,17 @@ class UcxTransport final : public Transport {
                 uint64_t remote_addr, RemoteKey& key, uint64_t* result) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
+    if (e.m_messages) {
+      auto m = std::make_unique<MessageOp>();
+      m->header.kind = MessageKind::atomic;
+      m->header.op = static_cast<uint8_t>(op);
+      m->header.address = remote_addr;
+      m->header.length = sizeof(uint64_t);
+      m->header.operand = operand;
+      m->header.compare = compare;
+      m->result = result;
+      return issue(batch, e, std::move(m));
+    }
     auto& b = static_cast<UcxBatch&>(batch);
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
@@ -318,7 +473,9 @@ class UcxTransport final : public Transport {
                  "atomic");
   }
 
-  Status fence() override {
+  Status fence(Batch& batch) override {
+    auto& b = static_cast<UcxBatch&>(batch);
+    if (!b.m_messages.empty()) b.m_fences.push_back(b.m_messages.size());
     const ucs_status_t st = ucp_worker_fence(m_worker);
     return st == UCS_OK ? Status() : ucx_error("fence", st);
   }
@@ -328,15 +485,10 @@ class UcxTransport final : public Transport {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     Status result;
     unsigned idle = 0;
-    while (!b.m_requests.empty()) {
-      auto& back = b.m_requests.back();
-      const ucs_status_t st = ucp_request_check_status(back.request);
-      if (st != UCS_INPROGRESS) {
-        if (st != UCS_OK && result.ok()) result = ucx_error("remote operation", st);
-        ucp_request_free(back.request);
-        b.m_requests.pop_back();
-        continue;
-      }
+    for (;;) {
+      const bool requests_left = reap_requests(b, result);
+      const bool messages_left = reap_messages(b, result);
+      if (!requests_left && !messages_left) break;
       if (ucp_worker_progress(m_worker) != 0) {
         idle = 0;
         continue;
@@ -356,12 +508,18 @@ class UcxTransport final : public Transport {
       }
     }
     b.m_operands.clear();
+    b.m_messages.clear();
+    b.m_is_done.clear();
+    b.m_fences.clear();
+    b.m_sent = b.m_done = b.m_done_prefix = 0;
     return result;
   }
 
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
+    // A message operation completes only when the target has answered.
+    if (e.m_messages) return Status();
     ucp_request_param_t p{};
     UcxBatch b;
     Status s = track(b, e, ucp_ep_flush_nbx(e.m_ep, &p), "flush");
@@ -427,26 +585,311 @@ class UcxTransport final : public Transport {
     return Status();
   }
 
-  // Closes the endpoints of unfinished requests so UCX completes (cancels)
+  // Frees the batch's completed UCX requests; true while some are left.
+  bool reap_requests(UcxBatch& b, Status& result) {
+    for (size_t i = 0; i < b.m_requests.size();) {
+      const ucs_status_t st = ucp_request_check_status(b.m_requests[i].request);
+      if (st == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      if (st != UCS_OK && result.ok()) result = ucx_error("remote operation", st);
+      ucp_request_free(b.m_requests[i].request);
+      b.m_requests[i] = b.m_requests.back();
+      b.m_requests.pop_back();
+    }
+    return !b.m_requests.empty();
+  }
+
+  // Collects the batch's answered message operations and sends those a fence
+  // held back once everything before it is done; true while some are left.
+  bool reap_messages(UcxBatch& b, Status& result) {
+    for (size_t i = b.m_done_prefix; i < b.m_sent; ++i) {
+      if (b.m_is_done[i]) continue;
+      MessageOp& op = *b.m_messages[i];
+      if (op.send_request != nullptr) {
+        const ucs_status_t st = ucp_request_check_status(op.send_request);
+        if (st == UCS_INPROGRESS) continue;
+        ucp_request_free(op.send_request);
+        op.send_request = nullptr;
+        if (st != UCS_OK) {
+          std::lock_guard lock(m_ops_lock);
+          if (op.status == UCS_OK) op.status = st;
+          op.replied = op.recv_request == nullptr;  // no answer will come
+        }
+      }
+      {
+        std::lock_guard lock(m_ops_lock);
+        if (!op.replied && op.recv_request == nullptr && op.ep->failed()) {
+          op.replied = true;
+          if (op.status == UCS_OK) op.status = UCS_ERR_CONNECTION_RESET;
+        }
+        if (!op.replied || op.recv_request != nullptr) continue;
+        m_ops.erase(op.header.id);
+      }
+      b.m_is_done[i] = true;
+      ++b.m_done;
+      if (result.ok()) {
+        if (op.refusal != Refusal::none) result = refusal_error(op.refusal, op.header);
+        else if (op.status != UCS_OK) result = ucx_error("remote operation", op.status);
+      }
+    }
+    while (b.m_done_prefix < b.m_sent && b.m_is_done[b.m_done_prefix]) ++b.m_done_prefix;
+    while (b.m_sent < b.m_messages.size() && may_send(b, b.m_sent)) send_message(b, b.m_sent++);
+    return b.m_done < b.m_messages.size();
+  }
+
+  // Whether every operation before the last fence at or before `i` is done.
+  static bool may_send(const UcxBatch& b, size_t i) {
+    size_t fence = 0;
+    for (size_t f : b.m_fences) {
+      if (f <= i) fence = std::max(fence, f);
+    }
+    return fence <= b.m_done_prefix;
+  }
+
+  Status issue(Batch& batch, UcxEndpoint& ep, std::unique_ptr<MessageOp> op) {
+    auto& b = static_cast<UcxBatch&>(batch);
+    op->ep = &ep;
+    b.m_messages.push_back(std::move(op));
+    b.m_is_done.push_back(false);
+    const size_t i = b.m_messages.size() - 1;
+    if (b.m_sent == i && may_send(b, i)) send_message(b, b.m_sent++);
+    return Status();
+  }
+
+  void send_message(UcxBatch& b, size_t i) {
+    MessageOp& op = *b.m_messages[i];
+    {
+      std::lock_guard lock(m_ops_lock);
+      op.header.id = ++m_next_op;
+      m_ops.emplace(op.header.id, &op);
+    }
+    op.sent = true;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    const bool put = op.header.kind == MessageKind::put;
+    void* request = op.ep->m_ep == nullptr
+                        ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
+                        : ucp_am_send_nbx(op.ep->m_ep, k_request_id, &op.header, sizeof op.header, put ? op.src : nullptr,
+                                          put ? op.header.length : 0, &p);
+    if (UCS_PTR_IS_ERR(request)) {
+      std::lock_guard lock(m_ops_lock);
+      op.status = UCS_PTR_STATUS(request);
+      op.replied = true;
+    } else {
+      op.send_request = request;
+    }
+  }
+
+  // Closes the endpoints of unfinished operations so UCX completes (cancels)
   // them and never writes the caller's buffers after wait() returns.
   void abandon(UcxBatch& b) {
     std::set<UcxEndpoint*> eps;
     for (const auto& r : b.m_requests) eps.insert(r.ep);
+    for (size_t i = 0; i < b.m_messages.size(); ++i) {
+      if (!b.m_is_done[i]) eps.insert(b.m_messages[i]->ep);
+    }
     for (UcxEndpoint* ep : eps) {
       ep->m_failed.store(true);
-      close_endpoint(ep->m_ep, true);
+      if (ep->m_ep != nullptr) close_endpoint(ep->m_ep, true);
       ep->m_ep = nullptr;
     }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (const auto& r : b.m_requests) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      while (ucp_request_check_status(r.request) == UCS_INPROGRESS &&
-             std::chrono::steady_clock::now() < deadline) {
+      while (ucp_request_check_status(r.request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
         ucp_worker_progress(m_worker);
       }
       ucp_request_free(r.request);
     }
     b.m_requests.clear();
+    for (size_t i = 0; i < b.m_sent; ++i) {
+      MessageOp& op = *b.m_messages[i];
+      if (b.m_is_done[i]) continue;
+      if (op.send_request != nullptr) {
+        while (ucp_request_check_status(op.send_request) == UCS_INPROGRESS &&
+               std::chrono::steady_clock::now() < deadline) {
+          ucp_worker_progress(m_worker);
+        }
+        ucp_request_free(op.send_request);
+        op.send_request = nullptr;
+      }
+      for (;;) {
+        {
+          std::lock_guard lock(m_ops_lock);
+          if (op.recv_request == nullptr || std::chrono::steady_clock::now() >= deadline) {
+            // Late answers find no operation and are dropped.
+            m_ops.erase(op.header.id);
+            break;
+          }
+        }
+        ucp_worker_progress(m_worker);
+      }
+    }
+    b.m_messages.clear();
+    b.m_is_done.clear();
+    b.m_fences.clear();
+    b.m_sent = b.m_done = b.m_done_prefix = 0;
     b.m_operands.clear();
+  }
+
+  // --- the answering side and the answers -------------------------------------
+
+  // A request from a peer: check it, run it on our memory, answer.
+  static ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param) {
+    auto& self = *static_cast<UcxTransport*>(arg);
+    if (header_length != sizeof(MessageRequest) || (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) {
+      return UCS_OK;  // not ours, or nobody to answer
+    }
+    MessageRequest h;
+    std::memcpy(&h, header, sizeof h);
+    if (h.magic != k_message_magic) return UCS_OK;
+    MessageReply r;
+    r.id = h.id;
+    ucp_ep_h ep = param->reply_ep;
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    Refusal refusal = self.m_regions.check(h.address, h.length);
+    if (h.kind == MessageKind::atomic && (h.address % 8 != 0 || h.length != 8)) refusal = Refusal::unaligned;
+    if (h.kind == MessageKind::put && length != h.length) refusal = Refusal::malformed;
+    if (h.kind != MessageKind::get && h.kind != MessageKind::put && h.kind != MessageKind::atomic) {
+      refusal = Refusal::malformed;
+    }
+    if (refusal != Refusal::none) {
+      r.refusal = refusal;
+      self.send_reply(ep, r, nullptr, 0);
+      return UCS_OK;  // a rendezvous payload is dropped
+    }
+    auto* target = reinterpret_cast<void*>(h.address);
+    switch (h.kind) {
+      case MessageKind::get:
+        self.send_reply(ep, r, target, h.length);
+        break;
+      case MessageKind::put:
+        if (rndv) {
+          auto* landing = new PutLanding{&self, ep, r};
+          ucp_request_param_t p{};
+          p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+          p.cb.recv_am = &UcxTransport::on_put_landed;
+          p.user_data = landing;
+          void* request = ucp_am_recv_data_nbx(self.m_worker, data, target, length, &p);
+          if (request == nullptr) {
+            self.send_reply(ep, r, nullptr, 0);
+            delete landing;
+          } else if (UCS_PTR_IS_ERR(request)) {
+            delete landing;  // the peer's send fails; it sees that
+          }
+        } else {
+          std::memcpy(target, data, length);
+          self.send_reply(ep, r, nullptr, 0);
+        }
+        break;
+      case MessageKind::atomic: {
+        auto* word = static_cast<uint64_t*>(target);
+        switch (static_cast<AtomicOp>(h.op)) {
+          case AtomicOp::fetch_add: r.value = __atomic_fetch_add(word, h.operand, __ATOMIC_SEQ_CST); break;
+          case AtomicOp::swap: r.value = __atomic_exchange_n(word, h.operand, __ATOMIC_SEQ_CST); break;
+          case AtomicOp::compare_swap: {
+            uint64_t expected = h.compare;
+            __atomic_compare_exchange_n(word, &expected, h.operand, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            r.value = expected;
+            break;
+          }
+        }
+        self.send_reply(ep, r, nullptr, 0);
+        break;
+      }
+    }
+    return UCS_OK;
+  }
+
+  struct PutLanding {
+    UcxTransport* self;
+    ucp_ep_h ep;
+    MessageReply reply;
+  };
+
+  static void on_put_landed(void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* landing = static_cast<PutLanding*>(user_data);
+    // A failed receive means the peer is gone: nobody to answer.
+    if (status == UCS_OK) landing->self->send_reply(landing->ep, landing->reply, nullptr, 0);
+    delete landing;
+    ucp_request_free(request);
+  }
+
+  // Answers on `ep`; a dead peer only fails the send, which is dropped.
+  void send_reply(ucp_ep_h ep, const MessageReply& reply, const void* data, size_t length) {
+    auto* header = new MessageReply(reply);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      delete static_cast<MessageReply*>(user_data);
+      ucp_request_free(request);
+    };
+    p.user_data = header;
+    void* request = ucp_am_send_nbx(ep, k_reply_id, header, sizeof *header, data, length, &p);
+    if (request == nullptr || UCS_PTR_IS_ERR(request)) delete header;
+  }
+
+  // An answer to one of our requests.
+  static ucs_status_t on_reply(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                               const ucp_am_recv_param_t* param) {
+    auto& self = *static_cast<UcxTransport*>(arg);
+    if (header_length != sizeof(MessageReply)) return UCS_OK;
+    MessageReply r;
+    std::memcpy(&r, header, sizeof r);
+    if (r.magic != k_message_magic) return UCS_OK;
+    std::lock_guard lock(self.m_ops_lock);
+    auto it = self.m_ops.find(r.id);
+    if (it == self.m_ops.end()) return UCS_OK;  // abandoned
+    MessageOp& op = *it->second;
+    if (op.replied) return UCS_OK;
+    if (r.refusal != Refusal::none) {
+      op.refusal = r.refusal;
+      op.replied = true;
+      return UCS_OK;
+    }
+    if (op.header.kind != MessageKind::get) {
+      if (op.result != nullptr) *op.result = r.value;
+      op.replied = true;
+      return UCS_OK;
+    }
+    if (length != op.header.length) {
+      op.status = UCS_ERR_MESSAGE_TRUNCATED;
+      op.replied = true;
+      return UCS_OK;
+    }
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+      std::memcpy(op.dst, data, length);
+      op.replied = true;
+      return UCS_OK;
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &UcxTransport::on_reply_landed;
+    p.user_data = &op;
+    void* request = ucp_am_recv_data_nbx(self.m_worker, data, op.dst, length, &p);
+    if (request == nullptr) {
+      op.replied = true;
+    } else if (UCS_PTR_IS_ERR(request)) {
+      op.status = UCS_PTR_STATUS(request);
+      op.replied = true;
+    } else if (!op.replied) {
+      op.recv_request = request;
+    }
+    return UCS_OK;
+  }
+
+  static void on_reply_landed(void* request, ucs_status_t status, size_t, void* user_data) {
+    auto& op = *static_cast<MessageOp*>(user_data);
+    {
+      std::lock_guard lock(op.ep->m_owner.m_ops_lock);
+      if (status != UCS_OK && op.status == UCS_OK) op.status = status;
+      op.replied = true;
+      op.recv_request = nullptr;
+    }
+    ucp_request_free(request);
   }
 
   // Answers peers: progress while there is work, otherwise sleep on the
@@ -475,6 +918,13 @@ class UcxTransport final : public Transport {
   std::thread m_progress;
   std::atomic<bool> m_stop{false};
   std::atomic<bool> m_peer_errors{true};  // endpoints with peer failure detection
+  bool m_use_messages = true;
+  RegionTable m_regions;
+  // Message operations awaiting their answer, by id. Recursive: UCX may call
+  // back into us from inside a call we make while holding it.
+  std::recursive_mutex m_ops_lock;
+  std::unordered_map<uint64_t, MessageOp*> m_ops;
+  uint64_t m_next_op = 0;
   int m_wake_fd = -1;
   int m_efd = -1;  // the worker's event fd
   // Empty progress calls before wait() sleeps on the event fd: a few
@@ -537,7 +987,9 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options)
   static std::once_flag log_once;
   std::call_once(log_once, [] { ucs_log_push_handler(&log_to_stderr); });
   auto t = std::make_unique<UcxTransport>();
-  Status s = t->init(options);
+  UcxOptions o = options;
+  if (const char* e = std::getenv("TIERMEM_RMA_EMULATION"); e != nullptr && *e != '\0') o.emulation = e;
+  Status s = t->init(o);
   if (!s.ok()) return s;
   return std::unique_ptr<Transport>(std::move(t));
 }

@@ -2,6 +2,7 @@
 // TCP and over shared memory: cross-node alloc, one-sided reads and writes,
 // atomics, exact sums of concurrent fetch-adds from several processes, and a
 // peer that is killed and restarted.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -162,6 +163,53 @@ TEST_P(ClusterTest, ConcurrentFetchAddsFromSeveralProcessesSumExactly) {
   ASSERT_TRUE(owner->read(locked->gva.plus(64), &b, 8).ok());
   EXPECT_EQ(a, uint64_t{k_processes} * k_adds);
   EXPECT_EQ(b, uint64_t{k_processes} * k_adds * 3);
+}
+
+// Clients on another node are killed in the middle of remote reads and
+// atomics, over and over: the home daemon answers the next request as if
+// nothing happened and its memory is intact. (Over TCP, UCX 1.13's own
+// emulation of one-sided operations aborts the answering daemon here; run
+// with TIERMEM_RMA_EMULATION=ucx to see it.)
+TEST_P(ClusterTest, ClientsKilledMidOperationLeaveTheHomeDaemonServing) {
+  auto owner = m_cluster->node(2).connect("owner");
+  auto block = owner->alloc(2 << 20, {.tier = Tier::dram});
+  auto counter = owner->alloc(4096, {.tier = Tier::dram, .coherent = true});
+  ASSERT_TRUE(block.ok() && counter.ok());
+  const auto data = pattern(2 << 20, 7);
+  ASSERT_TRUE(owner->write(block->gva, data.data(), data.size()).ok());
+  std::mt19937 rng(11);
+  for (int round = 0; round < 16; ++round) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      auto c = m_cluster->node(round % 2 == 0 ? 1 : 3).connect("doomed");
+      if (!c) ::_exit(2);
+      std::vector<unsigned char> back(data.size());
+      for (;;) {
+        // Many small reads keep requests in flight all the time.
+        for (size_t off = 0; off < back.size(); off += 64 << 10) {
+          if (!c->read(block->gva.plus(off), back.data() + off, 64 << 10).ok()) ::_exit(3);
+        }
+        if (!c->fetch_add(counter->gva, 1).ok()) ::_exit(4);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 60));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the client stopped on its own: " << status;
+    for (NodeId n : {NodeId{1}, NodeId{2}, NodeId{3}}) {
+      ASSERT_TRUE(m_cluster->node(n).alive()) << "round " << round << ": " << m_cluster->logs();
+    }
+  }
+  // Another remote client still gets every byte.
+  auto other = m_cluster->node(3).connect("survivor");
+  std::vector<unsigned char> back(data.size());
+  ASSERT_TRUE(other->read(block->gva, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+  auto added = other->fetch_add(counter->gva, 1);
+  ASSERT_TRUE(added.ok()) << added.status().to_string();
+  EXPECT_GT(*added, 0u) << "the killed clients did add";
+  for (NodeId n : {NodeId{1}, NodeId{2}, NodeId{3}}) EXPECT_TRUE(m_cluster->node(n).alive()) << m_cluster->logs();
 }
 
 TEST_P(ClusterTest, KilledPeerIsSeenDownAndRejoinsAfterRestart) {

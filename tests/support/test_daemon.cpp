@@ -196,7 +196,9 @@ TestCluster::TestCluster(int nodes, const DaemonOptions& base) {
 TestCluster::~TestCluster() {
   m_daemons.clear();
   std::error_code ec;
-  std::filesystem::remove_all(m_dir, ec);
+  // TIERMEM_TEST_KEEP=1 leaves the logs behind for a post-mortem.
+  if (std::getenv("TIERMEM_TEST_KEEP") == nullptr) std::filesystem::remove_all(m_dir, ec);
+  else std::fprintf(stderr, "kept %s\n", m_dir.c_str());
 }
 
 bool TestCluster::ready() const {
