@@ -77,10 +77,11 @@ MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int
     auto touch = [&](int t) {
       const Tensor& tensor = g.tensors[t];
       if (!tensor.per_micro_batch()) return;
-      // Inputs and labels are loaded here; other tensors from another stage
-      // are read in place from the mailbox they arrive in.
+      // Inputs and labels are loaded here; activations from another stage are
+      // read in place from the mailbox they arrive in. Gradients always have
+      // a buffer here: partial sums from other stages are added into it.
       const bool loaded = tensor.role == Role::input || tensor.role == Role::label;
-      if (!produced_here[t] && !loaded) {
+      if (!produced_here[t] && !loaded && tensor.role != Role::grad) {
         if (std::find(plan.received.begin(), plan.received.end(), t) == plan.received.end()) plan.received.push_back(t);
         return;
       }

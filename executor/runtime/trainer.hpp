@@ -1,0 +1,59 @@
+// One rank of a training job (X5-X10): a pipeline stage of one data-parallel
+// replica. Every parameter, gradient, optimizer state, activation and message
+// lives in tiermem memory: arenas on the rank's node, mapped into the process
+// (the kernels compute in them directly), and mailboxes that the neighbouring
+// stages write one-sided.
+//
+// A step: for every micro-batch the stage's forward ops (receiving boundary
+// activations, sending its own), then for every micro-batch in reverse the
+// backward ops (sending partial gradients back); all-reduce of the parameter
+// gradients across replicas through the memory service (each replica
+// publishes, each sums all in replica order: the replicas stay bit-identical);
+// the optimizer writes the next copy of parameters and state; the step is
+// committed; a barrier closes it. A restarted rank finds its arenas and the
+// committed step by name and goes on from there (X10).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <tiermem/client.h>
+
+#include "executor/data.hpp"
+#include "executor/graph.hpp"
+#include "executor/memory_plan.hpp"
+#include "executor/partitioner.hpp"
+#include "executor/runtime/channels.hpp"
+#include "executor/runtime/env.hpp"
+#include "executor/runtime/job.hpp"
+#include "executor/trace.hpp"
+
+namespace tiermem::exec {
+
+struct TrainOptions {
+  std::string model;
+  std::string job = "tiermem-job";
+  std::string socket;            // empty: $TIERMEM_SOCKET or the default
+  int stages = 0;                // pipeline stages; 0: one per rank
+  int micro_batches = 2;
+  int epochs = 3;
+  int64_t steps = 0;             // > 0: stop after this many steps instead
+  uint64_t seed = 1;
+  bool shuffle = true;
+  std::string data;              // dataset path override
+  std::string trace;             // Chrome trace file (".rankN" added when world > 1)
+  std::string losses;            // per-step losses, hex floats, one per line
+  std::string dump;              // directory for initial parameters and batches
+  int dump_batches = 0;
+  int log_every = 0;             // steps between progress lines; 0: per epoch
+  std::chrono::milliseconds timeout{120000};
+  bool quiet = false;
+};
+
+// Runs training for this rank. Returns the process exit code (0 success).
+int train(const TrainOptions& options, const RankEnv& env);
+
+}  // namespace tiermem::exec

@@ -1,0 +1,133 @@
+// tiermem-exec: trains a partitioned graph on the tiermem memory view.
+//
+//   tiermem-exec train MODEL [options]      one rank (rank and world from the environment)
+//   tiermem-exec plan MODEL [--stages N]    the static memory plan of every stage
+//   tiermem-exec partition MODEL --parts N  cut and balance: METIS vs random vs greedy
+#include <CLI/CLI.hpp>
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "common/units.hpp"
+#include "executor/graph.hpp"
+#include "executor/memory_plan.hpp"
+#include "executor/partitioner.hpp"
+#include "executor/runtime/env.hpp"
+#include "executor/runtime/trainer.hpp"
+#include "tiermem_config.h"
+
+namespace {
+
+using namespace tiermem;
+using namespace tiermem::exec;
+
+Result<Graph> training_graph(const std::string& model, int micro_batches) {
+  auto g = load_model(model);
+  if (!g.ok()) return g.status();
+  if (Status s = add_training(*g, 1.0f / static_cast<float>(micro_batches)); !s.ok()) return s;
+  return g;
+}
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "tiermem-exec: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+int plan(const std::string& model, int stages, int micro_batches) {
+  auto g = training_graph(model, micro_batches);
+  if (!g.ok()) return fail(g.status());
+  auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
+  if (!p.ok()) return fail(p.status());
+  std::printf("model %s: %zu tensors, %zu ops (%zu forward, %zu backward, %zu update), %" PRId64 " parameters\n",
+              g->name.c_str(), g->tensors.size(), g->ops.size(), g->ops_of(Phase::forward).size(),
+              g->ops_of(Phase::backward).size(), g->ops_of(Phase::update).size(), g->param_elements());
+  std::printf("%d stage(s) by METIS: cut %s per micro-batch, imbalance flops %.1f%%, memory %.1f%%\n\n", stages,
+              format_size(static_cast<uint64_t>(p->cut_bytes)).c_str(), 100 * p->flops_imbalance,
+              100 * p->memory_imbalance);
+  int64_t total = 0;
+  for (int s = 0; s < stages; ++s) {
+    const MemoryPlan mp = plan_memory(*g, *p, s, micro_batches);
+    std::printf("%s", format_plan(*g, mp).c_str());
+    std::printf("  total %s\n\n", format_size(static_cast<uint64_t>(mp.total_bytes())).c_str());
+    total += mp.total_bytes();
+  }
+  std::printf("all stages: %s\n", format_size(static_cast<uint64_t>(total)).c_str());
+  return 0;
+}
+
+int compare_partitions(const std::string& model, int parts, int micro_batches) {
+  auto g = training_graph(model, micro_batches);
+  if (!g.ok()) return fail(g.status());
+  std::printf("%-8s %14s %10s %10s\n", "METHOD", "CUT/MB", "FLOPS-IMB", "MEM-IMB");
+  for (PartitionMethod m : {PartitionMethod::metis, PartitionMethod::greedy, PartitionMethod::random}) {
+    auto p = partition(*g, parts, m, micro_batches);
+    if (!p.ok()) return fail(p.status());
+    std::printf("%-8s %14s %9.1f%% %9.1f%%\n", std::string(method_name(m)).c_str(),
+                format_size(static_cast<uint64_t>(p->cut_bytes)).c_str(), 100 * p->flops_imbalance,
+                100 * p->memory_imbalance);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tiermem-exec: train a partitioned graph on tiermem memory"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("tiermem-exec ") + TIERMEM_VERSION);
+  int rc = 0;
+
+  TrainOptions opt;
+  int64_t timeout_s = 120;
+  auto* train_cmd = app.add_subcommand("train", "train MODEL as one rank (rank and world size from the environment)");
+  train_cmd->add_option("MODEL", opt.model, "model file (config/models/*.pbtxt)")->required()->check(CLI::ExistingFile);
+  train_cmd->add_option("--job", opt.job, "job name: ranks of a job share it; a restarted rank resumes it")->capture_default_str();
+  train_cmd->add_option("-s,--socket", opt.socket, "local tiermemd socket (default $TIERMEM_SOCKET)");
+  train_cmd->add_option("--stages", opt.stages, "pipeline stages (default: one per rank; the rest are data-parallel replicas)");
+  train_cmd->add_option("--micro-batches", opt.micro_batches, "micro-batches per step")->capture_default_str();
+  train_cmd->add_option("--epochs", opt.epochs, "epochs to train")->capture_default_str();
+  train_cmd->add_option("--steps", opt.steps, "stop after this many steps (instead of --epochs)");
+  train_cmd->add_option("--seed", opt.seed, "seed of initialisation, data split and shuffling")->capture_default_str();
+  bool no_shuffle = false;
+  train_cmd->add_flag("--no-shuffle", no_shuffle, "take the training rows in order");
+  train_cmd->add_option("--data", opt.data, "dataset file or directory (default: the Debian package's)");
+  train_cmd->add_option("--trace", opt.trace, "write a Chrome/Perfetto trace (.rankN appended when world > 1)");
+  train_cmd->add_option("--losses", opt.losses, "write every step's loss (hex float per line)");
+  train_cmd->add_option("--dump", opt.dump, "write the initial parameters (and --dump-batches batches) here");
+  train_cmd->add_option("--dump-batches", opt.dump_batches, "batches to write with --dump");
+  train_cmd->add_option("--log-every", opt.log_every, "steps between progress lines (default: every epoch)");
+  train_cmd->add_option("--timeout", timeout_s, "seconds to wait for another rank before giving up")->capture_default_str();
+  train_cmd->add_flag("-q,--quiet", opt.quiet, "no progress lines");
+  train_cmd->callback([&] {
+    opt.shuffle = !no_shuffle;
+    opt.timeout = std::chrono::seconds(timeout_s);
+    auto env = rank_from_environment();
+    if (!env.ok()) {
+      rc = fail(env.status());
+      return;
+    }
+    rc = train(opt, *env);
+  });
+
+  std::string model;
+  int stages = 1, micro_batches = 2, parts = 2;
+  auto* plan_cmd = app.add_subcommand("plan", "print the static memory plan of every stage");
+  plan_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);
+  plan_cmd->add_option("--stages", stages, "pipeline stages")->capture_default_str();
+  plan_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
+  plan_cmd->callback([&] { rc = plan(model, stages, micro_batches); });
+
+  auto* part_cmd = app.add_subcommand("partition", "compare METIS, greedy and random partitions");
+  part_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);
+  part_cmd->add_option("--parts", parts, "parts")->capture_default_str();
+  part_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
+  part_cmd->callback([&] { rc = compare_partitions(model, parts, micro_batches); });
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  return rc;
+}

@@ -1,0 +1,231 @@
+// tiermem-exec against real daemons: pipeline training across two daemons,
+// determinism, the same losses with and without a pipeline, resume after a
+// rank is killed, gradient topology mismatch, and loss parity with PyTorch.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string exec_path() { return std::getenv("TIERMEM_EXEC") ? std::getenv("TIERMEM_EXEC") : "tiermem-exec"; }
+std::string model(const std::string& name) { return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/" + name + ".pbtxt"; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A rank of tiermem-exec running in the background.
+class Rank {
+ public:
+  Rank(int rank, int world, const std::string& socket, std::vector<std::string> args, const std::string& log) : m_log(log) {
+    m_pid = ::fork();
+    if (m_pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::setenv("TIERMEM_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("TIERMEM_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("TIERMEM_SOCKET", socket.c_str(), 1);
+      args.insert(args.begin(), {exec_path(), "train"});
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+  ~Rank() {
+    if (m_pid > 0) {
+      ::kill(m_pid, SIGKILL);
+      ::waitpid(m_pid, nullptr, 0);
+    }
+  }
+  int wait() {
+    int status = 0;
+    ::waitpid(m_pid, &status, 0);
+    m_pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  void kill() {
+    ::kill(m_pid, SIGKILL);
+    ::waitpid(m_pid, nullptr, 0);
+    m_pid = -1;
+  }
+  std::string log() const { return slurp(m_log); }
+
+ private:
+  pid_t m_pid = -1;
+  std::string m_log;
+};
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_cluster = std::make_unique<test::TestCluster>(2, test::DaemonOptions{.dram = "64MiB", .pmem = "8MiB"});
+    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
+    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+    m_dir = m_cluster->dir();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+  }
+  std::string socket(int node) { return m_cluster->node(node).socket(); }
+  // Runs `world` ranks, rank r on node r % 2 + 1; returns rank 0's log.
+  std::string run(int world, std::vector<std::string> args, int* rc = nullptr) {
+    std::vector<std::unique_ptr<Rank>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<Rank>(r, world, socket(r % 2 + 1), args,
+                                             m_dir + "/rank" + std::to_string(r) + "-" + std::to_string(m_runs) + ".log"));
+    }
+    ++m_runs;
+    int worst = 0;
+    std::string logs;
+    for (auto& rank : ranks) {
+      worst = std::max(worst, rank->wait());
+      logs += rank->log();
+    }
+    if (rc != nullptr) *rc = worst;
+    else EXPECT_EQ(worst, 0) << logs;
+    return logs;
+  }
+  std::unique_ptr<test::TestCluster> m_cluster;
+  std::string m_dir;
+  int m_runs = 0;
+};
+
+TEST_F(TrainerTest, PipelineOfTwoRanksOnTwoDaemonsLearnsTheDigits) {
+  const std::string logs = run(2, {model("mlp_digits"), "--job", "digits", "--epochs", "12"});
+  EXPECT_NE(logs.find("mesh validation: 1 KiB all-reduce over 2 rank(s) agrees"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("send/receive round trip"), std::string::npos);
+  EXPECT_NE(logs.find("2 stage(s) x 1 replica(s)"), std::string::npos);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("summary: .* test accuracy ([0-9.]+)%"))) << logs;
+  EXPECT_GE(std::stod(m[1]), 95.0) << logs;
+  EXPECT_NE(logs.find("epoch 12/12"), std::string::npos);
+}
+
+TEST_F(TrainerTest, DeterministicAndTheSameWithOrWithoutAPipeline) {
+  const std::string a = m_dir + "/a.losses", b = m_dir + "/b.losses", c = m_dir + "/c.losses", d = m_dir + "/d.losses";
+  run(1, {model("ffn_block_digits"), "--job", "d1", "--steps", "30", "--losses", a, "-q"});
+  run(1, {model("ffn_block_digits"), "--job", "d2", "--steps", "30", "--losses", b, "-q"});
+  run(2, {model("ffn_block_digits"), "--job", "d3", "--steps", "30", "--losses", c, "-q"});
+  run(1, {model("ffn_block_digits"), "--job", "d4", "--steps", "30", "--losses", d, "--seed", "2", "-q"});
+  const std::string first = slurp(a);
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(std::count(first.begin(), first.end(), '\n'), 30);
+  EXPECT_EQ(slurp(a), slurp(b)) << "two runs with one seed: bit-identical losses";
+  EXPECT_EQ(slurp(a), slurp(c)) << "split over two stages on two daemons: the same bits";
+  EXPECT_NE(slurp(a), slurp(d)) << "another seed, other losses";
+}
+
+TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
+  const std::string reference = m_dir + "/ref.losses", resumed = m_dir + "/resumed.losses";
+  const std::vector<std::string> common{model("mlp_digits"), "--stages", "1", "--steps", "300", "--log-every", "1"};
+  auto args = [&](const std::string& job, const std::string& losses) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), {"--job", job, "--losses", losses});
+    return a;
+  };
+  run(2, args("ref", reference));  // two data-parallel replicas, undisturbed
+
+  Rank r0(0, 2, socket(1), args("kill", resumed), m_dir + "/k0.log");
+  auto r1 = std::make_unique<Rank>(1, 2, socket(2), args("kill", resumed), m_dir + "/k1.log");
+  // Let it get going, then kill rank 1 mid-run.
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (r0.log().find("step 60 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_NE(r0.log().find("step 60 "), std::string::npos) << r0.log();
+  r1->kill();
+  std::this_thread::sleep_for(200ms);
+  Rank again(1, 2, socket(2), args("kill", resumed), m_dir + "/k1b.log");
+  EXPECT_EQ(again.wait(), 0) << again.log();
+  EXPECT_EQ(r0.wait(), 0) << r0.log();
+  std::smatch m;
+  const std::string log = again.log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+)"))) << log;
+  EXPECT_GE(std::stoi(m[1]), 60);
+  // Same parameters at the resume point: every loss after it is what the
+  // undisturbed run saw.
+  EXPECT_EQ(slurp(resumed), slurp(reference));
+}
+
+TEST_F(TrainerTest, GradientTopologyMismatchIsCaughtAtStart) {
+  // Rank 1 loads a model whose hidden layer is smaller.
+  std::string text = slurp(model("mlp_digits"));
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"[64, 128]", "[64, 96]"}, {"[128]     role: PARAM init: LINEAR_BIAS init_fan_in: 64", "[96] role: PARAM init: LINEAR_BIAS init_fan_in: 64"}, {"[128, 10]", "[96, 10]"}}) {
+    text.replace(text.find(from), from.size(), to);
+  }
+  const std::string other = m_dir + "/smaller.pbtxt";
+  std::ofstream(other) << text;
+  Rank r0(0, 2, socket(1), {model("mlp_digits"), "--job", "mm", "--timeout", "10"}, m_dir + "/m0.log");
+  Rank r1(1, 2, socket(2), {other, "--job", "mm", "--timeout", "10"}, m_dir + "/m1.log");
+  const int rc0 = r0.wait(), rc1 = r1.wait();
+  const std::string logs = r0.log() + r1.log();
+  EXPECT_NE(rc0 + rc1, 0) << logs;
+  EXPECT_NE(logs.find("Gradient topology mismatch"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("'h1'"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("[32,128]"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("[32,96]"), std::string::npos) << logs;
+}
+
+TEST_F(TrainerTest, BadModelAndBadEnvironmentAreClearErrors) {
+  const std::string bad = m_dir + "/bad.pbtxt";
+  std::ofstream(bad) << "name: \"x\" micro_batch: 2 op { name: \"a\" type: TELEPORT }";
+  int rc = 0;
+  std::string logs = run(1, {bad, "--job", "bad"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("TELEPORT"), std::string::npos) << logs;
+  logs = run(3, {model("mlp_digits"), "--job", "three", "--stages", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("cannot be split into 2 pipeline stages"), std::string::npos) << logs;
+}
+
+bool torch_available() {
+  return test::run_command({"/usr/bin/python3", "-c", "import torch, numpy"}).exit_code == 0;
+}
+
+TEST_F(TrainerTest, LossesMatchPyTorchStepByStep) {
+  if (!torch_available()) GTEST_SKIP() << "python3-torch is not installed";
+  const std::string dump = m_dir + "/dump", losses = m_dir + "/parity.losses";
+  run(1, {model("mlp_digits"), "--job", "parity", "--steps", "50", "--micro-batches", "2", "--dump", dump,
+          "--dump-batches", "50", "--losses", losses, "-q"});
+  auto torch = test::run_command({"/usr/bin/python3", std::string(TIERMEM_SOURCE_ROOT) + "/tests/executor/torch_reference.py",
+                                  dump, "50", "2", "0.05", "0.9"});
+  ASSERT_EQ(torch.exit_code, 0) << torch.err;
+  std::istringstream ours(slurp(losses)), theirs(torch.out);
+  std::string a, b;
+  int step = 0;
+  double worst = 0;
+  while (std::getline(ours, a) && std::getline(theirs, b)) {
+    const double x = std::strtod(a.c_str(), nullptr), y = std::strtod(b.c_str(), nullptr);
+    worst = std::max(worst, std::abs(x - y) / std::abs(y));
+    EXPECT_LE(std::abs(x - y), 1e-4 * std::abs(y)) << "step " << step << ": tiermem " << x << ", PyTorch " << y;
+    ++step;
+  }
+  EXPECT_EQ(step, 50);
+  std::printf("largest relative difference to PyTorch over 50 steps: %.2e\n", worst);
+}
+
+}  // namespace
+}  // namespace tiermem
