@@ -17,6 +17,10 @@ struct Weights {
   std::map<std::pair<int, int>, int64_t> edges;  // (u < v) -> bytes per micro-batch
 };
 
+// An undirected edge's key. (Not std::minmax: it returns references, which
+// dangle when an argument is a temporary.)
+std::pair<int, int> edge(int a, int b) { return {std::min(a, b), std::max(a, b)}; }
+
 Weights weigh(const Graph& g, int micro_batches) {
   Weights w;
   w.forward = g.ops_of(Phase::forward);
@@ -43,8 +47,7 @@ Weights weigh(const Graph& g, int micro_batches) {
       if (g.tensors[t].role != Role::param) continue;
       if (auto it = owner.find(t); it != owner.end()) {
         // Ops sharing a parameter must not be split: tie them together hard.
-        const auto key = std::minmax(it->second, static_cast<int>(v));
-        w.edges[{key.first, key.second}] += int64_t{1} << 40;
+        w.edges[edge(it->second, static_cast<int>(v))] += int64_t{1} << 40;
       } else {
         owner[t] = static_cast<int>(v);
         w.bytes[v] += g.tensors[t].bytes() * (2 + states);
@@ -57,8 +60,7 @@ Weights weigh(const Graph& g, int micro_batches) {
       if (producer < 0 || g.tensors[t].role != Role::activation) continue;
       const int u = vertex_of[producer];
       const int64_t bytes = g.tensors[t].bytes() * (g.tensors[t].grad >= 0 ? 2 : 1);
-      const auto key = std::minmax(u, static_cast<int>(v));
-      w.edges[{key.first, key.second}] += bytes;
+      w.edges[edge(u, static_cast<int>(v))] += bytes;
     }
   }
   return w;
@@ -151,7 +153,9 @@ void greedy(const Weights& w, int parts, std::vector<int>* out) {
     // Contiguous in topological order; leave at least one op per later part.
     int p = std::min<int>(parts - 1, static_cast<int>(acc / (total / parts)));
     p = std::max<int>(p, parts - static_cast<int>(n - v));
-    if (v > 0) p = std::max(p, (*out)[v - 1]);
+    // Parts in order, none skipped: at most one past the previous op's.
+    if (v > 0) p = std::clamp(p, (*out)[v - 1], (*out)[v - 1] + 1);
+    else p = 0;
     (*out)[v] = p;
     acc += w.flops[v];
   }
@@ -166,6 +170,13 @@ std::string_view method_name(PartitionMethod m) {
     case PartitionMethod::greedy: return "greedy";
   }
   return "?";
+}
+
+double flops_imbalance_floor(const Graph& graph, int parts, int micro_batches) {
+  const Weights w = weigh(graph, micro_batches);
+  const double total = std::accumulate(w.flops.begin(), w.flops.end(), 0.0);
+  if (total <= 0 || parts < 1) return 0;
+  return std::max(0.0, *std::max_element(w.flops.begin(), w.flops.end()) / (total / parts) - 1);
 }
 
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
@@ -195,6 +206,13 @@ Result<Partition> partition(const Graph& graph, int parts, PartitionMethod metho
     std::shuffle(p.of_forward_op.begin(), p.of_forward_op.end(), rng);
   } else {
     greedy(w, parts, &p.of_forward_op);
+  }
+  // Stages numbered in the order their first op runs: stage 0 reads the input.
+  std::vector<int> label(parts, -1);
+  int next = 0;
+  for (int& x : p.of_forward_op) {
+    if (label[x] < 0) label[x] = next++;
+    x = label[x];
   }
   measure(graph, w, &p);
   return p;

@@ -34,6 +34,11 @@ struct Partition {
 
 std::string_view method_name(PartitionMethod m);
 
+// The least FLOP imbalance any split at op granularity can reach: the
+// heaviest forward op (with its backward) against the mean part. An MLP whose
+// first matmul holds most of the work cannot balance two stages better.
+double flops_imbalance_floor(const Graph& graph, int parts, int micro_batches);
+
 // Errors: invalid_argument (more parts than forward ops), internal (METIS).
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
                             uint64_t seed = 1);

@@ -3,10 +3,13 @@
 //   tiermem-exec train MODEL [options]      one rank (rank and world from the environment)
 //   tiermem-exec plan MODEL [--stages N]    the static memory plan of every stage
 //   tiermem-exec partition MODEL --parts N  cut and balance: METIS vs random vs greedy
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/units.hpp"
 #include "executor/graph.hpp"
@@ -55,7 +58,7 @@ int plan(const std::string& model, int stages, int micro_batches) {
   return 0;
 }
 
-int compare_partitions(const std::string& model, int parts, int micro_batches) {
+int compare_partitions(const std::string& model, int parts, int micro_batches, bool show) {
   auto g = training_graph(model, micro_batches);
   if (!g.ok()) return fail(g.status());
   std::printf("%-8s %14s %10s %10s\n", "METHOD", "CUT/MB", "FLOPS-IMB", "MEM-IMB");
@@ -65,6 +68,18 @@ int compare_partitions(const std::string& model, int parts, int micro_batches) {
     std::printf("%-8s %14s %9.1f%% %9.1f%%\n", std::string(method_name(m)).c_str(),
                 format_size(static_cast<uint64_t>(p->cut_bytes)).c_str(), 100 * p->flops_imbalance,
                 100 * p->memory_imbalance);
+    if (show) {
+      const std::vector<int> forward = g->ops_of(Phase::forward);
+      std::printf("   ");
+      for (size_t v = 0; v < forward.size(); ++v) std::printf(" %s:%d", g->ops[forward[v]].name.c_str(), p->of_forward_op[v]);
+      std::printf("\n");
+    }
+  }
+  const double floor = flops_imbalance_floor(*g, parts, micro_batches);
+  if (floor > 0.05) {
+    std::printf("note: one op holds %.0f%% of the FLOPs, so no split into %d stages at op granularity balances "
+                "FLOPs better than %.1f%%\n",
+                100 * (floor + 1) / parts, parts, 100 * floor);
   }
   return 0;
 }
@@ -72,6 +87,15 @@ int compare_partitions(const std::string& model, int parts, int micro_batches) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Element-wise kernels run on OpenMP threads and GEMMs on OpenBLAS's own.
+  // With libgomp's default (active) waiting its idle threads spin for a while
+  // after each parallel region and take the cores OpenBLAS needs next: a step
+  // of the Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy when
+  // it loads, before main, so set it and start again (once).
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    ::setenv("OMP_WAIT_POLICY", "passive", 1);
+    ::execv("/proc/self/exe", argv);  // on failure, carry on as we are
+  }
   CLI::App app{"tiermem-exec: train a partitioned graph on tiermem memory"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("tiermem-exec ") + TIERMEM_VERSION);
@@ -121,7 +145,9 @@ int main(int argc, char** argv) {
   part_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);
   part_cmd->add_option("--parts", parts, "parts")->capture_default_str();
   part_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
-  part_cmd->callback([&] { rc = compare_partitions(model, parts, micro_batches); });
+  bool show = false;
+  part_cmd->add_flag("--show", show, "print the stage of every forward op");
+  part_cmd->callback([&] { rc = compare_partitions(model, parts, micro_batches, show); });
 
   try {
     app.parse(argc, argv);

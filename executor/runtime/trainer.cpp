@@ -1,5 +1,6 @@
 // Trainer: set-up (model, plan, memory in tiermem, peers, checks) and the
 // step loop with progress and summary. The step itself is in trainer_step.cpp.
+#include <algorithm>
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
@@ -325,8 +326,12 @@ Status Trainer::run() {
     m_step = m_start_step - 1;
     if (Status st = evaluate(m_start_step / m_steps_per_epoch - 1, &last_accuracy); !st.ok()) return st;
   }
+  std::vector<double> step_seconds;  // for the median in the summary
+  step_seconds.reserve(static_cast<size_t>(std::max<int64_t>(0, m_total_steps - m_start_step)));
   for (int64_t step = m_start_step; step < m_total_steps; ++step) {
+    const auto step_start = std::chrono::steady_clock::now();
     if (Status st = run_step(step); !st.ok()) return st.with_context("step " + std::to_string(step));
+    step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
     if (losses != nullptr) {
       std::fprintf(losses, "%a\n", m_loss_sum / m_opt.micro_batches);
       std::fflush(losses);
@@ -368,8 +373,15 @@ Status Trainer::run() {
   const double comm = m_trace.seconds(SpanKind::comm) + m_trace.seconds(SpanKind::sync);
   const double busy = comm + m_trace.seconds(SpanKind::compute);
   if (reporter && !m_opt.quiet) {
-    std::printf("summary: %" PRId64 " steps in %.2f s, %.2f ms per step, communication %.0f%% of step time",
-                steps, secs, steps > 0 ? 1e3 * secs / static_cast<double>(steps) : 0.0, busy > 0 ? 100 * comm / busy : 0.0);
+    double median = 0;
+    if (!step_seconds.empty()) {
+      auto mid = step_seconds.begin() + static_cast<std::ptrdiff_t>(step_seconds.size() / 2);
+      std::nth_element(step_seconds.begin(), mid, step_seconds.end());
+      median = *mid;
+    }
+    std::printf("summary: %" PRId64 " steps in %.2f s, %.2f ms per step (median %.2f ms), communication %.0f%% of step time",
+                steps, secs, steps > 0 ? 1e3 * secs / static_cast<double>(steps) : 0.0, 1e3 * median,
+                busy > 0 ? 100 * comm / busy : 0.0);
     if (last_accuracy >= 0) std::printf(", test accuracy %.2f%%", 100 * last_accuracy);
     std::printf("\n");
   }
