@@ -2,13 +2,20 @@
 # Runs every benchmark and prints its figures: `name value unit` per figure,
 # `name_ratio value` per ratio against the baseline named in the comments
 # (lines starting with #). Usage: bench/run.sh BUILD_DIR [NAME...]
+#   names: translate local_copy control_plane partition exec_vs_torch remote
+#   (remote is bench/remote.sh: UCX over TCP and shared memory vs ucx_perftest)
 set -euo pipefail
 build=${1:?usage: bench/run.sh BUILD_DIR [NAME...]}
 shift
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export TIERMEMD=$build/daemon/tiermemd
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(translate local_copy control_plane)
+[ ${#names[@]} -gt 0 ] || names=(translate local_copy control_plane partition exec_vs_torch)
 for name in "${names[@]}"; do
   echo "# --- $name"
-  "$build/bench/${name}_bench"
+  case $name in
+    exec_vs_torch) "$here/exec_vs_torch.sh" "$build" ;;
+    remote) "$here/remote.sh" "$build" ;;
+    *) "$build/bench/${name}_bench" ;;
+  esac
 done

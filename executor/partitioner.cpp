@@ -6,6 +6,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 
 namespace tiermem::exec {
 namespace {
@@ -73,9 +74,22 @@ void measure(const Graph& g, const Weights& w, Partition* p) {
     p->part_flops[p->of_forward_op[v]] += w.flops[v];
     p->part_bytes[p->of_forward_op[v]] += w.bytes[v];
   }
+  // What actually crosses: each activation once per other stage reading it
+  // (METIS's edge sum counts a tensor once per reading op), with its gradient.
+  std::vector<int> stage_of(g.ops.size(), -1);
+  for (size_t v = 0; v < w.forward.size(); ++v) stage_of[w.forward[v]] = p->of_forward_op[v];
+  std::set<std::pair<int, int>> crossing;
+  for (int op : w.forward) {
+    for (int t : g.ops[op].in) {
+      const Tensor& tensor = g.tensors[t];
+      if (tensor.role == Role::activation && tensor.producer >= 0 && stage_of[tensor.producer] != stage_of[op]) {
+        crossing.insert({t, stage_of[op]});
+      }
+    }
+  }
   p->cut_bytes = 0;
-  for (const auto& [e, bytes] : w.edges) {
-    if (p->of_forward_op[e.first] != p->of_forward_op[e.second]) p->cut_bytes += bytes;
+  for (const auto& [t, stage] : crossing) {
+    p->cut_bytes += g.tensors[t].bytes() * (g.tensors[t].grad >= 0 ? 2 : 1);
   }
   const double total_f = std::accumulate(p->part_flops.begin(), p->part_flops.end(), 0.0);
   const double total_b = static_cast<double>(std::accumulate(p->part_bytes.begin(), p->part_bytes.end(), int64_t{0}));

@@ -72,7 +72,7 @@ TEST(GraphTest, BadModelsGetClearErrors) {
 }
 
 TEST(GraphTest, ShippedModelsLoadAndDifferentiate) {
-  for (const char* name : {"mlp_digits", "mlp_fashion", "ffn_block_digits"}) {
+  for (const char* name : {"mlp_digits", "mlp_fashion", "ffn_block_digits", "ffn4_fashion"}) {
     auto g = load_model(std::string(TIERMEM_SOURCE_ROOT) + "/config/models/" + name + ".pbtxt");
     ASSERT_TRUE(g.ok()) << g.status().to_string();
     ASSERT_TRUE(add_training(*g, 1.0f).ok());

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Step time of tiermem-exec against PyTorch eager on the CPU, same model
+# (config/models/mlp_fashion.pbtxt: 784-256-128-10, ReLU, Adam 1e-3), same
+# batch (2 micro-batches of 64 against one batch of 128), same thread count
+# (the machine's cores), both on Fashion-MNIST; medians of 300 steps. Then the
+# same model as a two-stage pipeline over two daemons, for the cost of the
+# boundary traffic. Goal: exec_step_vs_torch_ratio <= 1.0.
+# Usage: bench/exec_vs_torch.sh BUILD_DIR
+set -euo pipefail
+build=${1:?usage: bench/exec_vs_torch.sh BUILD_DIR}
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+threads=$(nproc)
+steps=300
+export TIERMEM_CLUSTER_DIR=$(mktemp -d /tmp/tiermem-bench-XXXXXX)
+export TIERMEM_BASE_PORT=$((21000 + RANDOM % 20000))
+trap '"$top/tools/local-cluster.sh" stop >/dev/null 2>&1; rm -rf "$TIERMEM_CLUSTER_DIR"' EXIT
+"$top/tools/local-cluster.sh" start "$build" 2 >/dev/null
+
+exec_median() {  # prints the median step time (ms) from a summary line
+  sed -n 's/^summary: .*(median \([0-9.]*\) ms).*/\1/p'
+}
+model=$top/config/models/mlp_fashion.pbtxt
+echo "# tiermem-exec: $model, 1 rank, $threads threads, $steps steps"
+ours=$(TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/executor/tiermem-exec" train "$model" \
+  --job bench1 --steps $steps --log-every 100000 | exec_median)
+echo "# PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') eager, batch 128, $threads threads"
+torch=$(/usr/bin/python3 "$top/bench/torch_step.py" 784,256,128,10 128 "$threads" $steps 0.001 |
+  sed -n 's/^torch_step_ms_median \([0-9.e+-]*\) ms/\1/p')
+echo "# tiermem-exec, 2 pipeline stages on 2 daemons (ranks share the $threads cores)"
+for r in 0 1; do
+  TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
+    "$build/executor/tiermem-exec" train "$model" --job bench2 --steps $steps --log-every 100000 \
+    >"$TIERMEM_CLUSTER_DIR/rank$r.log" 2>&1 &
+done
+wait
+pipeline=$(cat "$TIERMEM_CLUSTER_DIR"/rank*.log | exec_median)
+echo "exec_step_ms_median $ours ms"
+echo "torch_step_ms_median $torch ms"
+echo "exec_pipeline2_step_ms_median $pipeline ms"
+awk -v a="$ours" -v b="$torch" 'BEGIN { printf "exec_step_vs_torch_ratio %.3f\n", a / b }'
+awk -v a="$pipeline" -v b="$torch" 'BEGIN { printf "exec_pipeline2_step_vs_torch_ratio %.3f\n", a / b }'
