@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -113,7 +115,8 @@ class TrainerTest : public ::testing::Test {
 };
 
 TEST_F(TrainerTest, PipelineOfTwoRanksOnTwoDaemonsLearnsTheDigits) {
-  const std::string logs = run(2, {model("mlp_digits"), "--job", "digits", "--epochs", "12"});
+  const std::string trace = m_dir + "/trace.json";
+  const std::string logs = run(2, {model("mlp_digits"), "--job", "digits", "--epochs", "12", "--trace", trace});
   EXPECT_NE(logs.find("mesh validation: 1 KiB all-reduce over 2 rank(s) agrees"), std::string::npos) << logs;
   EXPECT_NE(logs.find("send/receive round trip"), std::string::npos);
   EXPECT_NE(logs.find("2 stage(s) x 1 replica(s)"), std::string::npos);
@@ -121,6 +124,29 @@ TEST_F(TrainerTest, PipelineOfTwoRanksOnTwoDaemonsLearnsTheDigits) {
   ASSERT_TRUE(std::regex_search(logs, m, std::regex("summary: .* test accuracy ([0-9.]+)%"))) << logs;
   EXPECT_GE(std::stod(m[1]), 95.0) << logs;
   EXPECT_NE(logs.find("epoch 12/12"), std::string::npos);
+  // Each rank's trace: its ops as compute spans, the boundary activation h1
+  // (stage 0 to 1) and its gradient as transfers, in Chrome's JSON format.
+  for (int rank : {0, 1}) {
+    std::ifstream in(trace + ".rank" + std::to_string(rank));
+    ASSERT_TRUE(in) << "no trace from rank " << rank;
+    const auto json = nlohmann::json::parse(in);
+    std::set<std::string> compute, comm;
+    for (const auto& e : json["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+      (e["cat"] == "compute" ? compute : comm).insert(e["name"].get<std::string>());
+    }
+    EXPECT_TRUE(comm.count("h1")) << "rank " << rank << " traced no transfer of h1";
+    EXPECT_TRUE(compute.count(rank == 0 ? "fc1" : "fc2")) << "rank " << rank;
+  }
+}
+
+TEST_F(TrainerTest, FashionMnistMlpReaches85PercentInThreeEpochs) {
+  const std::string logs = run(1, {model("mlp_fashion"), "--job", "fashion", "--epochs", "3"});
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("summary: .* test accuracy ([0-9.]+)%"))) << logs;
+  EXPECT_GE(std::stod(m[1]), 85.0) << logs;
+  EXPECT_NE(logs.find("60000 train / 10000 test rows"), std::string::npos) << logs;
 }
 
 TEST_F(TrainerTest, DeterministicAndTheSameWithOrWithoutAPipeline) {
