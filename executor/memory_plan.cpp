@@ -135,7 +135,7 @@ MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int
       {"grads", hot, grads, 1, "parameter gradients, summed over micro-batches"},
       {"optimizer", Tier::dram, optimizer, 2, "optimizer state, committed with the parameters"},
       {"work", hot, plan.work_peak, 1, "activations and their gradients, reused over lifetimes"},
-      {"snapshot", Tier::pmem, params, 1, "parameters of the last snapshot (--snapshot-every)"},
+      {"snapshot", Tier::pmem, params + optimizer, 1, "committed parameters and optimizer state (--snapshot-every)"},
   };
   return plan;
 }

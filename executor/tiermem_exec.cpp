@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
     ::setenv("OMP_WAIT_POLICY", "passive", 1);
     ::execv("/proc/self/exe", argv);  // on failure, carry on as we are
   }
+  // Progress lines as they happen, also into a pipe (ranks of a demo, logs).
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"tiermem-exec: train a partitioned graph on tiermem memory"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("tiermem-exec ") + TIERMEM_VERSION);
@@ -119,6 +121,8 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--losses", opt.losses, "write every step's loss (hex float per line)");
   train_cmd->add_option("--dump", opt.dump, "write the initial parameters (and --dump-batches batches) here");
   train_cmd->add_option("--dump-batches", opt.dump_batches, "batches to write with --dump");
+  train_cmd->add_option("--snapshot-every", opt.snapshot_every,
+                        "copy the committed parameters and optimizer state to PMEM every N steps");
   train_cmd->add_option("--log-every", opt.log_every, "steps between progress lines (default: every epoch)");
   train_cmd->add_option("--timeout", timeout_s, "seconds to wait for another rank before giving up")->capture_default_str();
   train_cmd->add_flag("-q,--quiet", opt.quiet, "no progress lines");

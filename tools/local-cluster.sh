@@ -4,7 +4,9 @@
 #
 #   tools/local-cluster.sh start BUILD_DIR [NODES]   start daemons (default 2 nodes)
 #   tools/local-cluster.sh stop                      stop them
-#   tools/local-cluster.sh demo BUILD_DIR            start two, run the demo client, dump, stop
+#   tools/local-cluster.sh demo BUILD_DIR            start two, run the demo client, dump, train
+#                                                    the digits MLP on two ranks, stop
+#   tools/local-cluster.sh train BUILD_DIR           only the training part (daemons started)
 #
 # Directory: $TIERMEM_CLUSTER_DIR, default /tmp/tiermem-cluster. Node i listens
 # on DIR/nodeI/tiermemd.sock for clients and on 127.0.0.1:(PORT+i) for its peers
@@ -13,6 +15,7 @@
 set -euo pipefail
 
 dir=${TIERMEM_CLUSTER_DIR:-/tmp/tiermem-cluster}
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 base_port=${TIERMEM_BASE_PORT:-17100}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
@@ -109,12 +112,36 @@ demo() {
   "$ctl" --socket "$sock" --node 2 ls
   say "tiermemctl dump (node 1)"
   "$ctl" --socket "$sock" dump
+  train "$build"
   say "demo finished; daemons stopped"
+}
+
+# Trains the digits MLP as a two-stage pipeline: rank 0 next to node 1, rank 1
+# next to node 2; parameters, optimizer state, activations and gradients all
+# live in tiermem memory. Ranks' lines are prefixed with their number.
+train() {
+  local build=$1 exec=$build/executor/tiermem-exec model=$top/config/models/${TIERMEM_MODEL:-mlp_digits}.pbtxt
+  local epochs=${TIERMEM_EPOCHS:-12} job=demo-$$ pids=() r
+  say "tiermem-exec partition: how the model splits into 2 stages (METIS vs greedy vs random)"
+  "$exec" partition "$model" --parts 2
+  say "tiermem-exec: 2 ranks on 2 daemons train $(basename "$model" .pbtxt) for $epochs epochs"
+  for r in 0 1; do
+    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$dir/node$((r + 1))/tiermemd.sock \
+      "$exec" train "$model" --job "$job" --epochs "$epochs" --trace "$dir/trace.json" 2>&1 | sed -u "s/^/[rank $r] /" &
+    pids+=($!)
+  done
+  local rc=0
+  for r in "${pids[@]}"; do wait "$r" || rc=1; done
+  [ $rc -eq 0 ] || { echo "training failed" >&2; exit 1; }
+  say "the job's tensors in tiermem (node 1): parameters, optimizer state, mailboxes"
+  "$build/tools/tiermemctl" --socket "$dir/node1/tiermemd.sock" ls
+  say "per-op and per-transfer trace: $dir/trace.json.rank0 and .rank1 (open in ui.perfetto.dev)"
 }
 
 case ${1:-} in
   start) shift; start_cluster "$@" ;;
   stop)  stop_cluster ;;
   demo)  shift; demo "$@" ;;
+  train) shift; train "$@" ;;
   *) sed -n '2,12p' "$0"; exit 2 ;;
 esac

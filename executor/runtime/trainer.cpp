@@ -94,9 +94,9 @@ Status Trainer::allocate() {
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
 
   const int64_t ctl_bytes = ((k_channels + 4 * static_cast<int64_t>(m_channels.size())) * 8 + 4095) / 4096 * 4096;
-  auto own = [&](OwnRegion* out, const std::string& what, int64_t bytes, bool coherent) -> Status {
+  auto own = [&](OwnRegion* out, const std::string& what, int64_t bytes, bool coherent, Tier tier = Tier::dram) -> Status {
     auto r = m_dir->own(what, static_cast<uint64_t>(std::max<int64_t>(bytes, 64)),
-                        {.tier = Tier::dram, .coherent = coherent});
+                        {.tier = tier, .coherent = coherent});
     if (!r.ok()) return r.status();
     *out = std::move(r).value();
     return Status();
@@ -125,6 +125,10 @@ Status Trainer::allocate() {
   if (s = own(&m_grads, "grads", grads_bytes, false); !s.ok()) return s;
   if (s = own(&m_optimizer, "optimizer", 2 * m_optimizer_bytes, false); !s.ok()) return s;
   if (s = own(&m_work, "work", m_plan.work_peak, false); !s.ok()) return s;
+  if (m_opt.snapshot_every > 0) {
+    s = own(&m_snapshot, "snapshot", k_snapshot_header + m_params_bytes + m_optimizer_bytes, false, Tier::pmem);
+    if (!s.ok()) return s.with_context("the PMEM snapshot (--snapshot-every)");
+  }
   m_resumed = m_ctl.existed && load_local(m_ctl.as<uint64_t>() + k_committed) > 0;
   m_eval_resume = m_resumed;
   return Status();

@@ -49,6 +49,7 @@ struct TrainOptions {
   std::string dump;              // directory for initial parameters and batches
   int dump_batches = 0;
   int log_every = 0;             // steps between progress lines; 0: per epoch
+  int64_t snapshot_every = 0;    // > 0: copy the committed state to PMEM every this many steps
   std::chrono::milliseconds timeout{120000};
   bool quiet = false;
 };

@@ -21,6 +21,12 @@ enum CtlWord : size_t {
                     // training, c + channels for evaluation messages
 };
 
+// The PMEM snapshot (--snapshot-every): words magic, committed step,
+// parameter bytes, optimizer bytes; from k_snapshot_header on the committed
+// parameters, then the optimizer state.
+inline constexpr uint64_t k_snapshot_magic = 0x31305041'4e534d54;  // "TMSNAP01"
+inline constexpr int64_t k_snapshot_header = 64;
+
 class Trainer {
  public:
   Trainer(TrainOptions options, RankEnv env) : m_opt(std::move(options)), m_env(env), m_trace(!m_opt.trace.empty()) {}
@@ -54,6 +60,7 @@ class Trainer {
   Status all_reduce(int64_t step);
   Status update(int64_t step);
   Status barrier(uint64_t value);
+  Status snapshot(int64_t committed);
   void* memory(int tensor, int mb, bool next_params);
   uint64_t sequence_base(const Channel& c, int64_t step) const;
   uint64_t training_sequence(const Channel& c, int mb) const;
@@ -74,7 +81,7 @@ class Trainer {
   Split m_data;
   bool m_has_data = false;
 
-  OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work;
+  OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
   int64_t m_params_bytes = 0, m_optimizer_bytes = 0;
   std::map<int, Gva> m_peer_mbox;         // outgoing channel -> receiver's mailbox base
   std::map<int, Gva> m_peer_ctl;          // rank -> its ctl

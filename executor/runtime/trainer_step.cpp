@@ -17,6 +17,7 @@ int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
 const std::string k_all_reduce = "all-reduce";
 const std::string k_barrier_name = "barrier";
 const std::string k_update = "optimizer";
+const std::string k_snapshot = "snapshot";
 
 }  // namespace
 
@@ -345,7 +346,30 @@ Status Trainer::run_step(int64_t step) {
   if (Status s = all_reduce(step); !s.ok()) return s;
   if (Status s = update(step); !s.ok()) return s;
   std::atomic_ref<uint64_t>(m_ctl.as<uint64_t>()[k_committed]).store(static_cast<uint64_t>(step + 1));
+  if (m_opt.snapshot_every > 0 && (step + 1) % m_opt.snapshot_every == 0) {
+    if (Status s = snapshot(step + 1); !s.ok()) return s;
+  }
   return barrier(static_cast<uint64_t>(step + 1));
+}
+
+Status Trainer::snapshot(int64_t committed) {
+  // Header (magic, step, sizes), then the committed parameters and optimizer
+  // state, written through the client: a write to PMEM is persisted before
+  // it is acknowledged. The step goes last, so a torn snapshot keeps the old
+  // step number and says so.
+  auto span = m_trace.span(SpanKind::comm, k_snapshot);
+  const int64_t parity = committed % 2;
+  const Gva base = m_snapshot.gva;
+  Status s = m_client->write(base.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
+                             static_cast<size_t>(m_params_bytes));
+  if (s.ok()) {
+    s = m_client->write(base.plus(k_snapshot_header + static_cast<uint64_t>(m_params_bytes)),
+                        m_optimizer.data() + parity * m_optimizer_bytes, static_cast<size_t>(m_optimizer_bytes));
+  }
+  const uint64_t header[4] = {k_snapshot_magic, static_cast<uint64_t>(committed), static_cast<uint64_t>(m_params_bytes),
+                              static_cast<uint64_t>(m_optimizer_bytes)};
+  if (s.ok()) s = m_client->write(base, header, sizeof header);
+  return s.ok() ? s : s.with_context("snapshot of step " + std::to_string(committed));
 }
 
 Status Trainer::evaluate(int64_t evals_before, double* accuracy) {

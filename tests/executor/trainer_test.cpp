@@ -11,8 +11,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -193,6 +195,36 @@ TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
   // Same parameters at the resume point: every loss after it is what the
   // undisturbed run saw.
   EXPECT_EQ(slurp(resumed), slurp(reference));
+}
+
+// --snapshot-every N copies the committed parameters and optimizer state to
+// a PMEM allocation: after 25 steps with N = 10 it holds step 20, and its
+// parameters are bit for bit those a 20-step run commits.
+TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
+  run(1, {model("mlp_digits"), "--job", "snap_a", "--steps", "25", "--snapshot-every", "10", "-q"});
+  run(1, {model("mlp_digits"), "--job", "snap_b", "--steps", "20", "-q"});
+  const std::string sock = socket(1);
+  const auto ls = nlohmann::json::parse(test::run_ctl(sock, {"--json", "ls"}).out);
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& a : ls) by_name[a["name"].get<std::string>()] = a;
+  ASSERT_TRUE(by_name.count("snap_a.r0.snapshot")) << ls.dump();
+  EXPECT_EQ(by_name["snap_a.r0.snapshot"]["tier"], "pmem");
+  auto parsed = Gva::parse(by_name["snap_a.r0.snapshot"]["gva"].get<std::string>());
+  ASSERT_TRUE(parsed.ok());
+  const Gva snapshot = *parsed;
+  const std::string header = test::run_ctl(sock, {"read", snapshot.to_string(), "32"}).out;
+  ASSERT_EQ(header.size(), 32u);
+  uint64_t words[4];
+  std::memcpy(words, header.data(), sizeof words);
+  EXPECT_EQ(words[0], 0x313050414e534d54u) << "magic TMSNAP01";
+  EXPECT_EQ(words[1], 20u) << "the last snapshot is of step 20";
+  const std::string bytes = std::to_string(words[2]);
+  const std::string snapped = test::run_ctl(sock, {"read", snapshot.plus(64).to_string(), bytes}).out;
+  // The 20-step run's committed copy: step 20 is even, so the first half.
+  const std::string committed =
+      test::run_ctl(sock, {"read", by_name["snap_b.r0.params"]["gva"].get<std::string>(), bytes}).out;
+  ASSERT_EQ(snapped.size(), words[2]);
+  EXPECT_TRUE(snapped == committed) << "snapshot parameters differ from the committed ones of step 20";
 }
 
 TEST_F(TrainerTest, GradientTopologyMismatchIsCaughtAtStart) {
