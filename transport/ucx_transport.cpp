@@ -119,6 +119,14 @@ struct MessageOp {
   Refusal refusal = Refusal::none;
 };
 
+std::unique_ptr<MessageOp> message(MessageKind kind, uint64_t address, uint64_t length) {
+  auto op = std::make_unique<MessageOp>();
+  op->header.kind = kind;
+  op->header.address = address;
+  op->header.length = length;
+  return op;
+}
+
 Status refusal_error(Refusal r, const MessageRequest& h) {
   std::string what;
   switch (r) {
@@ -406,10 +414,7 @@ class UcxTransport final : public Transport {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
     if (e.m_messages) {
-      auto op = std::make_unique<MessageOp>();
-      op->header.kind = MessageKind::get;
-      op->header.address = remote_addr;
-      op->header.length = length;
+      auto op = message(MessageKind::get, remote_addr, length);
       op->dst = dst;
       return issue(batch, e, std::move(op));
     }
@@ -424,10 +429,7 @@ class UcxTransport final : public Transport {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
     if (e.m_messages) {
-      auto op = std::make_unique<MessageOp>();
-      op->header.kind = MessageKind::put;
-      op->header.address = remote_addr;
-      op->header.length = length;
+      auto op = message(MessageKind::put, remote_addr, length);
       op->src = src;
       return issue(batch, e, std::move(op));
     }
@@ -442,11 +444,8 @@ class UcxTransport final : public Transport {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
     if (e.m_messages) {
-      auto m = std::make_unique<MessageOp>();
-      m->header.kind = MessageKind::atomic;
+      auto m = message(MessageKind::atomic, remote_addr, sizeof(uint64_t));
       m->header.op = static_cast<uint8_t>(op);
-      m->header.address = remote_addr;
-      m->header.length = sizeof(uint64_t);
       m->header.operand = operand;
       m->header.compare = compare;
       m->result = result;

@@ -147,6 +147,37 @@ TEST_P(UcxTransportTest, DeadPeerFailsOperationsInsteadOfHanging) {
   ::close(m_sock);
 }
 
+// Over TCP operations are request/reply messages the target checks: a range
+// outside its registered regions, or an unaligned atomic, is refused with a
+// reason, and the target goes on serving.
+TEST_P(UcxTransportTest, TargetRefusesWhatIsNotRegistered) {
+  if (GetParam() != "tcp") GTEST_SKIP() << "one-sided hardware paths do not involve the target";
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 16, m_base + k_region - 8, *m_rkey).ok());
+  Status s = m_transport->wait(*batch, 10s);
+  EXPECT_EQ(s.code(), ErrorCode::out_of_range) << s.to_string();
+  EXPECT_NE(s.message().find("not in a registered region"), std::string::npos) << s.message();
+  std::vector<unsigned char> bytes(64 << 10, 1);
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, bytes.data(), bytes.size(), m_base - 4096, *m_rkey).ok());
+  EXPECT_EQ(m_transport->wait(*batch, 10s).code(), ErrorCode::out_of_range);
+  uint64_t old = 0;
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::fetch_add, 1, 0, m_base + 4, *m_rkey, &old).ok());
+  s = m_transport->wait(*batch, 10s);
+  EXPECT_NE(s.message().find("not 8-byte aligned"), std::string::npos) << s.to_string();
+  // Still serving; fenced operations of one batch complete in order.
+  uint64_t before = 0, after = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &before, 8, m_base + 16, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->fence(*batch).ok());
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::swap, 77, 0, m_base + 16, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->fence(*batch).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &after, 8, m_base + 16, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(before, 2u);
+  EXPECT_EQ(old, 2u);
+  EXPECT_EQ(after, 77u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
                          [](const auto& info) { return info.param; });
 
