@@ -25,7 +25,7 @@ Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, No
   for (const RegionAdvert& r : regions) {
     RemoteRegion region{r.base, r.length, r.persistent, nullptr};
     if (!r.packed_key.empty()) {
-      auto key = transport.unpack(*ep, r.packed_key);
+      auto key = transport.unpack(*ep, r.packed_key, r.base);
       if (!key.ok()) return key.status().with_context("node " + std::to_string(node));
       region.key = *key;
     }
@@ -94,11 +94,11 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
   const uint64_t addr = m_node->versions.base + first * sizeof(uint64_t);
   auto batch = m_transport.batch();
   Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *m_node->versions.key);
-  if (s.ok()) s = m_transport.fence(*batch);
+  if (s.ok()) s = m_transport.fence(*batch, m_timeout);
   for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
     s = frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
   }
-  if (s.ok()) s = m_transport.fence(*batch);
+  if (s.ok()) s = m_transport.fence(*batch, m_timeout);
   if (s.ok()) {
     s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *m_node->versions.key);
   }

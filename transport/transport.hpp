@@ -3,12 +3,15 @@
 // CPU in the data path where the fabric allows (RDMA, shared memory).
 //
 // Over TCP there is no one-sided access: the peer's progress thread must
-// answer. UCX 1.13 emulates gets, puts and atomics itself there, but aborts
-// the answering process when the asking one dies with an operation in flight
-// (ucp_request_try_send: "Fatal: unexpected error"), so one killed client
-// would take its daemon down. On such endpoints this transport sends its own
-// request/reply active messages instead: the answering side checks the range
-// against its registered regions and drops replies to a dead peer.
+// answer. UCX 1.13 emulates gets, puts and atomics itself there (and over
+// shared memory for memory it did not allocate), but aborts the answering
+// process when the asking one dies with an operation in flight, does not order
+// that emulation with its fences, and over shared memory sometimes answers to
+// the wrong peer. This transport therefore sends its own request/reply active
+// messages on such endpoints and regions (the target checks the range against
+// its registered regions, answers on an endpoint it opened to the asker, and
+// runs a repeated atomic only once), and over shared memory accesses segments
+// UCX allocated directly with loads, stores and CPU atomics.
 //
 // Operations are issued into a Batch and complete together in wait(), so
 // several can be in flight at once (over TCP a single outstanding get costs a
@@ -94,9 +97,10 @@ class Transport {
   virtual Result<SharedAllocation> allocate_shared(size_t length) = 0;
   // Connects to the peer at `address`. Errors: transport_error.
   virtual Result<std::shared_ptr<Endpoint>> connect(std::string_view address) = 0;
-  // Unpacks a peer's packed key for use on `endpoint`.
+  // Unpacks a peer's packed key, for its region at `base`, for use on
+  // `endpoint`.
   virtual Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint,
-                                                    std::string_view packed_key) = 0;
+                                                    std::string_view packed_key, uint64_t base) = 0;
 
   virtual std::unique_ptr<Batch> batch() = 0;
   // Copies `length` bytes from the peer's `remote_addr` into `dst`.
@@ -110,8 +114,9 @@ class Transport {
                         uint64_t compare, uint64_t remote_addr, RemoteKey& key,
                         uint64_t* result) = 0;
   // Orders the batch's operations: those issued before complete at their
-  // target before those issued after (on the same endpoint).
-  virtual Status fence(Batch& batch) = 0;
+  // target before those issued after (on the same endpoint). May wait for
+  // earlier operations (up to `timeout`; then as wait() on timeout).
+  virtual Status fence(Batch& batch, std::chrono::milliseconds timeout) = 0;
   // Completes every operation of the batch, driving progress. Errors:
   // transport_error (a peer failed), timeout (then the endpoints of the
   // unfinished operations are closed, so no buffer is written later).

@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -64,9 +65,11 @@ class UcxEndpoint final : public Endpoint {
   UcxTransport& m_owner;
   ucp_ep_h m_ep = nullptr;
   std::atomic<bool> m_failed{false};
-  // Operations go as request/reply messages (no one-sided path, see
-  // transport.hpp).
+  // Every lane is TCP: no one-sided path at all (see transport.hpp).
   bool m_messages = false;
+  // Every lane is shared memory: one-sided only into memory UCX allocated
+  // (which the peer maps); see unpack().
+  bool m_shared = false;
 };
 
 // --- request/reply messages --------------------------------------------------
@@ -74,12 +77,18 @@ class UcxEndpoint final : public Endpoint {
 // A request names an address in one of the target's registered regions; the
 // target checks it, runs the operation on its memory and replies with the
 // request's id. Both sides run the same code, so headers are in host order.
+// Answers go on an endpoint the target itself opened to the asking worker
+// (whose address came in the connection's hello), not on UCX's reply
+// endpoint: UCX 1.13 over shared memory sometimes resolves that to an
+// endpoint to another peer, and the answer lands in the wrong process.
 
 constexpr uint16_t k_request_id = 41;
 constexpr uint16_t k_reply_id = 42;
 constexpr uint32_t k_message_magic = 0x544d5251;  // "QRMT"
 
-enum class MessageKind : uint8_t { get = 1, put = 2, atomic = 3 };
+// hello: the first request on a connection; its payload is the asking
+// worker's address, to which the target connects to answer.
+enum class MessageKind : uint8_t { get = 1, put = 2, atomic = 3, hello = 4 };
 
 // Why the target refused.
 enum class Refusal : int32_t { none = 0, unregistered = 1, unaligned = 2, not_host = 3, malformed = 4 };
@@ -94,11 +103,13 @@ struct MessageRequest {
   uint64_t length = 0;
   uint64_t operand = 0;
   uint64_t compare = 0;
+  uint64_t origin = 0;  // the asking transport (random): with id, names an atomic for de-duplication
 };
 
 struct MessageReply {
   uint32_t magic = k_message_magic;
   Refusal refusal = Refusal::none;
+  uint64_t origin = 0;  // echoed: an answer meant for another transport is dropped
   uint64_t id = 0;
   uint64_t value = 0;  // an atomic's old value
 };
@@ -108,10 +119,13 @@ struct MessageReply {
 struct MessageOp {
   MessageRequest header;
   UcxEndpoint* ep = nullptr;
-  const void* src = nullptr;  // put payload
+  const void* src = nullptr;  // payload (put, hello)
+  size_t payload = 0;
   void* dst = nullptr;        // get destination
   uint64_t* result = nullptr;
   bool sent = false;
+  std::chrono::steady_clock::time_point sent_at;
+  int resends = 0;
   void* send_request = nullptr;
   void* recv_request = nullptr;  // a rendezvous reply landing in dst
   bool replied = false;
@@ -147,7 +161,42 @@ class UcxRemoteKey final : public RemoteKey {
   ~UcxRemoteKey() override { ucp_rkey_destroy(m_key); }
   std::shared_ptr<Endpoint> m_ep;  // keys go before their endpoint
   ucp_rkey_h m_key;
+  // Operations on this region go as request/reply messages (see connect()).
+  bool m_messages = false;
+  // The region is mapped here (a shared-memory peer's UCX-allocated segment):
+  // operations are plain loads, stores and CPU atomics at m_local + offset.
+  std::byte* m_local = nullptr;
+  uint64_t m_base = 0;
+  std::byte* local(uint64_t remote_addr) const { return m_local + (remote_addr - m_base); }
 };
+
+// Copies between a mapped peer segment and local memory. Aligned words go one
+// by one with atomic loads/stores, so a version word is never read or written
+// in halves against the peer's CPU atomics; bulk data is memcpy'd.
+void copy_words_or_bytes(std::byte* to, const std::byte* from, size_t length) {
+  const bool words = reinterpret_cast<uintptr_t>(to) % 8 == 0 && reinterpret_cast<uintptr_t>(from) % 8 == 0 &&
+                     length % 8 == 0 && length <= 4096;
+  if (!words) {
+    std::memcpy(to, from, length);
+    return;
+  }
+  auto* t = reinterpret_cast<uint64_t*>(to);
+  auto* f = reinterpret_cast<const uint64_t*>(from);
+  for (size_t i = 0; i < length / 8; ++i) __atomic_store_n(&t[i], __atomic_load_n(&f[i], __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
+}
+
+uint64_t cpu_atomic(uint64_t* word, AtomicOp op, uint64_t operand, uint64_t compare) {
+  switch (op) {
+    case AtomicOp::fetch_add: return __atomic_fetch_add(word, operand, __ATOMIC_SEQ_CST);
+    case AtomicOp::swap: return __atomic_exchange_n(word, operand, __ATOMIC_SEQ_CST);
+    case AtomicOp::compare_swap: {
+      uint64_t expected = compare;
+      __atomic_compare_exchange_n(word, &expected, operand, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      return expected;
+    }
+  }
+  return 0;
+}
 
 // Registered regions by base address, for checking message requests.
 class RegionTable {
@@ -212,14 +261,18 @@ class UcxBatch final : public Batch {
   };
   std::vector<Pending> m_requests;
   std::deque<uint64_t> m_operands;  // atomic operands live until completion
-  // Message operations in issue order; those at or after a fence are sent
-  // once every one before it has finished.
+  // Message operations in issue order; a fence waits until all are answered.
   std::vector<std::unique_ptr<MessageOp>> m_messages;
-  std::vector<size_t> m_fences;
-  size_t m_sent = 0;
-  size_t m_done = 0;         // how many are done
-  size_t m_done_prefix = 0;  // m_messages[0, m_done_prefix) are all done
   std::vector<bool> m_is_done;
+  size_t m_done = 0;  // how many are done
+  Status m_error;     // the first failure seen by a fence, reported by wait()
+  void clear() {
+    m_requests.clear();
+    m_operands.clear();
+    m_messages.clear();
+    m_is_done.clear();
+    m_done = 0;
+  }
 };
 
 class UcxTransport final : public Transport {
@@ -232,6 +285,15 @@ class UcxTransport final : public Transport {
       m_progress.join();
     }
     if (m_wake_fd >= 0) ::close(m_wake_fd);
+    for (auto& [origin, ep] : m_origin_eps) m_closing.push_back(ep);
+    for (ucp_ep_h ep : m_closing) close_endpoint(ep, true);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (void* request : m_close_requests) {
+      while (ucp_request_check_status(request) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
+        ucp_worker_progress(m_worker);
+      }
+      ucp_request_free(request);
+    }
     if (m_worker != nullptr) ucp_worker_destroy(m_worker);
     if (m_context != nullptr) ucp_cleanup(m_context);
   }
@@ -285,6 +347,8 @@ class UcxTransport final : public Transport {
     st = ucp_worker_get_efd(m_worker, &m_efd);
     if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
     m_use_messages = options.emulation != "ucx";
+    m_origin = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
+               static_cast<uint64_t>(::getpid());
     for (const auto& [id, cb] : {std::pair{k_request_id, &UcxTransport::on_request},
                                  std::pair{k_reply_id, &UcxTransport::on_reply}}) {
       ucp_am_handler_param_t hp{};
@@ -392,19 +456,51 @@ class UcxTransport final : public Transport {
       if (st == UCS_OK) m_peer_errors.store(false);
     }
     if (st != UCS_OK) return ucx_error("connecting to a peer", st);
-    // UCX's tcp transport has no one-sided gets or atomics: UCX would
-    // emulate them (see transport.hpp), so we send our own messages.
-    if (m_use_messages) ep->m_messages = describe(ep->m_ep).find("tcp") != std::string::npos;
+    // Where UCX would emulate operations with its own messages (see
+    // transport.hpp) we send ours: over TCP always, over shared memory for
+    // regions the peer cannot map (unpack() decides).
+    if (m_use_messages) {
+      const std::string lanes = describe(ep->m_ep);
+      ep->m_messages = lanes.find("tcp") != std::string::npos;
+      bool shared = !lanes.empty();
+      size_t at = 0;
+      while (at < lanes.size()) {
+        const size_t end = std::min(lanes.find(' ', at), lanes.size());
+        const std::string tl = lanes.substr(at, lanes.find('/', at) - at);
+        shared = shared && (tl == "posix" || tl == "sysv" || tl == "cma" || tl == "knem" || tl == "xpmem" || tl == "self");
+        at = end + 1;
+      }
+      ep->m_shared = shared;
+      // The target learns where to answer us; its answer proves the path.
+      if (Status s = hello(*ep); !s.ok()) return s;
+    }
     return std::shared_ptr<Endpoint>(std::move(ep));
   }
 
-  Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint,
-                                            std::string_view packed) override {
+  Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint, std::string_view packed,
+                                            uint64_t base) override {
     auto& ep = static_cast<UcxEndpoint&>(*endpoint);
     ucp_rkey_h key = nullptr;
     const ucs_status_t st = ucp_ep_rkey_unpack(ep.m_ep, packed.data(), &key);
     if (st != UCS_OK) return ucx_error("unpacking a remote key", st);
-    return std::shared_ptr<RemoteKey>(new UcxRemoteKey(endpoint, key));
+    auto out = std::make_shared<UcxRemoteKey>(endpoint, key);
+    out->m_messages = ep.m_messages;
+    if (ep.m_shared) {
+      // A UCX-allocated segment of a shared-memory peer maps here: we load,
+      // store and run CPU atomics on it ourselves. Anything else goes as
+      // messages: there UCX 1.13 mixes its emulation with cross-memory
+      // copies, which its fences do not order (a read validated by version
+      // words could be torn), which can assert on a closing endpoint, and
+      // whose process_vm_readv fails when a buffer went away.
+      void* local = nullptr;
+      if (ucp_rkey_ptr(key, base, &local) == UCS_OK) {
+        out->m_local = static_cast<std::byte*>(local);
+        out->m_base = base;
+      } else {
+        out->m_messages = true;
+      }
+    }
+    return std::shared_ptr<RemoteKey>(std::move(out));
   }
 
   std::unique_ptr<Batch> batch() override { return std::make_unique<UcxBatch>(); }
@@ -413,7 +509,12 @@ class UcxTransport final : public Transport {
              RemoteKey& key) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
-    if (e.m_messages) {
+    auto& k = static_cast<UcxRemoteKey&>(key);
+    if (k.m_local != nullptr) {
+      copy_words_or_bytes(static_cast<std::byte*>(dst), k.local(remote_addr), length);
+      return Status();
+    }
+    if (k.m_messages) {
       auto op = message(MessageKind::get, remote_addr, length);
       op->dst = dst;
       return issue(batch, e, std::move(op));
@@ -428,9 +529,15 @@ class UcxTransport final : public Transport {
              RemoteKey& key) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
-    if (e.m_messages) {
+    auto& k = static_cast<UcxRemoteKey&>(key);
+    if (k.m_local != nullptr) {
+      copy_words_or_bytes(k.local(remote_addr), static_cast<const std::byte*>(src), length);
+      return Status();
+    }
+    if (k.m_messages) {
       auto op = message(MessageKind::put, remote_addr, length);
       op->src = src;
+      op->payload = length;
       return issue(batch, e, std::move(op));
     }
     ucp_request_param_t p{};
@@ -443,7 +550,12 @@ class UcxTransport final : public Transport {
                 uint64_t remote_addr, RemoteKey& key, uint64_t* result) override {
     auto& e = static_cast<UcxEndpoint&>(ep);
     if (e.failed()) return peer_failed();
-    if (e.m_messages) {
+    auto& k = static_cast<UcxRemoteKey&>(key);
+    if (k.m_local != nullptr) {
+      *result = cpu_atomic(reinterpret_cast<uint64_t*>(k.local(remote_addr)), op, operand, compare);
+      return Status();
+    }
+    if (k.m_messages) {
       auto m = message(MessageKind::atomic, remote_addr, sizeof(uint64_t));
       m->header.op = static_cast<uint8_t>(op);
       m->header.operand = operand;
@@ -472,46 +584,27 @@ class UcxTransport final : public Transport {
                  "atomic");
   }
 
-  Status fence(Batch& batch) override {
+  Status fence(Batch& batch, std::chrono::milliseconds timeout) override {
     auto& b = static_cast<UcxBatch&>(batch);
-    if (!b.m_messages.empty()) b.m_fences.push_back(b.m_messages.size());
+    // Message operations are ordered by waiting for their answers: the
+    // target has run them then.
+    if (b.m_done < b.m_messages.size()) {
+      Status s = drive(b, timeout, true);
+      if (!s.ok()) return s;
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // direct accesses
     const ucs_status_t st = ucp_worker_fence(m_worker);
     return st == UCS_OK ? Status() : ucx_error("fence", st);
   }
 
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override {
     auto& b = static_cast<UcxBatch&>(batch);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    Status result;
-    unsigned idle = 0;
-    for (;;) {
-      const bool requests_left = reap_requests(b, result);
-      const bool messages_left = reap_messages(b, result);
-      if (!requests_left && !messages_left) break;
-      if (ucp_worker_progress(m_worker) != 0) {
-        idle = 0;
-        continue;
-      }
-      if (++idle < k_spins_before_sleep) continue;
-      idle = 0;
-      if (std::chrono::steady_clock::now() > deadline) {
-        abandon(b);
-        return Status(ErrorCode::timeout, "remote operations did not complete within " +
-                                              std::to_string(timeout.count()) + " ms");
-      }
-      // Nothing moved for a while: sleep until the fabric has news instead of
-      // burning a core the peer (or its daemon) may need.
-      if (ucp_worker_arm(m_worker) == UCS_OK) {
-        pollfd p{m_efd, POLLIN, 0};
-        (void)::poll(&p, 1, 1);
-      }
-    }
-    b.m_operands.clear();
-    b.m_messages.clear();
-    b.m_is_done.clear();
-    b.m_fences.clear();
-    b.m_sent = b.m_done = b.m_done_prefix = 0;
-    return result;
+    Status s = drive(b, timeout, false);
+    if (!s.ok()) return s;
+    s = std::move(b.m_error);
+    b.m_error = Status();
+    b.clear();
+    return s;
   }
 
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override {
@@ -584,6 +677,110 @@ class UcxTransport final : public Transport {
     return Status();
   }
 
+  // Progresses until the batch's operations (only its messages, or all)
+  // are done; failures go to b.m_error. On timeout the batch is abandoned.
+  Status drive(UcxBatch& b, std::chrono::milliseconds timeout, bool messages_only) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    unsigned idle = 0;
+    for (;;) {
+      const bool requests_left = !messages_only && reap_requests(b, b.m_error);
+      const bool messages_left = reap_messages(b, b.m_error);
+      if (!requests_left && !messages_left) return Status();
+      if (ucp_worker_progress(m_worker) != 0) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < k_spins_before_sleep) continue;
+      idle = 0;
+      if (std::chrono::steady_clock::now() > deadline) {
+        const std::string what = unfinished(b);
+        abandon(b);
+        b.m_error = Status();
+        return Status(ErrorCode::timeout, "remote operations did not complete within " +
+                                              std::to_string(timeout.count()) + " ms (" + what + ")");
+      }
+      // Nothing moved for a while: sleep until the fabric has news instead of
+      // burning a core the peer (or its daemon) may need.
+      if (ucp_worker_arm(m_worker) == UCS_OK) {
+        pollfd p{m_efd, POLLIN, 0};
+        (void)::poll(&p, 1, 1);
+      }
+    }
+  }
+
+  Status hello(UcxEndpoint& ep) {
+    UcxBatch b;
+    auto op = message(MessageKind::hello, 0, 0);
+    op->src = m_address.data();
+    op->payload = m_address.size();
+    Status s = issue(b, ep, std::move(op));
+    if (s.ok()) s = drive(b, std::chrono::seconds(10), false);
+    if (s.ok()) s = std::move(b.m_error);
+    b.clear();
+    return s.ok() ? s : s.with_context("the peer did not answer the hello of a new connection");
+  }
+
+  // The endpoint answers to `origin` go on, opened on its hello.
+  ucp_ep_h answer_ep(uint64_t origin) {
+    std::lock_guard lock(m_origins_lock);
+    auto it = m_origin_eps.find(origin);
+    return it == m_origin_eps.end() ? nullptr : it->second;
+  }
+
+  // A new endpoint for every hello: the asker reconnects after its old
+  // connection failed (a partition, say), and the old endpoint with it.
+  ucp_ep_h open_answer_ep(uint64_t origin, const void* address) {
+    std::lock_guard lock(m_origins_lock);
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.address = static_cast<const ucp_address_t*>(address);
+    // Failure detection where the transport has it (see connect()); a failed
+    // answer endpoint only makes answers fail, which are then dropped.
+    p.err_mode = m_peer_errors.load() ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+    p.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};
+    p.err_handler.arg = nullptr;
+    ucp_ep_h ep = nullptr;
+    t_probing_error_mode = true;
+    ucs_status_t st = ucp_ep_create(m_worker, &p, &ep);
+    t_probing_error_mode = false;
+    if (st == UCS_ERR_UNREACHABLE && p.err_mode == UCP_ERR_HANDLING_MODE_PEER) {
+      p.field_mask &= ~static_cast<uint64_t>(UCP_EP_PARAM_FIELD_ERR_HANDLER);
+      p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      st = ucp_ep_create(m_worker, &p, &ep);
+    }
+    if (st != UCS_OK) return nullptr;
+    if (auto it = m_origin_eps.find(origin); it != m_origin_eps.end()) {
+      m_closing.push_back(it->second);
+      it->second = ep;
+      return ep;
+    }
+    m_origin_eps.emplace(origin, ep);
+    m_origin_order.push_back(origin);
+    if (m_origin_order.size() > k_origins_remembered) {
+      // The longest-known asker, most likely long gone.
+      m_closing.push_back(m_origin_eps[m_origin_order.front()]);
+      m_origin_eps.erase(m_origin_order.front());
+      m_origin_order.pop_front();
+    }
+    return ep;
+  }
+
+  // What a timed-out batch was waiting for, for the error message.
+  std::string unfinished(UcxBatch& b) {
+    size_t sending = 0, unanswered = 0, landing = 0;
+    for (size_t i = 0; i < b.m_messages.size(); ++i) {
+      if (b.m_is_done[i]) continue;
+      const MessageOp& op = *b.m_messages[i];
+      std::lock_guard lock(m_ops_lock);
+      if (op.recv_request != nullptr) ++landing;
+      else if (op.send_request != nullptr) ++sending;
+      else ++unanswered;
+    }
+    return std::to_string(b.m_requests.size()) + " one-sided, " + std::to_string(sending) + " request(s) being sent, " +
+           std::to_string(unanswered) + " unanswered, " + std::to_string(landing) + " answer(s) landing";
+  }
+
   // Frees the batch's completed UCX requests; true while some are left.
   bool reap_requests(UcxBatch& b, Status& result) {
     for (size_t i = 0; i < b.m_requests.size();) {
@@ -603,7 +800,7 @@ class UcxTransport final : public Transport {
   // Collects the batch's answered message operations and sends those a fence
   // held back once everything before it is done; true while some are left.
   bool reap_messages(UcxBatch& b, Status& result) {
-    for (size_t i = b.m_done_prefix; i < b.m_sent; ++i) {
+    for (size_t i = 0; i < b.m_messages.size(); ++i) {
       if (b.m_is_done[i]) continue;
       MessageOp& op = *b.m_messages[i];
       if (op.send_request != nullptr) {
@@ -617,14 +814,26 @@ class UcxTransport final : public Transport {
           op.replied = op.recv_request == nullptr;  // no answer will come
         }
       }
+      bool resend = false;
       {
         std::lock_guard lock(m_ops_lock);
         if (!op.replied && op.recv_request == nullptr && op.ep->failed()) {
           op.replied = true;
           if (op.status == UCS_OK) op.status = UCS_ERR_CONNECTION_RESET;
         }
-        if (!op.replied || op.recv_request != nullptr) continue;
-        m_ops.erase(op.header.id);
+        // Unanswered for long: the request or its answer was lost (UCX 1.13
+        // over shared memory now and then drops an answer sent on the reply
+        // endpoint). Ask again; the target runs an atomic only once.
+        resend = !op.replied && op.recv_request == nullptr &&
+                 std::chrono::steady_clock::now() - op.sent_at > k_resend_after * (1 << std::min(op.resends, 3));
+        if (!resend && (!op.replied || op.recv_request != nullptr)) continue;
+        if (!resend) m_ops.erase(op.header.id);
+      }
+      if (resend) {
+        ++op.resends;
+        m_resends.fetch_add(1, std::memory_order_relaxed);
+        post_request(op);
+        continue;
       }
       b.m_is_done[i] = true;
       ++b.m_done;
@@ -633,18 +842,7 @@ class UcxTransport final : public Transport {
         else if (op.status != UCS_OK) result = ucx_error("remote operation", op.status);
       }
     }
-    while (b.m_done_prefix < b.m_sent && b.m_is_done[b.m_done_prefix]) ++b.m_done_prefix;
-    while (b.m_sent < b.m_messages.size() && may_send(b, b.m_sent)) send_message(b, b.m_sent++);
     return b.m_done < b.m_messages.size();
-  }
-
-  // Whether every operation before the last fence at or before `i` is done.
-  static bool may_send(const UcxBatch& b, size_t i) {
-    size_t fence = 0;
-    for (size_t f : b.m_fences) {
-      if (f <= i) fence = std::max(fence, f);
-    }
-    return fence <= b.m_done_prefix;
   }
 
   Status issue(Batch& batch, UcxEndpoint& ep, std::unique_ptr<MessageOp> op) {
@@ -652,27 +850,33 @@ class UcxTransport final : public Transport {
     op->ep = &ep;
     b.m_messages.push_back(std::move(op));
     b.m_is_done.push_back(false);
-    const size_t i = b.m_messages.size() - 1;
-    if (b.m_sent == i && may_send(b, i)) send_message(b, b.m_sent++);
+    send_message(*b.m_messages.back());
     return Status();
   }
 
-  void send_message(UcxBatch& b, size_t i) {
-    MessageOp& op = *b.m_messages[i];
+  void send_message(MessageOp& op) {
     {
       std::lock_guard lock(m_ops_lock);
       op.header.id = ++m_next_op;
       m_ops.emplace(op.header.id, &op);
     }
+    op.header.origin = m_origin;
     op.sent = true;
+    post_request(op);
+  }
+
+  // Sends (or sends again) a request; the answer is matched by its id.
+  void post_request(MessageOp& op) {
+    op.sent_at = std::chrono::steady_clock::now();
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
-    const bool put = op.header.kind == MessageKind::put;
+    // Eager only: with rendezvous the target would pull the payload from our
+    // buffer later (over shared memory with process_vm_readv, which UCX
+    // treats as fatal when the buffer is gone after a timeout).
+    p.flags = UCP_AM_SEND_FLAG_EAGER;
     void* request = op.ep->m_ep == nullptr
                         ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
-                        : ucp_am_send_nbx(op.ep->m_ep, k_request_id, &op.header, sizeof op.header, put ? op.src : nullptr,
-                                          put ? op.header.length : 0, &p);
+                        : ucp_am_send_nbx(op.ep->m_ep, k_request_id, &op.header, sizeof op.header, op.src, op.payload, &p);
     if (UCS_PTR_IS_ERR(request)) {
       std::lock_guard lock(m_ops_lock);
       op.status = UCS_PTR_STATUS(request);
@@ -703,7 +907,7 @@ class UcxTransport final : public Transport {
       ucp_request_free(r.request);
     }
     b.m_requests.clear();
-    for (size_t i = 0; i < b.m_sent; ++i) {
+    for (size_t i = 0; i < b.m_messages.size(); ++i) {
       MessageOp& op = *b.m_messages[i];
       if (b.m_is_done[i]) continue;
       if (op.send_request != nullptr) {
@@ -726,11 +930,7 @@ class UcxTransport final : public Transport {
         ucp_worker_progress(m_worker);
       }
     }
-    b.m_messages.clear();
-    b.m_is_done.clear();
-    b.m_fences.clear();
-    b.m_sent = b.m_done = b.m_done_prefix = 0;
-    b.m_operands.clear();
+    b.clear();
   }
 
   // --- the answering side and the answers -------------------------------------
@@ -739,16 +939,21 @@ class UcxTransport final : public Transport {
   static ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                  const ucp_am_recv_param_t* param) {
     auto& self = *static_cast<UcxTransport*>(arg);
-    if (header_length != sizeof(MessageRequest) || (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) {
-      return UCS_OK;  // not ours, or nobody to answer
-    }
+    if (header_length != sizeof(MessageRequest)) return UCS_OK;  // not ours
     MessageRequest h;
     std::memcpy(&h, header, sizeof h);
     if (h.magic != k_message_magic) return UCS_OK;
     MessageReply r;
+    r.origin = h.origin;
     r.id = h.id;
-    ucp_ep_h ep = param->reply_ep;
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (h.kind == MessageKind::hello) {
+      ucp_ep_h ep = rndv ? nullptr : self.open_answer_ep(h.origin, data);
+      if (ep != nullptr) self.send_reply(ep, r, nullptr, 0);
+      return UCS_OK;
+    }
+    ucp_ep_h ep = self.answer_ep(h.origin);
+    if (ep == nullptr) return UCS_OK;  // no hello from it: nowhere to answer
     Refusal refusal = self.m_regions.check(h.address, h.length);
     if (h.kind == MessageKind::atomic && (h.address % 8 != 0 || h.length != 8)) refusal = Refusal::unaligned;
     if (h.kind == MessageKind::put && length != h.length) refusal = Refusal::malformed;
@@ -785,15 +990,19 @@ class UcxTransport final : public Transport {
         }
         break;
       case MessageKind::atomic: {
-        auto* word = static_cast<uint64_t*>(target);
-        switch (static_cast<AtomicOp>(h.op)) {
-          case AtomicOp::fetch_add: r.value = __atomic_fetch_add(word, h.operand, __ATOMIC_SEQ_CST); break;
-          case AtomicOp::swap: r.value = __atomic_exchange_n(word, h.operand, __ATOMIC_SEQ_CST); break;
-          case AtomicOp::compare_swap: {
-            uint64_t expected = h.compare;
-            __atomic_compare_exchange_n(word, &expected, h.operand, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-            r.value = expected;
-            break;
+        // An atomic asked again (its answer was lost) is answered from the
+        // record of its first run, not run twice.
+        std::lock_guard lock(self.m_atomics_lock);
+        const std::pair<uint64_t, uint64_t> key{h.origin, h.id};
+        if (auto it = self.m_atomics_done.find(key); it != self.m_atomics_done.end()) {
+          r.value = it->second;
+        } else {
+          r.value = cpu_atomic(static_cast<uint64_t*>(target), static_cast<AtomicOp>(h.op), h.operand, h.compare);
+          self.m_atomics_done.emplace(key, r.value);
+          self.m_atomics_order.push_back(key);
+          if (self.m_atomics_order.size() > k_atomics_remembered) {
+            self.m_atomics_done.erase(self.m_atomics_order.front());
+            self.m_atomics_order.pop_front();
           }
         }
         self.send_reply(ep, r, nullptr, 0);
@@ -821,7 +1030,8 @@ class UcxTransport final : public Transport {
   void send_reply(ucp_ep_h ep, const MessageReply& reply, const void* data, size_t length) {
     auto* header = new MessageReply(reply);
     ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_EAGER;  // see send_message()
     p.cb.send = [](void* request, ucs_status_t, void* user_data) {
       delete static_cast<MessageReply*>(user_data);
       ucp_request_free(request);
@@ -839,6 +1049,7 @@ class UcxTransport final : public Transport {
     MessageReply r;
     std::memcpy(&r, header, sizeof r);
     if (r.magic != k_message_magic) return UCS_OK;
+    if (r.origin != self.m_origin) return UCS_OK;  // not an answer to us
     std::lock_guard lock(self.m_ops_lock);
     auto it = self.m_ops.find(r.id);
     if (it == self.m_ops.end()) return UCS_OK;  // abandoned
@@ -894,6 +1105,33 @@ class UcxTransport final : public Transport {
   // Answers peers: progress while there is work, otherwise sleep on the
   // worker's event fd. A short spin before sleeping keeps request/response
   // latency low without burning a core when idle.
+  // Closes answer endpoints replaced or forgotten since the last call (not
+  // from inside a callback, where they are replaced), and frees the closes
+  // that finished.
+  void close_replaced_answer_eps() {
+    std::vector<ucp_ep_h> closing;
+    {
+      std::lock_guard lock(m_origins_lock);
+      closing.swap(m_closing);
+    }
+    for (ucp_ep_h ep : closing) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* request = ucp_ep_close_nbx(ep, &p);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) m_close_requests.push_back(request);
+    }
+    for (size_t i = 0; i < m_close_requests.size();) {
+      if (ucp_request_check_status(m_close_requests[i]) == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(m_close_requests[i]);
+      m_close_requests[i] = m_close_requests.back();
+      m_close_requests.pop_back();
+    }
+  }
+
   void progress_loop(int efd) {
     constexpr int k_idle_spins = 200;
     int idle = 0;
@@ -904,6 +1142,7 @@ class UcxTransport final : public Transport {
       }
       if (++idle < k_idle_spins) continue;
       idle = 0;
+      close_replaced_answer_eps();
       const ucs_status_t st = ucp_worker_arm(m_worker);
       if (st == UCS_ERR_BUSY) continue;
       pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
@@ -924,6 +1163,26 @@ class UcxTransport final : public Transport {
   std::recursive_mutex m_ops_lock;
   std::unordered_map<uint64_t, MessageOp*> m_ops;
   uint64_t m_next_op = 0;
+  uint64_t m_origin = 0;  // random, names this transport in requests
+  // Endpoints to the workers that said hello, by origin; the oldest are
+  // closed beyond k_origins_remembered (m_closing, from the progress side).
+  std::mutex m_origins_lock;
+  std::unordered_map<uint64_t, ucp_ep_h> m_origin_eps;
+  std::deque<uint64_t> m_origin_order;
+  std::vector<ucp_ep_h> m_closing;
+  std::vector<void*> m_close_requests;  // progress thread only
+  static constexpr size_t k_origins_remembered = 4096;
+  std::atomic<uint64_t> m_resends{0};
+  static constexpr std::chrono::milliseconds k_resend_after{500};
+  // Atomics run for peers, by (origin, id), so a request asked again is not
+  // run twice; the oldest are forgotten.
+  struct PairHash {
+    size_t operator()(const std::pair<uint64_t, uint64_t>& p) const { return p.first ^ (p.second * 0x9e3779b97f4a7c15ull); }
+  };
+  std::mutex m_atomics_lock;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, uint64_t, PairHash> m_atomics_done;
+  std::deque<std::pair<uint64_t, uint64_t>> m_atomics_order;
+  static constexpr size_t k_atomics_remembered = 1 << 16;
   int m_wake_fd = -1;
   int m_efd = -1;  // the worker's event fd
   // Empty progress calls before wait() sleeps on the event fd: a few

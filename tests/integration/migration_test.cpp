@@ -98,7 +98,12 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
           const uint64_t first = slice[0];
           for (size_t i = 1; i < k_words; ++i) {
             if (slice[i] != first) {
-              ++torn;
+              if (torn++ == 0) {
+                std::lock_guard lock(error_mutex);
+                std::fprintf(stderr, "reader %d: writer %d's slice torn at word %zu of %zu: %016llx then %016llx\n", r,
+                             w, i, k_words, static_cast<unsigned long long>(first),
+                             static_cast<unsigned long long>(slice[i]));
+              }
               break;
             }
           }

@@ -175,7 +175,8 @@ TEST_F(NetnsTest, OneAddressSpaceAcrossNamespacesAndAPartitionHeals) {
   char text[6];
   ASSERT_TRUE(client->read(again->gva, text, 6).ok());
   EXPECT_EQ(std::string(text, 6), "healed");
-  ASSERT_TRUE(client->read(a->gva, back.data(), back.size()).ok()) << "reachable again after the heal";
+  Status healed = client->read(a->gva, back.data(), back.size());
+  ASSERT_TRUE(healed.ok()) << "reachable again after the heal: " << healed.to_string();
   EXPECT_EQ(back, out);
 }
 
