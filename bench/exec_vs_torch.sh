@@ -26,16 +26,26 @@ ours=$(TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/executor/
 echo "# PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') eager, batch 128, $threads threads"
 torch=$(/usr/bin/python3 "$top/bench/torch_step.py" 784,256,128,10 128 "$threads" $steps 0.001 |
   sed -n 's/^torch_step_ms_median \([0-9.e+-]*\) ms/\1/p')
-echo "# tiermem-exec, 2 pipeline stages on 2 daemons (ranks share the $threads cores)"
-for r in 0 1; do
-  TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
-    "$build/executor/tiermem-exec" train "$model" --job bench2 --steps $steps --log-every 100000 \
-    >"$TIERMEM_CLUSTER_DIR/rank$r.log" 2>&1 &
-done
-wait
-pipeline=$(cat "$TIERMEM_CLUSTER_DIR"/rank*.log | exec_median)
+# Two ranks, one per daemon; extra arguments for both. Prints the median step.
+pipeline2() {
+  local job=$1 r
+  shift
+  for r in 0 1; do
+    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
+      "$build/executor/tiermem-exec" train "$model" --job "$job" --steps $steps --log-every 100000 "$@" \
+      >"$TIERMEM_CLUSTER_DIR/rank$r.log" 2>&1 &
+  done
+  wait
+  cat "$TIERMEM_CLUSTER_DIR"/rank*.log | exec_median
+}
+echo "# tiermem-exec, 2 pipeline stages on 2 daemons (ranks share the $threads cores), fc1/fc2 in column blocks"
+pipeline=$(pipeline2 bench2)
+echo "# the same with every op whole (--no-split: 59 % FLOP imbalance)"
+whole=$(pipeline2 bench3 --no-split)
 echo "exec_step_ms_median $ours ms"
 echo "torch_step_ms_median $torch ms"
 echo "exec_pipeline2_step_ms_median $pipeline ms"
+echo "exec_pipeline2_whole_ops_step_ms_median $whole ms"
 awk -v a="$ours" -v b="$torch" 'BEGIN { printf "exec_step_vs_torch_ratio %.3f\n", a / b }'
 awk -v a="$pipeline" -v b="$torch" 'BEGIN { printf "exec_pipeline2_step_vs_torch_ratio %.3f\n", a / b }'
+awk -v a="$pipeline" -v b="$whole" 'BEGIN { printf "exec_pipeline2_split_vs_whole_ops_ratio %.3f\n", a / b }'

@@ -119,6 +119,19 @@ class Differentiator {
                5.0 * static_cast<double>(m_g.tensors[op.in[0]].elements()));
         }
         break;
+      case OpKind::concat: {
+        int64_t column = 0;
+        for (size_t i = 0; i < op.in.size(); ++i) {
+          const int64_t cols = m_g.tensors[op.in[i]].shape[1];
+          if (needs(i)) {
+            emit(op.name + ".grad" + std::to_string(i), OpKind::slice_grad, {m_g.tensors[y].grad}, {op.in[i]}, index,
+                 static_cast<double>(m_g.tensors[op.in[i]].elements()));
+            m_g.ops.back().column = column;
+          }
+          column += cols;
+        }
+        break;
+      }
       default:
         break;
     }
@@ -167,6 +180,8 @@ Status add_training(Graph& graph, float grad_scale) {
     if (op.kind == OpKind::matmul) {
       const auto& a = graph.tensors[op.in[0]].shape;
       op.flops = 2.0 * a[0] * a[1] * graph.tensors[op.in[1]].shape[1];
+    } else if (op.kind == OpKind::concat) {
+      op.flops = n;  // a copy
     } else if (op.kind == OpKind::softmax_xent) {
       op.flops = 5.0 * static_cast<double>(graph.tensors[op.in[0]].elements());
     } else {

@@ -35,6 +35,7 @@ constexpr Rule k_rules[] = {
     {proto::LAYER_NORM, OpKind::layer_norm, 3, "LAYER_NORM"},
     {proto::ADD, OpKind::add, 2, "ADD"},
     {proto::SOFTMAX_CROSS_ENTROPY, OpKind::softmax_xent, 2, "SOFTMAX_CROSS_ENTROPY"},
+    {proto::CONCAT, OpKind::concat, 0, "CONCAT"},  // 0: two or more
 };
 
 class Builder {
@@ -181,6 +182,16 @@ class Builder {
           return mismatch("labels " + name(1) + " must have one entry per row of logits " + name(0));
         }
         return std::vector<int64_t>{1};
+      case OpKind::concat: {
+        int64_t columns = 0;
+        for (size_t i = 0; i < in.size(); ++i) {
+          if (shape(i).size() != 2 || shape(i)[0] != shape(0)[0]) {
+            return mismatch(name(i) + " must be a matrix with the " + std::to_string(shape(0)[0]) + " rows of " + name(0));
+          }
+          columns += shape(i)[1];
+        }
+        return std::vector<int64_t>{shape(0)[0], columns};
+      }
       default:
         return mismatch("not a forward op");
     }
@@ -206,8 +217,10 @@ class Builder {
       if (r.type == def.type()) rule = &r;
     }
     if (rule == nullptr) return fail("op '" + def.name() + "' has no type");
-    if (static_cast<size_t>(def.input_size()) != rule->inputs || def.output_size() != 1) {
-      return fail("op '" + def.name() + "' (" + rule->name + ") takes " + std::to_string(rule->inputs) +
+    const bool arity = rule->inputs == 0 ? def.input_size() >= 2 : static_cast<size_t>(def.input_size()) == rule->inputs;
+    if (!arity || def.output_size() != 1) {
+      return fail("op '" + def.name() + "' (" + rule->name + ") takes " +
+                  (rule->inputs == 0 ? std::string("two or more") : std::to_string(rule->inputs)) +
                   " input(s) and 1 output, not " + std::to_string(def.input_size()) + " and " +
                   std::to_string(def.output_size()));
     }
@@ -264,6 +277,8 @@ std::string_view op_kind_name(OpKind kind) {
     case OpKind::layer_norm: return "layer_norm";
     case OpKind::add: return "add";
     case OpKind::softmax_xent: return "softmax_xent";
+    case OpKind::concat: return "concat";
+    case OpKind::slice_grad: return "slice_grad";
     case OpKind::matmul_grad_a: return "matmul_grad_a";
     case OpKind::matmul_grad_b: return "matmul_grad_b";
     case OpKind::bias_grad: return "bias_grad";

@@ -21,6 +21,7 @@ enum class Role : uint8_t { activation, param, grad, optimizer_state, input, lab
 enum class OpKind : uint8_t {
   // forward (model files)
   matmul, bias_add, relu, gelu, layer_norm, add, softmax_xent,
+  concat,             // along columns; in: X0 [M,N0], X1 [M,N1], ...   out: Y [M,sum N]
   // backward (autodiff)
   matmul_grad_a,      // dA (+)= dY . B^T             in: dY, B        out: dA
   matmul_grad_b,      // dB (+)= A^T . dY             in: A, dY        out: dB
@@ -30,6 +31,7 @@ enum class OpKind : uint8_t {
   gelu_grad,          // dX (+)= dY * gelu'(X)        in: X, dY        out: dX
   layer_norm_grad,    // in: X, gamma, mean, rstd, dY   out: dX, dgamma, dbeta
   softmax_xent_grad,  // dL = (softmax(L) - onehot(y)) * scale   in: L, y   out: dL
+  slice_grad,         // dX (+)= dY[:, column : column + cols(dX)]  in: dY  out: dX
   // update (optimizer)
   sgd,                // in: param, grad, velocity  (param and velocity updated in place)
   adam,               // in: param, grad, m, v
@@ -46,6 +48,12 @@ struct Tensor {
   Role role = Role::activation;
   proto::Init init = proto::ZEROS;
   int64_t init_fan_in = 0;
+  // A PARAM split off a larger one (split_for_balance): initialised as the
+  // columns [init_column, init_column + cols) of `init_name` with shape
+  // `init_shape` would have been, so a split model starts where the whole one does.
+  std::string init_name;
+  std::vector<int64_t> init_shape;
+  int64_t init_column = 0;
   int producer = -1;   // op writing it first (-1: none, e.g. INPUT, PARAM)
   int grad = -1;       // its gradient tensor, when one exists
 
@@ -66,6 +74,7 @@ struct Op {
   std::vector<int> in, out;
   std::vector<bool> accumulate;  // per output: add into it instead of overwriting
   int origin = -1;               // backward/update ops: the forward op (or param) they come from
+  int64_t column = 0;            // slice_grad: the first column of dY it takes
   double flops = 0;
 };
 

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
+#include <algorithm>
 
 #include "executor/kernels.hpp"
 
@@ -48,6 +50,20 @@ OpResult run_op(const Graph& g, const Op& op, const TensorMemory& mem, bool forc
                                     &result.correct);
       *f(mem, op.out[0]) = result.loss;
       break;
+    case OpKind::concat: {
+      const auto& y = shape(op.out[0]);
+      int64_t column = 0;
+      for (int t : op.in) {
+        k::copy_columns(f(mem, t), f(mem, op.out[0]), y[0], shape(t)[1], y[1], column);
+        column += shape(t)[1];
+      }
+      break;
+    }
+    case OpKind::slice_grad: {
+      const auto& dy = shape(op.in[0]);
+      k::slice_columns_grad(f(mem, op.in[0]), f(mem, op.out[0]), dy[0], shape(op.out[0])[1], dy[1], op.column, acc(0));
+      break;
+    }
     case OpKind::matmul_grad_a: {  // in: dY [M,N], B [K,N]; out: dA [M,K]
       const auto& b = shape(op.in[1]);
       k::matmul_grad_a(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], b[0], b[1], acc(0));
@@ -96,6 +112,21 @@ OpResult run_op(const Graph& g, const Op& op, const TensorMemory& mem, bool forc
 }
 
 void init_param(const Tensor& t, float* data, uint64_t seed) {
+  if (!t.init_name.empty()) {
+    // Columns of a larger parameter: initialise that one, keep our columns.
+    Tensor whole = t;
+    whole.name = t.init_name;
+    whole.shape = t.init_shape;
+    whole.init_name.clear();
+    std::vector<float> all(static_cast<size_t>(whole.elements()));
+    init_param(whole, all.data(), seed);
+    const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+    const int64_t cols = t.shape.back(), all_cols = whole.shape.back();
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(all.data() + r * all_cols + t.init_column, cols, data + r * cols);
+    }
+    return;
+  }
   std::mt19937_64 rng(fnv1a(t.name, seed));
   const int64_t n = t.elements();
   const double fan_in = t.shape.size() == 2 ? static_cast<double>(t.shape[0]) : static_cast<double>(t.init_fan_in);

@@ -60,6 +60,21 @@ void add(const float* a, const float* b, float* y, int64_t count) {
   for (int64_t i = 0; i < count; ++i) y[i] = a[i] + b[i];
 }
 
+void copy_columns(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column) {
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) std::copy(x + r * n, x + (r + 1) * n, y + r * y_cols + column);
+}
+
+void slice_columns_grad(const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols, int64_t column,
+                        bool accumulate) {
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* src = dy + r * dy_cols + column;
+    float* dst = dx + r * n;
+    for (int64_t j = 0; j < n; ++j) dst[j] = accumulate ? dst[j] + src[j] : src[j];
+  }
+}
+
 void relu(const float* x, float* y, int64_t count) {
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) y[i] = x[i] > 0 ? x[i] : 0.0f;

@@ -19,6 +19,11 @@ void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n)
 void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate);
 void pass_grad(const float* dy, float* dx, int64_t count, bool accumulate);
 void add(const float* a, const float* b, float* y, int64_t count);
+// Y[:, column : column + n] = X[M,n] for Y with `y_cols` columns (one input of a concat).
+void copy_columns(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column);
+// dX[M,n] (+)= dY[:, column : column + n] for dY with `dy_cols` columns.
+void slice_columns_grad(const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols, int64_t column,
+                        bool accumulate);
 void relu(const float* x, float* y, int64_t count);
 void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
 // GELU, tanh approximation (PyTorch's approximate="tanh").

@@ -39,6 +39,10 @@ std::string_view method_name(PartitionMethod m);
 // first matmul holds most of the work cannot balance two stages better.
 double flops_imbalance_floor(const Graph& graph, int parts, int micro_batches);
 
+// The FLOPs of every forward op with its backward ops, per micro-batch
+// (index into graph.ops_of(forward)).
+std::vector<double> forward_op_flops(const Graph& graph, int micro_batches);
+
 // Errors: invalid_argument (more parts than forward ops), internal (METIS).
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
                             uint64_t seed = 1);

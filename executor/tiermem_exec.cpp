@@ -15,6 +15,7 @@
 #include "executor/graph.hpp"
 #include "executor/memory_plan.hpp"
 #include "executor/partitioner.hpp"
+#include "executor/split.hpp"
 #include "executor/runtime/env.hpp"
 #include "executor/runtime/trainer.hpp"
 #include "tiermem_config.h"
@@ -24,9 +25,17 @@ namespace {
 using namespace tiermem;
 using namespace tiermem::exec;
 
-Result<Graph> training_graph(const std::string& model, int micro_batches) {
+// The model with its heavy ops split for `parts` stages (unless told not
+// to), and its training ops.
+Result<Graph> training_graph(const std::string& model, int micro_batches, int parts, bool split) {
   auto g = load_model(model);
   if (!g.ok()) return g.status();
+  if (split) {
+    auto report = split_for_balance(*g, parts, micro_batches);
+    if (!report.ok()) return report.status();
+    for (const std::string& line : *report) std::printf("%s\n", line.c_str());
+    if (!report->empty()) std::printf("\n");
+  }
   if (Status s = add_training(*g, 1.0f / static_cast<float>(micro_batches)); !s.ok()) return s;
   return g;
 }
@@ -36,8 +45,8 @@ int fail(const Status& s) {
   return 1;
 }
 
-int plan(const std::string& model, int stages, int micro_batches) {
-  auto g = training_graph(model, micro_batches);
+int plan(const std::string& model, int stages, int micro_batches, bool split) {
+  auto g = training_graph(model, micro_batches, stages, split);
   if (!g.ok()) return fail(g.status());
   auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
   if (!p.ok()) return fail(p.status());
@@ -58,8 +67,8 @@ int plan(const std::string& model, int stages, int micro_batches) {
   return 0;
 }
 
-int compare_partitions(const std::string& model, int parts, int micro_batches, bool show) {
-  auto g = training_graph(model, micro_batches);
+int compare_partitions(const std::string& model, int parts, int micro_batches, bool show, bool split) {
+  auto g = training_graph(model, micro_batches, parts, split);
   if (!g.ok()) return fail(g.status());
   std::printf("%-8s %14s %10s %10s\n", "METHOD", "CUT/MB", "FLOPS-IMB", "MEM-IMB");
   for (PartitionMethod m : {PartitionMethod::metis, PartitionMethod::greedy, PartitionMethod::random}) {
@@ -78,8 +87,8 @@ int compare_partitions(const std::string& model, int parts, int micro_batches, b
   const double floor = flops_imbalance_floor(*g, parts, micro_batches);
   if (floor > 0.05) {
     std::printf("note: one op holds %.0f%% of the FLOPs, so no split into %d stages at op granularity balances "
-                "FLOPs better than %.1f%%\n",
-                100 * (floor + 1) / parts, parts, 100 * floor);
+                "FLOPs better than %.1f%%%s\n",
+                100 * (floor + 1) / parts, parts, 100 * floor, split ? "" : " (without --no-split its matmul is split into column blocks)");
   }
   return 0;
 }
@@ -123,11 +132,15 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--dump-batches", opt.dump_batches, "batches to write with --dump");
   train_cmd->add_option("--snapshot-every", opt.snapshot_every,
                         "copy the committed parameters and optimizer state to PMEM every N steps");
+  bool train_no_split = false;
+  train_cmd->add_flag("--no-split", train_no_split,
+                      "keep every op whole (by default a matmul too heavy to balance the stages is split into column blocks)");
   train_cmd->add_option("--log-every", opt.log_every, "steps between progress lines (default: every epoch)");
   train_cmd->add_option("--timeout", timeout_s, "seconds to wait for another rank before giving up")->capture_default_str();
   train_cmd->add_flag("-q,--quiet", opt.quiet, "no progress lines");
   train_cmd->callback([&] {
     opt.shuffle = !no_shuffle;
+    opt.split = !train_no_split;
     opt.timeout = std::chrono::seconds(timeout_s);
     auto env = rank_from_environment();
     if (!env.ok()) {
@@ -143,7 +156,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);
   plan_cmd->add_option("--stages", stages, "pipeline stages")->capture_default_str();
   plan_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
-  plan_cmd->callback([&] { rc = plan(model, stages, micro_batches); });
+  bool no_split = false;
+  plan_cmd->add_flag("--no-split", no_split, "keep every op whole (see `partition`)");
+  plan_cmd->callback([&] { rc = plan(model, stages, micro_batches, !no_split); });
 
   auto* part_cmd = app.add_subcommand("partition", "compare METIS, greedy and random partitions");
   part_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);
@@ -151,7 +166,9 @@ int main(int argc, char** argv) {
   part_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
   bool show = false;
   part_cmd->add_flag("--show", show, "print the stage of every forward op");
-  part_cmd->callback([&] { rc = compare_partitions(model, parts, micro_batches, show); });
+  part_cmd->add_flag("--no-split", no_split,
+                     "keep every op whole (by default a matmul too heavy to balance is split into column blocks)");
+  part_cmd->callback([&] { rc = compare_partitions(model, parts, micro_batches, show, !no_split); });
 
   try {
     app.parse(argc, argv);

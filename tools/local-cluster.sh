@@ -120,7 +120,9 @@ demo() {
 # next to node 2; parameters, optimizer state, activations and gradients all
 # live in tiermem memory. Ranks' lines are prefixed with their number.
 train() {
-  local build=$1 exec=$build/executor/tiermem-exec model=$top/config/models/${TIERMEM_MODEL:-mlp_digits}.pbtxt
+  # (One assignment per `local`: the words of one are expanded before any is set.)
+  local build=$1
+  local exec=$build/executor/tiermem-exec model=$top/config/models/${TIERMEM_MODEL:-mlp_digits}.pbtxt
   local epochs=${TIERMEM_EPOCHS:-12} job=demo-$$ pids=() r
   say "tiermem-exec partition: how the model splits into 2 stages (METIS vs greedy vs random)"
   "$exec" partition "$model" --parts 2

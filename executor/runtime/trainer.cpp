@@ -14,6 +14,7 @@
 #include "common/units.hpp"
 #include "executor/interpreter.hpp"
 #include "executor/runtime/trainer_impl.hpp"
+#include "executor/split.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -50,6 +51,13 @@ Status Trainer::load() {
   m_topo.replicas = m_env.world / m_topo.stages;
   m_topo.rank = m_env.rank;
   if (m_opt.micro_batches < 1) return Status(ErrorCode::invalid_argument, "--micro-batches must be at least 1");
+  if (m_opt.split) {
+    // Every rank rewrites the same graph the same way: the split is a pure
+    // function of the model, the stages and the micro-batches.
+    auto report = split_for_balance(m_graph, m_topo.stages, m_opt.micro_batches);
+    if (!report.ok()) return report.status();
+    m_split_report = std::move(report).value();
+  }
   Status s = add_training(m_graph, 1.0f / static_cast<float>(m_opt.micro_batches * m_topo.replicas));
   if (!s.ok()) return s;
   auto p = partition(m_graph, m_topo.stages, PartitionMethod::metis, m_opt.micro_batches);
@@ -314,6 +322,7 @@ Status Trainer::run() {
                 m_plan.work_peak > 0 ? static_cast<double>(m_plan.work_naive) / static_cast<double>(m_plan.work_peak) : 1.0,
                 format_size(static_cast<uint64_t>(m_partition.cut_bytes)).c_str(),
                 100 * m_partition.flops_imbalance, 100 * m_partition.memory_imbalance);
+    for (const std::string& line : m_split_report) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
   std::FILE* losses = nullptr;

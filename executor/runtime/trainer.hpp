@@ -52,6 +52,7 @@ struct TrainOptions {
   int64_t snapshot_every = 0;    // > 0: copy the committed state to PMEM every this many steps
   std::chrono::milliseconds timeout{120000};
   bool quiet = false;
+  bool split = true;             // split a matmul too heavy to balance the stages into column blocks
 };
 
 // Runs training for this rank. Returns the process exit code (0 success).

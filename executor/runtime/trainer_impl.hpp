@@ -75,6 +75,7 @@ class Trainer {
   std::unique_ptr<JobDirectory> m_dir;
   Graph m_graph;
   Partition m_partition;
+  std::vector<std::string> m_split_report;  // ops split into column blocks for balance
   Topology m_topo;
   std::vector<Channel> m_channels;
   MemoryPlan m_plan;

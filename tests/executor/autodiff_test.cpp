@@ -116,6 +116,32 @@ op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l"
 loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
 }
 
+TEST(AutodiffTest, ConcatOfColumnBlocks) {
+  // Two column blocks of one layer (as split_for_balance makes them) and a
+  // third block from a second path into "x": the slices of dY go back to each
+  // block, and x's gradient sums what flows back from all of them.
+  check_gradients(R"(
+name: "g" micro_batch: 6
+tensor { name: "x" shape: [6, 4] role: INPUT }
+tensor { name: "y" shape: [6] role: LABEL dtype: I32 }
+tensor { name: "w0" shape: [4, 4] role: PARAM }
+tensor { name: "wa" shape: [4, 3] role: PARAM }
+tensor { name: "wb" shape: [4, 2] role: PARAM }
+tensor { name: "wc" shape: [4, 1] role: PARAM }
+tensor { name: "b" shape: [6] role: PARAM }
+tensor { name: "w2" shape: [6, 5] role: PARAM }
+op { name: "in" type: MATMUL input: ["x", "w0"] output: "e" }
+op { name: "fa" type: MATMUL input: ["e", "wa"] output: "ha" }
+op { name: "fb" type: MATMUL input: ["e", "wb"] output: "hb" }
+op { name: "fc" type: MATMUL input: ["e", "wc"] output: "hc" }
+op { name: "cat" type: CONCAT input: ["ha", "hb", "hc"] output: "h" }
+op { name: "bias" type: BIAS_ADD input: ["h", "b"] output: "z" }
+op { name: "act" type: GELU input: "z" output: "a" }
+op { name: "head" type: MATMUL input: ["a", "w2"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: SGD learning_rate: 0.1 })");
+}
+
 TEST(AutodiffTest, OptimizersMatchTheirDefinitions) {
   // One SGD-momentum and one Adam step on known numbers (PyTorch's formulas).
   auto g = parse_model(R"(

@@ -67,6 +67,10 @@ TEST(GraphTest, BadModelsGetClearErrors) {
   expect_error(std::string(k_mlp) + "tensor { name: \"x\" shape: [1] }", "declared twice");
   expect_error("name: \"t\" micro_batch: 1 op { name: \"a\" type: RELU input: \"z\" output: \"q\" }", "reads 'z'");
   expect_error("garbage {", "bad.pbtxt:1:");
+  expect_error(std::string(k_mlp) + "op { name: \"cat\" type: CONCAT input: \"h\" output: \"c\" }",
+               "(CONCAT) takes two or more input(s) and 1 output, not 1 and 1");
+  expect_error(std::string(k_mlp) + "op { name: \"cat\" type: CONCAT input: [\"h\", \"b\"] output: \"c\" }",
+               "'b' [5] must be a matrix with the 4 rows of 'h' [4,5]");
   auto missing = load_model("/nonexistent/model.pbtxt");
   EXPECT_NE(missing.status().message().find("cannot read model file"), std::string::npos);
 }
