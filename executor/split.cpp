@@ -150,6 +150,9 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
     if (op.kind != OpKind::matmul || flops[i] <= budget) continue;
     const Tensor& w = forward.tensors[op.in[1]];
     if (w.role != Role::param || w.shape.size() != 2) continue;
+    // Blocks are named <tensor>.c<j>: leave an op whole whose names are taken.
+    const std::string& y = forward.tensors[op.out[0]].name;
+    if (forward.find(w.name + ".c0") >= 0 || forward.find(y + ".c0") >= 0) continue;
     const int64_t k = blocks_for(flops[i], budget, w.shape[1]);
     if (k == 1) continue;
     fine[i].assign(static_cast<size_t>(k), w.shape[1] / k);

@@ -2,9 +2,12 @@
 // FLOPs than a stage can balance at op granularity - the first matmul of an
 // MLP does ~80 % of its work - no partition of the ops meets the 5 % bound.
 // split_for_balance() rewrites such a matmul Y = X . W (W a PARAM [K,N]) into
-// column blocks Y_j = X . W_j (W_j = W[:, j*N/k : (j+1)*N/k]) joined by a
+// column blocks Y_j = X . W_j (W_j: consecutive columns of W) joined by a
 // CONCAT, before autodiff: the blocks are ops like any other, so METIS places
 // them on stages, and the gradients follow (CONCAT's backward slices dY).
+// First into k equal blocks, each at most k_split_block_share of a stage's
+// FLOPs; then the blocks METIS puts on one stage become one block (one
+// transfer per stage, not per block), kept where that still balances.
 // Each W_j starts as the same columns of W would: a split model computes what
 // the whole one does, up to the order of floating-point sums.
 #pragma once
