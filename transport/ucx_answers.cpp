@@ -32,12 +32,14 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
   r.origin = h.origin;
   r.id = h.id;
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  const bool on_reply_ep =
+      (h.flags & k_answer_on_reply_ep) != 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0;
   if (h.kind == MessageKind::hello) {
-    ucp_ep_h ep = rndv ? nullptr : self.open_answer_ep(h.origin, data);
+    ucp_ep_h ep = on_reply_ep ? param->reply_ep : rndv ? nullptr : self.open_answer_ep(h.origin, data);
     if (ep != nullptr) self.send_reply(ep, r, nullptr, 0);
     return UCS_OK;
   }
-  ucp_ep_h ep = self.answer_ep(h.origin);
+  ucp_ep_h ep = on_reply_ep ? param->reply_ep : self.answer_ep(h.origin);
   if (ep == nullptr) return UCS_OK;  // no hello from it: nowhere to answer
   Refusal refusal = self.m_regions.check(h.address, h.length);
   if (h.kind == MessageKind::atomic && (h.address % 8 != 0 || h.length != 8)) refusal = Refusal::unaligned;

@@ -65,14 +65,20 @@ class UcxEndpoint final : public Endpoint {
 // A request names an address in one of the target's registered regions; the
 // target checks it, runs the operation on its memory and replies with the
 // request's id. Both sides run the same code, so headers are in host order.
-// Answers go on an endpoint the target itself opened to the asking worker
-// (whose address came in the connection's hello), not on UCX's reply
-// endpoint: UCX 1.13 over shared memory sometimes resolves that to an
-// endpoint to another peer, and the answer lands in the wrong process.
+// Over shared memory, answers go on an endpoint the target itself opened to
+// the asking worker (whose address came in the connection's hello), not on
+// UCX's reply endpoint: UCX 1.13 over shared memory sometimes resolves that to
+// an endpoint to another peer, and the answer lands in the wrong process.
+// Over TCP they go on the reply endpoint (k_answer_on_reply_ep): an endpoint
+// the target opens itself means a new TCP connection to the asker, and when
+// the asker has just died, UCX 1.13 fails that connection's wire-up with an
+// assertion that aborts the target (ucp_request_send_state_ff, "got REP
+// message").
 
 constexpr uint16_t k_request_id = 41;
 constexpr uint16_t k_reply_id = 42;
 constexpr uint32_t k_message_magic = 0x544d5251;  // "QRMT"
+constexpr uint16_t k_answer_on_reply_ep = 1;      // MessageRequest::flags
 
 // hello: the first request on a connection; its payload is the asking
 // worker's address, to which the target connects to answer.
@@ -85,7 +91,7 @@ struct MessageRequest {
   uint32_t magic = k_message_magic;
   MessageKind kind = MessageKind::get;
   uint8_t op = 0;  // AtomicOp
-  uint16_t reserved = 0;
+  uint16_t flags = 0;  // k_answer_on_reply_ep
   uint64_t id = 0;
   uint64_t address = 0;
   uint64_t length = 0;

@@ -297,6 +297,11 @@ void UcxTransport::post_request(MessageOp& op) {
   // buffer later (over shared memory with process_vm_readv, which UCX
   // treats as fatal when the buffer is gone after a timeout).
   p.flags = UCP_AM_SEND_FLAG_EAGER;
+  if (op.ep->m_messages) {
+    // Over TCP the answer comes back on the connection the request came by.
+    op.header.flags |= k_answer_on_reply_ep;
+    p.flags |= UCP_AM_SEND_FLAG_REPLY;
+  }
   void* request = op.ep->m_ep == nullptr
                       ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
                       : ucp_am_send_nbx(op.ep->m_ep, k_request_id, &op.header, sizeof op.header, op.src, op.payload, &p);
