@@ -1,9 +1,9 @@
 #include "executor/interpreter.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
-#include <algorithm>
 
 #include "executor/kernels.hpp"
 

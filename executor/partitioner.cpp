@@ -282,12 +282,14 @@ Result<Partition> partition(const Graph& graph, int parts, PartitionMethod metho
     // each other without a cycle (a pipeline: no stage waits, within a
     // micro-batch, for a stage it feeds); with memory within the bound; with
     // the smallest cut.
-    Partition best;
-    bool have = false;
-    auto score = [&](const Partition& x) {
-      return std::make_tuple(x.flops_imbalance > k_bound ? x.flops_imbalance : 0.0, !stages_acyclic(graph, w, x),
-                             x.memory_imbalance > k_bound ? x.memory_imbalance : 0.0, x.cut_bytes);
+    using Score = std::tuple<double, bool, double, int64_t>;
+    auto score = [&](const Partition& x) -> Score {
+      return {x.flops_imbalance > k_bound ? x.flops_imbalance : 0.0, !stages_acyclic(graph, w, x),
+              x.memory_imbalance > k_bound ? x.memory_imbalance : 0.0, x.cut_bytes};
     };
+    Partition best;
+    Score best_score;
+    bool have = false;
     for (bool kway : {false, true}) {
       for (int seed = 1; seed <= k_metis_seeds; ++seed) {
         Partition trial = p;
@@ -300,8 +302,12 @@ Result<Partition> partition(const Graph& graph, int parts, PartitionMethod metho
           for (int x : trial.of_forward_op) used[x] = 1;
           if (std::count(used.begin(), used.end(), 1) != parts) continue;
           measure(graph, w, &trial);
-          if (!have || score(trial) < score(best)) best = trial;
-          have = true;
+          const Score trial_score = score(trial);
+          if (!have || trial_score < best_score) {
+            best = trial;
+            best_score = trial_score;
+            have = true;
+          }
         }
       }
     }

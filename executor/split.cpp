@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <numeric>
 
 #include "executor/partitioner.hpp"
@@ -117,6 +118,21 @@ class Rewriter {
   Graph m_new;
 };
 
+// A forward graph with its training ops, and how METIS places them.
+struct Placed {
+  Graph training;
+  Partition partition;
+};
+
+Result<Placed> place(const Graph& forward, int parts, int micro_batches) {
+  Placed out{forward, {}};
+  if (Status s = add_training(out.training, 1.0f); !s.ok()) return s;
+  auto p = partition(out.training, parts, PartitionMethod::metis, micro_batches);
+  if (!p.ok()) return p.status();
+  out.partition = std::move(p).value();
+  return out;
+}
+
 }  // namespace
 
 Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, int micro_batches) {
@@ -125,21 +141,11 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
   if (!forward.ops_of(Phase::backward).empty()) {
     return Status(ErrorCode::failed_precondition, "split_for_balance takes a graph without its training ops");
   }
-  // How METIS balances the ops as they are, with the backward ops weighed in.
-  auto balance = [&](const Graph& g) -> Result<double> {
-    Graph trial = g;
-    if (Status s = add_training(trial, 1.0f); !s.ok()) return s;
-    auto p = partition(trial, parts, PartitionMethod::metis, micro_batches);
-    if (!p.ok()) return p.status();
-    return p->flops_imbalance;
-  };
-  auto before = balance(forward);
-  if (!before.ok()) return before.status();
-  if (*before <= k_balance) return report;
-
-  Graph trial = forward;
-  if (Status s = add_training(trial, 1.0f); !s.ok()) return s;
-  const std::vector<double> flops = forward_op_flops(trial, micro_batches);
+  auto whole = place(forward, parts, micro_batches);
+  if (!whole.ok()) return whole.status();
+  const double before = whole->partition.flops_imbalance;
+  if (before <= k_balance) return report;
+  const std::vector<double> flops = forward_op_flops(whole->training, micro_batches);
   const double mean = std::accumulate(flops.begin(), flops.end(), 0.0) / parts;
   const double budget = k_split_block_share * mean;
   // Fine: every heavy matmul in equal blocks small enough to balance.
@@ -160,43 +166,37 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
   }
   if (!any) return report;
   Graph split = Rewriter(forward, fine).run();
-  Graph split_training = split;
-  if (Status s = add_training(split_training, 1.0f); !s.ok()) return s;
-  auto placed = partition(split_training, parts, PartitionMethod::metis, micro_batches);
+  auto placed = place(split, parts, micro_batches);
   if (!placed.ok()) return placed.status();
-  if (placed->flops_imbalance >= *before) return report;  // no better: leave the ops whole
+  if (placed->partition.flops_imbalance >= before) return report;  // no better: leave the ops whole
 
   // Coarse: the blocks METIS put on one stage are one block, so that a stage
   // sends each other stage one tensor per split op, not one per block.
-  std::vector<int> stage_of(split_training.ops.size(), -1);
-  const std::vector<int> fwd = split_training.ops_of(Phase::forward);
-  for (size_t v = 0; v < fwd.size(); ++v) stage_of[fwd[v]] = placed->of_forward_op[v];
+  std::map<std::string, int> stage_of;
+  const std::vector<int> placed_ops = placed->training.ops_of(Phase::forward);
+  for (size_t v = 0; v < placed_ops.size(); ++v) {
+    stage_of[placed->training.ops[placed_ops[v]].name] = placed->partition.of_forward_op[v];
+  }
   std::vector<std::vector<int64_t>> coarse(forward.ops.size());
   for (size_t i = 0; i < forward.ops.size(); ++i) {
     if (fine[i].empty()) continue;
     std::vector<int64_t> per_stage(parts, 0);
     for (size_t j = 0; j < fine[i].size(); ++j) {
-      for (int op : fwd) {
-        if (split_training.ops[op].name == forward.ops[i].name + ".c" + std::to_string(j)) {
-          per_stage[stage_of[op]] += fine[i][j];
-        }
-      }
+      per_stage[stage_of.at(forward.ops[i].name + ".c" + std::to_string(j))] += fine[i][j];
     }
     for (int64_t width : per_stage) {
       if (width > 0) coarse[i].push_back(width);
     }
     if (coarse[i].size() == 1) coarse[i].clear();  // all on one stage: whole
   }
-  double after = placed->flops_imbalance;
+  double after = placed->partition.flops_imbalance;
   const std::vector<std::vector<int64_t>>* widths = &fine;
   Graph merged = Rewriter(forward, coarse).run();
-  Graph merged_training = merged;
-  if (Status s = add_training(merged_training, 1.0f); !s.ok()) return s;
-  auto merged_placed = partition(merged_training, parts, PartitionMethod::metis, micro_batches);
-  if (merged_placed.ok() && merged_placed->flops_imbalance <= std::max(k_balance, after)) {
+  auto merged_placed = place(merged, parts, micro_batches);
+  if (merged_placed.ok() && merged_placed->partition.flops_imbalance <= std::max(k_balance, after)) {
     split = std::move(merged);
     widths = &coarse;
-    after = merged_placed->flops_imbalance;
+    after = merged_placed->partition.flops_imbalance;
   }
   for (size_t i = 0; i < forward.ops.size(); ++i) {
     if ((*widths)[i].empty()) continue;
@@ -211,7 +211,7 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
     report.emplace_back(line);
   }
   char line[128];
-  std::snprintf(line, sizeof line, "FLOP imbalance over %d stages: %.1f%% whole, %.1f%% split", parts, 100 * *before,
+  std::snprintf(line, sizeof line, "FLOP imbalance over %d stages: %.1f%% whole, %.1f%% split", parts, 100 * before,
                 100 * after);
   report.emplace_back(line);
   forward = std::move(split);

@@ -117,9 +117,10 @@ loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
 }
 
 TEST(AutodiffTest, ConcatOfColumnBlocks) {
-  // Two column blocks of one layer (as split_for_balance makes them) and a
-  // third block from a second path into "x": the slices of dY go back to each
-  // block, and x's gradient sums what flows back from all of them.
+  // Three column blocks of one layer, of uneven widths (as split_for_balance
+  // makes them), joined by a CONCAT: each block gets its slice of dY, and the
+  // gradient of their shared input "e" sums what flows back from all three
+  // (checked through w0).
   check_gradients(R"(
 name: "g" micro_batch: 6
 tensor { name: "x" shape: [6, 4] role: INPUT }
