@@ -14,7 +14,7 @@
 #include "convert.hpp"
 #include "rpc_connection.hpp"
 #include "tests/support/test_daemon.hpp"
-#include "transport/remote_memory.hpp"
+#include "access/remote_memory.hpp"
 
 using namespace tiermem;
 

@@ -96,6 +96,8 @@ Result<AllocationInfo> Client::migrate(Gva gva, Tier tier, NodeId to_node) {
   return wire::from_proto(response->migrate().allocation());
 }
 
+AccessCounters Client::access_counters() const { return m_core->counters(); }
+
 Result<std::vector<NodeInfo>> Client::nodes() {
   proto::Request request;
   request.mutable_nodes();

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "convert.hpp"
-#include "mapping/page_table.hpp"
 
 namespace tiermem::detail {
 namespace {
@@ -23,6 +22,8 @@ constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
 class ClientAccess final : public MemoryAccess {
  public:
   explicit ClientAccess(ClientCore& core) : m_core(core) {}
+  // Whether the operation reached another node's memory.
+  bool went_remote() const { return !m_held.empty(); }
   Result<VersionWords*> versions(NodeId home) override {
     if (home == m_core.node()) return m_core.local_versions();
     auto r = remote(home);
@@ -276,6 +277,14 @@ void ClientCore::forget_node(NodeId node) {
 
 // --- data ----------------------------------------------------------------------------
 
+AccessCounters ClientCore::counters() const {
+  AccessCounters c;
+  c.direct_local = m_direct_local.load(std::memory_order_relaxed);
+  c.direct_remote = m_direct_remote.load(std::memory_order_relaxed);
+  c.through_daemon = m_through_daemon.load(std::memory_order_relaxed);
+  return c;
+}
+
 Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory) {
   const uint64_t chunk = std::max<uint64_t>(4096, m_hello.max_inline_bytes());
   while (length > 0) {
@@ -299,6 +308,7 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
     gva.offset += n;
     length -= n;
   }
+  m_through_daemon.fetch_add(1, std::memory_order_relaxed);
   return Status();
 }
 
@@ -324,7 +334,10 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
     const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
                           alloc.page_versions};
     Status s = copy_through_layout(view, access, offset, buf, length, to_memory, k_timeout);
-    if (s.ok()) return s;
+    if (s.ok()) {
+      (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
+      return s;
+    }
     if (is_stale(s)) {
       refresh = true;  // migrated, freed or replaced: translate again. Bytes
       continue;        // copied before are copied again, which is harmless.
@@ -361,6 +374,7 @@ Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, ui
   a->set_compare(compare);
   auto response = call(request);
   if (!response.ok()) return response.status();
+  m_through_daemon.fetch_add(1, std::memory_order_relaxed);
   return response->atomic().old_value();
 }
 
@@ -396,7 +410,10 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
                            alloc.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
                            compare, &old, k_timeout);
     }
-    if (s.ok()) return old;
+    if (s.ok()) {
+      (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
+      return old;
+    }
     if (is_stale(s)) {
       refresh = true;
       continue;

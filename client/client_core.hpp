@@ -4,6 +4,7 @@
 // atomics go straight to memory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -18,7 +19,7 @@
 #include "common/unique_fd.hpp"
 #include "mapping/seqlock_copy.hpp"
 #include "rpc_connection.hpp"
-#include "transport/remote_memory.hpp"
+#include "access/remote_memory.hpp"
 
 namespace tiermem::detail {
 
@@ -60,6 +61,7 @@ class ClientCore {
   Status write(Gva gva, const void* src, size_t length);
   Status read(Gva gva, void* dst, size_t length);
   Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
+  AccessCounters counters() const;
   // Drops a cached translation (after free or migration).
   void forget(Gva gva);
 
@@ -103,6 +105,9 @@ class ClientCore {
   std::unique_ptr<Transport> m_transport;
   Status m_transport_status;
   std::map<NodeId, std::shared_ptr<RemoteState>> m_remote;
+
+  // Successful operations by path (access_counters()).
+  std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_through_daemon{0};
 
   std::shared_mutex m_cache_mutex;
   std::map<std::pair<NodeId, uint64_t>, std::shared_ptr<const CachedAllocation>> m_cache;

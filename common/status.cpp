@@ -1,5 +1,7 @@
 #include <tiermem/status.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace tiermem {
@@ -51,5 +53,15 @@ Status Status::with_context(std::string_view context) const {
   msg += m_message;
   return Status(m_code, std::move(msg));
 }
+
+namespace detail {
+
+void abort_on_error_value(const Status& status) {
+  std::fprintf(stderr, "tiermem: value() of an error result: %s\n", status.to_string().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace detail
 
 }  // namespace tiermem

@@ -1,4 +1,4 @@
-#include "common/units.hpp"
+#include <tiermem/units.h>
 
 #include <array>
 #include <cctype>

@@ -1,5 +1,6 @@
 #include "daemon/cluster_file.hpp"
 
+#include <charconv>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -16,11 +17,11 @@ Status error(std::string_view source, int64_t line, const std::string& why) {
 bool is_host_port(const std::string& s) {
   const size_t colon = s.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == s.size()) return false;
-  for (size_t i = colon + 1; i < s.size(); ++i) {
-    if (s[i] < '0' || s[i] > '9') return false;
-  }
-  const long port = std::stol(s.substr(colon + 1));
-  return port > 0 && port < 65536;
+  unsigned port = 0;
+  const char* end = s.data() + s.size();
+  const auto [at, ec] = std::from_chars(s.data() + colon + 1, end, port);
+  // Overflow (a port of 99999999999999999999) is an error, not an exception.
+  return ec == std::errc() && at == end && port > 0 && port < 65536;
 }
 
 }  // namespace

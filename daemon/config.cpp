@@ -1,13 +1,14 @@
 #include "daemon/config.hpp"
 
 #include <bit>
+#include <charconv>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 #include <toml++/toml.h>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 
 namespace tiermem {
 namespace {
@@ -66,11 +67,15 @@ class ConfigReader {
     const toml::node* n = find(path);
     if (n == nullptr) return;
     auto s = n->value<std::string>();
-    if (!s || s->empty() || s->find_first_not_of("01234567") != std::string::npos ||
-        std::stoul(*s, nullptr, 8) > 0777) {
-      return fail(*n, path, "must be an octal mode in quotes, such as \"0660\"");
+    uint32_t mode = 0;
+    if (s) {
+      const char* end = s->data() + s->size();
+      const auto [at, ec] = std::from_chars(s->data(), end, mode, 8);
+      // An overflowing mode ("77777777777777777777") is an error, not an exception.
+      if (ec != std::errc() || at != end) s.reset();
     }
-    *out = static_cast<uint32_t>(std::stoul(*s, nullptr, 8));
+    if (!s || mode > 0777) return fail(*n, path, "must be an octal mode in quotes, such as \"0660\"");
+    *out = mode;
   }
 
   std::vector<std::string> known() const { return {m_known.begin(), m_known.end()}; }

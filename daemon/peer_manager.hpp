@@ -18,7 +18,7 @@
 #include "control.pb.h"
 #include "daemon/cluster_file.hpp"
 #include "rpc_connection.hpp"
-#include "transport/remote_memory.hpp"
+#include "access/remote_memory.hpp"
 
 namespace tiermem {
 

@@ -17,7 +17,7 @@
 #include "common/log.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "convert.hpp"
 #include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
@@ -283,7 +283,8 @@ int main(int argc, char** argv) {
                  std::string("TOML configuration (default: ") + k_default_config +
                      " if present, else built-in defaults)");
   app.add_flag("--check-config", check_only, "validate the configuration (and cluster file) and exit");
-  app.set_version_flag("--version", std::string("tiermemd ") + TIERMEM_VERSION);
+  app.set_version_flag("--version", std::string("tiermemd ") + TIERMEM_VERSION +
+                                        (TIERMEM_HAVE_CUDA ? " (VRAM tier: CUDA)" : " (VRAM tier: not built, no CUDA)"));
   CLI11_PARSE(app, argc, argv);
 
   std::signal(SIGPIPE, SIG_IGN);

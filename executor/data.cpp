@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <charconv>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -38,12 +39,22 @@ Result<Split> load_digits(const std::string& path, uint64_t seed) {
   all.classes = 10;
   std::istringstream in(*text);
   std::string line;
+  int64_t line_number = 0;
   while (std::getline(in, line)) {
+    ++line_number;
     if (line.empty()) continue;
     std::istringstream row(line);
     std::string cell;
     std::vector<float> values;
-    while (std::getline(row, cell, ',')) values.push_back(std::stof(cell));
+    while (std::getline(row, cell, ',')) {
+      float v = 0;
+      const auto [end, ec] = std::from_chars(cell.data(), cell.data() + cell.size(), v);
+      if (ec != std::errc() || end != cell.data() + cell.size()) {
+        return Status(ErrorCode::invalid_argument, path + ":" + std::to_string(line_number) + ": '" + cell +
+                                                       "' is not a number");
+      }
+      values.push_back(v);
+    }
     if (values.size() != 65) return Status(ErrorCode::invalid_argument, path + ": a row has " + std::to_string(values.size()) + " values, not 65");
     for (int i = 0; i < 64; ++i) all.features.push_back(values[i] / 16.0f);
     all.labels.push_back(static_cast<int32_t>(values[64]));

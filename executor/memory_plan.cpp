@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <map>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 
 namespace tiermem::exec {
 namespace {

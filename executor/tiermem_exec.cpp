@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "executor/graph.hpp"
 #include "executor/memory_plan.hpp"
 #include "executor/partitioner.hpp"

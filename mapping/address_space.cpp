@@ -8,7 +8,7 @@
 #include <mutex>
 #include <random>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "mapping/placement.hpp"
 #include "mapping/version.hpp"
 

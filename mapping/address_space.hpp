@@ -61,6 +61,20 @@ struct AddressSpaceOptions {
   SharedMemoryFactory shared_memory;
 };
 
+// Frames of one of this node's tier backends (any tier, VRAM included).
+class BackendFrameData final : public FrameData {
+ public:
+  explicit BackendFrameData(TierBackend& backend) : m_backend(backend) {}
+  Status read(uint64_t frame_offset, void* dst, size_t length) override;
+  Status write(uint64_t frame_offset, const void* src, size_t length) override;
+  Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                uint64_t* old) override;
+  bool persistent() const override { return m_backend.persistent(); }
+
+ private:
+  TierBackend& m_backend;
+};
+
 using TierSet = std::array<std::unique_ptr<TierBackend>, 4>;  // indexed by Tier
 
 struct AllocRequest {

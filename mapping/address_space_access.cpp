@@ -43,6 +43,30 @@ class NodeAccess final : public MemoryAccess {
 
 }  // namespace
 
+Status BackendFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
+  if (frame_offset + length > m_backend.capacity()) return stale_translation();
+  return m_backend.read(frame_offset, dst, length);
+}
+
+Status BackendFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
+  if (frame_offset + length > m_backend.capacity()) return stale_translation();
+  return m_backend.write(frame_offset, src, length);
+}
+
+Status BackendFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand,
+                                uint64_t compare, uint64_t* old) {
+  if (frame_offset % 8 != 0 || frame_offset + 8 > m_backend.capacity()) return stale_translation();
+  std::byte* base = m_backend.host_base();
+  if (base == nullptr) {
+    return Status(ErrorCode::not_supported, std::string("atomics on the ") +
+                                                std::string(tier_name(m_backend.tier())) +
+                                                " tier are not supported");
+  }
+  *old = host_atomic(base + frame_offset, op, operand, compare);
+  if (m_backend.persistent()) return m_backend.persist(frame_offset, 8);
+  return Status();
+}
+
 Status AddressSpace::not_allocated_error(Gva gva) const {
   const uint64_t page = gva.offset >> m_table.page_shift();
   const PageEntry* e = m_table.find(page);
@@ -129,6 +153,10 @@ PageInfo AddressSpace::page_info(uint64_t page) const {
     p.flags = e->page_flags();
   }
   p.version = version::load(const_cast<VersionArray&>(m_versions).word(page));
+  p.epoch = version::epoch_of(p.version);
+  p.sequence = version::sequence_of(p.version) & ~version::k_exclusive_pending;
+  p.locked = version::is_locked(p.version);
+  p.exclusive_pending = (p.version & version::k_exclusive_pending) != 0;
   const SubBlockBits bits = m_table.sub_blocks(page);
   p.valid_mask = bits.valid;
   p.dirty_mask = bits.dirty;

@@ -6,21 +6,6 @@
 
 namespace tiermem {
 
-void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length,
-                     bool dirty) {
-  if (length == 0) return;
-  const uint64_t block = page_size / k_sub_blocks_per_page;
-  const uint64_t first = offset / block;
-  const uint64_t count = (offset + length - 1) / block - first + 1;
-  const uint64_t bits = count >= 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << first;
-  // Skip the atomic when the bits are already set: the common case for
-  // repeated writes, and it keeps the cache line shared.
-  for (int i = 0; i < (dirty ? 2 : 1); ++i) {
-    std::atomic_ref<uint64_t> w(words[i]);
-    if ((w.load(std::memory_order_relaxed) & bits) != bits) w.fetch_or(bits, std::memory_order_relaxed);
-  }
-}
-
 namespace {
 // Stands in for every storage domain that was never populated: all absent.
 const StorageDomain k_empty_domain{};

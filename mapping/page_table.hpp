@@ -25,11 +25,12 @@
 #include <tiermem/gva.h>
 #include <tiermem/types.h>
 
+#include "mapping/sub_blocks.hpp"
+
 namespace tiermem {
 
 inline constexpr unsigned k_l2_shift = 9;
 inline constexpr uint64_t k_l2_pages = uint64_t{1} << k_l2_shift;
-inline constexpr unsigned k_sub_blocks_per_page = 64;
 
 // Entry flag bit beyond the public PageFlag bits: the entry maps a frame.
 inline constexpr uint8_t k_entry_present = 1u << 7;
@@ -56,15 +57,6 @@ struct StorageDomain {
   std::array<PageEntry, k_l2_pages> entries{};
   uint32_t present_pages = 0;
 };
-
-// Word layout of the L3 array: page p has valid at [2p], dirty at [2p+1].
-inline constexpr size_t k_l3_words_per_page = 2;
-
-// Sets the L3 bits for a write of [offset, offset+length) within a page, given
-// the page's two words: valid always, dirty unless the write was already made
-// durable (PMEM). Shared by the daemon and the client's direct path.
-void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length,
-                     bool dirty);
 
 class PageTable {
  public:

@@ -9,10 +9,26 @@
 #include <string>
 #include <vector>
 
-#include "mapping/page_table.hpp"
+#include "mapping/sub_blocks.hpp"
 #include "mapping/version.hpp"
 
 namespace tiermem {
+
+void mark_sub_blocks(uint64_t* words, uint64_t page_size, uint64_t offset, uint64_t length,
+                     bool dirty) {
+  if (length == 0) return;
+  const uint64_t block = page_size / k_sub_blocks_per_page;
+  const uint64_t first = offset / block;
+  const uint64_t count = (offset + length - 1) / block - first + 1;
+  const uint64_t bits = count >= 64 ? ~uint64_t{0} : ((uint64_t{1} << count) - 1) << first;
+  // Skip the atomic when the bits are already set: the common case for
+  // repeated writes, and it keeps the cache line shared.
+  for (int i = 0; i < (dirty ? 2 : 1); ++i) {
+    std::atomic_ref<uint64_t> w(words[i]);
+    if ((w.load(std::memory_order_relaxed) & bits) != bits) w.fetch_or(bits, std::memory_order_relaxed);
+  }
+}
+
 namespace {
 
 // Small runs keep their words on the stack.
@@ -292,30 +308,6 @@ Status LocalVersionWords::release(std::span<const uint64_t> pages) {
 void LocalVersionWords::mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) {
   if (m_l3 == nullptr || page >= m_count) return;
   mark_sub_blocks(m_l3 + page * k_l3_words_per_page, m_page_size, offset, length, dirty);
-}
-
-Status BackendFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
-  if (frame_offset + length > m_backend.capacity()) return stale_translation();
-  return m_backend.read(frame_offset, dst, length);
-}
-
-Status BackendFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
-  if (frame_offset + length > m_backend.capacity()) return stale_translation();
-  return m_backend.write(frame_offset, src, length);
-}
-
-Status BackendFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand,
-                                uint64_t compare, uint64_t* old) {
-  if (frame_offset % 8 != 0 || frame_offset + 8 > m_backend.capacity()) return stale_translation();
-  std::byte* base = m_backend.host_base();
-  if (base == nullptr) {
-    return Status(ErrorCode::not_supported, std::string("atomics on the ") +
-                                                std::string(tier_name(m_backend.tier())) +
-                                                " tier are not supported");
-  }
-  *old = host_atomic(base + frame_offset, op, operand, compare);
-  if (m_backend.persistent()) return m_backend.persist(frame_offset, 8);
-  return Status();
 }
 
 Status MappedFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,

@@ -25,7 +25,6 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
-#include "mapping/tier_backend.hpp"
 
 namespace tiermem {
 
@@ -144,20 +143,6 @@ class MappedFrameData final : public FrameData {
   std::byte* m_base;
   size_t m_length;
   bool m_persistent;
-};
-
-// Frames of one of this node's tier backends (any tier, VRAM included).
-class BackendFrameData final : public FrameData {
- public:
-  explicit BackendFrameData(TierBackend& backend) : m_backend(backend) {}
-  Status read(uint64_t frame_offset, void* dst, size_t length) override;
-  Status write(uint64_t frame_offset, const void* src, size_t length) override;
-  Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
-                uint64_t* old) override;
-  bool persistent() const override { return m_backend.persistent(); }
-
- private:
-  TierBackend& m_backend;
 };
 
 // Where an allocation's pages are, as a client or daemon caches it.

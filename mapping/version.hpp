@@ -46,43 +46,17 @@ inline void cpu_relax() {
 #endif
 }
 
-// Waits until the word is stable and returns it (read side, step 1).
-inline uint64_t read_begin(uint64_t& word) {
-  for (;;) {
-    const uint64_t v = WordRef(word).load(std::memory_order_acquire);
-    if (!is_locked(v)) return v;
-    cpu_relax();
-  }
-}
-
-// True when nothing changed the page since read_begin returned `start`.
-inline bool read_validate(uint64_t& word, uint64_t start) {
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return WordRef(word).load(std::memory_order_relaxed) == start;
-}
-
-// Tries to lock a stable word whose current value is `expected`. On failure
-// *expected receives the value seen.
-inline bool try_lock(uint64_t& word, uint64_t* expected) {
-  if (!writable(*expected)) return false;
-  return WordRef(word).compare_exchange_strong(*expected, *expected + 1,
-                                               std::memory_order_acquire,
-                                               std::memory_order_relaxed);
-}
-
 // Locks the word, waiting for any other writer; returns the locked value.
 inline uint64_t lock(uint64_t& word) {
   uint64_t v = WordRef(word).load(std::memory_order_relaxed);
   for (;;) {
-    if (!is_locked(v) && try_lock(word, &v)) return v + 1;
+    if (writable(v) &&
+        WordRef(word).compare_exchange_strong(v, v + 1, std::memory_order_acquire, std::memory_order_relaxed)) {
+      return v + 1;
+    }
     cpu_relax();
     v = WordRef(word).load(std::memory_order_relaxed);
   }
-}
-
-// Releases a word locked at value `locked` (odd): the data became visible.
-inline void unlock(uint64_t& word, uint64_t locked) {
-  WordRef(word).store(locked + 1, std::memory_order_release);
 }
 
 // Releases a locked word into the next epoch: the translation changed.
@@ -90,8 +64,9 @@ inline void unlock_new_epoch(uint64_t& word, uint64_t locked) {
   WordRef(word).store(next_epoch(locked), std::memory_order_release);
 }
 
-// Bounded variants for the daemon, which must not hang on a word left locked
-// by a client that died mid-write: they give up after `timeout`.
+// A bounded wait, for loops on words that others (clients) can write: the
+// daemon must not hang on a word left locked by a client that died mid-write,
+// so its waits give up after `timeout`.
 class SpinWait {
  public:
   explicit SpinWait(std::chrono::nanoseconds timeout)
@@ -110,31 +85,6 @@ class SpinWait {
   std::chrono::steady_clock::time_point m_deadline;
   unsigned m_spins = 0;
 };
-
-inline bool read_begin_for(uint64_t& word, std::chrono::nanoseconds timeout, uint64_t* out) {
-  SpinWait wait(timeout);
-  for (;;) {
-    const uint64_t v = WordRef(word).load(std::memory_order_acquire);
-    if (!is_locked(v)) {
-      *out = v;
-      return true;
-    }
-    if (!wait.again()) return false;
-  }
-}
-
-inline bool lock_for(uint64_t& word, std::chrono::nanoseconds timeout, uint64_t* locked) {
-  SpinWait wait(timeout);
-  uint64_t v = WordRef(word).load(std::memory_order_relaxed);
-  for (;;) {
-    if (!is_locked(v) && try_lock(word, &v)) {
-      *locked = v + 1;
-      return true;
-    }
-    if (!wait.again()) return false;
-    v = WordRef(word).load(std::memory_order_relaxed);
-  }
-}
 
 // The daemon's exclusive lock (migration, free): announces itself so new
 // writers hold off, then takes the lock when the current writer releases it.

@@ -94,6 +94,10 @@ void to_proto(const PageInfo& page, proto::PageInfo* out) {
   out->set_version(page.version);
   out->set_valid_mask(page.valid_mask);
   out->set_dirty_mask(page.dirty_mask);
+  out->set_epoch(page.epoch);
+  out->set_sequence(page.sequence);
+  out->set_locked(page.locked);
+  out->set_exclusive_pending(page.exclusive_pending);
 }
 
 PageInfo from_proto(const proto::PageInfo& page) {
@@ -106,6 +110,10 @@ PageInfo from_proto(const proto::PageInfo& page) {
   out.version = page.version();
   out.valid_mask = page.valid_mask();
   out.dirty_mask = page.dirty_mask();
+  out.epoch = static_cast<uint16_t>(page.epoch());
+  out.sequence = page.sequence();
+  out.locked = page.locked();
+  out.exclusive_pending = page.exclusive_pending();
   return out;
 }
 

@@ -2,7 +2,7 @@
 // daemon offers, write, read back, and map an allocation for zero-copy use.
 //
 // Build against an installed tiermem:
-//   g++ -std=c++20 tiermem_example.cpp $(pkg-config --cflags --libs tiermem)
+//   g++ tiermem_example.cpp $(pkg-config --cflags --libs tiermem)    (Cflags carry -std=c++20)
 // Run next to a daemon:  TIERMEM_SOCKET=/run/tiermem/tiermemd.sock ./tiermem_example
 #include <tiermem/client.h>
 

@@ -11,7 +11,7 @@
 #include <random>
 #include <sstream>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "executor/interpreter.hpp"
 #include "executor/runtime/trainer_impl.hpp"
 #include "executor/split.hpp"

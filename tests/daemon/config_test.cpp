@@ -1,3 +1,4 @@
+#include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
 
 #include <gtest/gtest.h>
@@ -73,6 +74,23 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
   expect_error("[tiers.dram]\nenabled = false\n[tiers.pmem]\nenabled = false\n[tiers.vram]\nenabled = false\n",
                "every tier is disabled");
   expect_error("[control]\nmax_frame_bytes = \"1MiB\"\nmax_inline_bytes = \"1MiB\"\n", "max_inline_bytes");
+  // Overflowing numbers are errors, never an exception out of the parser.
+  expect_error("[control]\nsocket_mode = \"77777777777777777777777\"\n", "bad.toml:2: control.socket_mode must be an octal mode");
+  expect_error("[control]\nsocket_mode = \"\"\n", "octal mode");
+  expect_error("[control]\nsocket_mode = \"1777\"\n", "octal mode");
+}
+
+TEST(ClusterFileTest, RejectsBadPortsWithFileAndLine) {
+  for (const std::string port : {"99999999999999999999999999", "0", "65536", "-1", "80x", ""}) {
+    auto c = parse_cluster("[[node]]\nid = 1\ncontrol = \"127.0.0.1:" + port + "\"\n", "c.toml");
+    ASSERT_FALSE(c.ok()) << "accepted port '" << port << "'";
+    EXPECT_EQ(c.status().code(), ErrorCode::config_error);
+    EXPECT_NE(c.status().message().find("c.toml:1: node.control must be \"host:port\""), std::string::npos)
+        << c.status().message();
+  }
+  auto ok = parse_cluster("[[node]]\nid = 1\ncontrol = \"127.0.0.1:65535\"\n", "c.toml");
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_EQ((*ok)[0].control, "127.0.0.1:65535");
 }
 
 TEST(ConfigTest, UnreadableFileIsAClearError) {

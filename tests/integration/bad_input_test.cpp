@@ -196,6 +196,25 @@ TEST(BadConfigTest, DaemonRefusesToStartAndSaysWhy) {
   std::filesystem::remove_all(dir);
 }
 
+// Numbers too large for their type used to escape the parsers as exceptions
+// and abort the daemon (rc 134): now config errors (rc 2) naming file and line.
+TEST(BadConfigTest, OverflowingNumbersAreConfigErrorsNotCrashes) {
+  const std::string dir = test::make_temp_dir("tiermem-overflow");
+  const std::string mode = dir + "/mode.toml";
+  std::ofstream(mode) << "[control]\nsocket_mode = \"7777777777777777777777777777\"\n";
+  auto r = test::run_command({test::tiermemd_path(), "--check-config", "--config", mode});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find(mode + ":2: control.socket_mode must be an octal mode"), std::string::npos) << r.err;
+  const std::string cluster = dir + "/cluster.toml";
+  std::ofstream(cluster) << "[[node]]\nid = 1\ncontrol = \"127.0.0.1:99999999999999999999999\"\n";
+  const std::string with_cluster = dir + "/node.toml";
+  std::ofstream(with_cluster) << "[cluster]\nfile = \"" << cluster << "\"\n";
+  auto c = test::run_command({test::tiermemd_path(), "--check-config", "--config", with_cluster});
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_NE(c.err.find(cluster + ":1: node.control must be \"host:port\""), std::string::npos) << c.err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(BadConfigTest, SecondDaemonOnTheSameSocketRefusesToStart) {
   test::TestDaemon first;
   ASSERT_TRUE(first.ready());

@@ -49,6 +49,12 @@ TEST_P(ClientTest, AllocWriteReadFreeRoundTrip) {
   std::vector<unsigned char> middle(4096);
   ASSERT_TRUE(client->read(a->gva.plus((2 << 20) - 100), middle.data(), middle.size()).ok());
   EXPECT_TRUE(std::equal(middle.begin(), middle.end(), data.begin() + (2 << 20) - 100));
+  // DRAM and PMEM of this node are mapped into the client: all three copies
+  // went straight to the tier, none through the daemon.
+  const AccessCounters c = client->access_counters();
+  EXPECT_EQ(c.direct_local, 3u);
+  EXPECT_EQ(c.direct_remote, 0u);
+  EXPECT_EQ(c.through_daemon, 0u);
   ASSERT_TRUE(client->free(a->gva).ok());
   EXPECT_EQ(client->read(a->gva, back.data(), 1).code(), ErrorCode::not_allocated);
 }
@@ -69,6 +75,10 @@ TEST_P(ClientTest, DaemonPathAndDirectPathSeeTheSameBytes) {
   ASSERT_TRUE((*via_daemon)->write(a->gva, two.data(), two.size()).ok());
   ASSERT_TRUE(direct->read(a->gva, back.data(), back.size()).ok());
   EXPECT_EQ(back, two);
+  EXPECT_EQ(direct->access_counters().direct_local, 2u);
+  EXPECT_EQ(direct->access_counters().through_daemon, 0u);
+  EXPECT_EQ((*via_daemon)->access_counters().through_daemon, 2u);
+  EXPECT_EQ((*via_daemon)->access_counters().direct_local, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, ClientTest, ::testing::Values(Tier::dram, Tier::pmem),

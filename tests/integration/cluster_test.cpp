@@ -76,6 +76,9 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
     EXPECT_EQ(t->page.node, home);
     EXPECT_EQ(t->page.tier, Tier::dram);
   }
+  // Both nodes' memory was written and read one-sided, never through a daemon.
+  EXPECT_EQ(client->access_counters().direct_remote, 4u);
+  EXPECT_EQ(client->access_counters().through_daemon, 0u);
   for (bool coherent : {true, false}) {
     auto counter = client->alloc(4096, {.tier = Tier::dram, .node = 2, .coherent = coherent});
     ASSERT_TRUE(counter.ok());
@@ -93,6 +96,9 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
     EXPECT_EQ(word, 100u);
     EXPECT_EQ(client->fetch_add(counter->gva.plus(4), 1).status().code(), ErrorCode::invalid_argument);
   }
+  // Eight atomics and two reads more, all one-sided.
+  EXPECT_EQ(client->access_counters().direct_remote, 4u + 10u);
+  EXPECT_EQ(client->access_counters().through_daemon, 0u);
   auto nodes = client->nodes();
   ASSERT_TRUE(nodes.ok());
   ASSERT_EQ(nodes->size(), 3u);

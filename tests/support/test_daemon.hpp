@@ -78,7 +78,8 @@ struct CommandResult {
   std::string err;
 };
 
-// Runs a program with arguments, feeding `input` on stdin; captures output.
+// Runs a program (a path, or a name looked up in PATH) with arguments,
+// feeding `input` on stdin; captures output.
 CommandResult run_command(const std::vector<std::string>& argv, const std::string& input = "");
 // Runs tiermemctl against `socket`.
 CommandResult run_ctl(const std::string& socket, const std::vector<std::string>& args,

@@ -1,7 +1,7 @@
 // tiermemctl alloc SIZE [--tier T] [--name N] [--strict]: prints the new GVA.
 #include <cstdio>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {

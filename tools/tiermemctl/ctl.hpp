@@ -52,7 +52,7 @@ std::string hex(uint64_t value);
 std::string percent(uint64_t part, uint64_t whole);
 // "1.2s", "3m04s", "2h13m" from milliseconds.
 std::string age(uint64_t ms);
-std::string version_text(uint64_t version);
+std::string version_text(const PageInfo& page);  // "3.12 (locked)"
 
 // Subcommands (one file each).
 int cmd_status(const Context& ctx);

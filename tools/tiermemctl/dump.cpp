@@ -1,7 +1,7 @@
 // tiermemctl dump: the mapping table, allocation by allocation, page by page.
 #include <cstdio>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {
@@ -36,7 +36,7 @@ int cmd_dump(const Context& ctx) {
       g.offset = p.page_index * d->page_size;
       table.add({std::to_string(p.page_index), g.to_string(), std::string(tier_name(p.tier)),
                  std::to_string(p.node), "0x" + hex(p.frame_offset), page_flags_text(p.flags),
-                 version_text(p.version), hex(p.valid_mask), hex(p.dirty_mask),
+                 version_text(p), hex(p.valid_mask), hex(p.dirty_mask),
                  i == 0 ? (a.name.empty() ? a.gva.to_string() : a.name) : ""});
     }
   }

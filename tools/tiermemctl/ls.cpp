@@ -2,7 +2,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {

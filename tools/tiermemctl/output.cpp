@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <iostream>
 
-#include "mapping/version.hpp"
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {
@@ -72,8 +71,10 @@ nlohmann::json to_json(const PageInfo& p, uint64_t page_size, NodeId home) {
           {"frame_offset", p.frame_offset},
           {"flags", page_flags_text(p.flags)},
           {"version", p.version},
-          {"epoch", version::epoch_of(p.version)},
-          {"sequence", version::sequence_of(p.version)},
+          {"epoch", p.epoch},
+          {"sequence", p.sequence},
+          {"locked", p.locked},
+          {"exclusive_pending", p.exclusive_pending},
           {"valid_mask", hex(p.valid_mask)},
           {"dirty_mask", hex(p.dirty_mask)}};
 }
@@ -107,9 +108,9 @@ std::string age(uint64_t ms) {
   return buf;
 }
 
-std::string version_text(uint64_t v) {
-  return std::to_string(version::epoch_of(v)) + "." + std::to_string(version::sequence_of(v)) +
-         (version::is_locked(v) ? " (locked)" : "");
+std::string version_text(const PageInfo& p) {
+  return std::to_string(p.epoch) + "." + std::to_string(p.sequence) + (p.locked ? " (locked)" : "") +
+         (p.exclusive_pending ? " (wanted by the daemon)" : "");
 }
 
 }  // namespace tiermem::ctl

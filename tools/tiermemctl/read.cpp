@@ -3,7 +3,7 @@
 #include <string>
 #include <vector>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {

@@ -1,7 +1,7 @@
 // tiermemctl status: the node, its tiers and their use.
 #include <cstdio>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {

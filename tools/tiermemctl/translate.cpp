@@ -1,7 +1,7 @@
 // tiermemctl translate GVA: allocation, page entry and physical layout.
 #include <cstdio>
 
-#include "common/units.hpp"
+#include <tiermem/units.h>
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {
@@ -39,7 +39,7 @@ int cmd_translate(const Context& ctx, const std::string& gva_text) {
               std::string(tier_name(t->page.tier)).c_str(), hex(t->page.frame_offset).c_str(),
               static_cast<unsigned long long>(in_page));
   std::printf("  flags       %s   version %s\n", page_flags_text(t->page.flags).c_str(),
-              version_text(t->page.version).c_str());
+              version_text(t->page).c_str());
   std::printf("  L3 valid    %s  dirty %s\n", hex(t->page.valid_mask).c_str(), hex(t->page.dirty_mask).c_str());
   std::printf("  extents     %zu\n", t->extents.size());
   for (const auto& x : t->extents) {

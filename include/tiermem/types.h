@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include <tiermem/export.h>
 #include <tiermem/gva.h>
 #include <tiermem/status.h>
 
@@ -21,9 +22,9 @@ enum class Tier : uint8_t {
 inline constexpr Tier k_tiers_fastest_first[] = {Tier::vram, Tier::dram, Tier::pmem};
 
 // "vram", "dram", "pmem" or "auto".
-std::string_view tier_name(Tier tier);
+TIERMEM_EXPORT std::string_view tier_name(Tier tier);
 // Inverse of tier_name (case-insensitive); invalid_argument otherwise.
-Result<Tier> parse_tier(std::string_view text);
+TIERMEM_EXPORT Result<Tier> parse_tier(std::string_view text);
 
 // Page flags (M2). A page of an allocation always has read and write; pinned
 // while a client has it mapped (migration refused); durable on PMEM.
@@ -35,7 +36,7 @@ enum PageFlag : uint32_t {
   k_page_durable = 1u << 4,
 };
 // "RW-PD" style text: R W C P D, '-' for a cleared flag.
-std::string page_flags_text(uint32_t flags);
+TIERMEM_EXPORT std::string page_flags_text(uint32_t flags);
 
 struct AllocOptions {
   Tier tier = Tier::automatic;
@@ -89,7 +90,11 @@ struct PageInfo {
   NodeId node = 0;          // where the frame physically is
   uint64_t frame_offset = 0;
   uint32_t flags = 0;
-  uint64_t version = 0;     // the page's version word (M4)
+  uint64_t version = 0;     // the page's version word (M4), as below
+  uint16_t epoch = 0;       // of the version word: bumped by every translation change
+  uint64_t sequence = 0;    // of the version word: even stable, odd being written
+  bool locked = false;      // a writer holds the page (sequence odd)
+  bool exclusive_pending = false;  // the daemon waits to take the page (migration, free)
   uint64_t valid_mask = 0;  // L3: sub-blocks ever written
   uint64_t dirty_mask = 0;  // L3: sub-blocks written since last persist/migration
 };
@@ -112,7 +117,7 @@ struct Translation {
 
 enum class NodeState : uint8_t { self = 0, connected = 1, connecting = 2, down = 3 };
 // "self", "connected", "connecting", "down".
-std::string_view node_state_name(NodeState state);
+TIERMEM_EXPORT std::string_view node_state_name(NodeState state);
 
 // A member of the cluster as the local daemon sees it.
 struct NodeInfo {

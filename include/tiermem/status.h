@@ -5,12 +5,13 @@
 // either a T or a non-OK Status. Both are cheap to move and safe to copy.
 #pragma once
 
-#include <cassert>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
+
+#include <tiermem/export.h>
 
 namespace tiermem {
 
@@ -51,9 +52,9 @@ enum class ErrorCode : uint32_t {
 };
 
 // Stable lower-case name of a code, e.g. "not_allocated".
-std::string_view error_code_name(ErrorCode code);
+TIERMEM_EXPORT std::string_view error_code_name(ErrorCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] TIERMEM_EXPORT Status {
  public:
   Status() = default;  // OK
   Status(ErrorCode code, std::string message)
@@ -75,14 +76,26 @@ class [[nodiscard]] Status {
 
 inline Status ok_status() { return Status(); }
 
-// Either a value or an error. Accessing value() of an error is a bug (asserts).
+namespace detail {
+// Prints "tiermem: value() of an error result: <status>" to stderr and aborts.
+[[noreturn]] TIERMEM_EXPORT void abort_on_error_value(const Status& status);
+}  // namespace detail
+
+// Either a value or an error.
+//
+// Precondition of value(), operator* and operator->: ok(). Calling them on an
+// error is a bug in the caller; it stops the process with the status's
+// message, in every build type (never undefined behaviour, never an
+// exception).
 template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : m_state(std::in_place_index<0>, std::move(value)) {}  // NOLINT
-  Result(Status status) : m_state(std::in_place_index<1>, std::move(status)) {  // NOLINT
-    assert(!std::get<1>(m_state).ok() && "Result built from an OK Status");
-  }
+  // `status` must be an error; an OK one becomes internal ("Result built
+  // from an OK status"), so a result never claims a value it does not have.
+  Result(Status status)  // NOLINT
+      : m_state(std::in_place_index<1>,
+                status.ok() ? Status(ErrorCode::internal, "Result built from an OK status") : std::move(status)) {}
   Result(ErrorCode code, std::string message)
       : Result(Status(code, std::move(message))) {}
 
@@ -92,9 +105,18 @@ class [[nodiscard]] Result {
   // The error, or an OK status when a value is held.
   Status status() const { return ok() ? Status() : std::get<1>(m_state); }
 
-  T& value() & { assert(ok()); return std::get<0>(m_state); }
-  const T& value() const& { assert(ok()); return std::get<0>(m_state); }
-  T&& value() && { assert(ok()); return std::get<0>(std::move(m_state)); }
+  T& value() & {
+    check();
+    return *std::get_if<0>(&m_state);
+  }
+  const T& value() const& {
+    check();
+    return *std::get_if<0>(&m_state);
+  }
+  T&& value() && {
+    check();
+    return std::move(*std::get_if<0>(&m_state));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -104,6 +126,9 @@ class [[nodiscard]] Result {
   T value_or(T fallback) const& { return ok() ? value() : std::move(fallback); }
 
  private:
+  void check() const {
+    if (!ok()) detail::abort_on_error_value(*std::get_if<1>(&m_state));
+  }
   std::variant<T, Status> m_state;
 };
 

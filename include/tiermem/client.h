@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include <tiermem/export.h>
 #include <tiermem/gva.h>
 #include <tiermem/status.h>
 #include <tiermem/types.h>
@@ -40,6 +41,15 @@ struct ClientOptions {
   bool direct_access = true;
 };
 
+// How a client's reads, writes and atomics travelled (C3), one count per
+// call that succeeded. A test or a trainer can check that memory it was
+// promised zero-copy access to really was reached directly.
+struct AccessCounters {
+  uint64_t direct_local = 0;    // memcpy / CPU atomics on this node's tiers, mapped here
+  uint64_t direct_remote = 0;   // one-sided through the data plane to another node's memory
+  uint64_t through_daemon = 0;  // carried by the local daemon (VRAM, or direct access off)
+};
+
 namespace detail {
 class ClientCore;
 }
@@ -50,7 +60,7 @@ class ClientCore;
 // never migrated underneath). For PMEM call persist() to make writes durable.
 // Unmaps on destruction. Movable, not copyable; keeps its Client's connection
 // alive.
-class Mapping {
+class TIERMEM_EXPORT Mapping {
  public:
   Mapping() = default;
   Mapping(Mapping&&) noexcept;
@@ -79,7 +89,7 @@ class Mapping {
   bool m_persistent = false;
 };
 
-class Client {
+class TIERMEM_EXPORT Client {
  public:
   // Connects to the daemon and exchanges protocol versions. Errors:
   // connection_failed (no daemon on the socket), protocol_mismatch.
@@ -132,6 +142,9 @@ class Client {
   // (mapped, or coherent), tier_exhausted, transport_error.
   Result<AllocationInfo> migrate(Gva gva, Tier tier, NodeId to_node = 0);
 
+  // Counts of this client's operations by the path they took (thread-safe).
+  AccessCounters access_counters() const;
+
   // The cluster as the local daemon sees it, this node first.
   Result<std::vector<NodeInfo>> nodes();
 
@@ -141,7 +154,7 @@ class Client {
   Result<MappingDump> dump(NodeId node = 0);
 
  private:
-  explicit Client(std::shared_ptr<detail::ClientCore> core);
+  TIERMEM_NO_EXPORT explicit Client(std::shared_ptr<detail::ClientCore> core);
   std::shared_ptr<detail::ClientCore> m_core;
 };
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include <tiermem/export.h>
 #include <tiermem/status.h>
 
 namespace tiermem {
@@ -36,12 +37,12 @@ struct Gva {
     return g;
   }
 
-  std::string to_string() const;
+  TIERMEM_EXPORT std::string to_string() const;
 
   // Parses the text form. Accepts upper- or lower-case hex; rejects anything
   // else (wrong lengths, missing colon, trailing text) with bad_gva and a
   // message that quotes the input and the expected form.
-  static Result<Gva> parse(std::string_view text);
+  TIERMEM_EXPORT static Result<Gva> parse(std::string_view text);
 
   friend bool operator==(const Gva&, const Gva&) = default;
 };

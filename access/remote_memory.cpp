@@ -1,4 +1,4 @@
-#include "transport/remote_memory.hpp"
+#include "access/remote_memory.hpp"
 
 #include <algorithm>
 

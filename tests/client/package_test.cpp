@@ -1,0 +1,140 @@
+// libtiermem as a user gets it: installed (meson install into a temporary
+// DESTDIR), then a program built with nothing but `pkg-config --cflags --libs
+// tiermem` (shared) and `pkg-config --static ...` (static), run against a real
+// daemon; and the shared library's exported symbols, which must be the public
+// API only.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_command;
+
+std::string build_root() {
+  const char* b = std::getenv("TIERMEM_BUILD_ROOT");
+  return b != nullptr ? b : "";
+}
+
+std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
+
+// A sh -c command line, so that $(pkg-config ...) is expanded as a user's
+// shell would.
+test::CommandResult sh(const std::string& command) { return run_command({"/bin/sh", "-c", command}); }
+
+class PackageTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    s_dest = test::make_temp_dir("tiermem-install");
+    auto install = run_command({"meson", "install", "-C", build_root(), "--no-rebuild", "--quiet", "--destdir", s_dest});
+    ASSERT_EQ(install.exit_code, 0) << install.out << install.err;
+    for (const auto& e : fs::recursive_directory_iterator(s_dest)) {
+      if (e.path().filename() == "tiermem.pc") s_pc_dir = e.path().parent_path().string();
+      if (e.path().filename() == "libtiermem.so") s_lib_dir = e.path().parent_path().string();
+    }
+    ASSERT_FALSE(s_pc_dir.empty()) << "no tiermem.pc installed under " << s_dest;
+    ASSERT_FALSE(s_lib_dir.empty()) << "no libtiermem.so installed under " << s_dest;
+  }
+  static void TearDownTestSuite() { fs::remove_all(s_dest); }
+
+  void SetUp() override { ASSERT_TRUE(m_daemon.ready()) << m_daemon.log(); }
+
+  // pkg-config of the tree under `sysroot` (the DESTDIR, or a copy of it).
+  static std::string pkg_config_env(const std::string& sysroot, const std::string& pc_dir) {
+    return "PKG_CONFIG_SYSROOT_DIR=" + shell_quote(sysroot) + " PKG_CONFIG_PATH=" + shell_quote(pc_dir) +
+           " PKG_CONFIG_LIBDIR=/usr/lib/x86_64-linux-gnu/pkgconfig:/usr/lib/pkgconfig:/usr/share/pkgconfig";
+  }
+
+  // Builds the shipped example with only the flags pkg-config gives (and no
+  // -std: the .pc must bring it), returns the program's path.
+  static std::string build_example(const std::string& env, const std::string& pkg_args, const std::string& out) {
+    const std::string example = std::string(TIERMEM_SOURCE_ROOT) + "/client/examples/tiermem_example.cpp";
+    auto cc = sh(env + " sh -c 'exec g++ " + shell_quote(example) + " -o " + shell_quote(out) +
+                 " $(pkg-config " + pkg_args + " tiermem)'");
+    EXPECT_EQ(cc.exit_code, 0) << cc.out << cc.err;
+    return out;
+  }
+
+  test::CommandResult run_example(const std::string& program, const std::string& lib_path) {
+    return run_command({"env", "LD_LIBRARY_PATH=" + lib_path, "TIERMEM_SOCKET=" + m_daemon.socket(), program});
+  }
+
+  static std::string s_dest, s_pc_dir, s_lib_dir;
+  test::TestDaemon m_daemon;
+};
+std::string PackageTest::s_dest, PackageTest::s_pc_dir, PackageTest::s_lib_dir;
+
+TEST_F(PackageTest, CflagsCarryTheLanguageStandardTheHeadersNeed) {
+  auto flags = sh(pkg_config_env(s_dest, s_pc_dir) + " pkg-config --cflags tiermem");
+  ASSERT_EQ(flags.exit_code, 0) << flags.err;
+  EXPECT_NE(flags.out.find("-std=c++20"), std::string::npos) << flags.out;
+}
+
+TEST_F(PackageTest, SharedConsumerBuildsWithPkgConfigAloneAndRuns) {
+  const std::string program = build_example(pkg_config_env(s_dest, s_pc_dir), "--cflags --libs", s_dest + "/example_shared");
+  auto ldd = run_command({"env", "LD_LIBRARY_PATH=" + s_lib_dir, "ldd", program});
+  EXPECT_NE(ldd.out.find("libtiermem.so.0 => " + s_lib_dir), std::string::npos) << ldd.out;
+  auto run = run_example(program, s_lib_dir);
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("dram "), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("MISMATCH"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("identical"), std::string::npos) << run.out;
+}
+
+TEST_F(PackageTest, StaticConsumerLinksWithPkgConfigStatic) {
+  // A tree with the archive only, so that -ltiermem can only mean libtiermem.a.
+  const std::string tree = s_dest + "-static";
+  fs::remove_all(tree);
+  fs::copy(s_dest, tree, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  std::string lib_dir = tree + s_lib_dir.substr(s_dest.size());
+  for (const auto& e : fs::directory_iterator(lib_dir)) {
+    if (e.path().filename().string().rfind("libtiermem.so", 0) == 0) fs::remove(e.path());
+  }
+  const std::string pc_dir = tree + s_pc_dir.substr(s_dest.size());
+  const std::string program = build_example(pkg_config_env(tree, pc_dir), "--static --cflags --libs", tree + "/example_static");
+  auto ldd = run_command({"ldd", program});
+  EXPECT_EQ(ldd.out.find("libtiermem"), std::string::npos) << "linked statically: " << ldd.out;
+  auto run = run_example(program, "");
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("identical"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("MISMATCH"), std::string::npos) << run.out;
+  fs::remove_all(tree);
+}
+
+// The exported symbols are the public API (include/tiermem/) and nothing of
+// what is linked in below it: no protobuf, no internal class or namespace.
+TEST_F(PackageTest, SharedLibraryExportsOnlyThePublicApi) {
+  auto nm = run_command({"nm", "-DC", "--defined-only", s_lib_dir + "/libtiermem.so"});
+  ASSERT_EQ(nm.exit_code, 0) << nm.err;
+  const std::regex internal(
+      "google::protobuf|tiermem::(proto|wire|ucx_detail|detail::ClientCore|exec)|ClientCore|AddressSpace|"
+      "RpcConnection|UcxTransport|RemoteVersionWords|RemoteFrameData|LocalVersionWords|copy_through_layout|"
+      "seqlocked_");
+  // The public names (and a private constructor of a public class).
+  const std::regex public_api(
+      "tiermem::(Client|Mapping|Status|Gva|detail::abort_on_error_value|error_code_name|tier_name|parse_tier|"
+      "page_flags_text|node_state_name|parse_size|format_size|format_rate)\\b");
+  std::istringstream lines(nm.out);
+  std::string line;
+  size_t exported = 0;
+  while (std::getline(lines, line)) {
+    EXPECT_FALSE(std::regex_search(line, internal)) << "internal symbol exported: " << line;
+    if (line.find("tiermem::") == std::string::npos) continue;
+    ++exported;
+    EXPECT_TRUE(std::regex_search(line, public_api)) << "not part of the public API: " << line;
+  }
+  EXPECT_GT(exported, 20u) << nm.out;
+}
+
+}  // namespace
+}  // namespace tiermem
