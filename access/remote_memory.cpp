@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem {
 namespace {
 
@@ -49,7 +51,7 @@ Status RemoteVersionWords::check(uint64_t first, size_t count) const {
 }
 
 Status RemoteVersionWords::load(uint64_t first, size_t count, uint64_t* out) {
-  if (Status s = check(first, count); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(check(first, count));
   auto batch = m_transport.batch();
   Status s = m_transport.get(*batch, *m_node->endpoint, out, count * sizeof(uint64_t),
                              m_node->versions.base + first * sizeof(uint64_t), *m_node->versions.key);
@@ -58,7 +60,7 @@ Status RemoteVersionWords::load(uint64_t first, size_t count, uint64_t* out) {
 }
 
 Status RemoteVersionWords::compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) {
-  if (Status s = check(page, 1); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(check(page, 1));
   auto batch = m_transport.batch();
   Status s = m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::compare_swap, desired, expected,
                                 m_node->versions.base + page * sizeof(uint64_t), *m_node->versions.key, old);
@@ -71,7 +73,7 @@ Status RemoteVersionWords::release(std::span<const uint64_t> pages) {
   auto batch = m_transport.batch();
   std::vector<uint64_t> olds(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
-    if (Status s = check(pages[i], 1); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(check(pages[i], 1));
     Status s = m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::fetch_add, 1, 0,
                                   m_node->versions.base + pages[i] * sizeof(uint64_t),
                                   *m_node->versions.key, &olds[i]);
@@ -90,7 +92,7 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
     }
     frames.push_back(f);
   }
-  if (Status s = check(first, count); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(check(first, count));
   const uint64_t addr = m_node->versions.base + first * sizeof(uint64_t);
   auto batch = m_transport.batch();
   Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *m_node->versions.key);
@@ -118,7 +120,7 @@ Status RemoteFrameData::check(uint64_t frame_offset, size_t length) const {
 }
 
 Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length) {
-  if (Status s = check(frame_offset, length); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(check(frame_offset, length));
   const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
   auto* out = static_cast<std::byte*>(dst);
   for (size_t done = 0; done < length; done += k_remote_chunk) {
@@ -137,7 +139,7 @@ Status RemoteFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
 }
 
 Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
-  if (Status s = check(frame_offset, length); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(check(frame_offset, length));
   const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
   auto batch = m_transport.batch();
   const auto* in = static_cast<const std::byte*>(src);
@@ -149,10 +151,10 @@ Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t len
       return s;
     }
   }
-  if (Status s = m_transport.wait(*batch, m_timeout); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, m_timeout));
   // Completion of a put is local; the flush makes the bytes visible at the
   // target before the caller releases the page lock.
-  if (Status s = m_transport.flush(*m_node->endpoint, m_timeout); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(m_transport.flush(*m_node->endpoint, m_timeout));
   if (r.persistent && m_persist) return m_persist(m_tier, frame_offset, length);
   return Status();
 }
@@ -160,7 +162,7 @@ Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t len
 Status RemoteFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
                                uint64_t* old) {
   if (frame_offset % 8 != 0) return Status(ErrorCode::invalid_argument, "atomic on an unaligned word");
-  if (Status s = check(frame_offset, 8); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(check(frame_offset, 8));
   const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
   auto batch = m_transport.batch();
   Status s = m_transport.atomic(*batch, *m_node->endpoint,

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <thread>
+
 #include <tiermem/client.h>
 
 #include "bench/bench_util.hpp"

@@ -1,11 +1,11 @@
 // Local copy: 64 MiB written and read through libtiermem into a DRAM tier
 // mapped in this process, against plain memcpy of the same size in the same
 // process. Starts its own tiermemd (path in $TIERMEMD).
-#include <tiermem/client.h>
-
 #include <cstring>
 #include <random>
 #include <vector>
+
+#include <tiermem/client.h>
 
 #include "bench/bench_util.hpp"
 #include "tests/support/test_daemon.hpp"

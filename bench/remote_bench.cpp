@@ -4,11 +4,12 @@
 // memory, to show what the seqlock protocol costs on top of UCX.
 // Usage: remote_bench [tls]   (tcp, sm, ...; starts its own two daemons)
 // bench/remote.sh runs it beside ucx_perftest and prints the ratios.
-#include <tiermem/client.h>
-
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <tiermem/client.h>
+#include <tiermem/status_macros.h>
 
 #include "bench/bench_util.hpp"
 #include "convert.hpp"
@@ -28,26 +29,24 @@ int iterations(size_t size) { return static_cast<int>(std::max<size_t>(16, std::
 // hands out.
 Result<std::unique_ptr<RemoteFrameData>> bare_transport(const std::string& socket, Transport& transport,
                                                         std::shared_ptr<RemoteNode>* keep) {
-  auto conn = RpcConnection::connect_unix(socket);
-  if (!conn.ok()) return conn.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto conn, RpcConnection::connect_unix(socket));
   proto::Request hello;
   hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  if (auto r = (*conn)->call(hello); !r.ok()) return r.status();
+  if (auto r = conn->call(hello); !r.ok()) return r.status();
   proto::Request nodes;
   nodes.mutable_nodes();
-  auto r = (*conn)->call(nodes);
-  if (!r.ok()) return r.status();
-  for (const auto& n : r->nodes().nodes()) {
+  TIERMEM_ASSIGN_OR_RETURN(auto r, conn->call(nodes));
+  for (const auto& n : r.nodes().nodes()) {
     if (n.node_id() != 2) continue;
     std::vector<RegionAdvert> regions;
     for (const auto& k : n.regions()) {
       regions.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.base(), k.length(),
                          k.packed_key(), k.persistent()});
     }
-    auto node = connect_remote_node(transport, 2, n.incarnation(), n.transport_address(), regions);
-    if (!node.ok()) return node.status();
-    *keep = *node;
-    return std::make_unique<RemoteFrameData>(transport, *node, Tier::dram, std::chrono::seconds(30), nullptr);
+    TIERMEM_ASSIGN_OR_RETURN(auto node,
+                             connect_remote_node(transport, 2, n.incarnation(), n.transport_address(), regions));
+    *keep = node;
+    return std::make_unique<RemoteFrameData>(transport, node, Tier::dram, std::chrono::seconds(30), nullptr);
   }
   return Status(ErrorCode::not_found, "node 2 is not connected");
 }

@@ -1,10 +1,11 @@
-#include <tiermem/client.h>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include <tiermem/client.h>
+#include <tiermem/status_macros.h>
 
 #include "client/client_core.hpp"
 #include "convert.hpp"
@@ -14,9 +15,8 @@ namespace tiermem {
 using detail::ClientCore;
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
-  auto core = ClientCore::connect(options);
-  if (!core.ok()) return core.status();
-  return std::unique_ptr<Client>(new Client(std::move(core).value()));
+  TIERMEM_ASSIGN_OR_RETURN(auto core, ClientCore::connect(options));
+  return std::unique_ptr<Client>(new Client(std::move(core)));
 }
 
 Client::Client(std::shared_ptr<ClientCore> core) : m_core(std::move(core)) {}
@@ -34,9 +34,8 @@ Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options)
   a->set_name(options.name);
   a->set_coherent(options.coherent);
   request.set_node(options.node);
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
-  return wire::from_proto(response->alloc().allocation());
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  return wire::from_proto(response.alloc().allocation());
 }
 
 Status Client::free(Gva gva) {
@@ -51,17 +50,15 @@ Result<AllocationInfo> Client::lookup(std::string_view name, NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_lookup()->set_name(std::string(name));
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
-  return wire::from_proto(response->lookup().allocation());
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  return wire::from_proto(response.lookup().allocation());
 }
 
 Result<Translation> Client::translate(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_translate()->mutable_gva());
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
-  const proto::TranslateResponse& t = response->translate();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  const proto::TranslateResponse& t = response.translate();
   Translation out;
   out.allocation = wire::from_proto(t.allocation());
   out.offset_in_allocation = t.offset_in_allocation();
@@ -101,10 +98,9 @@ AccessCounters Client::access_counters() const { return m_core->counters(); }
 Result<std::vector<NodeInfo>> Client::nodes() {
   proto::Request request;
   request.mutable_nodes();
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
   std::vector<NodeInfo> out;
-  for (const proto::NodeInfo& n : response->nodes().nodes()) {
+  for (const proto::NodeInfo& n : response.nodes().nodes()) {
     NodeInfo info;
     info.node = static_cast<NodeId>(n.node_id());
     info.control_address = n.control_address();
@@ -121,9 +117,8 @@ Result<std::vector<NodeInfo>> Client::nodes() {
 Result<Mapping> Client::map(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_map()->mutable_gva());
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
-  const AllocationInfo info = wire::from_proto(response->map().allocation());
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  const AllocationInfo info = wire::from_proto(response.map().allocation());
 
   Mapping m;
   m.m_core = m_core;
@@ -146,7 +141,7 @@ Result<Mapping> Client::map(Gva gva) {
   m.m_data = static_cast<std::byte*>(base);
   m.m_size = info.size;
   m.m_persistent = m_core->region_persistent(info.tier);
-  for (const auto& px : response->map().extents()) {
+  for (const auto& px : response.map().extents()) {
     const Extent x = wire::from_proto(px);
     void* at = ::mmap(m.m_data + x.gva_offset, x.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                       *fd, static_cast<off_t>(x.frame_offset));
@@ -162,9 +157,8 @@ Result<NodeStat> Client::stat(NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_stat();
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
-  const proto::StatResponse& s = response->stat();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  const proto::StatResponse& s = response.stat();
   NodeStat out;
   out.node = static_cast<NodeId>(s.node_id());
   out.page_size = s.page_size();
@@ -181,10 +175,9 @@ Result<std::vector<AllocationInfo>> Client::list(NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_list();
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
   std::vector<AllocationInfo> out;
-  for (const auto& a : response->list().allocations()) out.push_back(wire::from_proto(a));
+  for (const auto& a : response.list().allocations()) out.push_back(wire::from_proto(a));
   return out;
 }
 
@@ -192,9 +185,8 @@ Result<MappingDump> Client::dump(NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_dump();
-  auto response = m_core->call(request);
-  if (!response.ok()) return response.status();
-  const proto::DumpResponse& d = response->dump();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  const proto::DumpResponse& d = response.dump();
   MappingDump out;
   out.node = static_cast<NodeId>(d.node_id());
   out.page_size = d.page_size();

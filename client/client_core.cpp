@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 
 namespace tiermem::detail {
@@ -26,15 +28,13 @@ class ClientAccess final : public MemoryAccess {
   bool went_remote() const { return !m_held.empty(); }
   Result<VersionWords*> versions(NodeId home) override {
     if (home == m_core.node()) return m_core.local_versions();
-    auto r = remote(home);
-    if (!r.ok()) return r.status();
-    return static_cast<VersionWords*>((*r)->words.get());
+    TIERMEM_ASSIGN_OR_RETURN(auto r, remote(home));
+    return static_cast<VersionWords*>(r->words.get());
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
     if (node == m_core.node()) return m_core.local_frames(tier);
-    auto r = remote(node);
-    if (!r.ok()) return r.status();
-    RemoteFrameData* f = (*r)->frames[static_cast<size_t>(tier)].get();
+    TIERMEM_ASSIGN_OR_RETURN(auto r, remote(node));
+    RemoteFrameData* f = r->frames[static_cast<size_t>(tier)].get();
     if (f == nullptr) {
       return Status(ErrorCode::not_supported, "node " + std::to_string(node) + "'s " +
                                                   std::string(tier_name(tier)) + " tier is not reachable one-sided");
@@ -73,18 +73,16 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
     const char* env = std::getenv("TIERMEM_SOCKET");
     path = env != nullptr && *env != '\0' ? env : k_default_socket;
   }
-  auto connection = RpcConnection::connect_unix(path);
-  if (!connection.ok()) return connection.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto connection, RpcConnection::connect_unix(path));
   proto::Request request;
   request.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   request.mutable_hello()->set_client_name(options.client_name);
-  auto response = (*connection)->call(request);
-  if (!response.ok()) return response.status();
-  if (response->hello().max_frame_bytes() > 0) {
-    (*connection)->set_max_frame(static_cast<uint32_t>(response->hello().max_frame_bytes()));
+  TIERMEM_ASSIGN_OR_RETURN(auto response, connection->call(request));
+  if (response.hello().max_frame_bytes() > 0) {
+    connection->set_max_frame(static_cast<uint32_t>(response.hello().max_frame_bytes()));
   }
   return std::shared_ptr<ClientCore>(
-      new ClientCore(std::move(connection).value(), response->hello(), options.direct_access));
+      new ClientCore(std::move(connection), response.hello(), options.direct_access));
 }
 
 // --- local memory --------------------------------------------------------------------
@@ -133,13 +131,13 @@ Status ClientCore::open_regions() {
 
 Result<VersionWords*> ClientCore::local_versions() {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
-  if (Status s = open_regions(); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(open_regions());
   return static_cast<VersionWords*>(&*m_local_words);
 }
 
 Result<FrameData*> ClientCore::local_frames(Tier tier) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
-  if (Status s = open_regions(); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(open_regions());
   auto& f = m_local_frames[static_cast<size_t>(tier)];
   if (!f) {
     return Status(ErrorCode::not_supported,
@@ -149,7 +147,7 @@ Result<FrameData*> ClientCore::local_frames(Tier tier) {
 }
 
 Result<int> ClientCore::region_fd(Tier tier) {
-  if (Status s = open_regions(); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(open_regions());
   const LocalRegion& r = m_regions[static_cast<size_t>(tier)];
   if (!r.fd.valid()) {
     return Status(ErrorCode::not_supported,
@@ -181,9 +179,8 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node) {
   }
   proto::Request request;
   request.mutable_nodes();
-  auto response = call(request);
-  if (!response.ok()) return response.status();
-  for (const proto::NodeInfo& n : response->nodes().nodes()) {
+  TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
+  for (const proto::NodeInfo& n : response.nodes().nodes()) {
     if (n.node_id() != node) continue;
     if (n.state() != proto::NodeInfo::CONNECTED || n.transport_address().empty()) {
       return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is " +
@@ -195,11 +192,11 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node) {
       regions.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.base(), k.length(),
                          k.packed_key(), k.persistent()});
     }
-    auto rn = connect_remote_node(*m_transport, node, n.incarnation(), n.transport_address(), regions);
-    if (!rn.ok()) return rn.status();
+    TIERMEM_ASSIGN_OR_RETURN(auto rn,
+                             connect_remote_node(*m_transport, node, n.incarnation(), n.transport_address(), regions));
     forget_node(node);  // translations from before a restart of the node are void
     auto state = std::make_shared<RemoteState>();
-    state->node = *rn;
+    state->node = rn;
     state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, k_timeout);
     for (Tier t : k_tiers_fastest_first) {
       if (!state->node->tiers[static_cast<size_t>(t)].key) continue;
@@ -297,10 +294,9 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
       wire::to_proto(gva, request.mutable_read()->mutable_gva());
       request.mutable_read()->set_length(n);
     }
-    auto response = call(request);
-    if (!response.ok()) return response.status();
+    TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
     if (!to_memory) {
-      const std::string& data = response->read().data();
+      const std::string& data = response.read().data();
       if (data.size() != n) return Status(ErrorCode::internal, "tiermemd returned a short read");
       std::memcpy(buf, data.data(), n);
     }
@@ -319,9 +315,8 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
   bool retried_transport = false;
   const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
   while (std::chrono::steady_clock::now() < give_up) {
-    auto a = cached(gva, refresh);
-    if (!a.ok()) return a.status();
-    const CachedAllocation& alloc = **a;
+    TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
+    const CachedAllocation& alloc = *a;
     const uint64_t offset = gva.offset - alloc.base.offset;
     if (offset > alloc.size || length > alloc.size - offset) {
       return Status(ErrorCode::out_of_range,
@@ -372,10 +367,9 @@ Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, ui
   a->set_op(op == WordOp::fetch_add ? proto::ATOMIC_FETCH_ADD : proto::ATOMIC_COMPARE_SWAP);
   a->set_operand(operand);
   a->set_compare(compare);
-  auto response = call(request);
-  if (!response.ok()) return response.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
   m_through_daemon.fetch_add(1, std::memory_order_relaxed);
-  return response->atomic().old_value();
+  return response.atomic().old_value();
 }
 
 Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
@@ -386,9 +380,8 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
   bool refresh = false;
   const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
   while (std::chrono::steady_clock::now() < give_up) {
-    auto a = cached(gva, refresh);
-    if (!a.ok()) return a.status();
-    const CachedAllocation& alloc = **a;
+    TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
+    const CachedAllocation& alloc = *a;
     const uint64_t offset = gva.offset - alloc.base.offset;
     if (offset + 8 > alloc.size) {
       return Status(ErrorCode::out_of_range, "word at " + gva.to_string() + " lies past the end of allocation " +

@@ -6,6 +6,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem::wire {
 namespace {
 
@@ -115,9 +117,8 @@ Status send_frame(int sock, std::string_view payload, std::span<const int> fds) 
   const auto header = encode_frame_header(static_cast<uint32_t>(payload.size()));
   std::string buf(reinterpret_cast<const char*>(header.data()), header.size());
   buf.append(payload);
-  auto sent = send_with_fds(sock, buf.data(), buf.size(), fds);
-  if (!sent.ok()) return sent.status();
-  return send_all(sock, buf.data() + *sent, buf.size() - *sent);
+  TIERMEM_ASSIGN_OR_RETURN(auto sent, send_with_fds(sock, buf.data(), buf.size(), fds));
+  return send_all(sock, buf.data() + sent, buf.size() - sent);
 }
 
 Status recv_frame(int sock, uint32_t max_payload, std::string* payload, std::vector<UniqueFd>* fds) {

@@ -1,7 +1,7 @@
-#include <tiermem/gva.h>
-
 #include <cstdio>
 #include <string>
+
+#include <tiermem/gva.h>
 
 namespace tiermem {
 namespace {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem {
 namespace {
 
@@ -47,11 +49,10 @@ Result<SharedMemory> SharedMemory::create(const std::string& name, size_t size) 
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return errno_error("sizing memfd " + name + " to " + std::to_string(size) + " bytes");
   }
-  auto region = MappedRegion::map(fd.get(), size);
-  if (!region.ok()) return region.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto region, MappedRegion::map(fd.get(), size));
   SharedMemory shm;
   shm.m_fd = std::move(fd);
-  shm.m_region = std::move(region).value();
+  shm.m_region = std::move(region);
   return shm;
 }
 

@@ -1,8 +1,8 @@
-#include <tiermem/status.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include <tiermem/status.h>
 
 namespace tiermem {
 

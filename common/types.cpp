@@ -1,7 +1,7 @@
-#include <tiermem/types.h>
-
 #include <cctype>
 #include <string>
+
+#include <tiermem/types.h>
 
 namespace tiermem {
 

@@ -1,10 +1,10 @@
-#include <tiermem/units.h>
-
 #include <array>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <limits>
+
+#include <tiermem/units.h>
 
 namespace tiermem {
 namespace {

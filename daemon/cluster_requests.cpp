@@ -1,4 +1,6 @@
 // Routing to other nodes and the requests daemons make of each other.
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 #include "daemon/migrator.hpp"
 #include "daemon/peer_manager.hpp"
@@ -115,9 +117,8 @@ void RequestHandler::nodes(proto::NodesResponse* out) {
 }
 
 Status RequestHandler::reserve_frames(const proto::ReserveFramesRequest& r, proto::ReserveFramesResponse* out) {
-  auto frames = m_space.reserve_frames(wire::from_proto(r.tier()), r.pages());
-  if (!frames.ok()) return frames.status();
-  for (const Extent& x : *frames) wire::to_proto(x, out->add_extents());
+  TIERMEM_ASSIGN_OR_RETURN(auto frames, m_space.reserve_frames(wire::from_proto(r.tier()), r.pages()));
+  for (const Extent& x : frames) wire::to_proto(x, out->add_extents());
   return Status();
 }
 

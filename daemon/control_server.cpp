@@ -18,6 +18,8 @@
 #include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
 
+#include <tiermem/status_macros.h>
+
 #include "common/frame.hpp"
 #include "common/unique_fd.hpp"
 
@@ -173,7 +175,7 @@ class ControlServer::Impl {
         m_unix(io), m_tcp(io) {}
 
   Status listen() {
-    if (Status s = listen_unix(); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(listen_unix());
     if (!m_tcp_listen.empty()) return listen_tcp();
     return Status();
   }

@@ -2,6 +2,8 @@
 // write, atomics, free, and the zero-copy mapping for co-located clients.
 #include <algorithm>
 
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/request_handler.hpp"
@@ -10,19 +12,17 @@ namespace tiermem {
 
 Status RequestHandler::translate(const proto::TranslateRequest& r, proto::TranslateResponse* out) {
   const Gva gva = wire::from_proto(r.gva());
-  auto t = m_space.translate(gva);
-  if (!t.ok()) return t.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
   // The layout is read under one lock: extents and versions agree, which is
   // what a client's cache relies on.
-  auto layout = m_space.layout(gva);
-  if (!layout.ok()) return layout.status();
-  wire::to_proto(layout->info, out->mutable_allocation());
-  out->set_offset_in_allocation(gva.offset - layout->info.gva.offset);
-  wire::to_proto(t->page, out->add_pages());
-  for (const Extent& x : layout->extents) wire::to_proto(x, out->add_extents());
-  out->set_first_page_index(layout->first_page);
-  for (uint64_t v : layout->page_versions) out->add_page_versions(v);
-  out->set_coherent(layout->coherent);
+  TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.layout(gva));
+  wire::to_proto(layout.info, out->mutable_allocation());
+  out->set_offset_in_allocation(gva.offset - layout.info.gva.offset);
+  wire::to_proto(t.page, out->add_pages());
+  for (const Extent& x : layout.extents) wire::to_proto(x, out->add_extents());
+  out->set_first_page_index(layout.first_page);
+  for (uint64_t v : layout.page_versions) out->add_page_versions(v);
+  out->set_coherent(layout.coherent);
   return Status();
 }
 
@@ -155,11 +155,10 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
 
 Status RequestHandler::map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out) {
   if (s.remote) return Status(ErrorCode::not_supported, "only clients on this node can map memory");
-  auto layout = m_space.pin(wire::from_proto(r.gva()));
-  if (!layout.ok()) return layout.status();
-  s.pins.push_back(layout->info.gva);
-  wire::to_proto(layout->info, out->mutable_allocation());
-  for (const Extent& x : layout->extents) wire::to_proto(x, out->add_extents());
+  TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.pin(wire::from_proto(r.gva())));
+  s.pins.push_back(layout.info.gva);
+  wire::to_proto(layout.info, out->mutable_allocation());
+  for (const Extent& x : layout.extents) wire::to_proto(x, out->add_extents());
   return Status();
 }
 

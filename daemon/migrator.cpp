@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 #include "daemon/peer_access.hpp"
 
@@ -12,19 +14,17 @@ namespace tiermem {
 
 Result<Extent> Migrator::reserve(NodeId node, Tier tier) {
   if (node == m_space.node()) {
-    auto frames = m_space.reserve_frames(tier, 1, /*lend=*/false);
-    if (!frames.ok()) return frames.status();
-    return frames->front();
+    TIERMEM_ASSIGN_OR_RETURN(auto frames, m_space.reserve_frames(tier, 1, /*lend=*/false));
+    return frames.front();
   }
   proto::Request request;
   request.mutable_reserve_frames()->set_tier(wire::to_proto(tier));
   request.mutable_reserve_frames()->set_pages(1);
-  auto response = m_peers->call(node, request);
-  if (!response.ok()) return response.status();
-  if (response->reserve_frames().extents_size() != 1) {
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_peers->call(node, request));
+  if (response.reserve_frames().extents_size() != 1) {
     return Status(ErrorCode::internal, "node " + std::to_string(node) + " lent an unexpected frame set");
   }
-  return wire::from_proto(response->reserve_frames().extents(0));
+  return wire::from_proto(response.reserve_frames().extents(0));
 }
 
 void Migrator::give_back(const Extent& frame) {
@@ -48,18 +48,17 @@ void Migrator::release_remote(const std::vector<Extent>& frames) {
 Status Migrator::move_page(uint64_t page, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames,
                            bool* moved) {
   *moved = false;
-  auto target = reserve(to_node, tier);
-  if (!target.ok()) return target.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto target, reserve(to_node, tier));
   // Writers finish their copy first; on a loaded machine that can take a
   // while, so wait as long as a transport operation may take.
   auto move = m_space.begin_move(page, m_timeout);
   if (!move.ok()) {
-    give_back(*target);
+    give_back(target);
     return move.status();
   }
   if (move->from.node == to_node && move->from.tier == tier) {
     m_space.abort_move(*move);
-    give_back(*target);
+    give_back(target);
     return Status();
   }
   PeerAccess access(m_peers, m_transport, m_timeout);
@@ -70,15 +69,15 @@ Status Migrator::move_page(uint64_t page, Tier tier, NodeId to_node, std::vector
     // The page's lock is ours: nobody changes it while it is copied.
     std::vector<std::byte> buffer(m_space.page_size());
     s = (*src)->read(move->from.frame_offset, buffer.data(), buffer.size());
-    if (s.ok()) s = (*dst)->write(target->frame_offset, buffer.data(), buffer.size());
+    if (s.ok()) s = (*dst)->write(target.frame_offset, buffer.data(), buffer.size());
   }
   if (!s.ok()) {
     m_space.abort_move(*move);
-    give_back(*target);
+    give_back(target);
     return s;
   }
   PageEntry to;
-  to.frame_offset = target->frame_offset;
+  to.frame_offset = target.frame_offset;
   to.node = to_node;
   to.tier = tier;
   s = m_space.commit_move(*move, to, remote_frames);
@@ -94,12 +93,11 @@ Result<MigrationResult> Migrator::migrate(Gva gva, Tier tier, NodeId to_node) {
   if (to_node != m_space.node() && (m_peers == nullptr || !m_peers->knows(to_node))) {
     return Status(ErrorCode::bad_gva, "node " + std::to_string(to_node) + " is not in the cluster");
   }
-  auto pages = m_space.begin_migration(gva);
-  if (!pages.ok()) return pages.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto pages, m_space.begin_migration(gva));
   MigrationResult result;
   std::vector<Extent> remote_frames;
   Status status;
-  for (uint64_t page : *pages) {
+  for (uint64_t page : pages) {
     bool moved = false;
     status = move_page(page, tier, to_node, &remote_frames, &moved);
     if (!status.ok()) break;
@@ -111,9 +109,8 @@ Result<MigrationResult> Migrator::migrate(Gva gva, Tier tier, NodeId to_node) {
     return status.with_context("migrating " + gva.to_string() + " (" + std::to_string(result.pages_moved) +
                                " pages moved before the failure)");
   }
-  auto t = m_space.translate(gva);
-  if (!t.ok()) return t.status();
-  result.allocation = t->allocation;
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
+  result.allocation = t.allocation;
   spdlog::info("migrated {} to {} on node {}: {} page(s) moved", gva.to_string(), tier_name(tier), to_node,
                result.pages_moved);
   return result;

@@ -1,5 +1,7 @@
 #include "daemon/peer_access.hpp"
 
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 
 namespace tiermem {
@@ -12,18 +14,16 @@ Result<std::shared_ptr<RemoteNode>> PeerAccess::node(NodeId id) {
 }
 
 Result<VersionWords*> PeerAccess::versions(NodeId home) {
-  auto n = node(home);
-  if (!n.ok()) return n.status();
-  m_words.push_back(std::make_unique<RemoteVersionWords>(*m_transport, *n, m_timeout));
+  TIERMEM_ASSIGN_OR_RETURN(auto n, node(home));
+  m_words.push_back(std::make_unique<RemoteVersionWords>(*m_transport, n, m_timeout));
   return m_words.back().get();
 }
 
 Result<FrameData*> PeerAccess::frames(NodeId id, Tier tier) {
-  auto n = node(id);
-  if (!n.ok()) return n.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto n, node(id));
   PeerManager* peers = m_peers;
   m_frames.push_back(std::make_unique<RemoteFrameData>(
-      *m_transport, *n, tier, m_timeout, [peers, id](Tier t, uint64_t offset, uint64_t length) {
+      *m_transport, n, tier, m_timeout, [peers, id](Tier t, uint64_t offset, uint64_t length) {
         proto::Request request;
         auto* p = request.mutable_persist_frames();
         p->set_tier(wire::to_proto(t));

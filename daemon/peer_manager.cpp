@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 
 namespace tiermem {
@@ -93,14 +95,12 @@ void PeerManager::mark(Peer& peer, NodeState state, const std::string& error) {
 // Connects, says hello and sets up the data plane to one peer. Called by the
 // background thread without the lock held during I/O.
 Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string& address, proto::NodeInfo* info) {
-  auto conn = RpcConnection::connect_tcp(address, m_options.timeout);
-  if (!conn.ok()) return conn.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto conn, RpcConnection::connect_tcp(address, m_options.timeout));
   proto::Request hello;
   hello.mutable_peer_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   *hello.mutable_peer_hello()->mutable_self() = m_self;
-  auto response = (*conn)->call(hello);
-  if (!response.ok()) return response.status();
-  *info = response->peer_hello().self();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, conn->call(hello));
+  *info = response.peer_hello().self();
   return conn;
 }
 
@@ -111,8 +111,7 @@ Status PeerManager::handshake(NodeId node) {
     address = find(node)->member.control;
   }
   proto::NodeInfo info;
-  auto conn = open_link(address, &info);
-  if (!conn.ok()) return conn.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto conn, open_link(address, &info));
   if (info.node_id() != node) {
     return Status(ErrorCode::config_error, "the daemon at " + address + " is node " +
                                                std::to_string(info.node_id()) + ", not node " +
@@ -120,9 +119,9 @@ Status PeerManager::handshake(NodeId node) {
   }
   std::shared_ptr<RemoteNode> remote;
   if (m_transport != nullptr && !info.transport_address().empty()) {
-    auto r = connect_remote_node(*m_transport, node, info.incarnation(), info.transport_address(), adverts(info));
-    if (!r.ok()) return r.status();
-    remote = *r;
+    TIERMEM_ASSIGN_OR_RETURN(auto r,
+                             connect_remote_node(*m_transport, node, info.incarnation(), info.transport_address(), adverts(info)));
+    remote = r;
     info.set_transports(remote->endpoint->transports());
   }
   std::lock_guard lock(m_mutex);
@@ -131,7 +130,7 @@ Status PeerManager::handshake(NodeId node) {
   if (restarted) spdlog::info("peer node {} restarted (incarnation {:x})", node, info.incarnation());
   info.set_state(proto::NodeInfo::CONNECTED);
   p.info = std::move(info);
-  p.connection = std::shared_ptr<RpcConnection>(std::move(conn).value());
+  p.connection = std::shared_ptr<RpcConnection>(std::move(conn));
   p.remote = std::move(remote);
   mark(p, NodeState::connected, "");
   return Status();

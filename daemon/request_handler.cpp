@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <tiermem/status_macros.h>
+
 #include "convert.hpp"
 #include "tiermem_config.h"
 
@@ -170,9 +172,8 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const SessionState& s
   req.name = r.name();
   req.owner_uid = s.uid;
   req.coherent = r.coherent();
-  auto info = m_space.allocate(req);
-  if (!info.ok()) return info.status();
-  wire::to_proto(*info, out->mutable_allocation());
+  TIERMEM_ASSIGN_OR_RETURN(auto info, m_space.allocate(req));
+  wire::to_proto(info, out->mutable_allocation());
   return Status();
 }
 

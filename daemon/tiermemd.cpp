@@ -14,10 +14,12 @@
 #include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
 
+#include <tiermem/status_macros.h>
+#include <tiermem/units.h>
+
 #include "common/log.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
-#include <tiermem/units.h>
 #include "convert.hpp"
 #include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
@@ -50,14 +52,13 @@ Result<TierSet> open_tiers(const DaemonConfig& c, const SharedMemoryFactory& sha
     }
   }
   if (c.dram_enabled) {
-    auto dram = make_dram_tier(c.dram_capacity, "tiermem-dram-node" + std::to_string(c.node_id), shared);
-    if (!dram.ok()) return dram.status();
-    tiers[static_cast<size_t>(Tier::dram)] = std::move(dram).value();
+    TIERMEM_ASSIGN_OR_RETURN(auto dram,
+                             make_dram_tier(c.dram_capacity, "tiermem-dram-node" + std::to_string(c.node_id), shared));
+    tiers[static_cast<size_t>(Tier::dram)] = std::move(dram);
   }
   if (c.pmem_enabled) {
-    auto pmem = make_pmem_tier({c.pmem_path, c.pmem_capacity});
-    if (!pmem.ok()) return pmem.status();
-    tiers[static_cast<size_t>(Tier::pmem)] = std::move(pmem).value();
+    TIERMEM_ASSIGN_OR_RETURN(auto pmem, make_pmem_tier({c.pmem_path, c.pmem_capacity}));
+    tiers[static_cast<size_t>(Tier::pmem)] = std::move(pmem);
   }
   return tiers;
 }
@@ -118,9 +119,8 @@ class DataPlane {
         if (r->base() == reinterpret_cast<uint64_t>(base)) region = r;
       }
       if (!region) {
-        auto reg = m_transport->register_region(base, length, kind);
-        if (!reg.ok()) return reg.status();
-        region = std::shared_ptr<RegisteredRegion>(std::move(reg).value());
+        TIERMEM_ASSIGN_OR_RETURN(auto reg, m_transport->register_region(base, length, kind));
+        region = std::shared_ptr<RegisteredRegion>(std::move(reg));
         m_registered.push_back(region);
       }
       proto::RegionKey* k = self.add_regions();
@@ -177,9 +177,8 @@ void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
 // This node's control address in the cluster file, and every member.
 Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std::string* control) {
   if (config.cluster_file.empty()) return std::vector<ClusterMember>{};
-  auto members = load_cluster(config.cluster_file);
-  if (!members.ok()) return members.status();
-  for (const ClusterMember& m : *members) {
+  TIERMEM_ASSIGN_OR_RETURN(auto members, load_cluster(config.cluster_file));
+  for (const ClusterMember& m : members) {
     if (m.id == config.node_id) *control = m.control;
   }
   if (control->empty()) {

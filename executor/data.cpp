@@ -10,6 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem::exec {
 namespace {
 
@@ -32,12 +34,11 @@ Result<std::string> gunzip(const std::string& path) {
 
 Result<Split> load_digits(const std::string& path, uint64_t seed) {
   if (!std::filesystem::exists(path)) return missing(path, "python3-sklearn");
-  auto text = gunzip(path);
-  if (!text.ok()) return text.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto text, gunzip(path));
   Dataset all;
   all.cols = 64;
   all.classes = 10;
-  std::istringstream in(*text);
+  std::istringstream in(text);
   std::string line;
   int64_t line_number = 0;
   while (std::getline(in, line)) {
@@ -94,15 +95,13 @@ Status load_idx(const std::string& dir, const std::string& prefix, Dataset* d) {
   for (const auto& p : {images, labels}) {
     if (!std::filesystem::exists(p)) return missing(p, "dataset-fashion-mnist");
   }
-  auto img = gunzip(images);
-  if (!img.ok()) return img.status();
-  auto lab = gunzip(labels);
-  if (!lab.ok()) return lab.status();
-  if (img->size() < 16 || be32(*img, 0) != 0x803 || lab->size() < 8 || be32(*lab, 0) != 0x801) {
+  TIERMEM_ASSIGN_OR_RETURN(auto img, gunzip(images));
+  TIERMEM_ASSIGN_OR_RETURN(auto lab, gunzip(labels));
+  if (img.size() < 16 || be32(img, 0) != 0x803 || lab.size() < 8 || be32(lab, 0) != 0x801) {
     return Status(ErrorCode::invalid_argument, "IDX headers of " + images + " / " + labels + " are not valid");
   }
-  const uint32_t n = be32(*img, 4), h = be32(*img, 8), w = be32(*img, 12);
-  if (be32(*lab, 4) != n || img->size() < 16 + size_t{n} * h * w || lab->size() < 8 + size_t{n}) {
+  const uint32_t n = be32(img, 4), h = be32(img, 8), w = be32(img, 12);
+  if (be32(lab, 4) != n || img.size() < 16 + size_t{n} * h * w || lab.size() < 8 + size_t{n}) {
     return Status(ErrorCode::invalid_argument, images + " and " + labels + " disagree or are truncated");
   }
   d->rows = n;
@@ -110,10 +109,10 @@ Status load_idx(const std::string& dir, const std::string& prefix, Dataset* d) {
   d->classes = 10;
   d->features.resize(static_cast<size_t>(d->rows * d->cols));
   for (size_t i = 0; i < d->features.size(); ++i) {
-    d->features[i] = static_cast<float>(static_cast<unsigned char>((*img)[16 + i])) / 255.0f;
+    d->features[i] = static_cast<float>(static_cast<unsigned char>(img[16 + i])) / 255.0f;
   }
   d->labels.resize(n);
-  for (uint32_t i = 0; i < n; ++i) d->labels[i] = static_cast<unsigned char>((*lab)[8 + i]);
+  for (uint32_t i = 0; i < n; ++i) d->labels[i] = static_cast<unsigned char>(lab[8 + i]);
   return Status();
 }
 
@@ -125,8 +124,8 @@ Result<Split> load_dataset(const std::string& name, const std::string& path, uin
     Split split;
     split.name = name;
     const std::string dir = path.empty() ? k_fashion_dir : path;
-    if (Status s = load_idx(dir, "train", &split.train); !s.ok()) return s;
-    if (Status s = load_idx(dir, "t10k", &split.test); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(load_idx(dir, "train", &split.train));
+    TIERMEM_RETURN_IF_ERROR(load_idx(dir, "t10k", &split.test));
     return split;
   }
   return Status(ErrorCode::invalid_argument, "unknown dataset '" + name + "' (digits or fashion-mnist)");

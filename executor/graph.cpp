@@ -9,6 +9,8 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem::exec {
 namespace {
 
@@ -49,13 +51,13 @@ class Builder {
     m_graph.optimizer = m_def.optimizer();
     if (m_graph.micro_batch <= 0) return fail("micro_batch must be set to the rows of a micro-batch");
     for (const proto::TensorDef& t : m_def.tensor()) {
-      if (Status s = declare(t); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(declare(t));
     }
     if (m_def.op_size() == 0) return fail("the model has no ops");
     std::vector<int> order;
-    if (Status s = topological_order(&order); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(topological_order(&order));
     for (int index : order) {
-      if (Status s = add_op(m_def.op(index)); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(add_op(m_def.op(index)));
     }
     m_graph.loss = m_graph.find(m_def.loss());
     if (m_def.loss().empty() || m_graph.loss < 0) return fail("loss '" + m_def.loss() + "' is not a tensor of the model");
@@ -126,7 +128,7 @@ class Builder {
       stack.push_back(i);
       for (const std::string& in : m_def.op(i).input()) {
         if (auto it = producer.find(in); it != producer.end()) {
-          if (Status s = visit(it->second); !s.ok()) return s;
+          TIERMEM_RETURN_IF_ERROR(visit(it->second));
         }
       }
       stack.pop_back();
@@ -135,7 +137,7 @@ class Builder {
       return Status();
     };
     for (int i = 0; i < m_def.op_size(); ++i) {
-      if (Status s = visit(i); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(visit(i));
     }
     return Status();
   }
@@ -236,8 +238,7 @@ class Builder {
       }
       op.in.push_back(t);
     }
-    auto shape = infer(def, rule->kind, op.in);
-    if (!shape.ok()) return shape.status();
+    TIERMEM_ASSIGN_OR_RETURN(auto shape, infer(def, rule->kind, op.in));
     const int id = static_cast<int>(m_graph.ops.size());
     const std::string& out = def.output(0);
     if (const int existing = m_graph.find(out); existing >= 0) {
@@ -245,16 +246,16 @@ class Builder {
       if (t.role != Role::activation) {
         return fail("op '" + def.name() + "' writes '" + out + "', which is " + std::string(role_name(t.role)));
       }
-      if (t.shape != *shape) {
+      if (t.shape != shape) {
         return fail("tensor '" + out + "' is declared " + shape_text(t.shape) + " but op '" + def.name() +
-                    "' produces " + shape_text(*shape));
+                    "' produces " + shape_text(shape));
       }
     }
-    op.out.push_back(output(out, *shape, id, Role::activation));
+    op.out.push_back(output(out, shape, id, Role::activation));
     if (rule->kind == OpKind::layer_norm) {
       // Saved for the backward pass: per-row mean and 1/stddev.
-      op.out.push_back(output(def.name() + ".mean", {shape->at(0)}, id, Role::activation));
-      op.out.push_back(output(def.name() + ".rstd", {shape->at(0)}, id, Role::activation));
+      op.out.push_back(output(def.name() + ".mean", {shape.at(0)}, id, Role::activation));
+      op.out.push_back(output(def.name() + ".rstd", {shape.at(0)}, id, Role::activation));
     }
     op.accumulate.assign(op.out.size(), false);
     m_graph.ops.push_back(std::move(op));

@@ -9,6 +9,8 @@
 #include <set>
 #include <tuple>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem::exec {
 namespace {
 
@@ -293,7 +295,7 @@ Result<Partition> partition(const Graph& graph, int parts, PartitionMethod metho
     for (bool kway : {false, true}) {
       for (int seed = 1; seed <= k_metis_seeds; ++seed) {
         Partition trial = p;
-        if (Status s = metis(w, parts, kway, seed, &trial.of_forward_op); !s.ok()) return s;
+        TIERMEM_RETURN_IF_ERROR(metis(w, parts, kway, seed, &trial.of_forward_op));
         number_stages(&trial);
         for (bool repaired : {false, true}) {
           if (repaired) make_monotone(graph, w, &trial);

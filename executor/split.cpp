@@ -5,6 +5,8 @@
 #include <map>
 #include <numeric>
 
+#include <tiermem/status_macros.h>
+
 #include "executor/partitioner.hpp"
 
 namespace tiermem::exec {
@@ -126,10 +128,9 @@ struct Placed {
 
 Result<Placed> place(const Graph& forward, int parts, int micro_batches) {
   Placed out{forward, {}};
-  if (Status s = add_training(out.training, 1.0f); !s.ok()) return s;
-  auto p = partition(out.training, parts, PartitionMethod::metis, micro_batches);
-  if (!p.ok()) return p.status();
-  out.partition = std::move(p).value();
+  TIERMEM_RETURN_IF_ERROR(add_training(out.training, 1.0f));
+  TIERMEM_ASSIGN_OR_RETURN(auto p, partition(out.training, parts, PartitionMethod::metis, micro_batches));
+  out.partition = std::move(p);
   return out;
 }
 
@@ -141,11 +142,10 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
   if (!forward.ops_of(Phase::backward).empty()) {
     return Status(ErrorCode::failed_precondition, "split_for_balance takes a graph without its training ops");
   }
-  auto whole = place(forward, parts, micro_batches);
-  if (!whole.ok()) return whole.status();
-  const double before = whole->partition.flops_imbalance;
+  TIERMEM_ASSIGN_OR_RETURN(auto whole, place(forward, parts, micro_batches));
+  const double before = whole.partition.flops_imbalance;
   if (before <= k_balance) return report;
-  const std::vector<double> flops = forward_op_flops(whole->training, micro_batches);
+  const std::vector<double> flops = forward_op_flops(whole.training, micro_batches);
   const double mean = std::accumulate(flops.begin(), flops.end(), 0.0) / parts;
   const double budget = k_split_block_share * mean;
   // Fine: every heavy matmul in equal blocks small enough to balance.
@@ -166,16 +166,15 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
   }
   if (!any) return report;
   Graph split = Rewriter(forward, fine).run();
-  auto placed = place(split, parts, micro_batches);
-  if (!placed.ok()) return placed.status();
-  if (placed->partition.flops_imbalance >= before) return report;  // no better: leave the ops whole
+  TIERMEM_ASSIGN_OR_RETURN(auto placed, place(split, parts, micro_batches));
+  if (placed.partition.flops_imbalance >= before) return report;  // no better: leave the ops whole
 
   // Coarse: the blocks METIS put on one stage are one block, so that a stage
   // sends each other stage one tensor per split op, not one per block.
   std::map<std::string, int> stage_of;
-  const std::vector<int> placed_ops = placed->training.ops_of(Phase::forward);
+  const std::vector<int> placed_ops = placed.training.ops_of(Phase::forward);
   for (size_t v = 0; v < placed_ops.size(); ++v) {
-    stage_of[placed->training.ops[placed_ops[v]].name] = placed->partition.of_forward_op[v];
+    stage_of[placed.training.ops[placed_ops[v]].name] = placed.partition.of_forward_op[v];
   }
   std::vector<std::vector<int64_t>> coarse(forward.ops.size());
   for (size_t i = 0; i < forward.ops.size(); ++i) {
@@ -189,7 +188,7 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
     }
     if (coarse[i].size() == 1) coarse[i].clear();  // all on one stage: whole
   }
-  double after = placed->partition.flops_imbalance;
+  double after = placed.partition.flops_imbalance;
   const std::vector<std::vector<int64_t>>* widths = &fine;
   Graph merged = Rewriter(forward, coarse).run();
   auto merged_placed = place(merged, parts, micro_batches);

@@ -11,7 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <tiermem/status_macros.h>
 #include <tiermem/units.h>
+
 #include "executor/graph.hpp"
 #include "executor/memory_plan.hpp"
 #include "executor/partitioner.hpp"
@@ -28,15 +30,13 @@ using namespace tiermem::exec;
 // The model with its heavy ops split for `parts` stages (unless told not
 // to), and its training ops.
 Result<Graph> training_graph(const std::string& model, int micro_batches, int parts, bool split) {
-  auto g = load_model(model);
-  if (!g.ok()) return g.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto g, load_model(model));
   if (split) {
-    auto report = split_for_balance(*g, parts, micro_batches);
-    if (!report.ok()) return report.status();
-    for (const std::string& line : *report) std::printf("%s\n", line.c_str());
-    if (!report->empty()) std::printf("\n");
+    TIERMEM_ASSIGN_OR_RETURN(auto report, split_for_balance(g, parts, micro_batches));
+    for (const std::string& line : report) std::printf("%s\n", line.c_str());
+    if (!report.empty()) std::printf("\n");
   }
-  if (Status s = add_training(*g, 1.0f / static_cast<float>(micro_batches)); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(add_training(g, 1.0f / static_cast<float>(micro_batches)));
   return g;
 }
 

@@ -8,7 +8,9 @@
 #include <mutex>
 #include <random>
 
+#include <tiermem/status_macros.h>
 #include <tiermem/units.h>
+
 #include "mapping/placement.hpp"
 #include "mapping/version.hpp"
 
@@ -52,12 +54,11 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
   }
   uint64_t virtual_pages = options.virtual_pages;
   if (virtual_pages == 0) virtual_pages = std::max(k_min_virtual_pages, frames * k_virtual_factor);
-  auto versions = VersionArray::create(virtual_pages, "tiermem-versions", options.shared_memory);
-  if (!versions.ok()) return versions.status();
-  auto l3 = WordArray::create(virtual_pages * k_l3_words_per_page, "tiermem-l3");
-  if (!l3.ok()) return l3.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto versions,
+                           VersionArray::create(virtual_pages, "tiermem-versions", options.shared_memory));
+  TIERMEM_ASSIGN_OR_RETURN(auto l3, WordArray::create(virtual_pages * k_l3_words_per_page, "tiermem-l3"));
   return std::unique_ptr<AddressSpace>(new AddressSpace(
-      options, virtual_pages, std::move(tiers), std::move(versions).value(), std::move(l3).value()));
+      options, virtual_pages, std::move(tiers), std::move(versions), std::move(l3)));
 }
 
 AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_pages,
@@ -204,9 +205,8 @@ void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset) {
 
 Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   std::unique_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (!located.ok()) return located.status();
-  Allocation& a = **located;
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  Allocation& a = *located;
   const AllocationInfo info = info_of(a);
   if (gva.offset != info.gva.offset) {
     return Status(ErrorCode::invalid_argument,
@@ -330,9 +330,8 @@ Status AddressSpace::release_frames(const std::vector<Extent>& frames) {
 
 Result<std::vector<uint64_t>> AddressSpace::begin_migration(Gva gva) {
   std::unique_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (!located.ok()) return located.status();
-  Allocation& a = **located;
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  Allocation& a = *located;
   const std::string name = info_of(a).gva.to_string();
   if (a.map_count > 0) {
     return Status(ErrorCode::failed_precondition,

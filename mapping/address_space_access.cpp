@@ -3,6 +3,8 @@
 #include <mutex>
 #include <optional>
 
+#include <tiermem/status_macros.h>
+
 #include "mapping/address_space.hpp"
 #include "mapping/version.hpp"
 
@@ -138,9 +140,8 @@ AllocationLayout AddressSpace::layout_of(const Allocation& a) const {
 
 Result<AllocationLayout> AddressSpace::layout(Gva gva) const {
   std::shared_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (!located.ok()) return located.status();
-  return layout_of(**located);
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  return layout_of(*located);
 }
 
 PageInfo AddressSpace::page_info(uint64_t page) const {
@@ -165,9 +166,8 @@ PageInfo AddressSpace::page_info(uint64_t page) const {
 
 Result<Translation> AddressSpace::translate(Gva gva) const {
   std::shared_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (!located.ok()) return located.status();
-  const Allocation& a = **located;
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  const Allocation& a = *located;
   Translation t;
   t.allocation = info_of(a);
   t.offset_in_allocation = gva.offset - t.allocation.gva.offset;
@@ -181,17 +181,16 @@ Status AddressSpace::copy(Gva gva, std::byte* buffer, size_t length, bool to_mem
   NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
   // A stale translation (a concurrent migration) is retried with a fresh one.
   for (int attempt = 0; attempt < 16; ++attempt) {
-    auto l = layout(gva);
-    if (!l.ok()) return l.status();
-    const LayoutView view{m_node, l->first_page, page_size(), l->info.size, l->extents, l->page_versions};
-    const uint64_t offset = gva.offset - l->info.gva.offset;
+    TIERMEM_ASSIGN_OR_RETURN(auto l, layout(gva));
+    const LayoutView view{m_node, l.first_page, page_size(), l.info.size, l.extents, l.page_versions};
+    const uint64_t offset = gva.offset - l.info.gva.offset;
     Status s = copy_through_layout(view, access, offset, buffer, length, to_memory, k_page_lock_timeout);
     if (s.code() == ErrorCode::out_of_range) {
       return Status(ErrorCode::out_of_range,
                     std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
                         " bytes at " + gva.to_string() + " (offset " + std::to_string(offset) +
-                        ") runs past the end of allocation " + l->info.gva.to_string() + " of " +
-                        std::to_string(l->info.size) + " bytes");
+                        ") runs past the end of allocation " + l.info.gva.to_string() + " of " +
+                        std::to_string(l.info.size) + " bytes");
     }
     if (s.ok()) return s;
     if (!is_stale(s)) return s.with_context(std::string(to_memory ? "write to " : "read of ") + gva.to_string());
@@ -214,23 +213,21 @@ Result<uint64_t> AddressSpace::atomic(Gva gva, WordOp op, uint64_t operand, uint
   }
   NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
   for (int attempt = 0; attempt < 16; ++attempt) {
-    auto l = layout(gva);
-    if (!l.ok()) return l.status();
-    const uint64_t offset = gva.offset - l->info.gva.offset;
-    if (offset + 8 > l->info.size) {
+    TIERMEM_ASSIGN_OR_RETURN(auto l, layout(gva));
+    const uint64_t offset = gva.offset - l.info.gva.offset;
+    if (offset + 8 > l.info.size) {
       return Status(ErrorCode::out_of_range, "word at " + gva.to_string() + " lies past the end of allocation " +
-                                                 l->info.gva.to_string() + " of " + std::to_string(l->info.size) + " bytes");
+                                                 l.info.gva.to_string() + " of " + std::to_string(l.info.size) + " bytes");
     }
     const Extent* x = nullptr;
-    for (const Extent& e : l->extents) {
+    for (const Extent& e : l.extents) {
       if (offset >= e.gva_offset && offset < e.gva_offset + e.length) x = &e;
     }
-    auto frames = access.frames(x->node, x->tier);
-    if (!frames.ok()) return frames.status();
+    TIERMEM_ASSIGN_OR_RETURN(auto frames, access.frames(x->node, x->tier));
     const uint64_t index = offset / page_size();
     uint64_t old = 0;
-    Status s = seqlocked_atomic(m_local_words, **frames, l->first_page + index, l->page_versions[index],
-                                l->coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
+    Status s = seqlocked_atomic(m_local_words, *frames, l.first_page + index, l.page_versions[index],
+                                l.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
                                 compare, &old, k_page_lock_timeout);
     if (s.ok()) return old;
     if (!is_stale(s)) return s.with_context("atomic on " + gva.to_string());
@@ -253,9 +250,8 @@ void AddressSpace::set_pinned(const Allocation& a, bool pinned) {
 
 Result<AllocationLayout> AddressSpace::pin(Gva gva) {
   std::unique_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (!located.ok()) return located.status();
-  Allocation& a = **located;
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  Allocation& a = *located;
   if (a.migrating) return Status(ErrorCode::busy, "allocation is being migrated; map it after");
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
     if (m_table.find(p)->node != m_node) {
@@ -270,9 +266,8 @@ Result<AllocationLayout> AddressSpace::pin(Gva gva) {
 
 Status AddressSpace::unpin(Gva gva) {
   std::unique_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (!located.ok()) return located.status();
-  Allocation& a = **located;
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  Allocation& a = *located;
   if (a.map_count == 0) {
     return Status(ErrorCode::failed_precondition,
                   "allocation " + info_of(a).gva.to_string() + " is not mapped");

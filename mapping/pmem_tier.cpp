@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include <tiermem/status_macros.h>
+
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
 #include "mapping/tier_backend.hpp"
@@ -91,14 +93,13 @@ Result<UniqueFd> open_pool(const PmemTierOptions& options) {
 
 Result<std::unique_ptr<TierBackend>> make_pmem_tier(const PmemTierOptions& options) {
   if (options.path.empty()) return Status(ErrorCode::invalid_argument, "PMEM tier needs a pool path");
-  auto fd = open_pool(options);
-  if (!fd.ok()) return fd.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto fd, open_pool(options));
 
   pmem2_source* source = nullptr;
   pmem2_config* config = nullptr;
   pmem2_map* map = nullptr;
   Status status;
-  if (pmem2_source_from_fd(&source, fd->get()) != 0) {
+  if (pmem2_source_from_fd(&source, fd.get()) != 0) {
     status = pmem2_error("PMEM pool " + options.path);
   } else if (pmem2_config_new(&config) != 0 ||
              pmem2_config_set_required_store_granularity(config, PMEM2_GRANULARITY_PAGE) != 0 ||
@@ -110,7 +111,7 @@ Result<std::unique_ptr<TierBackend>> make_pmem_tier(const PmemTierOptions& optio
   if (config != nullptr) pmem2_config_delete(&config);
   if (source != nullptr) pmem2_source_delete(&source);
   if (!status.ok()) return status;
-  return std::unique_ptr<TierBackend>(new PmemTier(std::move(fd).value(), map, options.path));
+  return std::unique_ptr<TierBackend>(new PmemTier(std::move(fd), map, options.path));
 }
 
 }  // namespace tiermem

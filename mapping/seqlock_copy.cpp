@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <tiermem/status_macros.h>
+
 #include "mapping/sub_blocks.hpp"
 #include "mapping/version.hpp"
 
@@ -103,12 +105,12 @@ Status lock_pages(VersionWords& words, const PageRange& range, version::SpinWait
       }
     }
     if (blocked == range.count) return Status();
-    if (Status s = words.release(*held); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(words.release(*held));
     held->clear();
     // Wait, holding nothing, until the page that stopped us is free.
     for (;;) {
       if (!wait.again()) return busy(range.first_page + blocked);
-      if (Status s = words.load(range.first_page + blocked, 1, &known[blocked]); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(words.load(range.first_page + blocked, 1, &known[blocked]));
       if (version::writable(known[blocked]) ||
           version::epoch_of(known[blocked]) != version::epoch_of(range.cached[blocked])) {
         break;
@@ -137,7 +139,7 @@ Status seqlocked_write(VersionWords& words, const PageRange& range, std::span<co
   version::SpinWait wait(timeout);
   std::vector<uint64_t> held;
   held.reserve(range.count);
-  if (Status s = lock_pages(words, range, wait, &held); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(lock_pages(words, range, wait, &held));
   Status s = copy_segments(segments, true);
   if (s.ok()) {
     for (const CopySegment& seg : segments) {
@@ -201,7 +203,7 @@ Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<con
   // Writers keep getting in: take the pages like a writer, copy, let go.
   std::vector<uint64_t> held;
   held.reserve(range.count);
-  if (Status s = lock_pages(words, range, wait, &held); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(lock_pages(words, range, wait, &held));
   Status s = copy_segments(segments, false);
   Status r = words.release(held);
   return s.ok() ? r : s;
@@ -250,8 +252,7 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
                                                std::to_string(layout.size) + " bytes");
   }
   if (length == 0) return Status();
-  auto versions = access.versions(layout.home);
-  if (!versions.ok()) return versions.status();
+  TIERMEM_ASSIGN_OR_RETURN(auto versions, access.versions(layout.home));
   const uint64_t first_index = offset / layout.page_size;
   const uint64_t last_index = (offset + length - 1) / layout.page_size;
   if (last_index >= layout.page_versions.size()) return stale_translation();
@@ -269,11 +270,10 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
     while (x < layout.extents.size() && at >= layout.extents[x].gva_offset + layout.extents[x].length) ++x;
     if (x == layout.extents.size() || at < layout.extents[x].gva_offset) return stale_translation();
     const Extent& e = layout.extents[x];
-    auto frames = access.frames(e.node, e.tier);
-    if (!frames.ok()) return frames.status();
+    TIERMEM_ASSIGN_OR_RETURN(auto frames, access.frames(e.node, e.tier));
     const uint64_t in_extent = at - e.gva_offset;
     CopySegment seg;
-    seg.frames = *frames;
+    seg.frames = frames;
     seg.frame_offset = e.frame_offset + in_extent;
     seg.range_offset = at - offset;
     seg.buffer = buffer + seg.range_offset;
@@ -281,8 +281,8 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
     segments.push_back(seg);
     at += seg.length;
   }
-  return to_memory ? seqlocked_write(**versions, range, segments, timeout)
-                   : seqlocked_read(**versions, range, segments, timeout);
+  return to_memory ? seqlocked_write(*versions, range, segments, timeout)
+                   : seqlocked_read(*versions, range, segments, timeout);
 }
 
 Status LocalVersionWords::load(uint64_t first, size_t count, uint64_t* out) {

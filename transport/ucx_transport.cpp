@@ -16,6 +16,8 @@
 
 #include <ucs/debug/log_def.h>
 
+#include <tiermem/status_macros.h>
+
 #include "transport/ucx_internal.hpp"
 
 namespace tiermem {
@@ -233,7 +235,7 @@ Result<std::shared_ptr<Endpoint>> UcxTransport::connect(std::string_view address
     }
     ep->m_shared = shared;
     // The target learns where to answer us; its answer proves the path.
-    if (Status s = hello(*ep); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(hello(*ep));
   }
   return std::shared_ptr<Endpoint>(std::move(ep));
 }

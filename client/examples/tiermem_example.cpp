@@ -4,13 +4,13 @@
 // Build against an installed tiermem:
 //   g++ tiermem_example.cpp $(pkg-config --cflags --libs tiermem)    (Cflags carry -std=c++20)
 // Run next to a daemon:  TIERMEM_SOCKET=/run/tiermem/tiermemd.sock ./tiermem_example
-#include <tiermem/client.h>
-
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
+
+#include <tiermem/client.h>
 
 namespace {
 

@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include <tiermem/status_macros.h>
+
 namespace tiermem::exec {
 namespace {
 
@@ -80,14 +82,12 @@ Result<Gva> JobDirectory::peer(int rank, const std::string& what) {
 }
 
 Status JobDirectory::raise(Gva word, uint64_t value) {
-  auto seen = m_client.compare_swap(word, 0, value);
-  if (!seen.ok()) return seen.status();
-  uint64_t current = *seen;
+  TIERMEM_ASSIGN_OR_RETURN(auto seen, m_client.compare_swap(word, 0, value));
+  uint64_t current = seen;
   while (current < value) {
-    auto r = m_client.compare_swap(word, current, value);
-    if (!r.ok()) return r.status();
-    if (*r == current) break;
-    current = *r;
+    TIERMEM_ASSIGN_OR_RETURN(auto r, m_client.compare_swap(word, current, value));
+    if (r == current) break;
+    current = r;
   }
   return Status();
 }

@@ -11,7 +11,9 @@
 #include <random>
 #include <sstream>
 
+#include <tiermem/status_macros.h>
 #include <tiermem/units.h>
+
 #include "executor/interpreter.hpp"
 #include "executor/runtime/trainer_impl.hpp"
 #include "executor/split.hpp"
@@ -39,9 +41,8 @@ uint64_t fnv(const void* data, size_t n) {
 }  // namespace
 
 Status Trainer::load() {
-  auto g = load_model(m_opt.model);
-  if (!g.ok()) return g.status();
-  m_graph = std::move(g).value();
+  TIERMEM_ASSIGN_OR_RETURN(auto g, load_model(m_opt.model));
+  m_graph = std::move(g);
   m_topo.stages = m_opt.stages > 0 ? m_opt.stages : m_env.world;
   if (m_env.world % m_topo.stages != 0) {
     return Status(ErrorCode::invalid_argument, "a world of " + std::to_string(m_env.world) +
@@ -54,15 +55,13 @@ Status Trainer::load() {
   if (m_opt.split) {
     // Every rank rewrites the same graph the same way: the split is a pure
     // function of the model, the stages and the micro-batches.
-    auto report = split_for_balance(m_graph, m_topo.stages, m_opt.micro_batches);
-    if (!report.ok()) return report.status();
-    m_split_report = std::move(report).value();
+    TIERMEM_ASSIGN_OR_RETURN(auto report, split_for_balance(m_graph, m_topo.stages, m_opt.micro_batches));
+    m_split_report = std::move(report);
   }
   Status s = add_training(m_graph, 1.0f / static_cast<float>(m_opt.micro_batches * m_topo.replicas));
   if (!s.ok()) return s;
-  auto p = partition(m_graph, m_topo.stages, PartitionMethod::metis, m_opt.micro_batches);
-  if (!p.ok()) return p.status();
-  m_partition = std::move(p).value();
+  TIERMEM_ASSIGN_OR_RETURN(auto p, partition(m_graph, m_topo.stages, PartitionMethod::metis, m_opt.micro_batches));
+  m_partition = std::move(p);
   m_channels = channels_of(m_graph, m_partition);
   m_plan = plan_memory(m_graph, m_partition, m_topo.stage(), m_opt.micro_batches);
   m_loss_stage = m_partition.of_op[m_graph.tensors[m_graph.loss].producer];
@@ -70,9 +69,8 @@ Status Trainer::load() {
   // Data: every rank runs the same schedule of batches, so every rank knows
   // how many steps an epoch has; only stages that read inputs or labels load
   // the rows themselves.
-  auto data = load_dataset(m_graph.dataset, m_opt.data, m_opt.seed);
-  if (!data.ok()) return data.status();
-  m_data = std::move(data).value();
+  TIERMEM_ASSIGN_OR_RETURN(auto data, load_dataset(m_graph.dataset, m_opt.data, m_opt.seed));
+  m_data = std::move(data);
   for (int t = 0; t < static_cast<int>(m_graph.tensors.size()); ++t) {
     const Tensor& tensor = m_graph.tensors[t];
     if (tensor.role == Role::input && tensor.shape[1] != m_data.train.cols) {
@@ -96,17 +94,16 @@ Status Trainer::load() {
 }
 
 Status Trainer::allocate() {
-  auto client = Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)});
-  if (!client.ok()) return client.status();
-  m_client = std::move(client).value();
+  TIERMEM_ASSIGN_OR_RETURN(auto client,
+                           Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
+  m_client = std::move(client);
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
 
   const int64_t ctl_bytes = ((k_channels + 4 * static_cast<int64_t>(m_channels.size())) * 8 + 4095) / 4096 * 4096;
   auto own = [&](OwnRegion* out, const std::string& what, int64_t bytes, bool coherent, Tier tier = Tier::dram) -> Status {
-    auto r = m_dir->own(what, static_cast<uint64_t>(std::max<int64_t>(bytes, 64)),
-                        {.tier = tier, .coherent = coherent});
-    if (!r.ok()) return r.status();
-    *out = std::move(r).value();
+    TIERMEM_ASSIGN_OR_RETURN(auto r,
+                             m_dir->own(what, static_cast<uint64_t>(std::max<int64_t>(bytes, 64)), {.tier = tier, .coherent = coherent}));
+    *out = std::move(r);
     return Status();
   };
   for (const ArenaPlan& a : m_plan.arenas) {
@@ -188,15 +185,13 @@ Status Trainer::find_peers() {
       continue;
     }
     if (!m_opt.quiet && !m_resumed) std::fprintf(stderr, "rank %d: waiting for rank %d\n", m_env.rank, r);
-    auto g = m_dir->peer(r, "ctl");
-    if (!g.ok()) return g.status();
-    m_peer_ctl[r] = *g;
+    TIERMEM_ASSIGN_OR_RETURN(auto g, m_dir->peer(r, "ctl"));
+    m_peer_ctl[r] = g;
   }
   for (const Channel& c : m_channels) {
     if (c.from != m_topo.stage()) continue;
-    auto g = m_dir->peer(m_topo.rank_of(c.to, m_topo.replica()), "mbox");
-    if (!g.ok()) return g.status();
-    m_peer_mbox[c.id] = *g;
+    TIERMEM_ASSIGN_OR_RETURN(auto g, m_dir->peer(m_topo.rank_of(c.to, m_topo.replica()), "mbox"));
+    m_peer_mbox[c.id] = g;
   }
   return Status();
 }
@@ -212,12 +207,11 @@ Status Trainer::check_shapes() {
   }
   for (int r = 0; r < m_env.world; ++r) {
     if (r == m_env.rank) continue;
-    auto info = m_dir->peer(r, "info");
-    if (!info.ok()) return info.status();
+    TIERMEM_ASSIGN_OR_RETURN(auto info, m_dir->peer(r, "info"));
     uint64_t length = 0;
-    if (Status s = m_client->read(*info, &length, 8); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_client->read(info, &length, 8));
     std::string text(std::min<uint64_t>(length, k_info_mesh - 8), '\0');
-    if (Status s = m_client->read(info->plus(8), text.data(), text.size()); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_client->read(info.plus(8), text.data(), text.size()));
     std::istringstream in(text);
     std::string name, rest;
     while (in >> name && std::getline(in, rest)) {
@@ -249,9 +243,8 @@ Status Trainer::validate_mesh() {
         !s.ok()) {
       return s;
     }
-    auto info = r == m_env.rank ? Result<Gva>(m_info.gva) : m_dir->peer(r, "info");
-    if (!info.ok()) return info.status();
-    if (Status s = m_client->read(info->plus(k_info_mesh), theirs.data(), k_mesh_floats * 4); !s.ok()) return s;
+    TIERMEM_ASSIGN_OR_RETURN(auto info, r == m_env.rank ? Result<Gva>(m_info.gva) : m_dir->peer(r, "info"));
+    TIERMEM_RETURN_IF_ERROR(m_client->read(info.plus(k_info_mesh), theirs.data(), k_mesh_floats * 4));
     for (int i = 0; i < k_mesh_floats; ++i) sum[i] += theirs[i];
   }
   const uint64_t hash = fnv(sum.data(), sum.size() * 4);
@@ -264,7 +257,7 @@ Status Trainer::validate_mesh() {
     }
     auto info = r == m_env.rank ? Result<Gva>(m_info.gva) : m_dir->peer(r, "info");
     uint64_t theirs_hash = 0;
-    if (Status s = m_client->read(info->plus(k_info_hash), &theirs_hash, 8); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_client->read(info->plus(k_info_hash), &theirs_hash, 8));
     if (theirs_hash != hash) {
       return Status(ErrorCode::internal, "mesh validation failed: the all-reduced 1 KiB tensor hashes to " +
                                              std::to_string(hash) + " on rank " + std::to_string(m_env.rank) + " but " +
@@ -278,7 +271,7 @@ Status Trainer::validate_mesh() {
       for (int r = 1; r < m_env.world; ++r) {
         for (uint64_t i = 1; i <= k_latency_rounds; ++i) {
           const auto t0 = std::chrono::steady_clock::now();
-          if (Status s = m_dir->raise(m_peer_ctl[r].plus(8 * k_ping), i); !s.ok()) return s;
+          TIERMEM_RETURN_IF_ERROR(m_dir->raise(m_peer_ctl[r].plus(8 * k_ping), i));
           if (Status s = wait_local(ctl + k_pong + r, i, m_opt.timeout, "rank " + std::to_string(r) + "'s pong"); !s.ok()) {
             return s;
           }
@@ -287,8 +280,8 @@ Status Trainer::validate_mesh() {
       }
     } else {
       for (uint64_t i = 1; i <= k_latency_rounds; ++i) {
-        if (Status s = wait_local(ctl + k_ping, i, m_opt.timeout, "rank 0's ping"); !s.ok()) return s;
-        if (Status s = m_dir->raise(m_peer_ctl[0].plus(8 * (k_pong + m_env.rank)), i); !s.ok()) return s;
+        TIERMEM_RETURN_IF_ERROR(wait_local(ctl + k_ping, i, m_opt.timeout, "rank 0's ping"));
+        TIERMEM_RETURN_IF_ERROR(m_dir->raise(m_peer_ctl[0].plus(8 * (k_pong + m_env.rank)), i));
       }
     }
   }
@@ -337,7 +330,7 @@ Status Trainer::run() {
   if (m_resumed && m_start_step % m_steps_per_epoch == 0 && m_topo.replica() == 0) {
     // The evaluation due after the committed step may have been cut short.
     m_step = m_start_step - 1;
-    if (Status st = evaluate(m_start_step / m_steps_per_epoch - 1, &last_accuracy); !st.ok()) return st;
+    TIERMEM_RETURN_IF_ERROR(evaluate(m_start_step / m_steps_per_epoch - 1, &last_accuracy));
   }
   std::vector<double> step_seconds;  // for the median in the summary
   step_seconds.reserve(static_cast<size_t>(std::max<int64_t>(0, m_total_steps - m_start_step)));
@@ -356,7 +349,7 @@ Status Trainer::run() {
     const bool epoch_end = (step + 1) % m_steps_per_epoch == 0;
     const bool last = step + 1 == m_total_steps;
     if (epoch_end && m_topo.replica() == 0) {
-      if (Status st = evaluate((step + 1) / m_steps_per_epoch - 1, &last_accuracy); !st.ok()) return st;
+      TIERMEM_RETURN_IF_ERROR(evaluate((step + 1) / m_steps_per_epoch - 1, &last_accuracy));
     }
     const bool log = m_opt.log_every > 0 ? (step + 1) % m_opt.log_every == 0 || last : epoch_end || last;
     if (log && reporter && !m_opt.quiet) {
@@ -400,7 +393,7 @@ Status Trainer::run() {
   }
   if (!m_opt.trace.empty()) {
     const std::string path = m_env.world > 1 ? m_opt.trace + ".rank" + std::to_string(m_env.rank) : m_opt.trace;
-    if (Status st = m_trace.write(path, m_env.rank); !st.ok()) return st;
+    TIERMEM_RETURN_IF_ERROR(m_trace.write(path, m_env.rank));
   }
   return Status();
 }

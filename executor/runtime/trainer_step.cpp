@@ -7,6 +7,8 @@
 #include <numeric>
 #include <random>
 
+#include <tiermem/status_macros.h>
+
 #include "executor/interpreter.hpp"
 #include "executor/runtime/trainer_impl.hpp"
 
@@ -132,7 +134,7 @@ Status Trainer::merge_partials(int t, int mb) {
   for (int id : it->second) {
     const Channel& c = m_channels[id];
     const uint64_t sequence = training_sequence(c, mb);
-    if (Status s = receive(c, sequence, false); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(receive(c, sequence, false));
     const auto* partial = reinterpret_cast<const float*>(slot(c, sequence, false) + k_header_bytes);
     for (int64_t i = 0; i < n; ++i) local[i] += partial[i];
   }
@@ -193,16 +195,16 @@ Status Trainer::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_t ev
   for (int t : op.in) {
     const Role role = m_graph.tensors[t].role;
     if (role == Role::input || role == Role::label) {
-      if (Status s = load_batch(t, mb, eval, eval_batch); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(load_batch(t, mb, eval, eval_batch));
     }
     if (auto it = m_received_channel.find(t); it != m_received_channel.end()) {
       const Channel& c = m_channels[it->second];
       const uint64_t sequence = eval ? eval_sequence : training_sequence(c, mb);
-      if (Status s = receive(c, sequence, eval); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(receive(c, sequence, eval));
       pointers[t] = slot(c, sequence, eval) + k_header_bytes;
       continue;
     }
-    if (Status s = merge_partials(t, mb); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(merge_partials(t, mb));
   }
   auto resolve = [&](int t) -> void* {
     if (pointers[t] != nullptr) return pointers[t];
@@ -237,7 +239,7 @@ Status Trainer::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_t ev
       if (!c.forward && m_last_writer.at(t) != op_id) continue;
       if (eval && !c.forward) continue;
       const uint64_t sequence = eval ? eval_sequence : training_sequence(c, mb);
-      if (Status s = send(c, mb, sequence, eval); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(send(c, mb, sequence, eval));
     }
   }
   return Status();
@@ -260,9 +262,8 @@ Status Trainer::all_reduce(int64_t step) {
       Status s = m_dir->wait_at_least(m_peer_ctl.at(r).plus(8 * k_published), static_cast<uint64_t>(step + 1),
                                       "rank " + std::to_string(r) + "'s gradients of step " + std::to_string(step));
       if (!s.ok()) return s;
-      auto publish = m_dir->peer(r, "publish");
-      if (!publish.ok()) return publish.status();
-      if (s = m_client->read(publish->plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes); !s.ok()) return s;
+      TIERMEM_ASSIGN_OR_RETURN(auto publish, m_dir->peer(r, "publish"));
+      if (s = m_client->read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes); !s.ok()) return s;
       src = theirs.data();
     }
     // Every replica adds in replica order: all end with the same bits.
@@ -331,7 +332,7 @@ Status Trainer::run_step(int64_t step) {
   std::memset(m_grads.data(), 0, m_grads.mapping.size());
   for (size_t pos = 0; pos < m_plan.schedule.size(); ++pos) {
     const auto [op, mb] = m_plan.schedule[pos];
-    if (Status s = run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
   }
   // Every message of this step into this stage is used up: the senders may
   // reuse the slots.
@@ -343,11 +344,11 @@ Status Trainer::run_step(int64_t step) {
       return s;
     }
   }
-  if (Status s = all_reduce(step); !s.ok()) return s;
-  if (Status s = update(step); !s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(all_reduce(step));
+  TIERMEM_RETURN_IF_ERROR(update(step));
   std::atomic_ref<uint64_t>(m_ctl.as<uint64_t>()[k_committed]).store(static_cast<uint64_t>(step + 1));
   if (m_opt.snapshot_every > 0 && (step + 1) % m_opt.snapshot_every == 0) {
-    if (Status s = snapshot(step + 1); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(snapshot(step + 1));
   }
   return barrier(static_cast<uint64_t>(step + 1));
 }
@@ -391,9 +392,9 @@ Status Trainer::evaluate(int64_t evals_before, double* accuracy) {
       if (!c.forward || (c.from != m_topo.stage() && c.to != m_topo.stage())) continue;
       const bool sender = c.from == m_topo.stage();
       const int peer = m_topo.rank_of(sender ? c.to : c.from, 0);
-      auto v = m_dir->load(m_peer_ctl.at(peer).plus(8 * (k_channels + 2 * word(c, true) + (sender ? 0 : 1))));
-      if (!v.ok()) return v.status();
-      done = std::min(done, *v);
+      TIERMEM_ASSIGN_OR_RETURN(auto v,
+                               m_dir->load(m_peer_ctl.at(peer).plus(8 * (k_channels + 2 * word(c, true) + (sender ? 0 : 1)))));
+      done = std::min(done, v);
     }
     if (done == ~uint64_t{0}) done = 0;
     done = done > base ? done - base : 0;

@@ -1,7 +1,7 @@
 // Status and Result: the contract of the public error vocabulary.
-#include <tiermem/status.h>
-
 #include <gtest/gtest.h>
+
+#include <tiermem/status.h>
 
 namespace tiermem {
 namespace {

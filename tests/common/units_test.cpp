@@ -1,6 +1,6 @@
-#include <tiermem/units.h>
-
 #include <gtest/gtest.h>
+
+#include <tiermem/units.h>
 
 namespace tiermem {
 namespace {

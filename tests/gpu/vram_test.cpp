@@ -3,10 +3,11 @@
 #include <cuda_runtime_api.h>
 
 #include <gtest/gtest.h>
-#include <tiermem/client.h>
 
 #include <numeric>
 #include <vector>
+
+#include <tiermem/client.h>
 
 #include "mapping/address_space.hpp"
 #include "mapping/tier_backend.hpp"

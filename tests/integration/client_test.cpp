@@ -1,7 +1,5 @@
 // libtiermem against a real tiermemd: every tier, direct and daemon paths,
 // mapping, and a second process seeing bytes written through a mapping.
-#include <tiermem/client.h>
-
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -13,6 +11,8 @@
 #include <thread>
 #include <random>
 #include <vector>
+
+#include <tiermem/client.h>
 
 #include "tests/support/test_daemon.hpp"
 

@@ -1,6 +1,6 @@
-#include <tiermem/gva.h>
-
 #include <gtest/gtest.h>
+
+#include <tiermem/gva.h>
 
 namespace tiermem {
 namespace {

@@ -6,6 +6,8 @@
 // the manner of LevelDB's ErrorEnv: every call is logged, a hook can run
 // another writer, a migration or a free at a chosen point of the protocol,
 // and any call can be made to fail.
+#include <tiermem/status_macros.h>
+
 #include "mapping/seqlock_copy.hpp"
 
 #include <gtest/gtest.h>
@@ -74,15 +76,15 @@ class ScriptedWords final : public VersionWords {
   ScriptedWords(Script& script, uint64_t* words, size_t count, uint64_t* l3)
       : m_script(script), m_real(words, count, l3, k_page) {}
   Status load(uint64_t first, size_t count, uint64_t* out) override {
-    if (Status s = m_script.step(Call::load, first); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::load, first));
     return m_real.load(first, count, out);
   }
   Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) override {
-    if (Status s = m_script.step(Call::compare_swap, page); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::compare_swap, page));
     return m_real.compare_swap(page, expected, desired, old);
   }
   Status release(std::span<const uint64_t> pages) override {
-    if (Status s = m_script.step(Call::release, pages.empty() ? 0 : pages[0]); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::release, pages.empty() ? 0 : pages[0]));
     return m_real.release(pages);
   }
   void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) override {
@@ -93,10 +95,10 @@ class ScriptedWords final : public VersionWords {
   Status snapshot(uint64_t first, size_t count, std::span<const CopySegment> segments, uint64_t* before,
                   uint64_t* after) override {
     if (!m_snapshots) return Status(ErrorCode::not_supported, "no snapshot");
-    if (Status s = m_script.step(Call::snapshot, first); !s.ok()) return s;
-    if (Status s = m_real.load(first, count, before); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::snapshot, first));
+    TIERMEM_RETURN_IF_ERROR(m_real.load(first, count, before));
     for (const CopySegment& seg : segments) {
-      if (Status s = seg.frames->read(seg.frame_offset, seg.buffer, seg.length); !s.ok()) return s;
+      TIERMEM_RETURN_IF_ERROR(seg.frames->read(seg.frame_offset, seg.buffer, seg.length));
     }
     return m_real.load(first, count, after);
   }
@@ -111,15 +113,15 @@ class ScriptedFrames final : public FrameData {
  public:
   ScriptedFrames(Script& script, std::byte* base, size_t length) : m_script(script), m_real(base, length, false) {}
   Status read(uint64_t frame_offset, void* dst, size_t length) override {
-    if (Status s = m_script.step(Call::read, frame_offset); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::read, frame_offset));
     return m_real.read(frame_offset, dst, length);
   }
   Status write(uint64_t frame_offset, const void* src, size_t length) override {
-    if (Status s = m_script.step(Call::write, frame_offset); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::write, frame_offset));
     return m_real.write(frame_offset, src, length);
   }
   Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) override {
-    if (Status s = m_script.step(Call::atomic, frame_offset); !s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_script.step(Call::atomic, frame_offset));
     return m_real.atomic(frame_offset, op, operand, compare, old);
   }
   bool persistent() const override { return false; }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
 #include <tiermem/client.h>
 
 namespace tiermem::ctl {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include <tiermem/units.h>
+
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {

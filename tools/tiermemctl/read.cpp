@@ -4,6 +4,7 @@
 #include <vector>
 
 #include <tiermem/units.h>
+
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include <tiermem/units.h>
+
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {
