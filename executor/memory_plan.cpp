@@ -46,34 +46,45 @@ int64_t MemoryPlan::total_bytes() const {
   return n;
 }
 
-MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram) {
-  MemoryPlan plan;
-  plan.part = part;
-  plan.micro_batches = micro_batches;
+namespace {
+
+struct StageOps {
   std::vector<int> forward, backward, update;
+};
+
+StageOps ops_of(const Graph& g, const Partition& partition, int part) {
+  StageOps ops;
   for (size_t i = 0; i < g.ops.size(); ++i) {
     if (partition.of_op[i] != part) continue;
-    (g.ops[i].phase == Phase::forward ? forward : g.ops[i].phase == Phase::backward ? backward : update)
+    (g.ops[i].phase == Phase::forward ? ops.forward : g.ops[i].phase == Phase::backward ? ops.backward : ops.update)
         .push_back(static_cast<int>(i));
   }
+  return ops;
+}
+
+// GPipe: forward of every micro-batch, then backward in reverse order.
+void schedule(const StageOps& ops, int micro_batches, MemoryPlan* plan) {
   for (int m = 0; m < micro_batches; ++m) {
-    for (int op : forward) plan.schedule.push_back({op, m});
+    for (int op : ops.forward) plan->schedule.push_back({op, m});
   }
   for (int m = micro_batches - 1; m >= 0; --m) {
-    for (int op : backward) plan.schedule.push_back({op, m});
+    for (int op : ops.backward) plan->schedule.push_back({op, m});
   }
+}
 
-  // Lifetimes of per-micro-batch tensors this stage touches.
+// Lifetimes of the per-micro-batch tensors this stage touches, keyed by
+// (tensor, micro-batch); tensors that arrive from other stages are listed in
+// plan->received instead.
+std::map<std::pair<int, int>, Placement> lifetimes(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
   std::map<std::pair<int, int>, Placement> live;
   std::vector<bool> produced_here(g.tensors.size(), false);
-  for (int op : forward) {
-    for (int t : g.ops[op].out) produced_here[t] = true;
+  for (const auto* list : {&ops.forward, &ops.backward}) {
+    for (int op : *list) {
+      for (int t : g.ops[op].out) produced_here[t] = true;
+    }
   }
-  for (int op : backward) {
-    for (int t : g.ops[op].out) produced_here[t] = true;
-  }
-  for (size_t pos = 0; pos < plan.schedule.size(); ++pos) {
-    const auto [op, m] = plan.schedule[pos];
+  for (size_t pos = 0; pos < plan->schedule.size(); ++pos) {
+    const auto [op, m] = plan->schedule[pos];
     auto touch = [&](int t) {
       const Tensor& tensor = g.tensors[t];
       if (!tensor.per_micro_batch()) return;
@@ -82,7 +93,9 @@ MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int
       // a buffer here: partial sums from other stages are added into it.
       const bool loaded = tensor.role == Role::input || tensor.role == Role::label;
       if (!produced_here[t] && !loaded && tensor.role != Role::grad) {
-        if (std::find(plan.received.begin(), plan.received.end(), t) == plan.received.end()) plan.received.push_back(t);
+        if (std::find(plan->received.begin(), plan->received.end(), t) == plan->received.end()) {
+          plan->received.push_back(t);
+        }
         return;
       }
       auto [it, fresh] = live.try_emplace({t, m});
@@ -98,45 +111,65 @@ MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int
     for (int t : g.ops[op].in) touch(t);
     for (int t : g.ops[op].out) touch(t);
   }
-  // Biggest first, each at the lowest offset free over its lifetime.
+  return live;
+}
+
+// Biggest first, each at the lowest offset free over its lifetime.
+void place_work(const std::map<std::pair<int, int>, Placement>& live, MemoryPlan* plan) {
   std::vector<Placement> order;
-  for (auto& [key, p] : live) order.push_back(p);
+  for (const auto& [key, p] : live) order.push_back(p);
   std::sort(order.begin(), order.end(), [](const Placement& a, const Placement& b) {
     return a.bytes != b.bytes ? a.bytes > b.bytes : a.first < b.first;
   });
   for (Placement& p : order) {
-    p.offset = first_fit(plan.work, p);
-    plan.work.push_back(p);
-    plan.work_peak = std::max(plan.work_peak, p.offset + p.bytes);
-    plan.work_naive += p.bytes;
+    p.offset = first_fit(plan->work, p);
+    plan->work.push_back(p);
+    plan->work_peak = std::max(plan->work_peak, p.offset + p.bytes);
+    plan->work_naive += p.bytes;
   }
+}
 
-  // Per-step tensors of this stage.
-  auto stack = [](std::vector<Placement>& list, int t, int64_t bytes, int64_t* size) {
-    Placement p;
-    p.tensor = t;
-    p.offset = *size;
-    p.bytes = align(bytes);
-    *size += p.bytes;
-    list.push_back(p);
-  };
+void stack(std::vector<Placement>& list, int t, int64_t bytes, int64_t* size) {
+  Placement p;
+  p.tensor = t;
+  p.offset = *size;
+  p.bytes = align(bytes);
+  *size += p.bytes;
+  list.push_back(p);
+}
+
+// Per-step tensors (parameters, their gradients, optimizer state) and the
+// arenas they all live in.
+void place_per_step(const Graph& g, const StageOps& ops, bool vram, MemoryPlan* plan) {
   int64_t params = 0, grads = 0, optimizer = 0;
-  for (int op : update) {
+  for (int op : ops.update) {
     const Op& u = g.ops[op];
-    stack(plan.params, u.in[0], g.tensors[u.in[0]].bytes(), &params);
-    stack(plan.grads, u.in[1], g.tensors[u.in[1]].bytes(), &grads);
-    for (size_t i = 2; i < u.in.size(); ++i) stack(plan.optimizer, u.in[i], g.tensors[u.in[i]].bytes(), &optimizer);
+    stack(plan->params, u.in[0], g.tensors[u.in[0]].bytes(), &params);
+    stack(plan->grads, u.in[1], g.tensors[u.in[1]].bytes(), &grads);
+    for (size_t i = 2; i < u.in.size(); ++i) stack(plan->optimizer, u.in[i], g.tensors[u.in[i]].bytes(), &optimizer);
   }
   // Kernels run on the CPU: "hot" data is in the fastest tier the CPU can
   // address. With GPU kernels parameters and activations would go to VRAM.
   const Tier hot = vram ? Tier::vram : Tier::dram;
-  plan.arenas = {
+  plan->arenas = {
       {"params", hot, params, 2, "parameters; two copies, the committed step's and the next"},
       {"grads", hot, grads, 1, "parameter gradients, summed over micro-batches"},
       {"optimizer", Tier::dram, optimizer, 2, "optimizer state, committed with the parameters"},
-      {"work", hot, plan.work_peak, 1, "activations and their gradients, reused over lifetimes"},
+      {"work", hot, plan->work_peak, 1, "activations and their gradients, reused over lifetimes"},
       {"snapshot", Tier::pmem, params + optimizer, 1, "committed parameters and optimizer state (--snapshot-every)"},
   };
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram) {
+  MemoryPlan plan;
+  plan.part = part;
+  plan.micro_batches = micro_batches;
+  const StageOps ops = ops_of(g, partition, part);
+  schedule(ops, micro_batches, &plan);
+  place_work(lifetimes(g, ops, &plan), &plan);
+  place_per_step(g, ops, vram, &plan);
   return plan;
 }
 

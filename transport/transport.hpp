@@ -9,9 +9,13 @@
 // that emulation with its fences, and over shared memory sometimes answers to
 // the wrong peer. This transport therefore sends its own request/reply active
 // messages on such endpoints and regions (the target checks the range against
-// its registered regions, answers on an endpoint it opened to the asker, and
-// runs a repeated atomic only once), and over shared memory accesses segments
-// UCX allocated directly with loads, stores and CPU atomics.
+// its registered regions and runs a repeated atomic only once; it answers on
+// UCX's reply endpoint over TCP, and over shared memory on an endpoint it
+// opened to the asker, see ucx_internal.hpp), and over shared memory accesses
+// segments UCX allocated directly with loads, stores and CPU atomics.
+//
+// The fabric only: bytes and 64-bit words at addresses of registered memory.
+// Pages, versions and the seqlock protocol are above it (access/).
 //
 // Operations are issued into a Batch and complete together in wait(), so
 // several can be in flight at once (over TCP a single outstanding get costs a

@@ -1,0 +1,91 @@
+// A rank's memory in tiermem (X4, X5, X10): one named allocation per arena of
+// its stage's memory plan, found again by name after a restart or created,
+// and mapped into the process, so the kernels compute in tier memory itself.
+//
+//   ctl        control words (coherent: atomics from every rank), CtlWord
+//   info       boundary shapes and the mesh check, read by the other ranks
+//   mbox       the slots other stages write boundary tensors into
+//   publish    gradients published for the other replicas (data parallel)
+//   params     two copies: the committed one and the next
+//   grads      parameter gradients of the step
+//   optimizer  two copies, like params
+//   work       per-micro-batch tensors, reused as the plan says
+//   snapshot   PMEM copy of the committed state (--snapshot-every)
+#pragma once
+
+#include <cstdint>
+
+#include <tiermem/client.h>
+
+#include "executor/runtime/job.hpp"
+#include "executor/runtime/job_plan.hpp"
+
+namespace tiermem::exec {
+
+// Words of a rank's control allocation ("ctl", coherent).
+enum CtlWord : size_t {
+  k_committed = 0,  // steps committed
+  k_barrier = 1,    // steps finished (barrier)
+  k_published = 2,  // steps whose gradients are published (data parallel)
+  k_mesh = 3,       // mesh validation phase reached
+  k_ping = 4,       // latency probe from rank 0
+  k_pong = 8,       // rank 0: k_pong + r is rank r's answer
+  k_channels = 64,  // k_channels + 2w: message sequence of channel word w (receiver's),
+                    // k_channels + 2w + 1: sequence consumed (sender's); w = c for
+                    // training, c + channels for evaluation messages
+};
+
+// Bytes of the info allocation, and where in it the mesh check lives.
+inline constexpr int64_t k_info_bytes = 64 << 10;
+inline constexpr int64_t k_info_mesh = 32 << 10;  // the mesh check's floats
+inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
+
+// The PMEM snapshot (--snapshot-every): words magic, committed step,
+// parameter bytes, optimizer bytes; from k_snapshot_header on the committed
+// parameters, then the optimizer state.
+inline constexpr uint64_t k_snapshot_magic = 0x31305041'4e534d54;  // "TMSNAP01"
+inline constexpr int64_t k_snapshot_header = 64;
+
+class Arenas {
+ public:
+  // Finds or creates every arena of this rank (`mailbox_bytes` of mbox).
+  // Errors: those of JobDirectory::own.
+  Status allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes);
+  // A fresh job: parameters as their init says, optimizer state zero (and
+  // the initial parameters dumped when asked). A resumed one: checks that the
+  // committed copies survived. Errors: failed_precondition.
+  Status initialise(const JobPlan& job, const TrainOptions& options);
+
+  // The ctl allocation existed with a committed step: this rank restarted.
+  bool resumed() const { return m_resumed; }
+  int64_t committed() const { return static_cast<int64_t>(load_local(ctl() + k_committed)); }
+  void commit(int64_t steps) const;
+
+  // The memory of a parameter, optimizer state, parameter gradient or
+  // (micro-batch `mb`'s) work tensor; copy `parity` (0, 1) of the
+  // double-buffered ones. nullptr: nothing planned for it here.
+  void* memory(const JobPlan& job, int tensor, int mb, int64_t parity) const;
+  // Before an optimizer step: the next copy (of parameters and state) starts
+  // as the committed one, so a crash while it is written leaves that whole.
+  void begin_update(int64_t step) const;
+  // Copies the committed state into the PMEM snapshot (persisted on ack).
+  Status snapshot(Client& client, int64_t committed) const;
+
+  uint64_t* ctl() const { return m_ctl.as<uint64_t>(); }
+  const OwnRegion& ctl_region() const { return m_ctl; }
+  const OwnRegion& info() const { return m_info; }
+  const OwnRegion& mbox() const { return m_mbox; }
+  const OwnRegion& publish() const { return m_publish; }
+  const OwnRegion& grads() const { return m_grads; }
+  const OwnRegion& work() const { return m_work; }
+
+ private:
+  Status own(JobDirectory& dir, OwnRegion* out, const std::string& what, int64_t bytes, bool coherent,
+             Tier tier = Tier::dram);
+
+  OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
+  int64_t m_params_bytes = 0, m_optimizer_bytes = 0;
+  bool m_resumed = false;
+};
+
+}  // namespace tiermem::exec

@@ -1,0 +1,74 @@
+#include "executor/runtime/job_plan.hpp"
+
+#include <algorithm>
+
+#include <tiermem/status_macros.h>
+
+#include "executor/split.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+Status check_dataset(const Graph& graph, const Split& data) {
+  for (const Tensor& tensor : graph.tensors) {
+    if (tensor.role == Role::input && tensor.shape[1] != data.train.cols) {
+      return Status(ErrorCode::invalid_argument, "input '" + tensor.name + "' has " + std::to_string(tensor.shape[1]) +
+                                                     " features, dataset " + data.name + " has " +
+                                                     std::to_string(data.train.cols));
+    }
+  }
+  return Status();
+}
+
+Status plan_graph(const TrainOptions& options, JobPlan* job) {
+  if (options.split) {
+    // Every rank rewrites the same graph the same way: the split is a pure
+    // function of the model, the stages and the micro-batches.
+    TIERMEM_ASSIGN_OR_RETURN(job->split_report, split_for_balance(job->graph, job->topo.stages, job->micro_batches));
+  }
+  TIERMEM_RETURN_IF_ERROR(
+      add_training(job->graph, 1.0f / static_cast<float>(job->micro_batches * job->topo.replicas)));
+  TIERMEM_ASSIGN_OR_RETURN(job->partition,
+                           partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
+  job->channels = channels_of(job->graph, job->partition);
+  job->plan = plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches);
+  job->loss_stage = job->partition.of_op[job->graph.tensors[job->graph.loss].producer];
+  return Status();
+}
+
+}  // namespace
+
+int64_t JobPlan::arena_bytes(const std::string& name) const {
+  for (const ArenaPlan& a : plan.arenas) {
+    if (a.name == name) return a.bytes;
+  }
+  return 0;
+}
+
+Result<JobPlan> plan_job(const TrainOptions& options, const RankEnv& env) {
+  JobPlan job;
+  TIERMEM_ASSIGN_OR_RETURN(job.graph, load_model(options.model));
+  job.topo.stages = options.stages > 0 ? options.stages : env.world;
+  if (env.world % job.topo.stages != 0) {
+    return Status(ErrorCode::invalid_argument, "a world of " + std::to_string(env.world) +
+                                                   " ranks cannot be split into " + std::to_string(job.topo.stages) +
+                                                   " pipeline stages");
+  }
+  job.topo.replicas = env.world / job.topo.stages;
+  job.topo.rank = env.rank;
+  if (options.micro_batches < 1) return Status(ErrorCode::invalid_argument, "--micro-batches must be at least 1");
+  job.micro_batches = options.micro_batches;
+  TIERMEM_RETURN_IF_ERROR(plan_graph(options, &job));
+
+  // Data: every rank runs the same schedule of batches, so every rank knows
+  // how many steps an epoch has; only stages that read inputs or labels load
+  // the rows themselves.
+  TIERMEM_ASSIGN_OR_RETURN(job.data, load_dataset(job.graph.dataset, options.data, options.seed));
+  TIERMEM_RETURN_IF_ERROR(check_dataset(job.graph, job.data));
+  job.steps_per_epoch = std::max<int64_t>(1, job.data.train.rows / job.rows_per_step());
+  job.total_steps = options.steps > 0 ? options.steps : options.epochs * job.steps_per_epoch;
+  job.eval_batches = (job.data.test.rows + job.graph.micro_batch - 1) / job.graph.micro_batch;
+  return job;
+}
+
+}  // namespace tiermem::exec

@@ -1,0 +1,146 @@
+#include "executor/runtime/mailboxes.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include <tiermem/status_macros.h>
+
+namespace tiermem::exec {
+namespace {
+
+int64_t align64(int64_t n) { return (n + 63) / 64 * 64; }
+
+int64_t slot_bytes(const Channel& c) { return k_header_bytes + align64(c.bytes); }
+
+// The receiving stage's mailbox: the training slots of every channel into
+// it, in channel order, then the evaluation slots of the forward ones.
+int64_t mailbox_offset(const JobPlan& job, const Channel& c, bool eval) {
+  int64_t offset = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const Channel& other : job.channels) {
+      if (other.to != c.to || (pass == 1 && !other.forward)) continue;
+      if (other.id == c.id && pass == (eval ? 1 : 0)) return offset;
+      offset += job.micro_batches * slot_bytes(other);
+    }
+  }
+  return offset;
+}
+
+}  // namespace
+
+Result<RankPeers> find_peers(JobDirectory& dir, const JobPlan& job, const Arenas& arenas, bool announce) {
+  RankPeers peers;
+  const int world = job.topo.stages * job.topo.replicas;
+  for (int r = 0; r < world; ++r) {
+    if (r == job.topo.rank) {
+      peers.ctl[r] = arenas.ctl_region().gva;
+      continue;
+    }
+    if (announce) std::fprintf(stderr, "rank %d: waiting for rank %d\n", job.topo.rank, r);
+    TIERMEM_ASSIGN_OR_RETURN(peers.ctl[r], dir.peer(r, "ctl"));
+  }
+  for (const Channel& c : job.channels) {
+    if (c.from != job.topo.stage()) continue;
+    TIERMEM_ASSIGN_OR_RETURN(peers.mbox[c.id], dir.peer(job.topo.rank_of(c.to, job.topo.replica()), "mbox"));
+  }
+  return peers;
+}
+
+int64_t Mailboxes::bytes(const JobPlan& job) {
+  int64_t end = 0;
+  for (const Channel& c : job.channels) {
+    if (c.to != job.topo.stage()) continue;
+    const int64_t slots = job.micro_batches * slot_bytes(c);
+    if (c.forward) end = std::max(end, mailbox_offset(job, c, true) + slots);
+    end = std::max(end, mailbox_offset(job, c, false) + slots);
+  }
+  return end;
+}
+
+uint64_t Mailboxes::training_sequence(const Channel& c, int mb, int64_t step) const {
+  // A receiver waiting for message n then knows messages up to n are written.
+  const int k = c.forward ? mb : m_job.micro_batches - 1 - mb;
+  return static_cast<uint64_t>(step) * static_cast<uint64_t>(m_job.micro_batches) + static_cast<uint64_t>(k) + 1;
+}
+
+int64_t Mailboxes::slot_offset(const Channel& c, uint64_t sequence, bool eval) const {
+  return mailbox_offset(m_job, c, eval) +
+         static_cast<int64_t>((sequence - 1) % static_cast<uint64_t>(m_job.micro_batches)) * slot_bytes(c);
+}
+
+const std::byte* Mailboxes::payload(const Channel& c, uint64_t sequence, bool eval) const {
+  return m_arenas.mbox().data() + slot_offset(c, sequence, eval) + k_header_bytes;
+}
+
+Status Mailboxes::receive(const Channel& c, uint64_t sequence, bool eval) {
+  const Tensor& t = m_job.graph.tensors[c.tensor];
+  auto span = m_trace.span(SpanKind::comm, t.name);
+  TIERMEM_RETURN_IF_ERROR(wait_local(m_arenas.ctl() + sequence_word(c, eval), sequence, m_options.timeout,
+                                     "'" + t.name + "' from stage " + std::to_string(c.from) + " (message " +
+                                         std::to_string(sequence) + ")"));
+  BoundaryHeader h;
+  std::memcpy(&h, m_arenas.mbox().data() + slot_offset(c, sequence, eval), sizeof h);
+  return check_header(h, t, c.from, sequence);
+}
+
+Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bool eval) {
+  const Tensor& t = m_job.graph.tensors[c.tensor];
+  auto span = m_trace.span(SpanKind::comm, t.name);
+  const int receiver = m_job.topo.rank_of(c.to, m_job.topo.replica());
+  // The receiver's slot for this sequence is free once it consumed the
+  // message micro_batches before.
+  const auto slots = static_cast<uint64_t>(m_job.micro_batches);
+  if (sequence > slots) {
+    TIERMEM_RETURN_IF_ERROR(wait_local(m_arenas.ctl() + consumed_word(c, eval), sequence - slots, m_options.timeout,
+                                       "stage " + std::to_string(c.to) + " to consume '" + t.name + "'"));
+  }
+  BoundaryHeader h;
+  h.dtype = static_cast<uint8_t>(t.dtype);
+  h.partition = static_cast<uint16_t>(c.from);
+  h.elements = t.elements();
+  h.sequence = sequence;
+  h.shape_hash = shape_hash(t);
+  m_staging.resize(static_cast<size_t>(k_header_bytes + t.bytes()));
+  std::memcpy(m_staging.data(), &h, sizeof h);
+  std::memcpy(m_staging.data() + k_header_bytes, data, static_cast<size_t>(t.bytes()));
+  const Gva at = m_peers.mbox.at(c.id).plus(static_cast<uint64_t>(slot_offset(c, sequence, eval)));
+  if (Status s = m_client.write(at, m_staging.data(), m_staging.size()); !s.ok()) {
+    return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
+  }
+  return m_dir.raise(m_peers.ctl_word(receiver, sequence_word(c, eval)), sequence);
+}
+
+Status Mailboxes::consumed_step(int64_t step) {
+  for (const Channel& c : m_job.channels) {
+    if (c.to != m_job.topo.stage()) continue;
+    const int sender = m_job.topo.rank_of(c.from, m_job.topo.replica());
+    // The last message of the step on the channel.
+    const uint64_t last = static_cast<uint64_t>(step + 1) * static_cast<uint64_t>(m_job.micro_batches);
+    TIERMEM_RETURN_IF_ERROR(m_dir.raise(m_peers.ctl_word(sender, consumed_word(c, false)), last));
+  }
+  return Status();
+}
+
+Status Mailboxes::consumed_eval(uint64_t sequence) {
+  for (const Channel& c : m_job.channels) {
+    if (c.to != m_job.topo.stage() || !c.forward) continue;
+    TIERMEM_RETURN_IF_ERROR(m_dir.raise(m_peers.ctl_word(m_job.topo.rank_of(c.from, 0), consumed_word(c, true)), sequence));
+  }
+  return Status();
+}
+
+Result<uint64_t> Mailboxes::eval_messages_done() {
+  uint64_t done = ~uint64_t{0};
+  for (const Channel& c : m_job.channels) {
+    if (!c.forward || (c.from != m_job.topo.stage() && c.to != m_job.topo.stage())) continue;
+    const bool sender = c.from == m_job.topo.stage();
+    const int peer = m_job.topo.rank_of(sender ? c.to : c.from, 0);
+    TIERMEM_ASSIGN_OR_RETURN(auto v, m_dir.load(m_peers.ctl_word(peer, sender ? sequence_word(c, true)
+                                                                                : consumed_word(c, true))));
+    done = std::min(done, v);
+  }
+  return done == ~uint64_t{0} ? 0 : done;
+}
+
+}  // namespace tiermem::exec

@@ -1,0 +1,87 @@
+// Boundary tensors between pipeline stages (X5, X6): every channel into a
+// stage has micro_batches slots in the stage's mailbox for training messages
+// and (forward channels) as many for evaluation. A sender waits until the
+// receiver consumed the message that used the slot before, writes header and
+// payload one-sided into the slot, then raises the receiver's sequence word
+// for the channel; the receiver waits on that word and reads the slot in
+// place. Messages are numbered in the order both ends handle them, so a
+// restarted rank recognises what it had already sent or received.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include <tiermem/client.h>
+
+#include "executor/runtime/arenas.hpp"
+#include "executor/runtime/job.hpp"
+#include "executor/runtime/job_plan.hpp"
+#include "executor/trace.hpp"
+
+namespace tiermem::exec {
+
+// Where the other ranks' control words and mailboxes are.
+struct RankPeers {
+  std::map<int, Gva> ctl;   // rank -> its ctl allocation (this rank's own too)
+  std::map<int, Gva> mbox;  // outgoing channel id -> the receiver's mailbox
+  Gva ctl_word(int rank, size_t word) const { return ctl.at(rank).plus(8 * word); }
+};
+
+// Waits (up to the job's timeout) for every rank's ctl and for the mailboxes
+// of the stages this one sends to. Errors: timeout naming the rank.
+Result<RankPeers> find_peers(JobDirectory& dir, const JobPlan& job, const Arenas& arenas, bool announce);
+
+class Mailboxes {
+ public:
+  Mailboxes(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, const Arenas& arenas,
+            const RankPeers& peers, Trace& trace)
+      : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_peers(peers),
+        m_trace(trace) {}
+
+  // Bytes of this stage's mailbox: every channel into it.
+  static int64_t bytes(const JobPlan& job);
+
+  // The number of the message of micro-batch `mb` on training channel `c`
+  // in step `step` (from 1; forward by ascending micro-batch, gradients by
+  // descending, as the schedule handles them).
+  uint64_t training_sequence(const Channel& c, int mb, int64_t step) const;
+
+  // Waits for message `sequence` and checks its header. Errors: timeout
+  // (naming tensor, stage and message), and check_header's.
+  Status receive(const Channel& c, uint64_t sequence, bool eval);
+  // The payload of a received message, in place in the mailbox.
+  const std::byte* payload(const Channel& c, uint64_t sequence, bool eval) const;
+  // Sends `data` (the channel's tensor) as message `sequence`.
+  Status send(const Channel& c, const void* data, uint64_t sequence, bool eval);
+
+  // Every training message of `step` into this stage is used up: their
+  // senders may reuse the slots.
+  Status consumed_step(int64_t step);
+  // Evaluation message `sequence` on every forward channel into this stage.
+  Status consumed_eval(uint64_t sequence);
+  // After a restart: the last evaluation message this stage's neighbours
+  // already got from it and took from it (0: none).
+  Result<uint64_t> eval_messages_done();
+
+ private:
+  // Training and evaluation messages have words and slots of their own, so a
+  // rank that restarts mid-evaluation never finds a training message
+  // overwritten (and the other way round).
+  size_t word(const Channel& c, bool eval) const { return c.id + (eval ? m_job.channels.size() : 0); }
+  size_t sequence_word(const Channel& c, bool eval) const { return k_channels + 2 * word(c, eval); }
+  size_t consumed_word(const Channel& c, bool eval) const { return sequence_word(c, eval) + 1; }
+  int64_t slot_offset(const Channel& c, uint64_t sequence, bool eval) const;
+
+  const JobPlan& m_job;
+  const TrainOptions& m_options;
+  Client& m_client;
+  JobDirectory& m_dir;
+  const Arenas& m_arenas;
+  const RankPeers& m_peers;
+  Trace& m_trace;
+  std::vector<std::byte> m_staging;
+};
+
+}  // namespace tiermem::exec

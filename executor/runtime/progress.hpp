@@ -1,0 +1,55 @@
+// What a training job tells the people watching it: a header, a line per
+// epoch (or per --log-every steps) with loss, accuracy, throughput and the
+// share of communication, a summary at the end, and the per-step losses file
+// (--losses). Only the reporting rank (the loss's stage, first replica)
+// prints; every rank may write its trace.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include <tiermem/status.h>
+
+#include "executor/runtime/job_plan.hpp"
+#include "executor/runtime/stage.hpp"
+#include "executor/trace.hpp"
+
+namespace tiermem::exec {
+
+class Progress {
+ public:
+  // `resumed`: the losses file is appended to, not replaced.
+  Progress(const JobPlan& job, const TrainOptions& options, const Trace& trace, bool resumed);
+
+  // The header: model, data, topology, steps; the stage's memory and
+  // partition; the split report. Errors: io_error (the losses file).
+  Status start();
+  // After step `step`; `test_accuracy` < 0 when none was measured yet.
+  void step_done(int64_t step, const StepStats& stats, double seconds, double test_accuracy);
+  // `steps` run by this process in all.
+  void finish(int64_t steps, double test_accuracy);
+
+ private:
+  void log_window(int64_t step, bool epoch_end, double test_accuracy);
+
+  struct CloseFile {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+
+  const JobPlan& m_job;
+  const TrainOptions& m_options;
+  const Trace& m_trace;
+  const bool m_resumed;
+  const bool m_print;  // the reporting rank, not --quiet
+  std::unique_ptr<std::FILE, CloseFile> m_losses;
+  std::chrono::steady_clock::time_point m_started, m_window_start;
+  std::vector<double> m_step_seconds;  // for the median in the summary
+  // The steps since the last progress line.
+  int64_t m_window_steps = 0, m_window_correct = 0, m_window_rows = 0;
+  double m_window_loss = 0, m_window_comm = 0, m_window_compute = 0;
+};
+
+}  // namespace tiermem::exec

@@ -1,0 +1,305 @@
+#include "executor/runtime/stage.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+
+#include <tiermem/status_macros.h>
+
+#include "executor/interpreter.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+const std::string k_all_reduce = "all-reduce";
+const std::string k_barrier_name = "barrier";
+const std::string k_update = "optimizer";
+const std::string k_snapshot = "snapshot";
+
+}  // namespace
+
+StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
+                         Arenas& arenas, Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed)
+    : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes),
+      m_peers(peers), m_trace(trace), m_eval_resume(resumed) {
+  const MemoryPlan& plan = job.plan;
+  m_zero_at.resize(plan.schedule.size() + 1);
+  for (size_t w = 0; w < plan.work.size(); ++w) {
+    const Tensor& t = job.graph.tensors[plan.work[w].tensor];
+    if (t.role == Role::grad && !t.of_param) m_zero_at[static_cast<size_t>(plan.work[w].first)].push_back(static_cast<int>(w));
+  }
+  for (const Channel& c : job.channels) {
+    if (c.to != job.topo.stage()) continue;
+    if (c.forward) {
+      m_received_channel[c.tensor] = c.id;
+    } else {
+      m_partials[c.tensor].push_back(c.id);
+    }
+  }
+  for (size_t i = 0; i < job.graph.ops.size(); ++i) {
+    if (job.graph.ops[i].phase != Phase::backward || job.partition.of_op[i] != job.topo.stage()) continue;
+    for (int t : job.graph.ops[i].out) m_last_writer[t] = static_cast<int>(i);
+  }
+  m_test_order.resize(static_cast<size_t>(job.data.test.rows));
+  std::iota(m_test_order.begin(), m_test_order.end(), 0);
+}
+
+void* StageRunner::memory(int t, int mb, bool next_params) const {
+  if (m_received_channel.count(t) != 0) return nullptr;  // in the mailbox: see gather_inputs
+  return m_arenas.memory(m_job, t, mb, (m_step + (next_params ? 1 : 0)) % 2);
+}
+
+Status StageRunner::merge_partials(int t, int mb) {
+  auto it = m_partials.find(t);
+  if (it == m_partials.end() || !m_merged.insert({t, mb}).second) return Status();
+  auto* local = static_cast<float*>(memory(t, mb, false));
+  const int64_t n = m_job.graph.tensors[t].elements();
+  for (int id : it->second) {
+    const Channel& c = m_job.channels[id];
+    const uint64_t sequence = m_mail.training_sequence(c, mb, m_step);
+    TIERMEM_RETURN_IF_ERROR(m_mail.receive(c, sequence, false));
+    const auto* partial = reinterpret_cast<const float*>(m_mail.payload(c, sequence, false));
+    for (int64_t i = 0; i < n; ++i) local[i] += partial[i];
+  }
+  return Status();
+}
+
+const std::vector<int64_t>& StageRunner::epoch_order(int64_t epoch) {
+  while (static_cast<int64_t>(m_epoch_order.size()) <= epoch) {
+    std::vector<int64_t> order(static_cast<size_t>(m_job.data.train.rows));
+    std::iota(order.begin(), order.end(), 0);
+    if (m_options.shuffle) {
+      std::shuffle(order.begin(), order.end(), std::mt19937_64(m_options.seed * 1000003 + m_epoch_order.size()));
+    }
+    m_epoch_order.push_back(std::move(order));
+  }
+  return m_epoch_order[static_cast<size_t>(epoch)];
+}
+
+Status StageRunner::load_batch(int t, int mb, bool eval, int64_t eval_batch) {
+  if (!m_loaded.insert({t, mb}).second) return Status();
+  const Tensor& tensor = m_job.graph.tensors[t];
+  void* out = memory(t, mb, false);
+  if (out == nullptr) return Status(ErrorCode::internal, "no memory planned for '" + tensor.name + "'");
+  const int64_t rows = m_job.graph.micro_batch;
+  float* x = tensor.role == Role::input ? static_cast<float*>(out) : nullptr;
+  auto* y = tensor.role == Role::label ? static_cast<int32_t*>(out) : nullptr;
+  if (eval) {
+    fill_batch(m_job.data.test, m_test_order, eval_batch * rows, rows, x, y);
+    return Status();
+  }
+  const int64_t start = (m_step % m_job.steps_per_epoch) * m_job.rows_per_step() +
+                        (m_job.topo.replica() * m_job.micro_batches + mb) * rows;
+  fill_batch(m_job.data.train, epoch_order(m_step / m_job.steps_per_epoch), start, rows, x, y);
+  if (!m_options.dump.empty() && m_step < m_options.dump_batches) {
+    std::ofstream f(m_options.dump + "/batch" + std::to_string(m_step) + "_mb" + std::to_string(mb) + "." +
+                        tensor.name + (x ? ".f32" : ".i32"),
+                    std::ios::binary);
+    f.write(static_cast<const char*>(out), tensor.bytes());
+  }
+  return Status();
+}
+
+void StageRunner::count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape,
+                                int64_t eval_batch) {
+  const int64_t valid = std::min<int64_t>(shape[0], m_job.data.test.rows - eval_batch * shape[0]);
+  for (int64_t r = 0; r < valid; ++r) {
+    const float* row = logits + r * shape[1];
+    m_eval_correct += (std::max_element(row, row + shape[1]) - row) == labels[r];
+  }
+  m_eval_rows += valid;
+}
+
+// Everything `op` reads: loaded, received, or summed from partials.
+Status StageRunner::gather_inputs(const Op& op, int mb, bool eval, uint64_t eval_sequence, int64_t eval_batch,
+                                  std::vector<void*>* pointers) {
+  for (int t : op.in) {
+    const Role role = m_job.graph.tensors[t].role;
+    if (role == Role::input || role == Role::label) TIERMEM_RETURN_IF_ERROR(load_batch(t, mb, eval, eval_batch));
+    if (auto it = m_received_channel.find(t); it != m_received_channel.end()) {
+      const Channel& c = m_job.channels[it->second];
+      const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
+      TIERMEM_RETURN_IF_ERROR(m_mail.receive(c, sequence, eval));
+      (*pointers)[t] = const_cast<std::byte*>(m_mail.payload(c, sequence, eval));
+      continue;
+    }
+    TIERMEM_RETURN_IF_ERROR(merge_partials(t, mb));
+  }
+  return Status();
+}
+
+// What other stages wait for.
+Status StageRunner::send_outputs(int op_id, int mb, bool eval, uint64_t eval_sequence) {
+  for (int t : m_job.graph.ops[op_id].out) {
+    for (const Channel& c : m_job.channels) {
+      if (c.tensor != t || c.from != m_job.topo.stage()) continue;
+      if (!c.forward && m_last_writer.at(t) != op_id) continue;
+      if (eval && !c.forward) continue;
+      const void* data = memory(c.tensor, mb, false);
+      if (data == nullptr) return Status(ErrorCode::internal, "no memory planned for '" + m_job.graph.tensors[t].name + "'");
+      const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
+      TIERMEM_RETURN_IF_ERROR(m_mail.send(c, data, sequence, eval));
+    }
+  }
+  return Status();
+}
+
+void StageRunner::record_loss(const Op& op, const OpResult& r, const TensorMemory& memory, bool eval,
+                              int64_t eval_batch) {
+  if (op.kind != OpKind::softmax_xent) return;
+  if (eval) {
+    count_correct(static_cast<const float*>(memory(op.in[0])), static_cast<const int32_t*>(memory(op.in[1])),
+                  m_job.graph.tensors[op.in[0]].shape, eval_batch);
+    return;
+  }
+  m_stats.loss_sum += r.loss;
+  m_stats.correct += r.correct;
+  m_stats.rows += m_job.graph.micro_batch;
+}
+
+Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_t eval_sequence, int64_t eval_batch) {
+  const Op& op = m_job.graph.ops[op_id];
+  if (pos >= 0) {
+    for (int w : m_zero_at[static_cast<size_t>(pos)]) {
+      const Placement& p = m_job.plan.work[static_cast<size_t>(w)];
+      std::memset(m_arenas.work().data() + p.offset, 0, static_cast<size_t>(m_job.graph.tensors[p.tensor].bytes()));
+    }
+  }
+  std::vector<void*> pointers(m_job.graph.tensors.size(), nullptr);
+  TIERMEM_RETURN_IF_ERROR(gather_inputs(op, mb, eval, eval_sequence, eval_batch, &pointers));
+  const TensorMemory resolve = [&](int t) -> void* { return pointers[t] != nullptr ? pointers[t] : memory(t, mb, false); };
+  for (const auto* list : {&op.in, &op.out}) {
+    for (int t : *list) {
+      if (resolve(t) == nullptr) {
+        return Status(ErrorCode::internal, "no memory for '" + m_job.graph.tensors[t].name + "' of op '" + op.name + "'");
+      }
+    }
+  }
+  OpResult r;
+  {
+    auto span = m_trace.span(SpanKind::compute, op.name);
+    r = run_op(m_job.graph, op, resolve, op.phase == Phase::backward, m_step + 1);
+  }
+  record_loss(op, r, resolve, eval, eval_batch);
+  return send_outputs(op_id, mb, eval, eval_sequence);
+}
+
+Status StageRunner::all_reduce(int64_t step) {
+  if (m_job.topo.replicas == 1) return Status();
+  auto span = m_trace.span(SpanKind::comm, k_all_reduce);
+  const auto bytes = static_cast<size_t>(m_arenas.grads().mapping.size());
+  const int64_t half = step % 2;
+  std::byte* mine = m_arenas.publish().data() + half * static_cast<int64_t>(bytes);
+  std::memcpy(mine, m_arenas.grads().data(), bytes);
+  std::atomic_ref<uint64_t>(m_arenas.ctl()[k_published]).store(static_cast<uint64_t>(step + 1));
+  const size_t n = bytes / 4;
+  std::vector<float> sum(n, 0.0f), theirs(n);
+  for (int d = 0; d < m_job.topo.replicas; ++d) {
+    const int r = m_job.topo.rank_of(m_job.topo.stage(), d);
+    const float* src = reinterpret_cast<const float*>(mine);
+    if (r != m_job.topo.rank) {
+      TIERMEM_RETURN_IF_ERROR(m_dir.wait_at_least(m_peers.ctl_word(r, k_published), static_cast<uint64_t>(step + 1),
+                                                  "rank " + std::to_string(r) + "'s gradients of step " +
+                                                      std::to_string(step)));
+      TIERMEM_ASSIGN_OR_RETURN(auto publish, m_dir.peer(r, "publish"));
+      TIERMEM_RETURN_IF_ERROR(m_client.read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes));
+      src = theirs.data();
+    }
+    // Every replica adds in replica order: all end with the same bits.
+    for (size_t i = 0; i < n; ++i) sum[i] += src[i];
+  }
+  std::memcpy(m_arenas.grads().data(), sum.data(), bytes);
+  return Status();
+}
+
+void StageRunner::update(int64_t step) {
+  auto span = m_trace.span(SpanKind::compute, k_update);
+  m_arenas.begin_update(step);
+  for (size_t i = 0; i < m_job.graph.ops.size(); ++i) {
+    const Op& op = m_job.graph.ops[i];
+    if (op.phase != Phase::update || m_job.partition.of_op[i] != m_job.topo.stage()) continue;
+    run_op(m_job.graph, op, [&](int t) { return memory(t, -1, true); }, false, step + 1);
+  }
+}
+
+Status StageRunner::barrier(uint64_t value) {
+  auto span = m_trace.span(SpanKind::sync, k_barrier_name);
+  std::atomic_ref<uint64_t> own(m_arenas.ctl()[k_barrier]);
+  if (own.load() < value) own.store(value);
+  const int world = m_job.topo.stages * m_job.topo.replicas;
+  for (int r = 0; r < world; ++r) {
+    if (r == m_job.topo.rank) continue;
+    TIERMEM_RETURN_IF_ERROR(m_dir.wait_at_least(m_peers.ctl_word(r, k_barrier), value,
+                                                "rank " + std::to_string(r) + " to finish step " +
+                                                    std::to_string(value - 1)));
+  }
+  return Status();
+}
+
+Status StageRunner::run_step(int64_t step, StepStats* stats) {
+  m_step = step;
+  m_merged.clear();
+  m_loaded.clear();
+  m_stats = StepStats();
+  std::memset(m_arenas.grads().data(), 0, m_arenas.grads().mapping.size());
+  for (size_t pos = 0; pos < m_job.plan.schedule.size(); ++pos) {
+    const auto [op, mb] = m_job.plan.schedule[pos];
+    TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
+  }
+  TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
+  TIERMEM_RETURN_IF_ERROR(all_reduce(step));
+  update(step);
+  m_arenas.commit(step + 1);
+  if (m_options.snapshot_every > 0 && (step + 1) % m_options.snapshot_every == 0) {
+    auto span = m_trace.span(SpanKind::comm, k_snapshot);
+    TIERMEM_RETURN_IF_ERROR(m_arenas.snapshot(m_client, step + 1));
+  }
+  *stats = m_stats;
+  return barrier(static_cast<uint64_t>(step + 1));
+}
+
+Status StageRunner::evaluate(int64_t committed, double* accuracy) {
+  // Forward only, one test batch after the other; the parameters are those
+  // committed, which are the current parity when m_step is `committed`.
+  const int64_t saved_step = m_step;
+  m_step = committed;
+  m_eval_correct = m_eval_rows = 0;
+  const uint64_t base = static_cast<uint64_t>((committed / m_job.steps_per_epoch - 1) * m_job.eval_batches);
+  std::vector<int> forward;
+  for (size_t i = 0; i < m_job.graph.ops.size(); ++i) {
+    if (m_job.graph.ops[i].phase == Phase::forward && m_job.partition.of_op[i] == m_job.topo.stage()) {
+      forward.push_back(static_cast<int>(i));
+    }
+  }
+  // After a restart in the middle of an evaluation: batches this rank's
+  // neighbours already got from it, and already took from it, are skipped.
+  uint64_t done = 0;
+  if (m_eval_resume) {
+    auto messages = m_mail.eval_messages_done();
+    if (!messages.ok()) {
+      m_step = saved_step;
+      return messages.status();
+    }
+    done = *messages > base ? *messages - base : 0;
+    m_eval_resume = false;
+  }
+  Status status;
+  for (int64_t b = static_cast<int64_t>(done); b < m_job.eval_batches && status.ok(); ++b) {
+    m_loaded.clear();
+    const uint64_t sequence = base + static_cast<uint64_t>(b) + 1;
+    for (int op : forward) {
+      status = run_scheduled(op, 0, -1, true, sequence, b);
+      if (!status.ok()) break;
+    }
+    // Consumed at once: the slot can take the next batch.
+    if (status.ok()) status = m_mail.consumed_eval(sequence);
+  }
+  m_step = saved_step;
+  if (m_eval_rows > 0) *accuracy = static_cast<double>(m_eval_correct) / static_cast<double>(m_eval_rows);
+  return status;
+}
+
+}  // namespace tiermem::exec

@@ -1,0 +1,93 @@
+// The schedule of one pipeline stage (X5, X7): a training step is the GPipe
+// schedule of the stage's ops (forward of every micro-batch, then backward in
+// reverse), with the boundary messages each op receives before and sends
+// after; then the all-reduce of parameter gradients across replicas, the
+// optimizer writing the next copy of parameters and state, the commit, and a
+// barrier. Evaluation runs the forward ops on the test set through the same
+// stages with messages of its own.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <vector>
+
+#include <tiermem/client.h>
+
+#include "executor/interpreter.hpp"
+#include "executor/runtime/arenas.hpp"
+#include "executor/runtime/job_plan.hpp"
+#include "executor/runtime/mailboxes.hpp"
+#include "executor/trace.hpp"
+
+namespace tiermem::exec {
+
+// What the loss op saw in one step (on the stage that holds it).
+struct StepStats {
+  double loss_sum = 0;  // over the micro-batches
+  int64_t correct = 0;
+  int64_t rows = 0;
+};
+
+class StageRunner {
+ public:
+  StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, Arenas& arenas,
+              Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed);
+
+  // Runs training step `step` and commits it. Errors: those of the messages,
+  // the all-reduce and the barrier (timeouts name the rank awaited).
+  Status run_step(int64_t step, StepStats* stats);
+  // Test accuracy with the parameters committed after `committed` steps
+  // (the evaluation of epoch committed / steps_per_epoch); *accuracy is left
+  // alone on a stage without the loss.
+  Status evaluate(int64_t committed, double* accuracy);
+
+ private:
+  // Runs one (op, micro-batch) of the schedule at position `pos` (-1 in
+  // evaluation), with what it receives before and sends after.
+  Status run_scheduled(int op, int mb, int pos, bool eval, uint64_t eval_sequence, int64_t eval_batch);
+  Status gather_inputs(const Op& op, int mb, bool eval, uint64_t eval_sequence, int64_t eval_batch,
+                       std::vector<void*>* pointers);
+  Status send_outputs(int op_id, int mb, bool eval, uint64_t eval_sequence);
+  void record_loss(const Op& op, const OpResult& r, const TensorMemory& memory, bool eval, int64_t eval_batch);
+  Status merge_partials(int tensor, int mb);
+  Status load_batch(int tensor, int mb, bool eval, int64_t eval_batch);
+  const std::vector<int64_t>& epoch_order(int64_t epoch);
+  void count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape, int64_t eval_batch);
+  Status all_reduce(int64_t step);
+  void update(int64_t step);
+  Status barrier(uint64_t value);
+  // The memory of a tensor for the op being run; nullptr for tensors that
+  // arrive in the mailbox (see gather_inputs) and what is not planned here.
+  void* memory(int tensor, int mb, bool next_params) const;
+
+  const JobPlan& m_job;
+  const TrainOptions& m_options;
+  Client& m_client;
+  JobDirectory& m_dir;
+  Arenas& m_arenas;
+  Mailboxes& m_mail;
+  const RankPeers& m_peers;
+  Trace& m_trace;
+  bool m_eval_resume;  // the first evaluation after a restart skips what is done
+
+  // Fixed by the plan: which work instances start life at each schedule
+  // position (the per-micro-batch gradients, which every contribution adds
+  // into), where each activation comes from, who sends partial gradients.
+  std::vector<std::vector<int>> m_zero_at;
+  std::map<int, int> m_received_channel;       // activation -> channel bringing it here
+  std::map<int, std::vector<int>> m_partials;  // gradient -> channels bringing partial sums
+  std::map<int, int> m_last_writer;            // gradient sent back -> last local op writing it
+  std::vector<std::vector<int64_t>> m_epoch_order;  // shuffled train rows per epoch (cached)
+  std::vector<int64_t> m_test_order;
+
+  // The step being run (also the parity of the committed copy) and what it
+  // has done so far.
+  int64_t m_step = 0;
+  std::set<std::pair<int, int>> m_merged;  // (tensor, mb) partial gradients merged
+  std::set<std::pair<int, int>> m_loaded;  // (tensor, mb) loaded in this pass
+  StepStats m_stats;
+  int64_t m_eval_correct = 0, m_eval_rows = 0;
+};
+
+}  // namespace tiermem::exec
