@@ -14,57 +14,95 @@ Status unreachable(NodeId node, const std::string& what) {
 
 }  // namespace
 
-Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, NodeId node,
-                                                        uint64_t incarnation,
-                                                        const std::string& address,
-                                                        const std::vector<RegionAdvert>& regions) {
-  auto ep = transport.connect(address);
-  if (!ep.ok()) return ep.status().with_context("node " + std::to_string(node));
+const RemoteRegion* RemoteNode::version_region(uint64_t page, uint64_t count) const {
+  if (pages_per_domain == 0) return nullptr;
+  auto it = versions.find(static_cast<uint32_t>(page / pages_per_domain));
+  if (it == versions.end() || page < it->second.first) return nullptr;
+  const uint64_t words = it->second.length / sizeof(uint64_t);
+  return page - it->second.first <= words && count <= words - (page - it->second.first) ? &it->second : nullptr;
+}
+
+const RemoteRegion* RemoteNode::frame_region(Tier tier, uint64_t offset, uint64_t length) const {
+  const auto t = static_cast<size_t>(tier);
+  if (t >= tiers.size() || domain_span[t] == 0) return nullptr;
+  auto it = tiers[t].find(static_cast<uint32_t>(offset / domain_span[t]));
+  if (it == tiers[t].end() || offset < it->second.first) return nullptr;
+  const uint64_t in = offset - it->second.first;
+  return in <= it->second.length && length <= it->second.length - in ? &it->second : nullptr;
+}
+
+namespace {
+
+Status add_region(Transport& transport, RemoteNode* remote, const RegionAdvert& r) {
+  RemoteRegion region{r.first, r.base, r.length, r.persistent, nullptr};
+  if (!r.packed_key.empty()) {
+    TIERMEM_ASSIGN_OR_RETURN(region.key, transport.unpack(remote->endpoint, r.packed_key, r.base));
+  }
+  if (r.versions) {
+    remote->versions[r.domain] = std::move(region);
+    return Status();
+  }
+  const auto t = static_cast<size_t>(r.tier);
+  if (r.tier == Tier::automatic || t >= remote->tiers.size()) {
+    return Status(ErrorCode::malformed_frame, "node " + std::to_string(remote->node) + " advertised a region of no tier");
+  }
+  // Domain d of a tier starts at frame offset d * span.
+  if (r.domain > 0 && r.first % r.domain == 0) remote->domain_span[t] = r.first / r.domain;
+  if (remote->domain_span[t] == 0 && r.domain == 0) remote->domain_span[t] = r.length;
+  remote->tiers[t][r.domain] = std::move(region);
+  return Status();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, const NodeAdvert& advert) {
+  TIERMEM_ASSIGN_OR_RETURN(auto ep, transport.connect(advert.transport_address));
   auto remote = std::make_shared<RemoteNode>();
-  remote->node = node;
-  remote->incarnation = incarnation;
-  remote->endpoint = *ep;
+  remote->node = advert.node;
+  remote->incarnation = advert.incarnation;
+  remote->memory_generation = advert.memory_generation;
+  remote->pages_per_domain = advert.pages_per_domain;
+  remote->endpoint = ep;
+  for (const RegionAdvert& r : advert.regions) {
+    if (Status s = add_region(transport, remote.get(), r); !s.ok()) return s.with_context("node " + std::to_string(advert.node));
+  }
+  return remote;
+}
+
+Result<std::shared_ptr<RemoteNode>> with_regions(Transport& transport, const RemoteNode& node,
+                                                 const std::vector<RegionAdvert>& regions) {
+  auto remote = std::make_shared<RemoteNode>(node);
   for (const RegionAdvert& r : regions) {
-    RemoteRegion region{r.base, r.length, r.persistent, nullptr};
-    if (!r.packed_key.empty()) {
-      auto key = transport.unpack(*ep, r.packed_key, r.base);
-      if (!key.ok()) return key.status().with_context("node " + std::to_string(node));
-      region.key = *key;
-    }
-    if (r.versions) {
-      remote->versions = std::move(region);
-    } else {
-      remote->tiers[static_cast<size_t>(r.tier)] = std::move(region);
-    }
+    if (Status s = add_region(transport, remote.get(), r); !s.ok()) return s.with_context("node " + std::to_string(node.node));
   }
   return remote;
 }
 
 // --- version words -------------------------------------------------------------
 
-Status RemoteVersionWords::check(uint64_t first, size_t count) const {
-  if (!m_node->versions.key) return unreachable(m_node->node, "version words");
-  if ((first + count) * sizeof(uint64_t) > m_node->versions.length) {
-    return Status(ErrorCode::out_of_range, "version word beyond node " + std::to_string(m_node->node) + "'s array");
-  }
-  return Status();
+Result<const RemoteRegion*> RemoteVersionWords::region(uint64_t first, size_t count) const {
+  const RemoteRegion* r = m_node->version_region(first, count);
+  if (r == nullptr || !r->key) return unreachable(m_node->node, "version words of page " + std::to_string(first));
+  return r;
+}
+
+uint64_t RemoteVersionWords::address(const RemoteRegion& r, uint64_t page) {
+  return r.base + (page - r.first) * sizeof(uint64_t);
 }
 
 Status RemoteVersionWords::load(uint64_t first, size_t count, uint64_t* out) {
-  TIERMEM_RETURN_IF_ERROR(check(first, count));
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(first, count));
   auto batch = m_transport.batch();
-  Status s = m_transport.get(*batch, *m_node->endpoint, out, count * sizeof(uint64_t),
-                             m_node->versions.base + first * sizeof(uint64_t), *m_node->versions.key);
-  if (!s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(
+      m_transport.get(*batch, *m_node->endpoint, out, count * sizeof(uint64_t), address(*r, first), *r->key));
   return m_transport.wait(*batch, m_timeout);
 }
 
 Status RemoteVersionWords::compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) {
-  TIERMEM_RETURN_IF_ERROR(check(page, 1));
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(page, 1));
   auto batch = m_transport.batch();
-  Status s = m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::compare_swap, desired, expected,
-                                m_node->versions.base + page * sizeof(uint64_t), *m_node->versions.key, old);
-  if (!s.ok()) return s;
+  TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::compare_swap, desired, expected,
+                                             address(*r, page), *r->key, old));
   return m_transport.wait(*batch, m_timeout);
 }
 
@@ -73,11 +111,9 @@ Status RemoteVersionWords::release(std::span<const uint64_t> pages) {
   auto batch = m_transport.batch();
   std::vector<uint64_t> olds(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
-    TIERMEM_RETURN_IF_ERROR(check(pages[i], 1));
-    Status s = m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::fetch_add, 1, 0,
-                                  m_node->versions.base + pages[i] * sizeof(uint64_t),
-                                  *m_node->versions.key, &olds[i]);
-    if (!s.ok()) return s;
+    TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(pages[i], 1));
+    TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::fetch_add, 1, 0,
+                                               address(*r, pages[i]), *r->key, &olds[i]));
   }
   return m_transport.wait(*batch, m_timeout);
 }
@@ -92,41 +128,44 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
     }
     frames.push_back(f);
   }
-  TIERMEM_RETURN_IF_ERROR(check(first, count));
-  const uint64_t addr = m_node->versions.base + first * sizeof(uint64_t);
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(first, count));
+  const uint64_t addr = address(*r, first);
   auto batch = m_transport.batch();
-  Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *m_node->versions.key);
+  Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *r->key);
   if (s.ok()) s = m_transport.fence(*batch, m_timeout);
   for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
     s = frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
   }
   if (s.ok()) s = m_transport.fence(*batch, m_timeout);
-  if (s.ok()) {
-    s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *m_node->versions.key);
-  }
+  if (s.ok()) s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *r->key);
   Status w = m_transport.wait(*batch, m_timeout);
   return s.ok() ? w : s;
 }
 
 // --- frames ------------------------------------------------------------------------
 
-bool RemoteFrameData::persistent() const { return m_node->tiers[static_cast<size_t>(m_tier)].persistent; }
+bool RemoteFrameData::persistent() const {
+  for (const auto& [domain, r] : m_node->tiers[static_cast<size_t>(m_tier)]) return r.persistent;
+  return false;
+}
 
-Status RemoteFrameData::check(uint64_t frame_offset, size_t length) const {
-  const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
-  if (!r.key) return unreachable(m_node->node, std::string(tier_name(m_tier)) + " tier");
-  if (frame_offset + length > r.length) return stale_translation();
-  return Status();
+Result<const RemoteRegion*> RemoteFrameData::region(uint64_t frame_offset, size_t length) const {
+  const auto& regions = m_node->tiers[static_cast<size_t>(m_tier)];
+  const RemoteRegion* r = m_node->frame_region(m_tier, frame_offset, length);
+  if (r != nullptr && r->key) return r;
+  if (regions.empty()) return unreachable(m_node->node, std::string(tier_name(m_tier)) + " tier");
+  // A frame outside every region we hold a key to: of another tenant, or of
+  // a domain given out since we learned the node's keys.
+  return unreachable(m_node->node, std::string(tier_name(m_tier)) + " frames at offset " + std::to_string(frame_offset));
 }
 
 Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length) {
-  TIERMEM_RETURN_IF_ERROR(check(frame_offset, length));
-  const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
   auto* out = static_cast<std::byte*>(dst);
+  const uint64_t base = r->base + (frame_offset - r->first);
   for (size_t done = 0; done < length; done += k_remote_chunk) {
     const size_t n = std::min(k_remote_chunk, length - done);
-    Status s = m_transport.get(batch, *m_node->endpoint, out + done, n, r.base + frame_offset + done, *r.key);
-    if (!s.ok()) return s;
+    TIERMEM_RETURN_IF_ERROR(m_transport.get(batch, *m_node->endpoint, out + done, n, base + done, *r->key));
   }
   return Status();
 }
@@ -139,13 +178,13 @@ Status RemoteFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
 }
 
 Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
-  TIERMEM_RETURN_IF_ERROR(check(frame_offset, length));
-  const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
   auto batch = m_transport.batch();
   const auto* in = static_cast<const std::byte*>(src);
+  const uint64_t base = r->base + (frame_offset - r->first);
   for (size_t done = 0; done < length; done += k_remote_chunk) {
     const size_t n = std::min(k_remote_chunk, length - done);
-    Status s = m_transport.put(*batch, *m_node->endpoint, in + done, n, r.base + frame_offset + done, *r.key);
+    Status s = m_transport.put(*batch, *m_node->endpoint, in + done, n, base + done, *r->key);
     if (!s.ok()) {
       (void)m_transport.wait(*batch, m_timeout);
       return s;
@@ -155,22 +194,20 @@ Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t len
   // Completion of a put is local; the flush makes the bytes visible at the
   // target before the caller releases the page lock.
   TIERMEM_RETURN_IF_ERROR(m_transport.flush(*m_node->endpoint, m_timeout));
-  if (r.persistent && m_persist) return m_persist(m_tier, frame_offset, length);
+  if (r->persistent && m_persist) return m_persist(m_tier, frame_offset, length);
   return Status();
 }
 
 Status RemoteFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
                                uint64_t* old) {
   if (frame_offset % 8 != 0) return Status(ErrorCode::invalid_argument, "atomic on an unaligned word");
-  TIERMEM_RETURN_IF_ERROR(check(frame_offset, 8));
-  const RemoteRegion& r = m_node->tiers[static_cast<size_t>(m_tier)];
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, 8));
   auto batch = m_transport.batch();
-  Status s = m_transport.atomic(*batch, *m_node->endpoint,
-                                op == WordOp::fetch_add ? AtomicOp::fetch_add : AtomicOp::compare_swap,
-                                operand, compare, r.base + frame_offset, *r.key, old);
-  if (!s.ok()) return s;
-  s = m_transport.wait(*batch, m_timeout);
-  if (s.ok() && r.persistent && m_persist) return m_persist(m_tier, frame_offset, 8);
+  TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint,
+                                             op == WordOp::fetch_add ? AtomicOp::fetch_add : AtomicOp::compare_swap,
+                                             operand, compare, r->base + (frame_offset - r->first), *r->key, old));
+  Status s = m_transport.wait(*batch, m_timeout);
+  if (s.ok() && r->persistent && m_persist) return m_persist(m_tier, frame_offset, 8);
   return s;
 }
 

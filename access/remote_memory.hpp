@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,38 +20,62 @@
 
 namespace tiermem {
 
-// A region as a node advertises it (NodeInfo.regions on the wire).
+// A region as a node advertises it (NodeInfo.regions on the wire): the
+// version words of one domain, or the frames of one domain of a tier.
 struct RegionAdvert {
-  bool versions = false;  // the version-word array; else a tier region
+  bool versions = false;  // the version words of a domain; else a tier's frames
   Tier tier = Tier::automatic;
-  uint64_t base = 0;
-  uint64_t length = 0;
+  uint32_t domain = 0;
+  uint64_t first = 0;     // the first page (versions) or frame offset (tier) it holds
+  uint64_t base = 0;      // its address at the node
+  uint64_t length = 0;    // bytes
   std::string packed_key;
   bool persistent = false;
 };
 
 struct RemoteRegion {
+  uint64_t first = 0;
   uint64_t base = 0;
   uint64_t length = 0;
   bool persistent = false;
-  std::shared_ptr<RemoteKey> key;  // null: not reachable one-sided
+  std::shared_ptr<RemoteKey> key;  // null: not reachable one-sided (or not given to us)
+};
+
+// How a node describes itself to whoever reaches it one-sided.
+struct NodeAdvert {
+  NodeId node = 0;
+  uint64_t incarnation = 0;        // of the daemon: a restart makes a new one
+  uint64_t memory_generation = 0;  // of its memory: new when its segments were made anew
+  uint64_t pages_per_domain = 0;
+  std::string transport_address;
+  std::vector<RegionAdvert> regions;
 };
 
 // Everything needed to reach one node: an endpoint and its unpacked keys.
+// Bound to one incarnation of the node's daemon (the endpoint is).
 struct RemoteNode {
   NodeId node = 0;
   uint64_t incarnation = 0;
+  uint64_t memory_generation = 0;
+  uint64_t pages_per_domain = 0;
   std::shared_ptr<Endpoint> endpoint;
-  RemoteRegion versions;
-  std::array<RemoteRegion, 4> tiers;  // by Tier
+  std::map<uint32_t, RemoteRegion> versions;            // by domain
+  std::array<std::map<uint32_t, RemoteRegion>, 4> tiers;  // [tier][domain]
+  std::array<uint64_t, 4> domain_span{};                // frame offsets per domain, by tier
+
+  // The region holding pages [page, page + count) or frames [offset,
+  // offset + length), or nullptr.
+  const RemoteRegion* version_region(uint64_t page, uint64_t count) const;
+  const RemoteRegion* frame_region(Tier tier, uint64_t offset, uint64_t length) const;
 };
 
 // Connects to a node's transport address and unpacks its region keys.
 // Errors: transport_error.
-Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, NodeId node,
-                                                        uint64_t incarnation,
-                                                        const std::string& address,
-                                                        const std::vector<RegionAdvert>& regions);
+Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, const NodeAdvert& advert);
+// A copy of `node`, on the same endpoint, with the keys of `regions` (a
+// domain given to a tenant since) unpacked and added.
+Result<std::shared_ptr<RemoteNode>> with_regions(Transport& transport, const RemoteNode& node,
+                                                 const std::vector<RegionAdvert>& regions);
 
 // The version words of a remote home node.
 class RemoteVersionWords final : public VersionWords {
@@ -67,7 +92,8 @@ class RemoteVersionWords final : public VersionWords {
                   uint64_t* after) override;
 
  private:
-  Status check(uint64_t first, size_t count) const;
+  Result<const RemoteRegion*> region(uint64_t first, size_t count) const;
+  static uint64_t address(const RemoteRegion& r, uint64_t page);
   Transport& m_transport;
   std::shared_ptr<RemoteNode> m_node;
   std::chrono::milliseconds m_timeout;
@@ -93,7 +119,7 @@ class RemoteFrameData final : public FrameData {
   const RemoteNode& node() const { return *m_node; }
 
  private:
-  Status check(uint64_t frame_offset, size_t length) const;
+  Result<const RemoteRegion*> region(uint64_t frame_offset, size_t length) const;
   Transport& m_transport;
   std::shared_ptr<RemoteNode> m_node;
   Tier m_tier;

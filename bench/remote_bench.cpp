@@ -15,6 +15,7 @@
 #include "convert.hpp"
 #include "rpc_connection.hpp"
 #include "tests/support/test_daemon.hpp"
+#include "access/node_advert.hpp"
 #include "access/remote_memory.hpp"
 
 using namespace tiermem;
@@ -38,13 +39,7 @@ Result<std::unique_ptr<RemoteFrameData>> bare_transport(const std::string& socke
   TIERMEM_ASSIGN_OR_RETURN(auto r, conn->call(nodes));
   for (const auto& n : r.nodes().nodes()) {
     if (n.node_id() != 2) continue;
-    std::vector<RegionAdvert> regions;
-    for (const auto& k : n.regions()) {
-      regions.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.base(), k.length(),
-                         k.packed_key(), k.persistent()});
-    }
-    TIERMEM_ASSIGN_OR_RETURN(auto node,
-                             connect_remote_node(transport, 2, n.incarnation(), n.transport_address(), regions));
+    TIERMEM_ASSIGN_OR_RETURN(auto node, connect_remote_node(transport, advert_of(n)));
     *keep = node;
     return std::make_unique<RemoteFrameData>(transport, node, Tier::dram, std::chrono::seconds(30), nullptr);
   }

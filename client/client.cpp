@@ -127,11 +127,9 @@ Result<Mapping> Client::map(Gva gva) {
     m.release();
     return s;
   };
-  auto fd = m_core->region_fd(info.tier);
-  if (!fd.ok()) return unpin_on_error(fd.status().with_context("map " + info.gva.to_string()));
-
   // Reserve one range for the whole allocation, then place each physically
-  // contiguous extent into it.
+  // contiguous extent into it, from the file of the tenant's domain that
+  // holds it.
   m.m_reserved = info.pages * page_size();
   void* base = ::mmap(nullptr, m.m_reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
@@ -143,8 +141,10 @@ Result<Mapping> Client::map(Gva gva) {
   m.m_persistent = m_core->region_persistent(info.tier);
   for (const auto& px : response.map().extents()) {
     const Extent x = wire::from_proto(px);
+    auto file = m_core->tier_file(x.tier, x.frame_offset, x.length);
+    if (!file.ok()) return unpin_on_error(file.status().with_context("map " + info.gva.to_string()));
     void* at = ::mmap(m.m_data + x.gva_offset, x.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                      *fd, static_cast<off_t>(x.frame_offset));
+                      file->first, static_cast<off_t>(file->second));
     if (at == MAP_FAILED) {
       return unpin_on_error(Status(ErrorCode::io_error, "mapping an extent of " + info.gva.to_string() +
                                                             ": " + std::strerror(errno)));

@@ -1,5 +1,9 @@
 #include "client/client_core.hpp"
 
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -7,7 +11,10 @@
 
 #include <tiermem/status_macros.h>
 
+#include "access/node_advert.hpp"
 #include "convert.hpp"
+#include "mapping/sub_blocks.hpp"
+#include "mapping/version_segments.hpp"
 
 namespace tiermem::detail {
 namespace {
@@ -26,8 +33,8 @@ class ClientAccess final : public MemoryAccess {
   explicit ClientAccess(ClientCore& core) : m_core(core) {}
   // Whether the operation reached another node's memory.
   bool went_remote() const { return !m_held.empty(); }
-  Result<VersionWords*> versions(NodeId home) override {
-    if (home == m_core.node()) return m_core.local_versions();
+  Result<VersionWords*> versions(NodeId home, uint64_t first_page) override {
+    if (home == m_core.node()) return m_core.local_versions(first_page);
     TIERMEM_ASSIGN_OR_RETURN(auto r, remote(home));
     return static_cast<VersionWords*>(r->words.get());
   }
@@ -74,6 +81,7 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
     path = env != nullptr && *env != '\0' ? env : k_default_socket;
   }
   TIERMEM_ASSIGN_OR_RETURN(auto connection, RpcConnection::connect_unix(path));
+  if (options.timeout.count() > 0) connection->set_timeout(options.timeout);
   proto::Request request;
   request.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   request.mutable_hello()->set_client_name(options.client_name);
@@ -82,10 +90,131 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
     connection->set_max_frame(static_cast<uint32_t>(response.hello().max_frame_bytes()));
   }
   return std::shared_ptr<ClientCore>(
-      new ClientCore(std::move(connection), response.hello(), options.direct_access));
+      new ClientCore(std::move(connection), response.hello(), options.direct_access, path));
+}
+
+ClientCore::ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct,
+                       std::string socket)
+    : m_connection(std::move(connection)), m_hello(std::move(hello)), m_direct(direct), m_socket(std::move(socket)) {
+  m_watch_stop.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  m_watcher = std::thread([this] { watch_daemon(); });
+}
+
+ClientCore::~ClientCore() {
+  const uint64_t one = 1;
+  if (m_watch_stop.valid()) (void)::write(m_watch_stop.get(), &one, sizeof one);
+  if (m_watcher.joinable()) m_watcher.join();
+}
+
+// Waits for the daemon's end of the control socket to close (the daemon
+// died, or dropped us): from then on no direct access is made.
+void ClientCore::watch_daemon() {
+  // A descriptor of our own: the connection may close its one on an error.
+  UniqueFd socket(m_connection->duplicate_fd());
+  pollfd fds[2] = {{socket.get(), POLLRDHUP, 0}, {m_watch_stop.get(), POLLIN, 0}};
+  for (;;) {
+    const int n = ::poll(fds, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || (fds[1].revents & POLLIN) != 0) return;
+    if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
+      m_daemon_lost.store(true, std::memory_order_seq_cst);
+      return;
+    }
+  }
+}
+
+Status ClientCore::daemon_gone() const {
+  return Status(ErrorCode::unavailable, "tiermemd at " + m_socket +
+                                            " is gone (its connection closed): nothing is written through its "
+                                            "memory any more; connect again once it is back");
+}
+
+Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<UniqueFd>* fds) {
+  auto response = m_connection->call(request, fds);
+  if (!response.ok() && response.status().code() == ErrorCode::connection_closed) {
+    m_daemon_lost.store(true, std::memory_order_seq_cst);
+  }
+  return response;
+}
+
+Status DomainVersionWords::check_owner() {
+  // seq_cst, after the page locks were taken (their CAS is seq_cst too): a
+  // daemon that retires the segment first and then looks for locks either
+  // sees ours or we see its retirement.
+  const uint64_t incarnation = std::atomic_ref<const uint64_t>(*m_incarnation).load(std::memory_order_seq_cst);
+  if (m_daemon_lost->load(std::memory_order_seq_cst)) {
+    return Status(ErrorCode::unavailable, "tiermemd at " + m_socket + " is gone; nothing was written");
+  }
+  if (incarnation != m_expected) {
+    return Status(ErrorCode::unavailable, "tiermemd at " + m_socket +
+                                              " restarted since this client connected (the memory it mapped is "
+                                              "retired); nothing was written: connect again");
+  }
+  return Status();
+}
+
+DomainFrameData::File* DomainFrameData::file_of(uint64_t frame_offset, size_t length, uint64_t* in_file) {
+  // The file starting last at or before the offset (the frames then must lie
+  // in it: MappedFrameData checks its length).
+  File* best = nullptr;
+  for (File& f : m_files) {
+    if (frame_offset >= f.first && (best == nullptr || f.first > best->first)) best = &f;
+  }
+  if (best != nullptr) *in_file = frame_offset - best->first;
+  (void)length;
+  return best;
+}
+
+Status DomainFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
+  uint64_t at = 0;
+  File* f = file_of(frame_offset, length, &at);
+  return f == nullptr ? stale_translation() : f->frames.read(at, dst, length);
+}
+
+Status DomainFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
+  uint64_t at = 0;
+  File* f = file_of(frame_offset, length, &at);
+  return f == nullptr ? stale_translation() : f->frames.write(at, src, length);
+}
+
+Status DomainFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) {
+  uint64_t at = 0;
+  File* f = file_of(frame_offset, 8, &at);
+  return f == nullptr ? stale_translation() : f->frames.atomic(at, op, operand, compare, old);
 }
 
 // --- local memory --------------------------------------------------------------------
+
+Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds) {
+  size_t next_fd = 0;
+  const uint64_t per_domain = m_hello.pages_per_domain();
+  for (const proto::Region& r : regions.regions()) {
+    if (!r.has_fd()) continue;
+    if (next_fd >= fds.size()) return Status(ErrorCode::internal, "tiermemd sent fewer descriptors than regions");
+    UniqueFd fd = std::move(fds[next_fd++]);
+    TIERMEM_ASSIGN_OR_RETURN(auto map, MappedRegion::map(fd.get(), r.length()));
+    if (r.kind() == proto::Region::VERSIONS) {
+      if (per_domain == 0 || r.length() < k_segment_header_bytes + 3 * per_domain * sizeof(uint64_t)) {
+        return Status(ErrorCode::malformed_frame, "tiermemd sent a version segment of the wrong size");
+      }
+      MappedDomain& d = m_domains.emplace_back();
+      d.domain = r.domain();
+      d.versions = std::move(map);
+      auto* base = d.versions.data();
+      const auto* header = reinterpret_cast<const SegmentHeader*>(base);
+      auto* words = reinterpret_cast<uint64_t*>(base + k_segment_header_bytes);
+      d.words.emplace(words, per_domain, words + per_domain, page_size(), r.first(), &header->incarnation,
+                      m_hello.incarnation(), &m_daemon_lost, m_socket);
+      continue;
+    }
+    const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));
+    if (tier == 0 || tier >= 4) return Status(ErrorCode::malformed_frame, "tiermemd sent a region of no tier");
+    if (!m_local_frames[tier]) m_local_frames[tier].emplace(r.persistent());
+    m_local_frames[tier]->add(r.first(), map.data(), map.size());
+    m_files[tier].push_back({r.domain(), r.first(), std::move(fd), std::move(map)});
+  }
+  return Status();
+}
 
 Status ClientCore::open_regions() {
   std::call_once(m_regions_once, [this] {
@@ -93,46 +222,20 @@ Status ClientCore::open_regions() {
     request.mutable_open_regions();
     std::vector<UniqueFd> fds;
     auto response = call(request, &fds);
-    if (!response.ok()) {
-      m_regions_status = response.status();
-      return;
-    }
-    size_t next_fd = 0;
-    for (const proto::Region& r : response->open_regions().regions()) {
-      if (!r.has_fd()) continue;
-      if (next_fd >= fds.size()) {
-        m_regions_status = Status(ErrorCode::internal, "tiermemd sent fewer descriptors than regions");
-        return;
-      }
-      UniqueFd fd = std::move(fds[next_fd++]);
-      auto map = MappedRegion::map(fd.get(), r.length());
-      if (!map.ok()) {
-        m_regions_status = map.status().with_context("mapping a tier region");
-        return;
-      }
-      if (r.kind() == proto::Region::VERSIONS) {
-        m_versions = std::move(map).value();
-      } else if (r.kind() == proto::Region::SUB_BLOCKS) {
-        m_sub_blocks = std::move(map).value();
-      } else {
-        const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));
-        LocalRegion& region = m_regions[tier];
-        region.fd = std::move(fd);
-        region.map = std::move(map).value();
-        region.persistent = r.persistent();
-        m_local_frames[tier].emplace(region.map.data(), region.map.size(), region.persistent);
-      }
-    }
-    m_local_words.emplace(reinterpret_cast<uint64_t*>(m_versions.data()), m_versions.size() / sizeof(uint64_t),
-                          reinterpret_cast<uint64_t*>(m_sub_blocks.data()), page_size());
+    m_regions_status = response.ok() ? map_regions(response->open_regions(), fds) : response.status();
   });
   return m_regions_status;
 }
 
-Result<VersionWords*> ClientCore::local_versions() {
+Result<VersionWords*> ClientCore::local_versions(uint64_t first_page) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
   TIERMEM_RETURN_IF_ERROR(open_regions());
-  return static_cast<VersionWords*>(&*m_local_words);
+  const uint64_t per_domain = m_hello.pages_per_domain();
+  for (MappedDomain& d : m_domains) {
+    if (per_domain != 0 && first_page / per_domain == d.domain) return static_cast<VersionWords*>(&*d.words);
+  }
+  return Status(ErrorCode::not_supported, "page " + std::to_string(first_page) +
+                                              " is of another tenant's domain: not mapped here");
 }
 
 Result<FrameData*> ClientCore::local_frames(Tier tier) {
@@ -146,26 +249,29 @@ Result<FrameData*> ClientCore::local_frames(Tier tier) {
   return static_cast<FrameData*>(&*f);
 }
 
-Result<int> ClientCore::region_fd(Tier tier) {
+Result<std::pair<int, uint64_t>> ClientCore::tier_file(Tier tier, uint64_t frame_offset, uint64_t length) {
   TIERMEM_RETURN_IF_ERROR(open_regions());
-  const LocalRegion& r = m_regions[static_cast<size_t>(tier)];
-  if (!r.fd.valid()) {
-    return Status(ErrorCode::not_supported,
-                  "the " + std::string(tier_name(tier)) + " tier cannot be mapped into a client process");
+  for (const TierFile& f : m_files[static_cast<size_t>(tier)]) {
+    if (frame_offset >= f.first && frame_offset - f.first + length <= f.map.size()) {
+      return std::pair<int, uint64_t>(f.fd.get(), frame_offset - f.first);
+    }
   }
-  return r.fd.get();
+  return Status(ErrorCode::not_supported,
+                "the " + std::string(tier_name(tier)) + " frames at " + std::to_string(frame_offset) +
+                    " are not in a file this client may map");
 }
 
 bool ClientCore::region_persistent(Tier tier) const {
-  return m_regions[static_cast<size_t>(tier)].persistent;
+  const auto& f = m_local_frames[static_cast<size_t>(tier)];
+  return f && f->persistent();
 }
 
 // --- other nodes ---------------------------------------------------------------------
 
-Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node) {
+Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refresh) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
   std::lock_guard lock(m_remote_mutex);
-  if (auto it = m_remote.find(node); it != m_remote.end()) return it->second;
+  if (auto it = m_remote.find(node); it != m_remote.end() && !refresh) return it->second;
   if (!m_transport && m_transport_status.ok()) {
     auto t = make_ucx_transport({});
     if (t.ok()) {
@@ -178,7 +284,8 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node) {
     return Status(ErrorCode::not_supported, "no data plane here: " + m_transport_status.message());
   }
   proto::Request request;
-  request.mutable_nodes();
+  request.mutable_nodes()->set_refresh(refresh);
+  request.mutable_nodes()->set_node(node);
   TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
   for (const proto::NodeInfo& n : response.nodes().nodes()) {
     if (n.node_id() != node) continue;
@@ -187,19 +294,13 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node) {
                                                     std::string(node_state_name(static_cast<NodeState>(n.state()))) +
                                                     (n.last_error().empty() ? "" : ": " + n.last_error()));
     }
-    std::vector<RegionAdvert> regions;
-    for (const proto::RegionKey& k : n.regions()) {
-      regions.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.base(), k.length(),
-                         k.packed_key(), k.persistent()});
-    }
-    TIERMEM_ASSIGN_OR_RETURN(auto rn,
-                             connect_remote_node(*m_transport, node, n.incarnation(), n.transport_address(), regions));
+    TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, advert_of(n)));
     forget_node(node);  // translations from before a restart of the node are void
     auto state = std::make_shared<RemoteState>();
     state->node = rn;
     state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, k_timeout);
     for (Tier t : k_tiers_fastest_first) {
-      if (!state->node->tiers[static_cast<size_t>(t)].key) continue;
+      if (state->node->tiers[static_cast<size_t>(t)].empty()) continue;
       state->frames[static_cast<size_t>(t)] = std::make_unique<RemoteFrameData>(
           *m_transport, state->node, t, k_timeout,
           [this, node](Tier tier, uint64_t off, uint64_t len) { return persist_remote(node, tier, off, len); });
@@ -252,6 +353,7 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   a->size = info.size;
   a->first_page = t.first_page_index();
   a->coherent = t.coherent();
+  a->home_incarnation = t.home_incarnation();
   for (const auto& x : t.extents()) a->extents.push_back(wire::from_proto(x));
   a->page_versions.assign(t.page_versions().begin(), t.page_versions().end());
   std::unique_lock lock(m_cache_mutex);
@@ -308,11 +410,30 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
   return Status();
 }
 
+Status ClientCore::check_remote_extents(const CachedAllocation& a) {
+  if (a.base.node != node()) {
+    auto home = remote(a.base.node);
+    if (home.ok() && (*home)->node->incarnation != a.home_incarnation) return stale_translation();
+  }
+  for (const Extent& x : a.extents) {
+    if (x.node == a.base.node || x.node == node()) continue;
+    auto lender = remote(x.node);
+    // Frames lent by a node whose memory is not what it was when it lent
+    // them (it came back with its memory made anew) are never touched: the
+    // home will say they are lost.
+    if (lender.ok() && (*lender)->node->memory_generation != x.memory_generation) return stale_translation();
+  }
+  return Status();
+}
+
 Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) {
   if (length == 0) return Status();
   if (!m_direct) return copy_rpc(gva, buf, length, to_memory);
+  if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
   bool refresh = false;
   bool retried_transport = false;
+  bool refreshed = false;
+  Status last;  // why the last attempt did not go through, for the final error
   const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
   while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
@@ -325,17 +446,31 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
                         ") runs past the end of allocation " + alloc.base.to_string() + " of " +
                         std::to_string(alloc.size) + " bytes");
     }
+    Status s = check_remote_extents(alloc);
     ClientAccess access(*this);
-    const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
-                          alloc.page_versions};
-    Status s = copy_through_layout(view, access, offset, buf, length, to_memory, k_timeout);
+    if (s.ok()) {
+      const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
+                            alloc.page_versions};
+      s = copy_through_layout(view, access, offset, buf, length, to_memory, k_timeout);
+    }
     if (s.ok()) {
       (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
       return s;
     }
     if (is_stale(s)) {
       refresh = true;  // migrated, freed or replaced: translate again. Bytes
-      continue;        // copied before are copied again, which is harmless.
+      last = s;        // copied before are copied again, which is harmless.
+      continue;
+    }
+    if (s.code() == ErrorCode::not_supported && access.went_remote() && !refreshed) {
+      // A domain newer than the keys we hold (a tenant's memory placed on a
+      // node where it had none): ask for the nodes' regions once.
+      refreshed = true;
+      for (const Extent& x : alloc.extents) {
+        if (x.node != node()) (void)remote(x.node, true);
+      }
+      if (alloc.base.node != node()) (void)remote(alloc.base.node, true);
+      continue;
     }
     if (s.code() == ErrorCode::not_supported) return copy_rpc(gva, buf, length, to_memory);
     if (is_transport_failure(s) && !retried_transport) {
@@ -344,12 +479,15 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
       for (const Extent& x : alloc.extents) drop_remote(x.node);
       drop_remote(alloc.base.node);
       refresh = true;
+      last = s;
       continue;
     }
     return s;
   }
+  if (!last.ok() && !is_stale(last)) return last;
   return Status(ErrorCode::busy, "translation of " + gva.to_string() +
-                                     " kept changing; the allocation is being migrated or freed");
+                                     " kept changing for " + std::to_string(k_retry_time.count()) +
+                                     " ms; the allocation is being migrated or freed");
 }
 
 Status ClientCore::write(Gva gva, const void* src, size_t length) {
@@ -377,6 +515,7 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
     return Status(ErrorCode::invalid_argument, "atomics need an 8-byte aligned word; " + gva.to_string() + " is not");
   }
   if (!m_direct) return atomic_rpc(gva, op, operand, compare);
+  if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
   bool refresh = false;
   const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
   while (std::chrono::steady_clock::now() < give_up) {
@@ -393,9 +532,10 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
       continue;
     }
     ClientAccess access(*this);
-    auto words = access.versions(alloc.base.node);
+    Status s = check_remote_extents(alloc);
+    auto words = s.ok() ? access.versions(alloc.base.node, alloc.first_page) : Result<VersionWords*>(s);
     auto frames = words.ok() ? access.frames(x->node, x->tier) : Result<FrameData*>(words.status());
-    Status s = frames.status();
+    s = frames.status();
     uint64_t old = 0;
     if (s.ok()) {
       const uint64_t index = offset / page_size();

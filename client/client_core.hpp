@@ -1,7 +1,14 @@
 // The state behind a Client (internal): the control connection, this node's
-// tier regions and version array mapped into this process, the data plane to
-// other nodes, and the cache of allocation layouts that lets reads, writes and
+// memory of the client's tenant mapped into this process (the files of its
+// domain: version words, DRAM and PMEM frames), the data plane to other
+// nodes, and the cache of allocation layouts that lets reads, writes and
 // atomics go straight to memory.
+//
+// Bound to one daemon incarnation: every direct write checks, once it holds
+// its page locks, that the daemon it connected to still serves the memory
+// (the segment header's incarnation) and is alive (its socket is watched), so
+// a client of a dead daemon never writes into memory a new one may have
+// handed to someone else; it gets `unavailable` instead.
 #pragma once
 
 #include <atomic>
@@ -11,15 +18,16 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <thread>
 #include <vector>
 
 #include <tiermem/client.h>
 
+#include "access/remote_memory.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
 #include "mapping/seqlock_copy.hpp"
 #include "rpc_connection.hpp"
-#include "access/remote_memory.hpp"
 
 namespace tiermem::detail {
 
@@ -30,14 +38,61 @@ struct CachedAllocation {
   uint64_t size = 0;
   uint64_t first_page = 0;
   bool coherent = false;
+  uint64_t home_incarnation = 0;  // of the daemon that translated
   std::vector<Extent> extents;
   std::vector<uint64_t> page_versions;
 };
 
-struct LocalRegion {
+// Version words of one mapped domain, which also answer whether the daemon
+// that serves them is still the one this client connected to.
+class DomainVersionWords final : public LocalVersionWords {
+ public:
+  DomainVersionWords(uint64_t* words, size_t count, uint64_t* l3, uint64_t page_size, uint64_t first,
+                     const uint64_t* incarnation_word, uint64_t expected, const std::atomic<bool>* daemon_lost,
+                     std::string socket)
+      : LocalVersionWords(words, count, l3, page_size, first), m_incarnation(incarnation_word),
+        m_expected(expected), m_daemon_lost(daemon_lost), m_socket(std::move(socket)) {}
+  Status check_owner() override;
+
+ private:
+  const uint64_t* m_incarnation;
+  uint64_t m_expected;
+  const std::atomic<bool>* m_daemon_lost;
+  std::string m_socket;
+};
+
+// The frames of one tier in the domain files this client mapped.
+class DomainFrameData final : public FrameData {
+ public:
+  explicit DomainFrameData(bool persistent) : m_persistent(persistent) {}
+  void add(uint64_t first, std::byte* base, size_t length) { m_files.push_back({first, {base, length, m_persistent}}); }
+  Status read(uint64_t frame_offset, void* dst, size_t length) override;
+  Status write(uint64_t frame_offset, const void* src, size_t length) override;
+  Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) override;
+  bool persistent() const override { return m_persistent; }
+
+ private:
+  struct File {
+    uint64_t first;  // frame offset of the file's first byte
+    MappedFrameData frames;
+  };
+  // The file holding the frames, and the offset in it.
+  File* file_of(uint64_t frame_offset, size_t length, uint64_t* in_file);
+  bool m_persistent;
+  std::vector<File> m_files;
+};
+
+struct MappedDomain {
+  uint32_t domain = 0;
+  MappedRegion versions;  // header, words, L3
+  std::optional<DomainVersionWords> words;
+};
+
+struct TierFile {
+  uint32_t domain = 0;
+  uint64_t first = 0;
   UniqueFd fd;
   MappedRegion map;
-  bool persistent = false;
 };
 
 // What reaches one other node one-sided; replaced when the node restarts.
@@ -50,11 +105,10 @@ struct RemoteState {
 class ClientCore {
  public:
   static Result<std::shared_ptr<ClientCore>> connect(const ClientOptions& options);
+  ~ClientCore();
 
   // A request to the local daemon (which forwards what is for other nodes).
-  Result<proto::Response> call(proto::Request& request, std::vector<UniqueFd>* fds = nullptr) {
-    return m_connection->call(request, fds);
-  }
+  Result<proto::Response> call(proto::Request& request, std::vector<UniqueFd>* fds = nullptr);
   NodeId node() const { return static_cast<NodeId>(m_hello.node_id()); }
   uint64_t page_size() const { return m_hello.page_size(); }
 
@@ -65,41 +119,53 @@ class ClientCore {
   // Drops a cached translation (after free or migration).
   void forget(Gva gva);
 
-  // The descriptor of a local tier region, or -1 (maps it on first use).
-  Result<int> region_fd(Tier tier);
+  // The file of a local tier holding frames [frame_offset, +length): its
+  // descriptor and the offset in it. Errors: not_supported.
+  Result<std::pair<int, uint64_t>> tier_file(Tier tier, uint64_t frame_offset, uint64_t length);
   bool region_persistent(Tier tier) const;
 
   // Accessors for copy_through_layout (see ClientAccess in the .cpp).
-  Result<VersionWords*> local_versions();
+  Result<VersionWords*> local_versions(uint64_t first_page);
   Result<FrameData*> local_frames(Tier tier);
-  Result<std::shared_ptr<RemoteState>> remote(NodeId node);
+  // `refresh`: ask the node for its regions first (a domain is newer than
+  // our keys).
+  Result<std::shared_ptr<RemoteState>> remote(NodeId node, bool refresh = false);
   // Forgets how to reach `node` (after a transport failure); the next access
   // asks the daemon again.
   void drop_remote(NodeId node);
 
  private:
-  ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct)
-      : m_connection(std::move(connection)), m_hello(std::move(hello)), m_direct(direct) {}
+  ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct, std::string socket);
 
   Status open_regions();
+  Status map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds);
   Result<std::shared_ptr<const CachedAllocation>> cached(Gva gva, bool refresh);
+  // Frames the translation places on other nodes are of the memory (and
+  // daemon) it was made for: else the translation is stale.
+  Status check_remote_extents(const CachedAllocation& a);
   void forget_node(NodeId node);
   Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory);
   Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory);
   Result<uint64_t> atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
   Status persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length);
+  Status daemon_gone() const;
+  void watch_daemon();
 
   std::unique_ptr<RpcConnection> m_connection;
   proto::HelloResponse m_hello;
   bool m_direct;
+  std::string m_socket;
+
+  // Set (never cleared) when the daemon's end of the control socket closed.
+  std::atomic<bool> m_daemon_lost{false};
+  UniqueFd m_watch_stop;  // eventfd that ends the watcher
+  std::thread m_watcher;
 
   std::once_flag m_regions_once;
   Status m_regions_status;
-  MappedRegion m_versions;
-  MappedRegion m_sub_blocks;  // L3 bits, set on direct writes
-  LocalRegion m_regions[4];   // by Tier
-  std::optional<LocalVersionWords> m_local_words;
-  std::optional<MappedFrameData> m_local_frames[4];
+  std::vector<MappedDomain> m_domains;
+  std::vector<TierFile> m_files[4];  // by Tier
+  std::optional<DomainFrameData> m_local_frames[4];
 
   std::mutex m_remote_mutex;
   std::unique_ptr<Transport> m_transport;

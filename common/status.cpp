@@ -24,11 +24,14 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::tier_exhausted: return "tier_exhausted";
     case ErrorCode::tier_unavailable: return "tier_unavailable";
     case ErrorCode::stale_translation: return "stale_translation";
+    case ErrorCode::quota_exceeded: return "quota_exceeded";
+    case ErrorCode::data_lost: return "data_lost";
     case ErrorCode::io_error: return "io_error";
     case ErrorCode::connection_failed: return "connection_failed";
     case ErrorCode::connection_closed: return "connection_closed";
     case ErrorCode::timeout: return "timeout";
     case ErrorCode::transport_error: return "transport_error";
+    case ErrorCode::unavailable: return "unavailable";
     case ErrorCode::protocol_mismatch: return "protocol_mismatch";
     case ErrorCode::malformed_frame: return "malformed_frame";
     case ErrorCode::frame_too_large: return "frame_too_large";

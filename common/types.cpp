@@ -39,8 +39,8 @@ std::string page_flags_text(uint32_t flags) {
   static constexpr struct {
     uint32_t bit;
     char c;
-  } k_letters[] = {{k_page_read, 'R'},   {k_page_write, 'W'},  {k_page_coherent, 'C'},
-                   {k_page_pinned, 'P'}, {k_page_durable, 'D'}};
+  } k_letters[] = {{k_page_read, 'R'},   {k_page_write, 'W'},   {k_page_coherent, 'C'}, {k_page_pinned, 'P'},
+                   {k_page_durable, 'D'}, {k_page_torn, 'T'}, {k_page_lost, 'L'}};
   std::string out;
   for (const auto& l : k_letters) out += (flags & l.bit) ? l.c : '-';
   return out;

@@ -1,7 +1,9 @@
-// Routing to other nodes and the requests daemons make of each other.
+// Routing to other nodes, peer authentication, and the requests daemons make
+// of each other.
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "daemon/data_plane.hpp"
 #include "daemon/migrator.hpp"
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
@@ -26,17 +28,23 @@ const proto::Gva* gva_of(const proto::Request& r) {
 bool is_local_only(const proto::Request& r) {
   switch (r.body_case()) {
     case proto::Request::kHello:
+    case proto::Request::kPeerChallenge:
     case proto::Request::kPeerHello:
     case proto::Request::kPing:
+    case proto::Request::kNodeInfo:
     case proto::Request::kNodes:
     case proto::Request::kOpenRegions:
     case proto::Request::kMap:
     case proto::Request::kUnmap:
+    case proto::Request::kReserveFrames:
+    case proto::Request::kReleaseFrames:
       return true;
     default:
       return false;
   }
 }
+
+bool is_domain_region(const proto::RegionKey& k, const std::string& tenant) { return k.tenant() == tenant; }
 
 }  // namespace
 
@@ -47,7 +55,7 @@ NodeId RequestHandler::target_of(const proto::Request& request) const {
   return m_space.node();
 }
 
-Reply RequestHandler::forward(NodeId node, const proto::Request& request) {
+Reply RequestHandler::forward(NodeId node, const proto::Request& request, const SessionState& session) {
   if (m_peers == nullptr || !m_peers->knows(node)) {
     return error_reply(request.id(),
                        Status(ErrorCode::bad_gva,
@@ -55,95 +63,168 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request) {
                                   (m_peers == nullptr ? " (this daemon runs alone: no cluster.file)" : "")),
                        false);
   }
+  // The peer acts for our client: it learns who that is from us alone.
+  proto::Request relayed = request;
+  const Identity who = requester(request, session);
+  relayed.set_tenant(who.tenant);
+  relayed.set_is_operator(who.is_operator);
+  relayed.set_uid(who.uid);
   Reply reply;
-  reply.deferred = [this, node, request]() {
+  reply.deferred = [this, node, relayed]() {
     // A migration moves page after page, each waiting out its writers.
-    const auto timeout = request.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
+    const auto timeout = relayed.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
                                                                          : std::chrono::milliseconds(0);
-    auto response = m_peers->call(node, request, timeout);
-    if (!response.ok()) return error_reply(request.id(), response.status(), false);
+    auto response = m_peers->call(node, relayed, timeout);
+    if (!response.ok()) return error_reply(relayed.id(), response.status(), false);
     Reply out;
     out.response = std::move(response).value();
-    out.response.set_id(request.id());
+    out.response.set_id(relayed.id());
     return out;
   };
   return reply;
 }
 
-Reply RequestHandler::alloc_anywhere(const proto::Request& request, const Status& local_error) {
+Reply RequestHandler::alloc_anywhere(const proto::Request& request, const SessionState& session,
+                                     const Status& local_error) {
   if (m_peers == nullptr || m_peers->connected().empty()) return error_reply(request.id(), local_error, false);
+  proto::Request relayed = request;
+  const Identity who = requester(request, session);
+  relayed.set_tenant(who.tenant);
+  relayed.set_is_operator(who.is_operator);
+  relayed.set_uid(who.uid);
   Reply reply;
-  reply.deferred = [this, request, local_error]() {
+  reply.deferred = [this, relayed, local_error]() {
     std::string tried;
     for (NodeId node : m_peers->connected()) {
-      auto response = m_peers->call(node, request);
+      auto response = m_peers->call(node, relayed);
       if (response.ok()) {
         Reply out;
         out.response = std::move(response).value();
-        out.response.set_id(request.id());
+        out.response.set_id(relayed.id());
         return out;
       }
       tried += "; node " + std::to_string(node) + ": " + response.status().message();
     }
-    return error_reply(request.id(), Status(local_error.code(), local_error.message() + tried), false);
+    return error_reply(relayed.id(), Status(local_error.code(), local_error.message() + tried), false);
   };
   return reply;
 }
 
-Status RequestHandler::peer_hello(const proto::PeerHelloRequest& r, SessionState& s, proto::PeerHelloResponse* out) {
+Status RequestHandler::peer_challenge(const proto::PeerChallengeRequest& r, SessionState& s,
+                                      proto::PeerChallengeResponse* out) {
+  if (!s.remote) return Status(ErrorCode::unexpected_message, "peers connect over TCP, not the Unix socket");
   if (r.protocol_version() != proto::PROTOCOL_VERSION_CURRENT) {
-    return Status(ErrorCode::protocol_mismatch, "peer node " + std::to_string(r.self().node_id()) +
-                                                    " speaks protocol " + std::to_string(r.protocol_version()));
+    return Status(ErrorCode::protocol_mismatch,
+                  "peer node " + std::to_string(r.node_id()) + " speaks protocol " + std::to_string(r.protocol_version()));
   }
-  if (m_peers == nullptr || !m_peers->knows(static_cast<NodeId>(r.self().node_id()))) {
+  if (m_peers == nullptr || m_secret.empty()) {
+    return Status(ErrorCode::permission_denied, "this daemon runs alone and takes no peers");
+  }
+  if (r.node_id() == 0 || r.node_id() > 0xffff || r.node_id() == m_space.node() ||
+      !m_peers->knows(static_cast<NodeId>(r.node_id()))) {
     return Status(ErrorCode::permission_denied,
-                  "node " + std::to_string(r.self().node_id()) + " is not in this daemon's cluster file");
+                  "node " + std::to_string(r.node_id()) + " is not a peer in this daemon's cluster file");
+  }
+  if (r.nonce().size() != k_nonce_bytes) return Status(ErrorCode::malformed_frame, "a peer challenge needs a nonce");
+  s.peer_node = static_cast<NodeId>(r.node_id());
+  s.peer_nonce = r.nonce();
+  s.challenge_nonce = make_nonce();
+  out->set_node_id(m_space.node());
+  out->set_nonce(s.challenge_nonce);
+  out->set_proof(m_secret.proof("server", s.peer_node, m_space.node(), s.peer_nonce, s.challenge_nonce));
+  return Status();
+}
+
+Status RequestHandler::peer_hello(const proto::PeerHelloRequest& r, SessionState& s, proto::PeerHelloResponse* out) {
+  if (s.challenge_nonce.empty() || r.self().node_id() != s.peer_node) {
+    return Status(ErrorCode::permission_denied, "peer hello without a challenge for that node");
+  }
+  if (!m_secret.verify(r.proof(), "client", s.peer_node, m_space.node(), s.peer_nonce, s.challenge_nonce)) {
+    return Status(ErrorCode::permission_denied, "node " + std::to_string(s.peer_node) +
+                                                    " did not prove it knows the cluster secret (check "
+                                                    "cluster.secret_file on both nodes)");
   }
   s.greeted = true;
   s.peer = true;
-  s.client_name = "node " + std::to_string(r.self().node_id());
+  s.client_name = "node " + std::to_string(s.peer_node);
   m_peers->on_peer_hello(r.self());
-  *out->mutable_self() = m_self;
+  *out->mutable_self() = self();
   return Status();
 }
 
-void RequestHandler::nodes(proto::NodesResponse* out) {
-  out->set_transport(m_transport != nullptr ? "ucx" : "none");
+void RequestHandler::nodes(const Identity& who, proto::NodesResponse* out) {
+  out->set_transport(transport() != nullptr ? "ucx" : "none");
+  std::vector<proto::NodeInfo> all;
   if (m_peers == nullptr) {
-    *out->add_nodes() = m_self;
-    return;
+    all.push_back(self());
+    all.back().set_state(proto::NodeInfo::SELF);
+  } else {
+    all = m_peers->nodes();
   }
-  for (proto::NodeInfo& n : m_peers->nodes()) *out->add_nodes() = std::move(n);
+  for (proto::NodeInfo& n : all) {
+    // Keys are capabilities: a client gets those of its tenant's domains.
+    if (!who.is_operator) {
+      auto* regions = n.mutable_regions();
+      for (int i = regions->size() - 1; i >= 0; --i) {
+        if (!is_domain_region(regions->Get(i), who.tenant)) regions->DeleteSubrange(i, 1);
+      }
+    }
+    *out->add_nodes() = std::move(n);
+  }
 }
 
-Status RequestHandler::reserve_frames(const proto::ReserveFramesRequest& r, proto::ReserveFramesResponse* out) {
-  TIERMEM_ASSIGN_OR_RETURN(auto frames, m_space.reserve_frames(wire::from_proto(r.tier()), r.pages()));
+Status RequestHandler::reserve_frames(const proto::Request& request, const SessionState& s,
+                                      proto::ReserveFramesResponse* out) {
+  const proto::ReserveFramesRequest& r = request.reserve_frames();
+  const Tier tier = wire::from_proto(r.tier());
+  if (tier == Tier::automatic || !proto::Tier_IsValid(r.tier())) {
+    return Status(ErrorCode::invalid_argument, "reserve_frames needs a tier (vram, dram or pmem)");
+  }
+  const std::string& tenant = request.tenant();
+  TIERMEM_RETURN_IF_ERROR(ensure_domain(tenant).status());
+  TIERMEM_ASSIGN_OR_RETURN(auto frames,
+                           m_space.reserve_frames(tier, r.pages(), tenant, m_tenants.limits(tenant), s.peer_node));
   for (const Extent& x : frames) wire::to_proto(x, out->add_extents());
+  out->set_memory_generation(m_space.versions().memory_generation());
+  out->set_incarnation(m_incarnation);
   return Status();
 }
 
-Status RequestHandler::release_frames(const proto::ReleaseFramesRequest& r) {
+Status RequestHandler::release_frames(const proto::ReleaseFramesRequest& r, const SessionState& s) {
   std::vector<Extent> frames;
-  for (const auto& x : r.extents()) frames.push_back(wire::from_proto(x));
-  return m_space.release_frames(frames);
+  for (const auto& x : r.extents()) {
+    if (!proto::Tier_IsValid(x.tier())) return Status(ErrorCode::invalid_argument, "release_frames of no tier");
+    frames.push_back(wire::from_proto(x));
+  }
+  return m_space.release_frames(frames, s.peer_node);
 }
 
-Status RequestHandler::persist_frames(const proto::PersistFramesRequest& r) {
-  TierBackend* b = m_space.backend(wire::from_proto(r.tier()));
+Status RequestHandler::persist_frames(const proto::PersistFramesRequest& r, const Identity& who) {
+  const Tier tier = wire::from_proto(r.tier());
+  TierBackend* b = tier == Tier::automatic ? nullptr : m_space.backend(tier);
   if (b == nullptr) return Status(ErrorCode::tier_unavailable, "no such tier on this node");
-  if (r.frame_offset() > b->capacity() || r.length() > b->capacity() - r.frame_offset()) {
-    return Status(ErrorCode::out_of_range, "persist range lies outside the tier");
+  if (!b->contains(r.frame_offset(), r.length())) {
+    return Status(ErrorCode::out_of_range, "persist range lies outside the tier's frames");
+  }
+  if (!who.is_operator) {
+    const auto domain = m_space.find_domain(who.tenant);
+    if (!domain || b->domain_of(r.frame_offset()) != *domain) {
+      return Status(ErrorCode::permission_denied, who.describe() + " may not persist frames of another tenant");
+    }
   }
   return b->persist(r.frame_offset(), r.length());
 }
 
-Reply RequestHandler::migrate(const proto::Request& request) {
+Reply RequestHandler::migrate(const proto::Request& request, const Identity& who) {
+  auto info = authorize(who, wire::from_proto(request.migrate().gva()), "migrate");
+  if (!info.ok()) return error_reply(request.id(), info.status(), false);
   Reply reply;
-  reply.deferred = [this, request]() {
+  reply.deferred = [this, request, info]() {
     const proto::MigrateRequest& m = request.migrate();
-    Migrator migrator(m_space, m_peers, m_transport, transport_timeout());
-    auto result = migrator.migrate(wire::from_proto(m.gva()), wire::from_proto(m.tier()),
-                                   static_cast<NodeId>(m.to_node()));
+    Gva gva = wire::from_proto(m.gva());
+    gva.generation = info->gva.generation;
+    Migrator migrator(m_space, m_peers, transport(), transport_timeout(), m_tenants.limits(info->tenant));
+    auto result = migrator.migrate(gva, wire::from_proto(m.tier()), static_cast<NodeId>(m.to_node()));
     if (!result.ok()) return error_reply(request.id(), result.status(), false);
     Reply out = ok_reply(request);
     wire::to_proto(result->allocation, out.response.mutable_migrate()->mutable_allocation());

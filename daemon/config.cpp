@@ -6,7 +6,12 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <toml++/toml.h>
+
+#include <tiermem/status_macros.h>
+#include <tiermem/types.h>
 
 #include <tiermem/units.h>
 
@@ -79,6 +84,8 @@ class ConfigReader {
   }
 
   std::vector<std::string> known() const { return {m_known.begin(), m_known.end()}; }
+  // A key read by custom code (arrays of tables): known, not walked.
+  const toml::node* claim(std::string_view path) { return find(path); }
 
   // Reports keys nobody asked for. Call after every known key was read.
   void reject_unknown() { walk(m_root, ""); }
@@ -104,7 +111,7 @@ class ConfigReader {
       if (const toml::table* sub = node.as_table()) {
         if (!is_known_prefix(path)) fail(node, path, "is not a known section");
         else walk(*sub, path);
-      } else if (m_known.count(path) == 0) {
+      } else if (m_known.count(path) == 0 && m_known.count(prefix) == 0) {
         fail(node, path, "is not a known key (see config/tiermemd.toml for every key)");
       }
     }
@@ -127,6 +134,101 @@ class ConfigReader {
 
 void read_all(ConfigReader& r, DaemonConfig* out);
 
+// The largest frame the wire format carries (its length is 32 bits; a gigabyte
+// is more than any request needs).
+constexpr uint64_t k_max_frame_limit = uint64_t{1} << 30;
+
+// DRAM that the machine cannot give is refused before anything is taken:
+// the tier is shared memory (/dev/shm), so both physical memory and the
+// space of the file system behind the DRAM directory bound it.
+Status check_memory(uint64_t capacity, std::string_view source) {
+  const auto pages = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES));
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t physical = pages * page;
+  if (pages > 0 && capacity > physical) {
+    return Status(ErrorCode::config_error, std::string(source) + ": tiers.dram.capacity " + format_size(capacity) +
+                                               " is more than this machine's memory (" + format_size(physical) + ")");
+  }
+  return Status();
+}
+
+Status check_tenants(const DaemonConfig& c, std::string_view source) {
+  std::set<std::string> names;
+  std::set<uint32_t> uids;
+  for (const TenantConfig& t : c.tenants) {
+    const auto bad = [&](const std::string& why) {
+      return Status(ErrorCode::config_error, std::string(source) + ": tenant '" + t.name + "' " + why);
+    };
+    if (t.name.empty() || t.name.size() > 63 || t.name.rfind("uid:", 0) == 0 ||
+        t.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+            std::string::npos) {
+      return bad("needs a name of 1-63 letters, digits, '.', '_' or '-' (names \"uid:N\" are the daemon's own)");
+    }
+    if (!names.insert(t.name).second) return bad("is listed twice");
+    if (t.uids.empty() && t.gids.empty()) return bad("has neither uids nor gids: nobody could be it");
+    for (uint32_t uid : t.uids) {
+      if (!uids.insert(uid).second) return bad("lists uid " + std::to_string(uid) + ", which another tenant has");
+    }
+  }
+  if (c.tenants.size() > c.max_tenants_per_node && c.unlisted_refused) {
+    return Status(ErrorCode::config_error, std::string(source) + ": " + std::to_string(c.tenants.size()) +
+                                               " tenants but tenants.max_per_node is " +
+                                               std::to_string(c.max_tenants_per_node));
+  }
+  return Status();
+}
+
+Result<uint64_t> size_of(const toml::node& n) {
+  if (auto i = n.value<int64_t>()) {
+    if (*i < 0) return Status(ErrorCode::invalid_argument, "must not be negative");
+    return static_cast<uint64_t>(*i);
+  }
+  if (auto text = n.value<std::string>()) return parse_size(*text);
+  return Status(ErrorCode::invalid_argument, "must be a size such as 1073741824 or \"1GiB\"");
+}
+
+// [[tenant]] tables: name, uids, gids, quota = { dram = "4GiB", ... }.
+void read_tenants(ConfigReader& r, const toml::table& root, DaemonConfig* out) {
+  const toml::node* n = r.claim("tenant");
+  if (n == nullptr) return;
+  const toml::array* list = n->as_array();
+  if (list == nullptr) return r.fail(*n, "tenant", "must be [[tenant]] tables");
+  for (const toml::node& entry : *list) {
+    const toml::table* t = entry.as_table();
+    if (t == nullptr) return r.fail(entry, "tenant", "entries must be tables");
+    TenantConfig tc;
+    for (const auto& [key, value] : *t) {
+      const std::string k(key.str());
+      if (k == "name") {
+        if (auto v = value.value<std::string>()) tc.name = *v;
+        else return r.fail(value, "tenant.name", "must be a string");
+      } else if (k == "uids" || k == "gids") {
+        const toml::array* ids = value.as_array();
+        if (ids == nullptr) return r.fail(value, "tenant." + k, "must be an array of numbers");
+        for (const toml::node& id : *ids) {
+          auto v = id.value<int64_t>();
+          if (!v || *v < 0 || *v > 0xfffffffe) return r.fail(id, "tenant." + k, "must hold numbers from 0 to 4294967294");
+          (k == "uids" ? tc.uids : tc.gids).push_back(static_cast<uint32_t>(*v));
+        }
+      } else if (k == "quota") {
+        const toml::table* q = value.as_table();
+        if (q == nullptr) return r.fail(value, "tenant.quota", "must be a table such as { dram = \"4GiB\" }");
+        for (const auto& [tier_name_key, size] : *q) {
+          auto tier = parse_tier(tier_name_key.str());
+          auto bytes = size_of(size);
+          if (!tier.ok() || *tier == Tier::automatic) return r.fail(size, "tenant.quota", "keys are vram, dram or pmem");
+          if (!bytes.ok()) return r.fail(size, "tenant.quota." + std::string(tier_name_key.str()), bytes.status().message());
+          tc.quota[static_cast<size_t>(*tier)] = *bytes;
+        }
+      } else {
+        return r.fail(value, "tenant." + k, "is not a known key (name, uids, gids, quota)");
+      }
+    }
+    out->tenants.push_back(std::move(tc));
+  }
+  (void)root;
+}
+
 Status check(const DaemonConfig& c, std::string_view source) {
   auto bad = [&](const std::string& why) {
     return Status(ErrorCode::config_error, std::string(source) + ": " + why);
@@ -138,12 +240,19 @@ Status check(const DaemonConfig& c, std::string_view source) {
   if (c.socket_path.empty()) return bad("control.socket must not be empty");
   if (c.socket_path.size() >= 108) return bad("control.socket path is longer than a Unix socket allows (107)");
   if (c.max_frame_bytes < 4096) return bad("control.max_frame_bytes must be at least 4 KiB");
+  if (c.max_frame_bytes > k_max_frame_limit) {
+    return bad("control.max_frame_bytes " + format_size(c.max_frame_bytes) + " is more than a frame can be (" +
+               format_size(k_max_frame_limit) + ")");
+  }
   if (c.max_inline_bytes + 4096 > c.max_frame_bytes) {
     return bad("control.max_inline_bytes must be at least 4 KiB below control.max_frame_bytes");
   }
   if (c.dram_enabled && c.dram_capacity < c.page_size) return bad("tiers.dram.capacity is smaller than one page");
   if (c.pmem_enabled && c.pmem_capacity < c.page_size) return bad("tiers.pmem.capacity is smaller than one page");
-  if (c.pmem_enabled && c.pmem_path.empty()) return bad("tiers.pmem.path must name the pool file");
+  if (c.pmem_enabled && c.pmem_path.empty()) return bad("tiers.pmem.path must name the pool directory");
+  if (c.dram_enabled) TIERMEM_RETURN_IF_ERROR(check_memory(c.dram_capacity, source));
+  if (c.max_tenants_per_node == 0) return bad("tenants.max_per_node must be at least 1");
+  TIERMEM_RETURN_IF_ERROR(check_tenants(c, source));
   if (!c.dram_enabled && !c.pmem_enabled && !c.vram_enabled) return bad("every tier is disabled");
   static const std::set<std::string> k_levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (k_levels.count(c.log_level) == 0) {
@@ -169,7 +278,9 @@ Result<DaemonConfig> parse_config(std::string_view text, std::string_view source
   c.source = std::string(source);
   ConfigReader r(root, source);
   read_all(r, &c);
+  read_tenants(r, root, &c);
   r.reject_unknown();
+  if (c.dram_path.empty()) c.dram_path = "/dev/shm/tiermem-node" + std::to_string(c.node_id);
   if (!r.status().ok()) return r.status();
   Status s = check(c, source);
   if (!s.ok()) return s;
@@ -193,10 +304,14 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.octal_mode("control.socket_mode", &c.socket_mode);
   r.size("control.max_frame_bytes", &c.max_frame_bytes);
   r.size("control.max_inline_bytes", &c.max_inline_bytes);
+  r.integer("control.frame_timeout_ms", &c.frame_timeout_ms, 10, 3600000);
+  r.integer("control.max_connections", &c.max_connections, 1, 1 << 20);
+  r.integer("control.max_connections_per_uid", &c.max_connections_per_uid, 1, 1 << 20);
   r.size("mapping.page_size", &c.page_size);
-  r.integer("mapping.virtual_pages", &c.virtual_pages, 0, int64_t{1} << 40);
+  r.integer("mapping.pages_per_tenant", &c.pages_per_tenant, 0, int64_t{1} << 36);
   r.boolean("tiers.dram.enabled", &c.dram_enabled);
   r.size("tiers.dram.capacity", &c.dram_capacity);
+  r.string("tiers.dram.path", &c.dram_path);
   r.boolean("tiers.pmem.enabled", &c.pmem_enabled);
   r.string("tiers.pmem.path", &c.pmem_path);
   r.size("tiers.pmem.capacity", &c.pmem_capacity);
@@ -205,11 +320,19 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("tiers.vram.device", &c.vram_device, 0, 1023);
   r.size("tiers.vram.capacity", &c.vram_capacity);
   r.string("log.level", &c.log_level);
+  r.integer("tenants.max_per_node", &c.max_tenants_per_node, 1, 1024);
+  r.string("tenants.admin_group", &c.admin_group);
+  r.boolean("tenants.refuse_unlisted", &c.unlisted_refused);
+  for (Tier t : k_tiers_fastest_first) {
+    r.size("tenants.default_quota_" + std::string(tier_name(t)), &c.default_quota[static_cast<size_t>(t)]);
+  }
+  r.integer("recovery.stale_writer_grace_ms", &c.stale_writer_grace_ms, 0, 600000);
   r.string("cluster.file", &c.cluster_file);
   r.string("cluster.listen", &c.cluster_listen);
   r.integer("cluster.reconnect_interval_ms", &c.reconnect_interval_ms, 10, 600000);
   r.integer("cluster.heartbeat_interval_ms", &c.heartbeat_interval_ms, 10, 600000);
   r.integer("cluster.peer_timeout_ms", &c.peer_timeout_ms, 10, 600000);
+  r.string("cluster.secret_file", &c.secret_file);
   r.string("transport.tls", &c.transport_tls);
   r.string("transport.devices", &c.transport_devices);
   r.integer("transport.timeout_ms", &c.transport_timeout_ms, 10, 3600000);

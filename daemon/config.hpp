@@ -2,6 +2,7 @@
 // config/tiermemd.toml. Read once at start into DaemonConfig.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -12,6 +13,14 @@
 
 namespace tiermem {
 
+// A tenant (O5): the uids and groups whose clients it is, and its quotas.
+struct TenantConfig {
+  std::string name;
+  std::vector<uint32_t> uids;
+  std::vector<uint32_t> gids;         // members of any of these groups (primary or not)
+  std::array<uint64_t, 4> quota{};    // bytes per tier (indexed by Tier); 0: no limit
+};
+
 struct DaemonConfig {
   std::string source = "(built-in defaults)";  // file the values came from
 
@@ -21,15 +30,21 @@ struct DaemonConfig {
   uint32_t socket_mode = 0660;
   uint64_t max_frame_bytes = 16 << 20;
   uint64_t max_inline_bytes = 8 << 20;
+  uint64_t frame_timeout_ms = 10000;       // a started frame (or the first one) must arrive within
+  uint64_t max_connections = 1024;         // sessions at once, clients and peers
+  uint64_t max_connections_per_uid = 256;  // client sessions of one uid at once
 
   uint64_t page_size = 2 << 20;
-  uint64_t virtual_pages = 0;  // 0: 16x the frames
+  uint64_t pages_per_tenant = 0;  // virtual pages of each tenant's range; 0: 16x the frames
 
   bool dram_enabled = true;
   uint64_t dram_capacity = uint64_t{1} << 30;
+  // The node's shared memory: version words and DRAM frames, a file per
+  // tenant. Empty: /dev/shm/tiermem-node<id>.
+  std::string dram_path;
 
   bool pmem_enabled = true;
-  std::string pmem_path = "/var/lib/tiermem/pmem.pool";
+  std::string pmem_path = "/var/lib/tiermem/pmem";  // a directory: a pool file per tenant
   uint64_t pmem_capacity = uint64_t{1} << 30;
 
   bool vram_enabled = true;
@@ -39,12 +54,28 @@ struct DaemonConfig {
 
   std::string log_level = "info";
 
+  // Tenants (O5). A client's tenant comes from its uid and groups (Unix
+  // peer credentials); uid 0 and members of admin_group are operators.
+  uint32_t max_tenants_per_node = 16;
+  std::string admin_group;        // a group name or number; empty: root only
+  bool unlisted_refused = false;  // a uid in no tenant: refused (true) or a tenant of its own, "uid:N"
+  std::array<uint64_t, 4> default_quota{};  // of such tenants, bytes per tier; 0: no limit
+  std::vector<TenantConfig> tenants;
+
+  // Stale clients of an earlier daemon on the same directory: how long the
+  // daemon waits at start for page locks they still hold.
+  uint64_t stale_writer_grace_ms = 2000;
+
   // Cluster: empty file = this daemon runs alone.
   std::string cluster_file;
   std::string cluster_listen;           // bind address for peers; empty: this node's control address
   uint64_t reconnect_interval_ms = 500;
   uint64_t heartbeat_interval_ms = 1000;
   uint64_t peer_timeout_ms = 5000;      // one peer request (and the heartbeat) may take this long
+  // The cluster's shared secret (S2): peers prove they know it before
+  // anything is served to them. Required when there is a cluster file; the
+  // file must not be readable by group or others.
+  std::string secret_file;
 
   std::string transport_tls;            // UCX transports (UCX_TLS syntax); empty: UCX's choice
   std::string transport_devices;        // UCX network devices (UCX_NET_DEVICES syntax); empty: all

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <map>
 #include <set>
 
 #include <boost/asio.hpp>
@@ -22,6 +23,7 @@
 
 #include "common/frame.hpp"
 #include "common/unique_fd.hpp"
+#include "daemon/tenants.hpp"
 
 namespace tiermem {
 namespace asio = boost::asio;
@@ -48,24 +50,36 @@ class SessionBase {
  public:
   virtual ~SessionBase() = default;
   virtual void close() = 0;
+  virtual uid_t uid() const = 0;
+  virtual bool remote() const = 0;
 };
 
-// One connection: reads framed requests, answers each in turn.
+// Frames before a session said who it is are at most this long: a hello, a
+// peer's challenge and hello (its NodeInfo with a key per region).
+constexpr uint32_t k_greeting_frame_bytes = 256 << 10;
+
+// One connection: reads framed requests, answers each in turn. Every read
+// that has begun (a frame's header arrived, or the session has not said
+// hello yet) has a deadline, so a client that declares more than it sends, or
+// connects and says nothing, costs a connection for that long only.
 template <typename Protocol>
-class Session final : public SessionBase {
+class Session final : public SessionBase, public std::enable_shared_from_this<Session<Protocol>> {
  public:
   using Socket = typename Protocol::socket;
 
   Session(Socket socket, RequestHandler& handler, const DaemonConfig& config, asio::thread_pool& pool, uint64_t id)
-      : m_socket(std::move(socket)), m_handler(handler), m_config(config), m_pool(pool) {
+      : m_socket(std::move(socket)), m_handler(handler), m_config(config), m_pool(pool),
+        m_deadline(m_socket.get_executor()) {
     m_state.id = id;
     if constexpr (std::is_same_v<Protocol, stream_protocol>) {
       ucred cred{};
       socklen_t len = sizeof cred;
       if (::getsockopt(m_socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
         m_state.uid = cred.uid;
+        m_state.gid = cred.gid;
         m_state.pid = cred.pid;
       }
+      m_state.groups = peer_groups(m_socket.native_handle());
     } else {
       m_state.remote = true;
       boost::system::error_code ec;
@@ -75,34 +89,20 @@ class Session final : public SessionBase {
     m_socket.native_non_blocking(true, ec);
   }
 
+  uid_t uid() const override { return m_state.uid; }
+  bool remote() const override { return m_state.remote; }
+
   asio::awaitable<void> run() {
     spdlog::debug("session {} opened by pid {} uid {}", m_state.id, m_state.pid, m_state.uid);
-    boost::system::error_code ec;
-    std::array<unsigned char, wire::k_frame_header_bytes> header{};
     std::string body;
     for (;;) {
-      co_await asio::async_read(m_socket, asio::buffer(header), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) break;
-      const uint32_t length = wire::decode_frame_header(header.data());
-      if (length > m_config.max_frame_bytes) {
-        spdlog::warn("session {} ({}): frame of {} bytes exceeds max_frame_bytes {}; closing", m_state.id,
-                     who(), length, m_config.max_frame_bytes);
-        co_await send(RequestHandler::error_reply(
-            0,
-            Status(ErrorCode::frame_too_large,
-                   "frame of " + std::to_string(length) + " bytes exceeds the daemon's limit of " +
-                       std::to_string(m_config.max_frame_bytes) + " bytes"),
-            true));
-        break;
-      }
-      body.resize(length);
-      co_await asio::async_read(m_socket, asio::buffer(body), asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) break;
       proto::Request request;
-      if (!request.ParseFromString(body)) {
-        spdlog::warn("session {} ({}): undecodable frame of {} bytes; closing", m_state.id, who(), length);
-        co_await send(RequestHandler::error_reply(
-            0, Status(ErrorCode::malformed_frame, "frame is not a valid tiermem request"), true));
+      const Status got = co_await read_request(&request, &body);
+      if (!got.ok()) {
+        if (got.code() != ErrorCode::connection_closed) {
+          spdlog::warn("session {} ({}): {}; closing", m_state.id, who(), got.message());
+          co_await send(RequestHandler::error_reply(0, got, true));
+        }
         break;
       }
       Reply reply = m_handler.handle(request, m_state);
@@ -116,6 +116,7 @@ class Session final : public SessionBase {
       }
       if (!co_await send(reply) || reply.close_after) break;
     }
+    m_deadline.cancel();
     m_handler.end_session(m_state);
     close();
     spdlog::debug("session {} closed", m_state.id);
@@ -126,10 +127,66 @@ class Session final : public SessionBase {
     m_socket.close(ec);
   }
 
+  // Sends one refusal and closes (too many connections).
+  asio::awaitable<void> refuse(Status why) {
+    co_await send(RequestHandler::error_reply(0, why, true));
+    close();
+  }
+
  private:
   std::string who() const {
     if (m_state.peer) return m_state.client_name;
     return m_state.remote ? std::string("tcp") : "pid " + std::to_string(m_state.pid);
+  }
+
+  // Closes the socket when `ms` pass before disarm() (a pending read then
+  // fails): the session's own timer, which never outlives it.
+  void arm(uint64_t ms) {
+    m_deadline.expires_after(std::chrono::milliseconds(ms));
+    std::weak_ptr<Session> self = this->shared_from_this();
+    m_deadline.async_wait([self](const boost::system::error_code& ec) {
+      if (ec) return;
+      if (auto s = self.lock()) {
+        s->m_timed_out = true;
+        s->close();
+      }
+    });
+  }
+  void disarm() { m_deadline.cancel(); }
+
+  // One request. Errors: connection_closed (the peer went, or a deadline
+  // closed it: then timeout), frame_too_large, malformed_frame.
+  asio::awaitable<Status> read_request(proto::Request* request, std::string* body) {
+    boost::system::error_code ec;
+    std::array<unsigned char, wire::k_frame_header_bytes> header{};
+    if (!m_state.greeted) arm(m_config.frame_timeout_ms);  // say who you are in time
+    co_await asio::async_read(m_socket, asio::buffer(header), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return timed_out_or_closed("before a request");
+    const uint32_t length = wire::decode_frame_header(header.data());
+    const uint64_t limit = m_state.greeted ? m_config.max_frame_bytes : k_greeting_frame_bytes;
+    if (length > limit) {
+      disarm();
+      co_return Status(ErrorCode::frame_too_large,
+                       "frame of " + std::to_string(length) + " bytes exceeds the daemon's limit of " +
+                           std::to_string(limit) + " bytes" +
+                           (m_state.greeted ? " (control.max_frame_bytes)" : " for frames before hello"));
+    }
+    arm(m_config.frame_timeout_ms);  // the rest of the frame, in time
+    body->resize(length);
+    co_await asio::async_read(m_socket, asio::buffer(*body), asio::redirect_error(asio::use_awaitable, ec));
+    disarm();
+    if (ec) co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
+    if (!request->ParseFromString(*body)) {
+      co_return Status(ErrorCode::malformed_frame, "frame of " + std::to_string(length) +
+                                                       " bytes is not a valid tiermem request");
+    }
+    co_return Status();
+  }
+
+  Status timed_out_or_closed(const std::string& where) const {
+    if (!m_timed_out) return Status(ErrorCode::connection_closed, "closed");
+    return Status(ErrorCode::timeout, "nothing arrived for " + std::to_string(m_config.frame_timeout_ms) + " ms " +
+                                          where + " (control.frame_timeout_ms)");
   }
 
   asio::awaitable<bool> send(const Reply& reply) {
@@ -162,6 +219,8 @@ class Session final : public SessionBase {
   RequestHandler& m_handler;
   const DaemonConfig& m_config;
   asio::thread_pool& m_pool;
+  asio::steady_timer m_deadline;
+  bool m_timed_out = false;
   SessionState m_state;
 };
 
@@ -243,31 +302,66 @@ class ControlServer::Impl {
 
   template <typename Protocol>
   asio::awaitable<void> accept_loop(typename Protocol::acceptor& acceptor) {
+    asio::steady_timer pause(m_io);
+    auto last_warning = std::chrono::steady_clock::time_point{};
+    uint64_t failures = 0;
     for (;;) {
       boost::system::error_code ec;
       typename Protocol::socket socket(m_io);
       co_await acceptor.async_accept(socket, asio::redirect_error(asio::use_awaitable, ec));
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec) {
-        spdlog::warn("accept failed: {}", ec.message());
+        // Out of descriptors (EMFILE) or memory: accepting again at once
+        // would fail again at once. Back off, and say so once a while.
+        ++failures;
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_warning > std::chrono::seconds(5)) {
+          spdlog::warn("accept failed: {} ({} time(s) since the last warning); backing off", ec.message(), failures);
+          last_warning = now;
+          failures = 0;
+        }
+        pause.expires_after(std::chrono::milliseconds(100));
+        co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
       auto session = std::make_shared<Session<Protocol>>(std::move(socket), m_handler, m_config, m_pool, ++m_next_id);
-      {
-        std::lock_guard lock(m_mutex);
-        m_sessions.insert(session);
+      if (Status full = admit(*session); !full.ok()) {
+        spdlog::warn("refused a connection: {}", full.message());
+        asio::co_spawn(m_io, session->refuse(full), asio::detached);
+        continue;
       }
       asio::co_spawn(m_io, run_session<Protocol>(session), asio::detached);
     }
   }
 
+  // Counts the session in, or says why it may not come in.
+  Status admit(SessionBase& session) {
+    std::lock_guard lock(m_mutex);
+    if (m_sessions.size() >= m_config.max_connections) {
+      return Status(ErrorCode::busy, "tiermemd has " + std::to_string(m_sessions.size()) +
+                                         " connections, its limit (control.max_connections); try again later");
+    }
+    if (!session.remote() && m_per_uid[session.uid()] >= m_config.max_connections_per_uid) {
+      return Status(ErrorCode::busy, "uid " + std::to_string(session.uid()) + " has " +
+                                         std::to_string(m_per_uid[session.uid()]) +
+                                         " connections, its limit (control.max_connections_per_uid)");
+    }
+    return Status();
+  }
+
   template <typename Protocol>
   asio::awaitable<void> run_session(std::shared_ptr<Session<Protocol>> session) {
+    {
+      std::lock_guard lock(m_mutex);
+      m_sessions.insert(session);
+      if (!session->remote()) ++m_per_uid[session->uid()];
+    }
     m_handler.session_opened();
     co_await session->run();
     m_handler.session_closed();
     std::lock_guard lock(m_mutex);
     m_sessions.erase(session);
+    if (!session->remote() && --m_per_uid[session->uid()] == 0) m_per_uid.erase(session->uid());
   }
 
   asio::io_context& m_io;
@@ -279,6 +373,7 @@ class ControlServer::Impl {
   tcp::acceptor m_tcp;
   std::mutex m_mutex;
   std::set<std::shared_ptr<SessionBase>> m_sessions;
+  std::map<uid_t, uint64_t> m_per_uid;
   std::atomic<uint64_t> m_next_id{0};
 };
 

@@ -1,17 +1,32 @@
 // Requests about the data of allocations homed on this node: translate, read,
 // write, atomics, free, and the zero-copy mapping for co-located clients.
+// Each is checked against the requester's tenant first; the GVA a request
+// goes on with carries the generation of the allocation that was checked, so
+// an allocation freed and made anew in between is stale, never someone else's.
 #include <algorithm>
 
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/request_handler.hpp"
 
 namespace tiermem {
+namespace {
 
-Status RequestHandler::translate(const proto::TranslateRequest& r, proto::TranslateResponse* out) {
-  const Gva gva = wire::from_proto(r.gva());
+// `gva`, pinned to the generation of the allocation it was authorized for.
+Gva checked(Gva gva, const AllocationInfo& info) {
+  gva.generation = info.gva.generation;
+  return gva;
+}
+
+}  // namespace
+
+Status RequestHandler::translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out) {
+  const Gva asked = wire::from_proto(r.gva());
+  TIERMEM_ASSIGN_OR_RETURN(auto info, authorize(who, asked, "translate"));
+  const Gva gva = checked(asked, info);
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
   // The layout is read under one lock: extents and versions agree, which is
   // what a client's cache relies on.
@@ -23,10 +38,11 @@ Status RequestHandler::translate(const proto::TranslateRequest& r, proto::Transl
   out->set_first_page_index(layout.first_page);
   for (uint64_t v : layout.page_versions) out->add_page_versions(v);
   out->set_coherent(layout.coherent);
+  out->set_home_incarnation(m_incarnation);
   return Status();
 }
 
-Reply RequestHandler::read(const proto::Request& request) {
+Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
   const proto::ReadRequest& r = request.read();
   if (r.length() > m_config.max_inline_bytes) {
     return error_reply(request.id(),
@@ -35,7 +51,14 @@ Reply RequestHandler::read(const proto::Request& request) {
                                   std::to_string(m_config.max_inline_bytes) + "); split it or map the allocation"),
                        false);
   }
-  const Gva gva = wire::from_proto(r.gva());
+  auto info = authorize(who, wire::from_proto(r.gva()), "read");
+  if (!info.ok()) return error_reply(request.id(), info.status(), false);
+  const Gva gva = checked(wire::from_proto(r.gva()), *info);
+  const uint64_t offset = gva.offset - info->gva.offset;
+  if (offset > info->size || r.length() > info->size - offset) {
+    // Refused before a byte of memory is committed to the answer.
+    return error_reply(request.id(), m_space.read(gva, nullptr, r.length()), false);
+  }
   Reply reply = ok_reply(request);
   std::string* data = reply.response.mutable_read()->mutable_data();
   data->resize(r.length());
@@ -46,7 +69,7 @@ Reply RequestHandler::read(const proto::Request& request) {
       Reply out = ok_reply(request);
       std::string* d = out.response.mutable_read()->mutable_data();
       d->resize(request.read().length());
-      PeerAccess access(m_peers, m_transport, transport_timeout());
+      PeerAccess access(m_peers, transport(), transport_timeout());
       Status st = m_space.read(gva, d->data(), d->size(), &access);
       return st.ok() ? out : error_reply(request.id(), st, false);
     };
@@ -55,14 +78,16 @@ Reply RequestHandler::read(const proto::Request& request) {
   return s.ok() ? reply : error_reply(request.id(), s, false);
 }
 
-Reply RequestHandler::write(const proto::Request& request) {
-  const Gva gva = wire::from_proto(request.write().gva());
+Reply RequestHandler::write(const proto::Request& request, const Identity& who) {
+  auto info = authorize(who, wire::from_proto(request.write().gva()), "write");
+  if (!info.ok()) return error_reply(request.id(), info.status(), false);
+  const Gva gva = checked(wire::from_proto(request.write().gva()), *info);
   const std::string& data = request.write().data();
   Status s = m_space.write(gva, data.data(), data.size());
   if (s.code() == ErrorCode::not_supported && m_peers != nullptr) {
     Reply reply;
     reply.deferred = [this, request, gva]() {
-      PeerAccess access(m_peers, m_transport, transport_timeout());
+      PeerAccess access(m_peers, transport(), transport_timeout());
       const std::string& d = request.write().data();
       Status st = m_space.write(gva, d.data(), d.size(), &access);
       if (!st.ok()) return error_reply(request.id(), st, false);
@@ -78,9 +103,17 @@ Reply RequestHandler::write(const proto::Request& request) {
   return reply;
 }
 
-Reply RequestHandler::atomic(const proto::Request& request) {
+Reply RequestHandler::atomic(const proto::Request& request, const Identity& who) {
   const proto::AtomicRequest& r = request.atomic();
-  const Gva gva = wire::from_proto(r.gva());
+  if (r.op() != proto::ATOMIC_FETCH_ADD && r.op() != proto::ATOMIC_COMPARE_SWAP) {
+    return error_reply(request.id(),
+                       Status(ErrorCode::invalid_argument,
+                              "atomic operation " + std::to_string(r.op()) + " is not fetch_add (0) or compare_swap (1)"),
+                       false);
+  }
+  auto info = authorize(who, wire::from_proto(r.gva()), "run an atomic on");
+  if (!info.ok()) return error_reply(request.id(), info.status(), false);
+  const Gva gva = checked(wire::from_proto(r.gva()), *info);
   const WordOp op = r.op() == proto::ATOMIC_FETCH_ADD ? WordOp::fetch_add : WordOp::compare_swap;
   auto run = [this, request, gva, op](MemoryAccess* elsewhere) {
     auto old = m_space.atomic(gva, op, request.atomic().operand(), request.atomic().compare(), elsewhere);
@@ -93,16 +126,18 @@ Reply RequestHandler::atomic(const proto::Request& request) {
   if (reply.response.status().code() == static_cast<uint32_t>(ErrorCode::not_supported) && m_peers != nullptr) {
     reply = Reply();
     reply.deferred = [this, run]() {
-      PeerAccess access(m_peers, m_transport, transport_timeout());
+      PeerAccess access(m_peers, transport(), transport_timeout());
       return run(&access);
     };
   }
   return reply;
 }
 
-Reply RequestHandler::free(const proto::Request& request) {
+Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
+  auto info = authorize(who, wire::from_proto(request.free().gva()), "free");
+  if (!info.ok()) return error_reply(request.id(), info.status(), false);
   std::vector<Extent> remote_frames;
-  Status s = m_space.free(wire::from_proto(request.free().gva()), &remote_frames);
+  Status s = m_space.free(checked(wire::from_proto(request.free().gva()), *info), &remote_frames);
   if (!s.ok()) return error_reply(request.id(), s, false);
   Reply reply = ok_reply(request);
   reply.response.mutable_free();
@@ -111,6 +146,7 @@ Reply RequestHandler::free(const proto::Request& request) {
     reply.deferred = [this, request, remote_frames]() {
       for (const Extent& x : remote_frames) {
         proto::Request release;
+        release.set_is_operator(true);
         wire::to_proto(x, release.mutable_release_frames()->add_extents());
         (void)m_peers->call(x.node, release);
       }
@@ -126,36 +162,51 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
   if (s.remote) {
     return Status(ErrorCode::not_supported, "memory regions are shared only with clients on this node (Unix socket)");
   }
-  proto::Region* v = out->add_regions();
-  v->set_kind(proto::Region::VERSIONS);
-  v->set_length(m_space.versions().bytes());
-  v->set_has_fd(true);
-  fds->push_back(m_space.versions().fd());
-  proto::Region* l3 = out->add_regions();
-  l3->set_kind(proto::Region::SUB_BLOCKS);
-  l3->set_length(m_space.sub_block_words().bytes());
-  l3->set_has_fd(true);
-  fds->push_back(m_space.sub_block_words().fd());
-  for (Tier t : k_tiers_fastest_first) {
-    TierBackend* b = m_space.backend(t);
-    if (b == nullptr) continue;
-    proto::Region* r = out->add_regions();
-    r->set_kind(proto::Region::TIER);
-    r->set_tier(wire::to_proto(t));
-    r->set_length(b->capacity());
-    r->set_persistent(b->persistent());
-    r->set_ipc_handle(b->ipc_handle());
-    if (b->share_fd() >= 0) {
-      r->set_has_fd(true);
-      fds->push_back(b->share_fd());
+  std::vector<uint32_t> domains;
+  if (s.who.is_operator) {
+    for (uint32_t d = 0; d < m_space.domains(); ++d) {
+      if (!m_space.tenant_of_domain(d).empty()) domains.push_back(d);
     }
   }
+  // The session's own tenant's domain, given to it now if it has none yet.
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t own, ensure_domain(s.who.tenant));
+  if (std::find(domains.begin(), domains.end(), own) == domains.end()) domains.push_back(own);
+  for (uint32_t d : domains) {
+    const DomainFiles files = m_space.domain_files(d);
+    proto::Region* v = out->add_regions();
+    v->set_kind(proto::Region::VERSIONS);
+    v->set_domain(d);
+    v->set_first(files.first_page);
+    v->set_length(files.versions_bytes);
+    v->set_has_fd(true);
+    fds->push_back(files.versions_fd);
+    for (const DomainFiles::TierFile& t : files.tiers) {
+      proto::Region* r = out->add_regions();
+      r->set_kind(proto::Region::TIER);
+      r->set_tier(wire::to_proto(t.tier));
+      r->set_domain(d);
+      r->set_first(t.frame_offset);
+      r->set_length(t.bytes);
+      r->set_persistent(t.persistent);
+      r->set_has_fd(true);
+      fds->push_back(t.fd);
+    }
+  }
+  // VRAM (one arena for all tenants) is reached through the daemon; its IPC
+  // handle is not handed out (it would open every tenant's VRAM).
   return Status();
 }
 
 Status RequestHandler::map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out) {
   if (s.remote) return Status(ErrorCode::not_supported, "only clients on this node can map memory");
-  TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.pin(wire::from_proto(r.gva())));
+  TIERMEM_ASSIGN_OR_RETURN(auto info, authorize(s.who, wire::from_proto(r.gva()), "map"));
+  if (info.tenant != s.who.tenant) {
+    // An operator reads and writes other tenants' memory through the daemon;
+    // a mapping would need that tenant's files.
+    return Status(ErrorCode::permission_denied, s.who.describe() + " may not map " + info.gva.to_string() +
+                                                    " of tenant '" + info.tenant + "' (read or write it instead)");
+  }
+  TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.pin(checked(wire::from_proto(r.gva()), info)));
   s.pins.push_back(layout.info.gva);
   wire::to_proto(layout.info, out->mutable_allocation());
   for (const Extent& x : layout.extents) wire::to_proto(x, out->add_extents());

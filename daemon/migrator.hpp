@@ -26,8 +26,11 @@ struct MigrationResult {
 
 class Migrator {
  public:
-  Migrator(AddressSpace& space, PeerManager* peers, Transport* transport, std::chrono::milliseconds timeout)
-      : m_space(space), m_peers(peers), m_transport(transport), m_timeout(timeout) {}
+  // `limits`: the quotas of the allocation's tenant (frames at the
+  // destination count against them).
+  Migrator(AddressSpace& space, PeerManager* peers, Transport* transport, std::chrono::milliseconds timeout,
+           TenantLimits limits)
+      : m_space(space), m_peers(peers), m_transport(transport), m_timeout(timeout), m_limits(limits) {}
 
   // Moves the allocation holding `gva` (homed here) to `tier` on `to_node`
   // (0: this node). Blocks; run it off the control threads. Errors:
@@ -36,7 +39,14 @@ class Migrator {
   Result<MigrationResult> migrate(Gva gva, Tier tier, NodeId to_node);
 
  private:
-  Result<Extent> reserve(NodeId node, Tier tier);
+  // A frame at the destination, and the memory generation and incarnation
+  // of the node that holds it.
+  struct Reserved {
+    Extent frame;
+    uint64_t memory_generation = 0;
+    uint64_t incarnation = 0;
+  };
+  Result<Reserved> reserve(NodeId node, Tier tier);
   void give_back(const Extent& frame);
   void release_remote(const std::vector<Extent>& frames);
   Status move_page(uint64_t page, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames, bool* moved);
@@ -45,6 +55,8 @@ class Migrator {
   PeerManager* m_peers;
   Transport* m_transport;
   std::chrono::milliseconds m_timeout;
+  TenantLimits m_limits;
+  std::string m_tenant;  // of the allocation being moved
 };
 
 }  // namespace tiermem

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -18,8 +19,15 @@ class PeerAccess final : public MemoryAccess {
   PeerAccess(PeerManager* peers, Transport* transport, std::chrono::milliseconds timeout)
       : m_peers(peers), m_transport(transport), m_timeout(timeout) {}
 
-  Result<VersionWords*> versions(NodeId home) override;
+  Result<VersionWords*> versions(NodeId home, uint64_t first_page) override;
   Result<FrameData*> frames(NodeId node, Tier tier) override;
+  // Errors: unavailable when what was handed out for `node` (or would be
+  // now) is not of daemon incarnation `incarnation` (it restarted).
+  Status expect_incarnation(NodeId node, uint64_t incarnation);
+  // Makes sure the keys of `node`'s frames [offset, offset+length) of
+  // `tier` are known (fetching the node's regions when a tenant's domain is
+  // newer than what we knew). Call before frames().
+  Status ensure_frames(NodeId node, Tier tier, uint64_t offset, uint64_t length);
 
  private:
   Result<std::shared_ptr<RemoteNode>> node(NodeId id);
@@ -29,6 +37,7 @@ class PeerAccess final : public MemoryAccess {
   std::chrono::milliseconds m_timeout;
   std::vector<std::unique_ptr<VersionWords>> m_words;
   std::vector<std::unique_ptr<FrameData>> m_frames;
+  std::map<NodeId, std::shared_ptr<RemoteNode>> m_nodes;  // one incarnation per node for the whole operation
 };
 
 }  // namespace tiermem

@@ -6,6 +6,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "access/node_advert.hpp"
 #include "convert.hpp"
 
 namespace tiermem {
@@ -17,21 +18,16 @@ uint64_t now_unix_ms() {
                                    .count());
 }
 
-std::vector<RegionAdvert> adverts(const proto::NodeInfo& info) {
-  std::vector<RegionAdvert> out;
-  for (const proto::RegionKey& k : info.regions()) {
-    out.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.base(), k.length(),
-                   k.packed_key(), k.persistent()});
-  }
-  return out;
-}
-
 }  // namespace
 
-PeerManager::PeerManager(PeerOptions options, proto::NodeInfo self, Transport* transport)
-    : m_options(std::move(options)), m_self(std::move(self)), m_transport(transport) {
-  m_self.set_state(proto::NodeInfo::SELF);
-  m_self.set_state_since_ms(now_unix_ms());
+PeerManager::PeerManager(PeerOptions options, std::function<proto::NodeInfo()> self, Transport* transport,
+                         ClusterSecret secret, std::function<void(NodeId, uint64_t)> on_memory)
+    : m_options(std::move(options)),
+      m_self(std::move(self)),
+      m_transport(transport),
+      m_secret(std::move(secret)),
+      m_on_memory(std::move(on_memory)),
+      m_self_since_ms(now_unix_ms()) {
   for (const ClusterMember& m : m_options.members) {
     if (m.id == m_options.self) continue;
     Peer p;
@@ -73,7 +69,7 @@ bool PeerManager::knows(NodeId node) const {
   return node == m_options.self || find(node) != nullptr;
 }
 
-void PeerManager::mark(Peer& peer, NodeState state, const std::string& error) {
+void PeerManager::mark(Peer& peer, NodeState state, const std::string& error, Graveyard* graveyard) {
   if (peer.state != state) {
     if (state == NodeState::connected) {
       spdlog::info("peer node {} at {} connected (incarnation {:x}, data plane: {})", peer.member.id,
@@ -86,19 +82,37 @@ void PeerManager::mark(Peer& peer, NodeState state, const std::string& error) {
   peer.state = state;
   peer.last_error = error;
   if (state != NodeState::connected) {
+    graveyard->dead.push_back(std::move(peer.connection));
+    graveyard->dead.push_back(std::move(peer.remote));
+    for (auto& c : peer.idle) graveyard->dead.push_back(std::move(c));
     peer.connection.reset();
     peer.remote.reset();
     peer.idle.clear();
   }
 }
 
-// Connects, says hello and sets up the data plane to one peer. Called by the
-// background thread without the lock held during I/O.
-Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string& address, proto::NodeInfo* info) {
+Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string& address, NodeId node,
+                                                              proto::NodeInfo* info) {
   TIERMEM_ASSIGN_OR_RETURN(auto conn, RpcConnection::connect_tcp(address, m_options.timeout));
+  const std::string nonce = make_nonce();
+  proto::Request challenge;
+  challenge.mutable_peer_challenge()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  challenge.mutable_peer_challenge()->set_node_id(m_options.self);
+  challenge.mutable_peer_challenge()->set_nonce(nonce);
+  TIERMEM_ASSIGN_OR_RETURN(auto answer, conn->call(challenge));
+  const proto::PeerChallengeResponse& c = answer.peer_challenge();
+  if (c.node_id() != node) {
+    return Status(ErrorCode::config_error, "the daemon at " + address + " is node " + std::to_string(c.node_id()) +
+                                               ", not node " + std::to_string(node) + " (check the cluster file)");
+  }
+  if (!m_secret.verify(c.proof(), "server", m_options.self, node, nonce, c.nonce())) {
+    return Status(ErrorCode::permission_denied, "the daemon at " + address + " (node " + std::to_string(node) +
+                                                    ") did not prove it knows the cluster secret");
+  }
   proto::Request hello;
   hello.mutable_peer_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  *hello.mutable_peer_hello()->mutable_self() = m_self;
+  *hello.mutable_peer_hello()->mutable_self() = m_self();
+  hello.mutable_peer_hello()->set_proof(m_secret.proof("client", m_options.self, node, nonce, c.nonce()));
   TIERMEM_ASSIGN_OR_RETURN(auto response, conn->call(hello));
   *info = response.peer_hello().self();
   return conn;
@@ -111,54 +125,99 @@ Status PeerManager::handshake(NodeId node) {
     address = find(node)->member.control;
   }
   proto::NodeInfo info;
-  TIERMEM_ASSIGN_OR_RETURN(auto conn, open_link(address, &info));
-  if (info.node_id() != node) {
-    return Status(ErrorCode::config_error, "the daemon at " + address + " is node " +
-                                               std::to_string(info.node_id()) + ", not node " +
-                                               std::to_string(node) + " (check the cluster file)");
-  }
+  TIERMEM_ASSIGN_OR_RETURN(auto conn, open_link(address, node, &info));
   std::shared_ptr<RemoteNode> remote;
   if (m_transport != nullptr && !info.transport_address().empty()) {
-    TIERMEM_ASSIGN_OR_RETURN(auto r,
-                             connect_remote_node(*m_transport, node, info.incarnation(), info.transport_address(), adverts(info)));
-    remote = r;
+    TIERMEM_ASSIGN_OR_RETURN(remote, connect_remote_node(*m_transport, advert_of(info)));
     info.set_transports(remote->endpoint->transports());
   }
+  if (m_on_memory) m_on_memory(node, info.memory_generation());
+  Graveyard graveyard;
   std::lock_guard lock(m_mutex);
   Peer& p = *find(node);
   const bool restarted = p.info.incarnation() != 0 && p.info.incarnation() != info.incarnation();
   if (restarted) spdlog::info("peer node {} restarted (incarnation {:x})", node, info.incarnation());
   info.set_state(proto::NodeInfo::CONNECTED);
+  graveyard.dead.push_back(std::move(p.connection));
+  graveyard.dead.push_back(std::move(p.remote));
   p.info = std::move(info);
   p.connection = std::shared_ptr<RpcConnection>(std::move(conn));
   p.remote = std::move(remote);
-  mark(p, NodeState::connected, "");
+  mark(p, NodeState::connected, "", &graveyard);
+  return Status();
+}
+
+Status PeerManager::refresh_regions(NodeId node, const std::shared_ptr<RpcConnection>& conn) {
+  proto::Request request;
+  request.mutable_node_info();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, conn->call(request));
+  return apply_node_info(node, response.node_info().self());
+}
+
+Status PeerManager::refresh(NodeId node) {
+  proto::Request request;
+  request.mutable_node_info();
+  TIERMEM_ASSIGN_OR_RETURN(auto response, call(node, request));
+  return apply_node_info(node, response.node_info().self());
+}
+
+Status PeerManager::apply_node_info(NodeId node, const proto::NodeInfo& info) {
+  std::shared_ptr<RemoteNode> old;
+  uint64_t incarnation = 0;
+  {
+    std::lock_guard lock(m_mutex);
+    old = find(node)->remote;
+    incarnation = find(node)->info.incarnation();
+  }
+  if (info.incarnation() != incarnation) return Status(ErrorCode::unavailable, "node " + std::to_string(node) + " restarted");
+  std::shared_ptr<RemoteNode> fresh;
+  if (old && m_transport != nullptr) {
+    TIERMEM_ASSIGN_OR_RETURN(fresh, with_regions(*m_transport, *old, advert_of(info).regions));
+  }
+  Graveyard graveyard;
+  std::lock_guard lock(m_mutex);
+  Peer& p = *find(node);
+  if (p.info.incarnation() != incarnation || p.state != NodeState::connected) return Status();
+  const std::string transports = p.info.transports();
+  p.info = info;
+  p.info.set_transports(transports);
+  p.info.set_state(proto::NodeInfo::CONNECTED);
+  if (fresh) {
+    graveyard.dead.push_back(std::move(p.remote));
+    p.remote = std::move(fresh);
+  }
   return Status();
 }
 
 void PeerManager::check(NodeId node) {
   std::shared_ptr<RpcConnection> conn;
-  uint64_t incarnation = 0;
+  uint64_t incarnation = 0, regions_version = 0;
   {
     std::lock_guard lock(m_mutex);
     Peer& p = *find(node);
     conn = p.state == NodeState::connected ? p.connection : nullptr;
     incarnation = p.info.incarnation();
+    regions_version = p.info.regions_version();
   }
   if (conn) {
     proto::Request ping;
     ping.mutable_ping();
     auto response = conn->call(ping);
-    if (response.ok() && response->ping().incarnation() == incarnation) return;
+    if (response.ok() && response->ping().incarnation() == incarnation) {
+      if (response->ping().regions_version() != regions_version) (void)refresh_regions(node, conn);
+      return;
+    }
+    Graveyard graveyard;
     std::lock_guard lock(m_mutex);
-    mark(*find(node), NodeState::down,
-         response.ok() ? "restarted (new incarnation)" : response.status().message());
+    mark(*find(node), NodeState::down, response.ok() ? "restarted (new incarnation)" : response.status().message(),
+         &graveyard);
   }
   Status s = handshake(node);
   if (!s.ok()) {
+    Graveyard graveyard;
     std::lock_guard lock(m_mutex);
     Peer& p = *find(node);
-    mark(p, p.state == NodeState::connecting ? NodeState::connecting : NodeState::down, s.message());
+    mark(p, p.state == NodeState::connecting ? NodeState::connecting : NodeState::down, s.message(), &graveyard);
   }
 }
 
@@ -196,9 +255,48 @@ void PeerManager::on_peer_hello(const proto::NodeInfo& info) {
   m_wake.notify_all();
 }
 
-Result<proto::Response> PeerManager::call(NodeId node, proto::Request request,
-                                          std::chrono::milliseconds timeout) {
-  std::shared_ptr<RpcConnection> conn;
+Result<std::shared_ptr<RpcConnection>> PeerManager::take_connection(NodeId node, uint64_t incarnation,
+                                                                    const std::string& address) {
+  {
+    std::lock_guard lock(m_mutex);
+    Peer& p = *find(node);
+    if (!p.idle.empty()) {
+      auto conn = std::move(p.idle.back());
+      p.idle.pop_back();
+      return conn;
+    }
+  }
+  proto::NodeInfo info;
+  auto opened = open_link(address, node, &info);
+  if (!opened.ok()) return opened.status().with_context("node " + std::to_string(node));
+  if (info.incarnation() != incarnation) {
+    // It restarted since the heartbeat saw it: let the heartbeat redo the
+    // link (and the data plane) first.
+    {
+      std::lock_guard lock(m_mutex);
+      find(node)->next_check = {};
+    }
+    m_wake.notify_all();
+    return Status(ErrorCode::unavailable, "node " + std::to_string(node) + " restarted; reconnecting");
+  }
+  return std::shared_ptr<RpcConnection>(std::move(opened).value());
+}
+
+void PeerManager::put_back(NodeId node, uint64_t incarnation, std::shared_ptr<RpcConnection> conn) {
+  std::shared_ptr<RpcConnection> dropped;
+  std::lock_guard lock(m_mutex);
+  Peer& p = *find(node);
+  --p.in_flight;
+  constexpr size_t k_max_idle = 8;
+  if (conn && !conn->broken() && p.state == NodeState::connected && p.info.incarnation() == incarnation &&
+      p.idle.size() < k_max_idle) {
+    p.idle.push_back(std::move(conn));
+  } else {
+    dropped = std::move(conn);
+  }
+}
+
+Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, std::chrono::milliseconds timeout) {
   std::string address;
   uint64_t incarnation = 0;
   {
@@ -213,34 +311,25 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request,
                         std::string(node_state_name(p->state)) +
                         (p->last_error.empty() ? "" : ": " + p->last_error));
     }
+    if (p->in_flight >= m_options.max_in_flight && request.body_case() != proto::Request::kMigrate) {
+      return Status(ErrorCode::unavailable, "node " + std::to_string(node) + " has " + std::to_string(p->in_flight) +
+                                                " requests outstanding that it has not answered (it may be "
+                                                "stopped or overloaded); try again");
+    }
+    ++p->in_flight;
     address = p->member.control;
     incarnation = p->info.incarnation();
-    if (!p->idle.empty()) {
-      conn = std::move(p->idle.back());
-      p->idle.pop_back();
-    }
   }
-  if (!conn) {
-    proto::NodeInfo info;
-    auto opened = open_link(address, &info);
-    if (!opened.ok()) return opened.status().with_context("node " + std::to_string(node));
-    if (info.incarnation() != incarnation) {
-      // It restarted since the heartbeat saw it: let the heartbeat redo the
-      // link (and the data plane) first.
-      {
-        std::lock_guard lock(m_mutex);
-        find(node)->next_check = {};
-      }
-      m_wake.notify_all();
-      return Status(ErrorCode::connection_failed, "node " + std::to_string(node) + " restarted; reconnecting");
-    }
-    conn = std::shared_ptr<RpcConnection>(std::move(opened).value());
+  auto conn = take_connection(node, incarnation, address);
+  if (!conn.ok()) {
+    put_back(node, incarnation, nullptr);
+    return conn.status();
   }
-  conn->set_timeout(timeout.count() > 0 ? timeout : m_options.timeout);
+  (*conn)->set_timeout(timeout.count() > 0 ? timeout : m_options.timeout);
   request.set_node(node);
   request.set_forwarded(true);
-  auto response = conn->call(request);
-  if (conn->broken()) {
+  auto response = (*conn)->call(request);
+  if ((*conn)->broken()) {
     // A timeout or a dead connection: this link is done. Whether the peer is
     // down is for the heartbeat to find out, now.
     {
@@ -248,22 +337,24 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request,
       find(node)->next_check = {};
     }
     m_wake.notify_all();
-    return response.ok() ? response : Result<proto::Response>(response.status().with_context("node " + std::to_string(node)));
-  }
-  {
-    std::lock_guard lock(m_mutex);
-    Peer& p = *find(node);
-    constexpr size_t k_max_idle = 8;
-    if (p.state == NodeState::connected && p.info.incarnation() == incarnation && p.idle.size() < k_max_idle) {
-      p.idle.push_back(std::move(conn));
+    if (!response.ok() && response.status().code() == ErrorCode::timeout) {
+      response = Status(ErrorCode::timeout, "node " + std::to_string(node) + " did not answer within " +
+                                                std::to_string((timeout.count() > 0 ? timeout : m_options.timeout).count()) +
+                                                " ms (it may be stopped or partitioned away)");
+    } else if (!response.ok()) {
+      response = response.status().with_context("node " + std::to_string(node));
     }
   }
+  put_back(node, incarnation, std::move(conn).value());
   return response;
 }
 
 std::vector<proto::NodeInfo> PeerManager::nodes() const {
+  proto::NodeInfo self = m_self();
+  self.set_state(proto::NodeInfo::SELF);
+  self.set_state_since_ms(m_self_since_ms);
   std::lock_guard lock(m_mutex);
-  std::vector<proto::NodeInfo> out{m_self};
+  std::vector<proto::NodeInfo> out{std::move(self)};
   for (const ClusterMember& m : m_options.members) {
     const Peer* p = find(m.id);
     if (p == nullptr) continue;

@@ -1,12 +1,20 @@
 // Membership (C4): the links from this daemon to every other node of the
 // cluster file. A background thread connects to each peer's control listener,
-// exchanges PeerHello (node info: incarnation, transport address, region
-// keys), then pings it; a peer that stops answering is marked down and
-// retried until it answers again, as a new incarnation if it restarted.
+// authenticates (daemon/peer_auth.hpp), exchanges PeerHello (node info:
+// incarnation, memory generation, transport address, region keys), then pings
+// it; a peer that stops answering is marked down and retried until it answers
+// again, as a new incarnation if it restarted. A peer's regions grow as its
+// tenants get domains: a ping says when, and the keys are fetched.
+//
+// A slow or stopped peer costs only the requests that go to it: each peer
+// has a bounded number of requests in flight (more fail at once with
+// unavailable), and nothing slow (closing endpoints, connecting) is done
+// while the manager's lock is held.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,10 +23,11 @@
 
 #include <tiermem/status.h>
 
+#include "access/remote_memory.hpp"
 #include "control.pb.h"
 #include "daemon/cluster_file.hpp"
+#include "daemon/peer_auth.hpp"
 #include "rpc_connection.hpp"
-#include "access/remote_memory.hpp"
 
 namespace tiermem {
 
@@ -28,13 +37,16 @@ struct PeerOptions {
   std::chrono::milliseconds reconnect_interval{500};
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds timeout{5000};
+  size_t max_in_flight = 2;  // requests to one peer at once (the control threads are few)
 };
 
 class PeerManager {
  public:
-  // `self` describes this daemon (state SELF); `transport` is used to reach
+  // `self` describes this daemon now (its regions grow); `transport` reaches
   // peers one-sided (may be null: then only the control plane works).
-  PeerManager(PeerOptions options, proto::NodeInfo self, Transport* transport);
+  // `on_memory` is told each peer's memory generation at every connect.
+  PeerManager(PeerOptions options, std::function<proto::NodeInfo()> self, Transport* transport, ClusterSecret secret,
+              std::function<void(NodeId, uint64_t)> on_memory = {});
   ~PeerManager();
 
   void start();
@@ -43,7 +55,8 @@ class PeerManager {
   // A blocking request to `node`, which executes it, on a connection of its
   // own (so a long request, a migration say, never holds up short ones).
   // `timeout` 0: the configured peer timeout. Errors: bad_gva (not in the
-  // cluster), connection_failed (down), timeout, or the peer's answer.
+  // cluster), connection_failed (down), unavailable (too many requests to it
+  // outstanding: it may be stopped), timeout, or the peer's answer.
   Result<proto::Response> call(NodeId node, proto::Request request,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
@@ -51,11 +64,13 @@ class PeerManager {
   std::vector<proto::NodeInfo> nodes() const;
   std::vector<NodeId> connected() const;
   bool knows(NodeId node) const;
-  const proto::NodeInfo& self() const { return m_self; }
 
   // How to reach `node` one-sided. Errors: transport_error (down or no
   // transport).
   Result<std::shared_ptr<RemoteNode>> remote(NodeId node);
+  // Fetches `node`'s description now (a tenant got a domain there since the
+  // last heartbeat said so), so remote() has the keys of its new regions.
+  Status refresh(NodeId node);
 
   // A peer said hello on its own connection to us: if it is a new
   // incarnation, our link to it is redone at once.
@@ -71,26 +86,40 @@ class PeerManager {
     std::shared_ptr<RemoteNode> remote;
     std::string last_error;
     uint64_t since_ms = 0;
+    size_t in_flight = 0;
     std::chrono::steady_clock::time_point next_check{};
+  };
+  // What a state change takes away, destroyed after the lock is let go
+  // (closing a UCX endpoint may wait for the peer).
+  struct Graveyard {
+    std::vector<std::shared_ptr<void>> dead;
   };
 
   void run();
   void check(NodeId node);
   Status handshake(NodeId node);
-  // Connects to a peer and says hello; the reply describes it.
-  Result<std::unique_ptr<RpcConnection>> open_link(const std::string& address, proto::NodeInfo* info);
-  void mark(Peer& peer, NodeState state, const std::string& error);
+  Status refresh_regions(NodeId node, const std::shared_ptr<RpcConnection>& conn);
+  Status apply_node_info(NodeId node, const proto::NodeInfo& info);
+  // Connects to a peer, authenticates both ways and says hello; the reply
+  // describes it.
+  Result<std::unique_ptr<RpcConnection>> open_link(const std::string& address, NodeId node, proto::NodeInfo* info);
+  void mark(Peer& peer, NodeState state, const std::string& error, Graveyard* graveyard);
   Peer* find(NodeId node);
   const Peer* find(NodeId node) const;
+  Result<std::shared_ptr<RpcConnection>> take_connection(NodeId node, uint64_t incarnation, const std::string& address);
+  void put_back(NodeId node, uint64_t incarnation, std::shared_ptr<RpcConnection> conn);
 
   PeerOptions m_options;
-  proto::NodeInfo m_self;
+  std::function<proto::NodeInfo()> m_self;
   Transport* m_transport;
+  ClusterSecret m_secret;
+  std::function<void(NodeId, uint64_t)> m_on_memory;
   mutable std::mutex m_mutex;
   std::condition_variable m_wake;
   std::map<NodeId, Peer> m_peers;
   bool m_stop = false;
   std::thread m_thread;
+  uint64_t m_self_since_ms = 0;
 };
 
 }  // namespace tiermem

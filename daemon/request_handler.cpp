@@ -5,6 +5,8 @@
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "daemon/data_plane.hpp"
+#include "daemon/peer_manager.hpp"
 #include "tiermem_config.h"
 
 namespace tiermem {
@@ -20,16 +22,53 @@ Reply finish(Reply reply, const Status& status, uint64_t id) {
   return reply;
 }
 
+// Requests daemons make of each other, never of a client.
+bool is_peer_only(proto::Request::BodyCase body) {
+  switch (body) {
+    case proto::Request::kPing:
+    case proto::Request::kNodeInfo:
+    case proto::Request::kReserveFrames:
+    case proto::Request::kReleaseFrames:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const char* request_name(proto::Request::BodyCase body) {
+  switch (body) {
+    case proto::Request::kPing: return "ping";
+    case proto::Request::kNodeInfo: return "node_info";
+    case proto::Request::kReserveFrames: return "reserve_frames";
+    case proto::Request::kReleaseFrames: return "release_frames";
+    default: return "this request";
+  }
+}
+
 }  // namespace
 
-RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, proto::NodeInfo self,
-                               PeerManager* peers, Transport* transport)
+RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants,
+                               DataPlane* data_plane, PeerManager* peers, ClusterSecret secret, uint64_t incarnation)
     : m_space(space),
       m_config(config),
-      m_self(std::move(self)),
+      m_tenants(tenants),
+      m_data_plane(data_plane),
       m_peers(peers),
-      m_transport(transport),
+      m_secret(std::move(secret)),
+      m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()) {}
+
+Transport* RequestHandler::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
+
+proto::NodeInfo RequestHandler::self() const {
+  if (m_data_plane != nullptr) return m_data_plane->self();
+  proto::NodeInfo n;
+  n.set_node_id(m_space.node());
+  n.set_state(proto::NodeInfo::SELF);
+  n.set_incarnation(m_incarnation);
+  n.set_page_size(m_space.page_size());
+  return n;
+}
 
 Reply RequestHandler::error_reply(uint64_t id, const Status& status, bool close_after) {
   Reply reply;
@@ -46,14 +85,59 @@ Reply RequestHandler::ok_reply(const proto::Request& request) {
   return reply;
 }
 
-Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
+Status RequestHandler::admit(const proto::Request& request, const SessionState& session) const {
   const auto body = request.body_case();
-  if (!session.greeted && body != proto::Request::kHello && body != proto::Request::kPeerHello) {
-    return error_reply(request.id(),
-                       Status(ErrorCode::unexpected_message,
-                              "the first request on a connection must be hello"),
-                       true);
+  if (!session.greeted) {
+    const bool first = session.remote ? body == proto::Request::kPeerChallenge ||
+                                            (body == proto::Request::kPeerHello && !session.challenge_nonce.empty())
+                                      : body == proto::Request::kHello;
+    if (!first) {
+      return Status(ErrorCode::unexpected_message,
+                    session.remote ? "a connection to the peer port must authenticate first (peer_challenge, then "
+                                     "peer_hello); clients connect to the Unix socket"
+                                   : "the first request on a connection must be hello");
+    }
+    return Status();
   }
+  if (!session.peer && is_peer_only(body)) {
+    return Status(ErrorCode::permission_denied,
+                  std::string(request_name(body)) + " is for peer daemons only, not for clients (" +
+                      session.who.describe() + ")");
+  }
+  return Status();
+}
+
+Identity RequestHandler::requester(const proto::Request& request, const SessionState& session) const {
+  if (!session.peer) return session.who;
+  // A peer relays for one of its clients; the peer is authenticated, and
+  // vouches for who that client is.
+  // (A daemon's own requests, a migration's say, say it is an operator.)
+  Identity who;
+  who.tenant = request.tenant();
+  who.is_operator = request.is_operator();
+  who.uid = request.uid();
+  return who;
+}
+
+Result<AllocationInfo> RequestHandler::authorize(const Identity& who, Gva gva, const char* verb) const {
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
+  if (who.is_operator || t.allocation.tenant == who.tenant) return t.allocation;
+  return Status(ErrorCode::permission_denied, who.describe() + " may not " + verb + " " + gva.to_string() +
+                                                  ": allocation " + t.allocation.gva.to_string() +
+                                                  " belongs to tenant '" + t.allocation.tenant + "'");
+}
+
+Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
+  bool fresh = false;
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, m_space.domain_for(tenant, m_tenants.limits(tenant), &fresh));
+  if (fresh && m_data_plane != nullptr) {
+    TIERMEM_RETURN_IF_ERROR(m_data_plane->register_domain(m_space, domain));
+  }
+  return domain;
+}
+
+Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
+  if (Status s = admit(request, session); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   const NodeId target = target_of(request);
   if (target != m_space.node()) {
     if (request.forwarded()) {
@@ -63,7 +147,7 @@ Reply RequestHandler::handle(const proto::Request& request, SessionState& sessio
                                                         " (misrouted)"),
                          false);
     }
-    return forward(target, request);
+    return forward(target, request, session);
   }
   return dispatch(request, session);
 }
@@ -77,66 +161,85 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
       status = hello(request.hello(), session, resp.mutable_hello());
       reply.close_after = !status.ok();
       break;
+    case proto::Request::kPeerChallenge:
+      status = peer_challenge(request.peer_challenge(), session, resp.mutable_peer_challenge());
+      reply.close_after = !status.ok();
+      break;
     case proto::Request::kPeerHello:
       status = peer_hello(request.peer_hello(), session, resp.mutable_peer_hello());
       reply.close_after = !status.ok();
       break;
-    case proto::Request::kAlloc:
-      status = alloc(request.alloc(), session, resp.mutable_alloc());
-      if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
-          request.node() == 0 && !request.forwarded()) {
-        return alloc_anywhere(request, status);
-      }
+    case proto::Request::kOpenRegions:
+      status = open_regions(session, resp.mutable_open_regions(), &reply.fds);
       break;
-    case proto::Request::kFree: return free(request);
-    case proto::Request::kTranslate:
-      status = translate(request.translate(), resp.mutable_translate());
-      break;
-    case proto::Request::kRead: return read(request);
-    case proto::Request::kWrite: return write(request);
-    case proto::Request::kAtomic: return atomic(request);
-    case proto::Request::kMap:
-      status = map(request.map(), session, resp.mutable_map());
-      break;
+    case proto::Request::kMap: status = map(request.map(), session, resp.mutable_map()); break;
     case proto::Request::kUnmap:
       status = unmap(request.unmap(), session);
       resp.mutable_unmap();
       break;
-    case proto::Request::kLookup: {
-      auto info = m_space.lookup(request.lookup().name());
-      if (info.ok()) wire::to_proto(*info, resp.mutable_lookup()->mutable_allocation());
-      status = info.status();
+    case proto::Request::kPing:
+      resp.mutable_ping()->set_incarnation(m_incarnation);
+      resp.mutable_ping()->set_regions_version(self().regions_version());
       break;
-    }
-    case proto::Request::kStat: stat(resp.mutable_stat()); break;
-    case proto::Request::kList:
-      for (const AllocationInfo& a : m_space.list()) wire::to_proto(a, resp.mutable_list()->add_allocations());
-      break;
-    case proto::Request::kDump: dump(resp.mutable_dump()); break;
-    case proto::Request::kOpenRegions:
-      status = open_regions(session, resp.mutable_open_regions(), &reply.fds);
-      break;
-    case proto::Request::kNodes: nodes(resp.mutable_nodes()); break;
-    case proto::Request::kPing: resp.mutable_ping()->set_incarnation(m_self.incarnation()); break;
-    case proto::Request::kMigrate: return migrate(request);
+    case proto::Request::kNodeInfo: *resp.mutable_node_info()->mutable_self() = self(); break;
     case proto::Request::kReserveFrames:
-      status = reserve_frames(request.reserve_frames(), resp.mutable_reserve_frames());
+      status = reserve_frames(request, session, resp.mutable_reserve_frames());
       break;
     case proto::Request::kReleaseFrames:
-      status = release_frames(request.release_frames());
+      status = release_frames(request.release_frames(), session);
       resp.mutable_release_frames();
       break;
+    default: return dispatch_data(request, session, requester(request, session));
+  }
+  return finish(std::move(reply), status, request.id());
+}
+
+Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState& session, const Identity& who) {
+  Reply reply = ok_reply(request);
+  proto::Response& resp = reply.response;
+  Status status;
+  switch (request.body_case()) {
+    case proto::Request::kAlloc:
+      status = alloc(request.alloc(), who, resp.mutable_alloc());
+      if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
+          request.node() == 0 && !request.forwarded()) {
+        return alloc_anywhere(request, session, status);
+      }
+      break;
+    case proto::Request::kFree: return free(request, who);
+    case proto::Request::kTranslate: status = translate(request.translate(), who, resp.mutable_translate()); break;
+    case proto::Request::kRead: return read(request, who);
+    case proto::Request::kWrite: return write(request, who);
+    case proto::Request::kAtomic: return atomic(request, who);
+    case proto::Request::kLookup: status = lookup(request.lookup(), who, resp.mutable_lookup()); break;
+    case proto::Request::kStat: stat(resp.mutable_stat()); break;
+    case proto::Request::kList: list(who, resp.mutable_list()); break;
+    case proto::Request::kDump: dump(who, resp.mutable_dump()); break;
+    case proto::Request::kNodes:
+      if (request.nodes().refresh() && m_peers != nullptr && request.nodes().node() != m_space.node()) {
+        // Asks the peer: off the control threads.
+        reply.deferred = [this, request, who]() {
+          (void)m_peers->refresh(static_cast<NodeId>(request.nodes().node()));
+          Reply out = ok_reply(request);
+          nodes(who, out.response.mutable_nodes());
+          return out;
+        };
+        return reply;
+      }
+      nodes(who, resp.mutable_nodes());
+      break;
+    case proto::Request::kMigrate: return migrate(request, who);
     case proto::Request::kPersistFrames:
       // msync on a non-DAX file can take milliseconds: off the control threads.
-      reply.deferred = [this, request]() {
-        Status s = persist_frames(request.persist_frames());
+      reply.deferred = [this, request, who]() {
+        Status s = persist_frames(request.persist_frames(), who);
         if (!s.ok()) return error_reply(request.id(), s, false);
         Reply out = ok_reply(request);
         out.response.mutable_persist_frames();
         return out;
       };
       return reply;
-    case proto::Request::BODY_NOT_SET:
+    default:
       status = Status(ErrorCode::malformed_frame, "request has no body (unknown request type?)");
       break;
   }
@@ -150,8 +253,9 @@ Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, prot
                       ", tiermemd " TIERMEM_VERSION " speaks " + std::to_string(k_protocol_version) +
                       "; use a libtiermem and tiermemctl of the same release");
   }
+  TIERMEM_ASSIGN_OR_RETURN(s.who, m_tenants.identify(s.uid, s.gid, s.groups));
   s.greeted = true;
-  s.client_name = r.client_name();
+  s.client_name = r.client_name().substr(0, 256);
   out->set_protocol_version(k_protocol_version);
   out->set_node_id(m_space.node());
   out->set_page_size(m_space.page_size());
@@ -160,21 +264,44 @@ Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, prot
   out->set_session_id(s.id);
   out->set_max_frame_bytes(m_config.max_frame_bytes);
   out->set_max_inline_bytes(m_config.max_inline_bytes);
+  out->set_incarnation(m_incarnation);
+  out->set_pages_per_domain(m_space.pages_per_domain());
+  out->set_tenant(s.who.tenant);
+  out->set_is_operator(s.who.is_operator);
   for (const TierStat& t : m_space.tier_stats()) wire::to_proto(t, out->add_tiers());
   return Status();
 }
 
-Status RequestHandler::alloc(const proto::AllocRequest& r, const SessionState& s, proto::AllocResponse* out) {
+Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out) {
   AllocRequest req;
   req.size = r.size();
   req.tier = wire::from_proto(r.tier());
   req.strict = r.strict();
   req.name = r.name();
-  req.owner_uid = s.uid;
+  req.owner_uid = who.uid;
   req.coherent = r.coherent();
+  req.tenant = who.tenant;
+  req.limits = m_tenants.limits(who.tenant);
+  TIERMEM_RETURN_IF_ERROR(ensure_domain(who.tenant).status());
   TIERMEM_ASSIGN_OR_RETURN(auto info, m_space.allocate(req));
   wire::to_proto(info, out->mutable_allocation());
   return Status();
+}
+
+Status RequestHandler::lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out) {
+  TIERMEM_ASSIGN_OR_RETURN(auto info, m_space.lookup(r.name()));
+  if (!who.is_operator && info.tenant != who.tenant) {
+    return Status(ErrorCode::permission_denied, who.describe() + " may not look up '" + r.name() +
+                                                    "': it belongs to tenant '" + info.tenant + "'");
+  }
+  wire::to_proto(info, out->mutable_allocation());
+  return Status();
+}
+
+void RequestHandler::list(const Identity& who, proto::ListResponse* out) {
+  for (const AllocationInfo& a : m_space.list()) {
+    if (who.is_operator || a.tenant == who.tenant) wire::to_proto(a, out->add_allocations());
+  }
 }
 
 void RequestHandler::end_session(SessionState& session) {
@@ -197,13 +324,20 @@ void RequestHandler::stat(proto::StatResponse* out) {
   out->set_socket_path(m_config.socket_path);
 }
 
-void RequestHandler::dump(proto::DumpResponse* out) {
+void RequestHandler::dump(const Identity& who, proto::DumpResponse* out) {
   const MappingDump d = m_space.dump();
   out->set_node_id(d.node);
   out->set_page_size(d.page_size);
   out->set_l2_pages(d.l2_pages);
-  for (const AllocationInfo& a : d.allocations) wire::to_proto(a, out->add_allocations());
-  for (const PageInfo& p : d.pages) wire::to_proto(p, out->add_pages());
+  // The pages come allocation by allocation, in the order of the allocations.
+  size_t page = 0;
+  for (const AllocationInfo& a : d.allocations) {
+    const bool shown = who.is_operator || a.tenant == who.tenant;
+    if (shown) wire::to_proto(a, out->add_allocations());
+    for (uint64_t i = 0; i < a.pages && page < d.pages.size(); ++i, ++page) {
+      if (shown) wire::to_proto(d.pages[page], out->add_pages());
+    }
+  }
 }
 
 }  // namespace tiermem

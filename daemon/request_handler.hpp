@@ -2,11 +2,21 @@
 // AddressSpace and (in a cluster) its peers. Independent of the socket code,
 // so it reads as the protocol.
 //
+// Who may ask what (the trust model, docs/ARCHITECTURE.md):
+//   - a Unix-socket session is a client: hello first; it is its tenant (from
+//     its peer credentials) and may touch that tenant's memory only, or
+//     every tenant's when it is an operator; the requests daemons make of
+//     each other are refused to it;
+//   - a TCP session is a peer daemon: peer_challenge and peer_hello
+//     (authentication) first; after that it may make peer requests and
+//     relay its clients' requests, which carry their tenant;
+//   - nothing is served on a session before it said who it is.
+//
 // Routing: a request for another node (Request.node, or the home node of its
-// GVA) is forwarded to that node's daemon, once; its answer is relayed.
-// Work that blocks (forwarding, migration, one-sided copies to other nodes)
-// comes back as Reply::deferred for the server to run off its control
-// threads.
+// GVA) is forwarded to that node's daemon, once, with the client's identity;
+// its answer is relayed. Work that blocks (forwarding, migration, one-sided
+// copies to other nodes) comes back as Reply::deferred for the server to run
+// off its control threads.
 #pragma once
 
 #include <sys/types.h>
@@ -22,10 +32,13 @@
 
 #include "control.pb.h"
 #include "daemon/config.hpp"
+#include "daemon/peer_auth.hpp"
+#include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
 
 namespace tiermem {
 
+class DataPlane;
 class PeerManager;
 class Transport;
 
@@ -33,12 +46,18 @@ class Transport;
 struct SessionState {
   uint64_t id = 0;
   uid_t uid = 0;
+  gid_t gid = 0;
   pid_t pid = 0;
+  std::vector<uint32_t> groups;  // supplementary groups (Unix sessions)
   std::string client_name;
-  bool greeted = false;        // hello (or peer hello) exchanged
-  bool peer = false;           // another daemon
-  bool remote = false;         // over TCP: no descriptors, no mappings
-  std::vector<Gva> pins;       // allocations this session has mapped
+  bool greeted = false;          // hello (or an authenticated peer hello) exchanged
+  bool peer = false;             // an authenticated peer daemon
+  bool remote = false;           // over TCP: no descriptors, no mappings
+  Identity who;                  // a client's tenant (after hello)
+  NodeId peer_node = 0;          // the peer's node id (after authentication)
+  std::string challenge_nonce;   // ours, sent in the peer challenge
+  std::string peer_nonce;        // the peer's, from its challenge
+  std::vector<Gva> pins;         // allocations this session has mapped
 };
 
 struct Reply {
@@ -50,10 +69,10 @@ struct Reply {
 
 class RequestHandler {
  public:
-  // `self` describes this node (incarnation, transport address, region keys).
-  // `peers` and `transport` are null for a daemon that runs alone.
-  RequestHandler(AddressSpace& space, const DaemonConfig& config, proto::NodeInfo self,
-                 PeerManager* peers, Transport* transport);
+  // `data_plane` and `peers` are null for a daemon that runs alone (and in
+  // unit tests); `secret` is empty then.
+  RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants, DataPlane* data_plane,
+                 PeerManager* peers, ClusterSecret secret, uint64_t incarnation);
 
   // Handles a decoded request. Never throws; every failure becomes a status
   // in the response.
@@ -69,41 +88,60 @@ class RequestHandler {
 
  private:
   Reply dispatch(const proto::Request& request, SessionState& session);
+  Reply dispatch_data(const proto::Request& request, SessionState& session, const Identity& who);
+  // Refuses what this session may not ask at all (before any work).
+  Status admit(const proto::Request& request, const SessionState& session) const;
+  // Who asked: the session's client, or the client a peer relays for.
+  Identity requester(const proto::Request& request, const SessionState& session) const;
+  // The allocation holding `gva`, when `who` may `verb` it. Errors: those of
+  // translate(); permission_denied naming both tenants.
+  Result<AllocationInfo> authorize(const Identity& who, Gva gva, const char* verb) const;
+  // The domain of a tenant here, registering its frames with the transport
+  // when it was just given one.
+  Result<uint32_t> ensure_domain(const std::string& tenant);
+
   // --- routing and cluster (cluster_requests.cpp) ---
   NodeId target_of(const proto::Request& request) const;
-  Reply forward(NodeId node, const proto::Request& request);
-  Reply alloc_anywhere(const proto::Request& request, const Status& local_error);
+  Reply forward(NodeId node, const proto::Request& request, const SessionState& session);
+  Reply alloc_anywhere(const proto::Request& request, const SessionState& session, const Status& local_error);
+  Status peer_challenge(const proto::PeerChallengeRequest& r, SessionState& s, proto::PeerChallengeResponse* out);
   Status peer_hello(const proto::PeerHelloRequest& r, SessionState& s, proto::PeerHelloResponse* out);
-  void nodes(proto::NodesResponse* out);
-  Status reserve_frames(const proto::ReserveFramesRequest& r, proto::ReserveFramesResponse* out);
-  Status release_frames(const proto::ReleaseFramesRequest& r);
-  Status persist_frames(const proto::PersistFramesRequest& r);
-  Reply migrate(const proto::Request& request);
+  void nodes(const Identity& who, proto::NodesResponse* out);
+  Status reserve_frames(const proto::Request& request, const SessionState& s, proto::ReserveFramesResponse* out);
+  Status release_frames(const proto::ReleaseFramesRequest& r, const SessionState& s);
+  Status persist_frames(const proto::PersistFramesRequest& r, const Identity& who);
+  Reply migrate(const proto::Request& request, const Identity& who);
   // --- data (data_requests.cpp) ---
-  Status translate(const proto::TranslateRequest& r, proto::TranslateResponse* out);
-  Reply read(const proto::Request& request);
-  Reply write(const proto::Request& request);
-  Reply atomic(const proto::Request& request);
-  Reply free(const proto::Request& request);
+  Status translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out);
+  Reply read(const proto::Request& request, const Identity& who);
+  Reply write(const proto::Request& request, const Identity& who);
+  Reply atomic(const proto::Request& request, const Identity& who);
+  Reply free(const proto::Request& request, const Identity& who);
   Status open_regions(const SessionState& s, proto::OpenRegionsResponse* out, std::vector<int>* fds);
   Status map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out);
   Status unmap(const proto::UnmapRequest& r, SessionState& s);
   // --- node (request_handler.cpp) ---
   Status hello(const proto::HelloRequest& r, SessionState& s, proto::HelloResponse* out);
-  Status alloc(const proto::AllocRequest& r, const SessionState& s, proto::AllocResponse* out);
+  Status alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out);
+  Status lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out);
+  void list(const Identity& who, proto::ListResponse* out);
   void stat(proto::StatResponse* out);
-  void dump(proto::DumpResponse* out);
+  void dump(const Identity& who, proto::DumpResponse* out);
 
   Reply ok_reply(const proto::Request& request);
   std::chrono::milliseconds transport_timeout() const {
     return std::chrono::milliseconds(m_config.transport_timeout_ms);
   }
+  Transport* transport() const;
+  proto::NodeInfo self() const;
 
   AddressSpace& m_space;
   const DaemonConfig& m_config;
-  proto::NodeInfo m_self;
+  const TenantMap& m_tenants;
+  DataPlane* m_data_plane;
   PeerManager* m_peers;
-  Transport* m_transport;
+  ClusterSecret m_secret;
+  uint64_t m_incarnation;
   std::chrono::steady_clock::time_point m_started;
   std::atomic<uint64_t> m_sessions{0};
 };

@@ -1,4 +1,10 @@
 // tiermemd: the per-node tiermem daemon.
+//
+// Start-up, in order: configuration and cluster file (exit 2 when bad); the
+// directories of the node's memory, each locked so that no second daemon
+// shares them; what an earlier daemon left there is retired (its clients
+// stop using it); tiers, address space and data plane; tenants and the
+// cluster secret; peers; the control server. Then serve until SIGTERM.
 #include <utility>  // before Asio (Boost 1.74 with C++20)
 
 #include <signal.h>
@@ -18,17 +24,17 @@
 #include <tiermem/units.h>
 
 #include "common/log.hpp"
-#include "common/shared_memory.hpp"
-#include "common/unique_fd.hpp"
-#include "convert.hpp"
 #include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
 #include "daemon/control_server.hpp"
+#include "daemon/data_plane.hpp"
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
+#include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
+#include "mapping/segment_file.hpp"
+#include "mapping/version_segments.hpp"
 #include "tiermem_config.h"
-#include "transport/transport.hpp"
 
 namespace {
 
@@ -37,9 +43,73 @@ namespace asio = boost::asio;
 
 constexpr const char* k_default_config = "/etc/tiermem/tiermemd.toml";
 constexpr unsigned k_io_threads = 2;
-constexpr unsigned k_pool_threads = 4;
+// Blocking work (forwarded requests, remote copies, migrations) runs here.
+// A peer gets at most a quarter of the threads at once, so a stopped peer
+// leaves the rest to requests that go elsewhere.
+constexpr unsigned k_pool_threads = 32;
 
-Result<TierSet> open_tiers(const DaemonConfig& c, const SharedMemoryFactory& shared) {
+uint64_t random_incarnation() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) | rd();
+  return v;
+}
+
+// This node's control address in the cluster file, and every member.
+Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std::string* control) {
+  if (config.cluster_file.empty()) return std::vector<ClusterMember>{};
+  TIERMEM_ASSIGN_OR_RETURN(auto members, load_cluster(config.cluster_file));
+  for (const ClusterMember& m : members) {
+    if (m.id == config.node_id) *control = m.control;
+  }
+  if (control->empty()) {
+    return Status(ErrorCode::config_error, "node " + std::to_string(config.node_id) + " is not in cluster file " +
+                                               config.cluster_file);
+  }
+  return members;
+}
+
+// Everything a serving daemon holds, built in start-up order and torn down in
+// reverse.
+struct Node {
+  std::string control;  // this node's address for peers ("" alone)
+  std::vector<ClusterMember> members;
+  uint64_t incarnation = random_incarnation();
+  DirectoryLock dram_lock, pmem_lock;
+  std::unique_ptr<DataPlane> data_plane;
+  std::unique_ptr<AddressSpace> space;
+  std::optional<TenantMap> tenants;
+  ClusterSecret secret;
+  std::unique_ptr<PeerManager> peers;
+};
+
+// The memory directories: locked (one daemon each), and emptied of what an
+// earlier daemon left. Its version segments are retired first, so a client
+// still connected to it sees that and writes nothing more; its frames are
+// not recovered (durable metadata does not exist yet), so they go.
+Status take_directories(const DaemonConfig& c, Node* node) {
+  TIERMEM_ASSIGN_OR_RETURN(node->dram_lock, DirectoryLock::take(c.dram_path, "the node's shared memory"));
+  const auto retired =
+      VersionSegments::retire_stale(c.dram_path, std::chrono::milliseconds(c.stale_writer_grace_ms));
+  if (retired.segments > 0) {
+    spdlog::info("retired {} version segment(s) of an earlier daemon in {}{}", retired.segments, c.dram_path,
+                 retired.locked_pages > 0
+                     ? "; " + std::to_string(retired.locked_pages) + " page(s) were still locked by its clients"
+                     : "");
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(c.dram_path, ec)) {
+    if (e.path().filename().string().rfind("dram.", 0) == 0) std::filesystem::remove(e.path(), ec);
+  }
+  if (!c.pmem_enabled) return Status();
+  TIERMEM_ASSIGN_OR_RETURN(node->pmem_lock, DirectoryLock::take(c.pmem_path, "the PMEM pool"));
+  for (const auto& e : std::filesystem::directory_iterator(c.pmem_path, ec)) {
+    if (e.path().filename().string().rfind("pmem.", 0) == 0) std::filesystem::remove(e.path(), ec);
+  }
+  return Status();
+}
+
+Result<TierSet> open_tiers(const DaemonConfig& c) {
   TierSet tiers;
   if (c.vram_enabled) {
     auto vram = make_vram_tier(c.vram_device, c.vram_capacity);
@@ -52,13 +122,12 @@ Result<TierSet> open_tiers(const DaemonConfig& c, const SharedMemoryFactory& sha
     }
   }
   if (c.dram_enabled) {
-    TIERMEM_ASSIGN_OR_RETURN(auto dram,
-                             make_dram_tier(c.dram_capacity, "tiermem-dram-node" + std::to_string(c.node_id), shared));
-    tiers[static_cast<size_t>(Tier::dram)] = std::move(dram);
+    TIERMEM_ASSIGN_OR_RETURN(tiers[static_cast<size_t>(Tier::dram)],
+                             make_dram_tier({c.dram_path, c.dram_capacity, c.max_tenants_per_node}));
   }
   if (c.pmem_enabled) {
-    TIERMEM_ASSIGN_OR_RETURN(auto pmem, make_pmem_tier({c.pmem_path, c.pmem_capacity}));
-    tiers[static_cast<size_t>(Tier::pmem)] = std::move(pmem);
+    TIERMEM_ASSIGN_OR_RETURN(tiers[static_cast<size_t>(Tier::pmem)],
+                             make_pmem_tier({c.pmem_path, c.pmem_capacity, c.max_tenants_per_node}));
   }
   return tiers;
 }
@@ -70,93 +139,70 @@ void log_tiers(const AddressSpace& space) {
   }
 }
 
-// The data plane: the transport, the memory it provides or registers, and
-// how this node describes itself to peers and clients (incarnation, address,
-// region keys).
-class DataPlane {
- public:
-  static Result<std::unique_ptr<DataPlane>> start(const DaemonConfig& config) {
-    auto transport = make_ucx_transport(
-        {.tls = config.transport_tls, .devices = config.transport_devices, .progress_thread = true});
-    if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
-    auto dp = std::unique_ptr<DataPlane>(new DataPlane);
-    dp->m_transport = std::move(transport).value();
-    return dp;
+Status open_memory(const DaemonConfig& c, Node* node) {
+  TIERMEM_RETURN_IF_ERROR(take_directories(c, node));
+  TIERMEM_ASSIGN_OR_RETURN(auto tiers, open_tiers(c));
+  AddressSpaceOptions options;
+  options.node = c.node_id;
+  options.page_size = c.page_size;
+  options.domains = c.max_tenants_per_node;
+  options.pages_per_domain = c.pages_per_tenant;
+  options.versions_dir = c.dram_path;
+  options.incarnation = node->incarnation;
+  TIERMEM_ASSIGN_OR_RETURN(node->space, AddressSpace::create(options, std::move(tiers)));
+  log_tiers(*node->space);
+  return Status();
+}
+
+Status open_cluster(const DaemonConfig& c, Node* node) {
+  TIERMEM_ASSIGN_OR_RETURN(auto tenants, TenantMap::create(c));
+  node->tenants.emplace(std::move(tenants));
+  if (node->members.size() <= 1) return Status();
+  if (c.secret_file.empty()) {
+    return Status(ErrorCode::config_error,
+                  "a daemon with peers needs cluster.secret_file: the same secret on every node, mode 0600 (e.g. "
+                  "head -c 32 /dev/urandom | base64 > /etc/tiermem/cluster.secret; chmod 600 it)");
   }
-
-  Transport* transport() const { return m_transport.get(); }
-
-  // Memory for the DRAM tier and the version array: from the transport when
-  // it can (peers on shared memory then map it), else a memfd.
-  SharedMemoryFactory shared_memory() {
-    return [this](const std::string& name, size_t size) -> Result<SharedMemory> {
-      auto a = m_transport->allocate_shared(size);
-      if (!a.ok()) {
-        if (a.status().code() != ErrorCode::not_supported) {
-          spdlog::info("{}: transport memory unavailable ({}); using a memfd", name, a.status().message());
+  TIERMEM_ASSIGN_OR_RETURN(node->secret, ClusterSecret::load(c.secret_file));
+  PeerOptions po;
+  po.self = c.node_id;
+  po.members = node->members;
+  po.reconnect_interval = std::chrono::milliseconds(c.reconnect_interval_ms);
+  po.heartbeat_interval = std::chrono::milliseconds(c.heartbeat_interval_ms);
+  po.timeout = std::chrono::milliseconds(c.peer_timeout_ms);
+  po.max_in_flight = k_pool_threads / 4;
+  DataPlane* dp = node->data_plane.get();
+  AddressSpace* space = node->space.get();
+  node->peers = std::make_unique<PeerManager>(
+      po, [dp] { return dp->self(); }, dp->transport(), node->secret, [space](NodeId peer, uint64_t generation) {
+        if (const size_t lost = space->lose_frames_of(peer, generation); lost > 0) {
+          spdlog::error("node {}'s memory was made anew: {} page(s) on frames it lent are lost", peer, lost);
         }
-        return SharedMemory::create(name, size);
-      }
-      std::shared_ptr<RegisteredRegion> region(std::move(a->region));
-      m_registered.push_back(region);
-      spdlog::info("{}: {} of transport-allocated shared memory", name, format_size(a->length));
-      return SharedMemory::adopt(a->base, size, UniqueFd(a->fd), region);
-    };
-  }
+      });
+  return Status();
+}
 
-  // Registers what is not registered yet and builds this node's NodeInfo.
-  Result<proto::NodeInfo> describe(const DaemonConfig& config, AddressSpace& space, const std::string& control) {
-    proto::NodeInfo self;
-    self.set_node_id(config.node_id);
-    self.set_control_address(control);
-    self.set_page_size(space.page_size());
-    std::random_device rd;
-    self.set_incarnation((static_cast<uint64_t>(rd()) << 32) | rd());
-    self.set_transport_address(m_transport->address());
-    auto add = [&](void* base, size_t length, MemoryKind kind, bool versions, Tier tier, bool persistent) -> Status {
-      std::shared_ptr<RegisteredRegion> region;
-      for (const auto& r : m_registered) {
-        if (r->base() == reinterpret_cast<uint64_t>(base)) region = r;
-      }
-      if (!region) {
-        TIERMEM_ASSIGN_OR_RETURN(auto reg, m_transport->register_region(base, length, kind));
-        region = std::shared_ptr<RegisteredRegion>(std::move(reg));
-        m_registered.push_back(region);
-      }
-      proto::RegionKey* k = self.add_regions();
-      k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
-      k->set_tier(wire::to_proto(tier));
-      k->set_base(region->base());
-      k->set_length(length);
-      k->set_packed_key(region->packed_key());
-      k->set_persistent(persistent);
-      return Status();
-    };
-    if (Status s = add(space.versions().base(), space.versions().bytes(), MemoryKind::host, true, Tier::automatic,
-                       false);
-        !s.ok()) {
-      return s.with_context("registering the version array");
-    }
-    for (Tier t : k_tiers_fastest_first) {
-      TierBackend* b = space.backend(t);
-      if (b == nullptr) continue;
-      const MemoryKind kind = b->host_base() != nullptr ? MemoryKind::host : MemoryKind::cuda;
-      Status s = add(b->region_base(), b->capacity(), kind, false, t, b->persistent());
-      if (!s.ok()) {
-        // Peers then reach this tier only through this daemon (e.g. VRAM with
-        // a UCX built without CUDA).
-        spdlog::info("{} tier not reachable one-sided: {}", tier_name(t), s.message());
-      }
-    }
-    return self;
+// Builds everything before serving. Returns the process exit code on
+// failure (2: configuration, 1: anything else).
+int start(const DaemonConfig& config, Node* node) {
+  auto members = load_members(config, &node->control);
+  if (!members.ok()) {
+    spdlog::critical("cannot start: {}", members.status().to_string());
+    return 2;
   }
-
- private:
-  DataPlane() = default;
-  std::unique_ptr<Transport> m_transport;
-  // Registrations end before the transport.
-  std::vector<std::shared_ptr<RegisteredRegion>> m_registered;
-};
+  node->members = std::move(members).value();
+  auto dp = DataPlane::start(config);
+  Status s = dp.status();
+  if (s.ok()) node->data_plane = std::move(dp).value();
+  if (s.ok()) s = open_memory(config, node);
+  if (s.ok()) s = node->data_plane->describe(config, *node->space, node->control, node->incarnation);
+  if (s.ok()) s = open_cluster(config, node);
+  if (!s.ok()) {
+    spdlog::critical("cannot start: {}", s.to_string());
+    return s.code() == ErrorCode::config_error ? 2 : 1;
+  }
+  return 0;
+}
 
 // Pets the systemd watchdog at half its interval, when the unit asks for one.
 void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
@@ -174,77 +220,13 @@ void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
   asio::post(io, pet);
 }
 
-// This node's control address in the cluster file, and every member.
-Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std::string* control) {
-  if (config.cluster_file.empty()) return std::vector<ClusterMember>{};
-  TIERMEM_ASSIGN_OR_RETURN(auto members, load_cluster(config.cluster_file));
-  for (const ClusterMember& m : members) {
-    if (m.id == config.node_id) *control = m.control;
-  }
-  if (control->empty()) {
-    return Status(ErrorCode::config_error, "node " + std::to_string(config.node_id) + " is not in cluster file " +
-                                               config.cluster_file);
-  }
-  return members;
-}
-
-int serve(const DaemonConfig& config) {
-  std::string control;
-  auto members = load_members(config, &control);
-  if (!members.ok()) {
-    spdlog::critical("cannot start: {}", members.status().to_string());
-    return 2;
-  }
-  auto dp = DataPlane::start(config);
-  if (!dp.ok()) {
-    spdlog::critical("cannot start: {}", dp.status().to_string());
-    return 1;
-  }
-  auto tiers = open_tiers(config, (*dp)->shared_memory());
-  if (!tiers.ok()) {
-    spdlog::critical("cannot start: {}", tiers.status().to_string());
-    return 1;
-  }
-  AddressSpaceOptions options;
-  options.node = config.node_id;
-  options.page_size = config.page_size;
-  options.virtual_pages = config.virtual_pages;
-  options.shared_memory = (*dp)->shared_memory();
-  auto space = AddressSpace::create(options, std::move(tiers).value());
-  if (!space.ok()) {
-    spdlog::critical("cannot start: {}", space.status().to_string());
-    return 1;
-  }
-  log_tiers(**space);
-  auto self = (*dp)->describe(config, **space, control);
-  if (!self.ok()) {
-    spdlog::critical("cannot start: {}", self.status().to_string());
-    return 1;
-  }
-
-  std::unique_ptr<PeerManager> peers;
-  if (!members->empty()) {
-    PeerOptions po;
-    po.self = config.node_id;
-    po.members = *members;
-    po.reconnect_interval = std::chrono::milliseconds(config.reconnect_interval_ms);
-    po.heartbeat_interval = std::chrono::milliseconds(config.heartbeat_interval_ms);
-    po.timeout = std::chrono::milliseconds(config.peer_timeout_ms);
-    peers = std::make_unique<PeerManager>(po, *self, (*dp)->transport());
-  }
-
-  asio::io_context io;
-  asio::thread_pool pool(k_pool_threads);
-  RequestHandler handler(**space, config, *self, peers.get(), peers ? (*dp)->transport() : nullptr);
-  ControlServer server(io, pool, handler, config,
-                       members->empty() ? "" : (config.cluster_listen.empty() ? control : config.cluster_listen));
+int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_context& io) {
   if (Status s = server.listen(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.to_string());
     return 1;
   }
   server.start();
-  if (peers) peers->start();
-
+  if (node.peers) node.peers->start();
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int signo) {
     if (ec) return;
@@ -255,20 +237,67 @@ int serve(const DaemonConfig& config) {
   });
   asio::steady_timer watchdog(io);
   start_watchdog(io, watchdog);
-
-  spdlog::info("tiermemd {} node {} serving on {}{} (page size {}, config {})", TIERMEM_VERSION, config.node_id,
-               config.socket_path, control.empty() ? "" : " and " + control + " for peers",
-               format_size(config.page_size), config.source);
+  spdlog::info("tiermemd {} node {} serving on {}{} (page size {}, config {}, incarnation {:x})", TIERMEM_VERSION,
+               config.node_id, config.socket_path, node.control.empty() ? "" : " and " + node.control + " for peers",
+               format_size(config.page_size), config.source, node.incarnation);
   sd_notifyf(0, "READY=1\nSTATUS=node %u serving on %s", static_cast<unsigned>(config.node_id),
              config.socket_path.c_str());
-
   std::vector<std::thread> workers;
   for (unsigned i = 1; i < k_io_threads; ++i) workers.emplace_back([&io] { io.run(); });
   io.run();
   for (auto& t : workers) t.join();
-  if (peers) peers->stop();
-  pool.join();
+  if (node.peers) node.peers->stop();
+  return 0;
+}
+
+// After a clean stop nothing recovers the node's memory yet (durable
+// metadata does not exist): its files go, retired first so that a client
+// still mapping them writes nothing more.
+void remove_memory(const DaemonConfig& c) {
+  (void)VersionSegments::retire_stale(c.dram_path, std::chrono::milliseconds(0));
+  std::error_code ec;
+  for (const std::string& dir : {c.dram_path, c.pmem_path}) {
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("dram.", 0) == 0 || name.rfind("pmem.", 0) == 0) std::filesystem::remove(e.path(), ec);
+    }
+  }
+}
+
+int serve(const DaemonConfig& config) {
+  int rc = 0;
+  {
+    Node node;
+    if (rc = start(config, &node); rc != 0) return rc;
+    asio::io_context io;
+    asio::thread_pool pool(k_pool_threads);
+    RequestHandler handler(*node.space, config, *node.tenants, node.data_plane.get(), node.peers.get(), node.secret,
+                           node.incarnation);
+    ControlServer server(io, pool, handler, config,
+                         node.members.empty() ? "" : (config.cluster_listen.empty() ? node.control : config.cluster_listen));
+    rc = run(config, node, server, io);
+    pool.join();
+    // The directories are still locked here: no other daemon is in them.
+    node.space.reset();
+    remove_memory(config);
+  }
   spdlog::info("stopped");
+  return rc;
+}
+
+int check_config(const DaemonConfig& config) {
+  std::string control;
+  auto members = load_members(config, &control);
+  if (!members.ok()) {
+    std::fprintf(stderr, "tiermemd: %s\n", members.status().message().c_str());
+    return 2;
+  }
+  if (members->size() > 1 && config.secret_file.empty()) {
+    std::fprintf(stderr, "tiermemd: %s: a daemon with peers needs cluster.secret_file\n", config.source.c_str());
+    return 2;
+  }
+  std::printf("%s: configuration is valid%s\n", config.source.c_str(),
+              members->empty() ? "" : (" (cluster of " + std::to_string(members->size()) + " nodes)").c_str());
   return 0;
 }
 
@@ -296,18 +325,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     config = std::move(loaded).value();
+  } else {
+    config.dram_path = "/dev/shm/tiermem-node" + std::to_string(config.node_id);
   }
-  if (check_only) {
-    std::string control;
-    auto members = load_members(config, &control);
-    if (!members.ok()) {
-      std::fprintf(stderr, "tiermemd: %s\n", members.status().message().c_str());
-      return 2;
-    }
-    std::printf("%s: configuration is valid%s\n", config.source.c_str(),
-                members->empty() ? "" : (" (cluster of " + std::to_string(members->size()) + " nodes)").c_str());
-    return 0;
-  }
+  if (check_only) return check_config(config);
   if (Status s = setup_logging(config.log_level, "tiermemd"); !s.ok()) {
     std::fprintf(stderr, "tiermemd: %s\n", s.message().c_str());
     return 2;

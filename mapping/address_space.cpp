@@ -1,5 +1,6 @@
-// AddressSpace: creation, allocation, free, lent frames, migration steps and
-// reporting. Translation and data access are in address_space_access.cpp.
+// AddressSpace: creation, tenants' domains, allocation and free. Frames,
+// lending, migration steps and reporting are in address_space_frames.cpp;
+// translation and data access in address_space_access.cpp.
 #include "mapping/address_space.hpp"
 
 #include <algorithm>
@@ -26,89 +27,202 @@ uint64_t now_unix_ms() {
                                    .count());
 }
 
-uint32_t random_generation() {
+uint64_t random_nonzero() {
   std::random_device rd;
-  uint32_t g = 0;
-  while (g == 0) g = rd();
+  uint64_t g = 0;
+  while (g == 0) g = (uint64_t{rd()} << 32) | rd();
   return g;
+}
+
+Status check_tiers(const TierSet& tiers, uint64_t page_size, uint32_t domains, uint64_t* frames) {
+  *frames = 0;
+  for (const auto& t : tiers) {
+    if (!t) continue;
+    if (t->capacity() < page_size) {
+      return Status(ErrorCode::invalid_argument, std::string(tier_name(t->tier())) + " tier of " +
+                                                     format_size(t->capacity()) + " is smaller than one page (" +
+                                                     format_size(page_size) + ")");
+    }
+    if (t->domains() != 1 && t->domains() != domains) {
+      return Status(ErrorCode::invalid_argument, std::string(tier_name(t->tier())) + " tier has " +
+                                                     std::to_string(t->domains()) + " domains, the address space " +
+                                                     std::to_string(domains));
+    }
+    if (t->domains() > 1 && t->domain_span() % page_size != 0) {
+      return Status(ErrorCode::invalid_argument, "page size " + format_size(page_size) + " does not divide the " +
+                                                     std::string(tier_name(t->tier())) + " domain span");
+    }
+    *frames += t->capacity() / page_size;
+  }
+  return Status();
 }
 
 }  // namespace
 
-Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOptions& options,
-                                                           TierSet tiers) {
+Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOptions& options, TierSet tiers) {
   if (!std::has_single_bit(options.page_size) || options.page_size < 4096) {
     return Status(ErrorCode::invalid_argument,
                   "page size " + std::to_string(options.page_size) +
                       " must be a power of two of at least 4096 bytes");
   }
+  if (options.domains == 0) return Status(ErrorCode::invalid_argument, "the address space needs a domain");
   uint64_t frames = 0;
-  for (const auto& t : tiers) {
-    if (!t) continue;
-    if (t->capacity() < options.page_size) {
-      return Status(ErrorCode::invalid_argument,
-                    std::string(tier_name(t->tier())) + " tier of " + format_size(t->capacity()) +
-                        " is smaller than one page (" + format_size(options.page_size) + ")");
-    }
-    frames += t->capacity() / options.page_size;
-  }
-  uint64_t virtual_pages = options.virtual_pages;
-  if (virtual_pages == 0) virtual_pages = std::max(k_min_virtual_pages, frames * k_virtual_factor);
-  TIERMEM_ASSIGN_OR_RETURN(auto versions,
-                           VersionArray::create(virtual_pages, "tiermem-versions", options.shared_memory));
-  TIERMEM_ASSIGN_OR_RETURN(auto l3, WordArray::create(virtual_pages * k_l3_words_per_page, "tiermem-l3"));
-  return std::unique_ptr<AddressSpace>(new AddressSpace(
-      options, virtual_pages, std::move(tiers), std::move(versions), std::move(l3)));
+  TIERMEM_RETURN_IF_ERROR(check_tiers(tiers, options.page_size, options.domains, &frames));
+  uint64_t per_domain = options.pages_per_domain;
+  if (per_domain == 0) per_domain = std::max(k_min_virtual_pages, frames * k_virtual_factor);
+  per_domain = round_up(per_domain, k_pages_per_domain_unit);
+  VersionSegments::Options vo;
+  vo.dir = options.versions_dir;
+  vo.node = options.node;
+  vo.domains = options.domains;
+  vo.pages_per_domain = per_domain;
+  vo.page_size = options.page_size;
+  vo.incarnation = options.incarnation;
+  vo.memory_generation = options.memory_generation != 0 ? options.memory_generation : random_nonzero();
+  TIERMEM_ASSIGN_OR_RETURN(auto versions, VersionSegments::create(vo));
+  return std::unique_ptr<AddressSpace>(new AddressSpace(options, per_domain, std::move(tiers), std::move(versions)));
 }
 
-AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_pages,
-                           TierSet tiers, VersionArray versions, WordArray l3)
+AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t pages_per_domain, TierSet tiers,
+                           std::unique_ptr<VersionSegments> versions)
     : m_node(options.node),
       m_versions(std::move(versions)),
-      m_l3(std::move(l3)),
-      m_table(virtual_pages, options.page_size, m_l3.words()),
-      m_virtual(1, virtual_pages - 1),  // page 0 stays unallocated: GVA offset 0 is null
-      m_next_generation(options.first_generation != 0 ? options.first_generation : random_generation()),
-      m_local_words(m_versions.words().data(), m_versions.size(), m_l3.words().data(), options.page_size) {
+      m_table(m_versions->pages(), options.page_size, m_versions->l3()),
+      m_domains(options.domains),
+      m_next_generation(options.first_generation != 0 ? options.first_generation
+                                                      : static_cast<uint32_t>(random_nonzero() | 1)),
+      m_local_words(m_versions->words().data(), m_versions->pages(), m_versions->l3().data(), options.page_size) {
+  for (uint32_t d = 0; d < options.domains; ++d) {
+    // Page 0 stays unallocated: GVA offset 0 is null.
+    const uint64_t first = d == 0 ? 1 : uint64_t{d} * pages_per_domain;
+    m_domains[d].virtual_pages = ExtentSet(first, (uint64_t{d} + 1) * pages_per_domain - first);
+    m_domains[d].cursor = first;
+  }
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (!tiers[i]) continue;
     TierState& t = m_tiers[i];
     t.frames = tiers[i]->capacity() / options.page_size;
-    t.free_frames = ExtentSet(0, t.frames);
+    if (tiers[i]->domains() == 1) t.shared_free = ExtentSet(0, t.frames);
     t.backend = std::move(tiers[i]);
     m_local_frames[i].emplace(*t.backend);
   }
 }
 
-bool AddressSpace::take_frames(TierState& tier, uint64_t pages, std::vector<UnitRange>* frames) {
-  if (!tier.backend || tier.free_frames.free_units() < pages) return false;
-  return tier.free_frames.take_scattered(pages, frames);
+// --- tenants' domains ---------------------------------------------------------
+
+uint64_t AddressSpace::frame_pages_of(Tier tier, uint32_t, const TenantLimits& limits) const {
+  const TierState& t = m_tiers[static_cast<size_t>(tier)];
+  const uint64_t limit = limits.of(tier);
+  return limit == 0 ? t.frames : std::min(t.frames, limit / page_size());
 }
 
-Status AddressSpace::exhausted_error(const AllocRequest& request, uint64_t pages,
-                                     const std::vector<Tier>& chain) const {
-  std::string msg = "cannot allocate " + format_size(request.size) + " (" +
-                    std::to_string(pages) + (pages == 1 ? " page" : " pages") + " of " +
-                    format_size(page_size()) + ") on node " + std::to_string(m_node) + ":";
-  bool any_present = false;
+Status AddressSpace::open_domain_files(uint32_t domain, const TenantLimits& limits) {
+  Domain& d = m_domains[domain];
+  for (Tier tier : k_tiers_fastest_first) {
+    TierState& t = m_tiers[static_cast<size_t>(tier)];
+    const auto i = static_cast<size_t>(tier);
+    d.limit[i] = t.backend ? frame_pages_of(tier, domain, limits) : 0;
+    if (!t.backend || t.backend->domains() == 1 || d.limit[i] == 0) continue;
+    TIERMEM_RETURN_IF_ERROR(t.backend->open_domain(domain, d.limit[i] * page_size()));
+    const uint64_t first = uint64_t{domain} * t.backend->domain_span() / page_size();
+    d.free_frames[i] = ExtentSet(first, d.limit[i]);
+  }
+  return Status();
+}
+
+Result<uint32_t> AddressSpace::assign_domain(const std::string& tenant, const TenantLimits& limits) {
+  if (auto it = m_domain_of.find(tenant); it != m_domain_of.end()) return it->second;
+  for (uint32_t k = 0; k < m_domains.size(); ++k) {
+    if (m_domains[k].assigned) continue;
+    TIERMEM_RETURN_IF_ERROR(open_domain_files(k, limits));
+    m_domains[k].assigned = true;
+    m_domains[k].tenant = tenant;
+    m_versions->set_tenant(k, tenant);
+    m_domain_of.emplace(tenant, k);
+    return k;
+  }
+  return Status(ErrorCode::tier_exhausted, "node " + std::to_string(m_node) + " already holds " +
+                                               std::to_string(m_domains.size()) +
+                                               " tenants, the most it can (tenants.max_per_node); tenant '" + tenant +
+                                               "' has no room here");
+}
+
+Result<uint32_t> AddressSpace::domain_for(const std::string& tenant, const TenantLimits& limits, bool* fresh) {
+  std::unique_lock lock(m_mutex);
+  const bool had = m_domain_of.count(tenant) != 0;
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(tenant, limits));
+  if (fresh != nullptr) *fresh = !had;
+  return domain;
+}
+
+std::optional<uint32_t> AddressSpace::find_domain(const std::string& tenant) const {
+  std::shared_lock lock(m_mutex);
+  auto it = m_domain_of.find(tenant);
+  if (it == m_domain_of.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string AddressSpace::tenant_of_domain(uint32_t domain) const {
+  std::shared_lock lock(m_mutex);
+  return domain < m_domains.size() ? m_domains[domain].tenant : std::string();
+}
+
+DomainFiles AddressSpace::domain_files(uint32_t domain) const {
+  std::shared_lock lock(m_mutex);
+  DomainFiles f;
+  f.domain = domain;
+  f.first_page = uint64_t{domain} * m_versions->pages_per_domain();
+  f.pages = m_versions->pages_per_domain();
+  f.versions_fd = m_versions->fd(domain);
+  f.versions_bytes = m_versions->file_bytes();
+  for (Tier tier : k_tiers_fastest_first) {
+    const TierBackend* b = m_tiers[static_cast<size_t>(tier)].backend.get();
+    if (b == nullptr || b->share_fd(domain) < 0) continue;
+    f.tiers.push_back({tier, b->share_fd(domain), uint64_t{domain} * b->domain_span(), b->domain_bytes(domain),
+                       b->persistent()});
+  }
+  return f;
+}
+
+uint64_t AddressSpace::usage(const std::string& tenant, Tier tier) const {
+  std::shared_lock lock(m_mutex);
+  auto it = m_domain_of.find(tenant);
+  if (it == m_domain_of.end()) return 0;
+  return m_domains[it->second].used[static_cast<size_t>(tier)] * page_size();
+}
+
+// --- allocation ---------------------------------------------------------------
+
+Status AddressSpace::exhausted_error(const AllocRequest& request, uint64_t pages, const std::vector<Tier>& chain,
+                                     uint32_t domain) const {
+  std::string msg = "cannot allocate " + format_size(request.size) + " (" + std::to_string(pages) +
+                    (pages == 1 ? " page" : " pages") + " of " + format_size(page_size()) + ") on node " +
+                    std::to_string(m_node) + ":";
+  bool any_present = false, only_quota = true;
+  const Domain& d = m_domains[domain];
   for (size_t i = 0; i < chain.size(); ++i) {
-    const TierState& t = m_tiers[static_cast<size_t>(chain[i])];
+    const auto t = static_cast<size_t>(chain[i]);
+    const TierState& ts = m_tiers[t];
     msg += i == 0 ? " " : ", ";
     msg += tier_name(chain[i]);
-    if (!t.backend) {
+    if (!ts.backend) {
       msg += " not configured";
+      continue;
+    }
+    any_present = true;
+    if (d.limit[t] < ts.frames && d.used[t] + pages > d.limit[t]) {
+      msg += " quota of tenant '" + request.tenant + "' " + format_size(d.limit[t] * page_size()) + ", " +
+             format_size(d.used[t] * page_size()) + " used";
     } else {
-      any_present = true;
-      msg += " has " + std::to_string(t.free_frames.free_units()) + " of " +
-             std::to_string(t.frames) + " pages free";
+      only_quota = false;
+      msg += " has " + std::to_string(ts.frames - ts.used) + " of " + std::to_string(ts.frames) + " pages free";
     }
   }
   if (request.strict && request.tier != Tier::automatic) {
     msg += "; strict placement forbids falling back to a slower tier";
   }
-  if (!any_present) {
-    return Status(ErrorCode::tier_unavailable, msg + " (enable the tier in tiermemd.toml)");
-  }
+  if (!any_present) return Status(ErrorCode::tier_unavailable, msg + " (enable the tier in tiermemd.toml)");
+  if (only_quota) return Status(ErrorCode::quota_exceeded, msg + " (free some of the tenant's memory)");
   return Status(ErrorCode::tier_exhausted, msg + " (free memory or allow fallback)");
 }
 
@@ -126,34 +240,36 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
     return Status(ErrorCode::already_exists,
                   "name '" + request.name + "' is already used by " + info_of(other).gva.to_string());
   }
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(request.tenant, request.limits));
+  Domain& dom = m_domains[domain];
   const std::vector<Tier> chain = placement_chain(request.tier, request.strict);
   Tier chosen = Tier::automatic;
   std::vector<UnitRange> frames;
   for (Tier t : chain) {
-    if (take_frames(m_tiers[static_cast<size_t>(t)], pages, &frames)) {
+    if (take_frames(t, domain, pages, &frames)) {
       chosen = t;
       break;
     }
   }
-  if (chosen == Tier::automatic) return exhausted_error(request, pages, chain);
+  if (chosen == Tier::automatic) return exhausted_error(request, pages, chain, domain);
   TierState& tier = m_tiers[static_cast<size_t>(chosen)];
 
   UnitRange virt;
-  if (!m_virtual.take_next_fit(pages, m_virtual_cursor, &virt)) {
-    for (const UnitRange& f : frames) tier.free_frames.release(f);
+  if (!dom.virtual_pages.take_next_fit(pages, dom.cursor, &virt)) {
+    for (const UnitRange& f : frames) release_local_frame(chosen, f.start * psize, domain);
     return Status(ErrorCode::tier_exhausted,
-                  "node " + std::to_string(m_node) + " has no free virtual range of " +
-                      std::to_string(pages) + " pages (" + std::to_string(m_virtual.free_units()) +
-                      " free in " + std::to_string(m_virtual.fragments()) + " pieces)");
+                  "node " + std::to_string(m_node) + " has no free virtual range of " + std::to_string(pages) +
+                      " pages for tenant '" + request.tenant + "' (" + std::to_string(dom.virtual_pages.free_units()) +
+                      " free in " + std::to_string(dom.virtual_pages.fragments()) + " pieces)");
   }
-  m_virtual_cursor = virt.start + virt.count;
+  dom.cursor = virt.start + virt.count;
 
   // New memory reads as zeros: nothing of a freed allocation may show through.
   for (const UnitRange& f : frames) {
     Status s = tier.backend->discard(f.start * psize, f.count * psize);
     if (!s.ok()) {
-      for (const UnitRange& r : frames) tier.free_frames.release(r);
-      m_virtual.release(virt);
+      for (const UnitRange& r : frames) release_local_frame(chosen, r.start * psize, domain);
+      (void)dom.virtual_pages.release(virt);
       return s.with_context("clearing frames for a new allocation");
     }
   }
@@ -168,6 +284,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   a.name = request.name;
   a.created_unix_ms = now_unix_ms();
   a.owner_uid = request.owner_uid;
+  a.tenant = request.tenant;
   a.coherent = request.coherent;
 
   uint8_t flags = k_page_read | k_page_write | k_entry_present;
@@ -182,10 +299,11 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
       e.node = m_node;
       e.tier = chosen;
       e.flags = flags;
-      uint64_t& word = m_versions.word(page);
-      const uint64_t locked = version::lock(word);
+      // Nobody holds a free page's lock (its epoch moved on when it was
+      // freed), so the word is moved to the next epoch without waiting: a
+      // client that scribbled on it cannot make the daemon wait.
       m_table.set(page, e);
-      version::unlock_new_epoch(word, locked);
+      version::advance_epoch(m_versions->word(page));
     }
   }
   ++tier.allocations;
@@ -195,17 +313,9 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   return info;
 }
 
-void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset) {
-  TierState& t = m_tiers[static_cast<size_t>(tier)];
-  // A failed discard only delays returning storage: frames are cleared again
-  // when they are next allocated.
-  (void)t.backend->discard(frame_offset, page_size());
-  t.free_frames.release({frame_offset / page_size(), 1});
-}
-
 Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   std::unique_lock lock(m_mutex);
-  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  TIERMEM_ASSIGN_OR_RETURN(Allocation* located, locate(gva));
   Allocation& a = *located;
   const AllocationInfo info = info_of(a);
   if (gva.offset != info.gva.offset) {
@@ -226,25 +336,26 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   // tells every cached translation that the page is gone.
   std::vector<uint64_t> locked(a.pages);
   for (uint64_t i = 0; i < a.pages; ++i) {
-    if (!version::lock_exclusive_for(m_versions.word(a.first_page + i), k_page_lock_timeout, &locked[i])) {
-      for (uint64_t j = 0; j < i; ++j) version::unlock_exclusive(m_versions.word(a.first_page + j), locked[j]);
+    if (!version::lock_exclusive_for(m_versions->word(a.first_page + i), k_page_lock_timeout, &locked[i])) {
+      for (uint64_t j = 0; j < i; ++j) version::unlock_exclusive(m_versions->word(a.first_page + j), locked[j]);
       return Status(ErrorCode::busy, "page " + std::to_string(a.first_page + i) + " of " +
                                          info.gva.to_string() +
                                          " stayed locked by a writer; try again");
     }
   }
+  const uint32_t domain = m_versions->domain_of(a.first_page);
   for (uint64_t i = 0; i < a.pages; ++i) {
     const uint64_t page = a.first_page + i;
     const PageEntry e = *m_table.find(page);
     if (e.node == m_node) {
-      release_local_frame(e.tier, e.frame_offset);
-    } else if (remote_frames != nullptr) {
+      release_local_frame(e.tier, e.frame_offset, domain);
+    } else if (remote_frames != nullptr && (e.flags & k_page_lost) == 0) {
       remote_frames->push_back({e.tier, e.node, e.frame_offset, 0, page_size()});
     }
     m_table.clear(page);
-    version::unlock_new_epoch(m_versions.word(page), locked[i]);
+    version::unlock_new_epoch(m_versions->word(page), locked[i]);
   }
-  m_virtual.release({a.first_page, a.pages});
+  (void)m_domains[domain].virtual_pages.release({a.first_page, a.pages});
   --m_tiers[static_cast<size_t>(a.tier)].allocations;
   if (!a.name.empty()) m_names.erase(a.name);
   m_allocations.erase(a.first_page);
@@ -274,173 +385,8 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.map_count = a.map_count;
   info.created_unix_ms = a.created_unix_ms;
   info.owner_uid = a.owner_uid;
+  info.tenant = a.tenant;
   return info;
-}
-
-// --- frames lent to other nodes ---------------------------------------------
-
-Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pages, bool lend) {
-  std::unique_lock lock(m_mutex);
-  TierState& t = m_tiers[static_cast<size_t>(tier)];
-  if (!t.backend) {
-    return Status(ErrorCode::tier_unavailable, "node " + std::to_string(m_node) + " has no " +
-                                                   std::string(tier_name(tier)) + " tier");
-  }
-  std::vector<UnitRange> frames;
-  if (!take_frames(t, pages, &frames)) {
-    return Status(ErrorCode::tier_exhausted, "node " + std::to_string(m_node) + " " +
-                                                 std::string(tier_name(tier)) + " has " +
-                                                 std::to_string(t.free_frames.free_units()) +
-                                                 " free pages, " + std::to_string(pages) + " needed");
-  }
-  std::vector<Extent> out;
-  for (const UnitRange& f : frames) {
-    (void)t.backend->discard(f.start * page_size(), f.count * page_size());
-    out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
-  }
-  if (lend) t.lent_frames += pages;
-  return out;
-}
-
-void AddressSpace::return_frames(const std::vector<Extent>& frames) {
-  std::unique_lock lock(m_mutex);
-  for (const Extent& x : frames) {
-    m_tiers[static_cast<size_t>(x.tier)].free_frames.release({x.frame_offset / page_size(), x.length / page_size()});
-  }
-}
-
-Status AddressSpace::release_frames(const std::vector<Extent>& frames) {
-  std::unique_lock lock(m_mutex);
-  for (const Extent& x : frames) {
-    TierState& t = m_tiers[static_cast<size_t>(x.tier)];
-    const uint64_t count = x.length / page_size();
-    if (!t.backend || x.node != m_node || x.frame_offset % page_size() != 0 || count > t.lent_frames) {
-      return Status(ErrorCode::invalid_argument, "frames at " + std::to_string(x.frame_offset) + " of " +
-                                                     std::string(tier_name(x.tier)) + " were not lent by node " +
-                                                     std::to_string(m_node));
-    }
-    (void)t.backend->discard(x.frame_offset, x.length);
-    t.free_frames.release({x.frame_offset / page_size(), count});
-    t.lent_frames -= count;
-  }
-  return Status();
-}
-
-// --- migration ------------------------------------------------------------------
-
-Result<std::vector<uint64_t>> AddressSpace::begin_migration(Gva gva) {
-  std::unique_lock lock(m_mutex);
-  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
-  Allocation& a = *located;
-  const std::string name = info_of(a).gva.to_string();
-  if (a.map_count > 0) {
-    return Status(ErrorCode::failed_precondition,
-                  "allocation " + name + " is mapped by a client (pinned); unmap it to migrate");
-  }
-  if (a.coherent) {
-    return Status(ErrorCode::failed_precondition,
-                  "allocation " + name + " is coherent: its atomic words stay where clients address them");
-  }
-  if (a.migrating) return Status(ErrorCode::busy, "allocation " + name + " is already being migrated");
-  a.migrating = true;
-  std::vector<uint64_t> pages(a.pages);
-  for (uint64_t i = 0; i < a.pages; ++i) pages[i] = a.first_page + i;
-  return pages;
-}
-
-void AddressSpace::end_migration(Gva gva) {
-  std::unique_lock lock(m_mutex);
-  auto located = locate(gva);
-  if (located.ok()) (*located)->migrating = false;
-}
-
-Result<PageMove> AddressSpace::begin_move(uint64_t page, std::chrono::milliseconds timeout) {
-  PageMove move;
-  move.page = page;
-  {
-    std::shared_lock lock(m_mutex);
-    const PageEntry* e = m_table.find(page);
-    if (e == nullptr || !e->present()) return Status(ErrorCode::not_allocated, "page was freed");
-  }
-  if (!version::lock_exclusive_for(m_versions.word(page), timeout, &move.locked)) {
-    const uint64_t v = version::load(m_versions.word(page));
-    return Status(ErrorCode::busy, "page " + std::to_string(page) + " stayed locked by a writer (version " +
-                                       std::to_string(version::epoch_of(v)) + "." +
-                                       std::to_string(version::sequence_of(v)) + ")");
-  }
-  std::shared_lock lock(m_mutex);
-  move.from = *m_table.find(page);
-  return move;
-}
-
-Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
-                                 std::vector<Extent>* remote_frames) {
-  std::unique_lock lock(m_mutex);
-  PageEntry entry = to;
-  entry.generation = move.from.generation;
-  entry.flags = static_cast<uint8_t>((move.from.flags & ~k_page_durable) | k_entry_present);
-  if (to.tier == Tier::pmem) entry.flags |= k_page_durable;
-  m_table.set(move.page, entry);
-  m_table.clean(move.page);
-  version::unlock_new_epoch(m_versions.word(move.page), move.locked);
-  if (move.from.node == m_node) {
-    release_local_frame(move.from.tier, move.from.frame_offset);
-  } else if (remote_frames != nullptr) {
-    remote_frames->push_back({move.from.tier, move.from.node, move.from.frame_offset, 0, page_size()});
-  }
-  return Status();
-}
-
-void AddressSpace::abort_move(const PageMove& move) {
-  version::unlock_exclusive(m_versions.word(move.page), move.locked);
-}
-
-// --- reporting ------------------------------------------------------------------
-
-std::vector<TierStat> AddressSpace::tier_stats() const {
-  std::shared_lock lock(m_mutex);
-  std::vector<TierStat> out;
-  for (Tier t : k_tiers_fastest_first) {
-    const TierState& s = m_tiers[static_cast<size_t>(t)];
-    if (!s.backend) continue;
-    TierStat stat;
-    stat.tier = t;
-    stat.capacity_bytes = s.frames * page_size();
-    stat.free_bytes = s.free_frames.free_units() * page_size();
-    stat.used_bytes = stat.capacity_bytes - stat.free_bytes;
-    stat.persistent = s.backend->persistent();
-    stat.shareable = s.backend->share_fd() >= 0 || !s.backend->ipc_handle().empty();
-    stat.backing = s.backend->backing();
-    stat.allocations = s.allocations;
-    out.push_back(std::move(stat));
-  }
-  return out;
-}
-
-size_t AddressSpace::allocation_count() const {
-  std::shared_lock lock(m_mutex);
-  return m_allocations.size();
-}
-
-std::vector<AllocationInfo> AddressSpace::list() const {
-  std::shared_lock lock(m_mutex);
-  std::vector<AllocationInfo> out;
-  out.reserve(m_allocations.size());
-  for (const auto& [page, a] : m_allocations) out.push_back(info_of(a));
-  return out;
-}
-
-MappingDump AddressSpace::dump() const {
-  std::shared_lock lock(m_mutex);
-  MappingDump d;
-  d.node = m_node;
-  d.page_size = page_size();
-  d.l2_pages = k_l2_pages;
-  for (const auto& [first, a] : m_allocations) {
-    d.allocations.push_back(info_of(a));
-    for (uint64_t p = first; p < first + a.pages; ++p) d.pages.push_back(page_info(p));
-  }
-  return d;
 }
 
 }  // namespace tiermem

@@ -5,6 +5,14 @@
 // keeps the page table and the version words, and copies data under the
 // seqlock discipline of mapping/version.hpp.
 //
+// Tenants (O5). Every allocation belongs to a tenant, and every tenant has a
+// domain on the node: a slice of the virtual range (its pages' version words
+// are a file of their own, see VersionSegments) and, in DRAM and PMEM, files
+// of their own for its frames (TierBackend domains), sized by its quota. A
+// co-located client is given the descriptors of its own tenant's domain
+// only. Quotas are counted per tenant and tier; all tenants together are
+// bounded by the tier's capacity.
+//
 // The page table is the only record of where a page is: extents, stats and
 // frees are derived from it. Frames this node lends to pages homed elsewhere
 // ("foreign" frames) are reserved and released by the home node.
@@ -40,7 +48,7 @@
 #include "mapping/page_table.hpp"
 #include "mapping/seqlock_copy.hpp"
 #include "mapping/tier_backend.hpp"
-#include "mapping/word_array.hpp"
+#include "mapping/version_segments.hpp"
 
 namespace tiermem {
 
@@ -50,15 +58,56 @@ inline constexpr std::chrono::milliseconds k_page_lock_timeout{2000};
 struct AddressSpaceOptions {
   NodeId node = 1;
   uint64_t page_size = 2 << 20;
-  // Size of the virtual page range; 0 picks 16x the total frame count
-  // (at least 4096 pages).
-  uint64_t virtual_pages = 0;
+  // Tenants the node can hold at once (each a domain).
+  uint32_t domains = 1;
+  // Virtual pages of each domain; 0 picks 16x the frames of the largest tier
+  // (at least 4096), so the address of a freed allocation comes back only
+  // after the range has wrapped. Rounded up to k_pages_per_domain_unit.
+  uint64_t pages_per_domain = 0;
   // First generation handed out; 0 picks a random one (so GVAs of an earlier
   // run of the daemon are detected as stale).
   uint32_t first_generation = 0;
-  // Provides the memory of the version array (so the transport can hand out
-  // memory it reaches fastest); null: a memfd.
-  SharedMemoryFactory shared_memory;
+  // The directory of the version segments (the node's shared memory), held
+  // locked by the caller.
+  std::string versions_dir;
+  uint64_t incarnation = 0;        // of this daemon, in every segment header
+  uint64_t memory_generation = 0;  // of this node's memory; 0: random
+};
+
+// Per-tier byte limits of a tenant (0: the tier's capacity).
+struct TenantLimits {
+  std::array<uint64_t, 4> bytes{};  // indexed by Tier
+  uint64_t of(Tier t) const { return bytes[static_cast<size_t>(t)]; }
+};
+
+using TierSet = std::array<std::unique_ptr<TierBackend>, 4>;  // indexed by Tier
+
+struct AllocRequest {
+  uint64_t size = 0;
+  Tier tier = Tier::automatic;
+  bool strict = false;
+  std::string name;
+  uint32_t owner_uid = 0;
+  bool coherent = false;  // holds atomic words: never migrated
+  std::string tenant;     // the owner; empty: the default tenant ""
+  TenantLimits limits;    // the tenant's quotas
+};
+
+// The files a tenant's domain consists of, for a co-located client.
+struct DomainFiles {
+  uint32_t domain = 0;
+  uint64_t first_page = 0;  // of the domain's virtual pages
+  uint64_t pages = 0;
+  int versions_fd = -1;     // header, version words, L3 words (VersionSegments)
+  uint64_t versions_bytes = 0;
+  struct TierFile {
+    Tier tier = Tier::automatic;
+    int fd = -1;
+    uint64_t frame_offset = 0;  // of the file's first byte in the tier's frames
+    uint64_t bytes = 0;
+    bool persistent = false;
+  };
+  std::vector<TierFile> tiers;
 };
 
 // Frames of one of this node's tier backends (any tier, VRAM included).
@@ -73,17 +122,6 @@ class BackendFrameData final : public FrameData {
 
  private:
   TierBackend& m_backend;
-};
-
-using TierSet = std::array<std::unique_ptr<TierBackend>, 4>;  // indexed by Tier
-
-struct AllocRequest {
-  uint64_t size = 0;
-  Tier tier = Tier::automatic;
-  bool strict = false;
-  std::string name;
-  uint32_t owner_uid = 0;
-  bool coherent = false;  // holds atomic words: never migrated
 };
 
 // What a client caches to reach an allocation directly: its info, physical
@@ -107,17 +145,34 @@ struct PageMove {
 class AddressSpace {
  public:
   // Errors: invalid_argument (page size not a power of two >= 4096, a tier
-  // smaller than one page), io_error (version array).
+  // smaller than one page), io_error (version segments).
   static Result<std::unique_ptr<AddressSpace>> create(const AddressSpaceOptions& options,
                                                       TierSet tiers);
 
   NodeId node() const { return m_node; }
   uint64_t page_size() const { return m_table.page_size(); }
   uint64_t virtual_pages() const { return m_table.pages(); }
+  uint64_t pages_per_domain() const { return m_versions->pages_per_domain(); }
+  uint32_t domains() const { return m_versions->domains(); }
+
+  // The domain of `tenant`, given to it now (its files opened, sized by its
+  // limits) when it has none yet. *fresh says so, for the caller to register
+  // the new files with the transport. Errors: tier_exhausted (every domain
+  // is taken), io_error.
+  Result<uint32_t> domain_for(const std::string& tenant, const TenantLimits& limits, bool* fresh = nullptr);
+  // The domain of `tenant`, if it has one.
+  std::optional<uint32_t> find_domain(const std::string& tenant) const;
+  // The tenant owning a domain ("" while unassigned).
+  std::string tenant_of_domain(uint32_t domain) const;
+  // What a client of the domain maps.
+  DomainFiles domain_files(uint32_t domain) const;
+  // Bytes of `tier` a tenant uses here.
+  uint64_t usage(const std::string& tenant, Tier tier) const;
 
   // Errors: invalid_argument (size 0 or too large), already_exists (name),
   // tier_unavailable (strict request for a tier this node lacks),
-  // tier_exhausted (no tier in the chain has room; says what each has).
+  // tier_exhausted (no tier in the chain has room; says what each has),
+  // quota_exceeded (the tenant's quota would be passed; says the figures).
   Result<AllocationInfo> allocate(const AllocRequest& request);
   // `gva` must be an allocation's first byte. Frames lent by other nodes are
   // appended to *remote_frames for the caller to give back. Errors:
@@ -152,15 +207,29 @@ class AddressSpace {
   Status unpin(Gva gva);
 
   // --- frames lent to pages homed on other nodes -------------------------
-  // Takes free frames of a tier: lent to another node's pages (`lend`), or
-  // for a page of this node moving here. Errors: tier_unavailable,
-  // tier_exhausted.
-  Result<std::vector<Extent>> reserve_frames(Tier tier, uint64_t pages, bool lend = true);
-  // Gives back frames taken with lend = false and never used.
+  // Takes free frames of a tier in `tenant`'s domain: lent to a page of node
+  // `borrower` (not this node), or for a page of this node moving here.
+  // Errors: tier_unavailable, tier_exhausted, quota_exceeded,
+  // invalid_argument (more pages than the tier has).
+  Result<std::vector<Extent>> reserve_frames(Tier tier, uint64_t pages, const std::string& tenant,
+                                             const TenantLimits& limits, NodeId borrower);
+  // Gives back frames reserved for this node and never used.
   void return_frames(const std::vector<Extent>& frames);
-  // Returns lent frames (and clears them). Errors: invalid_argument for
-  // frames this node did not lend.
-  Status release_frames(const std::vector<Extent>& frames);
+  // Returns frames lent to `borrower` (and clears them). Every frame must be
+  // one this node lent to it and has not been given back: anything else is
+  // refused (invalid_argument naming the frame) and nothing is released.
+  Status release_frames(const std::vector<Extent>& frames, NodeId borrower);
+  // Frames lent to `borrower`, now.
+  size_t lent_to(NodeId borrower) const;
+  // The memory generation of `node` as of the frames it lent us: extents on
+  // it carry it, so a client reaching them checks the node's memory is the
+  // same.
+  void note_lender(NodeId node, uint64_t memory_generation);
+  // `node`'s memory is now of `memory_generation`: if that is not the one
+  // its lent frames were of, every page on them is lost (flag L; reads and
+  // writes of their allocations fail with data_lost, free still works).
+  // Returns how many pages were lost.
+  size_t lose_frames_of(NodeId node, uint64_t memory_generation);
 
   // --- migration (M7) -----------------------------------------------------
   // Marks the allocation holding `gva` as migrating and lists its pages.
@@ -183,9 +252,7 @@ class AddressSpace {
   std::vector<AllocationInfo> list() const;
   MappingDump dump() const;
 
-  VersionArray& versions() { return m_versions; }
-  // The L3 sub-block bits, k_l3_words_per_page words per virtual page.
-  WordArray& sub_block_words() { return m_l3; }
+  VersionSegments& versions() { return *m_versions; }
   // The backend of a tier, or nullptr when this node has no such tier.
   TierBackend* backend(Tier tier) const { return m_tiers[static_cast<size_t>(tier)].backend.get(); }
 
@@ -200,43 +267,70 @@ class AddressSpace {
     uint32_t map_count = 0;
     uint64_t created_unix_ms = 0;
     uint32_t owner_uid = 0;
+    std::string tenant;
     bool coherent = false;
     bool migrating = false;
+    uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
+  };
+  // A tenant's slice of the node: virtual pages and, per tier, free frames.
+  struct Domain {
+    std::string tenant;
+    bool assigned = false;
+    ExtentSet virtual_pages;
+    uint64_t cursor = 0;
+    std::array<ExtentSet, 4> free_frames;  // DRAM, PMEM: frames of its files (global numbers)
+    std::array<uint64_t, 4> used{};        // pages in use, per tier (quota)
+    std::array<uint64_t, 4> limit{};       // pages allowed, per tier
   };
   struct TierState {
     std::unique_ptr<TierBackend> backend;
-    ExtentSet free_frames;
-    uint64_t frames = 0;
+    ExtentSet shared_free;  // a tier without domains (VRAM): its free frames
+    uint64_t frames = 0;    // the capacity, in pages
+    uint64_t used = 0;      // frames in use by every domain
     uint64_t allocations = 0;
-    uint64_t lent_frames = 0;  // reserved for pages homed elsewhere
   };
 
-  AddressSpace(const AddressSpaceOptions& options, uint64_t virtual_pages, TierSet tiers,
-               VersionArray versions, WordArray l3);
+  AddressSpace(const AddressSpaceOptions& options, uint64_t pages_per_domain, TierSet tiers,
+               std::unique_ptr<VersionSegments> versions);
 
   // Finds the allocation holding `gva` (caller holds the lock).
   Result<Allocation*> locate(Gva gva) const;
+  // locate(), and data_lost when some of the allocation's pages are lost.
+  Result<Allocation*> locate_usable(Gva gva) const;
   Status not_allocated_error(Gva gva) const;
   AllocationInfo info_of(const Allocation& a) const;
   std::vector<Extent> extents_of(const Allocation& a) const;
   AllocationLayout layout_of(const Allocation& a) const;
   PageInfo page_info(uint64_t page) const;
-  bool take_frames(TierState& tier, uint64_t pages, std::vector<UnitRange>* frames);
-  Status exhausted_error(const AllocRequest& request, uint64_t pages,
-                         const std::vector<Tier>& chain) const;
+  Result<uint32_t> assign_domain(const std::string& tenant, const TenantLimits& limits);
+  Status open_domain_files(uint32_t domain, const TenantLimits& limits);
+  // Takes `pages` frames of `tier` for `domain`; false when the tier, the
+  // domain's files or its quota have no room.
+  bool take_frames(Tier tier, uint32_t domain, uint64_t pages, std::vector<UnitRange>* frames);
+  Status exhausted_error(const AllocRequest& request, uint64_t pages, const std::vector<Tier>& chain,
+                         uint32_t domain) const;
   void set_pinned(const Allocation& a, bool pinned);
-  // Gives a frame of this node back to its tier (clearing it).
-  void release_local_frame(Tier tier, uint64_t frame_offset);
+  // Gives a frame of this node back to its tier (clearing it); `domain` is
+  // the one whose frames and quota it counts in.
+  void release_local_frame(Tier tier, uint64_t frame_offset, uint32_t domain);
   Status copy(Gva gva, std::byte* buffer, size_t length, bool to_memory, MemoryAccess* elsewhere);
+  uint64_t frame_pages_of(Tier tier, uint32_t domain, const TenantLimits& limits) const;
 
   NodeId m_node;
   mutable std::shared_mutex m_mutex;
-  VersionArray m_versions;
-  WordArray m_l3;
+  std::unique_ptr<VersionSegments> m_versions;
   PageTable m_table;
   std::array<TierState, 4> m_tiers;
-  ExtentSet m_virtual;
-  uint64_t m_virtual_cursor = 1;
+  std::vector<Domain> m_domains;
+  std::map<std::string, uint32_t> m_domain_of;  // tenant -> domain
+  // Frames reserved and not yet in one of this node's page entries: lent to
+  // another node's page (borrower) or moving here (borrower = this node).
+  struct Reserved {
+    NodeId borrower = 0;
+    uint32_t domain = 0;  // whose quota they count against
+  };
+  std::map<std::pair<uint8_t, uint64_t>, Reserved> m_lent;  // (tier, frame offset) -> reservation
+  std::map<NodeId, uint64_t> m_lender_generation;  // memory generation of the nodes our pages' frames are on
   uint32_t m_next_generation = 1;
   std::map<uint64_t, Allocation> m_allocations;  // by first page
   std::unordered_map<std::string, uint64_t> m_names;

@@ -17,10 +17,10 @@ class NodeAccess final : public MemoryAccess {
   NodeAccess(NodeId node, VersionWords& words, std::array<std::optional<BackendFrameData>, 4>& frames,
              MemoryAccess* elsewhere)
       : m_node(node), m_words(words), m_frames(frames), m_elsewhere(elsewhere) {}
-  Result<VersionWords*> versions(NodeId home) override {
+  Result<VersionWords*> versions(NodeId home, uint64_t first_page) override {
     if (home == m_node) return &m_words;
     if (m_elsewhere == nullptr) return elsewhere(home);
-    return m_elsewhere->versions(home);
+    return m_elsewhere->versions(home, first_page);
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
     if (node != m_node) {
@@ -46,18 +46,18 @@ class NodeAccess final : public MemoryAccess {
 }  // namespace
 
 Status BackendFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
-  if (frame_offset + length > m_backend.capacity()) return stale_translation();
+  if (!m_backend.contains(frame_offset, length)) return stale_translation();
   return m_backend.read(frame_offset, dst, length);
 }
 
 Status BackendFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
-  if (frame_offset + length > m_backend.capacity()) return stale_translation();
+  if (!m_backend.contains(frame_offset, length)) return stale_translation();
   return m_backend.write(frame_offset, src, length);
 }
 
 Status BackendFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand,
                                 uint64_t compare, uint64_t* old) {
-  if (frame_offset % 8 != 0 || frame_offset + 8 > m_backend.capacity()) return stale_translation();
+  if (frame_offset % 8 != 0 || !m_backend.contains(frame_offset, 8)) return stale_translation();
   std::byte* base = m_backend.host_base();
   if (base == nullptr) {
     return Status(ErrorCode::not_supported, std::string("atomics on the ") +
@@ -105,6 +105,15 @@ Result<AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
   return &a;
 }
 
+Result<AddressSpace::Allocation*> AddressSpace::locate_usable(Gva gva) const {
+  TIERMEM_ASSIGN_OR_RETURN(Allocation* a, locate(gva));
+  if (a->lost_pages == 0) return a;
+  return Status(ErrorCode::data_lost, "allocation " + info_of(*a).gva.to_string() + " lost " +
+                                          std::to_string(a->lost_pages) +
+                                          " page(s): they were on frames of a node whose memory was made anew "
+                                          "(it rebooted or its memory was wiped); free it");
+}
+
 std::vector<Extent> AddressSpace::extents_of(const Allocation& a) const {
   // Consecutive pages on the same node and tier with consecutive frames form
   // one extent.
@@ -119,7 +128,11 @@ std::vector<Extent> AddressSpace::extents_of(const Allocation& a) const {
         continue;
       }
     }
-    out.push_back({e.tier, e.node, e.frame_offset, i * psize, psize});
+    out.push_back({e.tier, e.node, e.frame_offset, i * psize, psize, 0});
+    if (e.node != m_node) {
+      auto g = m_lender_generation.find(e.node);
+      out.back().memory_generation = g == m_lender_generation.end() ? 0 : g->second;
+    }
   }
   return out;
 }
@@ -131,16 +144,15 @@ AllocationLayout AddressSpace::layout_of(const Allocation& a) const {
   layout.extents = extents_of(a);
   layout.coherent = a.coherent;
   layout.page_versions.reserve(a.pages);
-  auto& versions = const_cast<VersionArray&>(m_versions);
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
-    layout.page_versions.push_back(version::load(versions.word(p)));
+    layout.page_versions.push_back(version::load(m_versions->word(p)));
   }
   return layout;
 }
 
 Result<AllocationLayout> AddressSpace::layout(Gva gva) const {
   std::shared_lock lock(m_mutex);
-  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate_usable(gva));
   return layout_of(*located);
 }
 
@@ -153,7 +165,7 @@ PageInfo AddressSpace::page_info(uint64_t page) const {
     p.frame_offset = e->frame_offset;
     p.flags = e->page_flags();
   }
-  p.version = version::load(const_cast<VersionArray&>(m_versions).word(page));
+  p.version = version::load(m_versions->word(page));
   p.epoch = version::epoch_of(p.version);
   p.sequence = version::sequence_of(p.version) & ~version::k_exclusive_pending;
   p.locked = version::is_locked(p.version);
@@ -179,8 +191,10 @@ Result<Translation> AddressSpace::translate(Gva gva) const {
 Status AddressSpace::copy(Gva gva, std::byte* buffer, size_t length, bool to_memory,
                           MemoryAccess* elsewhere) {
   NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
-  // A stale translation (a concurrent migration) is retried with a fresh one.
-  for (int attempt = 0; attempt < 16; ++attempt) {
+  // A stale translation (a concurrent migration) is retried with a fresh one,
+  // for as long as a page lock may be waited for.
+  const auto give_up = std::chrono::steady_clock::now() + 5 * k_page_lock_timeout;
+  while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto l, layout(gva));
     const LayoutView view{m_node, l.first_page, page_size(), l.info.size, l.extents, l.page_versions};
     const uint64_t offset = gva.offset - l.info.gva.offset;
@@ -212,7 +226,8 @@ Result<uint64_t> AddressSpace::atomic(Gva gva, WordOp op, uint64_t operand, uint
     return Status(ErrorCode::invalid_argument, "atomics need an 8-byte aligned word; " + gva.to_string() + " is not");
   }
   NodeAccess access(m_node, m_local_words, m_local_frames, elsewhere);
-  for (int attempt = 0; attempt < 16; ++attempt) {
+  const auto give_up = std::chrono::steady_clock::now() + 5 * k_page_lock_timeout;
+  while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto l, layout(gva));
     const uint64_t offset = gva.offset - l.info.gva.offset;
     if (offset + 8 > l.info.size) {
@@ -250,7 +265,7 @@ void AddressSpace::set_pinned(const Allocation& a, bool pinned) {
 
 Result<AllocationLayout> AddressSpace::pin(Gva gva) {
   std::unique_lock lock(m_mutex);
-  TIERMEM_ASSIGN_OR_RETURN(auto located, locate(gva));
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate_usable(gva));
   Allocation& a = *located;
   if (a.migrating) return Status(ErrorCode::busy, "allocation is being migrated; map it after");
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {

@@ -99,29 +99,32 @@ bool ExtentSet::take_scattered(uint64_t count, std::vector<UnitRange>* out) {
   return true;
 }
 
-void ExtentSet::release(UnitRange range) {
-  if (range.count == 0) return;
+bool ExtentSet::release(UnitRange range) {
+  if (range.count == 0) return true;
+  if (range.start + range.count < range.start) return false;
+  auto next = m_ranges.lower_bound(range.start);
+  const bool overlaps_prev = next != m_ranges.begin() && std::prev(next)->first + std::prev(next)->second > range.start;
+  const bool overlaps_next = next != m_ranges.end() && range.start + range.count > next->first;
+  // Giving back something that is free already is refused, not merged:
+  // the caller's bookkeeping is wrong, and the set stays as it was.
+  if (overlaps_prev || overlaps_next) return false;
   uint64_t start = range.start;
   uint64_t count = range.count;
-  auto next = m_ranges.lower_bound(start);
   if (next != m_ranges.begin()) {
     auto prev = std::prev(next);
-    assert(prev->first + prev->second <= start && "release overlaps a free range");
     if (prev->first + prev->second == start) {
       start = prev->first;
       count += prev->second;
       m_ranges.erase(prev);
     }
   }
-  if (next != m_ranges.end()) {
-    assert(range.start + range.count <= next->first && "release overlaps a free range");
-    if (next->first == range.start + range.count) {
-      count += next->second;
-      m_ranges.erase(next);
-    }
+  if (next != m_ranges.end() && next->first == range.start + range.count) {
+    count += next->second;
+    m_ranges.erase(next);
   }
   m_ranges.emplace(start, count);
   m_free_units += range.count;
+  return true;
 }
 
 bool ExtentSet::reserve(UnitRange range) {

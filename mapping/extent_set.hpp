@@ -37,8 +37,9 @@ class ExtentSet {
   // nothing and returns false when fewer than `count` are free.
   bool take_scattered(uint64_t count, std::vector<UnitRange>* out);
 
-  // Returns a range taken earlier. Overlap with a free range is a bug (asserts).
-  void release(UnitRange range);
+  // Returns a range taken earlier. A range that overlaps a free one (given
+  // back twice) is refused: false, and the set is unchanged.
+  [[nodiscard]] bool release(UnitRange range);
 
   // Removes a specific range that must be wholly free (used on recovery).
   bool reserve(UnitRange range);

@@ -40,10 +40,10 @@ struct PageEntry {
   uint32_t generation = 0;    // allocation generation; kept after free (tombstone)
   NodeId node = 0;            // node physically holding the frame
   Tier tier = Tier::automatic;
-  uint8_t flags = 0;          // PageFlag bits (low 5) | k_entry_present
+  uint8_t flags = 0;          // PageFlag bits (low 7) | k_entry_present
 
   bool present() const { return (flags & k_entry_present) != 0; }
-  uint32_t page_flags() const { return flags & 0x1fu; }
+  uint32_t page_flags() const { return flags & 0x7fu; }
 };
 static_assert(sizeof(PageEntry) == 16, "entries stay 16 bytes: 4 per cache line");
 

@@ -1,49 +1,110 @@
-// PMEM tier: a pool file mapped with libpmem2. On a DAX file system stores are
-// made durable with cache flushes; on an ordinary file libpmem2 falls back to
-// msync (we accept page store granularity so both work with the same code).
-#include <fcntl.h>
+// PMEM tier: one pool file per domain (<dir>/pmem.<k>), mapped with libpmem2
+// side by side inside one libpmem2 address reservation. On a DAX file system
+// stores are made durable with cache flushes; on an ordinary file libpmem2
+// falls back to msync (page store granularity is accepted, so both work with
+// the same code).
 #include <libpmem2.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include <tiermem/status_macros.h>
+#include <tiermem/units.h>
 
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
+#include "mapping/segment_file.hpp"
 #include "mapping/tier_backend.hpp"
 
 namespace tiermem {
 namespace {
 
-Status pmem2_error(const std::string& what) {
-  return Status(ErrorCode::io_error, what + ": " + pmem2_errormsg());
+Status pmem2_error(const std::string& what) { return Status(ErrorCode::io_error, what + ": " + pmem2_errormsg()); }
+
+struct PmemDomain {
+  UniqueFd fd;
+  pmem2_map* map = nullptr;
+  uint64_t bytes = 0;
+  pmem2_persist_fn persist = nullptr;
+  pmem2_memcpy_fn memcpy = nullptr;
+};
+
+// Maps `fd` (`bytes` long) at `offset` in the reservation.
+Result<pmem2_map*> map_domain(int fd, uint64_t bytes, pmem2_vm_reservation* rsv, uint64_t offset,
+                              const std::string& path) {
+  pmem2_source* source = nullptr;
+  pmem2_config* config = nullptr;
+  pmem2_map* map = nullptr;
+  Status status;
+  if (pmem2_source_from_fd(&source, fd) != 0) {
+    status = pmem2_error("PMEM pool " + path);
+  } else if (pmem2_config_new(&config) != 0 ||
+             pmem2_config_set_required_store_granularity(config, PMEM2_GRANULARITY_PAGE) != 0 ||
+             pmem2_config_set_length(config, bytes) != 0 ||
+             pmem2_config_set_vm_reservation(config, rsv, offset) != 0) {
+    status = pmem2_error("configuring the mapping of " + path);
+  } else if (pmem2_map_new(&map, config, source) != 0) {
+    status = pmem2_error("mapping PMEM pool " + path);
+  }
+  if (config != nullptr) pmem2_config_delete(&config);
+  if (source != nullptr) pmem2_source_delete(&source);
+  if (!status.ok()) return status;
+  return map;
 }
 
 class PmemTier final : public TierBackend {
  public:
-  PmemTier(UniqueFd fd, pmem2_map* map, std::string path)
-      : m_fd(std::move(fd)),
-        m_map(map),
-        m_path(std::move(path)),
-        m_base(static_cast<std::byte*>(pmem2_map_get_address(map))),
-        m_size(pmem2_map_get_size(map)),
-        m_persist(pmem2_get_persist_fn(map)),
-        m_memcpy(pmem2_get_memcpy_fn(map)) {}
-  ~PmemTier() override { pmem2_map_delete(&m_map); }
+  PmemTier(const SegmentedTierOptions& o, pmem2_vm_reservation* rsv)
+      : m_dir(o.dir), m_capacity(o.capacity), m_span(domain_span_for(o.capacity)), m_rsv(rsv),
+        m_base(static_cast<std::byte*>(pmem2_vm_reservation_get_address(rsv))), m_domains(o.domains) {}
+  ~PmemTier() override {
+    for (PmemDomain& d : m_domains) {
+      if (d.map != nullptr) pmem2_map_delete(&d.map);
+    }
+    pmem2_vm_reservation_delete(&m_rsv);
+  }
 
   Tier tier() const override { return Tier::pmem; }
-  uint64_t capacity() const override { return m_size; }
+  uint64_t capacity() const override { return m_capacity; }
   bool persistent() const override { return true; }
-  std::string backing() const override { return m_path; }
+  std::string backing() const override { return m_dir; }
+  uint32_t domains() const override { return static_cast<uint32_t>(m_domains.size()); }
+  uint64_t domain_span() const override { return m_span; }
+  uint64_t domain_bytes(uint32_t d) const override {
+    std::lock_guard lock(m_mutex);
+    return d < m_domains.size() ? m_domains[d].bytes : 0;
+  }
+  Status open_domain(uint32_t d, uint64_t bytes) override {
+    std::lock_guard lock(m_mutex);
+    if (d >= m_domains.size() || bytes == 0 || bytes > m_span) {
+      return Status(ErrorCode::invalid_argument, "PMEM domain " + std::to_string(d) + " of " + format_size(bytes) +
+                                                     " does not fit (" + std::to_string(m_domains.size()) +
+                                                     " domains of at most " + format_size(m_span) + ")");
+    }
+    PmemDomain& dom = m_domains[d];
+    if (dom.bytes != 0) {
+      return dom.bytes == bytes ? Status()
+                                : Status(ErrorCode::invalid_argument,
+                                         "PMEM domain " + std::to_string(d) + " is already open with another size");
+    }
+    const std::string path = m_dir + "/pmem." + std::to_string(d);
+    TIERMEM_ASSIGN_OR_RETURN(dom.fd, open_segment(path, bytes));
+    TIERMEM_ASSIGN_OR_RETURN(dom.map, map_domain(dom.fd.get(), bytes, m_rsv, uint64_t{d} * m_span, path));
+    dom.persist = pmem2_get_persist_fn(dom.map);
+    dom.memcpy = pmem2_get_memcpy_fn(dom.map);
+    dom.bytes = bytes;
+    return Status();
+  }
   std::byte* host_base() const override { return m_base; }
   void* region_base() const override { return m_base; }
-  int share_fd() const override { return m_fd.get(); }
+  int share_fd(uint32_t d) const override {
+    std::lock_guard lock(m_mutex);
+    return d < m_domains.size() ? m_domains[d].fd.get() : -1;
+  }
 
   Status write(uint64_t offset, const void* src, size_t length) override {
-    m_memcpy(m_base + offset, src, length, 0);  // flags 0: copy, then persist
+    domain(offset).memcpy(m_base + offset, src, length, 0);  // flags 0: copy, then persist
     return Status();
   }
   Status read(uint64_t offset, void* dst, size_t length) const override {
@@ -51,67 +112,41 @@ class PmemTier final : public TierBackend {
     return Status();
   }
   Status persist(uint64_t offset, size_t length) override {
-    m_persist(m_base + offset, length);
+    domain(offset).persist(m_base + offset, length);
     return Status();
   }
   Status discard(uint64_t offset, size_t length) override {
-    return punch_hole(m_fd.get(), offset, length, m_base);
+    return punch_hole(domain(offset).fd.get(), offset % m_span, length, m_base + offset - offset % m_span);
   }
 
  private:
-  UniqueFd m_fd;
-  pmem2_map* m_map;
-  std::string m_path;
+  // Domains are open when their frames are in use: no lock needed to read
+  // what open_domain wrote before it returned (the allocation that hands the
+  // frames out happens after, under the address space's lock).
+  const PmemDomain& domain(uint64_t offset) const { return m_domains[offset / m_span]; }
+
+  std::string m_dir;
+  uint64_t m_capacity;
+  uint64_t m_span;
+  pmem2_vm_reservation* m_rsv;
   std::byte* m_base;
-  size_t m_size;
-  pmem2_persist_fn m_persist;
-  pmem2_memcpy_fn m_memcpy;
+  mutable std::mutex m_mutex;
+  std::vector<PmemDomain> m_domains;
 };
-
-Status io_error(const std::string& what) {
-  return Status(ErrorCode::io_error, what + ": " + std::strerror(errno));
-}
-
-// Opens (creating if needed) the pool file and grows it to `capacity`.
-Result<UniqueFd> open_pool(const PmemTierOptions& options) {
-  UniqueFd fd(::open(options.path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!fd.valid()) {
-    return io_error("opening PMEM pool " + options.path +
-                    " (check that its directory exists and is writable)");
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return io_error("stat of PMEM pool " + options.path);
-  if (static_cast<uint64_t>(st.st_size) < options.capacity &&
-      ::ftruncate(fd.get(), static_cast<off_t>(options.capacity)) != 0) {
-    return io_error("growing PMEM pool " + options.path + " to " +
-                    std::to_string(options.capacity) + " bytes");
-  }
-  return fd;
-}
 
 }  // namespace
 
-Result<std::unique_ptr<TierBackend>> make_pmem_tier(const PmemTierOptions& options) {
-  if (options.path.empty()) return Status(ErrorCode::invalid_argument, "PMEM tier needs a pool path");
-  TIERMEM_ASSIGN_OR_RETURN(auto fd, open_pool(options));
-
-  pmem2_source* source = nullptr;
-  pmem2_config* config = nullptr;
-  pmem2_map* map = nullptr;
-  Status status;
-  if (pmem2_source_from_fd(&source, fd.get()) != 0) {
-    status = pmem2_error("PMEM pool " + options.path);
-  } else if (pmem2_config_new(&config) != 0 ||
-             pmem2_config_set_required_store_granularity(config, PMEM2_GRANULARITY_PAGE) != 0 ||
-             pmem2_config_set_length(config, options.capacity) != 0) {
-    status = pmem2_error("configuring the mapping of " + options.path);
-  } else if (pmem2_map_new(&map, config, source) != 0) {
-    status = pmem2_error("mapping PMEM pool " + options.path);
+Result<std::unique_ptr<TierBackend>> make_pmem_tier(const SegmentedTierOptions& options) {
+  if (options.dir.empty()) return Status(ErrorCode::invalid_argument, "the PMEM tier needs a directory");
+  if (options.capacity == 0 || options.domains == 0) {
+    return Status(ErrorCode::invalid_argument, "the PMEM tier needs a capacity and at least one domain");
   }
-  if (config != nullptr) pmem2_config_delete(&config);
-  if (source != nullptr) pmem2_source_delete(&source);
-  if (!status.ok()) return status;
-  return std::unique_ptr<TierBackend>(new PmemTier(std::move(fd), map, options.path));
+  pmem2_vm_reservation* rsv = nullptr;
+  const uint64_t span = domain_span_for(options.capacity);
+  if (pmem2_vm_reservation_new(&rsv, nullptr, span * options.domains) != 0) {
+    return pmem2_error("reserving " + format_size(span * options.domains) + " of address space for the PMEM tier");
+  }
+  return std::unique_ptr<TierBackend>(new PmemTier(options, rsv));
 }
 
 }  // namespace tiermem

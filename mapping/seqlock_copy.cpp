@@ -140,6 +140,10 @@ Status seqlocked_write(VersionWords& words, const PageRange& range, std::span<co
   std::vector<uint64_t> held;
   held.reserve(range.count);
   TIERMEM_RETURN_IF_ERROR(lock_pages(words, range, wait, &held));
+  if (Status owner = words.check_owner(); !owner.ok()) {
+    (void)words.release(held);
+    return owner;
+  }
   Status s = copy_segments(segments, true);
   if (s.ok()) {
     for (const CopySegment& seg : segments) {
@@ -174,7 +178,9 @@ Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<con
           if (version::epoch_of(before[i]) != version::epoch_of(range.cached[i])) return stale_translation();
           usable = usable && !version::is_locked(before[i]);
         }
-        if (usable && std::memcmp(before.data(), after.data(), range.count * sizeof(uint64_t)) == 0) return Status();
+        if (usable && std::memcmp(before.data(), after.data(), range.count * sizeof(uint64_t)) == 0) {
+          return words.check_owner();
+        }
         if (!wait.again()) return busy(range.first_page);
         continue;
       }
@@ -195,7 +201,7 @@ Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<con
       std::atomic_thread_fence(std::memory_order_acquire);
       s = words.load(range.first_page, range.count, after.data());
       if (!s.ok()) return s;
-      if (std::memcmp(before.data(), after.data(), range.count * sizeof(uint64_t)) == 0) return Status();
+      if (std::memcmp(before.data(), after.data(), range.count * sizeof(uint64_t)) == 0) return words.check_owner();
       locked_page = range.first_page;
     }
     if (!wait.again()) return busy(locked_page);
@@ -204,7 +210,8 @@ Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<con
   std::vector<uint64_t> held;
   held.reserve(range.count);
   TIERMEM_RETURN_IF_ERROR(lock_pages(words, range, wait, &held));
-  Status s = copy_segments(segments, false);
+  Status s = words.check_owner();
+  if (s.ok()) s = copy_segments(segments, false);
   Status r = words.release(held);
   return s.ok() ? r : s;
 }
@@ -220,7 +227,10 @@ uint64_t host_atomic(std::byte* word, WordOp op, uint64_t operand, uint64_t comp
 Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uint64_t cached,
                         bool coherent, uint64_t frame_offset, WordOp op, uint64_t operand,
                         uint64_t compare, uint64_t* old, std::chrono::milliseconds timeout) {
-  if (coherent) return data.atomic(frame_offset, op, operand, compare, old);
+  if (coherent) {
+    TIERMEM_RETURN_IF_ERROR(words.check_owner());
+    return data.atomic(frame_offset, op, operand, compare, old);
+  }
   uint64_t expected = cached;
   version::SpinWait wait(timeout);
   for (;;) {
@@ -237,7 +247,8 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
     Status s = words.load(page, 1, &expected);
     if (!s.ok()) return s;
   }
-  Status s = data.atomic(frame_offset, op, operand, compare, old);
+  Status s = words.check_owner();
+  if (s.ok()) s = data.atomic(frame_offset, op, operand, compare, old);
   const uint64_t held[1] = {page};
   Status r = words.release(held);
   return s.ok() ? r : s;
@@ -252,7 +263,7 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
                                                std::to_string(layout.size) + " bytes");
   }
   if (length == 0) return Status();
-  TIERMEM_ASSIGN_OR_RETURN(auto versions, access.versions(layout.home));
+  TIERMEM_ASSIGN_OR_RETURN(auto versions, access.versions(layout.home, layout.first_page));
   const uint64_t first_index = offset / layout.page_size;
   const uint64_t last_index = (offset + length - 1) / layout.page_size;
   if (last_index >= layout.page_versions.size()) return stale_translation();
@@ -286,28 +297,33 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
 }
 
 Status LocalVersionWords::load(uint64_t first, size_t count, uint64_t* out) {
-  if (first + count > m_count) return Status(ErrorCode::out_of_range, "version word beyond the array");
-  for (size_t i = 0; i < count; ++i) out[i] = version::load(m_words[first + i]);
+  if (!holds(first, count)) return Status(ErrorCode::out_of_range, "version word beyond the array");
+  for (size_t i = 0; i < count; ++i) out[i] = version::load(word(first + i));
   return Status();
 }
 
 Status LocalVersionWords::compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) {
-  if (page >= m_count) return Status(ErrorCode::out_of_range, "version word beyond the array");
+  if (!holds(page, 1)) return Status(ErrorCode::out_of_range, "version word beyond the array");
   uint64_t seen = expected;
-  version::WordRef(m_words[page]).compare_exchange_strong(seen, desired, std::memory_order_acquire,
-                                                          std::memory_order_relaxed);
+  // seq_cst: check_owner's load of the segment header after a lock must not
+  // be reordered before it (the daemon retires a segment, then looks for locks).
+  version::WordRef(word(page)).compare_exchange_strong(seen, desired, std::memory_order_seq_cst,
+                                                       std::memory_order_relaxed);
   *old = seen;
   return Status();
 }
 
 Status LocalVersionWords::release(std::span<const uint64_t> pages) {
-  for (uint64_t page : pages) version::WordRef(m_words[page]).fetch_add(1, std::memory_order_release);
+  for (uint64_t page : pages) {
+    if (!holds(page, 1)) return Status(ErrorCode::out_of_range, "version word beyond the array");
+  }
+  for (uint64_t page : pages) version::WordRef(word(page)).fetch_add(1, std::memory_order_release);
   return Status();
 }
 
 void LocalVersionWords::mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) {
-  if (m_l3 == nullptr || page >= m_count) return;
-  mark_sub_blocks(m_l3 + page * k_l3_words_per_page, m_page_size, offset, length, dirty);
+  if (m_l3 == nullptr || !holds(page, 1)) return;
+  mark_sub_blocks(m_l3 + (page - m_first) * k_l3_words_per_page, m_page_size, offset, length, dirty);
 }
 
 Status MappedFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,

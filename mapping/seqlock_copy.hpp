@@ -49,6 +49,14 @@ class VersionWords {
                           uint64_t* /*before*/, uint64_t* /*after*/) {
     return Status(ErrorCode::not_supported, "no snapshot");
   }
+  // Called by the protocol once it holds a write's page locks (before the
+  // first byte is written) and when a read validated: an error when the
+  // memory these words guard is no longer served by the daemon the caller's
+  // translation came from (it died and another took over), so nothing is
+  // written into, or read from, memory that may be someone else's now.
+  // Words reached through a transport are bound to their node's incarnation
+  // by the endpoint and need no check.
+  virtual Status check_owner() { return Status(); }
 };
 
 // 64-bit atomics on data words.
@@ -111,21 +119,29 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
                         uint64_t compare, uint64_t* old, std::chrono::milliseconds timeout);
 
 // Version words in this process's memory (the daemon's array, or a client's
-// mapping of it), with the L3 words beside them when given.
-class LocalVersionWords final : public VersionWords {
+// mapping of one domain of it), with the L3 words beside them when given.
+// words[0] is the word of page `first`; pages [first, first + count).
+class LocalVersionWords : public VersionWords {
  public:
-  LocalVersionWords(uint64_t* words, size_t count, uint64_t* l3 = nullptr, uint64_t page_size = 0)
-      : m_words(words), m_count(count), m_l3(l3), m_page_size(page_size) {}
+  LocalVersionWords(uint64_t* words, size_t count, uint64_t* l3 = nullptr, uint64_t page_size = 0,
+                    uint64_t first = 0)
+      : m_words(words), m_count(count), m_l3(l3), m_page_size(page_size), m_first(first) {}
   Status load(uint64_t first, size_t count, uint64_t* out) override;
   Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) override;
   Status release(std::span<const uint64_t> pages) override;
   void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) override;
 
  private:
+  bool holds(uint64_t page, size_t count) const {
+    return page >= m_first && page - m_first <= m_count && count <= m_count - (page - m_first);
+  }
+  uint64_t& word(uint64_t page) { return m_words[page - m_first]; }
+
   uint64_t* m_words;
   size_t m_count;
   uint64_t* m_l3;
   uint64_t m_page_size;
+  uint64_t m_first;
 };
 
 // Frames in memory mapped into this process; a persistent tier is msync'ed.
@@ -159,9 +175,11 @@ struct LayoutView {
 class MemoryAccess {
  public:
   virtual ~MemoryAccess() = default;
-  // Errors: not_supported when this process cannot reach them directly (the
-  // caller then goes through a daemon), transport_error when the node is down.
-  virtual Result<VersionWords*> versions(NodeId home) = 0;
+  // The words of `home`'s pages from `first_page` on (one domain: an
+  // allocation never spans two). Errors: not_supported when this process
+  // cannot reach them directly (the caller then goes through a daemon),
+  // transport_error when the node is down.
+  virtual Result<VersionWords*> versions(NodeId home, uint64_t first_page) = 0;
   virtual Result<FrameData*> frames(NodeId node, Tier tier) = 0;
 };
 

@@ -1,10 +1,13 @@
 // Tier backends (M5): the memory behind one tier of one node.
 //
-// A backend owns one region of `capacity()` bytes; frames are byte offsets in
-// it. DRAM is a memfd and PMEM a file mapped with libpmem2, both mapped into
-// the daemon (host_base()) and shareable with co-located clients by fd; VRAM
-// is a CUDA device arena shared through a CUDA IPC handle. The transport
-// registers region_base()/capacity() for one-sided access.
+// A backend owns a region of frames; frames are byte offsets in it. DRAM and
+// PMEM keep each domain (one per tenant) in a file of its own, mapped at
+// frame offsets [k * domain_span(), k * domain_span() + domain_bytes(k)), so
+// the daemon sees one contiguous region (host_base()) while a co-located
+// client is given the descriptors of its own tenant's domains only. DRAM is
+// shared memory in the node's directory under /dev/shm, PMEM a file per
+// domain mapped with libpmem2; VRAM is one CUDA device arena (one domain)
+// shared through a CUDA IPC handle and reached through the daemon.
 //
 // read()/write() copy between host memory and the region; write() returns only
 // once the bytes are durable on a persistent tier. Safe to call from several
@@ -20,8 +23,6 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
-#include "common/shared_memory.hpp"
-
 namespace tiermem {
 
 class TierBackend {
@@ -29,17 +30,33 @@ class TierBackend {
   virtual ~TierBackend() = default;
 
   virtual Tier tier() const = 0;
+  // Bytes of frames the tier has: what all its domains together may use.
   virtual uint64_t capacity() const = 0;
   virtual bool persistent() const = 0;
-  // Human description of what backs it: memfd name, pool path, CUDA device.
+  // Human description of what backs it: directory, pool, CUDA device.
   virtual std::string backing() const = 0;
 
-  // CPU pointer to the region, or nullptr when the CPU cannot address it.
+  // Domains. A tier without them (VRAM) has one that spans its capacity.
+  virtual uint32_t domains() const { return 1; }
+  virtual uint64_t domain_span() const { return capacity(); }
+  // Bytes of frames domain `d` has (0 while it is not open).
+  virtual uint64_t domain_bytes(uint32_t d) const { return d == 0 ? capacity() : 0; }
+  // Gives domain `d` `bytes` of frames: its file is created (or found) and
+  // mapped; once, a domain is never resized while in use. Errors:
+  // invalid_argument (no such domain, already open with another size),
+  // io_error.
+  virtual Status open_domain(uint32_t /*d*/, uint64_t /*bytes*/) { return Status(); }
+  // True when [offset, offset+length) lies inside one open domain.
+  bool contains(uint64_t offset, uint64_t length) const;
+  uint32_t domain_of(uint64_t offset) const { return static_cast<uint32_t>(offset / domain_span()); }
+
+  // CPU pointer to frame offset 0, or nullptr when the CPU cannot address it.
   virtual std::byte* host_base() const = 0;
   // Base address for transport registration (device pointer for VRAM).
   virtual void* region_base() const = 0;
-  // Descriptor a co-located client can mmap, or -1.
-  virtual int share_fd() const { return -1; }
+  // Descriptor of domain `d`'s file, which a co-located client may mmap; -1
+  // when there is none.
+  virtual int share_fd(uint32_t /*d*/) const { return -1; }
   // Opaque handle for co-located clients of a device tier (cudaIpcMemHandle_t).
   virtual std::string ipc_handle() const { return {}; }
 
@@ -54,17 +71,24 @@ class TierBackend {
                            uint64_t offset, size_t length);
 };
 
-struct PmemTierOptions {
-  std::string path;       // pool file; created when missing
-  uint64_t capacity = 0;  // the file is grown to this size
+// DRAM and PMEM: files <dir>/dram.<k> or <dir>/pmem.<k>, one per domain
+// (created by open_domain). The caller holds the directory's lock
+// (DirectoryLock) and decides what an existing file means: open_domain
+// keeps its contents.
+struct SegmentedTierOptions {
+  std::string dir;
+  uint64_t capacity = 0;
+  uint32_t domains = 1;
 };
 
-// Errors: io_error (memfd/mmap), or the factory's when given.
-Result<std::unique_ptr<TierBackend>> make_dram_tier(uint64_t capacity, const std::string& name,
-                                                    const SharedMemoryFactory& factory = nullptr);
-// Errors: io_error (open, size, map), with the path.
-Result<std::unique_ptr<TierBackend>> make_pmem_tier(const PmemTierOptions& options);
+// Errors: invalid_argument (capacity 0), io_error (reserving address space).
+Result<std::unique_ptr<TierBackend>> make_dram_tier(const SegmentedTierOptions& options);
+Result<std::unique_ptr<TierBackend>> make_pmem_tier(const SegmentedTierOptions& options);
 // Errors: tier_unavailable when built without CUDA or no device is present.
 Result<std::unique_ptr<TierBackend>> make_vram_tier(int device, uint64_t capacity);
+
+// The frame-offset span of one domain for a tier of `capacity`: whole 2 MiB
+// (the largest mapping alignment PMEM on DAX asks for).
+uint64_t domain_span_for(uint64_t capacity);
 
 }  // namespace tiermem

@@ -46,17 +46,16 @@ inline void cpu_relax() {
 #endif
 }
 
-// Locks the word, waiting for any other writer; returns the locked value.
-inline uint64_t lock(uint64_t& word) {
+// Moves the word of a page nobody may hold (a free one) to the next epoch,
+// whatever a client wrote into it; never waits.
+inline void advance_epoch(uint64_t& word) {
   uint64_t v = WordRef(word).load(std::memory_order_relaxed);
-  for (;;) {
-    if (writable(v) &&
-        WordRef(word).compare_exchange_strong(v, v + 1, std::memory_order_acquire, std::memory_order_relaxed)) {
-      return v + 1;
+  for (int tries = 0; tries < 8; ++tries) {
+    if (WordRef(word).compare_exchange_weak(v, next_epoch(v), std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      return;
     }
-    cpu_relax();
-    v = WordRef(word).load(std::memory_order_relaxed);
   }
+  WordRef(word).store(next_epoch(v), std::memory_order_release);
 }
 
 // Releases a locked word into the next epoch: the translation changed.

@@ -46,6 +46,7 @@ void to_proto(const AllocationInfo& info, proto::AllocationInfo* out) {
   out->set_map_count(info.map_count);
   out->set_created_unix_ms(info.created_unix_ms);
   out->set_owner_uid(info.owner_uid);
+  out->set_tenant(info.tenant);
 }
 
 AllocationInfo from_proto(const proto::AllocationInfo& info) {
@@ -58,6 +59,7 @@ AllocationInfo from_proto(const proto::AllocationInfo& info) {
   out.map_count = info.map_count();
   out.created_unix_ms = info.created_unix_ms();
   out.owner_uid = info.owner_uid();
+  out.tenant = info.tenant();
   return out;
 }
 
@@ -123,6 +125,7 @@ void to_proto(const Extent& extent, proto::Extent* out) {
   out->set_frame_offset(extent.frame_offset);
   out->set_gva_offset(extent.gva_offset);
   out->set_length(extent.length);
+  out->set_memory_generation(extent.memory_generation);
 }
 
 Extent from_proto(const proto::Extent& extent) {
@@ -132,6 +135,7 @@ Extent from_proto(const proto::Extent& extent) {
   out.frame_offset = extent.frame_offset();
   out.gva_offset = extent.gva_offset();
   out.length = extent.length();
+  out.memory_generation = extent.memory_generation();
   return out;
 }
 

@@ -88,8 +88,14 @@ Result<std::unique_ptr<RpcConnection>> RpcConnection::connect_tcp(const std::str
   return failed(address, why);
 }
 
+int RpcConnection::duplicate_fd() const {
+  std::lock_guard lock(m_mutex);
+  return m_fd.valid() ? ::fcntl(m_fd.get(), F_DUPFD_CLOEXEC, 0) : -1;
+}
+
 void RpcConnection::set_timeout(std::chrono::milliseconds timeout) {
   std::lock_guard lock(m_mutex);
+  m_timeout = timeout;
   timeval tv{};
   tv.tv_sec = timeout.count() / 1000;
   tv.tv_usec = (timeout.count() % 1000) * 1000;
@@ -122,6 +128,11 @@ Result<proto::Response> RpcConnection::call(proto::Request& request, std::vector
   Status r = wire::recv_frame(m_fd.get(), m_max_frame + 64, &reply, &received);
   if (!r.ok()) {
     m_fd.reset();
+    if (r.code() == ErrorCode::timeout) {
+      return Status(ErrorCode::timeout, "tiermemd at " + m_address + " did not answer within " +
+                                            std::to_string(m_timeout.count()) +
+                                            " ms (is it stopped or overloaded?); this connection is closed");
+    }
     if (!s.ok()) return s.with_context("tiermemd at " + m_address);
     return r.with_context("tiermemd at " + m_address);
   }

@@ -39,6 +39,8 @@ class RpcConnection {
   void set_timeout(std::chrono::milliseconds timeout);
   bool broken() const;
   const std::string& address() const { return m_address; }
+  // A descriptor of the same socket, the caller's to close (to watch it).
+  int duplicate_fd() const;
 
  private:
   RpcConnection(UniqueFd fd, std::string address) : m_fd(std::move(fd)), m_address(std::move(address)) {}
@@ -48,6 +50,7 @@ class RpcConnection {
   std::string m_address;
   uint64_t m_next_id = 1;
   uint32_t m_max_frame = 64u << 20;
+  std::chrono::milliseconds m_timeout{0};
 };
 
 }  // namespace tiermem

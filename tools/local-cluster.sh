@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local tiermem cluster on one machine: N tiermemd daemons, each with its own
-# config, socket and PMEM pool under one directory.
+# config, socket and PMEM pool under one directory, its shared memory under
+# /dev/shm, and one cluster secret they prove to each other.
 #
 #   tools/local-cluster.sh start BUILD_DIR [NODES]   start daemons (default 2 nodes)
 #   tools/local-cluster.sh stop                      stop them
@@ -32,18 +33,34 @@ socket = "$ndir/tiermemd.sock"
 capacity = "512MiB"
 [tiers.dram]
 capacity = "${TIERMEM_DRAM:-256MiB}"
+path = "$(shm_dir "$node")"
 [tiers.pmem]
-path = "$ndir/pmem.pool"
+path = "$ndir/pmem"
 capacity = "${TIERMEM_PMEM:-256MiB}"
 [cluster]
 file = "$dir/cluster.toml"
+secret_file = "$dir/cluster.secret"
 [log]
 level = "info"
 TOML
 }
 
+# The node's shared memory (version words, DRAM frames) lives on tmpfs.
+shm_dir() {
+  local base=/dev/shm
+  [ -d "$base" ] || base=$dir
+  printf '%s/tiermem-local-%s-node%s' "$base" "$(id -u)" "$1"
+}
+
+# One secret for the cluster, readable by its owner only.
+write_secret() {
+  [ -s "$dir/cluster.secret" ] && return
+  (umask 077; head -c 32 /dev/urandom | base64 >"$dir/cluster.secret")
+}
+
 write_cluster_file() {
   local nodes=$1 node
+  write_secret
   : >"$dir/cluster.toml"
   for node in $(seq 1 "$nodes"); do
     printf '[[node]]\nid = %d\ncontrol = "127.0.0.1:%d"\n' "$node" $((base_port + node)) >>"$dir/cluster.toml"

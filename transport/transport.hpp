@@ -9,10 +9,10 @@
 // that emulation with its fences, and over shared memory sometimes answers to
 // the wrong peer. This transport therefore sends its own request/reply active
 // messages on such endpoints and regions (the target checks the range against
-// its registered regions and runs a repeated atomic only once; it answers on
-// UCX's reply endpoint over TCP, and over shared memory on an endpoint it
-// opened to the asker, see ucx_internal.hpp), and over shared memory accesses
-// segments UCX allocated directly with loads, stores and CPU atomics.
+// the region its key names and runs a repeated atomic only once; it answers
+// on UCX's reply endpoint over TCP, and over shared memory on an endpoint it
+// opened to the asker, see ucx_internal.hpp). Where the fabric is one-sided
+// (InfiniBand, RoCE) operations are UCX's own.
 //
 // The fabric only: bytes and 64-bit words at addresses of registered memory.
 // Pages, versions and the seqlock protocol are above it (access/).
@@ -44,7 +44,10 @@ enum class MemoryKind { host, cuda };
 class RegisteredRegion {
  public:
   virtual ~RegisteredRegion() = default;
-  // The key peers unpack to address this region (opaque bytes).
+  // The key peers unpack to address this region (opaque bytes). It is a
+  // capability: whoever holds it may read and write the region, and only
+  // the region (the fabric's remote key, and for operations carried as
+  // messages a random token the target checks). Hand it out accordingly.
   virtual const std::string& packed_key() const = 0;
   virtual uint64_t base() const = 0;
   virtual uint64_t length() const = 0;
@@ -87,18 +90,6 @@ class Transport {
   virtual Result<std::unique_ptr<RegisteredRegion>> register_region(void* base, size_t length,
                                                                     MemoryKind kind) = 0;
 
-  // Memory the transport allocates itself, registered, and shareable by
-  // descriptor with co-located processes. Where the fabric is shared memory,
-  // peers then map it and copy (and run atomics) directly, which they cannot
-  // do on memory merely registered. Errors: not_supported (no such memory
-  // here: allocate a memfd and register it instead), transport_error.
-  struct SharedAllocation {
-    std::byte* base = nullptr;
-    size_t length = 0;
-    int fd = -1;  // a new descriptor of the memory, owned by the caller
-    std::unique_ptr<RegisteredRegion> region;  // unmaps and frees the memory
-  };
-  virtual Result<SharedAllocation> allocate_shared(size_t length) = 0;
   // Connects to the peer at `address`. Errors: transport_error.
   virtual Result<std::shared_ptr<Endpoint>> connect(std::string_view address) = 0;
   // Unpacks a peer's packed key, for its region at `base`, for use on

@@ -41,7 +41,7 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
   }
   ucp_ep_h ep = on_reply_ep ? param->reply_ep : self.answer_ep(h.origin);
   if (ep == nullptr) return UCS_OK;  // no hello from it: nowhere to answer
-  Refusal refusal = self.m_regions.check(h.address, h.length);
+  Refusal refusal = self.m_regions.check(h.address, h.length, h.token);
   if (h.kind == MessageKind::atomic && (h.address % 8 != 0 || h.length != 8)) refusal = Refusal::unaligned;
   if (h.kind == MessageKind::put && length != h.length) refusal = Refusal::malformed;
   if (h.kind != MessageKind::get && h.kind != MessageKind::put && h.kind != MessageKind::atomic) {

@@ -34,10 +34,6 @@ Status ucx_error(const std::string& what, ucs_status_t status);
 
 class UcxTransport;
 
-// A new descriptor of the file mapped at `address` (found by its inode among
-// this process's open descriptors), or -1 when the mapping has no file.
-int descriptor_of(void* address);
-
 class UcxEndpoint final : public Endpoint {
  public:
   UcxEndpoint(UcxTransport& owner) : m_owner(owner) {}
@@ -53,10 +49,12 @@ class UcxEndpoint final : public Endpoint {
   UcxTransport& m_owner;
   ucp_ep_h m_ep = nullptr;
   std::atomic<bool> m_failed{false};
-  // Every lane is TCP: no one-sided path at all (see transport.hpp).
+  // Every lane is TCP: no one-sided path at all (see transport.hpp); answers
+  // come on UCX's reply endpoint.
   bool m_messages = false;
-  // Every lane is shared memory: one-sided only into memory UCX allocated
-  // (which the peer maps); see unpack().
+  // Every lane is shared memory: operations go as messages too (UCX 1.13
+  // would mix its emulation with cross-memory copies its fences do not
+  // order), answered on an endpoint the target opens; see unpack().
   bool m_shared = false;
 };
 
@@ -98,6 +96,7 @@ struct MessageRequest {
   uint64_t operand = 0;
   uint64_t compare = 0;
   uint64_t origin = 0;  // the asking transport (random): with id, names an atomic for de-duplication
+  uint64_t token = 0;   // of the region the asker was given the key of: the address must lie in it
 };
 
 struct MessageReply {
@@ -131,45 +130,44 @@ std::unique_ptr<MessageOp> message(MessageKind kind, uint64_t address, uint64_t 
 
 Status refusal_error(Refusal r, const MessageRequest& h);
 
+// A packed key on the wire: our region token, then UCX's packed rkey.
+inline constexpr size_t k_token_bytes = sizeof(uint64_t);
+
 class UcxRemoteKey final : public RemoteKey {
  public:
-  UcxRemoteKey(std::shared_ptr<Endpoint> ep, ucp_rkey_h key) : m_ep(std::move(ep)), m_key(key) {}
+  UcxRemoteKey(std::shared_ptr<Endpoint> ep, ucp_rkey_h key, uint64_t token)
+      : m_ep(std::move(ep)), m_key(key), m_token(token) {}
   ~UcxRemoteKey() override { ucp_rkey_destroy(m_key); }
   std::shared_ptr<Endpoint> m_ep;  // keys go before their endpoint
   ucp_rkey_h m_key;
+  uint64_t m_token;
   // Operations on this region go as request/reply messages (see connect()).
   bool m_messages = false;
-  // The region is mapped here (a shared-memory peer's UCX-allocated segment):
-  // operations are plain loads, stores and CPU atomics at m_local + offset.
-  std::byte* m_local = nullptr;
-  uint64_t m_base = 0;
-  std::byte* local(uint64_t remote_addr) const { return m_local + (remote_addr - m_base); }
 };
-
-// Copies between a mapped peer segment and local memory. Aligned words go one
-// by one with atomic loads/stores, so a version word is never read or written
-// in halves against the peer's CPU atomics; bulk data is memcpy'd.
-void copy_words_or_bytes(std::byte* to, const std::byte* from, size_t length);
 
 uint64_t cpu_atomic(uint64_t* word, AtomicOp op, uint64_t operand, uint64_t compare);
 
-// Registered regions by base address, for checking message requests.
+// Registered regions by base address, for checking message requests: the
+// range must lie inside the region whose token the request carries (the
+// token came with the key, so holding a key to one region gives nothing of
+// another).
 class RegionTable {
  public:
-  void add(uint64_t base, uint64_t length, MemoryKind kind) {
+  void add(uint64_t base, uint64_t length, MemoryKind kind, uint64_t token) {
     std::lock_guard lock(m_lock);
-    m_regions[base] = {length, kind};
+    m_regions[base] = {length, kind, token};
   }
   void remove(uint64_t base) {
     std::lock_guard lock(m_lock);
     m_regions.erase(base);
   }
-  Refusal check(uint64_t address, uint64_t length) const {
+  Refusal check(uint64_t address, uint64_t length, uint64_t token) const {
     std::lock_guard lock(m_lock);
     auto it = m_regions.upper_bound(address);
     if (it == m_regions.begin()) return Refusal::unregistered;
     --it;
     if (address + length < address || address + length > it->first + it->second.length) return Refusal::unregistered;
+    if (it->second.token != token) return Refusal::unregistered;
     if (it->second.kind != MemoryKind::host) return Refusal::not_host;
     return Refusal::none;
   }
@@ -178,6 +176,7 @@ class RegionTable {
   struct Entry {
     uint64_t length;
     MemoryKind kind;
+    uint64_t token;
   };
   mutable std::mutex m_lock;
   std::map<uint64_t, Entry> m_regions;
@@ -186,9 +185,9 @@ class RegionTable {
 class UcxRegion final : public RegisteredRegion {
  public:
   UcxRegion(ucp_context_h context, ucp_mem_h memh, std::string key, uint64_t base, uint64_t length,
-            RegionTable& table, MemoryKind kind)
+            RegionTable& table, MemoryKind kind, uint64_t token)
       : m_context(context), m_memh(memh), m_key(std::move(key)), m_base(base), m_length(length), m_table(table) {
-    m_table.add(base, length, kind);
+    m_table.add(base, length, kind, token);
   }
   ~UcxRegion() override {
     m_table.remove(m_base);
@@ -239,7 +238,6 @@ class UcxTransport final : public Transport {
 
   Result<std::unique_ptr<RegisteredRegion>> register_region(void* base, size_t length,
                                                             MemoryKind kind) override;
-  Result<SharedAllocation> allocate_shared(size_t length) override;
   Result<std::shared_ptr<Endpoint>> connect(std::string_view address) override;
   Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint, std::string_view packed,
                                             uint64_t base) override;

@@ -1,7 +1,6 @@
 // The asking side of the UCX transport: get, put and atomics issued as
-// native UCX operations, as loads/stores/CPU atomics on a mapped peer
-// segment, or as request/reply messages; fences, waits and what a timeout
-// leaves behind. See ucx_internal.hpp.
+// native UCX operations or as request/reply messages; fences, waits and what
+// a timeout leaves behind. See ucx_internal.hpp.
 #include <poll.h>
 
 #include <cstdio>
@@ -23,7 +22,7 @@ std::unique_ptr<MessageOp> message(MessageKind kind, uint64_t address, uint64_t 
 Status refusal_error(Refusal r, const MessageRequest& h) {
   std::string what;
   switch (r) {
-    case Refusal::unregistered: what = "the range is not in a registered region"; break;
+    case Refusal::unregistered: what = "the range is not in the registered region of the key used"; break;
     case Refusal::unaligned: what = "the atomic word is not 8-byte aligned"; break;
     case Refusal::not_host: what = "the region is device memory, which messages cannot reach"; break;
     default: what = "malformed request"; break;
@@ -34,28 +33,13 @@ Status refusal_error(Refusal r, const MessageRequest& h) {
   return Status(ErrorCode::out_of_range, std::string("peer refused remote access to ") + where + ": " + what);
 }
 
-void copy_words_or_bytes(std::byte* to, const std::byte* from, size_t length) {
-  const bool words = reinterpret_cast<uintptr_t>(to) % 8 == 0 && reinterpret_cast<uintptr_t>(from) % 8 == 0 &&
-                     length % 8 == 0 && length <= 4096;
-  if (!words) {
-    std::memcpy(to, from, length);
-    return;
-  }
-  auto* t = reinterpret_cast<uint64_t*>(to);
-  auto* f = reinterpret_cast<const uint64_t*>(from);
-  for (size_t i = 0; i < length / 8; ++i) __atomic_store_n(&t[i], __atomic_load_n(&f[i], __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
-}
-
 Status UcxTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
-  if (k.m_local != nullptr) {
-    copy_words_or_bytes(static_cast<std::byte*>(dst), k.local(remote_addr), length);
-    return Status();
-  }
   if (k.m_messages) {
     auto op = message(MessageKind::get, remote_addr, length);
+    op->header.token = k.m_token;
     op->dst = dst;
     return issue(batch, e, std::move(op));
   }
@@ -70,12 +54,9 @@ Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t len
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
-  if (k.m_local != nullptr) {
-    copy_words_or_bytes(k.local(remote_addr), static_cast<const std::byte*>(src), length);
-    return Status();
-  }
   if (k.m_messages) {
     auto op = message(MessageKind::put, remote_addr, length);
+    op->header.token = k.m_token;
     op->src = src;
     op->payload = length;
     return issue(batch, e, std::move(op));
@@ -91,12 +72,9 @@ Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t op
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
-  if (k.m_local != nullptr) {
-    *result = cpu_atomic(reinterpret_cast<uint64_t*>(k.local(remote_addr)), op, operand, compare);
-    return Status();
-  }
   if (k.m_messages) {
     auto m = message(MessageKind::atomic, remote_addr, sizeof(uint64_t));
+    m->header.token = k.m_token;
     m->header.op = static_cast<uint8_t>(op);
     m->header.operand = operand;
     m->header.compare = compare;
@@ -132,7 +110,6 @@ Status UcxTransport::fence(Batch& batch, std::chrono::milliseconds timeout) {
     Status s = drive(b, timeout, true);
     if (!s.ok()) return s;
   }
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // direct accesses
   const ucs_status_t st = ucp_worker_fence(m_worker);
   return st == UCS_OK ? Status() : ucx_error("fence", st);
 }

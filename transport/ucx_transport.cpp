@@ -1,11 +1,8 @@
 // The UCX transport: context, worker, registered regions, endpoints (and the
 // endpoints we answer on), and the progress thread. See ucx_internal.hpp.
-#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -36,6 +33,22 @@ ucs_log_func_rc_t log_to_stderr(const char* file, unsigned line, const char*, uc
   std::vsnprintf(text, sizeof text, message, ap);
   std::fprintf(stderr, "UCX %s %s:%u: %s\n", ucs_log_level_names[level], file, line, text);
   return UCS_LOG_FUNC_RC_STOP;
+}
+
+// True when a UCX_TLS list names shared-memory transports only.
+bool shared_memory_only(const std::string& tls) {
+  if (tls.empty() || tls[0] == '^') return false;
+  size_t at = 0;
+  while (at <= tls.size()) {
+    const size_t end = std::min(tls.find(',', at), tls.size());
+    const std::string t = tls.substr(at, end - at);
+    if (t != "sm" && t != "shm" && t != "posix" && t != "sysv" && t != "cma" && t != "knem" && t != "xpmem" &&
+        t != "self") {
+      return false;
+    }
+    at = end + 1;
+  }
+  return true;
 }
 
 }  // namespace
@@ -83,9 +96,6 @@ Status UcxTransport::init(const UcxOptions& options) {
       return ucx_error("UCX network devices '" + options.devices + "'", st);
     }
   }
-  // Allocations (allocate_shared) from a POSIX shared-memory segment first:
-  // it has a descriptor, and shared-memory peers map it directly.
-  (void)ucp_config_modify(config, "ALLOC_PRIO", "md:posix,md:sysv,huge,thp,md:*,mmap,heap");
   // Version words are changed by local CPU atomics (daemon, co-located
   // clients) and by remote atomics: these must be atomic with each other,
   // which "cpu" mode guarantees (falling back to emulation where a NIC's
@@ -114,6 +124,14 @@ Status UcxTransport::init(const UcxOptions& options) {
   st = ucp_worker_get_efd(m_worker, &m_efd);
   if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
   m_use_messages = options.emulation != "ucx";
+  // Where only shared-memory transports are allowed, endpoints cannot detect
+  // peer failures, and asking for it first (and being refused) leaves UCX
+  // 1.13 with an endpoint whose first multi-fragment message never arrives:
+  // do not ask.
+  const char* env_tls = std::getenv("UCX_TLS");
+  if (shared_memory_only(!options.tls.empty() ? options.tls : env_tls != nullptr ? env_tls : "")) {
+    m_peer_errors.store(false);
+  }
   m_origin = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
              static_cast<uint64_t>(::getpid());
   for (const auto& [id, cb] : {std::pair{k_request_id, &UcxTransport::on_request},
@@ -150,47 +168,15 @@ Result<std::unique_ptr<RegisteredRegion>> UcxTransport::register_region(void* ba
     ucp_mem_unmap(m_context, memh);
     return ucx_error("packing a remote key", st);
   }
-  std::string packed(static_cast<const char*>(key), key_size);
+  // The token makes the key a capability for this region alone where
+  // operations travel as messages (see RegionTable).
+  uint64_t token = 0;
+  while (token == 0) token = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  std::string packed(reinterpret_cast<const char*>(&token), k_token_bytes);
+  packed.append(static_cast<const char*>(key), key_size);
   ucp_rkey_buffer_release(key);
   return std::unique_ptr<RegisteredRegion>(new UcxRegion(
-      m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(base), length, m_regions, kind));
-}
-
-Result<Transport::SharedAllocation> UcxTransport::allocate_shared(size_t length) {
-  ucp_mem_map_params_t p{};
-  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-  p.length = length;
-  p.flags = UCP_MEM_MAP_ALLOCATE;
-  ucp_mem_h memh = nullptr;
-  ucs_status_t st = ucp_mem_map(m_context, &p, &memh);
-  if (st != UCS_OK) return ucx_error("allocating " + std::to_string(length) + " bytes", st);
-  ucp_mem_attr_t attr{};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
-  ucp_mem_query(memh, &attr);
-  // Only a segment backed by a file (UCX's POSIX shared memory) can be
-  // handed to other processes; anything else is given back.
-  const int fd = descriptor_of(attr.address);
-  if (fd < 0) {
-    ucp_mem_unmap(m_context, memh);
-    return Status(ErrorCode::not_supported, "UCX did not allocate file-backed shared memory here");
-  }
-  void* key = nullptr;
-  size_t key_size = 0;
-  st = ucp_rkey_pack(m_context, memh, &key, &key_size);
-  if (st != UCS_OK) {
-    ::close(fd);
-    ucp_mem_unmap(m_context, memh);
-    return ucx_error("packing a remote key", st);
-  }
-  std::string packed(static_cast<const char*>(key), key_size);
-  ucp_rkey_buffer_release(key);
-  SharedAllocation out;
-  out.base = static_cast<std::byte*>(attr.address);
-  out.length = attr.length;
-  out.fd = fd;
-  out.region.reset(new UcxRegion(m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(attr.address),
-                                 attr.length, m_regions, MemoryKind::host));
-  return out;
+      m_context, memh, std::move(packed), reinterpret_cast<uint64_t>(base), length, m_regions, kind, token));
 }
 
 Result<std::shared_ptr<Endpoint>> UcxTransport::connect(std::string_view address) {
@@ -241,28 +227,21 @@ Result<std::shared_ptr<Endpoint>> UcxTransport::connect(std::string_view address
 }
 
 Result<std::shared_ptr<RemoteKey>> UcxTransport::unpack(const std::shared_ptr<Endpoint>& endpoint,
-                                                        std::string_view packed, uint64_t base) {
+                                                        std::string_view packed, uint64_t /*base*/) {
   auto& ep = static_cast<UcxEndpoint&>(*endpoint);
+  if (packed.size() <= k_token_bytes) return Status(ErrorCode::transport_error, "a remote key too short to unpack");
+  uint64_t token = 0;
+  std::memcpy(&token, packed.data(), k_token_bytes);
   ucp_rkey_h key = nullptr;
-  const ucs_status_t st = ucp_ep_rkey_unpack(ep.m_ep, packed.data(), &key);
+  const ucs_status_t st = ucp_ep_rkey_unpack(ep.m_ep, packed.data() + k_token_bytes, &key);
   if (st != UCS_OK) return ucx_error("unpacking a remote key", st);
-  auto out = std::make_shared<UcxRemoteKey>(endpoint, key);
-  out->m_messages = ep.m_messages;
-  if (ep.m_shared) {
-    // A UCX-allocated segment of a shared-memory peer maps here: we load,
-    // store and run CPU atomics on it ourselves. Anything else goes as
-    // messages: there UCX 1.13 mixes its emulation with cross-memory
-    // copies, which its fences do not order (a read validated by version
-    // words could be torn), which can assert on a closing endpoint, and
-    // whose process_vm_readv fails when a buffer went away.
-    void* local = nullptr;
-    if (ucp_rkey_ptr(key, base, &local) == UCS_OK) {
-      out->m_local = static_cast<std::byte*>(local);
-      out->m_base = base;
-    } else {
-      out->m_messages = true;
-    }
-  }
+  auto out = std::make_shared<UcxRemoteKey>(endpoint, key, token);
+  // Over TCP and over shared memory alone operations go as messages: UCX
+  // 1.13 mixes its emulation there with cross-memory copies, which its
+  // fences do not order (a read validated by version words could be torn),
+  // which can assert on a closing endpoint, and whose process_vm_readv fails
+  // when a buffer went away.
+  out->m_messages = ep.m_messages || ep.m_shared;
   return std::shared_ptr<RemoteKey>(std::move(out));
 }
 
@@ -404,45 +383,6 @@ void UcxTransport::progress_loop(int efd) {
     pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
     (void)::poll(fds, 2, 1000);
   }
-}
-
-int descriptor_of(void* address) {
-  const auto a = reinterpret_cast<uintptr_t>(address);
-  std::FILE* maps = std::fopen("/proc/self/maps", "r");
-  if (maps == nullptr) return -1;
-  char line[512];
-  unsigned long inode = 0;
-  unsigned dev_major = 0, dev_minor = 0;
-  while (std::fgets(line, sizeof line, maps) != nullptr) {
-    unsigned long start = 0, end = 0, ino = 0;
-    char perms[8];
-    unsigned long long off = 0;
-    unsigned mj = 0, mn = 0;
-    if (std::sscanf(line, "%lx-%lx %7s %llx %x:%x %lu", &start, &end, perms, &off, &mj, &mn, &ino) == 7 &&
-        a >= start && a < end) {
-      inode = ino;
-      dev_major = mj;
-      dev_minor = mn;
-      break;
-    }
-  }
-  std::fclose(maps);
-  if (inode == 0) return -1;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
-  while (dirent* e = ::readdir(dir)) {
-    const int fd = std::atoi(e->d_name);
-    struct stat st {};
-    if (e->d_name[0] == '.' || ::fstat(fd, &st) != 0) continue;
-    if (S_ISREG(st.st_mode) && st.st_ino == inode && major(st.st_dev) == dev_major &&
-        minor(st.st_dev) == dev_minor) {
-      found = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-      break;
-    }
-  }
-  ::closedir(dir);
-  return found;
 }
 
 UcxEndpoint::~UcxEndpoint() {

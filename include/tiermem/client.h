@@ -15,6 +15,7 @@
 // lost to a migration.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,9 @@ struct ClientOptions {
   // Map DRAM/PMEM tiers into this process to copy directly (zero-copy path).
   // When false every read and write goes through the daemon.
   bool direct_access = true;
+  // How long one request to the daemon may take before the call fails with
+  // timeout (and the connection is closed); 0: wait as long as it takes.
+  std::chrono::milliseconds timeout{30000};
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per

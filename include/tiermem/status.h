@@ -36,12 +36,15 @@ enum class ErrorCode : uint32_t {
   tier_exhausted = 203,
   tier_unavailable = 204,
   stale_translation = 205,  // a cached translation changed underneath (retried internally)
+  quota_exceeded = 206,     // the tenant's quota for the tier would be passed
+  data_lost = 207,          // the bytes are gone (e.g. frames of a node whose memory was made anew)
   // 3xx: I/O and transport
   io_error = 300,
   connection_failed = 301,
   connection_closed = 302,
   timeout = 303,
   transport_error = 304,
+  unavailable = 305,        // the daemon or node is down or restarting: retry later
   // 4xx: protocol
   protocol_mismatch = 400,
   malformed_frame = 401,

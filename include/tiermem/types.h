@@ -27,15 +27,20 @@ TIERMEM_EXPORT std::string_view tier_name(Tier tier);
 TIERMEM_EXPORT Result<Tier> parse_tier(std::string_view text);
 
 // Page flags (M2). A page of an allocation always has read and write; pinned
-// while a client has it mapped (migration refused); durable on PMEM.
+// while a client has it mapped (migration refused); durable on PMEM; torn
+// when a writer died holding its lock (the bytes may be partly that write's,
+// which was never acknowledged); lost when its frames went with a node whose
+// memory was made anew (reads and writes then fail with data_lost).
 enum PageFlag : uint32_t {
   k_page_read = 1u << 0,
   k_page_write = 1u << 1,
   k_page_coherent = 1u << 2,
   k_page_pinned = 1u << 3,
   k_page_durable = 1u << 4,
+  k_page_torn = 1u << 5,
+  k_page_lost = 1u << 6,
 };
-// "RW-PD" style text: R W C P D, '-' for a cleared flag.
+// "RW-PD--" style text: R W C P D T L, '-' for a cleared flag.
 TIERMEM_EXPORT std::string page_flags_text(uint32_t flags);
 
 struct AllocOptions {
@@ -59,6 +64,7 @@ struct AllocationInfo {
   uint32_t map_count = 0;  // clients holding a Mapping of it
   uint64_t created_unix_ms = 0;
   uint32_t owner_uid = 0;
+  std::string tenant;  // the owner: only it (and operators) may touch the memory
 };
 
 struct TierStat {
@@ -106,6 +112,9 @@ struct Extent {
   uint64_t frame_offset = 0;  // byte offset in the tier region
   uint64_t gva_offset = 0;    // from the allocation's base
   uint64_t length = 0;
+  // Of `node`'s memory when the frames were placed there (frames lent by a
+  // node other than the home); 0 for the home's own.
+  uint64_t memory_generation = 0;
 };
 
 struct Translation {

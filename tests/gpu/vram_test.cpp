@@ -31,7 +31,9 @@ TEST(VramTierTest, WriteReadDiscardAndCopyFromDram) {
   ASSERT_TRUE((*vram)->discard(16 << 20, 8 << 20).ok());
   ASSERT_TRUE((*vram)->read(16 << 20, in.data(), in.size()).ok());
   EXPECT_EQ(in, std::vector<unsigned char>(in.size(), 0));
-  auto dram = make_dram_tier(8 << 20, "gpu-test-dram");
+  const std::string dir = test::make_temp_dir("tiermem-gpu");
+  auto dram = make_dram_tier({dir, 8 << 20, 1});
+  ASSERT_TRUE((*dram)->open_domain(0, 8 << 20).ok());
   ASSERT_TRUE((*dram)->write(0, out.data(), out.size()).ok());
   ASSERT_TRUE((*vram)->copy_from(**dram, 0, 0, out.size()).ok());
   ASSERT_TRUE((*vram)->read(0, in.data(), in.size()).ok());
@@ -41,8 +43,10 @@ TEST(VramTierTest, WriteReadDiscardAndCopyFromDram) {
 TEST(VramTierTest, AutoPlacementPrefersVramAndFallsBackToDram) {
   TierSet tiers;
   tiers[static_cast<size_t>(Tier::vram)] = std::move(make_vram_tier(0, 8 << 20)).value();
-  tiers[static_cast<size_t>(Tier::dram)] = std::move(make_dram_tier(8 << 20, "gpu-fallback")).value();
-  auto space = std::move(AddressSpace::create({.node = 1, .page_size = 2 << 20}, std::move(tiers))).value();
+  const std::string dir = test::make_temp_dir("tiermem-gpu");
+  tiers[static_cast<size_t>(Tier::dram)] = std::move(make_dram_tier({dir, 8 << 20, 1})).value();
+  auto space =
+      std::move(AddressSpace::create({.node = 1, .page_size = 2 << 20, .versions_dir = dir}, std::move(tiers))).value();
   auto first = space->allocate({.size = 6 << 20});
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->tier, Tier::vram);

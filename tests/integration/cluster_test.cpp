@@ -64,7 +64,8 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
     const auto data = pattern(300 << 10, home);
     ASSERT_TRUE(client->write(a->gva, data.data(), data.size()).ok());
     std::vector<unsigned char> back(data.size());
-    ASSERT_TRUE(client->read(a->gva, back.data(), back.size()).ok());
+    Status rs = client->read(a->gva, back.data(), back.size());
+    ASSERT_TRUE(rs.ok()) << rs.to_string();
     EXPECT_EQ(back, data);
     // A client of the home node sees the same bytes through its own path.
     auto local = m_cluster->node(home).connect("home");

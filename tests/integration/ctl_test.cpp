@@ -73,7 +73,7 @@ TEST_F(CtlTest, JsonOutputIsParseable) {
 
   const auto t = nlohmann::json::parse(ctl({"--json", "translate", gva}).out);
   EXPECT_EQ(t["page"]["tier"], "pmem");
-  EXPECT_EQ(t["page"]["flags"], "RW--D");
+  EXPECT_EQ(t["page"]["flags"], "RW--D--");
   EXPECT_EQ(t["page"]["valid_mask"], "0000000000000001");
 
   const auto dump = nlohmann::json::parse(ctl({"--json", "dump"}).out);

@@ -77,10 +77,12 @@ class NetnsTest : public ::testing::Test {
       std::ofstream out(file);
       for (int i = 1; i <= 3; ++i) out << "[[node]]\nid = " << i << "\ncontrol = \"" << m_net->address(i) << ":7100\"\n";
     }
+    const std::string secret = test::write_secret(m_dir);
     for (int i = 1; i <= 3; ++i) {
       test::DaemonOptions o;
       o.node_id = i;
       o.cluster_file = file;
+      o.secret_file = secret;
       o.dir = m_dir + "/node" + std::to_string(i);
       o.tls = "tcp";
       o.page_size = "64KiB";

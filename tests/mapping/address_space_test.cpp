@@ -14,17 +14,25 @@ namespace {
 
 constexpr uint64_t k_page = 64 << 10;
 
+// A space with `domains` tenants' room, DRAM of `dram` pages, PMEM of 8 pages.
+std::unique_ptr<AddressSpace> make_space(const std::string& dir, NodeId node, uint64_t dram, uint32_t domains = 2,
+                                         uint64_t pages_per_domain = 0) {
+  TierSet tiers;
+  tiers[static_cast<size_t>(Tier::dram)] = std::move(make_dram_tier({dir, dram * k_page, domains})).value();
+  tiers[static_cast<size_t>(Tier::pmem)] = std::move(make_pmem_tier({dir, 8 * k_page, domains})).value();
+  auto space = AddressSpace::create({.node = node, .page_size = k_page, .domains = domains,
+                                     .pages_per_domain = pages_per_domain, .versions_dir = dir, .incarnation = 7},
+                                    std::move(tiers));
+  EXPECT_TRUE(space.ok()) << space.status().to_string();
+  return space.ok() ? std::move(space).value() : nullptr;
+}
+
 class AddressSpaceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     m_dir = test::make_temp_dir("tiermem-as");
-    TierSet tiers;
-    tiers[static_cast<size_t>(Tier::dram)] = std::move(make_dram_tier(4 * k_page, "test-dram")).value();
-    tiers[static_cast<size_t>(Tier::pmem)] =
-        std::move(make_pmem_tier({m_dir + "/pool", 8 * k_page})).value();
-    auto space = AddressSpace::create({.node = 3, .page_size = k_page}, std::move(tiers));
-    ASSERT_TRUE(space.ok()) << space.status().to_string();
-    m_space = std::move(space).value();
+    m_space = make_space(m_dir, 3, 4);
+    ASSERT_NE(m_space, nullptr);
   }
   void TearDown() override {
     m_space.reset();
@@ -141,24 +149,25 @@ TEST_F(AddressSpaceTest, FreeErrorsNameTheProblem) {
 }
 
 TEST_F(AddressSpaceTest, StaleGenerationIsDetectedWhenAnAddressIsReused) {
-  // A tiny virtual range forces reuse of the same addresses.
-  TierSet tiers;
-  tiers[static_cast<size_t>(Tier::dram)] = std::move(make_dram_tier(2 * k_page, "small")).value();
-  auto space = std::move(AddressSpace::create({.node = 1, .page_size = k_page, .virtual_pages = 2},
-                                              std::move(tiers)))
-                   .value();
-  auto first = space->allocate({.size = 1});
+  // Allocate and free until next-fit has gone round the domain's virtual
+  // range and hands out the first address again.
+  auto first = m_space->allocate({.size = 1});
   ASSERT_TRUE(first.ok());
-  ASSERT_TRUE(space->free(first->gva).ok());
-  auto second = space->allocate({.size = 1});
-  ASSERT_TRUE(second.ok());
-  ASSERT_EQ(second->gva.offset, first->gva.offset) << "only one virtual page exists";
+  ASSERT_TRUE(m_space->free(first->gva).ok());
+  Result<AllocationInfo> again = Status(ErrorCode::internal, "not yet");
+  for (int i = 0; i < 5000; ++i) {
+    again = m_space->allocate({.size = 1});
+    ASSERT_TRUE(again.ok()) << again.status().to_string();
+    if (again->gva.offset == first->gva.offset) break;
+    ASSERT_TRUE(m_space->free(again->gva).ok());
+  }
+  ASSERT_EQ(again->gva.offset, first->gva.offset) << "the range wrapped";
   char byte = 0;
-  Status s = space->read(first->gva, &byte, 1);
+  Status s = m_space->read(first->gva, &byte, 1);
   EXPECT_EQ(s.code(), ErrorCode::stale_generation) << s.to_string();
   Gva unchecked = first->gva;
   unchecked.generation = 0;
-  EXPECT_TRUE(space->read(unchecked, &byte, 1).ok()) << "generation 0 is not checked";
+  EXPECT_TRUE(m_space->read(unchecked, &byte, 1).ok()) << "generation 0 is not checked";
 }
 
 TEST_F(AddressSpaceTest, OutOfRangeAccessIsRefused) {
@@ -221,6 +230,100 @@ TEST_F(AddressSpaceTest, DumpListsEveryPage) {
   ASSERT_EQ(stats.size(), 2u);
   EXPECT_EQ(stats[0].used_bytes, 3 * k_page);
   EXPECT_EQ(stats[1].used_bytes, k_page);
+}
+
+TEST_F(AddressSpaceTest, TenantsGetDomainsOfTheirOwnWithFilesOfTheirOwn) {
+  auto a = m_space->allocate({.size = 1, .tier = Tier::dram, .tenant = "alice"});
+  auto b = m_space->allocate({.size = 1, .tier = Tier::dram, .tenant = "bob"});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tenant, "alice");
+  const auto da = m_space->find_domain("alice"), db = m_space->find_domain("bob");
+  ASSERT_TRUE(da && db);
+  EXPECT_NE(*da, *db);
+  EXPECT_EQ(m_space->versions().domain_of(a->gva.offset / k_page), *da) << "a's pages are in a's range";
+  EXPECT_EQ(m_space->versions().domain_of(b->gva.offset / k_page), *db);
+  const DomainFiles fa = m_space->domain_files(*da), fb = m_space->domain_files(*db);
+  ASSERT_FALSE(fa.tiers.empty());
+  EXPECT_NE(fa.versions_fd, fb.versions_fd);
+  EXPECT_NE(fa.tiers[0].fd, fb.tiers[0].fd);
+  auto t = m_space->translate(a->gva);
+  ASSERT_TRUE(t.ok());
+  EXPECT_GE(t->extents[0].frame_offset, fa.tiers[0].frame_offset);
+  EXPECT_LT(t->extents[0].frame_offset, fa.tiers[0].frame_offset + fa.tiers[0].bytes) << "in alice's file";
+  EXPECT_EQ(m_space->tenant_of_domain(*da), "alice");
+  EXPECT_STREQ(m_space->versions().header(*da).tenant, "alice");
+  // Both domains are taken: a third tenant has no room on this node.
+  auto c = m_space->allocate({.size = 1, .tenant = "carol"});
+  EXPECT_EQ(c.status().code(), ErrorCode::tier_exhausted);
+  EXPECT_NE(c.status().message().find("tenants.max_per_node"), std::string::npos) << c.status().message();
+}
+
+TEST_F(AddressSpaceTest, QuotaIsEnforcedPerTenantAndTier) {
+  TenantLimits limits;
+  limits.bytes[static_cast<size_t>(Tier::dram)] = 2 * k_page;
+  ASSERT_TRUE(m_space->allocate({.size = 2 * k_page, .tier = Tier::dram, .strict = true, .tenant = "q", .limits = limits}).ok());
+  auto over = m_space->allocate({.size = 1, .tier = Tier::dram, .strict = true, .tenant = "q", .limits = limits});
+  EXPECT_EQ(over.status().code(), ErrorCode::quota_exceeded) << over.status().to_string();
+  EXPECT_NE(over.status().message().find("quota of tenant 'q' 128 KiB, 128 KiB used"), std::string::npos)
+      << over.status().message();
+  // Not strict: it falls back to PMEM, where the tenant has no limit.
+  auto spill = m_space->allocate({.size = 1, .tier = Tier::dram, .tenant = "q", .limits = limits});
+  ASSERT_TRUE(spill.ok());
+  EXPECT_EQ(spill->tier, Tier::pmem);
+  EXPECT_EQ(m_space->usage("q", Tier::dram), 2 * k_page);
+  // Another tenant still has the rest of the tier.
+  EXPECT_TRUE(m_space->allocate({.size = 2 * k_page, .tier = Tier::dram, .strict = true, .tenant = "r"}).ok());
+}
+
+TEST_F(AddressSpaceTest, LentFramesComeBackOnlyFromTheirBorrowerAndOnlyOnce) {
+  auto lent = m_space->reserve_frames(Tier::dram, 1, "t", {}, /*borrower=*/5);
+  ASSERT_TRUE(lent.ok()) << lent.status().to_string();
+  EXPECT_EQ(m_space->lent_to(5), 1u);
+  EXPECT_EQ(m_space->release_frames(*lent, 6).code(), ErrorCode::invalid_argument) << "not lent to node 6";
+  // A frame of a live allocation, or a free one, is never released.
+  const AllocationInfo a = alloc(1, Tier::dram);
+  auto t = m_space->translate(a.gva);
+  std::vector<Extent> live = {{Tier::dram, 3, t->extents[0].frame_offset, 0, k_page}};
+  EXPECT_EQ(m_space->release_frames(live, 5).code(), ErrorCode::invalid_argument);
+  ASSERT_TRUE(m_space->release_frames(*lent, 5).ok());
+  EXPECT_EQ(m_space->release_frames(*lent, 5).code(), ErrorCode::invalid_argument) << "given back twice";
+  EXPECT_EQ(m_space->lent_to(5), 0u);
+  EXPECT_EQ(m_space->reserve_frames(Tier::dram, uint64_t{1} << 40, "t", {}, 5).status().code(),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(m_space->reserve_frames(Tier::automatic, 1, "t", {}, 5).status().code(), ErrorCode::tier_unavailable);
+  char c = 0;
+  EXPECT_TRUE(m_space->read(a.gva, &c, 1).ok()) << "the live allocation is untouched";
+}
+
+TEST_F(AddressSpaceTest, PagesOnFramesOfANodeWhoseMemoryWasMadeAnewAreLost) {
+  const AllocationInfo a = alloc(2 * k_page, Tier::dram);
+  auto move = m_space->begin_migration(a.gva);
+  ASSERT_TRUE(move.ok());
+  auto pm = m_space->begin_move(move->front());
+  ASSERT_TRUE(pm.ok());
+  m_space->note_lender(9, 111);
+  PageEntry to;
+  to.node = 9;
+  to.tier = Tier::dram;
+  to.frame_offset = 0;
+  std::vector<Extent> remote;
+  ASSERT_TRUE(m_space->commit_move(*pm, to, &remote).ok());
+  m_space->end_migration(a.gva);
+  auto layout = m_space->layout(a.gva);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_EQ(layout->extents[0].node, 9);
+  EXPECT_EQ(layout->extents[0].memory_generation, 111u) << "extents carry the lender's memory generation";
+  EXPECT_EQ(m_space->lose_frames_of(9, 111), 0u) << "same memory: nothing lost";
+  EXPECT_EQ(m_space->lose_frames_of(9, 222), 1u);
+  EXPECT_EQ(m_space->layout(a.gva).status().code(), ErrorCode::data_lost);
+  char c = 0;
+  EXPECT_EQ(m_space->read(a.gva, &c, 1).code(), ErrorCode::data_lost);
+  auto t = m_space->translate(a.gva);
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->page.flags & k_page_lost);
+  std::vector<Extent> give_back;
+  EXPECT_TRUE(m_space->free(a.gva, &give_back).ok()) << "a lost allocation can be freed";
+  EXPECT_TRUE(give_back.empty()) << "lost frames are not given back to a node that forgot them";
 }
 
 }  // namespace

@@ -11,7 +11,7 @@ TEST(ExtentSetTest, BestFitPrefersTheSmallestHole) {
   ASSERT_TRUE(s.take_best_fit(10, &a));
   ASSERT_TRUE(s.take_best_fit(5, &b));
   ASSERT_TRUE(s.take_best_fit(20, &c));
-  s.release(b);  // a 5-unit hole at 10..15
+  EXPECT_TRUE(s.release(b));  // a 5-unit hole at 10..15
   UnitRange d;
   ASSERT_TRUE(s.take_best_fit(4, &d));
   EXPECT_EQ(d.start, 10u);
@@ -25,10 +25,10 @@ TEST(ExtentSetTest, ReleaseMergesNeighbours) {
   ASSERT_TRUE(s.take_best_fit(10, &b));
   ASSERT_TRUE(s.take_best_fit(10, &c));
   EXPECT_EQ(s.free_units(), 0u);
-  s.release(a);
-  s.release(c);
+  EXPECT_TRUE(s.release(a));
+  EXPECT_TRUE(s.release(c));
   EXPECT_EQ(s.fragments(), 2u);
-  s.release(b);
+  EXPECT_TRUE(s.release(b));
   EXPECT_EQ(s.fragments(), 1u);
   EXPECT_EQ(s.largest(), 30u);
 }
@@ -37,9 +37,9 @@ TEST(ExtentSetTest, ScatteredTakesPiecesWhenNoRunIsLongEnough) {
   ExtentSet s(0, 10);
   UnitRange r[5];
   for (auto& x : r) ASSERT_TRUE(s.take_best_fit(2, &x));
-  s.release(r[0]);
-  s.release(r[2]);
-  s.release(r[4]);
+  EXPECT_TRUE(s.release(r[0]));
+  EXPECT_TRUE(s.release(r[2]));
+  EXPECT_TRUE(s.release(r[4]));
   std::vector<UnitRange> pieces;
   EXPECT_FALSE(s.take_best_fit(5, &r[0]));
   ASSERT_TRUE(s.take_scattered(5, &pieces));
@@ -59,7 +59,7 @@ TEST(ExtentSetTest, NextFitDoesNotReuseFreedRangesUntilWrapping) {
   UnitRange a, b;
   ASSERT_TRUE(s.take_next_fit(3, 1, &a));
   EXPECT_EQ(a.start, 1u);
-  s.release(a);
+  EXPECT_TRUE(s.release(a));
   ASSERT_TRUE(s.take_next_fit(3, a.start + a.count, &b));
   EXPECT_EQ(b.start, 4u) << "the freed range 1..3 must not be reused yet";
   UnitRange c;
@@ -77,6 +77,18 @@ TEST(ExtentSetTest, ReserveRemovesASpecificFreeRange) {
   EXPECT_TRUE(s.reserve({3, 4}));
   EXPECT_EQ(s.free_units(), 6u);
   EXPECT_FALSE(s.reserve({2, 2})) << "3 is no longer free";
+}
+
+TEST(ExtentSetTest, GivingBackWhatIsFreeIsRefusedAndChangesNothing) {
+  ExtentSet s(0, 10);
+  UnitRange a;
+  ASSERT_TRUE(s.take_best_fit(4, &a));
+  EXPECT_TRUE(s.release(a));
+  EXPECT_FALSE(s.release(a)) << "released twice";
+  EXPECT_FALSE(s.release({8, 4})) << "overlaps the free tail";
+  EXPECT_FALSE(s.release({~uint64_t{0} - 1, 4})) << "wraps around";
+  EXPECT_EQ(s.free_units(), 10u);
+  EXPECT_EQ(s.fragments(), 1u);
 }
 
 }  // namespace

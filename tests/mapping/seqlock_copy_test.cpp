@@ -476,7 +476,7 @@ TEST_F(SeqlockCopyTest, AtomicOnAPageLocksAroundItUnlessCoherent) {
 class TwoArenaAccess final : public MemoryAccess {
  public:
   TwoArenaAccess(VersionWords& words, FrameData& a, FrameData& b) : m_words(words), m_a(a), m_b(b) {}
-  Result<VersionWords*> versions(NodeId) override { return &m_words; }
+  Result<VersionWords*> versions(NodeId, uint64_t) override { return &m_words; }
   Result<FrameData*> frames(NodeId, Tier tier) override { return tier == Tier::dram ? &m_a : &m_b; }
 
  private:

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -51,16 +52,12 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
   m_socket = m_dir + "/tiermemd.sock";
   m_log = m_dir + "/tiermemd.log";
   m_config = m_dir + "/tiermemd.toml";
-  // PMEM pools go to /dev/shm where it exists: persisting there is a memory
-  // copy, on the test machine's disk it is an msync of milliseconds.
-  m_pmem_path = m_dir + "/pmem.pool";
-  if (std::filesystem::is_directory("/dev/shm")) {
-    const std::string shm = make_temp_dir_in("/dev/shm", "tiermem-pmem");
-    if (!shm.empty()) {
-      m_pmem_dir = shm;
-      m_pmem_path = shm + "/pmem.pool";
-    }
-  }
+  // The node's shared memory and its PMEM pool go to /dev/shm where it
+  // exists: persisting there is a memory copy, on the test machine's disk
+  // it is an msync of milliseconds.
+  const std::string shm_parent = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : m_dir;
+  m_pmem_dir = make_temp_dir_in(shm_parent, "tiermem-pmem");
+  m_dram_dir = make_temp_dir_in(shm_parent, "tiermem-dram");
   {
     std::ofstream out(m_config);
     out << "[node]\nid = " << o.node_id << "\n"
@@ -69,11 +66,11 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
         << "[mapping]\npage_size = \"" << o.page_size << "\"\n"
         << "[tiers.vram]\nenabled = " << (o.vram ? "true" : "false") << "\nrequired = "
         << (o.vram ? "true" : "false") << "\ncapacity = \"" << o.vram_capacity << "\"\n"
-        << "[tiers.dram]\ncapacity = \"" << o.dram << "\"\n"
-        << "[tiers.pmem]\npath = \"" << m_pmem_path << "\"\ncapacity = \"" << o.pmem << "\"\n"
+        << "[tiers.dram]\ncapacity = \"" << o.dram << "\"\npath = \"" << m_dram_dir << "\"\n"
+        << "[tiers.pmem]\npath = \"" << m_pmem_dir << "\"\ncapacity = \"" << o.pmem << "\"\n"
         << "[log]\nlevel = \"debug\"\n";
     if (!o.cluster_file.empty()) {
-      out << "[cluster]\nfile = \"" << o.cluster_file
+      out << "[cluster]\nfile = \"" << o.cluster_file << "\"\nsecret_file = \"" << o.secret_file
           << "\"\nreconnect_interval_ms = 200\nheartbeat_interval_ms = 300\npeer_timeout_ms = 3000\n";
     }
     if (!o.tls.empty()) out << "[transport]\ntls = \"" << o.tls << "\"\n";
@@ -127,6 +124,7 @@ TestDaemon::~TestDaemon() {
   std::error_code ec;
   if (m_own_dir) std::filesystem::remove_all(m_dir, ec);
   if (!m_pmem_dir.empty()) std::filesystem::remove_all(m_pmem_dir, ec);
+  if (!m_dram_dir.empty()) std::filesystem::remove_all(m_dram_dir, ec);
 }
 
 bool TestDaemon::alive() {
@@ -175,8 +173,21 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+std::string write_secret(const std::string& dir) {
+  const std::string path = dir + "/cluster.secret";
+  {
+    std::ofstream out(path);
+    std::random_device rd;
+    for (int i = 0; i < 32; ++i) out << "0123456789abcdef"[rd() % 16];
+    out << "\n";
+  }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  return path;
+}
+
 TestCluster::TestCluster(int nodes, const DaemonOptions& base) {
   m_dir = make_temp_dir("tiermem-cluster");
+  m_secret = write_secret(m_dir);
   const std::string file = m_dir + "/cluster.toml";
   {
     std::ofstream out(file);
@@ -188,6 +199,7 @@ TestCluster::TestCluster(int nodes, const DaemonOptions& base) {
     DaemonOptions o = base;
     o.node_id = id;
     o.cluster_file = file;
+    if (o.secret_file.empty()) o.secret_file = m_secret;
     o.dir = m_dir + "/node" + std::to_string(id);
     m_daemons.push_back(std::make_unique<TestDaemon>(o));
   }

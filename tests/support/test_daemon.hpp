@@ -26,6 +26,7 @@ struct DaemonOptions {
   std::string vram_capacity = "256MiB";
   std::string extra_toml;  // appended verbatim
   std::string cluster_file;  // [cluster] file; empty: alone
+  std::string secret_file;   // [cluster] secret_file (TestCluster writes one)
   std::string tls;           // [transport] tls
   std::string dir;           // working directory; empty: a new temporary one
   // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).
@@ -43,6 +44,9 @@ class TestDaemon {
   bool ready() const { return m_ready; }
   const std::string& socket() const { return m_socket; }
   const std::string& dir() const { return m_dir; }
+  const std::string& dram_dir() const { return m_dram_dir; }
+  const std::string& pmem_dir() const { return m_pmem_dir; }
+  const std::string& config_path() const { return m_config; }
   const std::string& log_path() const { return m_log; }
   std::string log() const;
   pid_t pid() const { return m_pid; }
@@ -63,8 +67,8 @@ class TestDaemon {
   DaemonOptions m_options;
   std::string m_config;
   bool m_own_dir = true;
-  std::string m_pmem_path;
   std::string m_pmem_dir;  // on /dev/shm, removed with the daemon
+  std::string m_dram_dir;  // the node's shared memory, on /dev/shm
   std::string m_dir;
   std::string m_socket;
   std::string m_log;
@@ -97,12 +101,17 @@ class TestCluster {
   TestDaemon& node(int id) { return *m_daemons.at(static_cast<size_t>(id - 1)); }
   size_t size() const { return m_daemons.size(); }
   const std::string& dir() const { return m_dir; }
+  const std::string& secret_file() const { return m_secret; }
   std::string logs() const;
 
  private:
   std::string m_dir;
+  std::string m_secret;
   std::vector<std::unique_ptr<TestDaemon>> m_daemons;
 };
+
+// A cluster secret (32 random hex digits, mode 0600) in `dir`; its path.
+std::string write_secret(const std::string& dir);
 
 // A TCP port nobody listens on right now.
 int free_port();

@@ -22,11 +22,12 @@ int cmd_ls(const Context& ctx) {
   const auto now = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                              std::chrono::system_clock::now().time_since_epoch())
                                              .count());
-  Table table({"GVA", "SIZE", "TIER", "PAGES", "MAPPED", "GEN", "AGE", "NAME"});
+  Table table({"GVA", "SIZE", "TIER", "PAGES", "MAPPED", "GEN", "AGE", "TENANT", "NAME"});
   for (const auto& a : *list) {
     table.add({a.gva.to_string(), format_size(a.size), std::string(tier_name(a.tier)),
                std::to_string(a.pages), std::to_string(a.map_count), std::to_string(a.gva.generation),
-               age(now > a.created_unix_ms ? now - a.created_unix_ms : 0), a.name.empty() ? "-" : a.name});
+               age(now > a.created_unix_ms ? now - a.created_unix_ms : 0), a.tenant,
+               a.name.empty() ? "-" : a.name});
   }
   std::fputs(table.render().c_str(), stdout);
   std::printf("%zu allocation(s)\n", list->size());

@@ -50,7 +50,8 @@ nlohmann::json to_json(const AllocationInfo& a) {
           {"pages", a.pages},
           {"map_count", a.map_count},
           {"created_unix_ms", a.created_unix_ms},
-          {"owner_uid", a.owner_uid}};
+          {"owner_uid", a.owner_uid},
+          {"tenant", a.tenant}};
 }
 
 nlohmann::json to_json(const TierStat& t) {

@@ -1,0 +1,96 @@
+#include "daemon/data_plane.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <tiermem/status_macros.h>
+
+#include "convert.hpp"
+
+namespace tiermem {
+
+Result<std::unique_ptr<DataPlane>> DataPlane::start(const DaemonConfig& config) {
+  auto transport = make_ucx_transport(
+      {.tls = config.transport_tls, .devices = config.transport_devices, .progress_thread = true});
+  if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
+  auto dp = std::unique_ptr<DataPlane>(new DataPlane);
+  dp->m_transport = std::move(transport).value();
+  return dp;
+}
+
+DataPlane::~DataPlane() {
+  m_regions.clear();  // before the transport
+}
+
+Status DataPlane::add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier, uint32_t domain,
+                      uint64_t first, bool persistent, const std::string& tenant) {
+  TIERMEM_ASSIGN_OR_RETURN(auto region, m_transport->register_region(const_cast<void*>(base), length, kind));
+  proto::RegionKey* k = m_self.add_regions();
+  k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
+  k->set_tier(wire::to_proto(tier));
+  k->set_base(region->base());
+  k->set_length(length);
+  k->set_packed_key(region->packed_key());
+  k->set_persistent(persistent);
+  k->set_domain(domain);
+  k->set_first(first);
+  k->set_tenant(tenant);
+  m_regions.push_back(std::move(region));
+  return Status();
+}
+
+Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, const std::string& control,
+                           uint64_t incarnation) {
+  {
+    std::lock_guard lock(m_mutex);
+    m_self.set_node_id(config.node_id);
+    m_self.set_control_address(control);
+    m_self.set_page_size(space.page_size());
+    m_self.set_incarnation(incarnation);
+    m_self.set_memory_generation(space.versions().memory_generation());
+    m_self.set_pages_per_domain(space.pages_per_domain());
+    m_self.set_transport_address(m_transport->address());
+    VersionSegments& v = space.versions();
+    for (uint32_t d = 0; d < v.domains(); ++d) {
+      Status s = add(v.domain_words(d), v.domain_words_bytes(), MemoryKind::host, true, Tier::automatic, d,
+                     uint64_t{d} * v.pages_per_domain(), false, space.tenant_of_domain(d));
+      if (!s.ok()) return s.with_context("registering the version words");
+    }
+    // VRAM (one domain, shared by all tenants, reached through the daemon
+    // unless the transport registers device memory).
+    if (TierBackend* b = space.backend(Tier::vram)) {
+      Status s = add(b->region_base(), b->capacity(), MemoryKind::cuda, false, Tier::vram, 0, 0, false, "");
+      if (!s.ok()) spdlog::info("vram tier not reachable one-sided: {}", s.message());
+    }
+  }
+  for (uint32_t d = 0; d < space.domains(); ++d) {
+    if (!space.tenant_of_domain(d).empty()) TIERMEM_RETURN_IF_ERROR(register_domain(space, d));
+  }
+  return Status();
+}
+
+Status DataPlane::register_domain(AddressSpace& space, uint32_t domain) {
+  std::lock_guard lock(m_mutex);
+  const std::string tenant = space.tenant_of_domain(domain);
+  bool added = false;
+  for (Tier t : {Tier::dram, Tier::pmem}) {
+    TierBackend* b = space.backend(t);
+    if (b == nullptr || b->domain_bytes(domain) == 0) continue;
+    if (!m_registered_domains.insert({static_cast<int>(t), domain}).second) continue;
+    const uint64_t first = uint64_t{domain} * b->domain_span();
+    TIERMEM_RETURN_IF_ERROR(add(b->host_base() + first, b->domain_bytes(domain), MemoryKind::host, false, t, domain,
+                                first, b->persistent(), tenant));
+    added = true;
+  }
+  for (proto::RegionKey& k : *m_self.mutable_regions()) {
+    if (k.kind() == proto::Region::VERSIONS && k.domain() == domain) k.set_tenant(tenant);
+  }
+  if (added) m_self.set_regions_version(m_self.regions_version() + 1);
+  return Status();
+}
+
+proto::NodeInfo DataPlane::self() const {
+  std::lock_guard lock(m_mutex);
+  return m_self;
+}
+
+}  // namespace tiermem

@@ -1,0 +1,77 @@
+#include "daemon/peer_auth.hpp"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "common/unique_fd.hpp"
+
+namespace tiermem {
+
+Result<ClusterSecret> ClusterSecret::load(const std::string& path) {
+  const auto bad = [&](const std::string& why) {
+    return Status(ErrorCode::config_error, "cluster.secret_file " + path + " " + why);
+  };
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return bad(std::string("cannot be read: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return bad("is not a regular file");
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return bad(std::string("is readable by group or others (mode ") + mode +
+               "): anyone who reads it can join the cluster; chmod 600 it");
+  }
+  std::string key(static_cast<size_t>(std::min<off_t>(st.st_size, 4096)), '\0');
+  const ssize_t n = ::read(fd.get(), key.data(), key.size());
+  if (n < 0) return bad(std::string("cannot be read: ") + std::strerror(errno));
+  key.resize(static_cast<size_t>(n));
+  while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
+  if (key.size() < 16) {
+    return bad("holds " + std::to_string(key.size()) +
+               " bytes; a secret needs at least 16 (e.g. head -c 32 /dev/urandom | base64 > FILE)");
+  }
+  return from_bytes(std::move(key));
+}
+
+std::string ClusterSecret::proof(std::string_view role, NodeId a, NodeId b, std::string_view nonce_a,
+                                 std::string_view nonce_b) const {
+  std::string message = "tiermem peer " + std::string(role) + " " + std::to_string(a) + " " + std::to_string(b) + " ";
+  message.append(nonce_a);
+  message.append(nonce_b);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  size_t length = 0;
+  if (EVP_Q_mac(nullptr, "HMAC", nullptr, "SHA256", nullptr, m_key.data(), m_key.size(),
+                reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, sizeof out,
+                &length) == nullptr) {
+    return {};
+  }
+  return std::string(reinterpret_cast<const char*>(out), length);
+}
+
+bool ClusterSecret::verify(std::string_view proof, std::string_view role, NodeId a, NodeId b,
+                           std::string_view nonce_a, std::string_view nonce_b) const {
+  const std::string expected = this->proof(role, a, b, nonce_a, nonce_b);
+  return !expected.empty() && proof.size() == expected.size() &&
+         CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
+}
+
+std::string make_nonce() {
+  std::string nonce(k_nonce_bytes, '\0');
+  size_t got = 0;
+  while (got < nonce.size()) {
+    const ssize_t n = ::getrandom(nonce.data() + got, nonce.size() - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return nonce;
+}
+
+}  // namespace tiermem

@@ -1,0 +1,274 @@
+// AddressSpace: frames (taking, giving back, lending to other nodes),
+// migration steps and reporting.
+#include <algorithm>
+#include <mutex>
+
+#include <tiermem/status_macros.h>
+#include <tiermem/units.h>
+
+#include "mapping/address_space.hpp"
+#include "mapping/version.hpp"
+
+namespace tiermem {
+
+bool AddressSpace::take_frames(Tier tier, uint32_t domain, uint64_t pages, std::vector<UnitRange>* frames) {
+  TierState& t = m_tiers[static_cast<size_t>(tier)];
+  Domain& d = m_domains[domain];
+  const auto i = static_cast<size_t>(tier);
+  if (!t.backend || t.used + pages > t.frames || d.used[i] + pages > d.limit[i]) return false;
+  ExtentSet& free = t.backend->domains() > 1 ? d.free_frames[i] : t.shared_free;
+  frames->clear();
+  if (!free.take_scattered(pages, frames)) return false;
+  t.used += pages;
+  d.used[i] += pages;
+  return true;
+}
+
+void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset, uint32_t domain) {
+  TierState& t = m_tiers[static_cast<size_t>(tier)];
+  Domain& d = m_domains[domain];
+  // A failed discard only delays returning storage: frames are cleared again
+  // when they are next allocated.
+  (void)t.backend->discard(frame_offset, page_size());
+  ExtentSet& free = t.backend->domains() > 1 ? d.free_frames[static_cast<size_t>(tier)] : t.shared_free;
+  if (free.release({frame_offset / page_size(), 1})) {
+    --t.used;
+    --d.used[static_cast<size_t>(tier)];
+  }
+}
+
+// --- frames for pages moving here or homed elsewhere ----------------------------
+
+Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pages, const std::string& tenant,
+                                                         const TenantLimits& limits, NodeId borrower) {
+  std::unique_lock lock(m_mutex);
+  TierState& t = m_tiers[static_cast<size_t>(tier)];
+  if (tier == Tier::automatic || !t.backend) {
+    return Status(ErrorCode::tier_unavailable, "node " + std::to_string(m_node) + " has no " +
+                                                   std::string(tier_name(tier)) + " tier");
+  }
+  if (pages == 0 || pages > t.frames) {
+    return Status(ErrorCode::invalid_argument, "cannot reserve " + std::to_string(pages) + " pages of " +
+                                                   std::string(tier_name(tier)) + " on node " + std::to_string(m_node) +
+                                                   ", which has " + std::to_string(t.frames));
+  }
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(tenant, limits));
+  std::vector<UnitRange> frames;
+  if (!take_frames(tier, domain, pages, &frames)) {
+    const Domain& d = m_domains[domain];
+    const auto i = static_cast<size_t>(tier);
+    if (d.limit[i] < t.frames && d.used[i] + pages > d.limit[i]) {
+      return Status(ErrorCode::quota_exceeded, "tenant '" + tenant + "' may use " + format_size(d.limit[i] * page_size()) +
+                                                   " of " + std::string(tier_name(tier)) + " on node " +
+                                                   std::to_string(m_node) + ", uses " +
+                                                   format_size(d.used[i] * page_size()) + ", " +
+                                                   std::to_string(pages) + " more pages asked");
+    }
+    return Status(ErrorCode::tier_exhausted, "node " + std::to_string(m_node) + " " + std::string(tier_name(tier)) +
+                                                 " has " + std::to_string(t.frames - t.used) + " free pages, " +
+                                                 std::to_string(pages) + " needed");
+  }
+  std::vector<Extent> out;
+  for (const UnitRange& f : frames) {
+    (void)t.backend->discard(f.start * page_size(), f.count * page_size());
+    out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
+    for (uint64_t i = 0; i < f.count; ++i) {
+      m_lent[{static_cast<uint8_t>(tier), (f.start + i) * page_size()}] = {borrower, domain};
+    }
+  }
+  return out;
+}
+
+void AddressSpace::return_frames(const std::vector<Extent>& frames) {
+  (void)release_frames(frames, m_node);
+}
+
+Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId borrower) {
+  std::unique_lock lock(m_mutex);
+  // All or nothing: every frame must be one lent to `borrower` and not given
+  // back yet, or nothing is released (a frame of a live allocation, or a
+  // free one, is never released on anyone's word).
+  for (const Extent& x : frames) {
+    const bool tier_ok = x.tier != Tier::automatic && static_cast<size_t>(x.tier) < m_tiers.size() &&
+                         m_tiers[static_cast<size_t>(x.tier)].backend;
+    bool lent = tier_ok && x.node == m_node && x.length > 0 && x.frame_offset % page_size() == 0 &&
+                x.length % page_size() == 0 && x.frame_offset + x.length > x.frame_offset;
+    for (uint64_t at = 0; lent && at < x.length; at += page_size()) {
+      auto it = m_lent.find({static_cast<uint8_t>(x.tier), x.frame_offset + at});
+      lent = it != m_lent.end() && it->second.borrower == borrower;
+    }
+    if (!lent) {
+      return Status(ErrorCode::invalid_argument, "frames at offset " + std::to_string(x.frame_offset) + " (" +
+                                                     std::to_string(x.length) + " bytes) of " +
+                                                     std::string(tier_name(x.tier)) + " on node " +
+                                                     std::to_string(m_node) + " are not lent to node " +
+                                                     std::to_string(borrower) + "; nothing released");
+    }
+  }
+  for (const Extent& x : frames) {
+    for (uint64_t at = 0; at < x.length; at += page_size()) {
+      auto it = m_lent.find({static_cast<uint8_t>(x.tier), x.frame_offset + at});
+      const uint32_t domain = it->second.domain;
+      m_lent.erase(it);
+      release_local_frame(x.tier, x.frame_offset + at, domain);
+    }
+  }
+  return Status();
+}
+
+size_t AddressSpace::lent_to(NodeId borrower) const {
+  std::shared_lock lock(m_mutex);
+  return static_cast<size_t>(std::count_if(m_lent.begin(), m_lent.end(),
+                                           [&](const auto& e) { return e.second.borrower == borrower; }));
+}
+
+// --- migration ------------------------------------------------------------------
+
+Result<std::vector<uint64_t>> AddressSpace::begin_migration(Gva gva) {
+  std::unique_lock lock(m_mutex);
+  TIERMEM_ASSIGN_OR_RETURN(auto located, locate_usable(gva));
+  Allocation& a = *located;
+  const std::string name = info_of(a).gva.to_string();
+  if (a.map_count > 0) {
+    return Status(ErrorCode::failed_precondition,
+                  "allocation " + name + " is mapped by a client (pinned); unmap it to migrate");
+  }
+  if (a.coherent) {
+    return Status(ErrorCode::failed_precondition,
+                  "allocation " + name + " is coherent: its atomic words stay where clients address them");
+  }
+  if (a.migrating) return Status(ErrorCode::busy, "allocation " + name + " is already being migrated");
+  a.migrating = true;
+  std::vector<uint64_t> pages(a.pages);
+  for (uint64_t i = 0; i < a.pages; ++i) pages[i] = a.first_page + i;
+  return pages;
+}
+
+void AddressSpace::end_migration(Gva gva) {
+  std::unique_lock lock(m_mutex);
+  auto located = locate(gva);
+  if (located.ok()) (*located)->migrating = false;
+}
+
+Result<PageMove> AddressSpace::begin_move(uint64_t page, std::chrono::milliseconds timeout) {
+  PageMove move;
+  move.page = page;
+  {
+    std::shared_lock lock(m_mutex);
+    const PageEntry* e = m_table.find(page);
+    if (e == nullptr || !e->present()) return Status(ErrorCode::not_allocated, "page was freed");
+  }
+  if (!version::lock_exclusive_for(m_versions->word(page), timeout, &move.locked)) {
+    const uint64_t v = version::load(m_versions->word(page));
+    return Status(ErrorCode::busy, "page " + std::to_string(page) + " stayed locked by a writer (version " +
+                                       std::to_string(version::epoch_of(v)) + "." +
+                                       std::to_string(version::sequence_of(v)) + ")");
+  }
+  std::shared_lock lock(m_mutex);
+  move.from = *m_table.find(page);
+  return move;
+}
+
+Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
+                                 std::vector<Extent>* remote_frames) {
+  std::unique_lock lock(m_mutex);
+  PageEntry entry = to;
+  entry.generation = move.from.generation;
+  entry.flags = static_cast<uint8_t>((move.from.flags & ~k_page_durable) | k_entry_present);
+  if (to.tier == Tier::pmem) entry.flags |= k_page_durable;
+  m_table.set(move.page, entry);
+  m_table.clean(move.page);
+  if (to.node == m_node) m_lent.erase({static_cast<uint8_t>(to.tier), to.frame_offset});  // reserved here: now in use
+  version::unlock_new_epoch(m_versions->word(move.page), move.locked);
+  if (move.from.node == m_node) {
+    release_local_frame(move.from.tier, move.from.frame_offset, m_versions->domain_of(move.page));
+  } else if (remote_frames != nullptr) {
+    remote_frames->push_back({move.from.tier, move.from.node, move.from.frame_offset, 0, page_size()});
+  }
+  return Status();
+}
+
+void AddressSpace::abort_move(const PageMove& move) {
+  version::unlock_exclusive(m_versions->word(move.page), move.locked);
+}
+
+// --- reporting ------------------------------------------------------------------
+
+std::vector<TierStat> AddressSpace::tier_stats() const {
+  std::shared_lock lock(m_mutex);
+  std::vector<TierStat> out;
+  for (Tier t : k_tiers_fastest_first) {
+    const TierState& s = m_tiers[static_cast<size_t>(t)];
+    if (!s.backend) continue;
+    TierStat stat;
+    stat.tier = t;
+    stat.capacity_bytes = s.frames * page_size();
+    stat.used_bytes = s.used * page_size();
+    stat.free_bytes = stat.capacity_bytes - stat.used_bytes;
+    stat.persistent = s.backend->persistent();
+    stat.shareable = s.backend->domains() > 1 || !s.backend->ipc_handle().empty();
+    stat.backing = s.backend->backing();
+    stat.allocations = s.allocations;
+    out.push_back(std::move(stat));
+  }
+  return out;
+}
+
+size_t AddressSpace::allocation_count() const {
+  std::shared_lock lock(m_mutex);
+  return m_allocations.size();
+}
+
+std::vector<AllocationInfo> AddressSpace::list() const {
+  std::shared_lock lock(m_mutex);
+  std::vector<AllocationInfo> out;
+  out.reserve(m_allocations.size());
+  for (const auto& [page, a] : m_allocations) out.push_back(info_of(a));
+  return out;
+}
+
+MappingDump AddressSpace::dump() const {
+  std::shared_lock lock(m_mutex);
+  MappingDump d;
+  d.node = m_node;
+  d.page_size = page_size();
+  d.l2_pages = k_l2_pages;
+  for (const auto& [first, a] : m_allocations) {
+    d.allocations.push_back(info_of(a));
+    for (uint64_t p = first; p < first + a.pages; ++p) d.pages.push_back(page_info(p));
+  }
+  return d;
+}
+
+// --- frames of other nodes ---------------------------------------------------
+
+void AddressSpace::note_lender(NodeId node, uint64_t memory_generation) {
+  std::unique_lock lock(m_mutex);
+  m_lender_generation[node] = memory_generation;
+}
+
+size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
+  std::unique_lock lock(m_mutex);
+  auto known = m_lender_generation.find(node);
+  if (known == m_lender_generation.end() || known->second == memory_generation) return 0;
+  known->second = memory_generation;
+  size_t lost = 0;
+  for (auto& [first, a] : m_allocations) {
+    for (uint64_t p = first; p < first + a.pages; ++p) {
+      PageEntry e = *m_table.find(p);
+      if (e.node != node || (e.flags & k_page_lost) != 0) continue;
+      e.flags |= k_page_lost;
+      // A new epoch tells cached translations; a writer still inside (its
+      // frame is gone with the node anyway) is waited for briefly only.
+      uint64_t locked = 0;
+      const bool held = version::lock_exclusive_for(m_versions->word(p), std::chrono::milliseconds(100), &locked);
+      m_table.set(p, e);
+      if (held) version::unlock_new_epoch(m_versions->word(p), locked);
+      ++a.lost_pages;
+      ++lost;
+    }
+  }
+  return lost;
+}
+
+}  // namespace tiermem

@@ -1,0 +1,69 @@
+// The files that hold a node's memory (DRAM frames, version words, PMEM
+// frames): named files in a directory that exactly one daemon holds locked,
+// mapped at fixed places in a range of reserved address space, so that the
+// daemon sees each tier as one contiguous region while every domain (one per
+// tenant) is a file of its own, which the kernel lets only holders of its
+// descriptor map.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <tiermem/status.h>
+
+#include "common/unique_fd.hpp"
+
+namespace tiermem {
+
+// An exclusive lock (flock) on <dir>/lock: one daemon per directory, so two
+// daemons can never share a PMEM pool or a node's shared memory. Released
+// when the object goes away or the process dies.
+class DirectoryLock {
+ public:
+  DirectoryLock() = default;
+  // Creates `dir` (0700) when missing and locks it. `what` names it in
+  // errors ("the PMEM pool"). Errors: already_exists (another tiermemd
+  // holds it; says its pid), io_error.
+  static Result<DirectoryLock> take(const std::string& dir, const std::string& what);
+  const std::string& dir() const { return m_dir; }
+
+ private:
+  UniqueFd m_fd;
+  std::string m_dir;
+};
+
+// A range of address space reserved (PROT_NONE, no memory behind it) in
+// which files are mapped at fixed offsets. Unmapped on destruction.
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(Reservation&& other) noexcept;
+  Reservation& operator=(Reservation&& other) noexcept;
+  Reservation(const Reservation&) = delete;
+  Reservation& operator=(const Reservation&) = delete;
+  ~Reservation();
+
+  // Errors: io_error (mmap), naming `what` and the size.
+  static Result<Reservation> reserve(size_t bytes, const std::string& what);
+  std::byte* base() const { return m_base; }
+  size_t size() const { return m_size; }
+  // Maps [file_offset, file_offset + length) of `fd`, shared and writable,
+  // at `offset` in the reservation. Both offsets page-aligned. Errors:
+  // invalid_argument (outside the reservation), io_error.
+  Status map(uint64_t offset, size_t length, int fd, uint64_t file_offset);
+
+ private:
+  std::byte* m_base = nullptr;
+  size_t m_size = 0;
+};
+
+// Opens (creating, mode 0600) the file at `path` and makes it at least
+// `size` bytes long; the new bytes are a hole (no storage until written).
+// Errors: io_error with the path.
+Result<UniqueFd> open_segment(const std::string& path, uint64_t size);
+
+// `n` rounded up to a multiple of `unit` (a power of two).
+inline uint64_t round_up(uint64_t n, uint64_t unit) { return (n + unit - 1) & ~(unit - 1); }
+
+}  // namespace tiermem

@@ -1,0 +1,114 @@
+// The version words (M4) and L3 sub-block bits (M3) of a node, one file per
+// domain ("versions.<k>" in the node's shared-memory directory):
+//
+//   [ header page | R version words | 2R L3 words ]      R = pages per domain
+//
+// Domain k holds virtual pages [k*R, (k+1)*R), and each domain belongs to one
+// tenant. The daemon maps every domain's words side by side, so the version
+// word of page p is words()[p] and its L3 words are l3()[2p] and l3()[2p+1];
+// a client maps the whole file of each domain its tenant may use, and no
+// other: the kernel keeps it from another tenant's words.
+//
+// The header tells a client whether the memory is still served by the daemon
+// it talks to: `incarnation` is that daemon's, and 0 once the segment was
+// retired (a restarted daemon took over the directory). A client checks it
+// after taking its page locks and before it writes (mapping/seqlock_copy's
+// check_owner), so a client of a dead daemon never writes into memory that a
+// new one may have handed to someone else.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tiermem/gva.h>
+#include <tiermem/status.h>
+
+#include "common/unique_fd.hpp"
+#include "mapping/segment_file.hpp"
+
+namespace tiermem {
+
+struct SegmentHeader {
+  static constexpr uint64_t k_magic = 0x31305352'45564d54;  // "TMVERS01"
+  static constexpr uint64_t k_layout = 1;
+  uint64_t magic = 0;
+  uint64_t layout = 0;
+  uint64_t node = 0;
+  uint64_t domain = 0;
+  uint64_t incarnation = 0;        // of the serving daemon; 0: retired, never use
+  uint64_t memory_generation = 0;  // random, new whenever the node's memory is made anew
+  uint64_t pages = 0;              // R
+  uint64_t page_size = 0;
+  char tenant[64] = {};            // the domain's tenant; empty while unassigned
+};
+static_assert(sizeof(SegmentHeader) <= 4096, "the header fits its page");
+
+inline constexpr uint64_t k_segment_header_bytes = 4096;
+// Pages per domain are a multiple of this, so that each domain's words are
+// whole system pages (they are mapped side by side).
+inline constexpr uint64_t k_pages_per_domain_unit = 512;
+
+class VersionSegments {
+ public:
+  struct Options {
+    std::string dir;
+    NodeId node = 0;
+    uint32_t domains = 1;
+    uint64_t pages_per_domain = k_pages_per_domain_unit;  // a multiple of k_pages_per_domain_unit
+    uint64_t page_size = 4096;
+    uint64_t incarnation = 0;
+    uint64_t memory_generation = 0;
+  };
+  // Creates a fresh file per domain in `dir` (whatever was there with the
+  // same names is replaced). Errors: invalid_argument, io_error.
+  static Result<std::unique_ptr<VersionSegments>> create(const Options& options);
+
+  // What retire_stale found.
+  struct Retired {
+    size_t segments = 0;      // version segments of an earlier daemon, now retired
+    size_t locked_pages = 0;  // pages still locked by its clients after the grace period
+  };
+  // Marks every version segment that an earlier daemon left in `dir` as
+  // retired (its clients stop using it), waits up to `grace` for the page
+  // locks its clients still hold to be released, and removes the files.
+  // The caller holds the directory's lock.
+  static Retired retire_stale(const std::string& dir, std::chrono::milliseconds grace);
+
+  uint64_t& word(uint64_t page) { return m_words[page]; }
+  std::span<uint64_t> words() { return {m_words, pages()}; }
+  std::span<uint64_t> l3() { return {m_l3, 2 * pages()}; }
+  uint64_t pages() const { return uint64_t{m_domains} * m_pages_per_domain; }
+  uint32_t domains() const { return m_domains; }
+  uint64_t pages_per_domain() const { return m_pages_per_domain; }
+  uint32_t domain_of(uint64_t page) const { return static_cast<uint32_t>(page / m_pages_per_domain); }
+
+  // The file of a domain, for a client to map whole (file_bytes() long).
+  int fd(uint32_t domain) const { return m_fds[domain].get(); }
+  uint64_t file_bytes() const { return k_segment_header_bytes + 3 * m_pages_per_domain * sizeof(uint64_t); }
+  // A domain's version words, for registration with the transport.
+  void* domain_words(uint32_t domain) const { return m_words + uint64_t{domain} * m_pages_per_domain; }
+  uint64_t domain_words_bytes() const { return m_pages_per_domain * sizeof(uint64_t); }
+
+  const SegmentHeader& header(uint32_t domain) const;
+  void set_tenant(uint32_t domain, std::string_view tenant);
+  uint64_t memory_generation() const { return m_memory_generation; }
+
+ private:
+  VersionSegments() = default;
+  SegmentHeader* header_of(uint32_t domain) const;
+
+  uint32_t m_domains = 0;
+  uint64_t m_pages_per_domain = 0;
+  uint64_t m_memory_generation = 0;
+  std::vector<UniqueFd> m_fds;
+  Reservation m_headers, m_word_space, m_l3_space;
+  uint64_t* m_words = nullptr;
+  uint64_t* m_l3 = nullptr;
+};
+
+}  // namespace tiermem
