@@ -69,9 +69,20 @@ Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std:
   return members;
 }
 
+void remove_memory(const DaemonConfig& c);
+
 // Everything a serving daemon holds, built in start-up order and torn down in
-// reverse.
+// reverse; the node's memory files go last, while the directories are still
+// locked (no durable metadata recovers them yet).
 struct Node {
+  explicit Node(const DaemonConfig& c) : config(c) {}
+  ~Node() {
+    peers.reset();
+    space.reset();
+    data_plane.reset();
+    if (!dram_lock.dir().empty()) remove_memory(config);
+  }
+  const DaemonConfig& config;
   std::string control;  // this node's address for peers ("" alone)
   std::vector<ClusterMember> members;
   uint64_t incarnation = random_incarnation();
@@ -267,7 +278,7 @@ void remove_memory(const DaemonConfig& c) {
 int serve(const DaemonConfig& config) {
   int rc = 0;
   {
-    Node node;
+    Node node(config);
     if (rc = start(config, &node); rc != 0) return rc;
     asio::io_context io;
     asio::thread_pool pool(k_pool_threads);
@@ -277,9 +288,6 @@ int serve(const DaemonConfig& config) {
                          node.members.empty() ? "" : (config.cluster_listen.empty() ? node.control : config.cluster_listen));
     rc = run(config, node, server, io);
     pool.join();
-    // The directories are still locked here: no other daemon is in them.
-    node.space.reset();
-    remove_memory(config);
   }
   spdlog::info("stopped");
   return rc;
