@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 
 #include <tiermem/status_macros.h>
 
@@ -33,10 +34,18 @@ class ClientAccess final : public MemoryAccess {
   explicit ClientAccess(ClientCore& core) : m_core(core) {}
   // Whether the operation reached another node's memory.
   bool went_remote() const { return !m_held.empty(); }
+  // Every lock taken through these words is recorded in the session's lock
+  // log first, so the daemon can break it if this process dies holding it.
   Result<VersionWords*> versions(NodeId home, uint64_t first_page) override {
-    if (home == m_core.node()) return m_core.local_versions(first_page);
-    TIERMEM_ASSIGN_OR_RETURN(auto r, remote(home));
-    return static_cast<VersionWords*>(r->words.get());
+    VersionWords* inner = nullptr;
+    if (home == m_core.node()) {
+      TIERMEM_ASSIGN_OR_RETURN(inner, m_core.local_versions(first_page));
+    } else {
+      TIERMEM_ASSIGN_OR_RETURN(auto r, remote(home));
+      inner = r->words.get();
+    }
+    TIERMEM_ASSIGN_OR_RETURN(const IntentLog log, m_core.intents());
+    return static_cast<VersionWords*>(&m_recorded.emplace_back(*inner, log, home));
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
     if (node == m_core.node()) return m_core.local_frames(tier);
@@ -57,6 +66,7 @@ class ClientAccess final : public MemoryAccess {
   }
   ClientCore& m_core;
   std::vector<std::shared_ptr<RemoteState>> m_held;
+  std::deque<RecordedVersionWords> m_recorded;
 };
 
 bool is_transport_failure(const Status& s) {
@@ -193,6 +203,13 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
     if (next_fd >= fds.size()) return Status(ErrorCode::internal, "tiermemd sent fewer descriptors than regions");
     UniqueFd fd = std::move(fds[next_fd++]);
     TIERMEM_ASSIGN_OR_RETURN(auto map, MappedRegion::map(fd.get(), r.length()));
+    if (r.kind() == proto::Region::INTENTS) {
+      if (r.length() != k_intent_log_bytes) {
+        return Status(ErrorCode::malformed_frame, "tiermemd sent a lock log of the wrong size");
+      }
+      m_intents_map = std::move(map);
+      continue;
+    }
     if (r.kind() == proto::Region::VERSIONS) {
       if (per_domain == 0 || r.length() < k_segment_header_bytes + 3 * per_domain * sizeof(uint64_t)) {
         return Status(ErrorCode::malformed_frame, "tiermemd sent a version segment of the wrong size");
@@ -236,6 +253,14 @@ Result<VersionWords*> ClientCore::local_versions(uint64_t first_page) {
   }
   return Status(ErrorCode::not_supported, "page " + std::to_string(first_page) +
                                               " is of another tenant's domain: not mapped here");
+}
+
+Result<IntentLog> ClientCore::intents() {
+  TIERMEM_RETURN_IF_ERROR(open_regions());
+  if (m_intents_map.data() == nullptr) {
+    return Status(ErrorCode::not_supported, "tiermemd gave this session no lock log: locks go through it");
+  }
+  return IntentLog(m_intents_map.data());
 }
 
 Result<FrameData*> ClientCore::local_frames(Tier tier) {

@@ -26,6 +26,7 @@
 #include "access/remote_memory.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
+#include "mapping/lock_intents.hpp"
 #include "mapping/seqlock_copy.hpp"
 #include "rpc_connection.hpp"
 
@@ -124,6 +125,9 @@ class ClientCore {
   Result<std::pair<int, uint64_t>> tier_file(Tier tier, uint64_t frame_offset, uint64_t length);
   bool region_persistent(Tier tier) const;
 
+  // The session's lock log, where every page lock this client takes is
+  // recorded (mapping/lock_intents.hpp). Errors: not_supported.
+  Result<IntentLog> intents();
   // Accessors for copy_through_layout (see ClientAccess in the .cpp).
   Result<VersionWords*> local_versions(uint64_t first_page);
   Result<FrameData*> local_frames(Tier tier);
@@ -166,6 +170,7 @@ class ClientCore {
   std::vector<MappedDomain> m_domains;
   std::vector<TierFile> m_files[4];  // by Tier
   std::optional<DomainFrameData> m_local_frames[4];
+  MappedRegion m_intents_map;
 
   std::mutex m_remote_mutex;
   std::unique_ptr<Transport> m_transport;

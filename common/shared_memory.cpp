@@ -44,10 +44,15 @@ Result<MappedRegion> MappedRegion::map(int fd, size_t size, uint64_t offset) {
 }
 
 Result<SharedMemory> SharedMemory::create(const std::string& name, size_t size) {
-  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return errno_error("memfd_create(" + name + ")");
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return errno_error("sizing memfd " + name + " to " + std::to_string(size) + " bytes");
+  }
+  // Sealed at that size: whoever it is passed to may write it, but not
+  // shrink it (which would make this process's accesses fault).
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return errno_error("sealing memfd " + name);
   }
   TIERMEM_ASSIGN_OR_RETURN(auto region, MappedRegion::map(fd.get(), size));
   SharedMemory shm;

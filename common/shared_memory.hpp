@@ -41,6 +41,8 @@ class MappedRegion {
 // passed to other processes, which then map the same pages.
 class SharedMemory {
  public:
+  // Sealed at `size` (F_SEAL_SHRINK, F_SEAL_GROW): a process it is passed to
+  // may write it but not truncate it under this one.
   // Errors: io_error with the errno text (e.g. memfd_create or mmap failing).
   static Result<SharedMemory> create(const std::string& name, size_t size);
   // Memory mapped by someone else (e.g. allocated by the transport) from a

@@ -199,6 +199,15 @@ Status RequestHandler::release_frames(const proto::ReleaseFramesRequest& r, cons
   return m_space.release_frames(frames, s.peer_node);
 }
 
+void RequestHandler::break_locks(const proto::BreakLocksRequest& r, const Identity& who,
+                                 proto::BreakLocksResponse* out) {
+  uint32_t broken = 0;
+  for (const proto::LockRecord& l : r.locks()) {
+    broken += m_space.break_dead_lock(l.page(), l.locked(), who.tenant, who.is_operator) ? 1 : 0;
+  }
+  out->set_broken(broken);
+}
+
 Status RequestHandler::persist_frames(const proto::PersistFramesRequest& r, const Identity& who) {
   const Tier tier = wire::from_proto(r.tier());
   TierBackend* b = tier == Tier::automatic ? nullptr : m_space.backend(tier);

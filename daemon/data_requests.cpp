@@ -11,6 +11,8 @@
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/request_handler.hpp"
+#include "daemon/session_locks.hpp"
+#include "mapping/lock_intents.hpp"
 
 namespace tiermem {
 namespace {
@@ -192,6 +194,14 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
       fds->push_back(t.fd);
     }
   }
+  // The session's lock log: what it locks, so a death does not leave pages
+  // locked (SessionLocks).
+  TIERMEM_ASSIGN_OR_RETURN(const int log_fd, m_locks->open(s.id, s.pid, s.who));
+  proto::Region* log = out->add_regions();
+  log->set_kind(proto::Region::INTENTS);
+  log->set_length(k_intent_log_bytes);
+  log->set_has_fd(true);
+  fds->push_back(log_fd);
   // VRAM (one arena for all tenants) is reached through the daemon; its IPC
   // handle is not handed out (it would open every tenant's VRAM).
   return Status();

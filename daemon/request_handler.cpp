@@ -7,6 +7,7 @@
 #include "convert.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_manager.hpp"
+#include "daemon/session_locks.hpp"
 #include "tiermem_config.h"
 
 namespace tiermem {
@@ -29,6 +30,7 @@ bool is_peer_only(proto::Request::BodyCase body) {
     case proto::Request::kNodeInfo:
     case proto::Request::kReserveFrames:
     case proto::Request::kReleaseFrames:
+    case proto::Request::kBreakLocks:
       return true;
     default:
       return false;
@@ -41,6 +43,7 @@ const char* request_name(proto::Request::BodyCase body) {
     case proto::Request::kNodeInfo: return "node_info";
     case proto::Request::kReserveFrames: return "reserve_frames";
     case proto::Request::kReleaseFrames: return "release_frames";
+    case proto::Request::kBreakLocks: return "break_locks";
     default: return "this request";
   }
 }
@@ -56,7 +59,10 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_peers(peers),
       m_secret(std::move(secret)),
       m_incarnation(incarnation),
-      m_started(std::chrono::steady_clock::now()) {}
+      m_started(std::chrono::steady_clock::now()),
+      m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))) {}
+
+RequestHandler::~RequestHandler() = default;
 
 Transport* RequestHandler::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
 
@@ -189,6 +195,9 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
       status = release_frames(request.release_frames(), session);
       resp.mutable_release_frames();
       break;
+    case proto::Request::kBreakLocks:
+      break_locks(request.break_locks(), requester(request, session), resp.mutable_break_locks());
+      break;
     default: return dispatch_data(request, session, requester(request, session));
   }
   return finish(std::move(reply), status, request.id());
@@ -309,6 +318,7 @@ void RequestHandler::end_session(SessionState& session) {
   // cannot have been freed while pinned.
   for (const Gva& g : session.pins) (void)m_space.unpin(g);
   session.pins.clear();
+  m_locks->end(session.id);
 }
 
 void RequestHandler::stat(proto::StatResponse* out) {

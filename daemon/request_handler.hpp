@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ namespace tiermem {
 
 class DataPlane;
 class PeerManager;
+class SessionLocks;
 class Transport;
 
 // What the daemon knows about one connection.
@@ -73,11 +75,13 @@ class RequestHandler {
   // unit tests); `secret` is empty then.
   RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants, DataPlane* data_plane,
                  PeerManager* peers, ClusterSecret secret, uint64_t incarnation);
+  ~RequestHandler();
 
   // Handles a decoded request. Never throws; every failure becomes a status
   // in the response.
   Reply handle(const proto::Request& request, SessionState& session);
-  // Releases what a closing session still held (its mappings).
+  // Releases what a closing session still held (its mappings) and, once its
+  // process is gone, the page locks its lock log shows (SessionLocks).
   void end_session(SessionState& session);
 
   // A response carrying only an error, for frames that could not be decoded.
@@ -110,6 +114,7 @@ class RequestHandler {
   Status reserve_frames(const proto::Request& request, const SessionState& s, proto::ReserveFramesResponse* out);
   Status release_frames(const proto::ReleaseFramesRequest& r, const SessionState& s);
   Status persist_frames(const proto::PersistFramesRequest& r, const Identity& who);
+  void break_locks(const proto::BreakLocksRequest& r, const Identity& who, proto::BreakLocksResponse* out);
   Reply migrate(const proto::Request& request, const Identity& who);
   // --- data (data_requests.cpp) ---
   Status translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out);
@@ -144,6 +149,7 @@ class RequestHandler {
   uint64_t m_incarnation;
   std::chrono::steady_clock::time_point m_started;
   std::atomic<uint64_t> m_sessions{0};
+  std::unique_ptr<SessionLocks> m_locks;
 };
 
 }  // namespace tiermem

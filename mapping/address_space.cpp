@@ -386,6 +386,8 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.created_unix_ms = a.created_unix_ms;
   info.owner_uid = a.owner_uid;
   info.tenant = a.tenant;
+  info.lost_pages = a.lost_pages;
+  info.torn_pages = a.torn_pages;
   return info;
 }
 

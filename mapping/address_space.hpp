@@ -231,6 +231,13 @@ class AddressSpace {
   // Returns how many pages were lost.
   size_t lose_frames_of(NodeId node, uint64_t memory_generation);
 
+  // --- locks of dead writers (S3, mapping/lock_intents.hpp) ----------------
+  // Breaks the lock a writer that died held on `page`, when its word still
+  // has exactly the value `locked` and the page is allocated in the domain of
+  // `tenant` (any, for an operator); the page is then flagged torn (T): it may
+  // hold part of a write that was never acknowledged. True when broken.
+  bool break_dead_lock(uint64_t page, uint64_t locked, const std::string& tenant, bool is_operator);
+
   // --- migration (M7) -----------------------------------------------------
   // Marks the allocation holding `gva` as migrating and lists its pages.
   // Errors: as translate(), failed_precondition (mapped, or coherent: its
@@ -271,6 +278,7 @@ class AddressSpace {
     bool coherent = false;
     bool migrating = false;
     uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
+    uint64_t torn_pages = 0;  // flag T: a writer died holding the page's lock
   };
   // A tenant's slice of the node: virtual pages and, per tier, free frames.
   struct Domain {

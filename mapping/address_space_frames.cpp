@@ -7,6 +7,7 @@
 #include <tiermem/units.h>
 
 #include "mapping/address_space.hpp"
+#include "mapping/lock_intents.hpp"
 #include "mapping/version.hpp"
 
 namespace tiermem {
@@ -269,6 +270,22 @@ size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
     }
   }
   return lost;
+}
+
+bool AddressSpace::break_dead_lock(uint64_t page, uint64_t locked, const std::string& tenant, bool is_operator) {
+  std::unique_lock lock(m_mutex);
+  auto it = m_allocations.upper_bound(page);
+  if (it == m_allocations.begin()) return false;
+  Allocation& a = std::prev(it)->second;
+  if (page >= a.first_page + a.pages || (!is_operator && a.tenant != tenant)) return false;
+  if (!break_lock(m_versions->word(page), locked)) return false;
+  PageEntry e = *m_table.find(page);
+  if ((e.flags & k_page_torn) == 0) {
+    e.flags |= k_page_torn;
+    m_table.set(page, e);
+    ++a.torn_pages;
+  }
+  return true;
 }
 
 }  // namespace tiermem

@@ -47,6 +47,8 @@ void to_proto(const AllocationInfo& info, proto::AllocationInfo* out) {
   out->set_created_unix_ms(info.created_unix_ms);
   out->set_owner_uid(info.owner_uid);
   out->set_tenant(info.tenant);
+  out->set_lost_pages(info.lost_pages);
+  out->set_torn_pages(info.torn_pages);
 }
 
 AllocationInfo from_proto(const proto::AllocationInfo& info) {
@@ -60,6 +62,8 @@ AllocationInfo from_proto(const proto::AllocationInfo& info) {
   out.created_unix_ms = info.created_unix_ms();
   out.owner_uid = info.owner_uid();
   out.tenant = info.tenant();
+  out.lost_pages = info.lost_pages();
+  out.torn_pages = info.torn_pages();
   return out;
 }
 

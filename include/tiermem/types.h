@@ -65,6 +65,8 @@ struct AllocationInfo {
   uint64_t created_unix_ms = 0;
   uint32_t owner_uid = 0;
   std::string tenant;  // the owner: only it (and operators) may touch the memory
+  uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
+  uint64_t torn_pages = 0;  // a writer died holding the page's lock (flag T)
 };
 
 struct TierStat {

@@ -1,0 +1,163 @@
+#include "daemon/session_locks.hpp"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <map>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "common/shared_memory.hpp"
+#include "daemon/peer_manager.hpp"
+#include "mapping/address_space.hpp"
+#include "mapping/lock_intents.hpp"
+
+namespace tiermem {
+namespace {
+
+// The process behind a session, by a descriptor that cannot name another
+// process later (pid reuse). Invalid when the process is already gone.
+UniqueFd open_pidfd(pid_t pid) {
+  if (pid <= 0) return UniqueFd();
+  return UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+}
+
+// True when the process has exited (or cannot be watched).
+bool exited(const UniqueFd& pidfd) {
+  if (!pidfd.valid()) return true;
+  pollfd p{pidfd.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
+}  // namespace
+
+struct SessionLocks::Log {
+  uint64_t session = 0;
+  pid_t pid = 0;
+  Identity who;
+  SharedMemory memory;
+  UniqueFd pidfd;
+  std::chrono::steady_clock::time_point give_up;  // break even if the process lives on
+};
+
+SessionLocks::SessionLocks(AddressSpace& space, PeerManager* peers, std::chrono::milliseconds grace)
+    : m_space(space), m_peers(peers), m_grace(grace) {
+  m_reaper = std::thread([this] { reap(); });
+}
+
+SessionLocks::~SessionLocks() {
+  {
+    std::lock_guard lock(m_mutex);
+    m_stop = true;
+  }
+  m_wake.notify_all();
+  m_reaper.join();
+}
+
+Result<int> SessionLocks::open(uint64_t id, pid_t pid, const Identity& who) {
+  std::lock_guard lock(m_mutex);
+  if (auto it = m_open.find(id); it != m_open.end()) return it->second->memory.fd();
+  auto memory = SharedMemory::create("tiermem-locks." + std::to_string(id), k_intent_log_bytes);
+  if (!memory.ok()) return memory.status().with_context("lock log of session " + std::to_string(id));
+  auto log = std::make_unique<Log>();
+  log->session = id;
+  log->pid = pid;
+  log->who = who;
+  log->memory = std::move(memory).value();
+  log->pidfd = open_pidfd(pid);
+  auto* header = reinterpret_cast<IntentLogHeader*>(log->memory.data());
+  header->magic = k_intents_magic;
+  header->session = id;
+  header->pid = static_cast<uint64_t>(pid);
+  const int fd = log->memory.fd();
+  m_open.emplace(id, std::move(log));
+  return fd;
+}
+
+void SessionLocks::end(uint64_t id) {
+  {
+    std::lock_guard lock(m_mutex);
+    auto it = m_open.find(id);
+    if (it == m_open.end()) return;
+    it->second->give_up = std::chrono::steady_clock::now() + m_grace;
+    m_ended.push_back(std::move(it->second));
+    m_open.erase(it);
+  }
+  m_wake.notify_all();
+}
+
+size_t SessionLocks::pending() const {
+  std::lock_guard lock(m_mutex);
+  return m_ended.size();
+}
+
+// Every few milliseconds while sessions wait: the logs of those whose
+// process exited (or whose grace ran out) are read and their locks broken.
+void SessionLocks::reap() {
+  std::unique_lock lock(m_mutex);
+  for (;;) {
+    m_wake.wait_for(lock, std::chrono::milliseconds(m_ended.empty() ? 1000 : 5),
+                    [this] { return m_stop; });
+    if (m_stop) return;
+    std::vector<std::unique_ptr<Log>> ready;
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = m_ended.begin(); it != m_ended.end();) {
+      if (exited((*it)->pidfd) || now >= (*it)->give_up) {
+        ready.push_back(std::move(*it));
+        it = m_ended.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (ready.empty()) continue;
+    lock.unlock();
+    for (const auto& log : ready) {
+      const bool alive = !exited(log->pidfd);
+      const uint64_t n = break_locks(*log);
+      if (n > 0 || alive) {
+        spdlog::warn("session {} (pid {}, {}) ended holding {} page lock(s){}; broken, pages flagged torn", log->session,
+                     log->pid, log->who.describe(), n,
+                     alive ? " and its process still runs after recovery.stale_writer_grace_ms" : "");
+      }
+      m_broken += n;
+    }
+    lock.lock();
+  }
+}
+
+uint64_t SessionLocks::break_locks(const Log& log) {
+  const IntentLog intents(log.memory.data());
+  std::map<NodeId, std::vector<LockIntent>> remote;
+  uint64_t broken = 0;
+  for (const LockIntent& e : intents.entries()) {
+    if (e.node == m_space.node()) {
+      broken += m_space.break_dead_lock(e.page, e.locked, log.who.tenant, log.who.is_operator) ? 1 : 0;
+    } else if (e.node <= 0xffff && m_peers != nullptr) {
+      remote[static_cast<NodeId>(e.node)].push_back(e);
+    }
+  }
+  for (const auto& [node, locks] : remote) {
+    proto::Request request;
+    request.set_node(node);
+    request.set_tenant(log.who.tenant);
+    request.set_is_operator(log.who.is_operator);
+    request.set_uid(log.who.uid);
+    for (const LockIntent& e : locks) {
+      proto::LockRecord* r = request.mutable_break_locks()->add_locks();
+      r->set_page(e.page);
+      r->set_locked(e.locked);
+    }
+    auto response = m_peers->call(node, request);
+    if (response.ok()) {
+      broken += response->break_locks().broken();
+    } else {
+      spdlog::warn("breaking {} page lock(s) of dead session {} on node {}: {}", locks.size(), log.session, node,
+                   response.status().message());
+    }
+  }
+  return broken;
+}
+
+}  // namespace tiermem
