@@ -168,6 +168,8 @@ Result<NodeStat> Client::stat(NodeId node) {
   out.uptime_ms = s.uptime_ms();
   out.daemon_version = s.daemon_version();
   out.socket_path = s.socket_path();
+  out.locks_broken = s.locks_broken();
+  out.truncations_repaired = s.truncations_repaired();
   return out;
 }
 

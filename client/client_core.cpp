@@ -99,8 +99,11 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   if (response.hello().max_frame_bytes() > 0) {
     connection->set_max_frame(static_cast<uint32_t>(response.hello().max_frame_bytes()));
   }
-  return std::shared_ptr<ClientCore>(
+  auto core = std::shared_ptr<ClientCore>(
       new ClientCore(std::move(connection), response.hello(), options.direct_access, path));
+  if (options.lock_timeout.count() > 0) core->m_lock_timeout = options.lock_timeout;
+  if (options.timeout.count() > 0) core->m_remote_timeout = std::min(options.timeout, k_timeout);
+  return core;
 }
 
 ClientCore::ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct,
@@ -156,9 +159,9 @@ Status DomainVersionWords::check_owner() {
     return Status(ErrorCode::unavailable, "tiermemd at " + m_socket + " is gone; nothing was written");
   }
   if (incarnation != m_expected) {
-    return Status(ErrorCode::unavailable, "tiermemd at " + m_socket +
-                                              " restarted since this client connected (the memory it mapped is "
-                                              "retired); nothing was written: connect again");
+    return Status(ErrorCode::unavailable, "the memory this client mapped is no longer served by the tiermemd at " +
+                                              m_socket + " it connected to (the daemon restarted, or the segment "
+                                              "was cut short or overwritten); nothing was written: connect again");
   }
   return Status();
 }
@@ -214,11 +217,18 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
       if (per_domain == 0 || r.length() < k_segment_header_bytes + 3 * per_domain * sizeof(uint64_t)) {
         return Status(ErrorCode::malformed_frame, "tiermemd sent a version segment of the wrong size");
       }
+      const auto* header = reinterpret_cast<const SegmentHeader*>(map.data());
+      if (std::atomic_ref<const uint64_t>(header->magic).load(std::memory_order_acquire) != SegmentHeader::k_magic ||
+          std::atomic_ref<const uint64_t>(header->incarnation).load(std::memory_order_acquire) !=
+              m_hello.incarnation()) {
+        // Not (or no longer) the serving daemon's: the domain's memory is
+        // reached through the daemon instead.
+        continue;
+      }
       MappedDomain& d = m_domains.emplace_back();
       d.domain = r.domain();
       d.versions = std::move(map);
       auto* base = d.versions.data();
-      const auto* header = reinterpret_cast<const SegmentHeader*>(base);
       auto* words = reinterpret_cast<uint64_t*>(base + k_segment_header_bytes);
       d.words.emplace(words, per_domain, words + per_domain, page_size(), r.first(), &header->incarnation,
                       m_hello.incarnation(), &m_daemon_lost, m_socket);
@@ -323,11 +333,11 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refres
     forget_node(node);  // translations from before a restart of the node are void
     auto state = std::make_shared<RemoteState>();
     state->node = rn;
-    state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, k_timeout);
+    state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, m_remote_timeout);
     for (Tier t : k_tiers_fastest_first) {
       if (state->node->tiers[static_cast<size_t>(t)].empty()) continue;
       state->frames[static_cast<size_t>(t)] = std::make_unique<RemoteFrameData>(
-          *m_transport, state->node, t, k_timeout,
+          *m_transport, state->node, t, m_remote_timeout,
           [this, node](Tier tier, uint64_t off, uint64_t len) { return persist_remote(node, tier, off, len); });
     }
     m_remote[node] = state;
@@ -476,7 +486,7 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
     if (s.ok()) {
       const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
                             alloc.page_versions};
-      s = copy_through_layout(view, access, offset, buf, length, to_memory, k_timeout);
+      s = copy_through_layout(view, access, offset, buf, length, to_memory, m_lock_timeout);
     }
     if (s.ok()) {
       (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
@@ -566,7 +576,7 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
       const uint64_t index = offset / page_size();
       s = seqlocked_atomic(**words, **frames, alloc.first_page + index, alloc.page_versions[index],
                            alloc.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
-                           compare, &old, k_timeout);
+                           compare, &old, m_lock_timeout);
     }
     if (s.ok()) {
       (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);

@@ -159,6 +159,8 @@ class ClientCore {
   proto::HelloResponse m_hello;
   bool m_direct;
   std::string m_socket;
+  std::chrono::milliseconds m_lock_timeout{10000};
+  std::chrono::milliseconds m_remote_timeout{10000};  // of one one-sided operation
 
   // Set (never cleared) when the daemon's end of the control socket closed.
   std::atomic<bool> m_daemon_lost{false};

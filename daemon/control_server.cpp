@@ -304,7 +304,8 @@ class ControlServer::Impl {
   asio::awaitable<void> accept_loop(typename Protocol::acceptor& acceptor) {
     asio::steady_timer pause(m_io);
     auto last_warning = std::chrono::steady_clock::time_point{};
-    uint64_t failures = 0;
+    auto last_refusal = std::chrono::steady_clock::time_point{};
+    uint64_t failures = 0, refusals = 0;
     for (;;) {
       boost::system::error_code ec;
       typename Protocol::socket socket(m_io);
@@ -325,17 +326,27 @@ class ControlServer::Impl {
         continue;
       }
       auto session = std::make_shared<Session<Protocol>>(std::move(socket), m_handler, m_config, m_pool, ++m_next_id);
-      if (Status full = admit(*session); !full.ok()) {
-        spdlog::warn("refused a connection: {}", full.message());
-        asio::co_spawn(m_io, session->refuse(full), asio::detached);
+      if (Status full = admit(session); !full.ok()) {
+        // A flood is told each time, the log once in a while.
+        ++refusals;
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_refusal > std::chrono::seconds(5)) {
+          spdlog::warn("refused {} connection(s) since the last warning: {}", refusals, full.message());
+          last_refusal = now;
+          refusals = 0;
+        }
+        asio::co_spawn(m_io, refuse<Protocol>(session, full), asio::detached);
         continue;
       }
       asio::co_spawn(m_io, run_session<Protocol>(session), asio::detached);
     }
   }
 
-  // Counts the session in, or says why it may not come in.
-  Status admit(SessionBase& session) {
+  // Counts the session in, or says why it may not come in. Counted here,
+  // not when its coroutine first runs, so a burst of connections accepted
+  // before any of them ran is counted in full.
+  Status admit(const std::shared_ptr<SessionBase>& s) {
+    SessionBase& session = *s;
     std::lock_guard lock(m_mutex);
     if (m_sessions.size() >= m_config.max_connections) {
       return Status(ErrorCode::busy, "tiermemd has " + std::to_string(m_sessions.size()) +
@@ -346,16 +357,19 @@ class ControlServer::Impl {
                                          std::to_string(m_per_uid[session.uid()]) +
                                          " connections, its limit (control.max_connections_per_uid)");
     }
+    m_sessions.insert(s);
+    if (!session.remote()) ++m_per_uid[session.uid()];
     return Status();
+  }
+
+  // The coroutine's parameter keeps the session alive until it is told.
+  template <typename Protocol>
+  static asio::awaitable<void> refuse(std::shared_ptr<Session<Protocol>> session, Status why) {
+    co_await session->refuse(std::move(why));
   }
 
   template <typename Protocol>
   asio::awaitable<void> run_session(std::shared_ptr<Session<Protocol>> session) {
-    {
-      std::lock_guard lock(m_mutex);
-      m_sessions.insert(session);
-      if (!session->remote()) ++m_per_uid[session->uid()];
-    }
     m_handler.session_opened();
     co_await session->run();
     m_handler.session_closed();

@@ -8,6 +8,7 @@
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_manager.hpp"
 #include "daemon/session_locks.hpp"
+#include "mapping/truncation_guard.hpp"
 #include "tiermem_config.h"
 
 namespace tiermem {
@@ -332,6 +333,8 @@ void RequestHandler::stat(proto::StatResponse* out) {
                                                .count()));
   out->set_daemon_version(TIERMEM_VERSION);
   out->set_socket_path(m_config.socket_path);
+  out->set_locks_broken(m_locks->broken());
+  out->set_truncations_repaired(TruncationGuard::repairs());
 }
 
 void RequestHandler::dump(const Identity& who, proto::DumpResponse* out) {

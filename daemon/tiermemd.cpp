@@ -33,6 +33,7 @@
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
 #include "mapping/segment_file.hpp"
+#include "mapping/truncation_guard.hpp"
 #include "mapping/version_segments.hpp"
 #include "tiermem_config.h"
 
@@ -208,6 +209,9 @@ int start(const DaemonConfig& config, Node* node) {
   if (s.ok()) s = open_memory(config, node);
   if (s.ok()) s = node->data_plane->describe(config, *node->space, node->control, node->incarnation);
   if (s.ok()) s = open_cluster(config, node);
+  // On top of UCX's SIGBUS handler (installed with the transport), which
+  // it chains to for faults that are not a truncated file's.
+  if (s.ok()) s = TruncationGuard::install();
   if (!s.ok()) {
     spdlog::critical("cannot start: {}", s.to_string());
     return s.code() == ErrorCode::config_error ? 2 : 1;

@@ -256,7 +256,9 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
 
   UnitRange virt;
   if (!dom.virtual_pages.take_next_fit(pages, dom.cursor, &virt)) {
-    for (const UnitRange& f : frames) release_local_frame(chosen, f.start * psize, domain);
+    for (const UnitRange& f : frames) {
+      for (uint64_t i = 0; i < f.count; ++i) release_local_frame(chosen, (f.start + i) * psize, domain);
+    }
     return Status(ErrorCode::tier_exhausted,
                   "node " + std::to_string(m_node) + " has no free virtual range of " + std::to_string(pages) +
                       " pages for tenant '" + request.tenant + "' (" + std::to_string(dom.virtual_pages.free_units()) +
@@ -264,14 +266,12 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   }
   dom.cursor = virt.start + virt.count;
 
-  // New memory reads as zeros: nothing of a freed allocation may show through.
-  for (const UnitRange& f : frames) {
-    Status s = tier.backend->discard(f.start * psize, f.count * psize);
-    if (!s.ok()) {
-      for (const UnitRange& r : frames) release_local_frame(chosen, r.start * psize, domain);
-      (void)dom.virtual_pages.release(virt);
-      return s.with_context("clearing frames for a new allocation");
+  if (Status s = prepare_frames(chosen, frames); !s.ok()) {
+    for (const UnitRange& r : frames) {
+      for (uint64_t i = 0; i < r.count; ++i) release_local_frame(chosen, (r.start + i) * psize, domain);
     }
+    (void)dom.virtual_pages.release(virt);
+    return s.with_context("frames for a new allocation");
   }
 
   Allocation a;

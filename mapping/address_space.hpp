@@ -315,6 +315,8 @@ class AddressSpace {
   // Takes `pages` frames of `tier` for `domain`; false when the tier, the
   // domain's files or its quota have no room.
   bool take_frames(Tier tier, uint32_t domain, uint64_t pages, std::vector<UnitRange>* frames);
+  // Zeroes frames just taken and gives them storage (TierBackend::commit).
+  Status prepare_frames(Tier tier, const std::vector<UnitRange>& frames);
   Status exhausted_error(const AllocRequest& request, uint64_t pages, const std::vector<Tier>& chain,
                          uint32_t domain) const;
   void set_pinned(const Allocation& a, bool pinned);

@@ -25,6 +25,17 @@ bool AddressSpace::take_frames(Tier tier, uint32_t domain, uint64_t pages, std::
   return true;
 }
 
+Status AddressSpace::prepare_frames(Tier tier, const std::vector<UnitRange>& frames) {
+  TierBackend& b = *m_tiers[static_cast<size_t>(tier)].backend;
+  for (const UnitRange& f : frames) {
+    // New memory reads as zeros (nothing of a freed allocation may show
+    // through) and has its storage now.
+    TIERMEM_RETURN_IF_ERROR(b.discard(f.start * page_size(), f.count * page_size()));
+    TIERMEM_RETURN_IF_ERROR(b.commit(f.start * page_size(), f.count * page_size()));
+  }
+  return Status();
+}
+
 void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset, uint32_t domain) {
   TierState& t = m_tiers[static_cast<size_t>(tier)];
   Domain& d = m_domains[domain];
@@ -69,9 +80,14 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
                                                  " has " + std::to_string(t.frames - t.used) + " free pages, " +
                                                  std::to_string(pages) + " needed");
   }
+  if (Status s = prepare_frames(tier, frames); !s.ok()) {
+    for (const UnitRange& f : frames) {
+      for (uint64_t i = 0; i < f.count; ++i) release_local_frame(tier, (f.start + i) * page_size(), domain);
+    }
+    return s.with_context("frames to lend to node " + std::to_string(borrower));
+  }
   std::vector<Extent> out;
   for (const UnitRange& f : frames) {
-    (void)t.backend->discard(f.start * page_size(), f.count * page_size());
     out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
     for (uint64_t i = 0; i < f.count; ++i) {
       m_lent[{static_cast<uint8_t>(tier), (f.start + i) * page_size()}] = {borrower, domain};

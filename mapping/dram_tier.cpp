@@ -65,6 +65,9 @@ class DramTier final : public TierBackend {
     const uint32_t d = domain_of(offset);
     return punch_hole(share_fd(d), offset % m_span, length, m_space.base() + offset - offset % m_span);
   }
+  Status commit(uint64_t offset, size_t length) override {
+    return commit_file_range(share_fd(domain_of(offset)), offset % m_span, length, "the DRAM tier's files in " + m_dir);
+  }
 
  private:
   std::string m_dir;

@@ -28,6 +28,7 @@ struct PmemDomain {
   uint64_t bytes = 0;
   pmem2_persist_fn persist = nullptr;
   pmem2_memcpy_fn memcpy = nullptr;
+  TruncationGuard guard;  // while mapped
 };
 
 // Maps `fd` (`bytes` long) at `offset` in the reservation.
@@ -60,6 +61,7 @@ class PmemTier final : public TierBackend {
         m_base(static_cast<std::byte*>(pmem2_vm_reservation_get_address(rsv))), m_domains(o.domains) {}
   ~PmemTier() override {
     for (PmemDomain& d : m_domains) {
+      d.guard = TruncationGuard();
       if (d.map != nullptr) pmem2_map_delete(&d.map);
     }
     pmem2_vm_reservation_delete(&m_rsv);
@@ -91,6 +93,7 @@ class PmemTier final : public TierBackend {
     const std::string path = m_dir + "/pmem." + std::to_string(d);
     TIERMEM_ASSIGN_OR_RETURN(dom.fd, open_segment(path, bytes));
     TIERMEM_ASSIGN_OR_RETURN(dom.map, map_domain(dom.fd.get(), bytes, m_rsv, uint64_t{d} * m_span, path));
+    TIERMEM_ASSIGN_OR_RETURN(dom.guard, TruncationGuard::watch(m_base + uint64_t{d} * m_span, bytes, dom.fd.get(), 0));
     dom.persist = pmem2_get_persist_fn(dom.map);
     dom.memcpy = pmem2_get_memcpy_fn(dom.map);
     dom.bytes = bytes;
@@ -117,6 +120,9 @@ class PmemTier final : public TierBackend {
   }
   Status discard(uint64_t offset, size_t length) override {
     return punch_hole(domain(offset).fd.get(), offset % m_span, length, m_base + offset - offset % m_span);
+  }
+  Status commit(uint64_t offset, size_t length) override {
+    return commit_file_range(domain(offset).fd.get(), offset % m_span, length, "the PMEM pool " + m_dir);
   }
 
  private:

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <utility>
 
+#include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
 namespace tiermem {
@@ -56,18 +57,22 @@ Result<DirectoryLock> DirectoryLock::take(const std::string& dir, const std::str
 }
 
 Reservation::Reservation(Reservation&& other) noexcept
-    : m_base(std::exchange(other.m_base, nullptr)), m_size(std::exchange(other.m_size, 0)) {}
+    : m_base(std::exchange(other.m_base, nullptr)), m_size(std::exchange(other.m_size, 0)),
+      m_guards(std::move(other.m_guards)) {}
 
 Reservation& Reservation::operator=(Reservation&& other) noexcept {
   if (this != &other) {
+    m_guards.clear();
     if (m_base != nullptr) ::munmap(m_base, m_size);
     m_base = std::exchange(other.m_base, nullptr);
     m_size = std::exchange(other.m_size, 0);
+    m_guards = std::move(other.m_guards);
   }
   return *this;
 }
 
 Reservation::~Reservation() {
+  m_guards.clear();
   if (m_base != nullptr) ::munmap(m_base, m_size);
 }
 
@@ -89,6 +94,8 @@ Status Reservation::map(uint64_t offset, size_t length, int fd, uint64_t file_of
   void* p = ::mmap(m_base + offset, length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
                    static_cast<off_t>(file_offset));
   if (p == MAP_FAILED) return errno_error("mapping " + format_size(length) + " of a segment");
+  TIERMEM_ASSIGN_OR_RETURN(auto guard, TruncationGuard::watch(m_base + offset, length, fd, file_offset));
+  m_guards.push_back(std::move(guard));
   return Status();
 }
 

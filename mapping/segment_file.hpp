@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <tiermem/status.h>
 
 #include "common/unique_fd.hpp"
+#include "mapping/truncation_guard.hpp"
 
 namespace tiermem {
 
@@ -49,13 +51,15 @@ class Reservation {
   std::byte* base() const { return m_base; }
   size_t size() const { return m_size; }
   // Maps [file_offset, file_offset + length) of `fd`, shared and writable,
-  // at `offset` in the reservation. Both offsets page-aligned. Errors:
+  // at `offset` in the reservation. Both offsets page-aligned. The file is
+  // watched against truncation (TruncationGuard) while mapped. Errors:
   // invalid_argument (outside the reservation), io_error.
   Status map(uint64_t offset, size_t length, int fd, uint64_t file_offset);
 
  private:
   std::byte* m_base = nullptr;
   size_t m_size = 0;
+  std::vector<TruncationGuard> m_guards;
 };
 
 // Opens (creating, mode 0600) the file at `path` and makes it at least

@@ -1,8 +1,26 @@
 #include "mapping/tier_backend.hpp"
 
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
+#include <tiermem/units.h>
+
 namespace tiermem {
+
+Status commit_file_range(int fd, uint64_t offset, uint64_t length, const std::string& what) {
+  int rc = 0;
+  do {
+    rc = ::fallocate(fd, 0, static_cast<off_t>(offset), static_cast<off_t>(length));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return Status();
+  if (errno == EOPNOTSUPP) return Status();  // the file system cannot: frames fault in on first use
+  const ErrorCode code = errno == ENOSPC ? ErrorCode::tier_exhausted : ErrorCode::io_error;
+  return Status(code, what + " cannot get " + format_size(length) + " of storage (" + std::strerror(errno) +
+                          "): its file system holds less than the tier's capacity says");
+}
 
 uint64_t domain_span_for(uint64_t capacity) {
   constexpr uint64_t k_unit = 2 << 20;

@@ -66,10 +66,18 @@ class TierBackend {
   virtual Status persist(uint64_t offset, size_t length) = 0;
   // Zeroes a range and gives its storage back where the tier can (hole punch).
   virtual Status discard(uint64_t offset, size_t length) = 0;
+  // Gives a range storage now (fallocate), so that frames handed out never
+  // fault for want of space later (a full /dev/shm would raise SIGBUS on the
+  // first write). Errors: tier_exhausted (no space), io_error.
+  virtual Status commit(uint64_t /*offset*/, size_t /*length*/) { return Status(); }
   // Copies within the region or from another backend's region (migration).
   virtual Status copy_from(const TierBackend& source, uint64_t source_offset,
                            uint64_t offset, size_t length);
 };
+
+// fallocate of [offset, offset+length) of a domain file, with the error a
+// caller can show ("the DRAM tier's files in DIR ...").
+Status commit_file_range(int fd, uint64_t offset, uint64_t length, const std::string& what);
 
 // DRAM and PMEM: files <dir>/dram.<k> or <dir>/pmem.<k>, one per domain
 // (created by open_domain). The caller holds the directory's lock

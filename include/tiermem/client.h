@@ -42,7 +42,12 @@ struct ClientOptions {
   bool direct_access = true;
   // How long one request to the daemon may take before the call fails with
   // timeout (and the connection is closed); 0: wait as long as it takes.
+  // It also bounds each one-sided operation on another node's memory (to
+  // at most 10 s; 0: 10 s).
   std::chrono::milliseconds timeout{30000};
+  // How long a read or write waits for a page another writer holds locked
+  // before it fails with busy naming the page.
+  std::chrono::milliseconds lock_timeout{10000};
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per

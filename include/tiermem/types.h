@@ -89,6 +89,11 @@ struct NodeStat {
   uint64_t uptime_ms = 0;
   std::string daemon_version;
   std::string socket_path;
+  // Damage a client did, undone: page locks of clients that died holding
+  // them, broken (their pages flagged T); memory files a client truncated,
+  // extended again (the cut-off part reads as zeros).
+  uint64_t locks_broken = 0;
+  uint64_t truncations_repaired = 0;
 };
 
 // One page-table entry as seen from outside (M2, M3).

@@ -62,7 +62,7 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
     std::ofstream out(m_config);
     out << "[node]\nid = " << o.node_id << "\n"
         << "[control]\nsocket = \"" << m_socket << "\"\nmax_frame_bytes = \"" << o.max_frame
-        << "\"\nmax_inline_bytes = \"" << o.max_inline << "\"\n"
+        << "\"\nmax_inline_bytes = \"" << o.max_inline << "\"\n" << o.control_toml
         << "[mapping]\npage_size = \"" << o.page_size << "\"\n"
         << "[tiers.vram]\nenabled = " << (o.vram ? "true" : "false") << "\nrequired = "
         << (o.vram ? "true" : "false") << "\ncapacity = \"" << o.vram_capacity << "\"\n"

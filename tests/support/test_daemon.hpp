@@ -24,7 +24,8 @@ struct DaemonOptions {
   std::string max_inline = "1MiB";
   bool vram = false;
   std::string vram_capacity = "256MiB";
-  std::string extra_toml;  // appended verbatim
+  std::string extra_toml;  // appended verbatim (new tables only)
+  std::string control_toml;  // keys added to [control]
   std::string cluster_file;  // [cluster] file; empty: alone
   std::string secret_file;   // [cluster] secret_file (TestCluster writes one)
   std::string tls;           // [transport] tls

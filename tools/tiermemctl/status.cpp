@@ -22,6 +22,8 @@ int cmd_status(const Context& ctx) {
                 {"uptime_ms", stat->uptime_ms},
                 {"sessions", stat->sessions},
                 {"allocations", stat->allocations},
+                {"locks_broken", stat->locks_broken},
+                {"truncations_repaired", stat->truncations_repaired},
                 {"tiers", tiers}});
     return k_exit_ok;
   }
@@ -29,7 +31,13 @@ int cmd_status(const Context& ctx) {
               stat->node, stat->daemon_version.c_str(), age(stat->uptime_ms).c_str(),
               static_cast<unsigned long long>(stat->sessions),
               static_cast<unsigned long long>(stat->allocations), format_size(stat->page_size).c_str());
-  std::printf("socket %s\n\n", stat->socket_path.c_str());
+  std::printf("socket %s\n", stat->socket_path.c_str());
+  if (stat->locks_broken > 0 || stat->truncations_repaired > 0) {
+    std::printf("repaired: %llu page lock(s) of dead clients broken, %llu truncated memory file(s) restored\n",
+                static_cast<unsigned long long>(stat->locks_broken),
+                static_cast<unsigned long long>(stat->truncations_repaired));
+  }
+  std::printf("\n");
   Table table({"TIER", "CAPACITY", "USED", "FREE", "USE", "ALLOCS", "PERSISTENT", "BACKING"});
   for (const auto& t : stat->tiers) {
     table.add({std::string(tier_name(t.tier)), format_size(t.capacity_bytes), format_size(t.used_bytes),
