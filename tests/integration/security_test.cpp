@@ -1,0 +1,517 @@
+// Safety (S2, O5, M7): nothing is ever acknowledged into memory its writer
+// does not own, and nobody gets what they were not given. Real daemons and
+// real processes: a client that outlives its daemon, frames lent by a peer
+// that restarted, two daemons on one pool, a client asking what only peers
+// may, an unauthenticated TCP client and a daemon with the wrong secret, and
+// tenants (users made by the test) against each other, on one node and
+// across two.
+#include <arpa/inet.h>
+#include <grp.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "common/frame.hpp"
+#include "control.pb.h"
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+int unix_connect(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int tcp_connect(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  ::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One request on a raw connection; false when no answer came.
+bool ask(int fd, proto::Request& request, proto::Response* out) {
+  if (!wire::send_frame(fd, request.SerializeAsString()).ok()) return false;
+  std::string payload;
+  if (!wire::recv_frame(fd, 1 << 24, &payload, nullptr).ok()) return false;
+  return out->ParseFromString(payload);
+}
+
+uint32_t code(ErrorCode c) { return static_cast<uint32_t>(c); }
+
+// --- a client that outlives its daemon ------------------------------------------------
+
+class StaleClientTest : public ::testing::TestWithParam<Tier> {};
+
+// Client A writes through its mappings and cached translations while the
+// daemon is SIGKILLed and restarted; client B of the new daemon gets the same
+// GVA and frame. Not one of A's writes after the death may be acknowledged,
+// and B's bytes stay B's.
+TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedAreRefusedNotLandedInNewMemory) {
+  test::TestDaemon daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto a = daemon.connect("A");
+  auto mine = a->alloc(1 << 20, {.tier = GetParam(), .strict = true});
+  ASSERT_TRUE(mine.ok());
+  const auto old_bytes = pattern(64 << 10, 1);
+  ASSERT_TRUE(a->write(mine->gva, old_bytes.data(), old_bytes.size()).ok());
+  ASSERT_GT(a->access_counters().direct_local, 0u) << "A writes directly";
+
+  std::atomic<bool> dead{false}, stop{false};
+  std::atomic<int> acknowledged_after_death{0};
+  std::thread writer([&] {
+    while (!stop.load()) {
+      const bool was_dead = dead.load();
+      if (a->write(mine->gva, old_bytes.data(), old_bytes.size()).ok() && was_dead) ++acknowledged_after_death;
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  daemon.kill();
+  dead = true;
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  auto b = daemon.connect("B");
+  auto theirs = b->alloc(1 << 20, {.tier = GetParam(), .strict = true});
+  ASSERT_TRUE(theirs.ok());
+  const auto new_bytes = pattern(64 << 10, 2);
+  ASSERT_TRUE(b->write(theirs->gva, new_bytes.data(), new_bytes.size()).ok());
+  std::this_thread::sleep_for(300ms);  // A keeps trying meanwhile
+  stop = true;
+  writer.join();
+
+  EXPECT_EQ(acknowledged_after_death.load(), 0) << "writes acknowledged after the daemon died";
+  const Status late = a->write(mine->gva, old_bytes.data(), old_bytes.size());
+  EXPECT_EQ(late.code(), ErrorCode::unavailable) << late.to_string();
+  std::vector<unsigned char> back(new_bytes.size());
+  ASSERT_TRUE(b->read(theirs->gva, back.data(), back.size()).ok());
+  EXPECT_EQ(back, new_bytes) << "B reads A's bytes";
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, StaleClientTest, ::testing::Values(Tier::dram, Tier::pmem),
+                         [](const auto& info) { return std::string(tier_name(info.param)); });
+
+// Memory migrated onto frames node 2 lent, then node 2 restarts with its
+// memory made anew and hands the frame to someone else: the old owner's
+// reads and writes fail with data_lost instead of reaching the new bytes.
+TEST(LentFramesTest, FramesOfAPeerThatRestartedAreLostNotShared) {
+  test::TestCluster cluster(2);
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto owner = cluster.node(1).connect("owner");
+  auto a = owner->alloc(1 << 20, {.tier = Tier::dram, .name = "moved"});
+  ASSERT_TRUE(a.ok());
+  const auto data = pattern(1 << 20, 3);
+  ASSERT_TRUE(owner->write(a->gva, data.data(), data.size()).ok());
+  auto moved = owner->migrate(a->gva, Tier::dram, 2);
+  ASSERT_TRUE(moved.ok()) << moved.status().to_string();
+  std::vector<unsigned char> back(data.size());
+  ASSERT_TRUE(owner->read(a->gva, back.data(), back.size()).ok());
+  ASSERT_EQ(back, data);
+
+  cluster.node(2).kill();
+  ASSERT_TRUE(cluster.node(2).restart()) << cluster.logs();
+  ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
+  auto other = cluster.node(2).connect("newcomer");
+  auto fresh = other->alloc(1 << 20, {.tier = Tier::dram});
+  ASSERT_TRUE(fresh.ok());
+  const auto theirs = pattern(1 << 20, 4);
+  ASSERT_TRUE(other->write(fresh->gva, theirs.data(), theirs.size()).ok());
+
+  Status r;
+  for (int i = 0; i < 50; ++i) {  // the home learns of the restart by heartbeat
+    r = owner->read(a->gva, back.data(), back.size());
+    if (r.code() == ErrorCode::data_lost) break;
+    ASSERT_FALSE(r.ok() && back == theirs) << "the old owner read the new owner's bytes";
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_EQ(r.code(), ErrorCode::data_lost) << r.to_string();
+  const Status w = owner->write(a->gva, data.data(), data.size());
+  EXPECT_EQ(w.code(), ErrorCode::data_lost) << w.to_string();
+  std::vector<unsigned char> check(theirs.size());
+  ASSERT_TRUE(other->read(fresh->gva, check.data(), check.size()).ok());
+  EXPECT_EQ(check, theirs) << "the old owner's write landed in the new owner's memory";
+  auto info = owner->lookup("moved");
+  ASSERT_TRUE(info.ok());
+  EXPECT_GT(info->lost_pages, 0u);
+  EXPECT_TRUE(owner->free(a->gva).ok()) << "lost memory can still be freed";
+}
+
+// --- daemons -------------------------------------------------------------------------
+
+TEST(DaemonLockTest, ASecondDaemonOnTheSamePmemPoolRefusesToStart) {
+  test::TestDaemon first;
+  ASSERT_TRUE(first.ready()) << first.log();
+  const std::string dir = test::make_temp_dir("tiermem-second");
+  const std::string path = dir + "/d.toml";
+  std::ofstream(path) << "[node]\nid = 7\n[control]\nsocket = \"" << dir << "/s.sock\"\n"
+                      << "[tiers.vram]\nenabled = false\n[tiers.dram]\ncapacity = \"8MiB\"\npath = \"" << dir
+                      << "/shm\"\n[tiers.pmem]\ncapacity = \"8MiB\"\npath = \"" << first.pmem_dir() << "\"\n";
+  auto r = test::run_command({test::tiermemd_path(), "--config", path});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("in use by another tiermemd (pid " + std::to_string(first.pid()) + ")"), std::string::npos)
+      << r.err;
+  // The same for the node's shared memory.
+  std::ofstream(path) << "[node]\nid = 7\n[control]\nsocket = \"" << dir << "/s.sock\"\n"
+                      << "[tiers.vram]\nenabled = false\n[tiers.dram]\ncapacity = \"8MiB\"\npath = \""
+                      << first.dram_dir() << "\"\n[tiers.pmem]\nenabled = false\n";
+  r = test::run_command({test::tiermemd_path(), "--config", path});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("in use by another tiermemd"), std::string::npos) << r.err;
+  auto c = first.connect();
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->alloc(4096, {.tier = Tier::pmem}).ok()) << "the first daemon is unaffected";
+  std::filesystem::remove_all(dir);
+}
+
+// reserve_frames took all PMEM, release_frames of a live frame let the next
+// allocation alias it (and of a free one aborted the daemon): they are for
+// authenticated peers only.
+TEST(PeerOnlyTest, AClientMayNotAskWhatOnlyPeersMay) {
+  test::TestDaemon daemon;
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto c = daemon.connect("bystander");
+  auto a = c->alloc(1 << 20, {.tier = Tier::pmem});
+  ASSERT_TRUE(a.ok());
+  const auto data = pattern(1 << 20, 5);
+  ASSERT_TRUE(c->write(a->gva, data.data(), data.size()).ok());
+  auto t = c->translate(a->gva);
+  ASSERT_TRUE(t.ok());
+  const uint64_t used_before = c->stat()->tiers[1].used_bytes;
+
+  const int fd = unix_connect(daemon.socket());
+  ASSERT_GE(fd, 0);
+  proto::Request hello;
+  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  proto::Response r;
+  ASSERT_TRUE(ask(fd, hello, &r));
+  ASSERT_EQ(r.status().code(), 0u);
+  std::vector<proto::Request> asks(6);
+  asks[0].mutable_reserve_frames()->set_tier(proto::TIER_PMEM);
+  asks[0].mutable_reserve_frames()->set_pages(1u << 20);
+  auto* live = asks[1].mutable_release_frames()->add_extents();
+  live->set_tier(proto::TIER_PMEM);
+  live->set_node(t->extents[0].node);
+  live->set_frame_offset(t->extents[0].frame_offset);
+  live->set_length(t->extents[0].length);
+  auto* huge = asks[2].mutable_release_frames()->add_extents();
+  huge->set_tier(proto::TIER_PMEM);
+  huge->set_frame_offset(1ull << 40);
+  huge->set_length(1ull << 40);
+  asks[3].mutable_ping();
+  asks[4].mutable_node_info();
+  asks[5].mutable_break_locks()->add_locks()->set_page(1);
+  for (proto::Request& q : asks) {
+    ASSERT_TRUE(ask(fd, q, &r)) << q.ShortDebugString();
+    EXPECT_EQ(r.status().code(), code(ErrorCode::permission_denied)) << q.ShortDebugString();
+    EXPECT_NE(r.status().message().find("peer daemons only"), std::string::npos) << r.status().message();
+  }
+  ::close(fd);
+  ASSERT_TRUE(daemon.alive()) << daemon.log();
+  EXPECT_EQ(c->stat()->tiers[1].used_bytes, used_before) << "frames were taken or given back";
+  auto b = c->alloc(1 << 20, {.tier = Tier::pmem});
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(c->write(b->gva, pattern(1 << 20, 6).data(), 1 << 20).ok());
+  std::vector<unsigned char> back(data.size());
+  ASSERT_TRUE(c->read(a->gva, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data) << "a new allocation aliases a live one";
+}
+
+// The peer port serves authenticated daemons only: a raw TCP client is a
+// client of nothing, a wrong proof closes the connection, and a daemon with
+// another secret never joins.
+TEST(PeerAuthTest, TcpSessionsMustAuthenticateAndAWrongSecretNeverJoins) {
+  const std::string dir = test::make_temp_dir("tiermem-auth");
+  const std::string secret = test::write_secret(dir);
+  const std::string wrong_dir = dir + "/wrong";
+  std::filesystem::create_directories(wrong_dir);
+  const std::string wrong = test::write_secret(wrong_dir);
+  const std::string cluster = dir + "/cluster.toml";
+  const int port1 = test::free_port();
+  {
+    std::ofstream out(cluster);
+    out << "[[node]]\nid = 1\ncontrol = \"127.0.0.1:" << port1 << "\"\n";
+    out << "[[node]]\nid = 2\ncontrol = \"127.0.0.1:" << test::free_port() << "\"\n";
+  }
+  test::TestDaemon one({.node_id = 1, .cluster_file = cluster, .secret_file = secret, .dir = dir + "/node1"});
+  test::TestDaemon two({.node_id = 2, .cluster_file = cluster, .secret_file = wrong, .dir = dir + "/node2"});
+  ASSERT_TRUE(one.ready() && two.ready()) << one.log() << two.log();
+  const std::string peer = "127.0.0.1:" + std::to_string(port1);
+
+  // A client's hello, and any request, on the peer port.
+  int fd = tcp_connect(peer);
+  ASSERT_GE(fd, 0);
+  proto::Request hello;
+  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  proto::Response r;
+  ASSERT_TRUE(ask(fd, hello, &r));
+  EXPECT_EQ(r.status().code(), code(ErrorCode::unexpected_message));
+  EXPECT_NE(r.status().message().find("must authenticate first"), std::string::npos) << r.status().message();
+  char c;
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the connection stays open";
+  ::close(fd);
+
+  // A challenge as node 2, then a made-up proof.
+  fd = tcp_connect(peer);
+  proto::Request challenge;
+  challenge.mutable_peer_challenge()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  challenge.mutable_peer_challenge()->set_node_id(2);
+  challenge.mutable_peer_challenge()->set_nonce(std::string(32, 'n'));
+  ASSERT_TRUE(ask(fd, challenge, &r));
+  ASSERT_EQ(r.status().code(), 0u) << r.status().message();
+  EXPECT_EQ(r.peer_challenge().proof().size(), 32u) << "an HMAC-SHA256 proof, never the secret";
+  proto::Request peer_hello;
+  peer_hello.mutable_peer_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  peer_hello.mutable_peer_hello()->mutable_self()->set_node_id(2);
+  peer_hello.mutable_peer_hello()->set_proof(std::string(32, 'p'));
+  ASSERT_TRUE(ask(fd, peer_hello, &r));
+  EXPECT_EQ(r.status().code(), code(ErrorCode::permission_denied));
+  EXPECT_NE(r.status().message().find("cluster secret"), std::string::npos) << r.status().message();
+  EXPECT_EQ(::recv(fd, &c, 1, 0), 0);
+  ::close(fd);
+
+  // Node 2 knows another secret: it stays out, and both say why.
+  std::this_thread::sleep_for(2s);
+  auto client = one.connect();
+  auto nodes = client->nodes();
+  ASSERT_TRUE(nodes.ok());
+  ASSERT_EQ(nodes->size(), 2u);
+  EXPECT_NE((*nodes)[1].state, NodeState::connected);
+  EXPECT_TRUE(client->alloc(4096, {.node = 2}).status().code() != ErrorCode::ok);
+  const std::string logs = one.log() + two.log();
+  EXPECT_NE(logs.find("cluster secret"), std::string::npos) << logs;
+  std::filesystem::remove_all(dir);
+}
+
+// --- tenants -------------------------------------------------------------------------
+
+struct User {
+  std::string name;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+// A system user made for the test (kept: users are cheap, and a second run
+// finds them).
+std::optional<User> ensure_user(const std::string& name) {
+  if (::getpwnam(name.c_str()) == nullptr) {
+    auto r = test::run_command({"useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name});
+    if (r.exit_code != 0) return std::nullopt;
+  }
+  const passwd* pw = ::getpwnam(name.c_str());
+  if (pw == nullptr) return std::nullopt;
+  return User{name, pw->pw_uid, pw->pw_gid};
+}
+
+// The outcome of one probe call.
+struct Outcome {
+  bool ok = false;
+  uint32_t code = 0;
+  std::string text;  // the result, or the error message
+};
+
+class TenantTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (::geteuid() != 0) return;
+    s_alice = ensure_user("tiermem-alice");
+    s_bob = ensure_user("tiermem-bob");
+    // The probe runs as them: a copy they may execute.
+    s_probe_dir = test::make_temp_dir("tiermem-probe");
+    std::filesystem::permissions(s_probe_dir, std::filesystem::perms(0755));
+    const char* probe = std::getenv("TIERMEM_PROBE");
+    if (probe != nullptr) {
+      std::filesystem::copy_file(probe, s_probe_dir + "/tenant_probe");
+      std::filesystem::permissions(s_probe_dir + "/tenant_probe", std::filesystem::perms(0755));
+    }
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    if (!s_probe_dir.empty()) std::filesystem::remove_all(s_probe_dir, ec);
+  }
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "making users needs root";
+    if (!s_alice || !s_bob) GTEST_SKIP() << "useradd failed";
+    ASSERT_TRUE(std::filesystem::exists(s_probe_dir + "/tenant_probe")) << "TIERMEM_PROBE is not set";
+  }
+
+  static std::string tenants_toml() {
+    return "[[tenant]]\nname = \"alice\"\nuids = [" + std::to_string(s_alice->uid) +
+           "]\nquota = { dram = \"8MiB\" }\n[[tenant]]\nname = \"bob\"\nuids = [" + std::to_string(s_bob->uid) +
+           "]\n";
+  }
+  // Lets the users reach the daemon's socket.
+  static void open_to_users(const test::TestDaemon& d) {
+    std::filesystem::permissions(d.dir(), std::filesystem::perms(0755));
+  }
+
+  // One call as `user` (nullptr: as root, an operator).
+  Outcome as(const User* user, const std::string& socket, std::vector<std::string> args) {
+    std::vector<std::string> argv;
+    if (user != nullptr) {
+      argv = {"setpriv", "--reuid=" + std::to_string(user->uid), "--regid=" + std::to_string(user->gid),
+              "--clear-groups"};
+    }
+    argv.push_back(s_probe_dir + "/tenant_probe");
+    argv.push_back(socket);
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = test::run_command(argv);
+    Outcome o;
+    std::istringstream in(r.out);
+    std::string word;
+    in >> word;
+    if (word == "ok") {
+      o.ok = true;
+      std::getline(in >> std::ws, o.text);
+    } else if (word == "error") {
+      in >> o.code;
+      std::getline(in >> std::ws, o.text);
+    } else {
+      o.text = "probe failed (rc " + std::to_string(r.exit_code) + "): " + r.out + r.err;
+    }
+    while (!o.text.empty() && std::isspace(static_cast<unsigned char>(o.text.back()))) o.text.pop_back();
+    return o;
+  }
+
+  // Every request bob may make on alice's allocation at `gva` is refused,
+  // naming both tenants. `home`: the socket is of the allocation's node
+  // (mappings and lookups by name are of local memory only).
+  void expect_all_refused(const std::string& socket, const std::string& gva, const std::string& name, bool home) {
+    std::vector<std::vector<std::string>> attempts = {
+        {"--daemon", "read", gva, "8"}, {"--direct", "read", gva, "8"},     {"--daemon", "write", gva, "bob was here"},
+        {"--direct", "write", gva, "bob was here"}, {"translate", gva},      {"fetch_add", gva},
+        {"compare_swap", gva},       {"migrate", gva, "pmem"},             {"free", gva},
+    };
+    if (home) {
+      attempts.push_back({"map", gva});
+      attempts.push_back({"lookup", name});
+    }
+    for (const auto& args : attempts) {
+      const Outcome o = as(&*s_bob, socket, args);
+      std::string what;
+      for (const auto& a : args) what += a + " ";
+      EXPECT_FALSE(o.ok) << "bob may " << what << ": " << o.text;
+      EXPECT_EQ(o.code, code(ErrorCode::permission_denied)) << what << ": " << o.text;
+      EXPECT_NE(o.text.find("tenant 'bob'"), std::string::npos) << what << ": " << o.text;
+      EXPECT_NE(o.text.find("'alice'"), std::string::npos) << what << ": " << o.text;
+    }
+    const Outcome listed = as(&*s_bob, socket, {"list"});
+    ASSERT_TRUE(listed.ok) << listed.text;
+    EXPECT_EQ(listed.text.find(gva), std::string::npos) << "bob's listing shows alice's allocation";
+  }
+
+  static inline std::optional<User> s_alice, s_bob;
+  static inline std::string s_probe_dir;
+};
+
+TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryOnANode) {
+  test::TestDaemon daemon({.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  open_to_users(daemon);
+  const std::string sock = daemon.socket();
+  const Outcome made = as(&*s_alice, sock, {"alloc", "1048576", "dram", "alice-weights"});
+  ASSERT_TRUE(made.ok) << made.text;
+  const std::string gva = made.text;
+  // Alice: everything, directly and through the daemon.
+  for (const auto& args : std::vector<std::vector<std::string>>{{"--direct", "write", gva, "alice"},
+                                                                 {"--daemon", "read", gva, "5"},
+                                                                 {"--direct", "read", gva, "5"},
+                                                                 {"map", gva},
+                                                                 {"fetch_add", gva + ""},
+                                                                 {"lookup", "alice-weights"}}) {
+    const Outcome o = as(&*s_alice, sock, args);
+    EXPECT_TRUE(o.ok) << args[0] << " " << args[1] << ": " << o.text;
+  }
+  expect_all_refused(sock, gva, "alice-weights", true);
+  // Bob has memory of his own, in files alice is never given.
+  const Outcome bobs = as(&*s_bob, sock, {"alloc", "1048576", "dram"});
+  ASSERT_TRUE(bobs.ok) << bobs.text;
+  EXPECT_TRUE(as(&*s_bob, sock, {"--direct", "write", bobs.text, "bob"}).ok);
+  EXPECT_TRUE(as(&*s_bob, sock, {"map", bobs.text}).ok);
+  EXPECT_EQ(as(&*s_alice, sock, {"--direct", "read", bobs.text, "3"}).code, code(ErrorCode::permission_denied));
+  // What the kernel enforces: each is handed the files of its own domain
+  // only (the files themselves are 0600, root's).
+  const Outcome alice_files = as(&*s_alice, sock, {"regions"});
+  const Outcome bob_files = as(&*s_bob, sock, {"regions"});
+  EXPECT_TRUE(alice_files.ok && alice_files.text == "alice") << alice_files.text;
+  EXPECT_TRUE(bob_files.ok && bob_files.text == "bob") << bob_files.text;
+  // The operator sees and reads both.
+  const Outcome all = as(nullptr, sock, {"list"});
+  ASSERT_TRUE(all.ok) << all.text;
+  EXPECT_NE(all.text.find(gva), std::string::npos);
+  EXPECT_NE(all.text.find(bobs.text), std::string::npos);
+  const Outcome root_read = as(nullptr, sock, {"--daemon", "read", gva, "5"});
+  EXPECT_TRUE(root_read.ok && root_read.text == "blice") << "alice's bytes, after her fetch_add: " << root_read.text;
+  // Alice's quota: 8 MiB of DRAM, 2 MiB (one page) used.
+  const Outcome over = as(&*s_alice, sock, {"alloc", "8388608", "dram"});
+  EXPECT_EQ(over.code, code(ErrorCode::quota_exceeded)) << over.text;
+  EXPECT_NE(over.text.find("8 MiB"), std::string::npos) << over.text;
+  // Still hers to free.
+  EXPECT_TRUE(as(&*s_alice, sock, {"free", gva}).ok);
+  EXPECT_TRUE(daemon.alive());
+}
+
+TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryAcrossDaemons) {
+  test::TestCluster cluster(2, {.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  open_to_users(cluster.node(1));
+  open_to_users(cluster.node(2));
+  std::filesystem::permissions(cluster.dir(), std::filesystem::perms(0755));
+  const std::string sock1 = cluster.node(1).socket(), sock2 = cluster.node(2).socket();
+  // Alice, on node 1, puts memory on node 2.
+  const Outcome made = as(&*s_alice, sock1, {"alloc", "1048576", "dram", "alice-remote", "2"});
+  ASSERT_TRUE(made.ok) << made.text;
+  const std::string gva = made.text;
+  EXPECT_TRUE(as(&*s_alice, sock1, {"--direct", "write", gva, "alice"}).ok);
+  const Outcome back = as(&*s_alice, sock1, {"--direct", "read", gva, "5"});
+  EXPECT_TRUE(back.ok && back.text == "alice") << back.text;
+  EXPECT_TRUE(as(&*s_alice, sock2, {"--direct", "read", gva, "5"}).ok);
+  // Bob, from either node.
+  expect_all_refused(sock1, gva, "alice-remote", false);
+  expect_all_refused(sock2, gva, "alice-remote", true);
+  const Outcome lookup2 = as(&*s_bob, sock1, {"lookup", "alice-remote", "2"});
+  EXPECT_EQ(lookup2.code, code(ErrorCode::permission_denied)) << lookup2.text;
+  // Bob's memory migrated onto node 2 stays bob's.
+  const Outcome bobs = as(&*s_bob, sock1, {"alloc", "1048576", "dram"});
+  ASSERT_TRUE(bobs.ok) << bobs.text;
+  EXPECT_TRUE(as(&*s_bob, sock1, {"migrate", bobs.text, "dram", "2"}).ok);
+  EXPECT_EQ(as(&*s_alice, sock1, {"--direct", "read", bobs.text, "3"}).code, code(ErrorCode::permission_denied));
+  EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
+}
+
+}  // namespace
+}  // namespace tiermem

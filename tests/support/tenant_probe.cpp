@@ -1,0 +1,165 @@
+// One libtiermem call, made by whoever runs this (the security tests run it
+// as other users, with setpriv), with the outcome on stdout:
+//   ok [RESULT]            the call succeeded
+//   error CODE MESSAGE     it failed (CODE: the ErrorCode number)
+// Exit status 0 either way; 2 for a usage error.
+//
+//   tenant_probe SOCKET [--direct|--daemon] OP ARGS...
+//     alloc SIZE TIER [NAME] [NODE]   prints the GVA
+//     write GVA TEXT | read GVA LENGTH | free GVA | map GVA | translate GVA
+//     fetch_add GVA | compare_swap GVA | migrate GVA TIER [NODE]
+//     lookup NAME [NODE] | list [NODE] (prints the GVAs) | stat [NODE]
+//     regions    the tenants whose memory files the daemon hands this
+//                process (read from the version segments it was given)
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <tiermem/client.h>
+
+#include "mapping/version_segments.hpp"
+#include "rpc_connection.hpp"
+
+namespace {
+
+using tiermem::Gva;
+using tiermem::Status;
+
+tiermem::Tier tier_of(const std::string& name) {
+  if (name == "dram") return tiermem::Tier::dram;
+  if (name == "pmem") return tiermem::Tier::pmem;
+  if (name == "vram") return tiermem::Tier::vram;
+  return tiermem::Tier::automatic;
+}
+
+int report(const Status& s, const std::string& result = "") {
+  if (s.ok()) {
+    std::printf("ok %s\n", result.c_str());
+  } else {
+    std::printf("error %u %s\n", static_cast<unsigned>(s.code()), s.message().c_str());
+  }
+  return 0;
+}
+
+template <typename T>
+int report(const tiermem::Result<T>& r, const std::string& result) {
+  return report(r.status(), r.ok() ? result : "");
+}
+
+// Asks for the session's regions as libtiermem does and reads the tenant of
+// every version segment among the descriptors that came.
+int regions(const char* socket) {
+  auto c = tiermem::RpcConnection::connect_unix(socket);
+  if (!c.ok()) return report(c.status());
+  tiermem::proto::Request hello;
+  hello.mutable_hello()->set_protocol_version(tiermem::proto::PROTOCOL_VERSION_CURRENT);
+  auto h = (*c)->call(hello);
+  if (!h.ok()) return report(h.status());
+  tiermem::proto::Request open;
+  open.mutable_open_regions();
+  std::vector<tiermem::UniqueFd> fds;
+  auto r = (*c)->call(open, &fds);
+  if (!r.ok()) return report(r.status());
+  std::string tenants;
+  size_t next = 0;
+  for (const auto& region : r->open_regions().regions()) {
+    if (!region.has_fd()) continue;
+    const int fd = fds.at(next++).get();
+    if (region.kind() != tiermem::proto::Region::VERSIONS) continue;
+    void* p = ::mmap(nullptr, tiermem::k_segment_header_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) continue;
+    tenants += std::string(static_cast<const tiermem::SegmentHeader*>(p)->tenant) + " ";
+    ::munmap(p, tiermem::k_segment_header_bytes);
+  }
+  return report(Status(), tenants);
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: tenant_probe SOCKET [--direct|--daemon] OP ARGS...\n");
+  return 2;
+}
+
+tiermem::NodeId node_arg(const std::vector<std::string>& a, size_t i) {
+  return i < a.size() ? static_cast<tiermem::NodeId>(std::strtoul(a[i].c_str(), nullptr, 10)) : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) return usage();
+  std::vector<std::string> a(argv + 2, argv + argc);
+  bool direct = true;
+  if (a[0] == "--direct" || a[0] == "--daemon") {
+    direct = a[0] == "--direct";
+    a.erase(a.begin());
+  }
+  if (a.empty()) return usage();
+  if (a[0] == "regions") return regions(argv[1]);
+  auto client = tiermem::Client::connect({.socket_path = argv[1], .client_name = "probe", .direct_access = direct});
+  if (!client.ok()) return report(client.status());
+  tiermem::Client& c = **client;
+  const std::string& op = a[0];
+  Gva gva;
+  if (op != "alloc" && op != "lookup" && op != "list" && op != "stat") {
+    if (a.size() < 2) return usage();
+    auto parsed = Gva::parse(a[1]);
+    if (!parsed.ok()) return report(parsed.status());
+    gva = *parsed;
+  }
+  if (op == "alloc" && a.size() >= 3) {
+    tiermem::AllocOptions o;
+    o.tier = tier_of(a[2]);
+    o.strict = true;
+    if (a.size() > 3) o.name = a[3];
+    o.node = node_arg(a, 4);
+    auto r = c.alloc(std::strtoull(a[1].c_str(), nullptr, 10), o);
+    return report(r, r.ok() ? r->gva.to_string() : "");
+  }
+  if (op == "write" && a.size() >= 3) return report(c.write(gva, a[2].data(), a[2].size()));
+  if (op == "read" && a.size() >= 3) {
+    std::string out(std::strtoull(a[2].c_str(), nullptr, 10), '\0');
+    const Status s = c.read(gva, out.data(), out.size());
+    return report(s, out.c_str());
+  }
+  if (op == "free") return report(c.free(gva));
+  if (op == "map") {
+    auto m = c.map(gva);
+    return report(m, m.ok() ? std::to_string(m->size()) : "");
+  }
+  if (op == "translate") {
+    auto t = c.translate(gva);
+    return report(t, t.ok() ? t->allocation.tenant : "");
+  }
+  if (op == "fetch_add") {
+    auto r = c.fetch_add(gva, 1);
+    return report(r, r.ok() ? std::to_string(*r) : "");
+  }
+  if (op == "compare_swap") {
+    auto r = c.compare_swap(gva, 0, 1);
+    return report(r, r.ok() ? std::to_string(*r) : "");
+  }
+  if (op == "migrate" && a.size() >= 3) {
+    auto r = c.migrate(gva, tier_of(a[2]), node_arg(a, 3));
+    return report(r, r.ok() ? r->gva.to_string() : "");
+  }
+  if (op == "lookup" && a.size() >= 2) {
+    auto r = c.lookup(a[1], node_arg(a, 2));
+    return report(r, r.ok() ? r->gva.to_string() : "");
+  }
+  if (op == "list") {
+    auto r = c.list(node_arg(a, 1));
+    std::string gvas;
+    if (r.ok()) {
+      for (const auto& info : *r) gvas += info.gva.to_string() + " ";
+    }
+    return report(r, gvas);
+  }
+  if (op == "stat") {
+    auto r = c.stat(node_arg(a, 1));
+    return report(r, r.ok() ? std::to_string(r->allocations) : "");
+  }
+  return usage();
+}
