@@ -14,6 +14,32 @@ namespace tiermem {
 
 using detail::ClientCore;
 
+namespace {
+
+constexpr size_t k_max_name_bytes = 255;
+
+// Names travel as protobuf strings, which must be UTF-8 (protobuf refuses to
+// decode others, which would end the session): refused here, with a reason.
+Status check_name(std::string_view name) {
+  const auto bad = [&](const char* why) {
+    return Status(ErrorCode::invalid_argument, std::string("allocation name ") + why);
+  };
+  if (name.size() > k_max_name_bytes) return bad("is longer than 255 bytes");
+  for (size_t i = 0; i < name.size();) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > name.size()) return bad("is not UTF-8 text");
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(name[i + k]) >> 6) != 0x2) return bad("is not UTF-8 text");
+    }
+    if (c < 0x20 || c == 0x7f) return bad("holds a control character");
+    i += n;
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   TIERMEM_ASSIGN_OR_RETURN(auto core, ClientCore::connect(options));
   return std::unique_ptr<Client>(new Client(std::move(core)));
@@ -26,6 +52,7 @@ NodeId Client::node() const { return m_core->node(); }
 uint64_t Client::page_size() const { return m_core->page_size(); }
 
 Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options) {
+  TIERMEM_RETURN_IF_ERROR(check_name(options.name));
   proto::Request request;
   proto::AllocRequest* a = request.mutable_alloc();
   a->set_size(size);
@@ -47,6 +74,7 @@ Status Client::free(Gva gva) {
 }
 
 Result<AllocationInfo> Client::lookup(std::string_view name, NodeId node) {
+  TIERMEM_RETURN_IF_ERROR(check_name(name));
   proto::Request request;
   request.set_node(node);
   request.mutable_lookup()->set_name(std::string(name));

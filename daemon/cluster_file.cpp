@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -40,6 +41,7 @@ Result<std::vector<ClusterMember>> parse_cluster(std::string_view text, std::str
   if (nodes == nullptr || nodes->empty()) return error(source, 1, "no [[node]] entries");
   std::vector<ClusterMember> out;
   std::set<NodeId> ids;
+  std::map<std::string, NodeId> addresses;
   for (const toml::node& n : *nodes) {
     const toml::table* t = n.as_table();
     const int64_t line = n.source().begin.line;
@@ -57,6 +59,11 @@ Result<std::vector<ClusterMember>> parse_cluster(std::string_view text, std::str
     }
     if (!ids.insert(static_cast<NodeId>(*id)).second) {
       return error(source, line, "node " + std::to_string(*id) + " is listed twice");
+    }
+    // Two nodes at one address: one would answer for the other.
+    if (auto [it, fresh] = addresses.emplace(*control, static_cast<NodeId>(*id)); !fresh) {
+      return error(source, line, "nodes " + std::to_string(it->second) + " and " + std::to_string(*id) +
+                                     " have the same control address " + *control);
     }
     out.push_back({static_cast<NodeId>(*id), *control});
   }

@@ -1,8 +1,11 @@
 #include "daemon/config.hpp"
 
+#include <sys/statvfs.h>
+
 #include <bit>
 #include <charconv>
 #include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
@@ -141,13 +144,28 @@ constexpr uint64_t k_max_frame_limit = uint64_t{1} << 30;
 // DRAM that the machine cannot give is refused before anything is taken:
 // the tier is shared memory (/dev/shm), so both physical memory and the
 // space of the file system behind the DRAM directory bound it.
-Status check_memory(uint64_t capacity, std::string_view source) {
+Status check_memory(uint64_t capacity, const std::string& dir, std::string_view source) {
   const auto pages = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES));
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t physical = pages * page;
   if (pages > 0 && capacity > physical) {
     return Status(ErrorCode::config_error, std::string(source) + ": tiers.dram.capacity " + format_size(capacity) +
                                                " is more than this machine's memory (" + format_size(physical) + ")");
+  }
+  // The file system the directory is (or will be) on: its nearest existing
+  // ancestor's.
+  std::filesystem::path at(dir);
+  std::error_code ec;
+  while (!at.empty() && !std::filesystem::exists(at, ec)) at = at.parent_path();
+  struct statvfs fs {};
+  if (!at.empty() && ::statvfs(at.c_str(), &fs) == 0 && fs.f_blocks > 0) {
+    const uint64_t size = static_cast<uint64_t>(fs.f_blocks) * fs.f_frsize;
+    if (capacity > size) {
+      return Status(ErrorCode::config_error,
+                    std::string(source) + ": tiers.dram.capacity " + format_size(capacity) + " is more than the " +
+                        format_size(size) + " file system holding tiers.dram.path " + dir +
+                        " (for /dev/shm: mount -o remount,size=... /dev/shm)");
+    }
   }
   return Status();
 }
@@ -250,7 +268,7 @@ Status check(const DaemonConfig& c, std::string_view source) {
   if (c.dram_enabled && c.dram_capacity < c.page_size) return bad("tiers.dram.capacity is smaller than one page");
   if (c.pmem_enabled && c.pmem_capacity < c.page_size) return bad("tiers.pmem.capacity is smaller than one page");
   if (c.pmem_enabled && c.pmem_path.empty()) return bad("tiers.pmem.path must name the pool directory");
-  if (c.dram_enabled) TIERMEM_RETURN_IF_ERROR(check_memory(c.dram_capacity, source));
+  if (c.dram_enabled) TIERMEM_RETURN_IF_ERROR(check_memory(c.dram_capacity, c.dram_path, source));
   if (c.max_tenants_per_node == 0) return bad("tenants.max_per_node must be at least 1");
   TIERMEM_RETURN_IF_ERROR(check_tenants(c, source));
   if (!c.dram_enabled && !c.pmem_enabled && !c.vram_enabled) return bad("every tier is disabled");

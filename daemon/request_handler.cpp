@@ -7,6 +7,7 @@
 #include "convert.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_manager.hpp"
+#include "daemon/request_checks.hpp"
 #include "daemon/session_locks.hpp"
 #include "mapping/truncation_guard.hpp"
 #include "tiermem_config.h"
@@ -145,6 +146,7 @@ Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
 
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
   if (Status s = admit(request, session); !s.ok()) return error_reply(request.id(), s, !session.greeted);
+  if (Status s = check_request_fields(request); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   const NodeId target = target_of(request);
   if (target != m_space.node()) {
     if (request.forwarded()) {

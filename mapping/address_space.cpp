@@ -233,6 +233,10 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
     return Status(ErrorCode::invalid_argument, "size " + std::to_string(request.size) + " is absurdly large");
   }
   const uint64_t pages = (request.size + psize - 1) / psize;
+  if (request.name.size() > 255) {
+    return Status(ErrorCode::invalid_argument, "allocation names are at most 255 bytes; this one has " +
+                                                   std::to_string(request.name.size()));
+  }
 
   std::unique_lock lock(m_mutex);
   if (!request.name.empty() && m_names.count(request.name) != 0) {

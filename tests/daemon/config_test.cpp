@@ -78,6 +78,10 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
   expect_error("[control]\nsocket_mode = \"77777777777777777777777\"\n", "bad.toml:2: control.socket_mode must be an octal mode");
   expect_error("[control]\nsocket_mode = \"\"\n", "octal mode");
   expect_error("[control]\nsocket_mode = \"1777\"\n", "octal mode");
+  // Accepted once, then every request failed (the client cut it to 32 bits).
+  expect_error("[control]\nmax_frame_bytes = \"8GiB\"\n", "control.max_frame_bytes 8 GiB is more than a frame can be");
+  // Accepted once, and 5.7 GB of /dev/shm filled in 1.5 s.
+  expect_error("[tiers.dram]\ncapacity = \"100000GiB\"\n", "is more than this machine's memory");
 }
 
 TEST(ClusterFileTest, RejectsBadPortsWithFileAndLine) {
@@ -88,6 +92,12 @@ TEST(ClusterFileTest, RejectsBadPortsWithFileAndLine) {
     EXPECT_NE(c.status().message().find("c.toml:1: node.control must be \"host:port\""), std::string::npos)
         << c.status().message();
   }
+  auto twice = parse_cluster("[[node]]\nid = 1\ncontrol = \"127.0.0.1:7100\"\n[[node]]\nid = 2\ncontrol = \"127.0.0.1:7100\"\n",
+                             "c.toml");
+  ASSERT_FALSE(twice.ok()) << "two nodes at one address";
+  EXPECT_NE(twice.status().message().find("c.toml:4: nodes 1 and 2 have the same control address 127.0.0.1:7100"),
+            std::string::npos)
+      << twice.status().message();
   auto ok = parse_cluster("[[node]]\nid = 1\ncontrol = \"127.0.0.1:65535\"\n", "c.toml");
   ASSERT_TRUE(ok.ok()) << ok.status().to_string();
   EXPECT_EQ((*ok)[0].control, "127.0.0.1:65535");

@@ -2,6 +2,7 @@
 // violations, bad addresses and a bad config each get a clear error, and
 // other clients keep being served with their data intact.
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -179,6 +180,116 @@ TEST_F(BadInputTest, InlineReadLargerThanTheLimitIsRefused) {
   std::vector<char> big(1 << 20);
   EXPECT_TRUE((*rpc)->read(m_gva, big.data(), big.size()).ok()) << "split into inline-sized requests";
   expect_unharmed();
+}
+
+// Enums with numbers that are no value of theirs, and node ids past 16 bits,
+// were taken for something else (tier 99 as auto, atomic op 7 as
+// compare-swap, node 65537 as node 1).
+TEST_F(BadInputTest, UnknownEnumValuesAndNodeIdsPast16BitsAreRefused) {
+  const int fd = raw_connect(m_daemon.socket());
+  proto::Request hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  ASSERT_TRUE(wire::send_frame(fd, hello.SerializeAsString()).ok());
+  proto::Response r;
+  ASSERT_TRUE(read_response(fd, &r));
+  std::vector<std::pair<proto::Request, std::string>> cases(5);
+  cases[0].first.mutable_alloc()->set_size(4096);
+  cases[0].first.mutable_alloc()->set_tier(static_cast<proto::Tier>(99));
+  cases[0].second = "alloc.tier is 99";
+  auto* atomic = cases[1].first.mutable_atomic();
+  atomic->mutable_gva()->set_node(m_gva.node);
+  atomic->mutable_gva()->set_offset(m_gva.offset);
+  atomic->set_op(static_cast<proto::AtomicOp>(7));
+  cases[1].second = "atomic.op is 7";
+  auto* read = cases[2].first.mutable_read();
+  read->mutable_gva()->set_node(65536 + m_gva.node);
+  read->mutable_gva()->set_offset(m_gva.offset);
+  read->set_length(8);
+  cases[2].second = "read.gva.node is 65537";
+  cases[3].first.set_node(70000);
+  cases[3].first.mutable_stat();
+  cases[3].second = "field node is 70000";
+  auto* migrate = cases[4].first.mutable_migrate();
+  migrate->mutable_gva()->set_node(m_gva.node);
+  migrate->mutable_gva()->set_offset(m_gva.offset);
+  migrate->set_tier(static_cast<proto::Tier>(-3));
+  cases[4].second = "migrate.tier is -3";
+  for (auto& [request, expected] : cases) {
+    ASSERT_TRUE(wire::send_frame(fd, request.SerializeAsString()).ok());
+    ASSERT_TRUE(read_response(fd, &r)) << request.ShortDebugString();
+    EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::invalid_argument)) << request.ShortDebugString();
+    EXPECT_NE(r.status().message().find(expected), std::string::npos) << r.status().message();
+  }
+  ::close(fd);
+  char back[sizeof k_data] = {};
+  ASSERT_TRUE(m_client->read(m_gva, back, sizeof back).ok());
+  EXPECT_STREQ(back, k_data) << "the atomic with op 7 changed the word";
+  EXPECT_EQ(m_client->list()->size(), 1u) << "the alloc with tier 99 was made";
+  expect_unharmed();
+}
+
+// `tiermemctl read GVA 1TiB` died of bad_alloc (rc 134), `read GVA 8GiB` of
+// a 64 KiB allocation allocated 8.4 GB before the answer, `write GVA
+// /dev/zero` read until memory ran out: now each is checked against the
+// allocation first, and the copy goes in pieces.
+TEST_F(BadInputTest, CtlReadAndWriteAreBoundedByTheAllocation) {
+  auto small = m_client->alloc(64 << 10, {.tier = Tier::dram});
+  ASSERT_TRUE(small.ok());
+  const std::string gva = small->gva.to_string();
+  for (const std::string length : {"1TiB", "8GiB", "65537"}) {
+    auto r = test::run_ctl(m_daemon.socket(), {"read", gva, length});
+    EXPECT_EQ(r.exit_code, 1) << length << ": " << r.err;
+    EXPECT_NE(r.err.find("out_of_range: asked for"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty());
+  }
+  auto zero = test::run_ctl(m_daemon.socket(), {"write", gva, "/dev/zero"});
+  EXPECT_EQ(zero.exit_code, 1) << zero.err;
+  EXPECT_NE(zero.err.find("holds more than the 64 KiB"), std::string::npos) << zero.err;
+  EXPECT_NE(zero.err.find("nothing was written"), std::string::npos) << zero.err;
+  const std::string too_big(65537, 'x');
+  auto piped = test::run_ctl(m_daemon.socket(), {"write", gva, "-"}, too_big);
+  EXPECT_EQ(piped.exit_code, 1) << piped.err;
+  const std::string fits(65536, 'y');
+  auto ok = test::run_ctl(m_daemon.socket(), {"write", gva, "-"}, fits);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  auto back = test::run_ctl(m_daemon.socket(), {"read", gva, "64KiB"});
+  EXPECT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(back.out, fits);
+  // Names: UTF-8 text (protobuf strings), at most 255 bytes, said before
+  // sending (a frame protobuf cannot decode would end the session).
+  auto bad_name = m_client->alloc(4096, {.name = std::string("bad\xff\xfename")});
+  EXPECT_EQ(bad_name.status().code(), ErrorCode::invalid_argument);
+  EXPECT_NE(bad_name.status().message().find("not UTF-8"), std::string::npos) << bad_name.status().message();
+  EXPECT_EQ(m_client->alloc(4096, {.name = std::string(300, 'n')}).status().code(), ErrorCode::invalid_argument);
+  ASSERT_TRUE(m_client->alloc(4096, {.name = "gewichte-\xc3\xbc"}).ok()) << "UTF-8 names are fine";
+  auto ls = test::run_ctl(m_daemon.socket(), {"--json", "ls"});
+  EXPECT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_NE(ls.out.find("gewichte"), std::string::npos);
+  expect_unharmed();
+}
+
+// A daemon killed while starting left its whole pre-allocated shared memory
+// behind (1.4-5.7 GB of /dev/shm). Frames get storage only when allocated,
+// and the next start clears what a dead daemon left.
+TEST(BadStartTest, ADaemonKilledWhileStartingLeavesNoSharedMemoryBehind) {
+  for (int round = 0; round < 3; ++round) {
+    test::TestDaemon daemon({.dram = "4GiB", .pmem = "4GiB"});
+    ASSERT_TRUE(daemon.ready()) << daemon.log();
+    daemon.kill();
+    uint64_t stored = 0;
+    for (const std::string& dir : {daemon.dram_dir(), daemon.pmem_dir()}) {
+      for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        struct stat st {};
+        if (::stat(e.path().c_str(), &st) == 0) stored += static_cast<uint64_t>(st.st_blocks) * 512;
+      }
+    }
+    EXPECT_LT(stored, 16u << 20) << "a killed daemon of 4 GiB tiers left " << stored << " bytes stored";
+    ASSERT_TRUE(daemon.restart()) << daemon.log();
+    auto c = daemon.connect();
+    ASSERT_NE(c, nullptr);
+    EXPECT_TRUE(c->alloc(1 << 20, {.tier = Tier::dram}).ok());
+  }
 }
 
 TEST(BadConfigTest, DaemonRefusesToStartAndSaysWhy) {

@@ -44,6 +44,12 @@ class Table {
 
 void print_json(const nlohmann::json& value);
 
+// Bytes from `gva` to the end of its allocation (what read and write may
+// touch). Errors: those of translate().
+Result<uint64_t> room_at(Client& client, Gva gva);
+// Copies are made in pieces of this size (bounded memory, progress).
+inline constexpr size_t k_chunk_bytes = 4 << 20;
+
 nlohmann::json to_json(const AllocationInfo& info);
 nlohmann::json to_json(const TierStat& stat);
 nlohmann::json to_json(const PageInfo& page, uint64_t page_size, NodeId home);

@@ -39,7 +39,17 @@ std::string Table::render() const {
   return out;
 }
 
-void print_json(const nlohmann::json& value) { std::cout << value.dump(2) << "\n"; }
+// Names are the users': bytes that are not UTF-8 are shown replaced, never
+// thrown at (nlohmann's default).
+void print_json(const nlohmann::json& value) {
+  std::cout << value.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+}
+
+Result<uint64_t> room_at(Client& client, Gva gva) {
+  auto t = client.translate(gva);
+  if (!t.ok()) return t.status();
+  return t->allocation.size - std::min(t->offset_in_allocation, t->allocation.size);
+}
 
 nlohmann::json to_json(const AllocationInfo& a) {
   return {{"gva", a.gva.to_string()},
@@ -51,7 +61,9 @@ nlohmann::json to_json(const AllocationInfo& a) {
           {"map_count", a.map_count},
           {"created_unix_ms", a.created_unix_ms},
           {"owner_uid", a.owner_uid},
-          {"tenant", a.tenant}};
+          {"tenant", a.tenant},
+          {"lost_pages", a.lost_pages},
+          {"torn_pages", a.torn_pages}};
 }
 
 nlohmann::json to_json(const TierStat& t) {

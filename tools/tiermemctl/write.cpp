@@ -1,27 +1,43 @@
 // tiermemctl write GVA [FILE|-]: copies a file (or stdin) into memory at GVA.
+//
+// The input may not be longer than the allocation from GVA on. A regular
+// file is measured first and refused before a byte is written; a stream
+// (stdin, a pipe, /dev/zero) is read ahead up to that room: when it holds
+// more, nothing is written and the command says so. Only a stream longer
+// than k_read_ahead that turns out too long stops part-way, saying how much
+// was written.
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <vector>
+
+#include <tiermem/units.h>
 
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {
 namespace {
 
-Result<std::vector<char>> slurp(const std::string& file) {
-  FILE* in = file == "-" ? stdin : std::fopen(file.c_str(), "rb");
-  if (in == nullptr) {
-    return Status(ErrorCode::invalid_argument, "cannot open " + file + ": " + std::strerror(errno));
-  }
-  std::vector<char> data;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, in)) > 0) data.insert(data.end(), buf, buf + n);
-  const bool error = std::ferror(in) != 0;
-  if (in != stdin) std::fclose(in);
-  if (error) return Status(ErrorCode::io_error, "reading " + file + " failed");
-  return data;
+constexpr uint64_t k_read_ahead = 64 << 20;
+
+Status too_long(const std::string& file, uint64_t room, Gva gva, uint64_t written) {
+  return Status(ErrorCode::out_of_range,
+                file + " holds more than the " + format_size(room) + " between " + gva.to_string() +
+                    " and the end of its allocation; " +
+                    (written == 0 ? std::string("nothing was written")
+                                  : "the first " + format_size(written) + " were written, the rest was not"));
+}
+
+// Reads up to `n` bytes; fewer only at the end of the input.
+Result<size_t> read_some(FILE* in, const std::string& file, std::vector<char>* out, size_t n) {
+  out->resize(n);
+  const size_t got = std::fread(out->data(), 1, n, in);
+  if (std::ferror(in) != 0) return Status(ErrorCode::io_error, "reading " + file + ": " + std::strerror(errno));
+  out->resize(got);
+  return got;
 }
 
 }  // namespace
@@ -29,16 +45,47 @@ Result<std::vector<char>> slurp(const std::string& file) {
 int cmd_write(const Context& ctx, const std::string& gva_text, const std::string& file) {
   auto gva = Gva::parse(gva_text);
   if (!gva.ok()) return fail("write", gva.status());
-  auto data = slurp(file);
-  if (!data.ok()) return fail("write", data.status());
+  FILE* in = file == "-" ? stdin : std::fopen(file.c_str(), "rb");
+  if (in == nullptr) {
+    return fail("write", Status(ErrorCode::invalid_argument, "cannot open " + file + ": " + std::strerror(errno)));
+  }
+  struct Closer {
+    FILE* f;
+    ~Closer() {
+      if (f != stdin) std::fclose(f);
+    }
+  } closer{in};
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  Status s = client->write(*gva, data->data(), data->size());
-  if (!s.ok()) return fail("write " + gva_text, s);
+  auto room = room_at(*client, *gva);
+  if (!room.ok()) return fail("write " + gva_text, room.status());
+  struct stat st {};
+  if (::fstat(::fileno(in), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > *room) {
+    return fail("write " + gva_text, too_long(file, *room, *gva, 0));
+  }
+  // Read ahead up to the room (one byte more shows whether there is more),
+  // at most k_read_ahead; then on in chunks, each checked before it is
+  // written.
+  std::vector<char> data;
+  uint64_t want = std::min<uint64_t>(*room, k_read_ahead) + 1;
+  uint64_t written = 0;
+  for (;;) {
+    auto got = read_some(in, file, &data, want);
+    if (!got.ok()) return fail("write", got.status());
+    if (written + *got > *room) return fail("write " + gva_text, too_long(file, *room, *gva, written));
+    for (size_t off = 0; off < data.size(); off += k_chunk_bytes) {
+      const size_t piece = std::min<size_t>(k_chunk_bytes, data.size() - off);
+      Status s = client->write(gva->plus(written + off), data.data() + off, piece);
+      if (!s.ok()) return fail("write " + gva_text + " at offset " + std::to_string(written + off), s);
+    }
+    written += *got;
+    if (*got < want) break;  // the input ended
+    want = std::min<uint64_t>(k_chunk_bytes, *room - written) + 1;
+  }
   if (ctx.json) {
-    print_json({{"gva", gva->to_string()}, {"bytes", data->size()}});
+    print_json({{"gva", gva->to_string()}, {"bytes", written}});
   } else {
-    std::printf("wrote %zu bytes to %s\n", data->size(), gva->to_string().c_str());
+    std::printf("wrote %s to %s\n", format_size(written).c_str(), gva->to_string().c_str());
   }
   return k_exit_ok;
 }
