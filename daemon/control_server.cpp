@@ -23,6 +23,7 @@
 
 #include "common/frame.hpp"
 #include "common/unique_fd.hpp"
+#include "daemon/request_checks.hpp"
 #include "daemon/tenants.hpp"
 
 namespace tiermem {
@@ -53,10 +54,6 @@ class SessionBase {
   virtual uid_t uid() const = 0;
   virtual bool remote() const = 0;
 };
-
-// Frames before a session said who it is are at most this long: a hello, a
-// peer's challenge and hello (its NodeInfo with a key per region).
-constexpr uint32_t k_greeting_frame_bytes = 256 << 10;
 
 // One connection: reads framed requests, answers each in turn. Every read
 // that has begun (a frame's header arrived, or the session has not said
@@ -163,24 +160,16 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     co_await asio::async_read(m_socket, asio::buffer(header), asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return timed_out_or_closed("before a request");
     const uint32_t length = wire::decode_frame_header(header.data());
-    const uint64_t limit = m_state.greeted ? m_config.max_frame_bytes : k_greeting_frame_bytes;
-    if (length > limit) {
+    if (Status s = check_frame_length(length, m_state.greeted, m_config.max_frame_bytes); !s.ok()) {
       disarm();
-      co_return Status(ErrorCode::frame_too_large,
-                       "frame of " + std::to_string(length) + " bytes exceeds the daemon's limit of " +
-                           std::to_string(limit) + " bytes" +
-                           (m_state.greeted ? " (control.max_frame_bytes)" : " for frames before hello"));
+      co_return s;
     }
     arm(m_config.frame_timeout_ms);  // the rest of the frame, in time
     body->resize(length);
     co_await asio::async_read(m_socket, asio::buffer(*body), asio::redirect_error(asio::use_awaitable, ec));
     disarm();
     if (ec) co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
-    if (!request->ParseFromString(*body)) {
-      co_return Status(ErrorCode::malformed_frame, "frame of " + std::to_string(length) +
-                                                       " bytes is not a valid tiermem request");
-    }
-    co_return Status();
+    co_return parse_request(*body, request);
   }
 
   Status timed_out_or_closed(const std::string& where) const {

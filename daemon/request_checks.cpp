@@ -3,6 +3,8 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
+#include "control.pb.h"
+
 #include <string>
 #include <vector>
 
@@ -62,5 +64,19 @@ Status check(const Message& m, const std::string& prefix, int depth) {
 }  // namespace
 
 Status check_request_fields(const Message& request) { return check(request, "", 0); }
+
+Status check_frame_length(uint64_t length, bool greeted, uint64_t max_frame_bytes) {
+  const uint64_t limit = greeted ? max_frame_bytes : k_greeting_frame_bytes;
+  if (length <= limit) return Status();
+  return Status(ErrorCode::frame_too_large, "frame of " + std::to_string(length) +
+                                                " bytes exceeds the daemon's limit of " + std::to_string(limit) +
+                                                " bytes" + (greeted ? " (control.max_frame_bytes)" : " for frames before hello"));
+}
+
+Status parse_request(const std::string& body, proto::Request* out) {
+  if (out->ParseFromString(body)) return Status();
+  return Status(ErrorCode::malformed_frame,
+                "frame of " + std::to_string(body.size()) + " bytes is not a valid tiermem request");
+}
 
 }  // namespace tiermem

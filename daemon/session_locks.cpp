@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <map>
 #include <vector>
 
@@ -127,11 +128,42 @@ void SessionLocks::reap() {
   }
 }
 
+namespace {
+
+// The entries of a log in the parts of its memfd that were ever written
+// (SEEK_DATA): reading the rest would give it memory only to find zeros.
+std::vector<LockIntent> written_entries(const SharedMemory& memory) {
+  const IntentLog intents(memory.data());
+  std::vector<LockIntent> out;
+  off_t at = 0;
+  const auto size = static_cast<off_t>(memory.size());
+  while (at < size) {
+    const off_t data = ::lseek(memory.fd(), at, SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break;  // no data after `at`
+      return intents.entries();   // cannot tell: all of it
+    }
+    off_t hole = ::lseek(memory.fd(), data, SEEK_HOLE);
+    if (hole < 0) hole = size;
+    const auto entry_of = [](off_t byte) {
+      return byte <= static_cast<off_t>(sizeof(IntentLogHeader))
+                 ? size_t{0}
+                 : static_cast<size_t>(byte - static_cast<off_t>(sizeof(IntentLogHeader))) / sizeof(LockIntent);
+    };
+    const size_t first = entry_of(data);
+    const size_t last = entry_of(hole + static_cast<off_t>(sizeof(LockIntent)) - 1);
+    for (const LockIntent& e : intents.entries(first, last - first)) out.push_back(e);
+    at = hole;
+  }
+  return out;
+}
+
+}  // namespace
+
 uint64_t SessionLocks::break_locks(const Log& log) {
-  const IntentLog intents(log.memory.data());
   std::map<NodeId, std::vector<LockIntent>> remote;
   uint64_t broken = 0;
-  for (const LockIntent& e : intents.entries()) {
+  for (const LockIntent& e : written_entries(log.memory)) {
     if (e.node == m_space.node()) {
       broken += m_space.break_dead_lock(e.page, e.locked, log.who.tenant, log.who.is_operator) ? 1 : 0;
     } else if (e.node <= 0xffff && m_peers != nullptr) {

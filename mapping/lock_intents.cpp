@@ -35,9 +35,10 @@ void IntentLog::remove(size_t index) {
   std::atomic_ref<uint64_t>(e->page).store(0, std::memory_order_release);
 }
 
-std::vector<LockIntent> IntentLog::entries() const {
+std::vector<LockIntent> IntentLog::entries(size_t first, size_t count) const {
   std::vector<LockIntent> out;
-  for (size_t i = 0; i < k_intents; ++i) {
+  const size_t end = first + std::min(count, k_intents - std::min(first, k_intents));
+  for (size_t i = first; i < end; ++i) {
     const LockIntent* e = entry(i);
     const uint64_t page = std::atomic_ref<const uint64_t>(e->page).load(std::memory_order_acquire);
     if (page == 0) continue;

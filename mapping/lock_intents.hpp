@@ -58,8 +58,8 @@ class IntentLog {
   Result<size_t> add(NodeId node, uint64_t page, uint64_t locked);
   // Forgets entry `index` (released, or never taken).
   void remove(size_t index);
-  // Every entry in use now.
-  std::vector<LockIntent> entries() const;
+  // Every entry in use now, of those with indexes [first, first + count).
+  std::vector<LockIntent> entries(size_t first = 0, size_t count = k_intents) const;
 
  private:
   uint64_t& next() const { return reinterpret_cast<IntentLogHeader*>(m_base)->next; }
