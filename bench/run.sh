@@ -4,6 +4,8 @@
 # (lines starting with #). Usage: bench/run.sh BUILD_DIR [NAME...]
 #   names: translate local_copy control_plane partition exec_vs_torch remote
 #   (remote is bench/remote.sh: UCX over TCP and shared memory vs ucx_perftest)
+#   compare: bench/compare.sh, this build against the parent commit (or
+#   COMPARE_REV) in the same run, for translate, local_copy, control_plane
 set -euo pipefail
 build=${1:?usage: bench/run.sh BUILD_DIR [NAME...]}
 shift
@@ -16,6 +18,7 @@ for name in "${names[@]}"; do
   case $name in
     exec_vs_torch) "$here/exec_vs_torch.sh" "$build" ;;
     remote) "$here/remote.sh" "$build" ;;
+    compare) "$here/compare.sh" "$build" --rev "${COMPARE_REV:-HEAD~1}" ;;
     *) "$build/bench/${name}_bench" ;;
   esac
 done

@@ -63,7 +63,8 @@ struct DaemonConfig {
   std::vector<TenantConfig> tenants;
 
   // Stale clients of an earlier daemon on the same directory: how long the
-  // daemon waits at start for page locks they still hold.
+  // daemon waits at start for page locks they still hold. Also how long a
+  // client whose session ended may go on living before its locks are broken.
   uint64_t stale_writer_grace_ms = 2000;
 
   // Cluster: empty file = this daemon runs alone.

@@ -33,12 +33,10 @@ class DramTier final : public TierBackend {
   }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
-    if (d >= m_bytes.size() || bytes == 0 || bytes > m_span) {
-      return Status(ErrorCode::invalid_argument, "DRAM domain " + std::to_string(d) + " of " + format_size(bytes) +
-                                                     " does not fit (" + std::to_string(m_bytes.size()) +
-                                                     " domains of at most " + format_size(m_span) + ")");
-    }
-    if (m_bytes[d] != 0) return m_bytes[d] == bytes ? Status() : Status(ErrorCode::invalid_argument, "DRAM domain " + std::to_string(d) + " is already open with another size");
+    bool done = false;
+    TIERMEM_RETURN_IF_ERROR(
+        check_open_domain("DRAM", d, bytes, m_bytes.size(), m_span, d < m_bytes.size() ? m_bytes[d] : 0, &done));
+    if (done) return Status();
     TIERMEM_ASSIGN_OR_RETURN(auto fd, open_segment(m_dir + "/dram." + std::to_string(d), bytes));
     TIERMEM_RETURN_IF_ERROR(m_space.map(uint64_t{d} * m_span, bytes, fd.get(), 0));
     m_fds[d] = std::move(fd);

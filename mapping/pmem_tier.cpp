@@ -79,17 +79,11 @@ class PmemTier final : public TierBackend {
   }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
-    if (d >= m_domains.size() || bytes == 0 || bytes > m_span) {
-      return Status(ErrorCode::invalid_argument, "PMEM domain " + std::to_string(d) + " of " + format_size(bytes) +
-                                                     " does not fit (" + std::to_string(m_domains.size()) +
-                                                     " domains of at most " + format_size(m_span) + ")");
-    }
+    bool done = false;
+    TIERMEM_RETURN_IF_ERROR(check_open_domain("PMEM", d, bytes, m_domains.size(), m_span,
+                                              d < m_domains.size() ? m_domains[d].bytes : 0, &done));
+    if (done) return Status();
     PmemDomain& dom = m_domains[d];
-    if (dom.bytes != 0) {
-      return dom.bytes == bytes ? Status()
-                                : Status(ErrorCode::invalid_argument,
-                                         "PMEM domain " + std::to_string(d) + " is already open with another size");
-    }
     const std::string path = m_dir + "/pmem." + std::to_string(d);
     TIERMEM_ASSIGN_OR_RETURN(dom.fd, open_segment(path, bytes));
     TIERMEM_ASSIGN_OR_RETURN(dom.map, map_domain(dom.fd.get(), bytes, m_rsv, uint64_t{d} * m_span, path));

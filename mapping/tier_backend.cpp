@@ -10,6 +10,23 @@
 
 namespace tiermem {
 
+Status check_open_domain(const char* tier, uint32_t d, uint64_t bytes, size_t domains, uint64_t span,
+                         uint64_t current, bool* done) {
+  *done = false;
+  if (d >= domains || bytes == 0 || bytes > span) {
+    return Status(ErrorCode::invalid_argument, std::string(tier) + " domain " + std::to_string(d) + " of " +
+                                                   format_size(bytes) + " does not fit (" + std::to_string(domains) +
+                                                   " domains of at most " + format_size(span) + ")");
+  }
+  if (current == 0) return Status();
+  if (current != bytes) {
+    return Status(ErrorCode::invalid_argument,
+                  std::string(tier) + " domain " + std::to_string(d) + " is already open with another size");
+  }
+  *done = true;
+  return Status();
+}
+
 Status commit_file_range(int fd, uint64_t offset, uint64_t length, const std::string& what) {
   int rc = 0;
   do {

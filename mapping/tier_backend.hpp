@@ -75,6 +75,13 @@ class TierBackend {
                            uint64_t offset, size_t length);
 };
 
+// The checks of open_domain for a tier ("DRAM") of `domains` domains of at
+// most `span` bytes, whose domain `d` has `current` bytes now (0: not open):
+// invalid_argument when it cannot be opened with `bytes`; *done is true when
+// it already is.
+Status check_open_domain(const char* tier, uint32_t d, uint64_t bytes, size_t domains, uint64_t span,
+                         uint64_t current, bool* done);
+
 // fallocate of [offset, offset+length) of a domain file, with the error a
 // caller can show ("the DRAM tier's files in DIR ...").
 Status commit_file_range(int fd, uint64_t offset, uint64_t length, const std::string& what);

@@ -19,23 +19,26 @@
 namespace tiermem {
 namespace {
 
-int raw_connect(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Reads the daemon's response on a raw connection, if any.
 bool read_response(int fd, proto::Response* out) {
   std::string payload;
   if (!wire::recv_frame(fd, 1 << 24, &payload, nullptr).ok()) return false;
   return out->ParseFromString(payload);
+}
+
+// A raw connection that said hello: its descriptor, or -1.
+int greeted(const std::string& socket) {
+  const int fd = test::connect_unix(socket);
+  proto::Request hello;
+  hello.set_id(1);
+  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  proto::Response r;
+  if (fd < 0 || !wire::send_frame(fd, hello.SerializeAsString()).ok() || !read_response(fd, &r) ||
+      r.status().code() != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 class BadInputTest : public ::testing::Test {
@@ -68,7 +71,7 @@ class BadInputTest : public ::testing::Test {
 TEST_F(BadInputTest, GarbageBytes) {
   std::mt19937 rng(7);
   for (int round = 0; round < 20; ++round) {
-    const int fd = raw_connect(m_daemon.socket());
+    const int fd = test::connect_unix(m_daemon.socket());
     ASSERT_GE(fd, 0);
     std::string junk(1 + rng() % 2000, '\0');
     for (auto& c : junk) c = static_cast<char>(rng());
@@ -84,7 +87,7 @@ TEST_F(BadInputTest, GarbageBytes) {
 }
 
 TEST_F(BadInputTest, OversizedFrameIsRefusedWithAReason) {
-  const int fd = raw_connect(m_daemon.socket());
+  const int fd = test::connect_unix(m_daemon.socket());
   const auto header = wire::encode_frame_header(1u << 30);
   ASSERT_EQ(::send(fd, header.data(), header.size(), MSG_NOSIGNAL), 4);
   proto::Response r;
@@ -99,7 +102,7 @@ TEST_F(BadInputTest, OversizedFrameIsRefusedWithAReason) {
 }
 
 TEST_F(BadInputTest, RequestBeforeHelloAndWrongProtocolVersion) {
-  int fd = raw_connect(m_daemon.socket());
+  int fd = test::connect_unix(m_daemon.socket());
   proto::Request stat;
   stat.set_id(1);
   stat.mutable_stat();
@@ -109,7 +112,7 @@ TEST_F(BadInputTest, RequestBeforeHelloAndWrongProtocolVersion) {
   EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::unexpected_message));
   ::close(fd);
 
-  fd = raw_connect(m_daemon.socket());
+  fd = test::connect_unix(m_daemon.socket());
   proto::Request hello;
   hello.set_id(1);
   hello.mutable_hello()->set_protocol_version(99);
@@ -122,7 +125,7 @@ TEST_F(BadInputTest, RequestBeforeHelloAndWrongProtocolVersion) {
 }
 
 TEST_F(BadInputTest, TruncatedFrameThenHangUp) {
-  const int fd = raw_connect(m_daemon.socket());
+  const int fd = test::connect_unix(m_daemon.socket());
   const auto header = wire::encode_frame_header(1000);
   ASSERT_EQ(::send(fd, header.data(), header.size(), MSG_NOSIGNAL), 4);
   ASSERT_EQ(::send(fd, "abc", 3, MSG_NOSIGNAL), 3);
@@ -160,13 +163,9 @@ TEST_F(BadInputTest, InlineReadLargerThanTheLimitIsRefused) {
   auto rpc = Client::connect({.socket_path = m_daemon.socket(), .direct_access = false});
   ASSERT_TRUE(rpc.ok());
   // The client splits large reads itself; a raw oversized request is refused.
-  const int fd = raw_connect(m_daemon.socket());
-  proto::Request hello;
-  hello.set_id(1);
-  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  ASSERT_TRUE(wire::send_frame(fd, hello.SerializeAsString()).ok());
+  const int fd = greeted(m_daemon.socket());
+  ASSERT_GE(fd, 0);
   proto::Response r;
-  ASSERT_TRUE(read_response(fd, &r));
   proto::Request read;
   read.set_id(2);
   read.mutable_read()->mutable_gva()->set_node(m_gva.node);
@@ -186,13 +185,9 @@ TEST_F(BadInputTest, InlineReadLargerThanTheLimitIsRefused) {
 // were taken for something else (tier 99 as auto, atomic op 7 as
 // compare-swap, node 65537 as node 1).
 TEST_F(BadInputTest, UnknownEnumValuesAndNodeIdsPast16BitsAreRefused) {
-  const int fd = raw_connect(m_daemon.socket());
-  proto::Request hello;
-  hello.set_id(1);
-  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  ASSERT_TRUE(wire::send_frame(fd, hello.SerializeAsString()).ok());
+  const int fd = greeted(m_daemon.socket());
+  ASSERT_GE(fd, 0);
   proto::Response r;
-  ASSERT_TRUE(read_response(fd, &r));
   std::vector<std::pair<proto::Request, std::string>> cases(5);
   cases[0].first.mutable_alloc()->set_size(4096);
   cases[0].first.mutable_alloc()->set_tier(static_cast<proto::Tier>(99));

@@ -19,13 +19,6 @@
 namespace tiermem {
 namespace {
 
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
-
 class ClientTest : public ::testing::TestWithParam<Tier> {
  protected:
   test::TestDaemon m_daemon;
@@ -40,7 +33,7 @@ TEST_P(ClientTest, AllocWriteReadFreeRoundTrip) {
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->tier, GetParam());
   EXPECT_EQ(a->pages, 3u);
-  const auto data = pattern(size, 1);
+  const auto data = test::pattern(size, 1);
   ASSERT_TRUE(client->write(a->gva, data.data(), data.size()).ok());
   std::vector<unsigned char> back(size);
   ASSERT_TRUE(client->read(a->gva, back.data(), back.size()).ok());
@@ -66,12 +59,12 @@ TEST_P(ClientTest, DaemonPathAndDirectPathSeeTheSameBytes) {
   ASSERT_TRUE(via_daemon.ok());
   auto a = direct->alloc(3 << 20, {.tier = GetParam(), .strict = true});
   ASSERT_TRUE(a.ok());
-  const auto one = pattern(3 << 20, 2);
+  const auto one = test::pattern(3 << 20, 2);
   ASSERT_TRUE(direct->write(a->gva, one.data(), one.size()).ok());
   std::vector<unsigned char> back(one.size());
   ASSERT_TRUE((*via_daemon)->read(a->gva, back.data(), back.size()).ok());
   EXPECT_EQ(back, one);
-  const auto two = pattern(3 << 20, 3);
+  const auto two = test::pattern(3 << 20, 3);
   ASSERT_TRUE((*via_daemon)->write(a->gva, two.data(), two.size()).ok());
   ASSERT_TRUE(direct->read(a->gva, back.data(), back.size()).ok());
   EXPECT_EQ(back, two);

@@ -22,13 +22,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
-
 test::DaemonOptions options(const std::string& tls) {
   test::DaemonOptions o;
   o.tls = tls;
@@ -61,7 +54,7 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
     auto a = client->alloc(300 << 10, {.tier = Tier::dram, .node = home});
     ASSERT_TRUE(a.ok()) << a.status().to_string();
     EXPECT_EQ(a->gva.node, home);
-    const auto data = pattern(300 << 10, home);
+    const auto data = test::pattern(300 << 10, home);
     ASSERT_TRUE(client->write(a->gva, data.data(), data.size()).ok());
     std::vector<unsigned char> back(data.size());
     Status rs = client->read(a->gva, back.data(), back.size());
@@ -182,7 +175,7 @@ TEST_P(ClusterTest, ClientsKilledMidOperationLeaveTheHomeDaemonServing) {
   auto block = owner->alloc(2 << 20, {.tier = Tier::dram});
   auto counter = owner->alloc(4096, {.tier = Tier::dram, .coherent = true});
   ASSERT_TRUE(block.ok() && counter.ok());
-  const auto data = pattern(2 << 20, 7);
+  const auto data = test::pattern(2 << 20, 7);
   ASSERT_TRUE(owner->write(block->gva, data.data(), data.size()).ok());
   std::mt19937 rng(11);
   for (int round = 0; round < 16; ++round) {

@@ -38,18 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-int raw_connect(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // The daemon's resident memory, in KiB.
 uint64_t rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -93,13 +81,6 @@ size_t count_lines(const std::string& text, const std::string& needle) {
   return n;
 }
 
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
-
 // --- dead writers --------------------------------------------------------------------
 
 // A client killed while it holds page locks (a 1 MiB write holds them nearly
@@ -113,7 +94,7 @@ TEST(FaultTest, AWriterKilledMidWriteLeavesNoPageLockedAndFlagsItsPagesTorn) {
   ASSERT_TRUE(owner.ok());
   auto a = (*owner)->alloc(1 << 20, {.tier = Tier::dram, .name = "victim"});
   ASSERT_TRUE(a.ok());
-  const auto data = pattern(1 << 20, 3);
+  const auto data = test::pattern(1 << 20, 3);
   std::mt19937 rng(5);
   double slowest = 0;
   for (int round = 0; round < 12; ++round) {
@@ -220,7 +201,7 @@ TEST(FaultTest, MemoryFilesTruncatedUnderTheDaemonAreRestoredNotFatal) {
   auto d = (*c)->alloc(1 << 20, {.tier = Tier::dram});
   auto p = (*c)->alloc(1 << 20, {.tier = Tier::pmem});
   ASSERT_TRUE(d.ok() && p.ok());
-  const auto data = pattern(1 << 20, 9);
+  const auto data = test::pattern(1 << 20, 9);
   ASSERT_TRUE((*c)->write(d->gva, data.data(), data.size()).ok());
   ASSERT_TRUE((*c)->write(p->gva, data.data(), data.size()).ok());
   int cut = 0;
@@ -264,7 +245,7 @@ TEST(FaultTest, FramesBeforeHelloAreSmallAndHaveADeadline) {
   const uint64_t rss_before = rss_kib(daemon.pid());
   std::vector<int> big, slow;
   for (int i = 0; i < 64; ++i) {
-    const int fd = raw_connect(daemon.socket());
+    const int fd = test::connect_unix(daemon.socket());
     ASSERT_GE(fd, 0);
     const auto header = wire::encode_frame_header(16u << 20);
     ASSERT_EQ(::send(fd, header.data(), header.size(), MSG_NOSIGNAL), 4);
@@ -273,7 +254,7 @@ TEST(FaultTest, FramesBeforeHelloAreSmallAndHaveADeadline) {
     big.push_back(fd);
   }
   for (int i = 0; i < 16; ++i) {
-    const int fd = raw_connect(daemon.socket());
+    const int fd = test::connect_unix(daemon.socket());
     const auto header = wire::encode_frame_header(100 << 10);  // allowed, but never sent
     ASSERT_EQ(::send(fd, header.data(), header.size(), MSG_NOSIGNAL), 4);
     ASSERT_EQ(::send(fd, "abc", 3, MSG_NOSIGNAL), 3);
@@ -303,7 +284,7 @@ TEST(FaultTest, ConnectionsOverTheLimitsAreRefusedPolitely) {
   std::vector<int> fds;
   int refused = 0;
   for (int i = 0; i < 100; ++i) {
-    const int fd = raw_connect(daemon.socket());
+    const int fd = test::connect_unix(daemon.socket());
     ASSERT_GE(fd, 0);
     fds.push_back(fd);
   }
@@ -337,7 +318,7 @@ TEST(FaultTest, RunningOutOfDescriptorsBacksOffInsteadOfSpinning) {
   const size_t log_before = daemon.log().size();
   std::vector<int> fds;
   for (int i = 0; i < 300; ++i) {
-    const int fd = raw_connect(daemon.socket());
+    const int fd = test::connect_unix(daemon.socket());
     if (fd >= 0) fds.push_back(fd);
   }
   std::this_thread::sleep_for(2s);
@@ -388,7 +369,7 @@ TEST(FaultTest, AStoppedPeerCostsOnlyTheRequestsThatGoToIt) {
   auto on2 = (*via_daemon)->alloc(1 << 20, {.tier = Tier::dram, .node = 2});
   auto on3 = (*via_daemon)->alloc(1 << 20, {.tier = Tier::dram, .node = 3});
   ASSERT_TRUE(on2.ok() && on3.ok());
-  const auto data = pattern(1 << 20, 4);
+  const auto data = test::pattern(1 << 20, 4);
   ASSERT_TRUE((*via_daemon)->write(on2->gva, data.data(), data.size()).ok());
   ASSERT_TRUE((*direct)->write(on3->gva, data.data(), data.size()).ok());
 

@@ -33,25 +33,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<unsigned char> pattern(size_t n, unsigned seed) {
-  std::vector<unsigned char> v(n);
-  std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
-  return v;
-}
-
-int unix_connect(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 int tcp_connect(const std::string& host_port) {
   const size_t colon = host_port.rfind(':');
   sockaddr_in addr{};
@@ -90,7 +71,7 @@ TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedAreRefusedNotLandedInNewMe
   auto a = daemon.connect("A");
   auto mine = a->alloc(1 << 20, {.tier = GetParam(), .strict = true});
   ASSERT_TRUE(mine.ok());
-  const auto old_bytes = pattern(64 << 10, 1);
+  const auto old_bytes = test::pattern(64 << 10, 1);
   ASSERT_TRUE(a->write(mine->gva, old_bytes.data(), old_bytes.size()).ok());
   ASSERT_GT(a->access_counters().direct_local, 0u) << "A writes directly";
 
@@ -109,7 +90,7 @@ TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedAreRefusedNotLandedInNewMe
   auto b = daemon.connect("B");
   auto theirs = b->alloc(1 << 20, {.tier = GetParam(), .strict = true});
   ASSERT_TRUE(theirs.ok());
-  const auto new_bytes = pattern(64 << 10, 2);
+  const auto new_bytes = test::pattern(64 << 10, 2);
   ASSERT_TRUE(b->write(theirs->gva, new_bytes.data(), new_bytes.size()).ok());
   std::this_thread::sleep_for(300ms);  // A keeps trying meanwhile
   stop = true;
@@ -135,7 +116,7 @@ TEST(LentFramesTest, FramesOfAPeerThatRestartedAreLostNotShared) {
   auto owner = cluster.node(1).connect("owner");
   auto a = owner->alloc(1 << 20, {.tier = Tier::dram, .name = "moved"});
   ASSERT_TRUE(a.ok());
-  const auto data = pattern(1 << 20, 3);
+  const auto data = test::pattern(1 << 20, 3);
   ASSERT_TRUE(owner->write(a->gva, data.data(), data.size()).ok());
   auto moved = owner->migrate(a->gva, Tier::dram, 2);
   ASSERT_TRUE(moved.ok()) << moved.status().to_string();
@@ -149,7 +130,7 @@ TEST(LentFramesTest, FramesOfAPeerThatRestartedAreLostNotShared) {
   auto other = cluster.node(2).connect("newcomer");
   auto fresh = other->alloc(1 << 20, {.tier = Tier::dram});
   ASSERT_TRUE(fresh.ok());
-  const auto theirs = pattern(1 << 20, 4);
+  const auto theirs = test::pattern(1 << 20, 4);
   ASSERT_TRUE(other->write(fresh->gva, theirs.data(), theirs.size()).ok());
 
   Status r;
@@ -207,13 +188,13 @@ TEST(PeerOnlyTest, AClientMayNotAskWhatOnlyPeersMay) {
   auto c = daemon.connect("bystander");
   auto a = c->alloc(1 << 20, {.tier = Tier::pmem});
   ASSERT_TRUE(a.ok());
-  const auto data = pattern(1 << 20, 5);
+  const auto data = test::pattern(1 << 20, 5);
   ASSERT_TRUE(c->write(a->gva, data.data(), data.size()).ok());
   auto t = c->translate(a->gva);
   ASSERT_TRUE(t.ok());
   const uint64_t used_before = c->stat()->tiers[1].used_bytes;
 
-  const int fd = unix_connect(daemon.socket());
+  const int fd = test::connect_unix(daemon.socket());
   ASSERT_GE(fd, 0);
   proto::Request hello;
   hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
@@ -245,7 +226,7 @@ TEST(PeerOnlyTest, AClientMayNotAskWhatOnlyPeersMay) {
   EXPECT_EQ(c->stat()->tiers[1].used_bytes, used_before) << "frames were taken or given back";
   auto b = c->alloc(1 << 20, {.tier = Tier::pmem});
   ASSERT_TRUE(b.ok());
-  ASSERT_TRUE(c->write(b->gva, pattern(1 << 20, 6).data(), 1 << 20).ok());
+  ASSERT_TRUE(c->write(b->gva, test::pattern(1 << 20, 6).data(), 1 << 20).ok());
   std::vector<unsigned char> back(data.size());
   ASSERT_TRUE(c->read(a->gva, back.data(), back.size()).ok());
   EXPECT_EQ(back, data) << "a new allocation aliases a live one";

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <signal.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +34,26 @@ std::string read_file(const std::string& path) {
 }
 
 }  // namespace
+
+std::vector<unsigned char> pattern(size_t n, unsigned seed) {
+  std::vector<unsigned char> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  return v;
+}
+
+int connect_unix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 std::string tiermemd_path() { return env_or("TIERMEMD", "tiermemd"); }
 std::string tiermemctl_path() { return env_or("TIERMEMCTL", "tiermemctl"); }

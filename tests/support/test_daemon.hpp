@@ -114,6 +114,11 @@ class TestCluster {
 // A cluster secret (32 random hex digits, mode 0600) in `dir`; its path.
 std::string write_secret(const std::string& dir);
 
+// `n` bytes from a seeded generator: data a test can check byte for byte.
+std::vector<unsigned char> pattern(size_t n, unsigned seed);
+// A raw connection to a Unix socket (no hello): its descriptor, or -1.
+int connect_unix(const std::string& path);
+
 // A TCP port nobody listens on right now.
 int free_port();
 
