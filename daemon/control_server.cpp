@@ -84,6 +84,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     }
     boost::system::error_code ec;
     m_socket.native_non_blocking(true, ec);
+    // Synchronous reads (read_request takes what is already there) return
+    // would_block instead of waiting.
+    m_socket.non_blocking(true, ec);
   }
 
   uid_t uid() const override { return m_state.uid; }
@@ -164,9 +167,25 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       disarm();
       co_return s;
     }
-    arm(m_config.frame_timeout_ms);  // the rest of the frame, in time
     body->resize(length);
-    co_await asio::async_read(m_socket, asio::buffer(*body), asio::redirect_error(asio::use_awaitable, ec));
+    // Most frames are in the socket already: take what is there without a
+    // timer (arming one per frame cost the round trip more than the rest).
+    size_t have = 0;
+    while (have < length) {
+      const size_t n = m_socket.read_some(asio::buffer(body->data() + have, length - have), ec);
+      if (ec) break;
+      have += n;
+    }
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      disarm();
+      co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
+    }
+    if (have < length) {
+      ec.clear();
+      if (m_state.greeted) arm(m_config.frame_timeout_ms);  // the rest of the frame, in time
+      co_await asio::async_read(m_socket, asio::buffer(body->data() + have, length - have),
+                                asio::redirect_error(asio::use_awaitable, ec));
+    }
     disarm();
     if (ec) co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
     co_return parse_request(*body, request);

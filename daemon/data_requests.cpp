@@ -27,9 +27,9 @@ Gva checked(Gva gva, const AllocationInfo& info) {
 
 Status RequestHandler::translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out) {
   const Gva asked = wire::from_proto(r.gva());
-  TIERMEM_ASSIGN_OR_RETURN(auto info, authorize(who, asked, "translate"));
-  const Gva gva = checked(asked, info);
-  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(asked));
+  TIERMEM_RETURN_IF_ERROR(permit(who, asked, t.allocation, "translate"));
+  const Gva gva = checked(asked, t.allocation);
   // The layout is read under one lock: extents and versions agree, which is
   // what a client's cache relies on.
   TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.layout(gva));

@@ -129,10 +129,15 @@ Identity RequestHandler::requester(const proto::Request& request, const SessionS
 
 Result<AllocationInfo> RequestHandler::authorize(const Identity& who, Gva gva, const char* verb) const {
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
-  if (who.is_operator || t.allocation.tenant == who.tenant) return t.allocation;
+  TIERMEM_RETURN_IF_ERROR(permit(who, gva, t.allocation, verb));
+  return t.allocation;
+}
+
+Status RequestHandler::permit(const Identity& who, Gva gva, const AllocationInfo& allocation, const char* verb) {
+  if (who.is_operator || allocation.tenant == who.tenant) return Status();
   return Status(ErrorCode::permission_denied, who.describe() + " may not " + verb + " " + gva.to_string() +
-                                                  ": allocation " + t.allocation.gva.to_string() +
-                                                  " belongs to tenant '" + t.allocation.tenant + "'");
+                                                  ": allocation " + allocation.gva.to_string() +
+                                                  " belongs to tenant '" + allocation.tenant + "'");
 }
 
 Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {

@@ -100,6 +100,8 @@ class RequestHandler {
   // The allocation holding `gva`, when `who` may `verb` it. Errors: those of
   // translate(); permission_denied naming both tenants.
   Result<AllocationInfo> authorize(const Identity& who, Gva gva, const char* verb) const;
+  // The same check of an allocation already looked up.
+  static Status permit(const Identity& who, Gva gva, const AllocationInfo& allocation, const char* verb);
   // The domain of a tenant here, registering its frames with the transport
   // when it was just given one.
   Result<uint32_t> ensure_domain(const std::string& tenant);

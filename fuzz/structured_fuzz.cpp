@@ -8,6 +8,11 @@
 // one time in four, mangled as bytes (flips, cuts, splices, wrong lengths).
 //
 //   structured_fuzz [--seconds S] [--execs N] [--seed X] [--write-corpus DIR COUNT]
+//   structured_fuzz --replay FILE...
+//
+// --replay runs each saved input (a crash, a hang, fuzz/regressions/*) once
+// through a fresh target, in this process: a debugger sees the fault where
+// it happens.
 //
 // Prints progress every 5 s and, at the end, `name value` lines: execs,
 // execs_per_s, requests, ok_responses, crashes, hangs, slowest_ms. The
@@ -29,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -314,8 +320,30 @@ struct Options {
 };
 
 int usage() {
-  std::fprintf(stderr, "usage: structured_fuzz [--seconds S] [--execs N] [--seed X] [--write-corpus DIR COUNT]\n");
+  std::fprintf(stderr, "usage: structured_fuzz [--seconds S] [--execs N] [--seed X] [--write-corpus DIR COUNT] | --replay FILE...\n");
   return 2;
+}
+
+// Each file through a fresh target; 0 when all came back.
+int replay(const std::vector<std::string>& files) {
+  for (const std::string& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+      std::fprintf(stderr, "structured_fuzz: cannot read %s\n", file.c_str());
+      return 1;
+    }
+    const std::string input((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto target = RequestTarget::create();
+    if (!target) {
+      std::fprintf(stderr, "structured_fuzz: cannot make the target's memory\n");
+      return 1;
+    }
+    target->run(reinterpret_cast<const uint8_t*>(input.data()), input.size());
+    std::fprintf(stderr, "replayed %s: %zu bytes, %zu responses\n", file.c_str(), input.size(),
+                 target->responses().size());
+  }
+  std::printf("fuzz_replayed %zu\n", files.size());
+  return 0;
 }
 
 int run(const Options& o) {
@@ -389,6 +417,9 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   tiermem::fuzz::Options o;
+  if (argc >= 3 && std::string(argv[1]) == "--replay") {
+    return tiermem::fuzz::replay(std::vector<std::string>(argv + 2, argv + argc));
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--seconds" && i + 1 < argc) {

@@ -51,6 +51,9 @@ bool TierBackend::contains(uint64_t offset, uint64_t length) const {
   if (d >= domains()) return false;
   const uint64_t in_domain = offset % span;
   const uint64_t bytes = domain_bytes(static_cast<uint32_t>(d));
+  // A domain not opened has no mapping (nor persist or copy functions) at
+  // all, not even for an empty range.
+  if (bytes == 0) return false;
   return in_domain <= bytes && length <= bytes - in_domain;
 }
 

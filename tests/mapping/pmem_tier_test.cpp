@@ -28,6 +28,8 @@ TEST(PmemTierTest, ContentsOfADomainSurviveClosingAndReopeningThePool) {
     ASSERT_TRUE((*tier)->open_domain(1, k_capacity).ok());
     EXPECT_TRUE((*tier)->contains(span + (3 << 20), pattern.size()));
     EXPECT_FALSE((*tier)->contains(3 << 20, 1)) << "domain 0 is not open";
+    EXPECT_FALSE((*tier)->contains(0, 0)) << "not even an empty range of a domain not open";
+    EXPECT_TRUE((*tier)->contains(span, 0));
     ASSERT_TRUE((*tier)->write(span + (3 << 20), pattern.data(), pattern.size()).ok());
   }  // unmapped and closed here
   ASSERT_TRUE(std::filesystem::exists(dir + "/pmem.1"));

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -182,8 +184,48 @@ int TestDaemon::stop() {
   return -1;
 }
 
+namespace {
+
+// Whether a TCP listener could bind 127.0.0.1:`port` now.
+bool port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+// Ports come from below the kernel's ephemeral range: a port the kernel
+// hands out (to a port-0 bind, or to any outgoing connection of this or a
+// parallel test, UCX's included) may otherwise take the port between this
+// check and the daemon's bind. Parallel tests pick at random and each
+// process never hands the same port twice, so two of them meeting on one
+// port is rare; the daemon's "Address already in use" says so when they do.
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  static std::mutex mu;
+  static std::set<int> handed;
+  static std::mt19937 rng{std::random_device{}()};
+  int low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> low;
+  const int first = 10000, last = low - 1;
+  std::lock_guard lock(mu);
+  if (last - first >= 1000) {
+    for (int tries = 0; tries < 200; ++tries) {
+      const int port = std::uniform_int_distribution<int>(first, last)(rng);
+      if (handed.count(port) == 0 && port_free(port)) {
+        handed.insert(port);
+        return port;
+      }
+    }
+  }
+  // No room below the ephemeral range: let the kernel choose.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

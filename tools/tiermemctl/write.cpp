@@ -85,7 +85,7 @@ int cmd_write(const Context& ctx, const std::string& gva_text, const std::string
   if (ctx.json) {
     print_json({{"gva", gva->to_string()}, {"bytes", written}});
   } else {
-    std::printf("wrote %s to %s\n", format_size(written).c_str(), gva->to_string().c_str());
+    std::printf("wrote %llu bytes to %s\n", static_cast<unsigned long long>(written), gva->to_string().c_str());
   }
   return k_exit_ok;
 }
