@@ -1,8 +1,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include <tiermem/client.h>
 #include <tiermem/status_macros.h>
@@ -42,14 +44,84 @@ Status check_name(std::string_view name) {
 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   TIERMEM_ASSIGN_OR_RETURN(auto core, ClientCore::connect(options));
-  return std::unique_ptr<Client>(new Client(std::move(core)));
+  return std::unique_ptr<Client>(new Client(std::move(core), options));
 }
 
-Client::Client(std::shared_ptr<ClientCore> core) : m_core(std::move(core)) {}
+Client::Client(std::shared_ptr<ClientCore> core, const ClientOptions& options)
+    : m_options(options), m_core(std::move(core)) {}
 Client::~Client() = default;
 
-NodeId Client::node() const { return m_core->node(); }
-uint64_t Client::page_size() const { return m_core->page_size(); }
+std::shared_ptr<ClientCore> Client::core() const {
+  std::lock_guard lock(m_core_mutex);
+  return m_core;
+}
+
+Status Client::reconnect(const std::shared_ptr<ClientCore>& lost) {
+  std::lock_guard lock(m_core_mutex);
+  if (m_core != lost) return Status();  // another thread got there first
+  const NodeId node = lost->node();
+  const auto deadline = std::chrono::steady_clock::now() + m_options.reconnect_timeout;
+  auto pause = std::chrono::milliseconds(10);
+  Status last;
+  do {
+    auto fresh = ClientCore::connect(m_options);
+    if (fresh.ok()) {
+      const AccessCounters c = m_core->counters();
+      m_earlier.direct_local += c.direct_local;
+      m_earlier.direct_remote += c.direct_remote;
+      m_earlier.through_daemon += c.through_daemon;
+      m_core = std::move(fresh).value();
+      return Status();
+    }
+    last = fresh.status();
+    if (last.code() != ErrorCode::connection_failed && last.code() != ErrorCode::connection_closed &&
+        last.code() != ErrorCode::unavailable) {
+      break;  // a daemon that answers and refuses: waiting does not help
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return Status(ErrorCode::unavailable, "the tiermemd of node " + std::to_string(node) +
+                                            " went away and no daemon took its place on the socket within " +
+                                            std::to_string(m_options.reconnect_timeout.count()) +
+                                            " ms (last: " + last.message() + ")");
+}
+
+Status Client::run(const char* what, bool repeatable, const std::function<Status(ClientCore&)>& op) {
+  std::shared_ptr<ClientCore> c = core();
+  if (c->lost() && m_options.reconnect_timeout.count() > 0) {
+    TIERMEM_RETURN_IF_ERROR(reconnect(c));
+    c = core();
+  }
+  Status s = op(*c);
+  if (s.ok() || m_options.reconnect_timeout.count() == 0) return s;
+  if (s.code() == ErrorCode::unavailable || s.code() == ErrorCode::connection_closed) {
+    // The watcher may not have seen the socket close yet.
+    for (int i = 0; i < 20 && !c->lost(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!c->lost()) return s;
+  // The daemon went away while `op` was under way.
+  TIERMEM_RETURN_IF_ERROR(reconnect(c));
+  if (repeatable) return op(*core());
+  return Status(ErrorCode::unavailable, "the tiermemd of node " + std::to_string(c->node()) + " restarted while " +
+                                            what + " was in flight: it may or may not have taken effect (this "
+                                            "client is connected again; look before repeating it)");
+}
+
+NodeId Client::node() const { return core()->node(); }
+uint64_t Client::page_size() const { return core()->page_size(); }
+
+namespace {
+
+// A request whose response's body `get` turns into T.
+template <class T, class Get>
+Status call_into(ClientCore& c, proto::Request request, T* out, Get get) {
+  TIERMEM_ASSIGN_OR_RETURN(auto response, c.call(request));
+  *out = get(response);
+  return Status();
+}
+
+}  // namespace
 
 Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options) {
   TIERMEM_RETURN_IF_ERROR(check_name(options.name));
@@ -60,17 +132,23 @@ Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options)
   a->set_strict(options.strict);
   a->set_name(options.name);
   a->set_coherent(options.coherent);
+  a->set_session(options.lifetime == Lifetime::session);
   request.set_node(options.node);
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
-  return wire::from_proto(response.alloc().allocation());
+  AllocationInfo out;
+  TIERMEM_RETURN_IF_ERROR(run("alloc", false, [&](ClientCore& c) {
+    return call_into(c, request, &out, [](const proto::Response& r) { return wire::from_proto(r.alloc().allocation()); });
+  }));
+  return out;
 }
 
 Status Client::free(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_free()->mutable_gva());
-  auto response = m_core->call(request);
-  if (response.ok()) m_core->forget(gva);
-  return response.status();
+  return run("free", false, [&](ClientCore& c) {
+    auto response = c.call(request);
+    if (response.ok()) c.forget(gva);
+    return response.status();
+  });
 }
 
 Result<AllocationInfo> Client::lookup(std::string_view name, NodeId node) {
@@ -78,35 +156,55 @@ Result<AllocationInfo> Client::lookup(std::string_view name, NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_lookup()->set_name(std::string(name));
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
-  return wire::from_proto(response.lookup().allocation());
+  AllocationInfo out;
+  TIERMEM_RETURN_IF_ERROR(run("lookup", true, [&](ClientCore& c) {
+    return call_into(c, request, &out, [](const proto::Response& r) { return wire::from_proto(r.lookup().allocation()); });
+  }));
+  return out;
 }
 
 Result<Translation> Client::translate(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_translate()->mutable_gva());
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
-  const proto::TranslateResponse& t = response.translate();
   Translation out;
-  out.allocation = wire::from_proto(t.allocation());
-  out.offset_in_allocation = t.offset_in_allocation();
-  if (t.pages_size() > 0) out.page = wire::from_proto(t.pages(0));
-  for (const auto& x : t.extents()) out.extents.push_back(wire::from_proto(x));
+  TIERMEM_RETURN_IF_ERROR(run("translate", true, [&](ClientCore& c) {
+    return call_into(c, request, &out, [](const proto::Response& r) {
+      const proto::TranslateResponse& t = r.translate();
+      Translation x;
+      x.allocation = wire::from_proto(t.allocation());
+      x.offset_in_allocation = t.offset_in_allocation();
+      if (t.pages_size() > 0) x.page = wire::from_proto(t.pages(0));
+      for (const auto& e : t.extents()) x.extents.push_back(wire::from_proto(e));
+      return x;
+    });
+  }));
   return out;
 }
 
 Status Client::write(Gva gva, const void* data, size_t length) {
-  return m_core->write(gva, data, length);
+  return run("write", true, [&](ClientCore& c) { return c.write(gva, data, length); });
 }
 
-Status Client::read(Gva gva, void* data, size_t length) { return m_core->read(gva, data, length); }
+Status Client::read(Gva gva, void* data, size_t length) {
+  return run("read", true, [&](ClientCore& c) { return c.read(gva, data, length); });
+}
 
 Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value) {
-  return m_core->atomic(gva, WordOp::fetch_add, value, 0);
+  uint64_t out = 0;
+  TIERMEM_RETURN_IF_ERROR(run("fetch_add", false, [&](ClientCore& c) {
+    TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::fetch_add, value, 0));
+    return Status();
+  }));
+  return out;
 }
 
 Result<uint64_t> Client::compare_swap(Gva gva, uint64_t expected, uint64_t desired) {
-  return m_core->atomic(gva, WordOp::compare_swap, desired, expected);
+  uint64_t out = 0;
+  TIERMEM_RETURN_IF_ERROR(run("compare_swap", false, [&](ClientCore& c) {
+    TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::compare_swap, desired, expected));
+    return Status();
+  }));
+  return out;
 }
 
 Result<AllocationInfo> Client::migrate(Gva gva, Tier tier, NodeId to_node) {
@@ -115,41 +213,61 @@ Result<AllocationInfo> Client::migrate(Gva gva, Tier tier, NodeId to_node) {
   wire::to_proto(gva, m->mutable_gva());
   m->set_tier(wire::to_proto(tier));
   m->set_to_node(to_node);
-  auto response = m_core->call(request);
-  m_core->forget(gva);
-  if (!response.ok()) return response.status();
-  return wire::from_proto(response->migrate().allocation());
+  AllocationInfo out;
+  TIERMEM_RETURN_IF_ERROR(run("migrate", false, [&](ClientCore& c) {
+    auto response = c.call(request);
+    c.forget(gva);
+    if (!response.ok()) return response.status();
+    out = wire::from_proto(response->migrate().allocation());
+    return Status();
+  }));
+  return out;
 }
 
-AccessCounters Client::access_counters() const { return m_core->counters(); }
+AccessCounters Client::access_counters() const {
+  std::lock_guard lock(m_core_mutex);
+  AccessCounters c = m_core->counters();
+  c.direct_local += m_earlier.direct_local;
+  c.direct_remote += m_earlier.direct_remote;
+  c.through_daemon += m_earlier.through_daemon;
+  return c;
+}
 
 Result<std::vector<NodeInfo>> Client::nodes() {
   proto::Request request;
   request.mutable_nodes();
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
   std::vector<NodeInfo> out;
-  for (const proto::NodeInfo& n : response.nodes().nodes()) {
-    NodeInfo info;
-    info.node = static_cast<NodeId>(n.node_id());
-    info.control_address = n.control_address();
-    info.state = static_cast<NodeState>(n.state());
-    info.incarnation = n.incarnation();
-    info.transports = n.transports();
-    info.last_error = n.last_error();
-    info.state_since_ms = n.state_since_ms();
-    out.push_back(std::move(info));
-  }
+  TIERMEM_RETURN_IF_ERROR(run("nodes", true, [&](ClientCore& c) {
+    return call_into(c, request, &out, [](const proto::Response& r) {
+      std::vector<NodeInfo> v;
+      for (const proto::NodeInfo& n : r.nodes().nodes()) {
+        NodeInfo info;
+        info.node = static_cast<NodeId>(n.node_id());
+        info.control_address = n.control_address();
+        info.state = static_cast<NodeState>(n.state());
+        info.incarnation = n.incarnation();
+        info.transports = n.transports();
+        info.last_error = n.last_error();
+        info.state_since_ms = n.state_since_ms();
+        v.push_back(std::move(info));
+      }
+      return v;
+    });
+  }));
   return out;
 }
 
 Result<Mapping> Client::map(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_map()->mutable_gva());
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  proto::Response response;
+  TIERMEM_RETURN_IF_ERROR(run("map", true, [&](ClientCore& c) {
+    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
+  }));
   const AllocationInfo info = wire::from_proto(response.map().allocation());
 
   Mapping m;
-  m.m_core = m_core;
+  m.m_core = core();
   m.m_allocation = info;
   auto unpin_on_error = [&](Status s) {
     m.release();
@@ -166,10 +284,10 @@ Result<Mapping> Client::map(Gva gva) {
   }
   m.m_data = static_cast<std::byte*>(base);
   m.m_size = info.size;
-  m.m_persistent = m_core->region_persistent(info.tier);
+  m.m_persistent = m.m_core->region_persistent(info.tier);
   for (const auto& px : response.map().extents()) {
     const Extent x = wire::from_proto(px);
-    auto file = m_core->tier_file(x.tier, x.frame_offset, x.length);
+    auto file = m.m_core->tier_file(x.tier, x.frame_offset, x.length);
     if (!file.ok()) return unpin_on_error(file.status().with_context("map " + info.gva.to_string()));
     void* at = ::mmap(m.m_data + x.gva_offset, x.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                       file->first, static_cast<off_t>(file->second));
@@ -185,7 +303,10 @@ Result<NodeStat> Client::stat(NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_stat();
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  proto::Response response;
+  TIERMEM_RETURN_IF_ERROR(run("stat", true, [&](ClientCore& c) {
+    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
+  }));
   const proto::StatResponse& s = response.stat();
   NodeStat out;
   out.node = static_cast<NodeId>(s.node_id());
@@ -198,6 +319,19 @@ Result<NodeStat> Client::stat(NodeId node) {
   out.socket_path = s.socket_path();
   out.locks_broken = s.locks_broken();
   out.truncations_repaired = s.truncations_repaired();
+  const proto::RecoveryInfo& r = s.recovery();
+  out.recovery.durable = r.durable();
+  out.recovery.memory_adopted = r.memory_adopted();
+  out.recovery.starts = r.starts();
+  out.recovery.allocations = r.allocations();
+  out.recovery.lost_allocations = r.lost_allocations();
+  out.recovery.lost_pages = r.lost_pages();
+  out.recovery.dropped = r.dropped();
+  out.recovery.lent_frames = r.lent_frames();
+  out.recovery.locks_broken = r.locks_broken();
+  out.recovery.elapsed_ms = r.elapsed_ms();
+  out.recovery.lost.assign(r.lost().begin(), r.lost().end());
+  out.recovery.pool = r.pool();
   return out;
 }
 
@@ -205,7 +339,10 @@ Result<std::vector<AllocationInfo>> Client::list(NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_list();
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  proto::Response response;
+  TIERMEM_RETURN_IF_ERROR(run("list", true, [&](ClientCore& c) {
+    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
+  }));
   std::vector<AllocationInfo> out;
   for (const auto& a : response.list().allocations()) out.push_back(wire::from_proto(a));
   return out;
@@ -215,7 +352,10 @@ Result<MappingDump> Client::dump(NodeId node) {
   proto::Request request;
   request.set_node(node);
   request.mutable_dump();
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_core->call(request));
+  proto::Response response;
+  TIERMEM_RETURN_IF_ERROR(run("dump", true, [&](ClientCore& c) {
+    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
+  }));
   const proto::DumpResponse& d = response.dump();
   MappingDump out;
   out.node = static_cast<NodeId>(d.node_id());

@@ -448,7 +448,13 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
 Status ClientCore::check_remote_extents(const CachedAllocation& a) {
   if (a.base.node != node()) {
     auto home = remote(a.base.node);
-    if (home.ok() && (*home)->node->incarnation != a.home_incarnation) return stale_translation();
+    if (home.ok() && (*home)->node->incarnation != a.home_incarnation) {
+      // What we know of the home may be the older one (it restarted since):
+      // ask once; a translation of another incarnation than the home's is
+      // stale.
+      home = remote(a.base.node, true);
+      if (home.ok() && (*home)->node->incarnation != a.home_incarnation) return stale_translation();
+    }
   }
   for (const Extent& x : a.extents) {
     if (x.node == a.base.node || x.node == node()) continue;
@@ -456,7 +462,10 @@ Status ClientCore::check_remote_extents(const CachedAllocation& a) {
     // Frames lent by a node whose memory is not what it was when it lent
     // them (it came back with its memory made anew) are never touched: the
     // home will say they are lost.
-    if (lender.ok() && (*lender)->node->memory_generation != x.memory_generation) return stale_translation();
+    if (lender.ok() && (*lender)->node->memory_generation != x.memory_generation) {
+      lender = remote(x.node, true);  // unless what we know of it is old
+      if (lender.ok() && (*lender)->node->memory_generation != x.memory_generation) return stale_translation();
+    }
   }
   return Status();
 }

@@ -111,6 +111,8 @@ class ClientCore {
   // A request to the local daemon (which forwards what is for other nodes).
   Result<proto::Response> call(proto::Request& request, std::vector<UniqueFd>* fds = nullptr);
   NodeId node() const { return static_cast<NodeId>(m_hello.node_id()); }
+  // The daemon's end of the connection closed: it is gone.
+  bool lost() const { return m_daemon_lost.load(std::memory_order_seq_cst); }
   uint64_t page_size() const { return m_hello.page_size(); }
 
   Status write(Gva gva, const void* src, size_t length);

@@ -345,6 +345,9 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
     r.size("tenants.default_quota_" + std::string(tier_name(t)), &c.default_quota[static_cast<size_t>(t)]);
   }
   r.integer("recovery.stale_writer_grace_ms", &c.stale_writer_grace_ms, 0, 600000);
+  r.boolean("metadata.enabled", &c.metadata_enabled);
+  r.string("metadata.path", &c.metadata_path);
+  r.integer("metadata.max_allocations", &c.metadata_max_allocations, 1, 1 << 24);
   r.string("cluster.file", &c.cluster_file);
   r.string("cluster.listen", &c.cluster_listen);
   r.integer("cluster.reconnect_interval_ms", &c.reconnect_interval_ms, 10, 600000);
@@ -357,6 +360,11 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
 }
 
 }  // namespace
+
+std::string metadata_pool_path(const DaemonConfig& c) {
+  if (!c.metadata_path.empty()) return c.metadata_path;
+  return (c.pmem_enabled ? c.pmem_path : c.dram_path) + "/metadata.pool";
+}
 
 Result<DaemonConfig> load_config(const std::string& path) {
   std::ifstream in(path);

@@ -62,6 +62,17 @@ struct DaemonConfig {
   std::array<uint64_t, 4> default_quota{};  // of such tenants, bytes per tier; 0: no limit
   std::vector<TenantConfig> tenants;
 
+  // Durable mapping metadata (H5): a PMDK pool recording every persistent
+  // allocation, so that a restarted daemon serves them again (PMEM always,
+  // DRAM while the node's shared memory survives: not a reboot). Off: a
+  // daemon start forgets everything, as before.
+  bool metadata_enabled = true;
+  // The pool file; empty: <tiers.pmem.path>/metadata.pool, or
+  // <tiers.dram.path>/metadata.pool without PMEM (then it is as volatile as
+  // the shared memory).
+  std::string metadata_path;
+  uint64_t metadata_max_allocations = 65536;
+
   // Stale clients of an earlier daemon on the same directory: how long the
   // daemon waits at start for page locks they still hold. Also how long a
   // client whose session ended may go on living before its locks are broken.
@@ -88,6 +99,9 @@ struct DaemonConfig {
 Result<DaemonConfig> parse_config(std::string_view text, std::string_view source);
 // Reads and parses a file. Errors: config_error (also when unreadable).
 Result<DaemonConfig> load_config(const std::string& path);
+
+// The metadata pool's file (metadata.path, or its default).
+std::string metadata_pool_path(const DaemonConfig& config);
 
 // Every key the parser understands, as "section.key", in reading order.
 std::vector<std::string> known_config_keys();

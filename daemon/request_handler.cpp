@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
@@ -153,6 +155,14 @@ Reply RequestHandler::handle(const proto::Request& request, SessionState& sessio
   if (Status s = admit(request, session); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   if (Status s = check_request_fields(request); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   const NodeId target = target_of(request);
+  if (request.has_alloc() && request.alloc().session() && (target != m_space.node() || session.peer)) {
+    // Its session is here; a peer's session never ends with the client's.
+    return error_reply(request.id(),
+                       Status(ErrorCode::not_supported, "session allocations live on the client's own node (" +
+                                                            std::to_string(m_space.node()) + "); node " +
+                                                            std::to_string(target) + " was asked"),
+                       false);
+  }
   if (target != m_space.node()) {
     if (request.forwarded()) {
       return error_reply(request.id(),
@@ -218,8 +228,11 @@ Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState&
   switch (request.body_case()) {
     case proto::Request::kAlloc:
       status = alloc(request.alloc(), who, resp.mutable_alloc());
+      if (status.ok() && request.alloc().session()) {
+        session.owned.push_back(wire::from_proto(resp.alloc().allocation().gva()));
+      }
       if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
-          request.node() == 0 && !request.forwarded()) {
+          request.node() == 0 && !request.forwarded() && !request.alloc().session()) {
         return alloc_anywhere(request, session, status);
       }
       break;
@@ -297,6 +310,7 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
   req.name = r.name();
   req.owner_uid = who.uid;
   req.coherent = r.coherent();
+  req.session = r.session();
   req.tenant = who.tenant;
   req.limits = m_tenants.limits(who.tenant);
   TIERMEM_RETURN_IF_ERROR(ensure_domain(who.tenant).status());
@@ -326,6 +340,25 @@ void RequestHandler::end_session(SessionState& session) {
   // cannot have been freed while pinned.
   for (const Gva& g : session.pins) (void)m_space.unpin(g);
   session.pins.clear();
+  // Session allocations go with their session. One still mapped by another
+  // session stays until that one unmaps it and is never recovered.
+  std::vector<Extent> remote_frames;
+  for (const Gva& g : session.owned) {
+    Status s = m_space.free(g, &remote_frames);
+    if (!s.ok() && s.code() != ErrorCode::not_allocated && s.code() != ErrorCode::stale_generation) {
+      spdlog::warn("session {} ended: its session allocation {} stays: {}", session.id, g.to_string(), s.to_string());
+    }
+  }
+  session.owned.clear();
+  // Pages migrated to other nodes: their frames go back to their lenders
+  // (rare; this waits for the peers).
+  for (const Extent& x : remote_frames) {
+    if (m_peers == nullptr) break;
+    proto::Request release;
+    release.set_is_operator(true);
+    wire::to_proto(x, release.mutable_release_frames()->add_extents());
+    (void)m_peers->call(x.node, release);
+  }
   m_locks->end(session.id);
 }
 
@@ -342,6 +375,20 @@ void RequestHandler::stat(proto::StatResponse* out) {
   out->set_socket_path(m_config.socket_path);
   out->set_locks_broken(m_locks->broken());
   out->set_truncations_repaired(TruncationGuard::repairs());
+  const RecoveryReport& r = m_space.recovery();
+  proto::RecoveryInfo* ri = out->mutable_recovery();
+  ri->set_durable(m_space.durable());
+  ri->set_memory_adopted(r.memory_adopted);
+  ri->set_starts(r.starts);
+  ri->set_allocations(r.allocations);
+  ri->set_lost_allocations(r.lost_allocations);
+  ri->set_lost_pages(r.lost_pages);
+  ri->set_dropped(r.dropped);
+  ri->set_lent_frames(r.lent_frames);
+  ri->set_locks_broken(r.locks_broken);
+  ri->set_elapsed_ms(r.elapsed_ms);
+  for (const std::string& l : r.lost) ri->add_lost(l);
+  ri->set_pool(r.pool);
 }
 
 void RequestHandler::dump(const Identity& who, proto::DumpResponse* out) {

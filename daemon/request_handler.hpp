@@ -60,6 +60,7 @@ struct SessionState {
   std::string challenge_nonce;   // ours, sent in the peer challenge
   std::string peer_nonce;        // the peer's, from its challenge
   std::vector<Gva> pins;         // allocations this session has mapped
+  std::vector<Gva> owned;        // its session allocations, freed when it ends
 };
 
 struct Reply {

@@ -70,18 +70,27 @@ Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std:
   return members;
 }
 
-void remove_memory(const DaemonConfig& c);
+void remove_memory(const DaemonConfig& c, bool retire);
 
 // Everything a serving daemon holds, built in start-up order and torn down in
 // reverse; the node's memory files go last, while the directories are still
-// locked (no durable metadata recovers them yet).
+// locked.
 struct Node {
   explicit Node(const DaemonConfig& c) : config(c) {}
   ~Node() {
     peers.reset();
     space.reset();
     data_plane.reset();
-    if (!dram_lock.dir().empty()) remove_memory(config);
+    // Without durable metadata nothing recovers the memory: it goes. With
+    // it, the files stay for the next daemon, retired so that no client
+    // writes into them meanwhile.
+    if (!dram_lock.dir().empty()) {
+      if (config.metadata_enabled) {
+        (void)VersionSegments::retire_stale(config.dram_path, std::chrono::milliseconds(0), false);
+      } else {
+        remove_memory(config, true);
+      }
+    }
   }
   const DaemonConfig& config;
   std::string control;  // this node's address for peers ("" alone)
@@ -95,29 +104,26 @@ struct Node {
   std::unique_ptr<PeerManager> peers;
 };
 
-// The memory directories: locked (one daemon each), and emptied of what an
-// earlier daemon left. Its version segments are retired first, so a client
-// still connected to it sees that and writes nothing more; its frames are
-// not recovered (durable metadata does not exist yet), so they go.
+// The memory directories: locked (one daemon each). What an earlier daemon
+// left there is retired first (its version segments say incarnation 0, and
+// its clients' page locks are waited for), so a client still connected to
+// it writes nothing more. With durable metadata the files stay, for
+// AddressSpace to take over; without, they go.
 Status take_directories(const DaemonConfig& c, Node* node) {
   TIERMEM_ASSIGN_OR_RETURN(node->dram_lock, DirectoryLock::take(c.dram_path, "the node's shared memory"));
+  const bool keep = c.metadata_enabled;
   const auto retired =
-      VersionSegments::retire_stale(c.dram_path, std::chrono::milliseconds(c.stale_writer_grace_ms));
+      VersionSegments::retire_stale(c.dram_path, std::chrono::milliseconds(c.stale_writer_grace_ms), !keep);
   if (retired.segments > 0) {
     spdlog::info("retired {} version segment(s) of an earlier daemon in {}{}", retired.segments, c.dram_path,
                  retired.locked_pages > 0
                      ? "; " + std::to_string(retired.locked_pages) + " page(s) were still locked by its clients"
                      : "");
   }
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(c.dram_path, ec)) {
-    if (e.path().filename().string().rfind("dram.", 0) == 0) std::filesystem::remove(e.path(), ec);
+  if (c.pmem_enabled) {
+    TIERMEM_ASSIGN_OR_RETURN(node->pmem_lock, DirectoryLock::take(c.pmem_path, "the PMEM pool"));
   }
-  if (!c.pmem_enabled) return Status();
-  TIERMEM_ASSIGN_OR_RETURN(node->pmem_lock, DirectoryLock::take(c.pmem_path, "the PMEM pool"));
-  for (const auto& e : std::filesystem::directory_iterator(c.pmem_path, ec)) {
-    if (e.path().filename().string().rfind("pmem.", 0) == 0) std::filesystem::remove(e.path(), ec);
-  }
+  if (!keep) remove_memory(c, false);
   return Status();
 }
 
@@ -151,6 +157,31 @@ void log_tiers(const AddressSpace& space) {
   }
 }
 
+void log_recovery(const AddressSpace& space) {
+  const RecoveryReport& r = space.recovery();
+  if (!r.from_metadata) {
+    spdlog::info("no durable metadata (metadata.enabled = false): allocations end with this daemon");
+    return;
+  }
+  if (r.pool_created) {
+    spdlog::info("metadata pool {} made: a new node", r.pool);
+    return;
+  }
+  spdlog::info("recovered {} allocation(s), {} page(s), from {} in {:.1f} ms (start {} on it); shared memory {}; "
+               "{} frame(s) still lent to peers",
+               r.allocations, r.pages, r.pool, r.elapsed_ms, r.starts,
+               r.memory_adopted ? "taken over" : "made anew (DRAM contents are gone)", r.lent_frames);
+  if (r.lost_allocations > 0) {
+    spdlog::error("{} allocation(s) lost {} page(s) whose memory did not survive; reads of them fail with data_lost:",
+                  r.lost_allocations, r.lost_pages);
+    for (const std::string& l : r.lost) spdlog::error("  lost: {}", l);
+  }
+  if (r.locks_broken > 0) {
+    spdlog::warn("{} page(s) were still locked by writers of the daemon before: flagged torn (T)", r.locks_broken);
+  }
+  for (const std::string& d : r.dropped_reasons) spdlog::error("metadata record dropped: {}", d);
+}
+
 Status open_memory(const DaemonConfig& c, Node* node) {
   TIERMEM_RETURN_IF_ERROR(take_directories(c, node));
   TIERMEM_ASSIGN_OR_RETURN(auto tiers, open_tiers(c));
@@ -161,8 +192,12 @@ Status open_memory(const DaemonConfig& c, Node* node) {
   options.pages_per_domain = c.pages_per_tenant;
   options.versions_dir = c.dram_path;
   options.incarnation = node->incarnation;
+  if (c.metadata_enabled) {
+    options.metadata = MetadataOptions{.path = metadata_pool_path(c), .max_allocations = c.metadata_max_allocations};
+  }
   TIERMEM_ASSIGN_OR_RETURN(node->space, AddressSpace::create(options, std::move(tiers)));
   log_tiers(*node->space);
+  log_recovery(*node->space);
   return Status();
 }
 
@@ -265,16 +300,18 @@ int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_
   return 0;
 }
 
-// After a clean stop nothing recovers the node's memory yet (durable
-// metadata does not exist): its files go, retired first so that a client
-// still mapping them writes nothing more.
-void remove_memory(const DaemonConfig& c) {
-  (void)VersionSegments::retire_stale(c.dram_path, std::chrono::milliseconds(0));
+// Removes the node's memory files (no durable metadata: nothing would
+// recover them), retired first when `retire`, so that a client still
+// mapping them writes nothing more.
+void remove_memory(const DaemonConfig& c, bool retire) {
+  if (retire) (void)VersionSegments::retire_stale(c.dram_path, std::chrono::milliseconds(0));
   std::error_code ec;
   for (const std::string& dir : {c.dram_path, c.pmem_path}) {
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind("dram.", 0) == 0 || name.rfind("pmem.", 0) == 0) std::filesystem::remove(e.path(), ec);
+      if (name.rfind("dram.", 0) == 0 || name.rfind("pmem.", 0) == 0 || name.rfind("versions.", 0) == 0) {
+        std::filesystem::remove(e.path(), ec);
+      }
     }
   }
 }

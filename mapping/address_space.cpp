@@ -71,6 +71,21 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
   uint64_t per_domain = options.pages_per_domain;
   if (per_domain == 0) per_domain = std::max(k_min_virtual_pages, frames * k_virtual_factor);
   per_domain = round_up(per_domain, k_pages_per_domain_unit);
+  std::unique_ptr<MetadataStore> meta;
+  if (options.metadata) {
+    MetadataGeometry g;
+    g.node = options.node;
+    g.page_size = options.page_size;
+    g.domains = options.domains;
+    g.pages_per_domain = per_domain;
+    for (size_t i = 0; i < tiers.size(); ++i) {
+      // Frame numbers run over every domain's span (a domain's files may be
+      // smaller than its span).
+      const TierBackend* t = tiers[i].get();
+      if (t != nullptr) g.tier_frames[i] = (t->domains() > 1 ? t->domains() * t->domain_span() : t->capacity()) / options.page_size;
+    }
+    TIERMEM_ASSIGN_OR_RETURN(meta, open_pmem_metadata(*options.metadata, g));
+  }
   VersionSegments::Options vo;
   vo.dir = options.versions_dir;
   vo.node = options.node;
@@ -79,8 +94,27 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
   vo.page_size = options.page_size;
   vo.incarnation = options.incarnation;
   vo.memory_generation = options.memory_generation != 0 ? options.memory_generation : random_nonzero();
+  if (meta && !meta->image().created && meta->image().memory_generation != 0) {
+    // The node's shared memory is taken over when it is the very memory the
+    // records describe (the same generation); else it was made anew (a
+    // reboot, or someone removed it) and a new generation says so to peers.
+    VersionSegments::Options earlier = vo;
+    earlier.memory_generation = meta->image().memory_generation;
+    earlier.adopt = true;
+    if (VersionSegments::adoptable(earlier)) vo = earlier;
+  }
   TIERMEM_ASSIGN_OR_RETURN(auto versions, VersionSegments::create(vo));
-  return std::unique_ptr<AddressSpace>(new AddressSpace(options, per_domain, std::move(tiers), std::move(versions)));
+  if (meta && meta->image().memory_generation != vo.memory_generation) {
+    TIERMEM_RETURN_IF_ERROR(meta->set_memory_generation(vo.memory_generation));
+  }
+  const bool adopted = versions->adopted();
+  auto space =
+      std::unique_ptr<AddressSpace>(new AddressSpace(options, per_domain, std::move(tiers), std::move(versions)));
+  if (meta) {
+    space->m_meta = std::move(meta);
+    space->recover(space->m_meta->image(), adopted);
+  }
+  return space;
 }
 
 AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t pages_per_domain, TierSet tiers,
@@ -117,11 +151,20 @@ uint64_t AddressSpace::frame_pages_of(Tier tier, uint32_t, const TenantLimits& l
 }
 
 Status AddressSpace::open_domain_files(uint32_t domain, const TenantLimits& limits) {
+  std::array<uint64_t, 4> limit_pages{};
+  for (Tier tier : k_tiers_fastest_first) {
+    const auto i = static_cast<size_t>(tier);
+    limit_pages[i] = m_tiers[i].backend ? frame_pages_of(tier, domain, limits) : 0;
+  }
+  return open_domain_frames(domain, limit_pages);
+}
+
+Status AddressSpace::open_domain_frames(uint32_t domain, const std::array<uint64_t, 4>& limit_pages) {
   Domain& d = m_domains[domain];
   for (Tier tier : k_tiers_fastest_first) {
     TierState& t = m_tiers[static_cast<size_t>(tier)];
     const auto i = static_cast<size_t>(tier);
-    d.limit[i] = t.backend ? frame_pages_of(tier, domain, limits) : 0;
+    d.limit[i] = t.backend ? std::min(limit_pages[i], t.frames) : 0;
     if (!t.backend || t.backend->domains() == 1 || d.limit[i] == 0) continue;
     TIERMEM_RETURN_IF_ERROR(t.backend->open_domain(domain, d.limit[i] * page_size()));
     const uint64_t first = uint64_t{domain} * t.backend->domain_span() / page_size();
@@ -135,6 +178,9 @@ Result<uint32_t> AddressSpace::assign_domain(const std::string& tenant, const Te
   for (uint32_t k = 0; k < m_domains.size(); ++k) {
     if (m_domains[k].assigned) continue;
     TIERMEM_RETURN_IF_ERROR(open_domain_files(k, limits));
+    if (m_meta) {
+      TIERMEM_RETURN_IF_ERROR(m_meta->put_domain({k, tenant, m_domains[k].limit}));
+    }
     m_domains[k].assigned = true;
     m_domains[k].tenant = tenant;
     m_versions->set_tenant(k, tenant);
@@ -290,6 +336,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   a.owner_uid = request.owner_uid;
   a.tenant = request.tenant;
   a.coherent = request.coherent;
+  a.session = request.session;
 
   uint8_t flags = k_page_read | k_page_write | k_entry_present;
   if (tier.backend->persistent()) flags |= k_page_durable;
@@ -309,6 +356,16 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
       m_table.set(page, e);
       version::advance_epoch(m_versions->word(page));
     }
+  }
+  // Recorded before anyone learns of it: a failure undoes it all.
+  if (Status s = record(a); !s.ok()) {
+    for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
+      const PageEntry e = *m_table.find(p);
+      release_local_frame(e.tier, e.frame_offset, domain);
+      m_table.clear(p);
+    }
+    (void)dom.virtual_pages.release(virt);
+    return s;
   }
   ++tier.allocations;
   if (!a.name.empty()) m_names.emplace(a.name, a.first_page);
@@ -346,6 +403,12 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
                                          info.gva.to_string() +
                                          " stayed locked by a writer; try again");
     }
+  }
+  // Gone from the records first: after a crash from here on, it does not
+  // come back (its frames are free at the next start).
+  if (Status s = m_meta ? m_meta->erase_allocation(a.first_page) : Status(); !s.ok()) {
+    for (uint64_t i = 0; i < a.pages; ++i) version::unlock_exclusive(m_versions->word(a.first_page + i), locked[i]);
+    return s;
   }
   const uint32_t domain = m_versions->domain_of(a.first_page);
   for (uint64_t i = 0; i < a.pages; ++i) {
@@ -392,6 +455,7 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.tenant = a.tenant;
   info.lost_pages = a.lost_pages;
   info.torn_pages = a.torn_pages;
+  info.lifetime = a.session ? Lifetime::session : Lifetime::persistent;
   return info;
 }
 

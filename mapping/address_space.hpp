@@ -45,6 +45,7 @@
 #include <tiermem/types.h>
 
 #include "mapping/extent_set.hpp"
+#include "mapping/metadata_store.hpp"
 #include "mapping/page_table.hpp"
 #include "mapping/seqlock_copy.hpp"
 #include "mapping/tier_backend.hpp"
@@ -71,7 +72,32 @@ struct AddressSpaceOptions {
   // locked by the caller.
   std::string versions_dir;
   uint64_t incarnation = 0;        // of this daemon, in every segment header
-  uint64_t memory_generation = 0;  // of this node's memory; 0: random
+  uint64_t memory_generation = 0;  // of this node's memory; 0: random (or the metadata's)
+  // Durable metadata (H5): when set, the pool is opened (made when there is
+  // none), the space rebuilt from it, and every change recorded in it before
+  // it is visible. The node's shared memory (version segments, DRAM files)
+  // left by the daemon before is then re-adopted when it is still the one
+  // the pool knows; else it is made anew and what lived only there is lost.
+  std::optional<MetadataOptions> metadata;
+};
+
+// What a start on durable metadata found (tiermemctl status, the log).
+struct RecoveryReport {
+  bool from_metadata = false;    // a pool was opened (false: no durable metadata)
+  bool pool_created = false;     // it was new: nothing to recover
+  bool memory_adopted = false;   // the shared memory of the daemon before was taken over
+  uint64_t starts = 0;           // daemon starts on the pool
+  uint64_t allocations = 0;      // recovered (lost ones included)
+  uint64_t pages = 0;
+  uint64_t lost_allocations = 0;  // with pages whose memory did not survive (DRAM after a reboot)
+  uint64_t lost_pages = 0;
+  uint64_t dropped = 0;           // records that did not fit the tiers (see the log)
+  uint64_t lent_frames = 0;       // frames lent to other nodes, still lent
+  uint64_t locks_broken = 0;      // pages still locked by a dead writer: flagged torn
+  double elapsed_ms = 0;
+  std::vector<std::string> lost;  // "name (gva)" of lost allocations, the first 100
+  std::vector<std::string> dropped_reasons;  // one line per dropped record
+  std::string pool;               // the metadata pool's path
 };
 
 // Per-tier byte limits of a tenant (0: the tier's capacity).
@@ -89,6 +115,9 @@ struct AllocRequest {
   std::string name;
   uint32_t owner_uid = 0;
   bool coherent = false;  // holds atomic words: never migrated
+  // Session lifetime: not recorded in the durable metadata (freed with its
+  // session by the daemon; never recovered after a restart).
+  bool session = false;
   std::string tenant;     // the owner; empty: the default tenant ""
   TenantLimits limits;    // the tenant's quotas
 };
@@ -260,6 +289,9 @@ class AddressSpace {
   MappingDump dump() const;
 
   VersionSegments& versions() { return *m_versions; }
+  const RecoveryReport& recovery() const { return m_recovery; }
+  // Whether changes are recorded in durable metadata.
+  bool durable() const { return m_meta != nullptr; }
   // The backend of a tier, or nullptr when this node has no such tier.
   TierBackend* backend(Tier tier) const { return m_tiers[static_cast<size_t>(tier)].backend.get(); }
 
@@ -276,6 +308,7 @@ class AddressSpace {
     uint32_t owner_uid = 0;
     std::string tenant;
     bool coherent = false;
+    bool session = false;  // not in the durable metadata
     bool migrating = false;
     uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
     uint64_t torn_pages = 0;  // flag T: a writer died holding the page's lock
@@ -301,6 +334,17 @@ class AddressSpace {
   AddressSpace(const AddressSpaceOptions& options, uint64_t pages_per_domain, TierSet tiers,
                std::unique_ptr<VersionSegments> versions);
 
+  // --- durable metadata (address_space_recovery.cpp) -----------------------
+  // Rebuilds domains, allocations and lent frames from the pool's image.
+  void recover(const MetadataImage& image, bool memory_adopted);
+  // Recovers one allocation; false (and why) when it does not fit.
+  bool recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why);
+  // The record of an allocation as its page entries are now.
+  AllocationRecord record_of(const Allocation& a) const;
+  // Records the allocation (a no-op without metadata or for a session one).
+  Status record(const Allocation& a);
+  Status record_lent(Tier tier, const std::vector<UnitRange>& frames, NodeId borrower, uint32_t domain);
+
   // Finds the allocation holding `gva` (caller holds the lock).
   Result<Allocation*> locate(Gva gva) const;
   // locate(), and data_lost when some of the allocation's pages are lost.
@@ -312,6 +356,8 @@ class AddressSpace {
   PageInfo page_info(uint64_t page) const;
   Result<uint32_t> assign_domain(const std::string& tenant, const TenantLimits& limits);
   Status open_domain_files(uint32_t domain, const TenantLimits& limits);
+  // Opens a domain's files for `limit_pages` frames per tier.
+  Status open_domain_frames(uint32_t domain, const std::array<uint64_t, 4>& limit_pages);
   // Takes `pages` frames of `tier` for `domain`; false when the tier, the
   // domain's files or its quota have no room.
   bool take_frames(Tier tier, uint32_t domain, uint64_t pages, std::vector<UnitRange>* frames);
@@ -328,6 +374,9 @@ class AddressSpace {
 
   NodeId m_node;
   mutable std::shared_mutex m_mutex;
+  std::unique_ptr<MetadataStore> m_meta;  // durable metadata; null without
+  RecoveryReport m_recovery;
+  std::array<bool, 4> m_recovery_survived{};  // per tier, while recovering: its files were there
   std::unique_ptr<VersionSegments> m_versions;
   PageTable m_table;
   std::array<TierState, 4> m_tiers;

@@ -86,6 +86,12 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
     }
     return s.with_context("frames to lend to node " + std::to_string(borrower));
   }
+  if (Status s = record_lent(tier, frames, borrower, domain); !s.ok()) {
+    for (const UnitRange& f : frames) {
+      for (uint64_t i = 0; i < f.count; ++i) release_local_frame(tier, (f.start + i) * page_size(), domain);
+    }
+    return s;
+  }
   std::vector<Extent> out;
   for (const UnitRange& f : frames) {
     out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
@@ -123,6 +129,8 @@ Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId bo
     }
   }
   for (const Extent& x : frames) {
+    const UnitRange range{x.frame_offset / page_size(), x.length / page_size()};
+    if (borrower != m_node) TIERMEM_RETURN_IF_ERROR(record_lent(x.tier, {range}, 0, 0));
     for (uint64_t at = 0; at < x.length; at += page_size()) {
       auto it = m_lent.find({static_cast<uint8_t>(x.tier), x.frame_offset + at});
       const uint32_t domain = it->second.domain;
@@ -193,7 +201,14 @@ Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
   entry.generation = move.from.generation;
   entry.flags = static_cast<uint8_t>((move.from.flags & ~k_page_durable) | k_entry_present);
   if (to.tier == Tier::pmem) entry.flags |= k_page_durable;
+  const PageEntry before = *m_table.find(move.page);
   m_table.set(move.page, entry);
+  if (auto it = m_allocations.upper_bound(move.page); it != m_allocations.begin()) {
+    if (Status s = record(std::prev(it)->second); !s.ok()) {
+      m_table.set(move.page, before);  // not moved: the caller gives the new frame back
+      return s;
+    }
+  }
   m_table.clean(move.page);
   if (to.node == m_node) m_lent.erase({static_cast<uint8_t>(to.tier), to.frame_offset});  // reserved here: now in use
   version::unlock_new_epoch(m_versions->word(move.page), move.locked);
@@ -271,6 +286,7 @@ size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
   known->second = memory_generation;
   size_t lost = 0;
   for (auto& [first, a] : m_allocations) {
+    const uint64_t lost_before = a.lost_pages;
     for (uint64_t p = first; p < first + a.pages; ++p) {
       PageEntry e = *m_table.find(p);
       if (e.node != node || (e.flags & k_page_lost) != 0) continue;
@@ -284,6 +300,7 @@ size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
       ++a.lost_pages;
       ++lost;
     }
+    if (a.lost_pages != lost_before) (void)record(a);
   }
   return lost;
 }
@@ -300,6 +317,7 @@ bool AddressSpace::break_dead_lock(uint64_t page, uint64_t locked, const std::st
     e.flags |= k_page_torn;
     m_table.set(page, e);
     ++a.torn_pages;
+    (void)record(a);  // the flag only: the lock is broken either way
   }
   return true;
 }

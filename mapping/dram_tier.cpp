@@ -31,6 +31,9 @@ class DramTier final : public TierBackend {
     std::lock_guard lock(m_mutex);
     return d < m_bytes.size() ? m_bytes[d] : 0;
   }
+  bool domain_file_exists(uint32_t d, uint64_t bytes) const override {
+    return segment_file_exists(m_dir + "/dram." + std::to_string(d), bytes);
+  }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
     bool done = false;

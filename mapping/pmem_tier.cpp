@@ -77,6 +77,9 @@ class PmemTier final : public TierBackend {
     std::lock_guard lock(m_mutex);
     return d < m_domains.size() ? m_domains[d].bytes : 0;
   }
+  bool domain_file_exists(uint32_t d, uint64_t bytes) const override {
+    return segment_file_exists(m_dir + "/pmem." + std::to_string(d), bytes);
+  }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
     bool done = false;

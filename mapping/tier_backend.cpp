@@ -1,6 +1,7 @@
 #include "mapping/tier_backend.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -37,6 +38,11 @@ Status commit_file_range(int fd, uint64_t offset, uint64_t length, const std::st
   const ErrorCode code = errno == ENOSPC ? ErrorCode::tier_exhausted : ErrorCode::io_error;
   return Status(code, what + " cannot get " + format_size(length) + " of storage (" + std::strerror(errno) +
                           "): its file system holds less than the tier's capacity says");
+}
+
+bool segment_file_exists(const std::string& path, uint64_t bytes) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) >= bytes;
 }
 
 uint64_t domain_span_for(uint64_t capacity) {

@@ -46,6 +46,10 @@ class TierBackend {
   // invalid_argument (no such domain, already open with another size),
   // io_error.
   virtual Status open_domain(uint32_t /*d*/, uint64_t /*bytes*/) { return Status(); }
+  // Whether domain `d`'s file is there at least `bytes` long (left by an
+  // earlier daemon) before open_domain: what recovery trusts its frames to.
+  // A tier without files (VRAM) never keeps its memory.
+  virtual bool domain_file_exists(uint32_t /*d*/, uint64_t /*bytes*/) const { return false; }
   // True when [offset, offset+length) lies inside one open domain.
   bool contains(uint64_t offset, uint64_t length) const;
   uint32_t domain_of(uint64_t offset) const { return static_cast<uint32_t>(offset / domain_span()); }
@@ -101,6 +105,9 @@ Result<std::unique_ptr<TierBackend>> make_dram_tier(const SegmentedTierOptions& 
 Result<std::unique_ptr<TierBackend>> make_pmem_tier(const SegmentedTierOptions& options);
 // Errors: tier_unavailable when built without CUDA or no device is present.
 Result<std::unique_ptr<TierBackend>> make_vram_tier(int device, uint64_t capacity);
+
+// Whether a regular file at `path` is at least `bytes` long.
+bool segment_file_exists(const std::string& path, uint64_t bytes);
 
 // The frame-offset span of one domain for a tier of `capacity`: whole 2 MiB
 // (the largest mapping alignment PMEM on DAX asks for).

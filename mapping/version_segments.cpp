@@ -57,7 +57,8 @@ size_t retire_one(const std::string& path, std::chrono::steady_clock::time_point
 
 }  // namespace
 
-VersionSegments::Retired VersionSegments::retire_stale(const std::string& dir, std::chrono::milliseconds grace) {
+VersionSegments::Retired VersionSegments::retire_stale(const std::string& dir, std::chrono::milliseconds grace,
+                                                       bool remove) {
   Retired out;
   std::error_code ec;
   const auto deadline = std::chrono::steady_clock::now() + grace;
@@ -66,9 +67,26 @@ VersionSegments::Retired VersionSegments::retire_stale(const std::string& dir, s
     if (name.rfind("versions.", 0) != 0) continue;
     out.locked_pages += retire_one(e.path().string(), deadline);
     ++out.segments;
-    std::filesystem::remove(e.path(), ec);
+    if (remove) std::filesystem::remove(e.path(), ec);
   }
   return out;
+}
+
+bool VersionSegments::adoptable(const Options& o) {
+  const uint64_t file_bytes = k_segment_header_bytes + 3 * o.pages_per_domain * sizeof(uint64_t);
+  for (uint32_t d = 0; d < o.domains; ++d) {
+    UniqueFd fd(::open(segment_path(o.dir, d).c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != file_bytes) return false;
+    SegmentHeader h;
+    if (::pread(fd.get(), &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
+    if (h.magic != SegmentHeader::k_magic || h.layout != SegmentHeader::k_layout || h.node != o.node ||
+        h.domain != d || h.pages != o.pages_per_domain || h.page_size != o.page_size ||
+        h.memory_generation != o.memory_generation) {
+      return false;
+    }
+  }
+  return true;
 }
 
 Result<std::unique_ptr<VersionSegments>> VersionSegments::create(const Options& o) {
@@ -84,10 +102,11 @@ Result<std::unique_ptr<VersionSegments>> VersionSegments::create(const Options& 
   TIERMEM_ASSIGN_OR_RETURN(s->m_headers, Reservation::reserve(o.domains * k_segment_header_bytes, "version headers"));
   TIERMEM_ASSIGN_OR_RETURN(s->m_word_space, Reservation::reserve(o.domains * words_bytes, "version words"));
   TIERMEM_ASSIGN_OR_RETURN(s->m_l3_space, Reservation::reserve(o.domains * 2 * words_bytes, "L3 words"));
+  s->m_adopted = o.adopt && o.memory_generation != 0 && adoptable(o);
   for (uint32_t d = 0; d < o.domains; ++d) {
     const std::string path = segment_path(o.dir, d);
     std::error_code ec;
-    std::filesystem::remove(path, ec);  // a fresh file: nothing of an earlier daemon's
+    if (!s->m_adopted) std::filesystem::remove(path, ec);  // a fresh file: nothing of an earlier daemon's
     TIERMEM_ASSIGN_OR_RETURN(auto fd, open_segment(path, s->file_bytes()));
     TIERMEM_RETURN_IF_ERROR(s->m_headers.map(d * k_segment_header_bytes, k_segment_header_bytes, fd.get(), 0));
     TIERMEM_RETURN_IF_ERROR(s->m_word_space.map(d * words_bytes, words_bytes, fd.get(), k_segment_header_bytes));

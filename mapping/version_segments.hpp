@@ -9,6 +9,10 @@
 // a client maps the whole file of each domain its tenant may use, and no
 // other: the kernel keeps it from another tenant's words.
 //
+// A restarted daemon with durable metadata takes the files over (adopt):
+// the words keep their epochs, so what clients cached is still checked
+// against the same words.
+//
 // The header tells a client whether the memory is still served by the daemon
 // it talks to: `incarnation` is that daemon's, and 0 once the segment was
 // retired (a restarted daemon took over the directory). A client checks it
@@ -63,9 +67,14 @@ class VersionSegments {
     uint64_t page_size = 4096;
     uint64_t incarnation = 0;
     uint64_t memory_generation = 0;
+    // Take over the files an earlier daemon left, when every domain's is
+    // there with this node, geometry and memory generation (its words and
+    // L3 bits are kept; the header gets this incarnation). Else fresh ones.
+    bool adopt = false;
   };
   // Creates a fresh file per domain in `dir` (whatever was there with the
-  // same names is replaced). Errors: invalid_argument, io_error.
+  // same names is replaced), or adopts them (Options::adopt). Errors:
+  // invalid_argument, io_error.
   static Result<std::unique_ptr<VersionSegments>> create(const Options& options);
 
   // What retire_stale found.
@@ -77,7 +86,9 @@ class VersionSegments {
   // retired (its clients stop using it), waits up to `grace` for the page
   // locks its clients still hold to be released, and removes the files.
   // The caller holds the directory's lock.
-  static Retired retire_stale(const std::string& dir, std::chrono::milliseconds grace);
+  // Whether every domain's file in `o.dir` can be taken over (Options::adopt).
+  static bool adoptable(const Options& o);
+  static Retired retire_stale(const std::string& dir, std::chrono::milliseconds grace, bool remove = true);
 
   uint64_t& word(uint64_t page) { return m_words[page]; }
   std::span<uint64_t> words() { return {m_words, pages()}; }
@@ -97,6 +108,8 @@ class VersionSegments {
   const SegmentHeader& header(uint32_t domain) const;
   void set_tenant(uint32_t domain, std::string_view tenant);
   uint64_t memory_generation() const { return m_memory_generation; }
+  // The files of an earlier daemon were taken over.
+  bool adopted() const { return m_adopted; }
 
  private:
   VersionSegments() = default;
@@ -105,6 +118,7 @@ class VersionSegments {
   uint32_t m_domains = 0;
   uint64_t m_pages_per_domain = 0;
   uint64_t m_memory_generation = 0;
+  bool m_adopted = false;
   std::vector<UniqueFd> m_fds;
   Reservation m_headers, m_word_space, m_l3_space;
   uint64_t* m_words = nullptr;

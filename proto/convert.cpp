@@ -49,6 +49,7 @@ void to_proto(const AllocationInfo& info, proto::AllocationInfo* out) {
   out->set_tenant(info.tenant);
   out->set_lost_pages(info.lost_pages);
   out->set_torn_pages(info.torn_pages);
+  out->set_session(info.lifetime == Lifetime::session);
 }
 
 AllocationInfo from_proto(const proto::AllocationInfo& info) {
@@ -64,6 +65,7 @@ AllocationInfo from_proto(const proto::AllocationInfo& info) {
   out.tenant = info.tenant();
   out.lost_pages = info.lost_pages();
   out.torn_pages = info.torn_pages();
+  out.lifetime = info.session() ? Lifetime::session : Lifetime::persistent;
   return out;
 }
 

@@ -17,7 +17,7 @@ build_dir=${TIERMEM_BUILD_DIR:-$top/build}
 packages=(
   build-essential meson ninja-build pkg-config git
   libucx-dev ucx-utils
-  libpmem2-dev pmdk-tools libssl-dev
+  libpmem2-dev libpmemobj-dev pmdk-tools libssl-dev
   libboost-dev libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev

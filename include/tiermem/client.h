@@ -18,7 +18,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,6 +50,16 @@ struct ClientOptions {
   // How long a read or write waits for a page another writer holds locked
   // before it fails with busy naming the page.
   std::chrono::milliseconds lock_timeout{10000};
+  // When the daemon goes away (a crash, a restart, an upgrade), how long a
+  // call keeps trying to connect to the one that comes back on the socket
+  // before it fails with unavailable; 0: it fails at once. After the
+  // reconnect every cached translation is checked again. A call in flight
+  // when the daemon went is repeated when doing it twice is harmless
+  // (reads, writes of the same bytes, lookups, stat); an alloc, free,
+  // migrate or atomic instead fails with unavailable, since it may or may
+  // not have happened: look before repeating it. Mappings made before stay
+  // mapped to the same memory but are no longer pinned (map again).
+  std::chrono::milliseconds reconnect_timeout{30000};
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per
@@ -163,8 +175,20 @@ class TIERMEM_EXPORT Client {
   Result<MappingDump> dump(NodeId node = 0);
 
  private:
-  TIERMEM_NO_EXPORT explicit Client(std::shared_ptr<detail::ClientCore> core);
+  TIERMEM_NO_EXPORT Client(std::shared_ptr<detail::ClientCore> core, const ClientOptions& options);
+  TIERMEM_NO_EXPORT std::shared_ptr<detail::ClientCore> core() const;
+  // Runs `op` on the connection to the daemon, connecting again first when
+  // the daemon went away; when it goes away during `op`, connects again and
+  // repeats `op` if `repeatable`, else fails with unavailable.
+  TIERMEM_NO_EXPORT Status run(const char* what, bool repeatable,
+                               const std::function<Status(detail::ClientCore&)>& op);
+  // A new connection in place of `lost` (unless another thread made one).
+  TIERMEM_NO_EXPORT Status reconnect(const std::shared_ptr<detail::ClientCore>& lost);
+
+  ClientOptions m_options;
+  mutable std::mutex m_core_mutex;
   std::shared_ptr<detail::ClientCore> m_core;
+  AccessCounters m_earlier;  // of connections before this one
 };
 
 }  // namespace tiermem

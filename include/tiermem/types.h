@@ -43,6 +43,8 @@ enum PageFlag : uint32_t {
 // "RW-PD--" style text: R W C P D T L, '-' for a cleared flag.
 TIERMEM_EXPORT std::string page_flags_text(uint32_t flags);
 
+enum class Lifetime : uint8_t { persistent = 0, session = 1 };
+
 struct AllocOptions {
   Tier tier = Tier::automatic;
   bool strict = false;  // fail instead of falling back to a slower tier
@@ -53,6 +55,15 @@ struct AllocOptions {
   // The allocation holds words for fetch_add/compare_swap from many clients:
   // its pages are never migrated, so atomics go one-sided at full rate.
   bool coherent = false;
+  // Lifetime. Persistent (the default) allocations stay until freed: through
+  // the end of the session that made them, a client crash, and a daemon
+  // restart (recorded in the node's durable metadata; DRAM ones until the
+  // node's shared memory goes, i.e. a reboot). Session ones are freed by the
+  // daemon when the session that made them ends (the client exits or
+  // disconnects), are never recorded and never come back after a daemon
+  // restart: scratch memory that must not leak. Only on the client's own
+  // node.
+  Lifetime lifetime = Lifetime::persistent;
 };
 
 struct AllocationInfo {
@@ -67,6 +78,7 @@ struct AllocationInfo {
   std::string tenant;  // the owner: only it (and operators) may touch the memory
   uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
   uint64_t torn_pages = 0;  // a writer died holding the page's lock (flag T)
+  Lifetime lifetime = Lifetime::persistent;
 };
 
 struct TierStat {
@@ -94,6 +106,21 @@ struct NodeStat {
   // extended again (the cut-off part reads as zeros).
   uint64_t locks_broken = 0;
   uint64_t truncations_repaired = 0;
+  // What the daemon's start found in its durable metadata (H5).
+  struct Recovery {
+    bool durable = false;         // changes are recorded (metadata.enabled)
+    bool memory_adopted = false;  // the node's shared memory survived the restart
+    uint64_t starts = 0;          // daemon starts on the metadata pool
+    uint64_t allocations = 0;     // recovered, lost ones included
+    uint64_t lost_allocations = 0;
+    uint64_t lost_pages = 0;
+    uint64_t dropped = 0;         // records that did not fit the tiers (the log says why)
+    uint64_t lent_frames = 0;
+    uint64_t locks_broken = 0;
+    double elapsed_ms = 0;
+    std::vector<std::string> lost;  // "'name' gva" of lost allocations, the first 100
+    std::string pool;
+  } recovery;
 };
 
 // One page-table entry as seen from outside (M2, M3).

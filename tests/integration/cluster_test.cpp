@@ -204,7 +204,8 @@ TEST_P(ClusterTest, ClientsKilledMidOperationLeaveTheHomeDaemonServing) {
   // Another remote client still gets every byte.
   auto other = m_cluster->node(3).connect("survivor");
   std::vector<unsigned char> back(data.size());
-  ASSERT_TRUE(other->read(block->gva, back.data(), back.size()).ok());
+  const Status got = other->read(block->gva, back.data(), back.size());
+  ASSERT_TRUE(got.ok()) << got.to_string();
   EXPECT_EQ(back, data);
   auto added = other->fetch_add(counter->gva, 1);
   ASSERT_TRUE(added.ok()) << added.status().to_string();
@@ -216,6 +217,7 @@ TEST_P(ClusterTest, KilledPeerIsSeenDownAndRejoinsAfterRestart) {
   auto client = m_cluster->node(1).connect("watcher");
   auto old = client->alloc(4096, {.node = 3});
   ASSERT_TRUE(old.ok());
+  ASSERT_TRUE(client->write(old->gva, "early", 5).ok());
   const uint64_t before = (*client->nodes())[2].incarnation;
   m_cluster->node(3).kill();
   bool down = false;
@@ -239,15 +241,17 @@ TEST_P(ClusterTest, KilledPeerIsSeenDownAndRejoinsAfterRestart) {
   EXPECT_NE((*nodes)[2].incarnation, before) << "a restart is a new incarnation";
   auto again = client->alloc(4096, {.node = 3});
   ASSERT_TRUE(again.ok()) << again.status().to_string();
-  ASSERT_TRUE(client->write(again->gva, "back", 4).ok());
+  Status wrote = client->write(again->gva, "back", 4);
+  ASSERT_TRUE(wrote.ok()) << wrote.to_string();
   char back[4];
   ASSERT_TRUE(client->read(again->gva, back, 4).ok());
   EXPECT_EQ(std::string(back, 4), "back");
-  // Memory of the old incarnation is gone, and said to be.
-  char byte;
-  Status s = client->read(old->gva, &byte, 1);
-  EXPECT_FALSE(s.ok());
-  EXPECT_TRUE(s.code() == ErrorCode::not_allocated || s.code() == ErrorCode::stale_generation) << s.to_string();
+  // The allocation made before the crash is served again by the new
+  // incarnation (durable metadata, shared memory taken over), bytes and all.
+  char was[5];
+  Status s = client->read(old->gva, was, 5);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(std::string(was, 5), "early");
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("tcp", "sm"),

@@ -59,17 +59,27 @@ uint32_t code(ErrorCode c) { return static_cast<uint32_t>(c); }
 
 // --- a client that outlives its daemon ------------------------------------------------
 
-class StaleClientTest : public ::testing::TestWithParam<Tier> {};
+struct StaleCase {
+  Tier tier;
+  bool durable;  // metadata.enabled: the allocation outlives the daemon
+};
+
+class StaleClientTest : public ::testing::TestWithParam<StaleCase> {};
 
 // Client A writes through its mappings and cached translations while the
-// daemon is SIGKILLed and restarted; client B of the new daemon gets the same
-// GVA and frame. Not one of A's writes after the death may be acknowledged,
-// and B's bytes stay B's.
-TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedAreRefusedNotLandedInNewMemory) {
-  test::TestDaemon daemon;
+// daemon is SIGKILLed and restarted; client B of the new daemon allocates
+// too. With durable metadata A's allocation survives the restart, so A's
+// writes may go on being acknowledged, but only into A's own memory; without
+// it the new daemon forgot A's allocation, and not one of A's writes after
+// the death may be acknowledged. Either way B's bytes stay B's.
+TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedLandOnlyInItsOwnMemory) {
+  const StaleCase c = GetParam();
+  test::DaemonOptions o;
+  if (!c.durable) o.extra_toml = "[metadata]\nenabled = false\n";
+  test::TestDaemon daemon(o);
   ASSERT_TRUE(daemon.ready()) << daemon.log();
   auto a = daemon.connect("A");
-  auto mine = a->alloc(1 << 20, {.tier = GetParam(), .strict = true});
+  auto mine = a->alloc(1 << 20, {.tier = c.tier, .strict = true});
   ASSERT_TRUE(mine.ok());
   const auto old_bytes = test::pattern(64 << 10, 1);
   ASSERT_TRUE(a->write(mine->gva, old_bytes.data(), old_bytes.size()).ok());
@@ -88,7 +98,7 @@ TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedAreRefusedNotLandedInNewMe
   dead = true;
   ASSERT_TRUE(daemon.restart()) << daemon.log();
   auto b = daemon.connect("B");
-  auto theirs = b->alloc(1 << 20, {.tier = GetParam(), .strict = true});
+  auto theirs = b->alloc(1 << 20, {.tier = c.tier, .strict = true});
   ASSERT_TRUE(theirs.ok());
   const auto new_bytes = test::pattern(64 << 10, 2);
   ASSERT_TRUE(b->write(theirs->gva, new_bytes.data(), new_bytes.size()).ok());
@@ -96,20 +106,40 @@ TEST_P(StaleClientTest, WritesOfAClientWhoseDaemonDiedAreRefusedNotLandedInNewMe
   stop = true;
   writer.join();
 
-  EXPECT_EQ(acknowledged_after_death.load(), 0) << "writes acknowledged after the daemon died";
   const Status late = a->write(mine->gva, old_bytes.data(), old_bytes.size());
-  EXPECT_EQ(late.code(), ErrorCode::unavailable) << late.to_string();
+  if (c.durable) {
+    EXPECT_TRUE(late.ok()) << "A's allocation survived, and A reconnected: " << late.to_string();
+    auto ta = b->translate(theirs->gva);
+    auto tm = a->translate(mine->gva);
+    ASSERT_TRUE(ta.ok() && tm.ok());
+    EXPECT_NE(ta->extents[0].frame_offset, tm->extents[0].frame_offset) << "B was given A's frames";
+    std::vector<unsigned char> mine_back(old_bytes.size());
+    ASSERT_TRUE(a->read(mine->gva, mine_back.data(), mine_back.size()).ok());
+    EXPECT_EQ(mine_back, old_bytes);
+  } else {
+    EXPECT_EQ(acknowledged_after_death.load(), 0) << "writes acknowledged after the daemon died";
+    EXPECT_TRUE(late.code() == ErrorCode::unavailable || late.code() == ErrorCode::not_allocated ||
+                late.code() == ErrorCode::stale_generation)
+        << late.to_string();
+  }
   std::vector<unsigned char> back(new_bytes.size());
   ASSERT_TRUE(b->read(theirs->gva, back.data(), back.size()).ok());
   EXPECT_EQ(back, new_bytes) << "B reads A's bytes";
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, StaleClientTest, ::testing::Values(Tier::dram, Tier::pmem),
-                         [](const auto& info) { return std::string(tier_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Tiers, StaleClientTest,
+                         ::testing::Values(StaleCase{Tier::dram, true}, StaleCase{Tier::pmem, true},
+                                           StaleCase{Tier::dram, false}, StaleCase{Tier::pmem, false}),
+                         [](const auto& info) {
+                           return std::string(tier_name(info.param.tier)) +
+                                  (info.param.durable ? "_durable" : "_forgetful");
+                         });
 
-// Memory migrated onto frames node 2 lent, then node 2 restarts with its
-// memory made anew and hands the frame to someone else: the old owner's
-// reads and writes fail with data_lost instead of reaching the new bytes.
+// Memory migrated onto frames node 2 lent, then node 2 reboots (its shared
+// memory goes, so its memory is made anew) and hands frames to someone else:
+// the old owner's reads and writes fail with data_lost instead of reaching
+// the new bytes. (A restart that keeps the memory keeps the lent frames: see
+// durability_test.)
 TEST(LentFramesTest, FramesOfAPeerThatRestartedAreLostNotShared) {
   test::TestCluster cluster(2);
   ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
@@ -125,6 +155,7 @@ TEST(LentFramesTest, FramesOfAPeerThatRestartedAreLostNotShared) {
   ASSERT_EQ(back, data);
 
   cluster.node(2).kill();
+  std::filesystem::remove_all(cluster.node(2).dram_dir());  // what a reboot does to /dev/shm
   ASSERT_TRUE(cluster.node(2).restart()) << cluster.logs();
   ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
   auto other = cluster.node(2).connect("newcomer");
@@ -489,7 +520,8 @@ TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryAcrossDaemons) {
   // Bob's memory migrated onto node 2 stays bob's.
   const Outcome bobs = as(&*s_bob, sock1, {"alloc", "1048576", "dram"});
   ASSERT_TRUE(bobs.ok) << bobs.text;
-  EXPECT_TRUE(as(&*s_bob, sock1, {"migrate", bobs.text, "dram", "2"}).ok);
+  const Outcome moved = as(&*s_bob, sock1, {"migrate", bobs.text, "dram", "2"});
+  EXPECT_TRUE(moved.ok) << moved.text;
   EXPECT_EQ(as(&*s_alice, sock1, {"--direct", "read", bobs.text, "3"}).code, code(ErrorCode::permission_denied));
   EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
 }

@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
 
   std::string size, tier = "auto", name;
   bool strict = false, coherent = false;
-  auto* alloc = app.add_subcommand("alloc", "allocate memory and print its GVA");
+  auto* alloc = app.add_subcommand(
+      "alloc", "allocate memory and print its GVA; it is persistent: kept until freed, through daemon restarts "
+               "(DRAM until the node reboots)");
   alloc->add_option("SIZE", size, "bytes, or with a unit: 64KiB, 2MiB, 1GiB")->required();
   alloc->add_option("-t,--tier", tier, "vram, dram, pmem or auto")->capture_default_str();
   alloc->add_option("-n,--name", name, "name to find it again with lookup");

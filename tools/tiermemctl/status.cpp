@@ -12,6 +12,7 @@ int cmd_status(const Context& ctx) {
   if (!client) return k_exit_failed;
   auto stat = client->stat(ctx.node);
   if (!stat.ok()) return fail("status", stat.status());
+  const NodeStat::Recovery& r = stat->recovery;
   if (ctx.json) {
     nlohmann::json tiers = nlohmann::json::array();
     for (const auto& t : stat->tiers) tiers.push_back(to_json(t));
@@ -24,6 +25,19 @@ int cmd_status(const Context& ctx) {
                 {"allocations", stat->allocations},
                 {"locks_broken", stat->locks_broken},
                 {"truncations_repaired", stat->truncations_repaired},
+                {"recovery",
+                 {{"durable", r.durable},
+                  {"pool", r.pool},
+                  {"memory_adopted", r.memory_adopted},
+                  {"starts", r.starts},
+                  {"allocations", r.allocations},
+                  {"lost_allocations", r.lost_allocations},
+                  {"lost_pages", r.lost_pages},
+                  {"lost", r.lost},
+                  {"dropped", r.dropped},
+                  {"lent_frames", r.lent_frames},
+                  {"locks_broken", r.locks_broken},
+                  {"elapsed_ms", r.elapsed_ms}}},
                 {"tiers", tiers}});
     return k_exit_ok;
   }
@@ -36,6 +50,23 @@ int cmd_status(const Context& ctx) {
     std::printf("repaired: %llu page lock(s) of dead clients broken, %llu truncated memory file(s) restored\n",
                 static_cast<unsigned long long>(stat->locks_broken),
                 static_cast<unsigned long long>(stat->truncations_repaired));
+  }
+  if (!r.durable) {
+    std::printf("metadata: none (metadata.enabled = false): allocations end with this daemon\n");
+  } else if (r.starts <= 1) {
+    std::printf("metadata: %s (new at this start)\n", r.pool.c_str());
+  } else {
+    std::printf("metadata: %s, start %llu: recovered %llu allocation(s) in %.1f ms, shared memory %s\n",
+                r.pool.c_str(), static_cast<unsigned long long>(r.starts),
+                static_cast<unsigned long long>(r.allocations), r.elapsed_ms,
+                r.memory_adopted ? "taken over" : "made anew");
+  }
+  if (r.lost_allocations > 0 || r.dropped > 0 || r.locks_broken > 0) {
+    std::printf("recovery: %llu allocation(s) lost %llu page(s) (reads fail with data_lost), %llu record(s) "
+                "dropped, %llu page(s) torn\n",
+                static_cast<unsigned long long>(r.lost_allocations), static_cast<unsigned long long>(r.lost_pages),
+                static_cast<unsigned long long>(r.dropped), static_cast<unsigned long long>(r.locks_broken));
+    for (const std::string& l : r.lost) std::printf("  lost: %s\n", l.c_str());
   }
   std::printf("\n");
   Table table({"TIER", "CAPACITY", "USED", "FREE", "USE", "ALLOCS", "PERSISTENT", "BACKING"});

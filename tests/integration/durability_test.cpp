@@ -1,0 +1,319 @@
+// Durability (H5, issue 10): what a daemon acknowledged survives its crash or
+// restart. Real daemons, killed with SIGKILL or stopped with SIGTERM and
+// started again on the same pool and shared memory; a reboot is simulated by
+// removing the node's shared memory before the start. The crash test with
+// many kills under load is tests/support/torture.cpp (the 'torture' test).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+test::DaemonOptions small_pages() {
+  test::DaemonOptions o;
+  o.page_size = "64KiB";
+  o.extra_toml = "[recovery]\nstale_writer_grace_ms = 200\n";
+  return o;
+}
+
+// The bytes at `gva`; empty when the read failed (its status in *status).
+std::vector<unsigned char> read_all(Client& c, Gva gva, size_t n, Status* status = nullptr) {
+  std::vector<unsigned char> out(n);
+  const Status s = c.read(gva, out.data(), out.size());
+  if (status != nullptr) *status = s;
+  if (!s.ok()) out.clear();
+  return out;
+}
+
+enum class Stop { sigkill, sigterm };
+
+class RestartTest : public ::testing::TestWithParam<Stop> {
+ protected:
+  void down(test::TestDaemon& d) {
+    if (GetParam() == Stop::sigkill) {
+      d.kill();
+    } else {
+      EXPECT_EQ(d.stop(), 0);
+    }
+  }
+};
+
+// Named allocations in DRAM and PMEM, written, then the daemon goes away and
+// comes back: the same names lead to the same GVAs with the same bytes.
+TEST_P(RestartTest, AllocationsNamesAndBytesSurvive) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  const auto dram_bytes = test::pattern(300 << 10, 1), pmem_bytes = test::pattern(200 << 10, 2);
+  Gva dram_gva, pmem_gva;
+  {
+    auto c = daemon.connect();
+    auto d = c->alloc(dram_bytes.size(), {.tier = Tier::dram, .strict = true, .name = "weights"});
+    auto p = c->alloc(pmem_bytes.size(), {.tier = Tier::pmem, .strict = true, .name = "optimizer"});
+    ASSERT_TRUE(d.ok() && p.ok());
+    ASSERT_TRUE(c->write(d->gva, dram_bytes.data(), dram_bytes.size()).ok());
+    ASSERT_TRUE(c->write(p->gva, pmem_bytes.data(), pmem_bytes.size()).ok());
+    dram_gva = d->gva;
+    pmem_gva = p->gva;
+  }
+  down(daemon);
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  auto c = daemon.connect();
+  auto d = c->lookup("weights");
+  auto p = c->lookup("optimizer");
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(d->gva, dram_gva);
+  EXPECT_EQ(p->gva, pmem_gva);
+  EXPECT_EQ(d->tier, Tier::dram);
+  EXPECT_EQ(p->size, pmem_bytes.size());
+  EXPECT_EQ(d->lost_pages, 0u);
+  EXPECT_EQ(read_all(*c, dram_gva, dram_bytes.size()), dram_bytes);
+  EXPECT_EQ(read_all(*c, pmem_gva, pmem_bytes.size()), pmem_bytes);
+  auto stat = c->stat();
+  ASSERT_TRUE(stat.ok());
+  EXPECT_TRUE(stat->recovery.durable);
+  EXPECT_TRUE(stat->recovery.memory_adopted);
+  EXPECT_EQ(stat->recovery.allocations, 2u);
+  EXPECT_EQ(stat->recovery.starts, 2u);
+  EXPECT_EQ(stat->allocations, 2u);
+  EXPECT_NE(daemon.log().find("recovered 2 allocation(s)"), std::string::npos) << daemon.log();
+  // The recovered memory is what it was: its frames are not handed out twice.
+  auto fresh = c->alloc(dram_bytes.size(), {.tier = Tier::dram});
+  ASSERT_TRUE(fresh.ok());
+  const auto other = test::pattern(dram_bytes.size(), 9);
+  ASSERT_TRUE(c->write(fresh->gva, other.data(), other.size()).ok());
+  EXPECT_EQ(read_all(*c, dram_gva, dram_bytes.size()), dram_bytes);
+}
+
+// A freed allocation never comes back, and its GVA stays stale: generations
+// go on from where they were.
+TEST_P(RestartTest, FreedStaysFreedAndGenerationsGoOn) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  Gva freed, kept;
+  {
+    auto c = daemon.connect();
+    auto a = c->alloc(100 << 10, {.tier = Tier::pmem, .name = "freed"});
+    auto b = c->alloc(100 << 10, {.tier = Tier::dram, .name = "kept"});
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE(c->free(a->gva).ok());
+    freed = a->gva;
+    kept = b->gva;
+  }
+  down(daemon);
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  auto c = daemon.connect();
+  EXPECT_EQ(c->lookup("freed").status().code(), ErrorCode::not_found);
+  Status s;
+  (void)read_all(*c, freed, 16, &s);
+  EXPECT_TRUE(s.code() == ErrorCode::not_allocated || s.code() == ErrorCode::stale_generation) << s.to_string();
+  auto again = c->alloc(100 << 10, {.tier = Tier::pmem, .name = "freed"});
+  ASSERT_TRUE(again.ok()) << "the name is free again";
+  const uint32_t next = kept.generation + 1 == 0 ? 1 : kept.generation + 1;
+  EXPECT_EQ(again->gva.generation, next) << "generations continue from the record";
+  EXPECT_NE(again->gva, freed);
+  (void)read_all(*c, freed, 16, &s);
+  EXPECT_FALSE(s.ok()) << "the old GVA reaches the new allocation";
+}
+
+// A client connected across the restart is not restarted: its next calls
+// connect again by themselves and reach the same memory, directly.
+TEST_P(RestartTest, AClientCarriesOnAcrossTheRestart) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto c = daemon.connect("survivor");
+  auto a = c->alloc(256 << 10, {.tier = Tier::dram, .strict = true, .name = "live"});
+  ASSERT_TRUE(a.ok());
+  const auto before = test::pattern(256 << 10, 3), after = test::pattern(256 << 10, 4);
+  ASSERT_TRUE(c->write(a->gva, before.data(), before.size()).ok());
+  down(daemon);
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  EXPECT_EQ(read_all(*c, a->gva, before.size()), before);
+  const uint64_t direct = c->access_counters().direct_local;
+  ASSERT_TRUE(c->write(a->gva, after.data(), after.size()).ok());
+  EXPECT_GT(c->access_counters().direct_local, direct) << "after the reconnect writes go straight to memory again";
+  auto other = daemon.connect("other");
+  EXPECT_EQ(read_all(*other, a->gva, after.size()), after);
+  auto stat = c->stat();
+  ASSERT_TRUE(stat.ok());
+  EXPECT_EQ(stat->recovery.starts, 2u) << "the client talks to the new daemon";
+}
+
+INSTANTIATE_TEST_SUITE_P(Stops, RestartTest, ::testing::Values(Stop::sigkill, Stop::sigterm),
+                         [](const auto& info) { return info.param == Stop::sigkill ? "sigkill" : "sigterm"; });
+
+// A reboot takes the node's shared memory: DRAM allocations are reported lost
+// by name and GVA (reads fail with data_lost; free works), PMEM ones come back
+// with their bytes.
+TEST(RebootTest, DramIsReportedLostAndPmemComesBack) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  const auto bytes = test::pattern(128 << 10, 5);
+  Gva dram_gva, pmem_gva;
+  {
+    auto c = daemon.connect();
+    auto d = c->alloc(bytes.size(), {.tier = Tier::dram, .strict = true, .name = "activations"});
+    auto p = c->alloc(bytes.size(), {.tier = Tier::pmem, .strict = true, .name = "checkpoint"});
+    ASSERT_TRUE(d.ok() && p.ok());
+    ASSERT_TRUE(c->write(d->gva, bytes.data(), bytes.size()).ok());
+    ASSERT_TRUE(c->write(p->gva, bytes.data(), bytes.size()).ok());
+    dram_gva = d->gva;
+    pmem_gva = p->gva;
+  }
+  daemon.kill();
+  std::filesystem::remove_all(daemon.dram_dir());  // what a reboot does to /dev/shm
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  auto c = daemon.connect();
+  auto stat = c->stat();
+  ASSERT_TRUE(stat.ok());
+  EXPECT_FALSE(stat->recovery.memory_adopted);
+  EXPECT_EQ(stat->recovery.lost_allocations, 1u);
+  ASSERT_EQ(stat->recovery.lost.size(), 1u);
+  EXPECT_NE(stat->recovery.lost[0].find("activations"), std::string::npos);
+  EXPECT_NE(stat->recovery.lost[0].find(dram_gva.to_string()), std::string::npos);
+  EXPECT_NE(daemon.log().find("lost: 'activations' " + dram_gva.to_string()), std::string::npos) << daemon.log();
+  auto lost = c->lookup("activations");
+  ASSERT_TRUE(lost.ok());
+  EXPECT_EQ(lost->lost_pages, lost->pages);
+  Status s;
+  (void)read_all(*c, dram_gva, bytes.size(), &s);
+  EXPECT_EQ(s.code(), ErrorCode::data_lost) << s.to_string();
+  EXPECT_EQ(c->write(dram_gva, bytes.data(), bytes.size()).code(), ErrorCode::data_lost);
+  EXPECT_EQ(read_all(*c, pmem_gva, bytes.size()), bytes);
+  EXPECT_TRUE(c->free(dram_gva).ok());
+  // Lost stays lost over the next start, and the freed one stays freed.
+  daemon.kill();
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  c = daemon.connect();
+  EXPECT_EQ(c->lookup("activations").status().code(), ErrorCode::not_found);
+  EXPECT_EQ(read_all(*c, pmem_gva, bytes.size()), bytes);
+}
+
+// Session allocations go with the session that made them and never come back
+// after a restart; persistent ones (the default) stay.
+TEST(LifetimeTest, SessionAllocationsGoWithTheirSession) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto keeper = daemon.connect("keeper");
+  {
+    auto c = daemon.connect("scratch");
+    auto s = c->alloc(64 << 10, {.name = "scratch", .lifetime = Lifetime::session});
+    auto p = c->alloc(64 << 10, {.name = "kept"});
+    ASSERT_TRUE(s.ok() && p.ok());
+    EXPECT_EQ(s->lifetime, Lifetime::session);
+    EXPECT_EQ(p->lifetime, Lifetime::persistent) << "persistent is the default";
+    auto seen = keeper->lookup("scratch");
+    ASSERT_TRUE(seen.ok());
+    EXPECT_EQ(seen->lifetime, Lifetime::session);
+  }
+  Status gone;
+  for (int i = 0; i < 100; ++i) {
+    gone = keeper->lookup("scratch").status();
+    if (gone.code() == ErrorCode::not_found) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(gone.code(), ErrorCode::not_found) << "the session's allocation outlived it";
+  EXPECT_TRUE(keeper->lookup("kept").ok());
+
+  auto s = keeper->alloc(64 << 10, {.name = "scratch2", .lifetime = Lifetime::session});
+  ASSERT_TRUE(s.ok());
+  daemon.kill();
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  auto c = daemon.connect();
+  EXPECT_EQ(c->lookup("scratch2").status().code(), ErrorCode::not_found) << "a session allocation came back";
+  EXPECT_TRUE(c->lookup("kept").ok());
+  auto elsewhere = c->alloc(64 << 10, {.node = 7, .lifetime = Lifetime::session});
+  EXPECT_EQ(elsewhere.status().code(), ErrorCode::not_supported) << elsewhere.status().to_string();
+}
+
+// The pool belongs to one geometry: a daemon started with another page size
+// refuses to start and says why, and the old one's allocations are intact.
+TEST(MetadataTest, APoolOfAnotherGeometryIsRefused) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  ASSERT_TRUE(daemon.connect()->alloc(64 << 10, {.tier = Tier::pmem, .name = "precious"}).ok());
+  ASSERT_EQ(daemon.stop(), 0);
+  std::stringstream text;
+  text << std::ifstream(daemon.config_path()).rdbuf();
+  const std::string original = text.str();
+  std::ofstream(daemon.config_path()) << std::regex_replace(original, std::regex("64KiB"), "128KiB");
+  EXPECT_FALSE(daemon.restart());
+  EXPECT_NE(daemon.log().find("was made for page size 65536, the configuration says 131072"), std::string::npos)
+      << daemon.log();
+  std::ofstream(daemon.config_path()) << original;
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  EXPECT_TRUE(daemon.connect()->lookup("precious").ok());
+}
+
+// metadata.enabled = false: the daemon forgets everything when it stops, as
+// documented.
+TEST(MetadataTest, WithoutMetadataARestartForgets) {
+  auto o = small_pages();
+  o.extra_toml += "[metadata]\nenabled = false\n";
+  test::TestDaemon daemon(o);
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  ASSERT_TRUE(daemon.connect()->alloc(64 << 10, {.name = "ephemeral"}).ok());
+  daemon.kill();
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  auto c = daemon.connect();
+  EXPECT_EQ(c->lookup("ephemeral").status().code(), ErrorCode::not_found);
+  auto stat = c->stat();
+  ASSERT_TRUE(stat.ok());
+  EXPECT_FALSE(stat->recovery.durable);
+}
+
+// Pages migrated onto frames a peer lent: the peer's restart keeps them lent
+// (its records), the home's restart keeps them in the allocation (its
+// records), and the bytes stay reachable; a free gives them back.
+TEST(ClusterDurabilityTest, PagesOnAPeerSurviveEitherNodesRestart) {
+  test::TestCluster cluster(2, small_pages());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  const auto data = test::pattern(256 << 10, 6);
+  Gva gva;
+  uint64_t used_before = 0;
+  {
+    auto c = cluster.node(1).connect("owner");
+    auto a = c->alloc(data.size(), {.tier = Tier::dram, .name = "abroad"});
+    ASSERT_TRUE(a.ok());
+    gva = a->gva;
+    ASSERT_TRUE(c->write(gva, data.data(), data.size()).ok());
+    auto on2 = cluster.node(2).connect()->stat();
+    ASSERT_TRUE(on2.ok());
+    used_before = on2->tiers[0].used_bytes + on2->tiers[1].used_bytes;
+    ASSERT_TRUE(c->migrate(gva, Tier::dram, 2).ok());
+  }
+  const auto used_on_2 = [&] {
+    auto st = cluster.node(2).connect()->stat();
+    return st.ok() ? st->tiers[0].used_bytes + st->tiers[1].used_bytes : 0;
+  };
+  EXPECT_GT(used_on_2(), used_before);
+  for (int node : {2, 1}) {
+    cluster.node(node).kill();
+    ASSERT_TRUE(cluster.node(node).restart()) << cluster.logs();
+    ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
+    auto c = cluster.node(1).connect("after-" + std::to_string(node));
+    auto found = c->lookup("abroad");
+    ASSERT_TRUE(found.ok()) << found.status().to_string();
+    EXPECT_EQ(found->gva, gva);
+    EXPECT_EQ(found->lost_pages, 0u);
+    EXPECT_EQ(read_all(*c, gva, data.size()), data) << "after node " << node << " restarted";
+    auto t = c->translate(gva);
+    ASSERT_TRUE(t.ok());
+    for (const Extent& x : t->extents) EXPECT_EQ(x.node, 2u);
+  }
+  ASSERT_TRUE(cluster.node(1).connect()->free(gva).ok());
+  EXPECT_EQ(used_on_2(), used_before) << "node 2's frames were not given back";
+}
+
+}  // namespace
+}  // namespace tiermem
