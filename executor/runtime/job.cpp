@@ -104,7 +104,16 @@ Status JobDirectory::wait_at_least(Gva word, uint64_t value, const std::string& 
   Backoff backoff;
   for (;;) {
     auto v = load(word);
-    if (!v.ok()) return v.status().with_context("waiting for " + what);
+    if (!v.ok()) {
+      // The node holding the word may be restarting (its daemon crashed
+      // and comes back with its memory): wait for it like for the value.
+      const ErrorCode c = v.status().code();
+      const bool down = c == ErrorCode::connection_failed || c == ErrorCode::connection_closed ||
+                        c == ErrorCode::unavailable || c == ErrorCode::transport_error;
+      if (!down || Clock::now() > deadline) return v.status().with_context("waiting for " + what);
+      backoff.pause();
+      continue;
+    }
     if (*v >= value) return Status();
     if (Clock::now() > deadline) {
       return Status(ErrorCode::timeout, "waited " + std::to_string(m_timeout.count() / 1000) + " s for " + what);

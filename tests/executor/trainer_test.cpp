@@ -234,6 +234,42 @@ TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
   EXPECT_EQ(slurp(resumed), slurp(reference));
 }
 
+// The daemon of rank 1's node is SIGKILLed with rank 1 and started again:
+// its memory (the job's parameters, optimizer state and committed step, in
+// DRAM) comes back from the durable metadata and the shared memory it took
+// over, rank 1 resumes at the committed step, and every loss is the one the
+// undisturbed run saw.
+TEST_F(TrainerTest, AJobResumesAfterItsDaemonIsKilledAndRestarted) {
+  const std::string reference = m_dir + "/ref.losses", resumed = m_dir + "/crash.losses";
+  const std::vector<std::string> common{model("mlp_digits"), "--stages", "1", "--steps", "300", "--log-every", "1"};
+  auto args = [&](const std::string& job, const std::string& losses) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), {"--job", job, "--losses", losses});
+    return a;
+  };
+  run(2, args("ref", reference));
+
+  Rank r0(0, 2, socket(1), args("crash", resumed), m_dir + "/c0.log");
+  auto r1 = std::make_unique<Rank>(1, 2, socket(2), args("crash", resumed), m_dir + "/c1.log");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (r0.log().find("step 60 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_NE(r0.log().find("step 60 "), std::string::npos) << r0.log();
+  m_cluster->node(2).kill();
+  r1->kill();
+  ASSERT_TRUE(m_cluster->node(2).restart()) << m_cluster->logs();
+  ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+  Rank again(1, 2, socket(2), args("crash", resumed), m_dir + "/c1b.log");
+  EXPECT_EQ(again.wait(), 0) << again.log();
+  EXPECT_EQ(r0.wait(), 0) << r0.log();
+  std::smatch m;
+  const std::string log = again.log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+)"))) << log;
+  EXPECT_GE(std::stoi(m[1]), 60);
+  EXPECT_EQ(slurp(resumed), slurp(reference));
+}
+
 // --snapshot-every N copies the committed parameters and optimizer state to
 // a PMEM allocation: after 25 steps with N = 10 it holds step 20, and its
 // parameters are bit for bit those a 20-step run commits.
