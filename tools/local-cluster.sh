@@ -81,11 +81,17 @@ stop_cluster() {
   done
 }
 
+# Starts NODES daemons. Their memory and metadata pools are durable: a start
+# on the directories of an earlier one serves its allocations again, unless
+# FRESH=1 (the demo), which removes them first.
 start_cluster() {
   local build=$1 nodes=${2:-2} node ndir
   local tiermemd=$build/daemon/tiermemd ctl=$build/tools/tiermemctl
   [ -x "$tiermemd" ] || { echo "no tiermemd in $build (build first: tools/setup.sh build)" >&2; exit 1; }
   stop_cluster
+  if [ "${FRESH:-0}" = 1 ]; then
+    for node in $(seq 1 "$nodes"); do rm -rf "$dir/node$node/pmem" "$(shm_dir "$node")"; done
+  fi
   mkdir -p "$dir"
   write_cluster_file "$nodes"
   for node in $(seq 1 "$nodes"); do
@@ -116,8 +122,9 @@ start_cluster() {
 demo() {
   local build=$1
   local ctl=$build/tools/tiermemctl sock=$dir/node1/tiermemd.sock
-  trap stop_cluster EXIT
-  start_cluster "$build" 2
+  # Each demo from an empty cluster, and its memory gone after it.
+  trap 'stop_cluster; rm -rf "$(shm_dir 1)" "$(shm_dir 2)"' EXIT
+  FRESH=1 start_cluster "$build" 2
   say "tiermemctl nodes: two daemons, one address space"
   "$ctl" --socket "$sock" nodes
   say "tiermemctl status"

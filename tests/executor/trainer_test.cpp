@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -112,6 +113,8 @@ class TrainerTest : public ::testing::Test {
     else EXPECT_EQ(worst, 0) << logs;
     return logs;
   }
+  void resume_after(const std::string& job, const std::function<void(Rank&)>& disturb);
+
   std::unique_ptr<test::TestCluster> m_cluster;
   std::string m_dir;
   int m_runs = 0;
@@ -202,27 +205,29 @@ TEST_F(TrainerTest, DeterministicAndTheSameWithOrWithoutAPipeline) {
   EXPECT_NE(slurp(a), slurp(d)) << "another seed, other losses";
 }
 
-TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
-  const std::string reference = m_dir + "/ref.losses", resumed = m_dir + "/resumed.losses";
+// Two data-parallel replicas of `job`; `disturb` runs once rank 0 is past
+// step 60 and must leave rank 1 dead (it gets rank 1 to kill); rank 1 then
+// starts again. It must resume at a committed step past 60, and every loss
+// must be the one an undisturbed run saw.
+void TrainerTest::resume_after(const std::string& job, const std::function<void(Rank&)>& disturb) {
+  const std::string reference = m_dir + "/" + job + "-ref.losses", resumed = m_dir + "/" + job + ".losses";
   const std::vector<std::string> common{model("mlp_digits"), "--stages", "1", "--steps", "300", "--log-every", "1"};
-  auto args = [&](const std::string& job, const std::string& losses) {
+  auto args = [&](const std::string& name, const std::string& losses) {
     std::vector<std::string> a = common;
-    a.insert(a.end(), {"--job", job, "--losses", losses});
+    a.insert(a.end(), {"--job", name, "--losses", losses});
     return a;
   };
-  run(2, args("ref", reference));  // two data-parallel replicas, undisturbed
+  run(2, args(job + "-ref", reference));  // undisturbed
 
-  Rank r0(0, 2, socket(1), args("kill", resumed), m_dir + "/k0.log");
-  auto r1 = std::make_unique<Rank>(1, 2, socket(2), args("kill", resumed), m_dir + "/k1.log");
-  // Let it get going, then kill rank 1 mid-run.
+  Rank r0(0, 2, socket(1), args(job, resumed), m_dir + "/" + job + "0.log");
+  Rank r1(1, 2, socket(2), args(job, resumed), m_dir + "/" + job + "1.log");
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (r0.log().find("step 60 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
   }
   ASSERT_NE(r0.log().find("step 60 "), std::string::npos) << r0.log();
-  r1->kill();
-  std::this_thread::sleep_for(200ms);
-  Rank again(1, 2, socket(2), args("kill", resumed), m_dir + "/k1b.log");
+  disturb(r1);
+  Rank again(1, 2, socket(2), args(job, resumed), m_dir + "/" + job + "1b.log");
   EXPECT_EQ(again.wait(), 0) << again.log();
   EXPECT_EQ(r0.wait(), 0) << r0.log();
   std::smatch m;
@@ -234,40 +239,24 @@ TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
   EXPECT_EQ(slurp(resumed), slurp(reference));
 }
 
+TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
+  resume_after("kill", [](Rank& r1) {
+    r1.kill();
+    std::this_thread::sleep_for(200ms);
+  });
+}
+
 // The daemon of rank 1's node is SIGKILLed with rank 1 and started again:
 // its memory (the job's parameters, optimizer state and committed step, in
 // DRAM) comes back from the durable metadata and the shared memory it took
-// over, rank 1 resumes at the committed step, and every loss is the one the
-// undisturbed run saw.
+// over; rank 0 waits for the node meanwhile.
 TEST_F(TrainerTest, AJobResumesAfterItsDaemonIsKilledAndRestarted) {
-  const std::string reference = m_dir + "/ref.losses", resumed = m_dir + "/crash.losses";
-  const std::vector<std::string> common{model("mlp_digits"), "--stages", "1", "--steps", "300", "--log-every", "1"};
-  auto args = [&](const std::string& job, const std::string& losses) {
-    std::vector<std::string> a = common;
-    a.insert(a.end(), {"--job", job, "--losses", losses});
-    return a;
-  };
-  run(2, args("ref", reference));
-
-  Rank r0(0, 2, socket(1), args("crash", resumed), m_dir + "/c0.log");
-  auto r1 = std::make_unique<Rank>(1, 2, socket(2), args("crash", resumed), m_dir + "/c1.log");
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (r0.log().find("step 60 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_NE(r0.log().find("step 60 "), std::string::npos) << r0.log();
-  m_cluster->node(2).kill();
-  r1->kill();
-  ASSERT_TRUE(m_cluster->node(2).restart()) << m_cluster->logs();
-  ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
-  Rank again(1, 2, socket(2), args("crash", resumed), m_dir + "/c1b.log");
-  EXPECT_EQ(again.wait(), 0) << again.log();
-  EXPECT_EQ(r0.wait(), 0) << r0.log();
-  std::smatch m;
-  const std::string log = again.log();
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+)"))) << log;
-  EXPECT_GE(std::stoi(m[1]), 60);
-  EXPECT_EQ(slurp(resumed), slurp(reference));
+  resume_after("crash", [this](Rank& r1) {
+    m_cluster->node(2).kill();
+    r1.kill();
+    ASSERT_TRUE(m_cluster->node(2).restart()) << m_cluster->logs();
+    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+  });
 }
 
 // --snapshot-every N copies the committed parameters and optimizer state to
