@@ -121,6 +121,23 @@ Status call_into(ClientCore& c, proto::Request request, T* out, Get get) {
   return Status();
 }
 
+NodeInfo node_info_of(const proto::NodeInfo& n) {
+  NodeInfo info;
+  info.node = static_cast<NodeId>(n.node_id());
+  info.control_address = n.control_address();
+  info.state = static_cast<NodeState>(n.state());
+  info.incarnation = n.incarnation();
+  info.transports = n.transports();
+  info.last_error = n.last_error();
+  info.state_since_ms = n.state_since_ms();
+  info.health = static_cast<NodeHealth>(n.health());
+  info.health_since_ms = n.health_since_ms();
+  info.last_heartbeat_ms = n.last_heartbeat_ms();
+  info.missed_heartbeats = n.missed_heartbeats();
+  info.heartbeat_rtt_us = n.heartbeat_rtt_us();
+  return info;
+}
+
 }  // namespace
 
 Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options) {
@@ -240,21 +257,42 @@ Result<std::vector<NodeInfo>> Client::nodes() {
   TIERMEM_RETURN_IF_ERROR(run("nodes", true, [&](ClientCore& c) {
     return call_into(c, request, &out, [](const proto::Response& r) {
       std::vector<NodeInfo> v;
-      for (const proto::NodeInfo& n : r.nodes().nodes()) {
-        NodeInfo info;
-        info.node = static_cast<NodeId>(n.node_id());
-        info.control_address = n.control_address();
-        info.state = static_cast<NodeState>(n.state());
-        info.incarnation = n.incarnation();
-        info.transports = n.transports();
-        info.last_error = n.last_error();
-        info.state_since_ms = n.state_since_ms();
-        v.push_back(std::move(info));
-      }
+      for (const proto::NodeInfo& n : r.nodes().nodes()) v.push_back(node_info_of(n));
       return v;
     });
   }));
   return out;
+}
+
+Result<HealthGraph> Client::health() {
+  HealthGraph g;
+  TIERMEM_ASSIGN_OR_RETURN(g.nodes, nodes());
+  const NodeId self = g.nodes.empty() ? 0 : g.nodes[0].node;
+  for (const NodeInfo& n : g.nodes) {
+    if (n.node != self && n.state != NodeState::connected) {
+      g.unasked.push_back("node " + std::to_string(n.node) + ": " + std::string(node_state_name(n.state)) +
+                          (n.last_error.empty() ? "" : " (" + n.last_error + ")"));
+      continue;
+    }
+    proto::Request request;
+    request.mutable_nodes()->set_from(n.node == self ? 0 : n.node);
+    std::vector<NodeInfo> seen;
+    Status s = run("health", true, [&](ClientCore& c) {
+      return call_into(c, request, &seen, [](const proto::Response& r) {
+        std::vector<NodeInfo> v;
+        for (const proto::NodeInfo& x : r.nodes().nodes()) v.push_back(node_info_of(x));
+        return v;
+      });
+    });
+    if (!s.ok()) {
+      g.unasked.push_back("node " + std::to_string(n.node) + ": " + s.to_string());
+      continue;
+    }
+    for (NodeInfo& to : seen) {
+      if (to.node != n.node) g.edges.push_back({n.node, std::move(to)});
+    }
+  }
+  return g;
 }
 
 Result<Mapping> Client::map(Gva gva) {

@@ -25,6 +25,16 @@ Result<Tier> parse_tier(std::string_view text) {
                 "unknown tier '" + std::string(text) + "' (use vram, dram, pmem or auto)");
 }
 
+std::string_view node_health_name(NodeHealth health) {
+  switch (health) {
+    case NodeHealth::unknown: return "unknown";
+    case NodeHealth::healthy: return "healthy";
+    case NodeHealth::degraded: return "degraded";
+    case NodeHealth::unreachable: return "unreachable";
+  }
+  return "unknown";
+}
+
 std::string_view node_state_name(NodeState state) {
   switch (state) {
     case NodeState::self: return "self";

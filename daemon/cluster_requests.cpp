@@ -49,6 +49,7 @@ bool is_domain_region(const proto::RegionKey& k, const std::string& tenant) { re
 }  // namespace
 
 NodeId RequestHandler::target_of(const proto::Request& request) const {
+  if (request.has_nodes() && request.nodes().from() != 0) return static_cast<NodeId>(request.nodes().from());
   if (is_local_only(request)) return m_space.node();
   if (request.node() != 0) return static_cast<NodeId>(request.node());
   if (const proto::Gva* g = gva_of(request)) return static_cast<NodeId>(g->node());

@@ -84,6 +84,10 @@ struct DaemonConfig {
   uint64_t reconnect_interval_ms = 500;
   uint64_t heartbeat_interval_ms = 1000;
   uint64_t peer_timeout_ms = 5000;      // one peer request (and the heartbeat) may take this long
+  // Health (H1): unanswered heartbeats in a row that make a peer DEGRADED,
+  // and how long without an answer makes it UNREACHABLE (the seed's 30 s).
+  uint64_t health_degraded_after_missed = 2;
+  uint64_t health_unreachable_after_ms = 30000;
   // The cluster's shared secret (S2): peers prove they know it before
   // anything is served to them. Required when there is a cluster file; the
   // file must not be readable by group or others.

@@ -42,6 +42,7 @@ PeerManager::PeerManager(PeerOptions options, std::function<proto::NodeInfo()> s
 PeerManager::~PeerManager() { stop(); }
 
 void PeerManager::start() {
+  m_reaper = std::thread([this] { reap(); });
   m_thread = std::thread([this] { run(); });
 }
 
@@ -52,6 +53,37 @@ void PeerManager::stop() {
   }
   m_wake.notify_all();
   if (m_thread.joinable()) m_thread.join();
+  {
+    std::lock_guard lock(m_reaper_mutex);
+    m_reaper_stop = true;
+  }
+  m_reaper_wake.notify_all();
+  if (m_reaper.joinable()) m_reaper.join();
+}
+
+void PeerManager::bury(std::vector<std::shared_ptr<void>> dead) {
+  {
+    std::lock_guard lock(m_reaper_mutex);
+    if (m_reaper.joinable() && !m_reaper_stop) {
+      for (auto& d : dead) m_to_reap.push_back(std::move(d));
+      dead.clear();
+    }
+  }
+  m_reaper_wake.notify_one();
+  // Not started or stopping: `dead` goes here.
+}
+
+void PeerManager::reap() {
+  std::unique_lock lock(m_reaper_mutex);
+  for (;;) {
+    m_reaper_wake.wait(lock, [this] { return m_reaper_stop || !m_to_reap.empty(); });
+    std::vector<std::shared_ptr<void>> batch;
+    batch.swap(m_to_reap);
+    lock.unlock();
+    batch.clear();  // closes endpoints and connections, however long that takes
+    lock.lock();
+    if (m_reaper_stop && m_to_reap.empty()) return;
+  }
 }
 
 PeerManager::Peer* PeerManager::find(NodeId node) {
@@ -89,6 +121,39 @@ void PeerManager::mark(Peer& peer, NodeState state, const std::string& error, Gr
     peer.remote.reset();
     peer.idle.clear();
   }
+}
+
+void PeerManager::beat(NodeId node, bool answered, std::chrono::microseconds rtt, bool refused,
+                       const std::string& error) {
+  std::lock_guard lock(m_mutex);
+  Peer& p = *find(node);
+  const auto now = std::chrono::steady_clock::now();
+  NodeHealth next = p.health;
+  if (answered) {
+    p.missed = 0;
+    p.last_heartbeat_ms = now_unix_ms();
+    p.last_answer = now;
+    p.rtt_us = static_cast<uint64_t>(rtt.count());
+    next = NodeHealth::healthy;
+  } else {
+    ++p.missed;
+    const auto silent = now - (p.last_heartbeat_ms != 0 ? p.last_answer : m_started);
+    if (refused || silent >= m_options.unreachable_after) {
+      next = NodeHealth::unreachable;
+    } else if (p.missed >= m_options.degraded_after_missed) {
+      next = NodeHealth::degraded;
+    }
+  }
+  if (next == p.health) return;
+  const auto name = [](NodeHealth h) { return std::string(node_health_name(h)); };
+  if (next == NodeHealth::healthy) {
+    spdlog::info("node {} health: {} -> healthy (heartbeat answered in {} us)", node, name(p.health), p.rtt_us);
+  } else {
+    spdlog::warn("node {} health: {} -> {} ({} heartbeat(s) unanswered{}: {})", node, name(p.health), name(next),
+                 p.missed, p.last_heartbeat_ms == 0 ? ", never answered" : "", error);
+  }
+  p.health = next;
+  p.health_since_ms = now_unix_ms();
 }
 
 Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string& address, NodeId node,
@@ -132,7 +197,7 @@ Status PeerManager::handshake(NodeId node) {
     info.set_transports(remote->endpoint->transports());
   }
   if (m_on_memory) m_on_memory(node, info.memory_generation());
-  Graveyard graveyard;
+  Graveyard graveyard{this};
   std::lock_guard lock(m_mutex);
   Peer& p = *find(node);
   const bool restarted = p.info.incarnation() != 0 && p.info.incarnation() != info.incarnation();
@@ -174,7 +239,7 @@ Status PeerManager::apply_node_info(NodeId node, const proto::NodeInfo& info) {
   if (old && m_transport != nullptr) {
     TIERMEM_ASSIGN_OR_RETURN(fresh, with_regions(*m_transport, *old, advert_of(info).regions));
   }
-  Graveyard graveyard;
+  Graveyard graveyard{this};
   std::lock_guard lock(m_mutex);
   Peer& p = *find(node);
   if (p.info.incarnation() != incarnation || p.state != NodeState::connected) return Status();
@@ -199,22 +264,30 @@ void PeerManager::check(NodeId node) {
     incarnation = p.info.incarnation();
     regions_version = p.info.regions_version();
   }
+  const auto elapsed = [start = std::chrono::steady_clock::now()] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
+  };
   if (conn) {
     proto::Request ping;
     ping.mutable_ping();
     auto response = conn->call(ping);
     if (response.ok() && response->ping().incarnation() == incarnation) {
+      beat(node, true, elapsed(), false, "");
       if (response->ping().regions_version() != regions_version) (void)refresh_regions(node, conn);
       return;
     }
-    Graveyard graveyard;
+    const std::string why = response.ok() ? "restarted (new incarnation)" : response.status().message();
+    if (!response.ok()) beat(node, false, elapsed(), false, why);
+    Graveyard graveyard{this};
     std::lock_guard lock(m_mutex);
-    mark(*find(node), NodeState::down, response.ok() ? "restarted (new incarnation)" : response.status().message(),
-         &graveyard);
+    mark(*find(node), NodeState::down, why, &graveyard);
   }
   Status s = handshake(node);
+  // Where the kernel says nothing listens, the process is gone: no need to
+  // wait out the timeout to call it unreachable.
+  beat(node, s.ok(), elapsed(), s.message().find("Connection refused") != std::string::npos, s.message());
   if (!s.ok()) {
-    Graveyard graveyard;
+    Graveyard graveyard{this};
     std::lock_guard lock(m_mutex);
     Peer& p = *find(node);
     mark(p, p.state == NodeState::connecting ? NodeState::connecting : NodeState::down, s.message(), &graveyard);
@@ -353,6 +426,8 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
   proto::NodeInfo self = m_self();
   self.set_state(proto::NodeInfo::SELF);
   self.set_state_since_ms(m_self_since_ms);
+  self.set_health(proto::NodeInfo::HEALTHY);
+  self.set_health_since_ms(m_self_since_ms);
   std::lock_guard lock(m_mutex);
   std::vector<proto::NodeInfo> out{std::move(self)};
   for (const ClusterMember& m : m_options.members) {
@@ -362,6 +437,11 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
     info.set_state(static_cast<proto::NodeInfo::State>(p->state));
     info.set_last_error(p->last_error);
     info.set_state_since_ms(p->since_ms);
+    info.set_health(static_cast<proto::NodeInfo::Health>(p->health));
+    info.set_health_since_ms(p->health_since_ms);
+    info.set_last_heartbeat_ms(p->last_heartbeat_ms);
+    info.set_missed_heartbeats(p->missed);
+    info.set_heartbeat_rtt_us(p->rtt_us);
     if (p->state != NodeState::connected) {
       info.clear_regions();
       info.clear_transport_address();

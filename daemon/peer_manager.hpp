@@ -38,6 +38,10 @@ struct PeerOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds timeout{5000};
   size_t max_in_flight = 2;  // requests to one peer at once (the control threads are few)
+  // Health (H1): heartbeats unanswered in a row that make a peer DEGRADED,
+  // and the time without an answer that makes it UNREACHABLE.
+  uint64_t degraded_after_missed = 2;
+  std::chrono::milliseconds unreachable_after{30000};
 };
 
 class PeerManager {
@@ -88,12 +92,27 @@ class PeerManager {
     uint64_t since_ms = 0;
     size_t in_flight = 0;
     std::chrono::steady_clock::time_point next_check{};
+    // Health (H1): the edge from this daemon to the peer.
+    NodeHealth health = NodeHealth::unknown;
+    uint64_t health_since_ms = 0;
+    uint64_t last_heartbeat_ms = 0;  // unix ms of the last answered one
+    std::chrono::steady_clock::time_point last_answer{};  // steady: for the timeout
+    uint32_t missed = 0;
+    uint64_t rtt_us = 0;
   };
-  // What a state change takes away, destroyed after the lock is let go
-  // (closing a UCX endpoint may wait for the peer).
+  // What a state change takes away: handed to the reaper thread when the
+  // graveyard goes (after the lock is let go), since closing a UCX endpoint
+  // to a stopped peer waits for it (seconds), and heartbeats of the others
+  // must go on meanwhile.
   struct Graveyard {
+    PeerManager* owner;
     std::vector<std::shared_ptr<void>> dead;
+    ~Graveyard() {
+      if (!dead.empty()) owner->bury(std::move(dead));
+    }
   };
+  void bury(std::vector<std::shared_ptr<void>> dead);
+  void reap();
 
   void run();
   void check(NodeId node);
@@ -104,6 +123,10 @@ class PeerManager {
   // describes it.
   Result<std::unique_ptr<RpcConnection>> open_link(const std::string& address, NodeId node, proto::NodeInfo* info);
   void mark(Peer& peer, NodeState state, const std::string& error, Graveyard* graveyard);
+  // A heartbeat (a ping, or a new link's handshake) was answered after
+  // `rtt`, or not (`refused`: nothing listens on the peer's address, the
+  // process is gone): updates the peer's health, logging each change once.
+  void beat(NodeId node, bool answered, std::chrono::microseconds rtt, bool refused, const std::string& error);
   Peer* find(NodeId node);
   const Peer* find(NodeId node) const;
   Result<std::shared_ptr<RpcConnection>> take_connection(NodeId node, uint64_t incarnation, const std::string& address);
@@ -120,6 +143,12 @@ class PeerManager {
   bool m_stop = false;
   std::thread m_thread;
   uint64_t m_self_since_ms = 0;
+  std::chrono::steady_clock::time_point m_started = std::chrono::steady_clock::now();
+  std::mutex m_reaper_mutex;
+  std::condition_variable m_reaper_wake;
+  std::vector<std::shared_ptr<void>> m_to_reap;
+  bool m_reaper_stop = false;
+  std::thread m_reaper;
 };
 
 }  // namespace tiermem

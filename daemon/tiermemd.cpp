@@ -217,6 +217,8 @@ Status open_cluster(const DaemonConfig& c, Node* node) {
   po.reconnect_interval = std::chrono::milliseconds(c.reconnect_interval_ms);
   po.heartbeat_interval = std::chrono::milliseconds(c.heartbeat_interval_ms);
   po.timeout = std::chrono::milliseconds(c.peer_timeout_ms);
+  po.degraded_after_missed = c.health_degraded_after_missed;
+  po.unreachable_after = std::chrono::milliseconds(c.health_unreachable_after_ms);
   po.max_in_flight = k_pool_threads / 4;
   DataPlane* dp = node->data_plane.get();
   AddressSpace* space = node->space.get();

@@ -168,6 +168,9 @@ class TIERMEM_EXPORT Client {
 
   // The cluster as the local daemon sees it, this node first.
   Result<std::vector<NodeInfo>> nodes();
+  // The health graph (H1): every node as the local daemon sees it, and the
+  // edges every reachable daemon reports (its view of each other node).
+  Result<HealthGraph> health();
 
   // Of node `node` (0: the local one).
   Result<NodeStat> stat(NodeId node = 0);

@@ -162,6 +162,14 @@ enum class NodeState : uint8_t { self = 0, connected = 1, connecting = 2, down =
 // "self", "connected", "connecting", "down".
 TIERMEM_EXPORT std::string_view node_state_name(NodeState state);
 
+// Health of an edge of the health graph (H1): from a daemon to a node, by
+// its heartbeats. Healthy: answering. Degraded: `health.degraded_after_missed`
+// heartbeats in a row unanswered. Unreachable: none answered for
+// `health.unreachable_after_ms` (or never).
+enum class NodeHealth : uint8_t { unknown = 0, healthy = 1, degraded = 2, unreachable = 3 };
+// "unknown", "healthy", "degraded", "unreachable".
+TIERMEM_EXPORT std::string_view node_health_name(NodeHealth health);
+
 // A member of the cluster as the local daemon sees it.
 struct NodeInfo {
   NodeId node = 0;
@@ -171,6 +179,27 @@ struct NodeInfo {
   std::string transports;       // what the data plane uses to reach it
   std::string last_error;
   uint64_t state_since_ms = 0;  // unix ms of the last state change
+  // The edge from the answering daemon to this node (healthy for itself).
+  NodeHealth health = NodeHealth::unknown;
+  uint64_t health_since_ms = 0;    // unix ms of the last health change
+  uint64_t last_heartbeat_ms = 0;  // unix ms of the last answered heartbeat (0: never)
+  uint32_t missed_heartbeats = 0;  // unanswered in a row
+  uint64_t heartbeat_rtt_us = 0;   // of the last answered heartbeat
+};
+
+// One edge of the health graph: what daemon `from` knows of node `to`.
+struct HealthEdge {
+  NodeId from = 0;
+  NodeInfo to;
+};
+
+// The cluster's health graph (H1): every node, and every edge that a
+// reachable daemon reports; a daemon that could not be asked is named in
+// `unasked` with the reason.
+struct HealthGraph {
+  std::vector<NodeInfo> nodes;  // as the local daemon sees them, itself first
+  std::vector<HealthEdge> edges;
+  std::vector<std::string> unasked;
 };
 
 struct MappingDump {

@@ -93,8 +93,8 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
         << "[tiers.pmem]\npath = \"" << m_pmem_dir << "\"\ncapacity = \"" << o.pmem << "\"\n"
         << "[log]\nlevel = \"debug\"\n";
     if (!o.cluster_file.empty()) {
-      out << "[cluster]\nfile = \"" << o.cluster_file << "\"\nsecret_file = \"" << o.secret_file
-          << "\"\nreconnect_interval_ms = 200\nheartbeat_interval_ms = 300\npeer_timeout_ms = 3000\n";
+      out << "[cluster]\nfile = \"" << o.cluster_file << "\"\nsecret_file = \"" << o.secret_file << "\"\n"
+          << o.cluster_timing;
     }
     if (!o.tls.empty()) out << "[transport]\ntls = \"" << o.tls << "\"\n";
     out << o.extra_toml;

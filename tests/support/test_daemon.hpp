@@ -28,6 +28,8 @@ struct DaemonOptions {
   std::string control_toml;  // keys added to [control]
   std::string cluster_file;  // [cluster] file; empty: alone
   std::string secret_file;   // [cluster] secret_file (TestCluster writes one)
+  // [cluster] timing keys
+  std::string cluster_timing = "reconnect_interval_ms = 200\nheartbeat_interval_ms = 300\npeer_timeout_ms = 3000\n";
   std::string tls;           // [transport] tls
   std::string dir;           // working directory; empty: a new temporary one
   // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).

@@ -72,6 +72,7 @@ int cmd_read(const Context& ctx, const std::string& gva, const std::string& leng
 int cmd_translate(const Context& ctx, const std::string& gva);
 int cmd_dump(const Context& ctx);
 int cmd_nodes(const Context& ctx);
+int cmd_health(const Context& ctx);
 int cmd_migrate(const Context& ctx, const std::string& gva, const std::string& tier);
 
 }  // namespace tiermem::ctl

@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
   app.add_subcommand("dump", "print the mapping table")->callback([&] { rc = cmd_dump(ctx); });
   app.add_subcommand("nodes", "the cluster: peers, their state and the data plane to them")
       ->callback([&] { rc = cmd_nodes(ctx); });
+  app.add_subcommand("health", "the health graph: each node's health and the heartbeat edges between daemons")
+      ->callback([&] { rc = cmd_health(ctx); });
 
   auto* migrate = app.add_subcommand("migrate", "move an allocation to another tier and/or node");
   migrate->add_option("GVA", gva, "NNNN:OOOOOOOOOOOOOOOO")->required();

@@ -1,0 +1,123 @@
+// The health graph (H1) with real faults: three daemons heartbeating every
+// 10 ms; one is stopped (SIGSTOP), continued, and killed, and the others'
+// view of it moves through degraded to unreachable and back to healthy, each
+// change logged once, within the bounds docs/ARCHITECTURE.md gives.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int k_interval_ms = 10, k_timeout_ms = 30, k_unreachable_ms = 300;
+
+test::DaemonOptions fast_heartbeats() {
+  test::DaemonOptions o;
+  o.page_size = "64KiB";
+  o.cluster_timing = "reconnect_interval_ms = " + std::to_string(k_interval_ms) +
+                     "\nheartbeat_interval_ms = " + std::to_string(k_interval_ms) +
+                     "\npeer_timeout_ms = " + std::to_string(k_timeout_ms) + "\n";
+  o.extra_toml = "[health]\ndegraded_after_missed = 2\nunreachable_after_ms = " + std::to_string(k_unreachable_ms) + "\n";
+  return o;
+}
+
+NodeHealth health_of(Client& c, NodeId node) {
+  auto nodes = c.nodes();
+  if (!nodes.ok()) return NodeHealth::unknown;
+  for (const NodeInfo& n : *nodes) {
+    if (n.node == node) return n.health;
+  }
+  return NodeHealth::unknown;
+}
+
+// How long until `c`'s daemon sees `node` as `want` (at most `limit`).
+std::chrono::milliseconds until(Client& c, NodeId node, NodeHealth want, std::chrono::milliseconds limit) {
+  const auto start = Clock::now();
+  while (Clock::now() - start < limit) {
+    if (health_of(c, node) == want) {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  return limit + 1ms;
+}
+
+TEST(HealthTest, AStoppedPeerGoesUnreachableAndComesBackHealthyAndAKilledOneIsSeenAtOnce) {
+  test::TestCluster cluster(3, fast_heartbeats());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("watcher");
+  ASSERT_NE(c, nullptr);
+  ASSERT_LT(until(*c, 3, NodeHealth::healthy, 2s), 2s);
+
+  auto graph = c->health();
+  ASSERT_TRUE(graph.ok()) << graph.status().to_string();
+  ASSERT_EQ(graph->nodes.size(), 3u);
+  EXPECT_EQ(graph->edges.size(), 6u) << "each of three daemons reports its two peers";
+  for (const HealthEdge& e : graph->edges) {
+    EXPECT_EQ(e.to.health, NodeHealth::healthy) << e.from << " -> " << e.to.node;
+    EXPECT_GT(e.to.last_heartbeat_ms, 0u);
+    EXPECT_EQ(e.to.missed_heartbeats, 0u);
+  }
+  EXPECT_TRUE(graph->unasked.empty());
+
+  // SIGSTOP: nothing tells the others; heartbeats go unanswered. Bound (see
+  // ARCHITECTURE.md, health): unreachable_after + one check (a timeout and
+  // an interval), here with room for a loaded machine.
+  ::kill(cluster.node(3).pid(), SIGSTOP);
+  const auto stopped = until(*c, 3, NodeHealth::unreachable, 3s);
+  const auto bound = std::chrono::milliseconds(k_unreachable_ms + 3 * k_interval_ms + 2 * k_timeout_ms);
+  EXPECT_LE(stopped, bound + 300ms) << "a stopped peer took " << stopped.count() << " ms to be unreachable";
+  EXPECT_GE(stopped.count(), 0);
+  auto during = c->health();
+  ASSERT_TRUE(during.ok());
+  bool seen_from_2 = false;
+  for (const HealthEdge& e : during->edges) {
+    if (e.from == 2 && e.to.node == 3) {
+      seen_from_2 = true;
+      EXPECT_NE(e.to.health, NodeHealth::healthy) << "node 2 still sees the stopped node 3 as healthy";
+      EXPECT_GT(e.to.missed_heartbeats, 0u);
+    }
+  }
+  EXPECT_TRUE(seen_from_2);
+  EXPECT_FALSE(during->unasked.empty()) << "the stopped daemon could not be asked for its edges";
+  const std::string log = cluster.node(1).log();
+  const size_t degraded = log.find("node 3 health: healthy -> degraded");
+  const size_t unreachable = log.find("node 3 health: degraded -> unreachable");
+  EXPECT_NE(degraded, std::string::npos) << log;
+  EXPECT_NE(unreachable, std::string::npos) << log;
+  EXPECT_LT(degraded, unreachable);
+  EXPECT_EQ(log.find("node 3 health: degraded -> unreachable", unreachable + 1), std::string::npos)
+      << "a transition is logged once";
+
+  ::kill(cluster.node(3).pid(), SIGCONT);
+  EXPECT_LT(until(*c, 3, NodeHealth::healthy, 5s), 5s) << cluster.node(1).log();
+
+  // SIGKILL: the kernel refuses the next connection, which says the process
+  // is gone: unreachable without waiting out unreachable_after.
+  cluster.node(3).kill();
+  const auto killed = until(*c, 3, NodeHealth::unreachable, 3s);
+  EXPECT_LT(killed, std::chrono::milliseconds(k_unreachable_ms)) << "took " << killed.count() << " ms";
+
+  auto ctl = test::run_ctl(cluster.node(1).socket(), {"--json", "health"});
+  ASSERT_EQ(ctl.exit_code, 0) << ctl.err;
+  const auto j = nlohmann::json::parse(ctl.out);
+  ASSERT_EQ(j["nodes"].size(), 3u);
+  EXPECT_EQ(j["nodes"][2]["health"], "unreachable");
+  EXPECT_EQ(j["edges"].size(), 4u) << "nodes 1 and 2 report their edges; 3 cannot be asked";
+  auto human = test::run_ctl(cluster.node(1).socket(), {"health"});
+  EXPECT_EQ(human.exit_code, 0);
+  EXPECT_NE(human.out.find("unreachable"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("not asked: node 3"), std::string::npos) << human.out;
+}
+
+}  // namespace
+}  // namespace tiermem
