@@ -23,21 +23,12 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-NodeHealth health_of(Client& c, NodeId node) {
-  auto nodes = c.nodes();
-  if (!nodes.ok()) return NodeHealth::unknown;
-  for (const NodeInfo& n : *nodes) {
-    if (n.node == node) return n.health;
-  }
-  return NodeHealth::unknown;
-}
-
 // Seconds until node 1 sees node 3 as `want`; negative past `limit`.
 double until(Client& c, NodeHealth want, double limit) {
   const auto start = Clock::now();
   for (;;) {
     const double t = std::chrono::duration<double>(Clock::now() - start).count();
-    if (health_of(c, 3) == want) return t;
+    if (test::health_of(c, 3) == want) return t;
     if (t > limit) return -1;
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }

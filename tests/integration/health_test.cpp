@@ -30,20 +30,11 @@ test::DaemonOptions fast_heartbeats() {
   return o;
 }
 
-NodeHealth health_of(Client& c, NodeId node) {
-  auto nodes = c.nodes();
-  if (!nodes.ok()) return NodeHealth::unknown;
-  for (const NodeInfo& n : *nodes) {
-    if (n.node == node) return n.health;
-  }
-  return NodeHealth::unknown;
-}
-
 // How long until `c`'s daemon sees `node` as `want` (at most `limit`).
 std::chrono::milliseconds until(Client& c, NodeId node, NodeHealth want, std::chrono::milliseconds limit) {
   const auto start = Clock::now();
   while (Clock::now() - start < limit) {
-    if (health_of(c, node) == want) {
+    if (test::health_of(c, node) == want) {
       return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
     }
     std::this_thread::sleep_for(1ms);

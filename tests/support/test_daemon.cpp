@@ -236,6 +236,15 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+NodeHealth health_of(Client& c, NodeId node) {
+  auto nodes = c.nodes();
+  if (!nodes.ok()) return NodeHealth::unknown;
+  for (const NodeInfo& n : *nodes) {
+    if (n.node == node) return n.health;
+  }
+  return NodeHealth::unknown;
+}
+
 std::string write_secret(const std::string& dir) {
   const std::string path = dir + "/cluster.secret";
   {

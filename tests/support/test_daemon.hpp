@@ -113,6 +113,9 @@ class TestCluster {
   std::vector<std::unique_ptr<TestDaemon>> m_daemons;
 };
 
+// The health of `node` as `c`'s daemon sees it (unknown when it cannot say).
+NodeHealth health_of(Client& c, NodeId node);
+
 // A cluster secret (32 random hex digits, mode 0600) in `dir`; its path.
 std::string write_secret(const std::string& dir);
 
