@@ -306,9 +306,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
 
   UnitRange virt;
   if (!dom.virtual_pages.take_next_fit(pages, dom.cursor, &virt)) {
-    for (const UnitRange& f : frames) {
-      for (uint64_t i = 0; i < f.count; ++i) release_local_frame(chosen, (f.start + i) * psize, domain);
-    }
+    release_local_frames(chosen, frames, domain);
     return Status(ErrorCode::tier_exhausted,
                   "node " + std::to_string(m_node) + " has no free virtual range of " + std::to_string(pages) +
                       " pages for tenant '" + request.tenant + "' (" + std::to_string(dom.virtual_pages.free_units()) +
@@ -317,9 +315,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   dom.cursor = virt.start + virt.count;
 
   if (Status s = prepare_frames(chosen, frames); !s.ok()) {
-    for (const UnitRange& r : frames) {
-      for (uint64_t i = 0; i < r.count; ++i) release_local_frame(chosen, (r.start + i) * psize, domain);
-    }
+    release_local_frames(chosen, frames, domain);
     (void)dom.virtual_pages.release(virt);
     return s.with_context("frames for a new allocation");
   }
@@ -338,32 +334,11 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   a.coherent = request.coherent;
   a.session = request.session;
 
-  uint8_t flags = k_page_read | k_page_write | k_entry_present;
-  if (tier.backend->persistent()) flags |= k_page_durable;
-  if (a.coherent) flags |= k_page_coherent;
-  uint64_t page = a.first_page;
-  for (const UnitRange& f : frames) {
-    for (uint64_t i = 0; i < f.count; ++i, ++page) {
-      PageEntry e;
-      e.frame_offset = (f.start + i) * psize;
-      e.generation = a.generation;
-      e.node = m_node;
-      e.tier = chosen;
-      e.flags = flags;
-      // Nobody holds a free page's lock (its epoch moved on when it was
-      // freed), so the word is moved to the next epoch without waiting: a
-      // client that scribbled on it cannot make the daemon wait.
-      m_table.set(page, e);
-      version::advance_epoch(m_versions->word(page));
-    }
-  }
+  map_new_pages(a, chosen, frames);
   // Recorded before anyone learns of it: a failure undoes it all.
   if (Status s = record(a); !s.ok()) {
-    for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
-      const PageEntry e = *m_table.find(p);
-      release_local_frame(e.tier, e.frame_offset, domain);
-      m_table.clear(p);
-    }
+    for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) m_table.clear(p);
+    release_local_frames(chosen, frames, domain);
     (void)dom.virtual_pages.release(virt);
     return s;
   }
@@ -372,6 +347,28 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   const AllocationInfo info = info_of(a);
   m_allocations.emplace(a.first_page, std::move(a));
   return info;
+}
+
+void AddressSpace::map_new_pages(const Allocation& a, Tier tier, const std::vector<UnitRange>& frames) {
+  uint8_t flags = k_page_read | k_page_write | k_entry_present;
+  if (m_tiers[static_cast<size_t>(tier)].backend->persistent()) flags |= k_page_durable;
+  if (a.coherent) flags |= k_page_coherent;
+  uint64_t page = a.first_page;
+  for (const UnitRange& f : frames) {
+    for (uint64_t i = 0; i < f.count; ++i, ++page) {
+      PageEntry e;
+      e.frame_offset = (f.start + i) * page_size();
+      e.generation = a.generation;
+      e.node = m_node;
+      e.tier = tier;
+      e.flags = flags;
+      // Nobody holds a free page's lock (its epoch moved on when it was
+      // freed), so the word is moved to the next epoch without waiting: a
+      // client that scribbled on it cannot make the daemon wait.
+      m_table.set(page, e);
+      version::advance_epoch(m_versions->word(page));
+    }
+  }
 }
 
 Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {

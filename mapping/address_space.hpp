@@ -339,6 +339,14 @@ class AddressSpace {
   void recover(const MetadataImage& image, bool memory_adopted);
   // Recovers one allocation; false (and why) when it does not fit.
   bool recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why);
+  // Its steps: the record is consistent; its range and local frames are
+  // free and taken (all or none); its page entries set (lost and torn pages
+  // flagged); one page's word after a restart (true: a dead writer's lock
+  // was broken).
+  bool check_record(const AllocationRecord& r, std::string* why) const;
+  bool take_back(const AllocationRecord& r, std::string* why);
+  void restore_pages(Allocation& a, const AllocationRecord& r, bool memory_adopted);
+  bool settle_word(uint64_t page, bool memory_adopted);
   // The record of an allocation as its page entries are now.
   AllocationRecord record_of(const Allocation& a) const;
   // Records the allocation (a no-op without metadata or for a session one).
@@ -369,6 +377,9 @@ class AddressSpace {
   // Gives a frame of this node back to its tier (clearing it); `domain` is
   // the one whose frames and quota it counts in.
   void release_local_frame(Tier tier, uint64_t frame_offset, uint32_t domain);
+  void release_local_frames(Tier tier, const std::vector<UnitRange>& frames, uint32_t domain);
+  // Points a new allocation's pages at `frames` of `tier` (a new epoch each).
+  void map_new_pages(const Allocation& a, Tier tier, const std::vector<UnitRange>& frames);
   Status copy(Gva gva, std::byte* buffer, size_t length, bool to_memory, MemoryAccess* elsewhere);
   uint64_t frame_pages_of(Tier tier, uint32_t domain, const TenantLimits& limits) const;
 

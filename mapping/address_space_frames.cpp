@@ -49,6 +49,12 @@ void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset, uint32_
   }
 }
 
+void AddressSpace::release_local_frames(Tier tier, const std::vector<UnitRange>& frames, uint32_t domain) {
+  for (const UnitRange& f : frames) {
+    for (uint64_t i = 0; i < f.count; ++i) release_local_frame(tier, (f.start + i) * page_size(), domain);
+  }
+}
+
 // --- frames for pages moving here or homed elsewhere ----------------------------
 
 Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pages, const std::string& tenant,
@@ -81,15 +87,11 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
                                                  std::to_string(pages) + " needed");
   }
   if (Status s = prepare_frames(tier, frames); !s.ok()) {
-    for (const UnitRange& f : frames) {
-      for (uint64_t i = 0; i < f.count; ++i) release_local_frame(tier, (f.start + i) * page_size(), domain);
-    }
+    release_local_frames(tier, frames, domain);
     return s.with_context("frames to lend to node " + std::to_string(borrower));
   }
   if (Status s = record_lent(tier, frames, borrower, domain); !s.ok()) {
-    for (const UnitRange& f : frames) {
-      for (uint64_t i = 0; i < f.count; ++i) release_local_frame(tier, (f.start + i) * page_size(), domain);
-    }
+    release_local_frames(tier, frames, domain);
     return s;
   }
   std::vector<Extent> out;

@@ -68,36 +68,48 @@ Status AddressSpace::record_lent(Tier tier, const std::vector<UnitRange>& frames
   return m_meta->set_lent(tier, numbers, borrower, domain);
 }
 
-bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why) {
-  const uint64_t psize = page_size();
+bool AddressSpace::check_record(const AllocationRecord& r, std::string* why) const {
   const uint32_t domain = m_versions->domain_of(r.first_page);
   if (r.pages == 0 || r.first_page == 0 || r.first_page + r.pages > m_table.pages() ||
       m_versions->domain_of(r.first_page + r.pages - 1) != domain) {
     *why = "its pages lie outside one tenant's range";
     return false;
   }
-  Domain& dom = m_domains[domain];
+  const Domain& dom = m_domains[domain];
   if (!dom.assigned || dom.tenant != r.tenant) {
     *why = "its range belongs to no domain of tenant '" + r.tenant + "'";
     return false;
   }
   uint64_t covered = 0;
   for (const RunRecord& run : r.runs) covered += run.pages;
-  if (covered != r.pages || (!r.name.empty() && m_names.count(r.name) != 0)) {
-    *why = covered != r.pages ? "its page entries do not cover its pages" : "its name is taken twice";
+  if (covered != r.pages) {
+    *why = "its page entries do not cover its pages";
     return false;
   }
+  if (!r.name.empty() && m_names.count(r.name) != 0) {
+    *why = "its name is taken twice";
+    return false;
+  }
+  return true;
+}
+
+bool AddressSpace::take_back(const AllocationRecord& r, std::string* why) {
+  const uint64_t psize = page_size();
+  const uint32_t domain = m_versions->domain_of(r.first_page);
+  Domain& dom = m_domains[domain];
   if (!dom.virtual_pages.reserve({r.first_page, r.pages})) {
     *why = "its virtual range overlaps another allocation's";
     return false;
   }
-  // Local frames back: taken from their domain's free frames (all or none).
+  // Local frames from their domain's free frames, all or none.
   std::vector<std::pair<Tier, UnitRange>> taken;
-  const auto give_back = [&] {
+  const auto refuse = [&](const char* reason) {
     for (const auto& [tier, f] : taken) {
       for (uint64_t i = 0; i < f.count; ++i) release_local_frame(tier, (f.start + i) * psize, domain);
     }
     (void)dom.virtual_pages.release({r.first_page, r.pages});
+    *why = reason;
+    return false;
   };
   for (const RunRecord& run : r.runs) {
     if (run.node != m_node) continue;
@@ -105,21 +117,71 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
     TierState* ts = t < m_tiers.size() ? &m_tiers[t] : nullptr;
     if (ts == nullptr || !ts->backend || run.frame_offset % psize != 0 ||
         !ts->backend->contains(run.frame_offset, run.pages * psize)) {
-      *why = "a frame lies outside its tier";
-      give_back();
-      return false;
+      return refuse("a frame lies outside its tier");
     }
     ExtentSet& free = ts->backend->domains() > 1 ? dom.free_frames[t] : ts->shared_free;
     const UnitRange f{run.frame_offset / psize, run.pages};
     if ((ts->backend->domains() > 1 && ts->backend->domain_of(run.frame_offset) != domain) || !free.reserve(f)) {
-      *why = "a frame is not free in its tenant's files";
-      give_back();
-      return false;
+      return refuse("a frame is not free in its tenant's files");
     }
     ts->used += f.count;
     dom.used[t] += f.count;
     taken.push_back({run.tier, f});
   }
+  return true;
+}
+
+bool AddressSpace::settle_word(uint64_t page, bool memory_adopted) {
+  uint64_t& word = m_versions->word(page);
+  if (!memory_adopted) {
+    version::advance_epoch(word);
+    return false;
+  }
+  // Still locked after the grace period: its writer (a client, or the daemon
+  // before, freeing or migrating the page) died inside a change that was
+  // never acknowledged. An exclusive wait of the daemon before (the pending
+  // bit) has nobody waiting any more.
+  const uint64_t v = version::load(word);
+  const bool broken = version::is_locked(v) && break_lock(word, v & ~version::k_exclusive_pending);
+  version::WordRef(word).fetch_and(~version::k_exclusive_pending, std::memory_order_acq_rel);
+  return broken;
+}
+
+void AddressSpace::restore_pages(Allocation& a, const AllocationRecord& r, bool memory_adopted) {
+  const uint64_t psize = page_size();
+  uint64_t page = r.first_page;
+  for (const RunRecord& run : r.runs) {
+    // What the lender's memory was when it lent the frames: a peer that
+    // comes back with other memory makes them lost (lose_frames_of).
+    if (run.node != m_node && run.memory_generation != 0) m_lender_generation.emplace(run.node, run.memory_generation);
+    // DRAM frames (and frames of a tier whose file is gone) hold nothing of
+    // what was written when the memory did not survive.
+    const auto t = static_cast<size_t>(run.tier);
+    const bool survived =
+        run.node != m_node || (m_recovery_survived[t] && (memory_adopted || m_tiers[t].backend->persistent()));
+    for (uint64_t i = 0; i < run.pages; ++i, ++page) {
+      PageEntry e;
+      e.frame_offset = run.frame_offset + i * psize;
+      e.generation = r.generation;
+      e.node = run.node;
+      e.tier = run.tier;
+      e.flags = static_cast<uint8_t>(run.flags | k_entry_present);
+      if (!survived && (e.flags & k_page_lost) == 0) {
+        e.flags |= k_page_lost;
+        ++a.lost_pages;
+      }
+      if (settle_word(page, memory_adopted) && (e.flags & k_page_torn) == 0) {
+        e.flags |= k_page_torn;
+        ++a.torn_pages;
+        ++m_recovery.locks_broken;
+      }
+      m_table.set(page, e);
+    }
+  }
+}
+
+bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why) {
+  if (!check_record(r, why) || !take_back(r, why)) return false;
   Allocation a;
   a.first_page = r.first_page;
   a.pages = r.pages;
@@ -133,54 +195,15 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   a.coherent = r.coherent;
   a.lost_pages = r.lost_pages;
   a.torn_pages = r.torn_pages;
-  for (const RunRecord& run : r.runs) {
-    // What the lender's memory was when it lent the frames: a peer that
-    // comes back with other memory makes them lost (lose_frames_of).
-    if (run.node != m_node && run.memory_generation != 0) m_lender_generation.emplace(run.node, run.memory_generation);
-  }
-  uint64_t page = r.first_page;
-  for (const RunRecord& run : r.runs) {
-    // DRAM frames (and frames of a tier whose file is gone) hold nothing of
-    // what was written when the memory did not survive.
-    const bool survived = run.node != m_node || (m_recovery_survived[static_cast<size_t>(run.tier)] &&
-                                                 (memory_adopted || m_tiers[static_cast<size_t>(run.tier)].backend->persistent()));
-    for (uint64_t i = 0; i < run.pages; ++i, ++page) {
-      PageEntry e;
-      e.frame_offset = run.frame_offset + i * psize;
-      e.generation = r.generation;
-      e.node = run.node;
-      e.tier = run.tier;
-      e.flags = static_cast<uint8_t>(run.flags | k_entry_present);
-      if (!survived && (e.flags & k_page_lost) == 0) {
-        e.flags |= k_page_lost;
-        ++a.lost_pages;
-      }
-      m_table.set(page, e);
-      uint64_t& word = m_versions->word(page);
-      if (!memory_adopted) {
-        version::advance_epoch(word);
-      } else {
-        // Still locked after the grace period: its writer (a client, or the
-        // daemon before, freeing or migrating the page) died inside a change
-        // that was never acknowledged. An exclusive wait of the daemon
-        // before (the pending bit) has nobody waiting any more.
-        const uint64_t v = version::load(word);
-        if (version::is_locked(v) && break_lock(word, v & ~version::k_exclusive_pending) &&
-            (e.flags & k_page_torn) == 0) {
-          e.flags |= k_page_torn;
-          m_table.set(page, e);
-          ++a.torn_pages;
-          ++m_recovery.locks_broken;
-        }
-        version::WordRef(word).fetch_and(~version::k_exclusive_pending, std::memory_order_acq_rel);
-      }
-    }
-  }
+  restore_pages(a, r, memory_adopted);
+  Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
   dom.cursor = std::max(dom.cursor, r.first_page + r.pages);
   ++m_tiers[static_cast<size_t>(a.tier)].allocations;
   if (!a.name.empty()) m_names.emplace(a.name, a.first_page);
   m_recovery.pages += a.pages;
-  if (a.lost_pages > r.lost_pages || a.torn_pages > r.torn_pages) (void)m_meta->put_allocation(record_of(a), m_next_generation);
+  if (a.lost_pages > r.lost_pages || a.torn_pages > r.torn_pages) {
+    (void)m_meta->put_allocation(record_of(a), m_next_generation);  // the flags only
+  }
   if (a.lost_pages > 0) {
     ++m_recovery.lost_allocations;
     m_recovery.lost_pages += a.lost_pages;

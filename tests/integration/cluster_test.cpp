@@ -187,9 +187,17 @@ TEST_P(ClusterTest, ClientsKilledMidOperationLeaveTheHomeDaemonServing) {
       for (;;) {
         // Many small reads keep requests in flight all the time.
         for (size_t off = 0; off < back.size(); off += 64 << 10) {
-          if (!c->read(block->gva.plus(off), back.data() + off, 64 << 10).ok()) ::_exit(3);
+          const Status s = c->read(block->gva.plus(off), back.data() + off, 64 << 10);
+          if (!s.ok()) {
+            std::fprintf(stderr, "doomed client: read: %s\n", s.to_string().c_str());
+            ::_exit(3);
+          }
         }
-        if (!c->fetch_add(counter->gva, 1).ok()) ::_exit(4);
+        const auto added = c->fetch_add(counter->gva, 1);
+        if (!added.ok()) {
+          std::fprintf(stderr, "doomed client: fetch_add: %s\n", added.status().to_string().c_str());
+          ::_exit(4);
+        }
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 60));
