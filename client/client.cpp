@@ -70,7 +70,17 @@ Status Client::reconnect(const std::shared_ptr<ClientCore>& lost) {
       m_earlier.direct_local += c.direct_local;
       m_earlier.direct_remote += c.direct_remote;
       m_earlier.through_daemon += c.through_daemon;
-      m_core = std::move(fresh).value();
+      std::shared_ptr<ClientCore> next = std::move(fresh).value();
+      // Mappings made before stay mapped to the same memory (the new daemon
+      // took it over): pin their allocations again, so that nothing migrates
+      // or frees them under them.
+      for (const Gva& g : m_core->mapped()) {
+        proto::Request pin;
+        wire::to_proto(g, pin.mutable_map()->mutable_gva());
+        if (next->call(pin).ok()) next->note_mapped(g);
+      }
+      m_core->set_successor(next);
+      m_core = std::move(next);
       return Status();
     }
     last = fresh.status();
@@ -306,6 +316,7 @@ Result<Mapping> Client::map(Gva gva) {
 
   Mapping m;
   m.m_core = core();
+  m.m_core->note_mapped(info.gva);  // pinned: release() unpins
   m.m_allocation = info;
   auto unpin_on_error = [&](Status s) {
     m.release();
@@ -428,11 +439,16 @@ void Mapping::release() {
   m_data = nullptr;
   m_size = m_reserved = 0;
   if (m_core) {
+    // Through the newest connection: after a daemon restart the pin is that
+    // connection's.
+    std::shared_ptr<detail::ClientCore> core = m_core;
+    while (auto next = core->successor()) core = std::move(next);
+    core->note_unmapped(m_allocation.gva);
     proto::Request request;
     wire::to_proto(m_allocation.gva, request.mutable_unmap()->mutable_gva());
     // A failure means the connection is gone, and the daemon then unpins the
     // session's mappings itself.
-    (void)m_core->call(request);
+    (void)core->call(request);
     m_core.reset();
   }
 }

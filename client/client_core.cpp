@@ -136,6 +136,32 @@ void ClientCore::watch_daemon() {
   }
 }
 
+void ClientCore::note_mapped(Gva gva) {
+  std::lock_guard lock(m_mapped_mutex);
+  m_mapped.push_back(gva);
+}
+
+void ClientCore::note_unmapped(Gva gva) {
+  std::lock_guard lock(m_mapped_mutex);
+  auto it = std::find(m_mapped.begin(), m_mapped.end(), gva);
+  if (it != m_mapped.end()) m_mapped.erase(it);
+}
+
+std::vector<Gva> ClientCore::mapped() const {
+  std::lock_guard lock(m_mapped_mutex);
+  return m_mapped;
+}
+
+std::shared_ptr<ClientCore> ClientCore::successor() const {
+  std::lock_guard lock(m_mapped_mutex);
+  return m_successor;
+}
+
+void ClientCore::set_successor(std::shared_ptr<ClientCore> next) {
+  std::lock_guard lock(m_mapped_mutex);
+  m_successor = std::move(next);
+}
+
 Status ClientCore::daemon_gone() const {
   return Status(ErrorCode::unavailable, "tiermemd at " + m_socket +
                                             " is gone (its connection closed): nothing is written through its "

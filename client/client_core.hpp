@@ -113,6 +113,17 @@ class ClientCore {
   NodeId node() const { return static_cast<NodeId>(m_hello.node_id()); }
   // The daemon's end of the connection closed: it is gone.
   bool lost() const { return m_daemon_lost.load(std::memory_order_seq_cst); }
+
+  // Allocations this process holds a Mapping of through this connection
+  // (each pinned by its session), so that the connection replacing this one
+  // after a daemon restart pins them again.
+  void note_mapped(Gva gva);
+  void note_unmapped(Gva gva);
+  std::vector<Gva> mapped() const;
+  // The connection that replaced this one (null while it is current): a
+  // Mapping made through this one unmaps through the newest.
+  std::shared_ptr<ClientCore> successor() const;
+  void set_successor(std::shared_ptr<ClientCore> next);
   uint64_t page_size() const { return m_hello.page_size(); }
 
   Status write(Gva gva, const void* src, size_t length);
@@ -183,6 +194,10 @@ class ClientCore {
 
   // Successful operations by path (access_counters()).
   std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_through_daemon{0};
+
+  mutable std::mutex m_mapped_mutex;
+  std::vector<Gva> m_mapped;  // one entry per Mapping
+  std::shared_ptr<ClientCore> m_successor;
 
   std::shared_mutex m_cache_mutex;
   std::map<std::pair<NodeId, uint64_t>, std::shared_ptr<const CachedAllocation>> m_cache;

@@ -58,7 +58,7 @@ struct ClientOptions {
   // (reads, writes of the same bytes, lookups, stat); an alloc, free,
   // migrate or atomic instead fails with unavailable, since it may or may
   // not have happened: look before repeating it. Mappings made before stay
-  // mapped to the same memory but are no longer pinned (map again).
+  // mapped to the same memory, and are pinned again on the new connection.
   std::chrono::milliseconds reconnect_timeout{30000};
 };
 

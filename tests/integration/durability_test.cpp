@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -147,6 +148,32 @@ TEST_P(RestartTest, AClientCarriesOnAcrossTheRestart) {
   auto stat = c->stat();
   ASSERT_TRUE(stat.ok());
   EXPECT_EQ(stat->recovery.starts, 2u) << "the client talks to the new daemon";
+}
+
+// A Mapping made before the restart still reaches the same memory after it,
+// and its allocation is pinned again once the client has reconnected: nobody
+// migrates it from under the mapping; released, it can be migrated.
+TEST_P(RestartTest, AMappingStaysMappedAndPinnedAcrossTheRestart) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto c = daemon.connect("mapper");
+  auto a = c->alloc(128 << 10, {.tier = Tier::dram, .strict = true, .name = "mapped"});
+  ASSERT_TRUE(a.ok());
+  auto m = c->map(a->gva);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  down(daemon);
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  ASSERT_TRUE(c->stat().ok()) << "the client reconnects (and pins again)";
+  const auto bytes = test::pattern(128 << 10, 8);
+  std::memcpy(m->data(), bytes.data(), bytes.size());
+  auto other = daemon.connect("other");
+  EXPECT_EQ(read_all(*other, a->gva, bytes.size()), bytes) << "stores through the old mapping reach the memory";
+  auto moved = other->migrate(a->gva, Tier::pmem);
+  EXPECT_EQ(moved.status().code(), ErrorCode::failed_precondition) << moved.status().to_string();
+  *m = Mapping();  // unmapped, through the new connection
+  auto later = other->migrate(a->gva, Tier::pmem);
+  EXPECT_TRUE(later.ok()) << later.status().to_string();
+  EXPECT_EQ(read_all(*other, a->gva, bytes.size()), bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stops, RestartTest, ::testing::Values(Stop::sigkill, Stop::sigterm),
