@@ -81,15 +81,48 @@ Result<Gva> JobDirectory::peer(int rank, const std::string& what) {
                                         " on any node): is it running, with the same --job?");
 }
 
-Status JobDirectory::raise(Gva word, uint64_t value) {
-  TIERMEM_ASSIGN_OR_RETURN(auto seen, m_client.compare_swap(word, 0, value));
-  uint64_t current = seen;
-  while (current < value) {
-    TIERMEM_ASSIGN_OR_RETURN(auto r, m_client.compare_swap(word, current, value));
-    if (r == current) break;
-    current = r;
+namespace {
+
+// The node holding the memory is down (its daemon crashed or restarts).
+bool node_down(const Status& s) {
+  const ErrorCode c = s.code();
+  return c == ErrorCode::connection_failed || c == ErrorCode::connection_closed || c == ErrorCode::unavailable ||
+         c == ErrorCode::transport_error;
+}
+
+}  // namespace
+
+Status JobDirectory::while_down(const std::function<Status()>& op) {
+  const auto deadline = Clock::now() + m_timeout;
+  Backoff backoff;
+  for (;;) {
+    Status s = op();
+    if (s.ok() || !node_down(s) || Clock::now() > deadline) return s;
+    backoff.pause();
   }
-  return Status();
+}
+
+Status JobDirectory::read(Gva at, void* dst, size_t length) {
+  return while_down([&] { return m_client.read(at, dst, length); });
+}
+
+Status JobDirectory::write(Gva at, const void* src, size_t length) {
+  return while_down([&] { return m_client.write(at, src, length); });
+}
+
+Status JobDirectory::raise(Gva word, uint64_t value) {
+  // A compare-and-swap up to `value`: repeating one whose outcome a crash
+  // hid is harmless (the word only ever goes up).
+  return while_down([&]() -> Status {
+    TIERMEM_ASSIGN_OR_RETURN(auto seen, m_client.compare_swap(word, 0, value));
+    uint64_t current = seen;
+    while (current < value) {
+      TIERMEM_ASSIGN_OR_RETURN(auto r, m_client.compare_swap(word, current, value));
+      if (r == current) break;
+      current = r;
+    }
+    return Status();
+  });
 }
 
 Result<uint64_t> JobDirectory::load(Gva word) {
@@ -107,10 +140,7 @@ Status JobDirectory::wait_at_least(Gva word, uint64_t value, const std::string& 
     if (!v.ok()) {
       // The node holding the word may be restarting (its daemon crashed
       // and comes back with its memory): wait for it like for the value.
-      const ErrorCode c = v.status().code();
-      const bool down = c == ErrorCode::connection_failed || c == ErrorCode::connection_closed ||
-                        c == ErrorCode::unavailable || c == ErrorCode::transport_error;
-      if (!down || Clock::now() > deadline) return v.status().with_context("waiting for " + what);
+      if (!node_down(v.status()) || Clock::now() > deadline) return v.status().with_context("waiting for " + what);
       backoff.pause();
       continue;
     }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <string>
 
 #include <tiermem/client.h>
@@ -44,6 +45,13 @@ class JobDirectory {
   // Raises the word to at least `value` (compare-and-swap loop): idempotent,
   // so a restarted rank can repeat what it did before it died.
   Status raise(Gva word, uint64_t value);
+  // A copy from or to a peer's memory; while the node holding it is down
+  // (its daemon restarting) it is tried again, up to the job's timeout.
+  Status read(Gva at, void* dst, size_t length);
+  Status write(Gva at, const void* src, size_t length);
+  // Runs `op` again while it fails because the node it reaches is down,
+  // until the job's timeout.
+  Status while_down(const std::function<Status()>& op);
   Result<uint64_t> load(Gva word);
   // Waits until the word is at least `value`. `what` says what is awaited.
   Status wait_at_least(Gva word, uint64_t value, const std::string& what);

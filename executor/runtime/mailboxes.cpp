@@ -105,7 +105,7 @@ Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bo
   std::memcpy(m_staging.data(), &h, sizeof h);
   std::memcpy(m_staging.data() + k_header_bytes, data, static_cast<size_t>(t.bytes()));
   const Gva at = m_peers.mbox.at(c.id).plus(static_cast<uint64_t>(slot_offset(c, sequence, eval)));
-  if (Status s = m_client.write(at, m_staging.data(), m_staging.size()); !s.ok()) {
+  if (Status s = m_dir.write(at, m_staging.data(), m_staging.size()); !s.ok()) {
     return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
   }
   return m_dir.raise(m_peers.ctl_word(receiver, sequence_word(c, eval)), sequence);

@@ -205,7 +205,7 @@ Status StageRunner::all_reduce(int64_t step) {
                                                   "rank " + std::to_string(r) + "'s gradients of step " +
                                                       std::to_string(step)));
       TIERMEM_ASSIGN_OR_RETURN(auto publish, m_dir.peer(r, "publish"));
-      TIERMEM_RETURN_IF_ERROR(m_client.read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes));
+      TIERMEM_RETURN_IF_ERROR(m_dir.read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes));
       src = theirs.data();
     }
     // Every replica adds in replica order: all end with the same bits.
