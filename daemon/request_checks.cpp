@@ -18,7 +18,7 @@ constexpr uint64_t k_max_node = 0xffff;
 
 bool is_node_field(const FieldDescriptor& f) {
   const std::string& n = f.name();
-  return n == "node" || n == "to_node" || n == "node_id";
+  return n == "node" || n == "to_node" || n == "node_id" || n == "from";
 }
 
 Status bad(const std::string& path, const std::string& why) {

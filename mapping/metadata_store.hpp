@@ -98,7 +98,6 @@ class MetadataStore {
   virtual const MetadataImage& image() const = 0;
   // Where the records are, for logs and status.
   virtual std::string describe() const = 0;
-  virtual size_t max_allocations() const = 0;
 
   virtual Status put_domain(const DomainRecord& domain) = 0;
   // Records a new allocation, or replaces the record of the one at the same

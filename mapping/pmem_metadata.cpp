@@ -147,7 +147,6 @@ class PmemMetadata final : public MetadataStore {
 
   const MetadataImage& image() const override { return m_image; }
   std::string describe() const override { return m_path; }
-  size_t max_allocations() const override { return m_root->max_allocations; }
 
   Status put_domain(const DomainRecord& d) override {
     if (d.domain >= m_root->domains) return Status(ErrorCode::internal, "domain out of the pool's range");

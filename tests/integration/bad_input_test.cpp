@@ -188,7 +188,7 @@ TEST_F(BadInputTest, UnknownEnumValuesAndNodeIdsPast16BitsAreRefused) {
   const int fd = greeted(m_daemon.socket());
   ASSERT_GE(fd, 0);
   proto::Response r;
-  std::vector<std::pair<proto::Request, std::string>> cases(5);
+  std::vector<std::pair<proto::Request, std::string>> cases(6);
   cases[0].first.mutable_alloc()->set_size(4096);
   cases[0].first.mutable_alloc()->set_tier(static_cast<proto::Tier>(99));
   cases[0].second = "alloc.tier is 99";
@@ -210,6 +210,8 @@ TEST_F(BadInputTest, UnknownEnumValuesAndNodeIdsPast16BitsAreRefused) {
   migrate->mutable_gva()->set_offset(m_gva.offset);
   migrate->set_tier(static_cast<proto::Tier>(-3));
   cases[4].second = "migrate.tier is -3";
+  cases[5].first.mutable_nodes()->set_from(65536 + m_gva.node);  // another node's view, asked of node 1
+  cases[5].second = "nodes.from is 65537";
   for (auto& [request, expected] : cases) {
     ASSERT_TRUE(wire::send_frame(fd, request.SerializeAsString()).ok());
     ASSERT_TRUE(read_response(fd, &r)) << request.ShortDebugString();

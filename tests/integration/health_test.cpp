@@ -67,7 +67,6 @@ TEST(HealthTest, AStoppedPeerGoesUnreachableAndComesBackHealthyAndAKilledOneIsSe
   const auto stopped = until(*c, 3, NodeHealth::unreachable, 3s);
   const auto bound = std::chrono::milliseconds(k_unreachable_ms + 3 * k_interval_ms + 2 * k_timeout_ms);
   EXPECT_LE(stopped, bound + 300ms) << "a stopped peer took " << stopped.count() << " ms to be unreachable";
-  EXPECT_GE(stopped.count(), 0);
   auto during = c->health();
   ASSERT_TRUE(during.ok());
   bool seen_from_2 = false;
