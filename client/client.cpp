@@ -160,6 +160,7 @@ Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options)
   a->set_name(options.name);
   a->set_coherent(options.coherent);
   a->set_session(options.lifetime == Lifetime::session);
+  a->set_replicas(options.replicas);
   request.set_node(options.node);
   AllocationInfo out;
   TIERMEM_RETURN_IF_ERROR(run("alloc", false, [&](ClientCore& c) {

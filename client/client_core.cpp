@@ -414,6 +414,8 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   a->size = info.size;
   a->first_page = t.first_page_index();
   a->coherent = t.coherent();
+  a->replicated = info.replicas_wanted > 0 || !info.replicas.empty();
+  a->copy = info.replica_of.node != 0;
   a->home_incarnation = t.home_incarnation();
   for (const auto& x : t.extents()) a->extents.push_back(wire::from_proto(x));
   a->page_versions.assign(t.page_versions().begin(), t.page_versions().end());
@@ -445,7 +447,7 @@ AccessCounters ClientCore::counters() const {
   return c;
 }
 
-Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory) {
+Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory, bool from_replica) {
   const uint64_t chunk = std::max<uint64_t>(4096, m_hello.max_inline_bytes());
   while (length > 0) {
     const size_t n = std::min<uint64_t>(length, chunk);
@@ -456,6 +458,7 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
     } else {
       wire::to_proto(gva, request.mutable_read()->mutable_gva());
       request.mutable_read()->set_length(n);
+      request.mutable_read()->set_from_replica(from_replica);
     }
     TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
     if (!to_memory) {
@@ -469,6 +472,29 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
   }
   m_through_daemon.fetch_add(1, std::memory_order_relaxed);
   return Status();
+}
+
+// What says the home could not be reached (or lost the bytes), so that a copy
+// may serve a read instead.
+static bool home_unreachable(const Status& s) {
+  switch (s.code()) {
+    case ErrorCode::transport_error:
+    case ErrorCode::timeout:
+    case ErrorCode::unavailable:
+    case ErrorCode::connection_failed:
+    case ErrorCode::connection_closed:
+    case ErrorCode::data_lost:
+      return true;
+    default:
+      return false;
+  }
+}
+
+Status ClientCore::read_copy(Gva gva, std::byte* buf, size_t length, const Status& failed) {
+  if (!home_unreachable(failed) || gva.node == node() || lost()) return failed;
+  Status s = copy_rpc(gva, buf, length, false, true);
+  if (s.ok()) return s;
+  return Status(failed.code(), failed.message() + "; and from a copy: " + s.message());
 }
 
 Status ClientCore::check_remote_extents(const CachedAllocation& a) {
@@ -498,17 +524,28 @@ Status ClientCore::check_remote_extents(const CachedAllocation& a) {
 
 Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) {
   if (length == 0) return Status();
-  if (!m_direct) return copy_rpc(gva, buf, length, to_memory);
+  if (!m_direct) {
+    Status s = copy_rpc(gva, buf, length, to_memory);
+    return s.ok() || to_memory ? s : read_copy(gva, buf, length, s);
+  }
   if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
   bool refresh = false;
   bool retried_transport = false;
   bool refreshed = false;
   Status last;  // why the last attempt did not go through, for the final error
+  bool plain = false;  // the allocation has no copies to read from
   const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
   while (std::chrono::steady_clock::now() < give_up) {
-    TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
-    const CachedAllocation& alloc = *a;
+    auto a = cached(gva, refresh);
+    if (!a.ok()) {
+      // The home could not say what the allocation is: a copy may, unless
+      // an earlier answer said it has none.
+      return to_memory || plain ? a.status() : read_copy(gva, buf, length, a.status());
+    }
+    const CachedAllocation& alloc = **a;
+    plain = !alloc.replicated;
     const uint64_t offset = gva.offset - alloc.base.offset;
+    if ((alloc.replicated || alloc.copy) && to_memory) return copy_rpc(gva, buf, length, true);
     if (offset > alloc.size || length > alloc.size - offset) {
       return Status(ErrorCode::out_of_range,
                     std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
@@ -552,9 +589,9 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
       last = s;
       continue;
     }
-    return s;
+    return alloc.replicated && !to_memory ? read_copy(gva, buf, length, s) : s;
   }
-  if (!last.ok() && !is_stale(last)) return last;
+  if (!last.ok() && !is_stale(last)) return !to_memory && !plain ? read_copy(gva, buf, length, last) : last;
   return Status(ErrorCode::busy, "translation of " + gva.to_string() +
                                      " kept changing for " + std::to_string(k_retry_time.count()) +
                                      " ms; the allocation is being migrated or freed");
@@ -591,6 +628,7 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
   while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
     const CachedAllocation& alloc = *a;
+    if (alloc.replicated || alloc.copy) return atomic_rpc(gva, op, operand, compare);
     const uint64_t offset = gva.offset - alloc.base.offset;
     if (offset + 8 > alloc.size) {
       return Status(ErrorCode::out_of_range, "word at " + gva.to_string() + " lies past the end of allocation " +

@@ -39,6 +39,8 @@ struct CachedAllocation {
   uint64_t size = 0;
   uint64_t first_page = 0;
   bool coherent = false;
+  bool replicated = false;        // writes and atomics go through the home daemon
+  bool copy = false;              // a copy of a replicated allocation: its daemon refuses writes
   uint64_t home_incarnation = 0;  // of the daemon that translated
   std::vector<Extent> extents;
   std::vector<uint64_t> page_versions;
@@ -162,7 +164,10 @@ class ClientCore {
   Status check_remote_extents(const CachedAllocation& a);
   void forget_node(NodeId node);
   Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory);
-  Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory);
+  Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory, bool from_replica = false);
+  // A read the home could not serve (`failed`), from a copy of the
+  // allocation (replicated memory): `failed` when there is none either.
+  Status read_copy(Gva gva, std::byte* buf, size_t length, const Status& failed);
   Result<uint64_t> atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
   Status persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length);
   Status daemon_gone() const;

@@ -35,6 +35,15 @@ std::string_view node_health_name(NodeHealth health) {
   return "unknown";
 }
 
+std::string_view replica_state_name(ReplicaState state) {
+  switch (state) {
+    case ReplicaState::in_sync: return "in_sync";
+    case ReplicaState::filling: return "filling";
+    case ReplicaState::dropped: return "dropped";
+  }
+  return "unknown";
+}
+
 std::string_view node_state_name(NodeState state) {
   switch (state) {
     case NodeState::self: return "self";

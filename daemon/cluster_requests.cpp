@@ -51,6 +51,10 @@ bool is_domain_region(const proto::RegionKey& k, const std::string& tenant) { re
 NodeId RequestHandler::target_of(const proto::Request& request) const {
   if (request.has_nodes() && request.nodes().from() != 0) return static_cast<NodeId>(request.nodes().from());
   if (is_local_only(request)) return m_space.node();
+  // A read from a copy is served where it is asked, or where a daemon sends it.
+  if (request.has_read() && request.read().from_replica()) {
+    return request.node() != 0 ? static_cast<NodeId>(request.node()) : m_space.node();
+  }
   if (request.node() != 0) return static_cast<NodeId>(request.node());
   if (const proto::Gva* g = gva_of(request)) return static_cast<NodeId>(g->node());
   return m_space.node();

@@ -355,6 +355,9 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("cluster.peer_timeout_ms", &c.peer_timeout_ms, 10, 600000);
   r.integer("health.degraded_after_missed", &c.health_degraded_after_missed, 1, 1000);
   r.integer("health.unreachable_after_ms", &c.health_unreachable_after_ms, 1, 3600000);
+  r.integer("replication.drop_after_ms", &c.replication_drop_after_ms, 0, 3600000);
+  r.integer("replication.repair_interval_ms", &c.replication_repair_interval_ms, 10, 600000);
+  r.integer("replication.orphan_min_age_ms", &c.replication_orphan_min_age_ms, 0, 3600000);
   r.string("cluster.secret_file", &c.secret_file);
   r.string("transport.tls", &c.transport_tls);
   r.string("transport.devices", &c.transport_devices);

@@ -88,6 +88,13 @@ struct DaemonConfig {
   // and how long without an answer makes it UNREACHABLE (the seed's 30 s).
   uint64_t health_degraded_after_missed = 2;
   uint64_t health_unreachable_after_ms = 30000;
+  // Replication (H2): how long a copy's node must be unreachable before its
+  // home writes on without it (0: twice health.unreachable_after_ms), how
+  // often copies are checked and replaced, and the age below which a copy
+  // is never taken for an orphan.
+  uint64_t replication_drop_after_ms = 0;
+  uint64_t replication_repair_interval_ms = 1000;
+  uint64_t replication_orphan_min_age_ms = 10000;
   // The cluster's shared secret (S2): peers prove they know it before
   // anything is served to them. Required when there is a cluster file; the
   // file must not be readable by group or others.

@@ -10,6 +10,7 @@
 #include "convert.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
+#include "daemon/replicator.hpp"
 #include "daemon/request_handler.hpp"
 #include "daemon/session_locks.hpp"
 #include "mapping/lock_intents.hpp"
@@ -53,6 +54,7 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
                                   std::to_string(m_config.max_inline_bytes) + "); split it or map the allocation"),
                        false);
   }
+  if (r.from_replica()) return read_copy(request, who);
   auto info = authorize(who, wire::from_proto(r.gva()), "read");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   const Gva gva = checked(wire::from_proto(r.gva()), *info);
@@ -83,7 +85,9 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
 Reply RequestHandler::write(const proto::Request& request, const Identity& who) {
   auto info = authorize(who, wire::from_proto(request.write().gva()), "write");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
+  if (Status s = guard_copy(*info, who, "write"); !s.ok()) return error_reply(request.id(), s, false);
   const Gva gva = checked(wire::from_proto(request.write().gva()), *info);
+  if (replicated(*info) && m_replicator != nullptr) return write_replicated(request, who, gva);
   const std::string& data = request.write().data();
   Status s = m_space.write(gva, data.data(), data.size());
   if (s.code() == ErrorCode::not_supported && m_peers != nullptr) {
@@ -115,8 +119,12 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
   }
   auto info = authorize(who, wire::from_proto(r.gva()), "run an atomic on");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
+  if (info->replica_of.node != 0) {
+    return error_reply(request.id(), guard_copy(*info, Identity{}, "run an atomic on"), false);
+  }
   const Gva gva = checked(wire::from_proto(r.gva()), *info);
   const WordOp op = r.op() == proto::ATOMIC_FETCH_ADD ? WordOp::fetch_add : WordOp::compare_swap;
+  if (replicated(*info) && m_replicator != nullptr) return atomic_replicated(request, who, gva, op);
   auto run = [this, request, gva, op](MemoryAccess* elsewhere) {
     auto old = m_space.atomic(gva, op, request.atomic().operand(), request.atomic().compare(), elsewhere);
     if (!old.ok()) return error_reply(request.id(), old.status(), false);
@@ -138,20 +146,24 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
 Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
   auto info = authorize(who, wire::from_proto(request.free().gva()), "free");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
+  if (Status s = guard_copy(*info, who, "free"); !s.ok()) return error_reply(request.id(), s, false);
   std::vector<Extent> remote_frames;
   Status s = m_space.free(checked(wire::from_proto(request.free().gva()), *info), &remote_frames);
   if (!s.ok()) return error_reply(request.id(), s, false);
   Reply reply = ok_reply(request);
   reply.response.mutable_free();
-  if (!remote_frames.empty() && m_peers != nullptr) {
-    // Give the frames lent by other nodes back before answering.
-    reply.deferred = [this, request, remote_frames]() {
+  const bool copies = !info->replicas.empty() && m_replicator != nullptr;
+  if ((!remote_frames.empty() || copies) && m_peers != nullptr) {
+    // Give the frames lent by other nodes back, and free the copies, before
+    // answering.
+    reply.deferred = [this, request, remote_frames, who, freed = *info, copies]() {
       for (const Extent& x : remote_frames) {
         proto::Request release;
         release.set_is_operator(true);
         wire::to_proto(x, release.mutable_release_frames()->add_extents());
         (void)m_peers->call(x.node, release);
       }
+      if (copies) m_replicator->freed(freed, who);
       Reply out = ok_reply(request);
       out.response.mutable_free();
       return out;
@@ -215,6 +227,14 @@ Status RequestHandler::map(const proto::MapRequest& r, SessionState& s, proto::M
     // a mapping would need that tenant's files.
     return Status(ErrorCode::permission_denied, s.who.describe() + " may not map " + info.gva.to_string() +
                                                     " of tenant '" + info.tenant + "' (read or write it instead)");
+  }
+  if (replicated(info) || info.replica_of.node != 0) {
+    return Status(ErrorCode::failed_precondition,
+                  info.gva.to_string() + (replicated(info) ? " is replicated: its writes go through its home daemon to "
+                                                             "every copy, which stores through a mapping would bypass"
+                                                           : " is a copy of " + info.replica_of.to_string() +
+                                                                 ", written by its home only") +
+                      "; read and write it instead");
   }
   TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.pin(checked(wire::from_proto(r.gva()), info)));
   s.pins.push_back(layout.info.gva);

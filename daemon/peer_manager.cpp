@@ -451,6 +451,16 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
   return out;
 }
 
+std::vector<PeerHealth> PeerManager::health() const {
+  std::lock_guard lock(m_mutex);
+  std::vector<PeerHealth> out;
+  for (const ClusterMember& m : m_options.members) {
+    const Peer* p = find(m.id);
+    if (p != nullptr) out.push_back({m.id, p->health, p->health_since_ms});
+  }
+  return out;
+}
+
 std::vector<NodeId> PeerManager::connected() const {
   std::lock_guard lock(m_mutex);
   std::vector<NodeId> out;

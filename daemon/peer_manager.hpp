@@ -44,6 +44,14 @@ struct PeerOptions {
   std::chrono::milliseconds unreachable_after{30000};
 };
 
+// The health of the edge from this daemon to one peer, for decisions
+// (replication's quorum).
+struct PeerHealth {
+  NodeId node = 0;
+  NodeHealth health = NodeHealth::unknown;
+  uint64_t since_ms = 0;  // unix ms of the last change (0: never changed)
+};
+
 class PeerManager {
  public:
   // `self` describes this daemon now (its regions grow); `transport` reaches
@@ -67,6 +75,8 @@ class PeerManager {
   // This node first, then every peer in cluster-file order.
   std::vector<proto::NodeInfo> nodes() const;
   std::vector<NodeId> connected() const;
+  // Every peer's health, in cluster-file order.
+  std::vector<PeerHealth> health() const;
   bool knows(NodeId node) const;
 
   // How to reach `node` one-sided. Errors: transport_error (down or no

@@ -8,7 +8,9 @@
 
 #include "convert.hpp"
 #include "daemon/data_plane.hpp"
+#include "daemon/peer_access.hpp"
 #include "daemon/peer_manager.hpp"
+#include "daemon/replicator.hpp"
 #include "daemon/request_checks.hpp"
 #include "daemon/session_locks.hpp"
 #include "mapping/truncation_guard.hpp"
@@ -35,6 +37,7 @@ bool is_peer_only(proto::Request::BodyCase body) {
     case proto::Request::kReserveFrames:
     case proto::Request::kReleaseFrames:
     case proto::Request::kBreakLocks:
+    case proto::Request::kReplicaReady:
       return true;
     default:
       return false;
@@ -48,6 +51,7 @@ const char* request_name(proto::Request::BodyCase body) {
     case proto::Request::kReserveFrames: return "reserve_frames";
     case proto::Request::kReleaseFrames: return "release_frames";
     case proto::Request::kBreakLocks: return "break_locks";
+    case proto::Request::kReplicaReady: return "replica_ready";
     default: return "this request";
   }
 }
@@ -64,9 +68,29 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_secret(std::move(secret)),
       m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()),
-      m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))) {}
+      m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))) {
+  if (peers != nullptr) {
+    ReplicationOptions o;
+    o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
+                                                 ? config.replication_drop_after_ms
+                                                 : 2 * config.health_unreachable_after_ms);
+    o.repair_interval = std::chrono::milliseconds(config.replication_repair_interval_ms);
+    o.orphan_min_age = std::chrono::milliseconds(config.replication_orphan_min_age_ms);
+    o.peer_timeout = std::chrono::milliseconds(config.peer_timeout_ms);
+    m_replicator = std::make_unique<Replicator>(space, *peers, o, [this](Gva gva, void* dst, size_t n) {
+      Status s = m_space.read(gva, dst, n);
+      if (s.code() == ErrorCode::not_supported) {
+        PeerAccess access(m_peers, transport(), transport_timeout());
+        s = m_space.read(gva, dst, n, &access);
+      }
+      return s;
+    });
+  }
+}
 
-RequestHandler::~RequestHandler() = default;
+RequestHandler::~RequestHandler() {
+  if (m_replicator) m_replicator->stop();
+}
 
 Transport* RequestHandler::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
 
@@ -109,6 +133,11 @@ Status RequestHandler::admit(const proto::Request& request, const SessionState& 
     }
     return Status();
   }
+  if (!session.peer && request.by_home()) {
+    return Status(ErrorCode::permission_denied,
+                  "by_home is for the daemon that is the home of a copy, not for clients (" + session.who.describe() +
+                      ")");
+  }
   if (!session.peer && is_peer_only(body)) {
     return Status(ErrorCode::permission_denied,
                   std::string(request_name(body)) + " is for peer daemons only, not for clients (" +
@@ -126,6 +155,7 @@ Identity RequestHandler::requester(const proto::Request& request, const SessionS
   who.tenant = request.tenant();
   who.is_operator = request.is_operator();
   who.uid = request.uid();
+  if (request.by_home()) who.acting_home = session.peer_node;
   return who;
 }
 
@@ -231,6 +261,9 @@ Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState&
       if (status.ok() && request.alloc().session()) {
         session.owned.push_back(wire::from_proto(resp.alloc().allocation().gva()));
       }
+      if (status.ok() && request.alloc().replicas() > 0) {
+        return alloc_replicated(request, who, wire::from_proto(resp.alloc().allocation()));
+      }
       if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
           request.node() == 0 && !request.forwarded() && !request.alloc().session()) {
         return alloc_anywhere(request, session, status);
@@ -259,6 +292,10 @@ Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState&
       nodes(who, resp.mutable_nodes());
       break;
     case proto::Request::kMigrate: return migrate(request, who);
+    case proto::Request::kReplicaReady:
+      status = replica_ready(request.replica_ready(), who);
+      resp.mutable_replica_ready();
+      break;
     case proto::Request::kPersistFrames:
       // msync on a non-DAX file can take milliseconds: off the control threads.
       reply.deferred = [this, request, who]() {
@@ -313,6 +350,12 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
   req.session = r.session();
   req.tenant = who.tenant;
   req.limits = m_tenants.limits(who.tenant);
+  TIERMEM_RETURN_IF_ERROR(check_replicas(r, who));
+  req.replicas_wanted = r.replicas();
+  if (r.has_replica_of()) {
+    req.replica_of = wire::from_proto(r.replica_of());
+    req.replica_ready = r.replica_ready();
+  }
   TIERMEM_RETURN_IF_ERROR(ensure_domain(who.tenant).status());
   TIERMEM_ASSIGN_OR_RETURN(auto info, m_space.allocate(req));
   wire::to_proto(info, out->mutable_allocation());

@@ -41,6 +41,7 @@ namespace tiermem {
 
 class DataPlane;
 class PeerManager;
+class Replicator;
 class SessionLocks;
 class Transport;
 
@@ -125,6 +126,17 @@ class RequestHandler {
   Reply write(const proto::Request& request, const Identity& who);
   Reply atomic(const proto::Request& request, const Identity& who);
   Reply free(const proto::Request& request, const Identity& who);
+  // --- replication (replica_requests.cpp) ---
+  // Whether writes of `info` must reach copies.
+  static bool replicated(const AllocationInfo& info);
+  // A copy is written, freed and marked by its home only.
+  static Status guard_copy(const AllocationInfo& info, const Identity& who, const char* verb);
+  Status check_replicas(const proto::AllocRequest& r, const Identity& who) const;
+  Reply alloc_replicated(const proto::Request& request, const Identity& who, const AllocationInfo& info);
+  Reply write_replicated(const proto::Request& request, const Identity& who, Gva gva);
+  Reply atomic_replicated(const proto::Request& request, const Identity& who, Gva gva, WordOp op);
+  Reply read_copy(const proto::Request& request, const Identity& who);
+  Status replica_ready(const proto::ReplicaReadyRequest& r, const Identity& who);
   Status open_regions(const SessionState& s, proto::OpenRegionsResponse* out, std::vector<int>* fds);
   Status map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out);
   Status unmap(const proto::UnmapRequest& r, SessionState& s);
@@ -153,6 +165,7 @@ class RequestHandler {
   std::chrono::steady_clock::time_point m_started;
   std::atomic<uint64_t> m_sessions{0};
   std::unique_ptr<SessionLocks> m_locks;
+  std::unique_ptr<Replicator> m_replicator;  // in a cluster
 };
 
 }  // namespace tiermem

@@ -25,6 +25,9 @@ struct Identity {
   std::string tenant;
   bool is_operator = false;
   uint32_t uid = 0;
+  // A peer daemon that acts as the home of a copy this request is about
+  // (Request.by_home, believed from an authenticated peer only); 0: none.
+  NodeId acting_home = 0;
   // "tenant 'alice' (uid 1000)" for messages.
   std::string describe() const;
 };

@@ -333,6 +333,9 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   a.tenant = request.tenant;
   a.coherent = request.coherent;
   a.session = request.session;
+  a.replicas_wanted = request.replicas_wanted;
+  a.replica_of = request.replica_of;
+  a.replica_ready = request.replica_ready;
 
   map_new_pages(a, chosen, frames);
   // Recorded before anyone learns of it: a failure undoes it all.
@@ -453,7 +456,60 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.lost_pages = a.lost_pages;
   info.torn_pages = a.torn_pages;
   info.lifetime = a.session ? Lifetime::session : Lifetime::persistent;
+  info.replicas_wanted = a.replicas_wanted;
+  info.replicas = a.replicas;
+  info.replica_of = a.replica_of;
+  info.replica_ready = a.replica_ready;
   return info;
+}
+
+Status AddressSpace::set_replicas(Gva base, const std::vector<ReplicaInfo>& replicas) {
+  std::unique_lock lock(m_mutex);
+  TIERMEM_ASSIGN_OR_RETURN(Allocation* a, locate(base));
+  const std::vector<ReplicaInfo> before = std::move(a->replicas);
+  a->replicas = replicas;
+  if (Status s = record(*a); !s.ok()) {
+    a->replicas = before;
+    return s;
+  }
+  return Status();
+}
+
+Status AddressSpace::set_replica_ready(Gva base, bool ready) {
+  std::unique_lock lock(m_mutex);
+  TIERMEM_ASSIGN_OR_RETURN(Allocation* a, locate(base));
+  const bool before = a->replica_ready;
+  a->replica_ready = ready;
+  if (Status s = record(*a); !s.ok()) {
+    a->replica_ready = before;
+    return s;
+  }
+  return Status();
+}
+
+Result<AllocationInfo> AddressSpace::find_replica(Gva home) const {
+  std::shared_lock lock(m_mutex);
+  for (const auto& [first, a] : m_allocations) {
+    (void)first;
+    const Gva& of = a.replica_of;
+    if (of.node == home.node && of.node != 0 && home.offset >= of.offset &&
+        (home.generation == 0 || home.generation == of.generation)) {
+      // The copy is as large as its allocation: `home` lies inside when it
+      // lies inside the copy's size from the allocation's base.
+      if (home.offset - of.offset < a.size) return info_of(a);
+    }
+  }
+  return Status(ErrorCode::not_found, "node " + std::to_string(m_node) + " holds no copy of " + home.to_string());
+}
+
+std::vector<AllocationInfo> AddressSpace::replicated() const {
+  std::shared_lock lock(m_mutex);
+  std::vector<AllocationInfo> out;
+  for (const auto& [first, a] : m_allocations) {
+    (void)first;
+    if (a.replicas_wanted > 0 || !a.replicas.empty() || a.replica_of.node != 0) out.push_back(info_of(a));
+  }
+  return out;
 }
 
 }  // namespace tiermem

@@ -120,6 +120,11 @@ struct AllocRequest {
   bool session = false;
   std::string tenant;     // the owner; empty: the default tenant ""
   TenantLimits limits;    // the tenant's quotas
+  // Replication (H2): copies its home wants (the home daemon places them),
+  // or, for a copy, the allocation it copies and whether it starts filled.
+  uint32_t replicas_wanted = 0;
+  Gva replica_of;
+  bool replica_ready = false;
 };
 
 // The files a tenant's domain consists of, for a co-located client.
@@ -210,6 +215,18 @@ class AddressSpace {
   Status free(Gva gva, std::vector<Extent>* remote_frames = nullptr);
 
   Result<AllocationInfo> lookup(std::string_view name) const;
+
+  // --- replication (H2; daemon/replicator.hpp decides, these record) -----
+  // Records where the copies of the allocation at `base` are (durably).
+  // Errors: not_allocated, stale_generation.
+  Status set_replicas(Gva base, const std::vector<ReplicaInfo>& replicas);
+  // Of a copy: filled, it may serve reads (durably).
+  Status set_replica_ready(Gva base, bool ready);
+  // The copy held here of the allocation `home` (any offset inside it).
+  // Errors: not_found.
+  Result<AllocationInfo> find_replica(Gva home) const;
+  // Every allocation here that has copies elsewhere, or is one.
+  std::vector<AllocationInfo> replicated() const;
   Result<Translation> translate(Gva gva) const;
   // The layout of the allocation holding `gva`. Errors as translate().
   Result<AllocationLayout> layout(Gva gva) const;
@@ -312,6 +329,10 @@ class AddressSpace {
     bool migrating = false;
     uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
     uint64_t torn_pages = 0;  // flag T: a writer died holding the page's lock
+    uint32_t replicas_wanted = 0;
+    std::vector<ReplicaInfo> replicas;
+    Gva replica_of;  // node 0: not a copy
+    bool replica_ready = false;
   };
   // A tenant's slice of the node: virtual pages and, per tier, free frames.
   struct Domain {

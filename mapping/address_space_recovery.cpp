@@ -35,6 +35,10 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
   r.torn_pages = a.torn_pages;
   r.tenant = a.tenant;
   r.name = a.name;
+  r.replicas_wanted = a.replicas_wanted;
+  r.replicas = a.replicas;
+  r.replica_of = a.replica_of;
+  r.replica_ready = a.replica_ready;
   const uint64_t psize = page_size();
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
     const PageEntry& e = *m_table.find(p);
@@ -195,6 +199,10 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   a.coherent = r.coherent;
   a.lost_pages = r.lost_pages;
   a.torn_pages = r.torn_pages;
+  a.replicas_wanted = r.replicas_wanted;
+  a.replicas = r.replicas;
+  a.replica_of = r.replica_of;
+  a.replica_ready = r.replica_ready;
   restore_pages(a, r, memory_adopted);
   Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
   dom.cursor = std::max(dom.cursor, r.first_page + r.pages);

@@ -9,7 +9,10 @@
 //   - per domain, its tenant and its frame limits;
 //   - per persistent allocation, everything AllocationInfo shows and its page
 //     entries, as runs of consecutive frames;
-//   - per local frame lent to another node's page, the borrower.
+//   - per local frame lent to another node's page, the borrower;
+//   - per allocation, where its copies are (or what it is a copy of), in a
+//     table beside the slots (added after the first layout: a pool made
+//     before gets it at its next open).
 //
 // Every change is one transaction: it is on the pool, or not at all, when the
 // call returns; a process killed inside one leaves the state before it (the
@@ -55,6 +58,12 @@ struct AllocationRecord {
   std::string tenant;  // at most 63 bytes
   std::string name;    // at most 255 bytes
   std::vector<RunRecord> runs;  // in page order, covering every page
+  // Replication: the copies of this allocation (at most k_max_replicas),
+  // or what this copy copies.
+  uint32_t replicas_wanted = 0;
+  std::vector<ReplicaInfo> replicas;
+  Gva replica_of;
+  bool replica_ready = false;
 };
 
 struct DomainRecord {

@@ -55,6 +55,26 @@ struct PSlot {
   uint64_t run_count;
 };
 
+// Beside slot i of the slots table: the copies of that allocation, or what
+// it copies.
+struct PReplicaEntry {
+  uint16_t node;
+  uint8_t state;
+  uint8_t reserved;
+  uint32_t generation;
+  uint64_t offset;
+};
+struct PReplicas {
+  uint32_t wanted;
+  uint8_t ready;
+  uint8_t count;
+  uint16_t of_node;
+  uint32_t of_generation;
+  uint32_t reserved;
+  uint64_t of_offset;
+  PReplicaEntry copies[k_max_replicas];
+};
+
 struct PDomain {
   uint64_t assigned;
   char tenant[64];
@@ -81,6 +101,7 @@ struct Root {
   PMEMoid slots;
   PMEMoid domain_table;
   PMEMoid lent[4];
+  PMEMoid replicas;  // PReplicas[max_allocations], beside the slots (a pool made before has none yet)
 };
 
 Status pool_error(const std::string& what) {
@@ -90,6 +111,14 @@ Status pool_error(const std::string& what) {
 void copy_text(char* dst, size_t room, const std::string& s) {
   std::memset(dst, 0, room);
   std::memcpy(dst, s.data(), std::min(s.size(), room - 1));
+}
+
+Gva gva_of(uint16_t node, uint32_t generation, uint64_t offset) {
+  Gva g;
+  g.node = static_cast<NodeId>(node);
+  g.generation = generation;
+  g.offset = offset;
+  return g;
 }
 
 std::string text_of(const char* s, size_t room) { return std::string(s, strnlen(s, room)); }
@@ -185,6 +214,7 @@ class PmemMetadata final : public MetadataStore {
  private:
   PSlot* slots() const { return static_cast<PSlot*>(pmemobj_direct(m_root->slots)); }
   PDomain* domains() const { return static_cast<PDomain*>(pmemobj_direct(m_root->domain_table)); }
+  PReplicas* replicas() const { return static_cast<PReplicas*>(pmemobj_direct(m_root->replicas)); }
   Status initialize(const MetadataOptions& o, const MetadataGeometry& g);
   Status check_geometry(const MetadataGeometry& g) const;
   void load();
@@ -209,6 +239,7 @@ Status PmemMetadata::initialize(const MetadataOptions& o, const MetadataGeometry
     m_root->max_allocations = o.max_allocations;
     m_root->slots = tx.alloc(o.max_allocations * sizeof(PSlot));
     m_root->domain_table = tx.alloc(g.domains * sizeof(PDomain));
+    m_root->replicas = tx.alloc(o.max_allocations * sizeof(PReplicas));
     for (size_t t = 0; t < 4; ++t) {
       m_root->tier_frames[t] = g.tier_frames[t];
       if (g.tier_frames[t] > 0) m_root->lent[t] = tx.alloc(g.tier_frames[t] * sizeof(PLent));
@@ -279,6 +310,15 @@ void PmemMetadata::load() {
       a.runs.push_back({runs[k].frame_offset, runs[k].pages, runs[k].node, static_cast<Tier>(runs[k].tier),
                         runs[k].flags, runs[k].memory_generation});
     }
+    const PReplicas& r = replicas()[i];
+    a.replicas_wanted = r.wanted;
+    a.replica_ready = r.ready != 0;
+    a.replica_of = gva_of(r.of_node, r.of_generation, r.of_offset);
+    for (size_t k = 0; k < std::min<size_t>(r.count, k_max_replicas); ++k) {
+      const PReplicaEntry& e = r.copies[k];
+      a.replicas.push_back({static_cast<NodeId>(e.node), gva_of(e.node, e.generation, e.offset),
+                            static_cast<ReplicaState>(std::min<uint8_t>(e.state, 2))});
+    }
     m_slot_of[a.first_page] = i;
     m_image.allocations.push_back(std::move(a));
   }
@@ -309,6 +349,14 @@ Status PmemMetadata::open(const MetadataOptions& o, const MetadataGeometry& g) {
   TIERMEM_RETURN_IF_ERROR(check_geometry(g));
   if (OID_IS_NULL(m_root->slots) || OID_IS_NULL(m_root->domain_table)) {
     return Status(ErrorCode::io_error, "metadata pool " + m_path + " lacks its tables");
+  }
+  if (OID_IS_NULL(m_root->replicas)) {
+    // Made before replication: its root grew (zeros) above; the table now.
+    Tx tx(m_pool);
+    if (tx.add(&m_root->replicas, sizeof m_root->replicas)) {
+      m_root->replicas = tx.alloc(m_root->max_allocations * sizeof(PReplicas));
+    }
+    TIERMEM_RETURN_IF_ERROR(tx.commit("the replica table"));
   }
   {
     Tx tx(m_pool);
@@ -362,6 +410,21 @@ Status PmemMetadata::put_allocation(const AllocationRecord& a, uint32_t next_gen
     s->used = 1;
     m_root->next_generation = next_generation;
   }
+  PReplicas* r = replicas() + slot;
+  if (tx.add(r, sizeof *r)) {
+    std::memset(r, 0, sizeof *r);
+    r->wanted = a.replicas_wanted;
+    r->ready = a.replica_ready ? 1 : 0;
+    r->of_node = static_cast<uint16_t>(a.replica_of.node);
+    r->of_generation = a.replica_of.generation;
+    r->of_offset = a.replica_of.offset;
+    r->count = static_cast<uint8_t>(std::min<size_t>(a.replicas.size(), k_max_replicas));
+    for (size_t k = 0; k < r->count; ++k) {
+      const ReplicaInfo& c = a.replicas[k];
+      r->copies[k] = {static_cast<uint16_t>(c.node), static_cast<uint8_t>(c.state), 0, c.gva.generation,
+                      c.gva.offset};
+    }
+  }
   TIERMEM_RETURN_IF_ERROR(tx.commit("allocation at page " + std::to_string(a.first_page)));
   if (fresh) {
     m_free_slots.pop_back();
@@ -399,7 +462,7 @@ Result<std::unique_ptr<MetadataStore>> open_pmem_metadata(const MetadataOptions&
     if (bytes == 0) {
       uint64_t lent = 0;
       for (uint64_t f : g.tier_frames) lent += f * sizeof(PLent);
-      bytes = o.max_allocations * (sizeof(PSlot) + 2 * sizeof(PRun) + 128) + lent + g.domains * sizeof(PDomain) +
+      bytes = o.max_allocations * (sizeof(PSlot) + sizeof(PReplicas) + 2 * sizeof(PRun) + 128) + lent + g.domains * sizeof(PDomain) +
               (16 << 20);
     }
     bytes = std::max<uint64_t>(bytes, PMEMOBJ_MIN_POOL);

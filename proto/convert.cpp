@@ -50,6 +50,15 @@ void to_proto(const AllocationInfo& info, proto::AllocationInfo* out) {
   out->set_lost_pages(info.lost_pages);
   out->set_torn_pages(info.torn_pages);
   out->set_session(info.lifetime == Lifetime::session);
+  out->set_replicas_wanted(info.replicas_wanted);
+  for (const ReplicaInfo& r : info.replicas) {
+    proto::Replica* p = out->add_replicas();
+    p->set_node(r.node);
+    to_proto(r.gva, p->mutable_gva());
+    p->set_state(static_cast<uint32_t>(r.state));
+  }
+  if (info.replica_of.node != 0) to_proto(info.replica_of, out->mutable_replica_of());
+  out->set_replica_ready(info.replica_ready);
 }
 
 AllocationInfo from_proto(const proto::AllocationInfo& info) {
@@ -66,6 +75,14 @@ AllocationInfo from_proto(const proto::AllocationInfo& info) {
   out.lost_pages = info.lost_pages();
   out.torn_pages = info.torn_pages();
   out.lifetime = info.session() ? Lifetime::session : Lifetime::persistent;
+  out.replicas_wanted = info.replicas_wanted();
+  for (const proto::Replica& r : info.replicas()) {
+    const auto state = r.state() <= static_cast<uint32_t>(ReplicaState::dropped) ? static_cast<ReplicaState>(r.state())
+                                                                                 : ReplicaState::dropped;
+    out.replicas.push_back({static_cast<NodeId>(r.node()), from_proto(r.gva()), state});
+  }
+  if (info.has_replica_of()) out.replica_of = from_proto(info.replica_of());
+  out.replica_ready = info.replica_ready();
   return out;
 }
 

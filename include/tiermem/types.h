@@ -64,6 +64,30 @@ struct AllocOptions {
   // restart: scratch memory that must not leak. Only on the client's own
   // node.
   Lifetime lifetime = Lifetime::persistent;
+  // Copies kept on other nodes (H2; at most k_max_replicas), placed on
+  // healthy nodes other than the home. A write is acknowledged once the home
+  // and every replica hold it (writes and atomics then go through the home
+  // daemon); a read goes to the home, and to a replica when the home cannot
+  // be reached. A replica that dies is replaced in the background. Only
+  // persistent allocations of the home node (node 0 or the client's) ask.
+  uint32_t replicas = 0;
+};
+
+inline constexpr uint32_t k_max_replicas = 4;
+
+// A copy of a replicated allocation on another node, as its home knows it.
+// in_sync: holds every acknowledged write (a write needs it); filling: being
+// copied to (new, replacing a dead one: it takes writes, serves no reads);
+// dropped: its node was unreachable and the home went on without it (freed
+// there when the node is back).
+enum class ReplicaState : uint8_t { in_sync = 0, filling = 1, dropped = 2 };
+// "in_sync", "filling", "dropped".
+TIERMEM_EXPORT std::string_view replica_state_name(ReplicaState state);
+
+struct ReplicaInfo {
+  NodeId node = 0;
+  Gva gva;  // the copy's own address on that node
+  ReplicaState state = ReplicaState::in_sync;
 };
 
 struct AllocationInfo {
@@ -79,6 +103,10 @@ struct AllocationInfo {
   uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
   uint64_t torn_pages = 0;  // a writer died holding the page's lock (flag T)
   Lifetime lifetime = Lifetime::persistent;
+  uint32_t replicas_wanted = 0;        // AllocOptions::replicas
+  std::vector<ReplicaInfo> replicas;   // where the copies are (the home's view)
+  Gva replica_of;                      // of a copy: the allocation it copies (node 0: none)
+  bool replica_ready = false;          // of a copy: filled (it may serve reads)
 };
 
 struct TierStat {

@@ -1,4 +1,4 @@
-// tiermemctl alloc SIZE [--tier T] [--name N] [--strict]: prints the new GVA.
+// tiermemctl alloc SIZE [--tier T] [--name N] [--strict] [--coherent] [--replicas N]: prints the new GVA.
 #include <cstdio>
 
 #include <tiermem/units.h>
@@ -8,19 +8,23 @@
 namespace tiermem::ctl {
 
 int cmd_alloc(const Context& ctx, const std::string& size_text, const std::string& tier_text,
-              const std::string& name, bool strict, bool coherent) {
+              const std::string& name, bool strict, bool coherent, uint32_t replicas) {
   auto size = parse_size(size_text);
   if (!size.ok()) return fail("alloc", size.status());
   auto tier = parse_tier(tier_text);
   if (!tier.ok()) return fail("alloc", tier.status());
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto info = client->alloc(*size, {.tier = *tier, .strict = strict, .name = name, .node = ctx.node, .coherent = coherent});
+  auto info = client->alloc(*size, {.tier = *tier, .strict = strict, .name = name, .node = ctx.node, .coherent = coherent,
+                                  .replicas = replicas});
   if (!info.ok()) return fail("alloc " + size_text, info.status());
   if (ctx.json) {
     print_json(to_json(*info));
   } else {
     std::printf("%s\n", info->gva.to_string().c_str());
+    for (const ReplicaInfo& r : info->replicas) {
+      std::printf("  copy on node %u: %s\n", r.node, r.gva.to_string().c_str());
+    }
   }
   return k_exit_ok;
 }

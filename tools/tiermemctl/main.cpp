@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
 
   std::string size, tier = "auto", name;
   bool strict = false, coherent = false;
+  uint32_t replicas = 0;
   auto* alloc = app.add_subcommand(
       "alloc", "allocate memory and print its GVA; it is persistent: kept until freed, through daemon restarts "
                "(DRAM until the node reboots)");
@@ -28,7 +29,10 @@ int main(int argc, char** argv) {
   alloc->add_option("-n,--name", name, "name to find it again with lookup");
   alloc->add_flag("--strict", strict, "fail rather than fall back to a slower tier");
   alloc->add_flag("--coherent", coherent, "holds atomic words: never migrated");
-  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent); });
+  alloc->add_option("--replicas", replicas, "copies on other nodes (written with every write, read when the home "
+                                            "is down)")
+      ->check(CLI::Range(0u, tiermem::k_max_replicas));
+  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent, replicas); });
 
   std::string gva, file = "-", length;
   auto* free = app.add_subcommand("free", "free the allocation starting at GVA");

@@ -52,7 +52,11 @@ Result<uint64_t> room_at(Client& client, Gva gva) {
 }
 
 nlohmann::json to_json(const AllocationInfo& a) {
-  return {{"gva", a.gva.to_string()},
+  nlohmann::json copies = nlohmann::json::array();
+  for (const ReplicaInfo& r : a.replicas) {
+    copies.push_back({{"node", r.node}, {"gva", r.gva.to_string()}, {"state", replica_state_name(r.state)}});
+  }
+  nlohmann::json j = {{"gva", a.gva.to_string()},
           {"generation", a.gva.generation},
           {"size", a.size},
           {"tier", tier_name(a.tier)},
@@ -63,7 +67,14 @@ nlohmann::json to_json(const AllocationInfo& a) {
           {"owner_uid", a.owner_uid},
           {"tenant", a.tenant},
           {"lost_pages", a.lost_pages},
-          {"torn_pages", a.torn_pages}};
+          {"torn_pages", a.torn_pages},
+          {"replicas_wanted", a.replicas_wanted},
+          {"replicas", copies}};
+  if (a.replica_of.node != 0) {
+    j["replica_of"] = a.replica_of.to_string();
+    j["replica_ready"] = a.replica_ready;
+  }
+  return j;
 }
 
 nlohmann::json to_json(const TierStat& t) {

@@ -30,6 +30,13 @@ int cmd_translate(const Context& ctx, const std::string& gva_text) {
   std::printf("  allocation  %s  %s  %s  generation %u%s%s\n", a.gva.to_string().c_str(),
               format_size(a.size).c_str(), std::string(tier_name(a.tier)).c_str(), a.gva.generation,
               a.name.empty() ? "" : "  name ", a.name.c_str());
+  for (const ReplicaInfo& r : a.replicas) {
+    std::printf("  copy        node %u  %s  %s\n", r.node, r.gva.to_string().c_str(),
+                std::string(replica_state_name(r.state)).c_str());
+  }
+  if (a.replica_of.node != 0) {
+    std::printf("  copy of     %s%s\n", a.replica_of.to_string().c_str(), a.replica_ready ? "" : "  (being filled)");
+  }
   std::printf("  offset      %llu bytes into the allocation\n",
               static_cast<unsigned long long>(t->offset_in_allocation));
   std::printf("  page        %llu  (L1 domain %llu, L2 slot %llu)\n",

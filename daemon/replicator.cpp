@@ -1,0 +1,387 @@
+#include "daemon/replicator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include <tiermem/status_macros.h>
+
+#include "convert.hpp"
+#include "daemon/peer_manager.hpp"
+
+namespace tiermem {
+namespace {
+
+constexpr uint64_t k_fill_chunk = 1 << 20;
+
+uint64_t now_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+// A request this node makes as the home of a copy, for `who`.
+proto::Request by_home(const Identity& who) {
+  proto::Request r;
+  r.set_tenant(who.tenant);
+  r.set_is_operator(who.is_operator);
+  r.set_uid(who.uid);
+  r.set_by_home(true);
+  return r;
+}
+
+Identity owner_of(const AllocationInfo& info) {
+  Identity who;
+  who.tenant = info.tenant;
+  who.uid = info.owner_uid;
+  return who;
+}
+
+bool live(const ReplicaInfo& r) { return r.state != ReplicaState::dropped; }
+
+}  // namespace
+
+Replicator::Replicator(AddressSpace& space, PeerManager& peers, ReplicationOptions options,
+                       std::function<Status(Gva, void*, size_t)> read_home)
+    : m_space(space), m_peers(peers), m_options(options), m_read_home(std::move(read_home)) {
+  m_thread = std::thread([this] { run(); });
+}
+
+Replicator::~Replicator() { stop(); }
+
+void Replicator::stop() {
+  {
+    std::lock_guard lock(m_mutex);
+    m_stop = true;
+  }
+  m_wake.notify_all();
+  if (m_thread.joinable()) m_thread.join();
+}
+
+// --- who may do what -----------------------------------------------------------
+
+Replicator::Quorum Replicator::quorum() const {
+  Quorum q;
+  q.members = 1;
+  q.reachable = 1;  // this node
+  const uint64_t now = now_ms();
+  for (const PeerHealth& p : m_peers.health()) {
+    ++q.members;
+    if (p.health == NodeHealth::healthy || p.health == NodeHealth::degraded) {
+      ++q.reachable;
+    } else {
+      if (!q.unreachable.empty()) q.unreachable += ", ";
+      q.unreachable += "node " + std::to_string(p.node) + " (" + std::string(node_health_name(p.health)) + " " +
+                       std::to_string(p.since_ms > 0 && now > p.since_ms ? now - p.since_ms : 0) + " ms)";
+    }
+  }
+  return q;
+}
+
+bool Replicator::may_drop(NodeId node, std::string* why) const {
+  const uint64_t now = now_ms();
+  for (const PeerHealth& p : m_peers.health()) {
+    if (p.node != node) continue;
+    const uint64_t for_ms = p.since_ms > 0 && now > p.since_ms ? now - p.since_ms : 0;
+    if (p.health != NodeHealth::unreachable && p.health != NodeHealth::unknown) {
+      *why = "node " + std::to_string(node) + " is " + std::string(node_health_name(p.health)) +
+             ", not unreachable: its copy is not given up on";
+      return false;
+    }
+    if (for_ms < static_cast<uint64_t>(m_options.drop_after.count())) {
+      *why = "node " + std::to_string(node) + " has been unreachable for " + std::to_string(for_ms) +
+             " ms; its copy is dropped after " + std::to_string(m_options.drop_after.count()) + " ms";
+      return false;
+    }
+    const Quorum q = quorum();
+    if (2 * q.reachable <= q.members) {
+      *why = "node " + std::to_string(m_space.node()) + " reaches only " + std::to_string(q.reachable) + " of " +
+             std::to_string(q.members) + " nodes (" + q.unreachable +
+             "): it may be on the minority side of a partition, where it must not write on alone";
+      return false;
+    }
+    return true;
+  }
+  *why = "node " + std::to_string(node) + " is not in the cluster";
+  return true;  // a node gone from the cluster file holds nothing we can wait for
+}
+
+Status Replicator::may_serve(const AllocationInfo& copy) const {
+  if (!copy.replica_ready) {
+    return Status(ErrorCode::unavailable, "the copy of " + copy.replica_of.to_string() + " on node " +
+                                              std::to_string(m_space.node()) + " is still being filled");
+  }
+  const Quorum q = quorum();
+  if (2 * q.reachable < q.members) {
+    return Status(ErrorCode::unavailable,
+                  "node " + std::to_string(m_space.node()) + " holds a copy of " + copy.replica_of.to_string() +
+                      " but reaches only " + std::to_string(q.reachable) + " of " + std::to_string(q.members) +
+                      " nodes (" + q.unreachable +
+                      "): on the minority side of a partition the home may have written on without it");
+  }
+  return Status();
+}
+
+std::vector<NodeId> Replicator::healthy_others(const std::vector<NodeId>& exclude) const {
+  std::vector<NodeId> out;
+  for (const PeerHealth& p : m_peers.health()) {
+    if (p.health != NodeHealth::healthy) continue;
+    if (std::find(exclude.begin(), exclude.end(), p.node) != exclude.end()) continue;
+    out.push_back(p.node);
+  }
+  return out;
+}
+
+std::mutex& Replicator::write_lock(uint64_t base) {
+  std::lock_guard lock(m_locks_mutex);
+  auto& m = m_locks[base];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
+}
+
+// --- copies ------------------------------------------------------------------------
+
+Result<ReplicaInfo> Replicator::make_copy(const AllocationInfo& info, NodeId node, bool ready, const Identity& who) {
+  proto::Request request = by_home(who);
+  auto* a = request.mutable_alloc();
+  a->set_size(info.size);
+  a->set_tier(wire::to_proto(info.tier));
+  wire::to_proto(info.gva, a->mutable_replica_of());
+  a->set_replica_ready(ready);
+  TIERMEM_ASSIGN_OR_RETURN(auto response, m_peers.call(node, request, m_options.peer_timeout));
+  ReplicaInfo copy;
+  copy.node = node;
+  copy.gva = wire::from_proto(response.alloc().allocation().gva());
+  copy.state = ReplicaState::in_sync;
+  return copy;
+}
+
+void Replicator::free_copy(const ReplicaInfo& copy, const Identity& who) {
+  proto::Request request = by_home(who);
+  wire::to_proto(copy.gva, request.mutable_free()->mutable_gva());
+  auto response = m_peers.call(copy.node, request, m_options.peer_timeout);
+  if (!response.ok() && response.status().code() != ErrorCode::not_allocated &&
+      response.status().code() != ErrorCode::stale_generation) {
+    spdlog::warn("the copy {} on node {} was not freed ({}); its node frees it once it sees it is no longer listed",
+                 copy.gva.to_string(), copy.node, response.status().to_string());
+  }
+}
+
+Status Replicator::place(const AllocationInfo& info, uint32_t count, const Identity& who) {
+  std::vector<NodeId> candidates = healthy_others({});
+  if (candidates.size() < count) {
+    const Quorum q = quorum();
+    return Status(ErrorCode::unavailable, std::to_string(count) + " copies of a new allocation need as many healthy "
+                                              "nodes besides node " + std::to_string(m_space.node()) + "; " +
+                                              std::to_string(candidates.size()) + " are" +
+                                              (q.unreachable.empty() ? std::string() : " (" + q.unreachable + ")"));
+  }
+  // Spread allocations over the nodes: start at one chosen by the address.
+  std::rotate(candidates.begin(), candidates.begin() + (info.gva.offset / m_space.page_size()) % candidates.size(),
+              candidates.end());
+  std::vector<ReplicaInfo> copies;
+  std::string tried;
+  for (NodeId node : candidates) {
+    if (copies.size() == count) break;
+    auto copy = make_copy(info, node, true, who);
+    if (copy.ok()) {
+      copies.push_back(*copy);
+    } else {
+      tried += "; node " + std::to_string(node) + ": " + copy.status().message();
+    }
+  }
+  Status s = copies.size() == count
+                 ? m_space.set_replicas(info.gva, copies)
+                 : Status(ErrorCode::unavailable, "only " + std::to_string(copies.size()) + " of " +
+                                                      std::to_string(count) + " copies could be made" + tried);
+  if (!s.ok()) {
+    for (const ReplicaInfo& c : copies) free_copy(c, who);
+  }
+  return s;
+}
+
+void Replicator::freed(const AllocationInfo& info, const Identity& who) {
+  for (const ReplicaInfo& c : info.replicas) free_copy(c, who);
+  std::lock_guard lock(m_locks_mutex);
+  m_locks.erase(info.gva.offset);
+}
+
+// --- writes ------------------------------------------------------------------------
+
+Status Replicator::write_copy(const ReplicaInfo& copy, uint64_t offset, const void* data, size_t length,
+                              const Identity& who) {
+  proto::Request request = by_home(who);
+  auto* w = request.mutable_write();
+  wire::to_proto(copy.gva.plus(offset), w->mutable_gva());
+  w->set_data(data, length);
+  return m_peers.call(copy.node, request, m_options.peer_timeout).status();
+}
+
+Status Replicator::write_copies(const AllocationInfo& info, uint64_t offset, const void* data, size_t length,
+                                const Identity& who) {
+  std::vector<ReplicaInfo> copies = info.replicas;
+  bool dropped = false;
+  for (ReplicaInfo& c : copies) {
+    if (!live(c)) continue;
+    Status s = write_copy(c, offset, data, length, who);
+    if (s.ok()) continue;
+    std::string why;
+    if (!may_drop(c.node, &why)) {
+      return Status(ErrorCode::unavailable, "write to " + info.gva.plus(offset).to_string() +
+                                                " not acknowledged: its copy on node " + std::to_string(c.node) +
+                                                " did not take it (" + s.to_string() + "), and " + why +
+                                                "; the bytes may be on some copies: retry");
+    }
+    spdlog::warn("dropping the copy {} of {} on node {}: {} ({}); writing on without it", c.gva.to_string(),
+                 info.gva.to_string(), c.node, s.to_string(), "unreachable long enough, this node in a majority");
+    c.state = ReplicaState::dropped;
+    dropped = true;
+  }
+  if (dropped) {
+    TIERMEM_RETURN_IF_ERROR(m_space.set_replicas(info.gva, copies));
+    m_wake.notify_all();  // replace it
+  }
+  return Status();
+}
+
+Status Replicator::write(Gva gva, const void* data, size_t length, const Identity& who,
+                         const std::function<Status()>& local) {
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
+  std::lock_guard serialize(write_lock(t.allocation.gva.offset));
+  // Read again under the lock: the set may have changed meanwhile.
+  TIERMEM_ASSIGN_OR_RETURN(t, m_space.translate(gva));
+  const uint64_t offset = gva.offset - t.allocation.gva.offset;
+  if (offset > t.allocation.size || length > t.allocation.size - offset) return local();  // its error
+  TIERMEM_RETURN_IF_ERROR(write_copies(t.allocation, offset, data, length, who));
+  return local();
+}
+
+Result<uint64_t> Replicator::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare, const Identity& who,
+                                    const std::function<Result<uint64_t>()>& local) {
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
+  std::lock_guard serialize(write_lock(t.allocation.gva.offset));
+  TIERMEM_ASSIGN_OR_RETURN(t, m_space.translate(gva));
+  TIERMEM_ASSIGN_OR_RETURN(const uint64_t old, local());
+  uint64_t now = old;
+  if (op == WordOp::fetch_add) now = old + operand;
+  if (op == WordOp::compare_swap && old == compare) now = operand;
+  if (now == old) return old;
+  const uint64_t offset = gva.offset - t.allocation.gva.offset;
+  Status s = write_copies(t.allocation, offset, &now, sizeof now, who);
+  if (!s.ok()) return s.with_context("the atomic was applied on the home node only (its outcome is unknown)");
+  return old;
+}
+
+// --- background: replacing dropped copies, freeing orphans ------------------------
+
+Status Replicator::replace(const AllocationInfo& seen) {
+  std::lock_guard serialize(write_lock(seen.gva.offset));
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(seen.gva));
+  const AllocationInfo& info = t.allocation;
+  std::vector<NodeId> holding{m_space.node()};
+  size_t alive = 0;
+  for (const ReplicaInfo& c : info.replicas) {
+    if (live(c)) {
+      holding.push_back(c.node);
+      ++alive;
+    }
+  }
+  if (alive >= info.replicas_wanted) return Status();
+  const std::vector<NodeId> candidates = healthy_others(holding);
+  if (candidates.empty()) return Status(ErrorCode::unavailable, "no healthy node without a copy");
+  const Identity who = owner_of(info);
+  TIERMEM_ASSIGN_OR_RETURN(ReplicaInfo copy, make_copy(info, candidates.front(), false, who));
+  // Writes wait on the lock held here: the copy gets the bytes as they are.
+  std::vector<std::byte> chunk(std::min<uint64_t>(k_fill_chunk, info.size));
+  Status s;
+  for (uint64_t offset = 0; s.ok() && offset < info.size; offset += chunk.size()) {
+    const size_t n = std::min<uint64_t>(chunk.size(), info.size - offset);
+    s = m_read_home(info.gva.plus(offset), chunk.data(), n);
+    if (s.ok()) s = write_copy(copy, offset, chunk.data(), n, who);
+  }
+  if (s.ok()) {
+    proto::Request request = by_home(who);
+    wire::to_proto(copy.gva, request.mutable_replica_ready()->mutable_gva());
+    s = m_peers.call(copy.node, request, m_options.peer_timeout).status();
+  }
+  if (s.ok()) {
+    std::vector<ReplicaInfo> copies = info.replicas;
+    copies.push_back(copy);
+    s = m_space.set_replicas(info.gva, copies);
+  }
+  if (!s.ok()) {
+    free_copy(copy, who);
+    return s;
+  }
+  spdlog::info("made a new copy of {} on node {} ({}), {} bytes", info.gva.to_string(), copy.node,
+               copy.gva.to_string(), info.size);
+  return Status();
+}
+
+void Replicator::forget_dropped(const AllocationInfo& info) {
+  // A dropped copy whose node answers again is forgotten: that node then
+  // finds it listed nowhere and frees it.
+  std::vector<ReplicaInfo> kept;
+  bool changed = false;
+  const std::vector<NodeId> healthy = healthy_others({});
+  for (const ReplicaInfo& c : info.replicas) {
+    if (!live(c) && std::find(healthy.begin(), healthy.end(), c.node) != healthy.end()) {
+      changed = true;
+      continue;
+    }
+    kept.push_back(c);
+  }
+  if (!changed) return;
+  std::lock_guard serialize(write_lock(info.gva.offset));
+  (void)m_space.set_replicas(info.gva, kept);
+}
+
+void Replicator::collect_orphan(const AllocationInfo& copy) {
+  if (copy.created_unix_ms + static_cast<uint64_t>(m_options.orphan_min_age.count()) > now_ms()) return;
+  proto::Request request = by_home(owner_of(copy));
+  request.set_by_home(false);
+  wire::to_proto(copy.replica_of, request.mutable_translate()->mutable_gva());
+  auto response = m_peers.call(copy.replica_of.node, request, m_options.peer_timeout);
+  bool orphan = false;
+  if (!response.ok()) {
+    const ErrorCode code = response.status().code();
+    orphan = code == ErrorCode::not_allocated || code == ErrorCode::stale_generation;
+  } else {
+    const AllocationInfo home = wire::from_proto(response->translate().allocation());
+    orphan = std::none_of(home.replicas.begin(), home.replicas.end(), [&](const ReplicaInfo& c) {
+      return live(c) && c.node == m_space.node() && c.gva.offset == copy.gva.offset &&
+             c.gva.generation == copy.gva.generation;
+    });
+  }
+  if (!orphan) return;
+  spdlog::info("freeing {}, a copy of {} that its home no longer lists", copy.gva.to_string(),
+               copy.replica_of.to_string());
+  Status s = m_space.free(copy.gva);
+  if (!s.ok()) spdlog::warn("freeing the orphaned copy {}: {}", copy.gva.to_string(), s.to_string());
+}
+
+void Replicator::run() {
+  std::unique_lock lock(m_mutex);
+  while (!m_stop) {
+    m_wake.wait_for(lock, m_options.repair_interval);
+    if (m_stop) break;
+    lock.unlock();
+    for (const AllocationInfo& info : m_space.replicated()) {
+      if (info.replica_of.node != 0) {
+        collect_orphan(info);
+        continue;
+      }
+      forget_dropped(info);
+      const size_t alive = std::count_if(info.replicas.begin(), info.replicas.end(), live);
+      if (alive < info.replicas_wanted) {
+        Status s = replace(info);
+        if (!s.ok()) spdlog::debug("no new copy of {} yet: {}", info.gva.to_string(), s.to_string());
+      }
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace tiermem

@@ -1,0 +1,138 @@
+// Replicated memory (H2): copies of an allocation on other nodes, kept by
+// its home daemon.
+//
+// An allocation asked with `replicas: N` gets N copies, each an allocation
+// of the same size and tenant on another healthy node, made by the home and
+// recorded in its durable metadata (the copies record what they copy). The
+// home is the only writer:
+//   - a write or atomic of a replicated allocation goes through the home
+//     daemon, which serializes them per allocation, writes every copy
+//     first (a peer request each), then its own pages (the seqlock as
+//     always); it is acknowledged once all of them hold it;
+//   - a copy that does not take a write fails the write (unavailable, not
+//     acknowledged: it may be on some copies), unless the copy's node has
+//     been UNREACHABLE for `drop_after` and this node sees a majority of the
+//     cluster: then the copy is dropped and the write goes on without it;
+//   - in the background, a dropped copy is replaced on another healthy node
+//     (filled under the allocation's write lock, then marked ready), and a
+//     copy whose home no longer lists it is freed by its own node.
+// A read goes to the home; when the home cannot be reached a client asks
+// for a copy (ReadRequest.from_replica). A copy serves only when it is
+// ready and its node sees at least half the cluster: a home that dropped
+// it saw a majority without it, which then cannot be this side (on a
+// partition the minority side serves nothing that could be stale).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tiermem/status.h>
+#include <tiermem/types.h>
+
+#include "daemon/tenants.hpp"
+#include "mapping/address_space.hpp"
+#include "mapping/seqlock_copy.hpp"
+
+namespace tiermem {
+
+class PeerManager;
+
+struct ReplicationOptions {
+  // A copy's node UNREACHABLE this long (while this node sees a majority)
+  // before the home writes on without it.
+  std::chrono::milliseconds drop_after{60000};
+  // How often the home looks for copies to replace, and a copy's node for
+  // copies nobody lists any more.
+  std::chrono::milliseconds repair_interval{1000};
+  // A copy younger than this is never taken for an orphan (its home may be
+  // recording it still).
+  std::chrono::milliseconds orphan_min_age{10000};
+  std::chrono::milliseconds peer_timeout{5000};  // of one request to a copy's node
+};
+
+class Replicator {
+ public:
+  // `read_home` reads bytes of an allocation homed here (pages on other
+  // nodes included), to fill a new copy.
+  Replicator(AddressSpace& space, PeerManager& peers, ReplicationOptions options,
+             std::function<Status(Gva, void*, size_t)> read_home);
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // Makes the `count` copies of `info`, just allocated here for `who`, on
+  // other healthy nodes, and records them. Errors: unavailable (not enough
+  // healthy nodes: says which are not), or the copies' nodes' errors; no
+  // copy is left behind on error (the caller frees `info`).
+  Status place(const AllocationInfo& info, uint32_t count, const Identity& who);
+
+  // A write of `length` bytes at `gva` of a replicated allocation homed
+  // here: to every copy, then here through `local`.
+  Status write(Gva gva, const void* data, size_t length, const Identity& who,
+               const std::function<Status()>& local);
+  // An atomic: here through `local` (which returns the old value), then the
+  // new word to every copy.
+  Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare, const Identity& who,
+                          const std::function<Result<uint64_t>()>& local);
+  // The allocation `info` was freed here: its copies are freed (now, or by
+  // their nodes once they see it gone).
+  void freed(const AllocationInfo& info, const Identity& who);
+
+  // Whether this node may serve a read from its copy `copy`: it is ready,
+  // and this node sees at least half of the cluster. Errors: unavailable,
+  // saying which.
+  Status may_serve(const AllocationInfo& copy) const;
+
+  // Stops the background work (also done by the destructor).
+  void stop();
+
+ private:
+  struct Quorum {
+    size_t members = 0;
+    size_t reachable = 0;  // healthy or degraded, this node included
+    std::string unreachable;  // "node 3 (unreachable 1200 ms)", for messages
+  };
+  Quorum quorum() const;
+  // Whether the copy on `node` may be left behind: unreachable long enough,
+  // and this node in a majority. *why says otherwise.
+  bool may_drop(NodeId node, std::string* why) const;
+  // Healthy nodes other than this one and those in `exclude`.
+  std::vector<NodeId> healthy_others(const std::vector<NodeId>& exclude) const;
+  std::mutex& write_lock(uint64_t base);
+  // Writes `length` bytes into the copy `copy` at `offset` from its base.
+  Status write_copy(const ReplicaInfo& copy, uint64_t offset, const void* data, size_t length, const Identity& who);
+  // Sends every live copy of the allocation at `base` the bytes; copies that
+  // fail are dropped where allowed, else the write fails.
+  Status write_copies(const AllocationInfo& info, uint64_t offset, const void* data, size_t length,
+                      const Identity& who);
+  Result<ReplicaInfo> make_copy(const AllocationInfo& info, NodeId node, bool ready, const Identity& who);
+  void free_copy(const ReplicaInfo& copy, const Identity& who);
+  // Fills a new copy of `info` on a healthy node (under its write lock).
+  Status replace(const AllocationInfo& info);
+  void forget_dropped(const AllocationInfo& info);
+  void collect_orphan(const AllocationInfo& copy);
+  void run();
+
+  AddressSpace& m_space;
+  PeerManager& m_peers;
+  ReplicationOptions m_options;
+  std::function<Status(Gva, void*, size_t)> m_read_home;
+
+  std::mutex m_locks_mutex;
+  std::map<uint64_t, std::unique_ptr<std::mutex>> m_locks;  // per allocation base offset
+
+  std::mutex m_mutex;
+  std::condition_variable m_wake;
+  bool m_stop = false;
+  std::thread m_thread;
+};
+
+}  // namespace tiermem

@@ -1,0 +1,342 @@
+// Replicated memory (H2) with real faults: three daemons heartbeating every
+// 10 ms, allocations with copies, and their home or a copy's node killed
+// (SIGKILL) or stopped (SIGSTOP) while a writer and readers go on. What must
+// hold: every acknowledged write is read back, from the home or a copy;
+// nothing torn; no copy serves on the minority side; a dropped copy is
+// replaced and the old one freed by its own node.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int k_unreachable_ms = 300;
+constexpr size_t k_size = 256 << 10;  // four 64 KiB pages: a write spans pages
+
+test::DaemonOptions fast_cluster() {
+  test::DaemonOptions o;
+  o.page_size = "64KiB";
+  o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10\npeer_timeout_ms = 200\n";
+  o.extra_toml = "[health]\ndegraded_after_missed = 2\nunreachable_after_ms = " + std::to_string(k_unreachable_ms) +
+                 "\n[replication]\nrepair_interval_ms = 50\norphan_min_age_ms = 500\n";
+  return o;
+}
+
+// The whole allocation filled with `seq` (one word per 8 bytes).
+std::vector<uint64_t> filled(uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); }
+
+// The value every word of `words` holds; fails the test when they differ (a
+// torn read).
+uint64_t one_value(const std::vector<uint64_t>& words) {
+  for (size_t i = 1; i < words.size(); ++i) {
+    if (words[i] != words[0]) {
+      ADD_FAILURE() << "torn read: word 0 is " << words[0] << ", word " << i << " is " << words[i];
+      break;
+    }
+  }
+  return words[0];
+}
+
+bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto until = Clock::now() + limit;
+  while (Clock::now() < until) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+// The copies of `gva` as its home lists them now (an empty list when it
+// cannot say).
+std::vector<ReplicaInfo> copies_of(Client& c, Gva gva) {
+  auto t = c.translate(gva);
+  return t.ok() ? t->allocation.replicas : std::vector<ReplicaInfo>{};
+}
+
+size_t live_copies(const std::vector<ReplicaInfo>& copies) {
+  size_t n = 0;
+  for (const ReplicaInfo& r : copies) n += r.state == ReplicaState::in_sync ? 1 : 0;
+  return n;
+}
+
+// Allocations on node `node` that are copies of something.
+size_t copies_held(Client& c, NodeId node) {
+  auto list = c.list(node);
+  if (!list.ok()) return 0;
+  size_t n = 0;
+  for (const AllocationInfo& a : *list) n += a.replica_of.node != 0 ? 1 : 0;
+  return n;
+}
+
+TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
+  test::TestCluster cluster(3, fast_cluster());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("owner");
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
+                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .name = "params", .replicas = 2});
+  ASSERT_TRUE(a.ok()) << a.status().to_string() << cluster.logs();
+  ASSERT_EQ(a->replicas.size(), 2u);
+  EXPECT_EQ(a->replicas_wanted, 2u);
+  std::vector<NodeId> nodes;
+  for (const ReplicaInfo& r : a->replicas) {
+    EXPECT_NE(r.node, 1u) << "a copy on its home";
+    EXPECT_EQ(r.gva.node, r.node);
+    EXPECT_EQ(r.state, ReplicaState::in_sync);
+    nodes.push_back(r.node);
+  }
+  EXPECT_NE(nodes[0], nodes[1]) << "two copies on one node";
+
+  // A write reaches every copy: each reads back the same bytes.
+  const auto data = test::pattern(k_size, 7);
+  ASSERT_TRUE(c->write(a->gva, data.data(), data.size()).ok());
+  for (const ReplicaInfo& r : a->replicas) {
+    auto near = cluster.node(static_cast<int>(r.node)).connect("reader");
+    std::vector<unsigned char> got(k_size);
+    ASSERT_TRUE(near->read(r.gva, got.data(), got.size()).ok());
+    EXPECT_EQ(got, data) << "the copy on node " << r.node << " differs";
+    // Nobody but the home writes, frees or maps a copy; the allocation
+    // itself is not mapped (stores would bypass the copies).
+    Status w = near->write(r.gva, data.data(), 8);
+    EXPECT_EQ(w.code(), ErrorCode::permission_denied) << w.to_string();
+    EXPECT_NE(w.message().find("only its home, node 1"), std::string::npos) << w.to_string();
+    EXPECT_EQ(near->free(r.gva).code(), ErrorCode::permission_denied);
+    EXPECT_EQ(near->fetch_add(r.gva, 1).status().code(), ErrorCode::permission_denied);
+  }
+  auto m = c->map(a->gva);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::failed_precondition) << m.status().to_string();
+
+  // Atomics go through the home too, and reach the copies.
+  ASSERT_TRUE(c->fetch_add(a->gva, 41).ok());
+  uint64_t word0 = 0;
+  std::memcpy(&word0, data.data(), 8);
+  for (const ReplicaInfo& r : a->replicas) {
+    uint64_t v = 0;
+    ASSERT_TRUE(cluster.node(static_cast<int>(r.node)).connect()->read(r.gva, &v, 8).ok());
+    EXPECT_EQ(v, word0 + 41);
+  }
+
+  // What cannot be: more copies than other nodes, copies of scratch memory
+  // or of coherent words, too many.
+  auto three = c->alloc(k_size, {.replicas = 3});
+  EXPECT_EQ(three.status().code(), ErrorCode::unavailable) << three.status().to_string();
+  EXPECT_NE(three.status().message().find("3 copies"), std::string::npos) << three.status().to_string();
+  EXPECT_EQ(c->alloc(k_size, {.coherent = true, .replicas = 1}).status().code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(c->alloc(k_size, {.lifetime = Lifetime::session, .replicas = 1}).status().code(),
+            ErrorCode::invalid_argument);
+  EXPECT_EQ(c->alloc(k_size, {.replicas = 5}).status().code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(copies_held(*c, 2) + copies_held(*c, 3), 2u) << "a refused allocation left a copy behind";
+
+  // Operators see the copies (tiermemctl).
+  auto made = test::run_ctl(cluster.node(1).socket(), {"alloc", "64KiB", "--replicas", "1"});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  EXPECT_NE(made.out.find("copy on node "), std::string::npos) << made.out;
+  auto shown = test::run_ctl(cluster.node(1).socket(), {"translate", a->gva.to_string()});
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("copy        node"), std::string::npos) << shown.out;
+  EXPECT_NE(shown.out.find("in_sync"), std::string::npos) << shown.out;
+  auto too_many = test::run_ctl(cluster.node(1).socket(), {"alloc", "64KiB", "--replicas", "3"});
+  EXPECT_NE(too_many.exit_code, 0);
+  EXPECT_NE(too_many.err.find("3 copies"), std::string::npos) << too_many.err;
+  ASSERT_TRUE(c->free(Gva::parse(made.out.substr(0, made.out.find('\n'))).value()).ok());
+
+  // Freeing the allocation frees its copies.
+  ASSERT_TRUE(c->free(a->gva).ok());
+  EXPECT_EQ(copies_held(*c, 2) + copies_held(*c, 3), 0u);
+}
+
+TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItReturns) {
+  test::TestCluster cluster(3, fast_cluster());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto owner = cluster.node(1).connect("owner");
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*owner, 2) == NodeHealth::healthy &&
+                                    test::health_of(*owner, 3) == NodeHealth::healthy; }, 5s));
+  auto a = owner->alloc(k_size, {.tier = Tier::dram, .replicas = 2});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const Gva gva = a->gva;
+
+  // A writer on node 2 writes 1, 2, 3, ... over the whole allocation; it
+  // counts what was acknowledged. Readers on nodes 2 and 3 check that what
+  // they read is whole and not older than what was acknowledged before.
+  std::atomic<uint64_t> acked{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> refused{0}, reads{0}, reads_home_dead{0};
+  std::atomic<bool> home_dead{false};
+  std::thread writer([&] {
+    auto w = cluster.node(2).connect("writer");
+    for (uint64_t seq = 1; !stop.load();) {
+      const auto words = filled(seq);
+      Status s = w->write(gva, words.data(), k_size);
+      if (s.ok()) {
+        acked.store(seq);
+        ++seq;
+      } else {
+        // Not acknowledged: the home is down. The same value is written
+        // again, so what a reader may see of it stays seq or seq - 1.
+        ++refused;
+        EXPECT_TRUE(s.code() == ErrorCode::unavailable || s.code() == ErrorCode::connection_failed ||
+                    s.code() == ErrorCode::connection_closed ||
+                    s.code() == ErrorCode::timeout)
+            << s.to_string();
+        std::this_thread::sleep_for(5ms);
+      }
+    }
+  });
+  std::vector<std::thread> readers;
+  for (int node : {2, 3}) {
+    readers.emplace_back([&, node] {
+      auto r = cluster.node(node).connect("reader");
+      std::vector<uint64_t> got(k_size / 8);
+      while (!stop.load()) {
+        const uint64_t before = acked.load();
+        const bool dead = home_dead.load();
+        Status s = r->read(gva, got.data(), k_size);
+        if (!s.ok()) {
+          ADD_FAILURE() << "read on node " << node << " failed: " << s.to_string();
+          std::this_thread::sleep_for(20ms);
+          continue;
+        }
+        const uint64_t v = one_value(got);
+        EXPECT_GE(v, before) << "node " << node << " read " << v << " after " << before << " was acknowledged";
+        EXPECT_LE(v, acked.load() + 1) << "a value never written";
+        ++reads;
+        if (dead && home_dead.load()) ++reads_home_dead;
+      }
+    });
+  }
+
+  ASSERT_TRUE(wait_for([&] { return acked.load() >= 20; }, 10s)) << cluster.logs();
+  cluster.node(1).kill();
+  home_dead.store(true);
+  const uint64_t at_kill = acked.load();
+  std::this_thread::sleep_for(1500ms);
+  const uint64_t while_dead = acked.load();
+  EXPECT_LE(while_dead, at_kill + 1) << "writes were acknowledged with their home dead";
+  const uint64_t dead_reads = reads_home_dead.load();
+  EXPECT_GT(dead_reads, 10u) << "the copies served no reads while the home was dead";
+
+  ASSERT_TRUE(cluster.node(1).restart()) << cluster.node(1).log();
+  home_dead.store(false);
+  ASSERT_TRUE(wait_for([&] { return acked.load() >= while_dead + 20; }, 15s))
+      << "writes did not resume after the home returned\n" << cluster.logs();
+  stop.store(true);
+  writer.join();
+  for (auto& t : readers) t.join();
+  EXPECT_GT(refused.load(), 0u) << "no write was refused while the home was dead";
+
+  // The home and every copy hold the last acknowledged value.
+  auto check = cluster.node(1).connect("check");
+  std::vector<uint64_t> got(k_size / 8);
+  ASSERT_TRUE(check->read(gva, got.data(), k_size).ok());
+  const uint64_t last = one_value(got);
+  EXPECT_TRUE(last == acked.load() || last == acked.load() + 1) << last << " vs " << acked.load();
+  for (const ReplicaInfo& r : copies_of(*check, gva)) {
+    ASSERT_TRUE(cluster.node(static_cast<int>(r.node)).connect()->read(r.gva, got.data(), k_size).ok());
+    EXPECT_EQ(one_value(got), last) << "the copy on node " << r.node << " differs from its home";
+  }
+  std::printf("replication: %llu writes acknowledged, %llu refused while the home was down, %llu reads "
+              "(%llu with the home dead)\n",
+              static_cast<unsigned long long>(acked.load()), static_cast<unsigned long long>(refused.load()),
+              static_cast<unsigned long long>(reads.load()), static_cast<unsigned long long>(dead_reads));
+}
+
+TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
+  test::TestCluster cluster(3, fast_cluster());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("owner");
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
+                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const NodeId first = a->replicas.at(0).node;
+  const NodeId other = first == 2 ? 3 : 2;
+  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
+
+  cluster.node(static_cast<int>(first)).kill();
+  // Until the copy's node has been unreachable long enough, a write is
+  // refused (it cannot reach every copy); then it goes on without it.
+  Status early = c->write(a->gva, filled(2).data(), k_size);
+  EXPECT_EQ(early.code(), ErrorCode::unavailable) << early.to_string();
+  EXPECT_NE(early.message().find("not acknowledged"), std::string::npos) << early.to_string();
+  const auto start = Clock::now();
+  Status s;
+  while (Clock::now() - start < 10s) {
+    s = c->write(a->gva, filled(2).data(), k_size);
+    if (s.ok()) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(s.ok()) << s.to_string() << cluster.node(1).log();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  EXPECT_GE(took.count(), k_unreachable_ms) << "the copy was dropped before it was due";
+
+  // A new copy, filled with what the home holds, on the node that has none.
+  ASSERT_TRUE(wait_for([&] { return live_copies(copies_of(*c, a->gva)) == 1 &&
+                                    copies_of(*c, a->gva).back().node == other; }, 10s))
+      << cluster.node(1).log();
+  const ReplicaInfo fresh = copies_of(*c, a->gva).back();
+  ASSERT_TRUE(c->write(a->gva, filled(3).data(), k_size).ok());
+  std::vector<uint64_t> got(k_size / 8);
+  ASSERT_TRUE(cluster.node(static_cast<int>(other)).connect()->read(fresh.gva, got.data(), k_size).ok());
+  EXPECT_EQ(one_value(got), 3u);
+
+  // The dead copy's node comes back: it frees the copy nobody lists.
+  ASSERT_TRUE(cluster.node(static_cast<int>(first)).restart()) << cluster.logs();
+  ASSERT_TRUE(wait_for([&] { return copies_held(*c, first) == 0; }, 10s))
+      << "the dropped copy on node " << first << " was never freed\n" << cluster.node(static_cast<int>(first)).log();
+  EXPECT_EQ(live_copies(copies_of(*c, a->gva)), 1u);
+
+  // And the new copy serves when the home dies.
+  cluster.node(1).kill();
+  auto reader = cluster.node(static_cast<int>(other)).connect("reader");
+  ASSERT_TRUE(reader->read(a->gva, got.data(), k_size).ok());
+  EXPECT_EQ(one_value(got), 3u);
+}
+
+TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
+  test::TestCluster cluster(3, fast_cluster());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("owner");
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
+                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(c->write(a->gva, filled(9).data(), k_size).ok());
+  const NodeId holder = a->replicas.at(0).node;
+  const int third = holder == 2 ? 3 : 2;
+
+  // The home dies and the third node stops: the copy's node reaches only
+  // itself, one of three; the home could be on the other side, writing.
+  cluster.node(1).kill();
+  ::kill(cluster.node(third).pid(), SIGSTOP);
+  auto reader = cluster.node(static_cast<int>(holder)).connect("reader");
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*reader, third) == NodeHealth::unreachable; }, 5s));
+  std::vector<uint64_t> got(k_size / 8);
+  Status s = reader->read(a->gva, got.data(), k_size);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("minority side"), std::string::npos) << s.to_string();
+
+  // The third node answers again: a majority, and the copy serves.
+  ::kill(cluster.node(third).pid(), SIGCONT);
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*reader, third) == NodeHealth::healthy; }, 5s));
+  s = reader->read(a->gva, got.data(), k_size);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(one_value(got), 9u);
+}
+
+}  // namespace
+}  // namespace tiermem
