@@ -2,8 +2,11 @@
 # Failure detection (H1): build/bench/health_bench against three real daemons
 # heartbeating every INTERVAL ms: time until node 1 sees node 3 UNREACHABLE
 # after SIGSTOP and after SIGKILL, p50/p99 over TRIALS trials each, and the
-# ratios to the heartbeat interval. RTO/RPO of a training job under faults
-# needs replicated memory (issue 11's next part) and is not measured yet.
+# ratios to the heartbeat interval; then build/bench/replication_bench: what
+# copies cost a write (against the same write without them, direct and
+# through the daemon) and how long reads and writes take to resume after
+# the home or a copy's node is killed. RTO/RPO of a training job needs
+# tiermem-exec --replicas, not written yet.
 # Usage: bench/fault.sh BUILD_DIR [--trials N] [--interval-ms I] [--unreachable-ms U]
 set -euo pipefail
 build=${1:?usage: bench/fault.sh BUILD_DIR [--trials N] [--interval-ms I] [--unreachable-ms U]}
@@ -11,3 +14,4 @@ shift
 build=$(cd "$build" && pwd)
 export TIERMEMD=$build/daemon/tiermemd TIERMEMCTL=$build/tools/tiermemctl
 "$build/bench/health_bench" --trials 20 "$@"
+"$build/bench/replication_bench"

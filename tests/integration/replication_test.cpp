@@ -245,7 +245,9 @@ TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItRe
   ASSERT_TRUE(check->read(gva, got.data(), k_size).ok());
   const uint64_t last = one_value(got);
   EXPECT_TRUE(last == acked.load() || last == acked.load() + 1) << last << " vs " << acked.load();
-  for (const ReplicaInfo& r : copies_of(*check, gva)) {
+  const auto copies = copies_of(*check, gva);
+  EXPECT_EQ(live_copies(copies), 2u) << "the restarted home forgot its copies (they are in its durable metadata)";
+  for (const ReplicaInfo& r : copies) {
     ASSERT_TRUE(cluster.node(static_cast<int>(r.node)).connect()->read(r.gva, got.data(), k_size).ok());
     EXPECT_EQ(one_value(got), last) << "the copy on node " << r.node << " differs from its home";
   }
