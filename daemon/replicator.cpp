@@ -134,11 +134,11 @@ std::vector<NodeId> Replicator::healthy_others(const std::vector<NodeId>& exclud
   return out;
 }
 
-std::mutex& Replicator::write_lock(uint64_t base) {
+std::shared_ptr<std::mutex> Replicator::write_lock(uint64_t base) {
   std::lock_guard lock(m_locks_mutex);
   auto& m = m_locks[base];
-  if (!m) m = std::make_unique<std::mutex>();
-  return *m;
+  if (!m) m = std::make_shared<std::mutex>();
+  return m;
 }
 
 // --- copies ------------------------------------------------------------------------
@@ -249,7 +249,8 @@ Status Replicator::write_copies(const AllocationInfo& info, uint64_t offset, con
 Status Replicator::write(Gva gva, const void* data, size_t length, const Identity& who,
                          const std::function<Status()>& local) {
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
-  std::lock_guard serialize(write_lock(t.allocation.gva.offset));
+  const auto mutex = write_lock(t.allocation.gva.offset);
+  std::lock_guard serialize(*mutex);
   // Read again under the lock: the set may have changed meanwhile.
   TIERMEM_ASSIGN_OR_RETURN(t, m_space.translate(gva));
   const uint64_t offset = gva.offset - t.allocation.gva.offset;
@@ -261,7 +262,8 @@ Status Replicator::write(Gva gva, const void* data, size_t length, const Identit
 Result<uint64_t> Replicator::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare, const Identity& who,
                                     const std::function<Result<uint64_t>()>& local) {
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
-  std::lock_guard serialize(write_lock(t.allocation.gva.offset));
+  const auto mutex = write_lock(t.allocation.gva.offset);
+  std::lock_guard serialize(*mutex);
   TIERMEM_ASSIGN_OR_RETURN(t, m_space.translate(gva));
   TIERMEM_ASSIGN_OR_RETURN(const uint64_t old, local());
   uint64_t now = old;
@@ -277,7 +279,8 @@ Result<uint64_t> Replicator::atomic(Gva gva, WordOp op, uint64_t operand, uint64
 // --- background: replacing dropped copies, freeing orphans ------------------------
 
 Status Replicator::replace(const AllocationInfo& seen) {
-  std::lock_guard serialize(write_lock(seen.gva.offset));
+  const auto mutex = write_lock(seen.gva.offset);
+  std::lock_guard serialize(*mutex);
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(seen.gva));
   const AllocationInfo& info = t.allocation;
   std::vector<NodeId> holding{m_space.node()};
@@ -320,9 +323,15 @@ Status Replicator::replace(const AllocationInfo& seen) {
   return Status();
 }
 
-void Replicator::forget_dropped(const AllocationInfo& info) {
+void Replicator::forget_dropped(const AllocationInfo& seen) {
   // A dropped copy whose node answers again is forgotten: that node then
   // finds it listed nowhere and frees it.
+  if (std::all_of(seen.replicas.begin(), seen.replicas.end(), live)) return;
+  const auto mutex = write_lock(seen.gva.offset);
+  std::lock_guard serialize(*mutex);
+  auto t = m_space.translate(seen.gva);
+  if (!t.ok()) return;
+  const AllocationInfo& info = t->allocation;
   std::vector<ReplicaInfo> kept;
   bool changed = false;
   const std::vector<NodeId> healthy = healthy_others({});
@@ -333,9 +342,7 @@ void Replicator::forget_dropped(const AllocationInfo& info) {
     }
     kept.push_back(c);
   }
-  if (!changed) return;
-  std::lock_guard serialize(write_lock(info.gva.offset));
-  (void)m_space.set_replicas(info.gva, kept);
+  if (changed) (void)m_space.set_replicas(info.gva, kept);
 }
 
 void Replicator::collect_orphan(const AllocationInfo& copy) {

@@ -106,7 +106,9 @@ class Replicator {
   bool may_drop(NodeId node, std::string* why) const;
   // Healthy nodes other than this one and those in `exclude`.
   std::vector<NodeId> healthy_others(const std::vector<NodeId>& exclude) const;
-  std::mutex& write_lock(uint64_t base);
+  // The lock that serializes writes of the allocation at `base` (held by
+  // the caller while it uses it, also past a concurrent free).
+  std::shared_ptr<std::mutex> write_lock(uint64_t base);
   // Writes `length` bytes into the copy `copy` at `offset` from its base.
   Status write_copy(const ReplicaInfo& copy, uint64_t offset, const void* data, size_t length, const Identity& who);
   // Sends every live copy of the allocation at `base` the bytes; copies that
@@ -127,7 +129,7 @@ class Replicator {
   std::function<Status(Gva, void*, size_t)> m_read_home;
 
   std::mutex m_locks_mutex;
-  std::map<uint64_t, std::unique_ptr<std::mutex>> m_locks;  // per allocation base offset
+  std::map<uint64_t, std::shared_ptr<std::mutex>> m_locks;  // per allocation base offset
 
   std::mutex m_mutex;
   std::condition_variable m_wake;
