@@ -169,7 +169,17 @@ void Replicator::free_copy(const ReplicaInfo& copy, const Identity& who) {
   }
 }
 
+Status Replicator::mark_ready(const ReplicaInfo& copy, const Identity& who) {
+  proto::Request request = by_home(who);
+  wire::to_proto(copy.gva, request.mutable_replica_ready()->mutable_gva());
+  return m_peers.call(copy.node, request, m_options.peer_timeout).status();
+}
+
 Status Replicator::place(const AllocationInfo& info, uint32_t count, const Identity& who) {
+  // Under the allocation's write lock: the background loop, which sees an
+  // allocation with fewer copies than it wants, waits until they are listed.
+  const auto mutex = write_lock(info.gva.offset);
+  std::lock_guard serialize(*mutex);
   std::vector<NodeId> candidates = healthy_others({});
   if (candidates.size() < count) {
     const Quorum q = quorum();
@@ -185,7 +195,8 @@ Status Replicator::place(const AllocationInfo& info, uint32_t count, const Ident
   std::string tried;
   for (NodeId node : candidates) {
     if (copies.size() == count) break;
-    auto copy = make_copy(info, node, true, who);
+    // Not ready until listed: a copy its home never listed serves nothing.
+    auto copy = make_copy(info, node, false, who);
     if (copy.ok()) {
       copies.push_back(*copy);
     } else {
@@ -196,7 +207,9 @@ Status Replicator::place(const AllocationInfo& info, uint32_t count, const Ident
                  ? m_space.set_replicas(info.gva, copies)
                  : Status(ErrorCode::unavailable, "only " + std::to_string(copies.size()) + " of " +
                                                       std::to_string(count) + " copies could be made" + tried);
+  for (size_t i = 0; s.ok() && i < copies.size(); ++i) s = mark_ready(copies[i], who);
   if (!s.ok()) {
+    (void)m_space.set_replicas(info.gva, {});
     for (const ReplicaInfo& c : copies) free_copy(c, who);
   }
   return s;
@@ -304,17 +317,14 @@ Status Replicator::replace(const AllocationInfo& seen) {
     s = m_read_home(info.gva.plus(offset), chunk.data(), n);
     if (s.ok()) s = write_copy(copy, offset, chunk.data(), n, who);
   }
-  if (s.ok()) {
-    proto::Request request = by_home(who);
-    wire::to_proto(copy.gva, request.mutable_replica_ready()->mutable_gva());
-    s = m_peers.call(copy.node, request, m_options.peer_timeout).status();
-  }
-  if (s.ok()) {
-    std::vector<ReplicaInfo> copies = info.replicas;
-    copies.push_back(copy);
-    s = m_space.set_replicas(info.gva, copies);
-  }
+  // Listed before it is ready: a copy that is ready is always listed (one
+  // left unlisted by a crash here serves nothing, and is freed as an orphan).
+  std::vector<ReplicaInfo> copies = info.replicas;
+  copies.push_back(copy);
+  if (s.ok()) s = m_space.set_replicas(info.gva, copies);
+  if (s.ok()) s = mark_ready(copy, who);
   if (!s.ok()) {
+    (void)m_space.set_replicas(info.gva, info.replicas);
     free_copy(copy, who);
     return s;
   }

@@ -117,6 +117,8 @@ class Replicator {
                       const Identity& who);
   Result<ReplicaInfo> make_copy(const AllocationInfo& info, NodeId node, bool ready, const Identity& who);
   void free_copy(const ReplicaInfo& copy, const Identity& who);
+  // Tells the copy's node it is filled and listed: it may serve reads.
+  Status mark_ready(const ReplicaInfo& copy, const Identity& who);
   // Fills a new copy of `info` on a healthy node (under its write lock).
   Status replace(const AllocationInfo& info);
   void forget_dropped(const AllocationInfo& info);

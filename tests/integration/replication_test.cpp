@@ -374,7 +374,10 @@ TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
   ASSERT_TRUE(wait_for([&] { return test::health_of(*reader, third) == NodeHealth::healthy; }, 5s));
   s = reader->read(a->gva, got.data(), k_size);
   ASSERT_TRUE(s.ok()) << s.to_string();
-  EXPECT_EQ(one_value(got), 9u);
+  EXPECT_EQ(one_value(got), 9u) << "counters: direct_local " << reader->access_counters().direct_local
+                                << " direct_remote " << reader->access_counters().direct_remote
+                                << " through_daemon " << reader->access_counters().through_daemon << "\n"
+                                << cluster.logs();
 }
 
 }  // namespace
