@@ -125,12 +125,15 @@ Status Replicator::may_serve(const AllocationInfo& copy) const {
 }
 
 std::vector<NodeId> Replicator::healthy_others(const std::vector<NodeId>& exclude) const {
-  std::vector<NodeId> out;
+  // Healthy nodes first, then degraded ones (a missed heartbeat or two on a
+  // busy machine: they answered moments ago).
+  std::vector<NodeId> out, degraded;
   for (const PeerHealth& p : m_peers.health()) {
-    if (p.health != NodeHealth::healthy) continue;
     if (std::find(exclude.begin(), exclude.end(), p.node) != exclude.end()) continue;
-    out.push_back(p.node);
+    if (p.health == NodeHealth::healthy) out.push_back(p.node);
+    if (p.health == NodeHealth::degraded) degraded.push_back(p.node);
   }
+  out.insert(out.end(), degraded.begin(), degraded.end());
   return out;
 }
 

@@ -104,7 +104,8 @@ class Replicator {
   // Whether the copy on `node` may be left behind: unreachable long enough,
   // and this node in a majority. *why says otherwise.
   bool may_drop(NodeId node, std::string* why) const;
-  // Healthy nodes other than this one and those in `exclude`.
+  // Reachable nodes other than this one and those in `exclude`: healthy
+  // ones first, then degraded ones.
   std::vector<NodeId> healthy_others(const std::vector<NodeId>& exclude) const;
   // The lock that serializes writes of the allocation at `base` (held by
   // the caller while it uses it, also past a concurrent free).
