@@ -2,7 +2,8 @@
 // its home daemon.
 //
 // An allocation asked with `replicas: N` gets N copies, each an allocation
-// of the same size and tenant on another healthy node, made by the home and
+// of the same size and tenant on another reachable node (healthy ones
+// first), made by the home and
 // recorded in its durable metadata (the copies record what they copy). The
 // home is the only writer:
 //   - a write or atomic of a replicated allocation goes through the home
@@ -14,7 +15,8 @@
 //     been UNREACHABLE for `drop_after` and this node sees a majority of the
 //     cluster: then the copy is dropped and the write goes on without it;
 //   - in the background, a dropped copy is replaced on another healthy node
-//     (filled under the allocation's write lock, then marked ready), and a
+//     (filled under the allocation's write lock, listed, then marked ready:
+//     a ready copy is always one its home lists), and a
 //     copy whose home no longer lists it is freed by its own node.
 // A read goes to the home; when the home cannot be reached a client asks
 // for a copy (ReadRequest.from_replica). A copy serves only when it is
@@ -69,8 +71,8 @@ class Replicator {
   Replicator& operator=(const Replicator&) = delete;
 
   // Makes the `count` copies of `info`, just allocated here for `who`, on
-  // other healthy nodes, and records them. Errors: unavailable (not enough
-  // healthy nodes: says which are not), or the copies' nodes' errors; no
+  // other reachable nodes, and records them. Errors: unavailable (not enough
+  // reachable nodes: says which are not), or the copies' nodes' errors; no
   // copy is left behind on error (the caller frees `info`).
   Status place(const AllocationInfo& info, uint32_t count, const Identity& who);
 
