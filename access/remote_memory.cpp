@@ -4,6 +4,8 @@
 
 #include <tiermem/status_macros.h>
 
+#include "common/deadline.hpp"
+
 namespace tiermem {
 namespace {
 
@@ -95,7 +97,7 @@ Status RemoteVersionWords::load(uint64_t first, size_t count, uint64_t* out) {
   auto batch = m_transport.batch();
   TIERMEM_RETURN_IF_ERROR(
       m_transport.get(*batch, *m_node->endpoint, out, count * sizeof(uint64_t), address(*r, first), *r->key));
-  return m_transport.wait(*batch, m_timeout);
+  return m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
 }
 
 Status RemoteVersionWords::compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) {
@@ -103,7 +105,7 @@ Status RemoteVersionWords::compare_swap(uint64_t page, uint64_t expected, uint64
   auto batch = m_transport.batch();
   TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::compare_swap, desired, expected,
                                              address(*r, page), *r->key, old));
-  return m_transport.wait(*batch, m_timeout);
+  return m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
 }
 
 Status RemoteVersionWords::release(std::span<const uint64_t> pages) {
@@ -115,7 +117,7 @@ Status RemoteVersionWords::release(std::span<const uint64_t> pages) {
     TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::fetch_add, 1, 0,
                                                address(*r, pages[i]), *r->key, &olds[i]));
   }
-  return m_transport.wait(*batch, m_timeout);
+  return m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
 }
 
 Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<const CopySegment> segments,
@@ -132,13 +134,13 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
   const uint64_t addr = address(*r, first);
   auto batch = m_transport.batch();
   Status s = m_transport.get(*batch, *m_node->endpoint, before, count * sizeof(uint64_t), addr, *r->key);
-  if (s.ok()) s = m_transport.fence(*batch, m_timeout);
+  if (s.ok()) s = m_transport.fence(*batch, ScopedDeadline::bound(m_timeout));
   for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
     s = frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
   }
-  if (s.ok()) s = m_transport.fence(*batch, m_timeout);
+  if (s.ok()) s = m_transport.fence(*batch, ScopedDeadline::bound(m_timeout));
   if (s.ok()) s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *r->key);
-  Status w = m_transport.wait(*batch, m_timeout);
+  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
   return s.ok() ? w : s;
 }
 
@@ -173,7 +175,7 @@ Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* ds
 Status RemoteFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
   auto batch = m_transport.batch();
   Status s = issue_read(*batch, frame_offset, dst, length);
-  Status w = m_transport.wait(*batch, m_timeout);
+  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
   return s.ok() ? w : s;
 }
 
@@ -186,14 +188,14 @@ Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t len
     const size_t n = std::min(k_remote_chunk, length - done);
     Status s = m_transport.put(*batch, *m_node->endpoint, in + done, n, base + done, *r->key);
     if (!s.ok()) {
-      (void)m_transport.wait(*batch, m_timeout);
+      (void)m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
       return s;
     }
   }
-  TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, m_timeout));
+  TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, ScopedDeadline::bound(m_timeout)));
   // Completion of a put is local; the flush makes the bytes visible at the
   // target before the caller releases the page lock.
-  TIERMEM_RETURN_IF_ERROR(m_transport.flush(*m_node->endpoint, m_timeout));
+  TIERMEM_RETURN_IF_ERROR(m_transport.flush(*m_node->endpoint, ScopedDeadline::bound(m_timeout)));
   if (r->persistent && m_persist) return m_persist(m_tier, frame_offset, length);
   return Status();
 }
@@ -206,7 +208,7 @@ Status RemoteFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operan
   TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint,
                                              op == WordOp::fetch_add ? AtomicOp::fetch_add : AtomicOp::compare_swap,
                                              operand, compare, r->base + (frame_offset - r->first), *r->key, old));
-  Status s = m_transport.wait(*batch, m_timeout);
+  Status s = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
   if (s.ok() && r->persistent && m_persist) return m_persist(m_tier, frame_offset, 8);
   return s;
 }

@@ -161,6 +161,7 @@ Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options)
   a->set_coherent(options.coherent);
   a->set_session(options.lifetime == Lifetime::session);
   a->set_replicas(options.replicas);
+  a->set_qos(static_cast<uint32_t>(options.qos));
   request.set_node(options.node);
   AllocationInfo out;
   TIERMEM_RETURN_IF_ERROR(run("alloc", false, [&](ClientCore& c) {
@@ -217,10 +218,36 @@ Status Client::read(Gva gva, void* data, size_t length) {
   return run("read", true, [&](ClientCore& c) { return c.read(gva, data, length); });
 }
 
+Status Client::write(Gva gva, const void* data, size_t length, QosClass qos) {
+  return run("write", true, [&](ClientCore& c) { return c.write(gva, data, length, qos); });
+}
+
+Status Client::read(Gva gva, void* data, size_t length, QosClass qos) {
+  return run("read", true, [&](ClientCore& c) { return c.read(gva, data, length, qos); });
+}
+
 Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value) {
   uint64_t out = 0;
   TIERMEM_RETURN_IF_ERROR(run("fetch_add", false, [&](ClientCore& c) {
     TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::fetch_add, value, 0));
+    return Status();
+  }));
+  return out;
+}
+
+Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value, QosClass qos) {
+  uint64_t out = 0;
+  TIERMEM_RETURN_IF_ERROR(run("fetch_add", false, [&](ClientCore& c) {
+    TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::fetch_add, value, 0, qos));
+    return Status();
+  }));
+  return out;
+}
+
+Result<uint64_t> Client::compare_swap(Gva gva, uint64_t expected, uint64_t desired, QosClass qos) {
+  uint64_t out = 0;
+  TIERMEM_RETURN_IF_ERROR(run("compare_swap", false, [&](ClientCore& c) {
+    TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::compare_swap, desired, expected, qos));
     return Status();
   }));
   return out;

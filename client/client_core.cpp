@@ -13,6 +13,7 @@
 #include <tiermem/status_macros.h>
 
 #include "access/node_advert.hpp"
+#include "common/deadline.hpp"
 #include "convert.hpp"
 #include "mapping/sub_blocks.hpp"
 #include "mapping/version_segments.hpp"
@@ -69,6 +70,13 @@ class ClientAccess final : public MemoryAccess {
   std::deque<RecordedVersionWords> m_recorded;
 };
 
+// Translations that keep changing are tried again this long, or until the
+// call's deadline.
+std::chrono::steady_clock::time_point retry_until() {
+  const auto until = std::chrono::steady_clock::now() + k_retry_time;
+  return ScopedDeadline::active() ? std::min(until, ScopedDeadline::at()) : until;
+}
+
 bool is_transport_failure(const Status& s) {
   return s.code() == ErrorCode::transport_error || s.code() == ErrorCode::timeout;
 }
@@ -102,6 +110,7 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   auto core = std::shared_ptr<ClientCore>(
       new ClientCore(std::move(connection), response.hello(), options.direct_access, path));
   if (options.lock_timeout.count() > 0) core->m_lock_timeout = options.lock_timeout;
+  core->m_qos = options.qos;
   if (options.timeout.count() > 0) core->m_remote_timeout = std::min(options.timeout, k_timeout);
   return core;
 }
@@ -169,6 +178,7 @@ Status ClientCore::daemon_gone() const {
 }
 
 Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<UniqueFd>* fds) {
+  if (ScopedDeadline::active()) request.set_deadline_ms(static_cast<uint32_t>(ScopedDeadline::remaining_ms()));
   auto response = m_connection->call(request, fds);
   if (!response.ok() && response.status().code() == ErrorCode::connection_closed) {
     m_daemon_lost.store(true, std::memory_order_seq_cst);
@@ -416,6 +426,7 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   a->coherent = t.coherent();
   a->replicated = info.replicas_wanted > 0 || !info.replicas.empty();
   a->copy = info.replica_of.node != 0;
+  a->qos = info.qos;
   a->home_incarnation = t.home_incarnation();
   for (const auto& x : t.extents()) a->extents.push_back(wire::from_proto(x));
   a->page_versions.assign(t.page_versions().begin(), t.page_versions().end());
@@ -483,6 +494,7 @@ static bool home_unreachable(const Status& s) {
     case ErrorCode::unavailable:
     case ErrorCode::connection_failed:
     case ErrorCode::connection_closed:
+    case ErrorCode::io_error:  // the link to the home broke (EPIPE, ECONNRESET)
     case ErrorCode::data_lost:
       return true;
     default:
@@ -522,11 +534,15 @@ Status ClientCore::check_remote_extents(const CachedAllocation& a) {
   return Status();
 }
 
-Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) {
+Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, bool fallback) {
   if (length == 0) return Status();
+  // A read the home could not serve goes to a copy (when asked to).
+  const auto or_copy = [&](const Status& failed) {
+    return fallback && !to_memory ? read_copy(gva, buf, length, failed) : failed;
+  };
   if (!m_direct) {
     Status s = copy_rpc(gva, buf, length, to_memory);
-    return s.ok() || to_memory ? s : read_copy(gva, buf, length, s);
+    return s.ok() ? s : or_copy(s);
   }
   if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
   bool refresh = false;
@@ -534,13 +550,13 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
   bool refreshed = false;
   Status last;  // why the last attempt did not go through, for the final error
   bool plain = false;  // the allocation has no copies to read from
-  const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
+  const auto give_up = retry_until();
   while (std::chrono::steady_clock::now() < give_up) {
     auto a = cached(gva, refresh);
     if (!a.ok()) {
       // The home could not say what the allocation is: a copy may, unless
       // an earlier answer said it has none.
-      return to_memory || plain ? a.status() : read_copy(gva, buf, length, a.status());
+      return plain ? a.status() : or_copy(a.status());
     }
     const CachedAllocation& alloc = **a;
     plain = !alloc.replicated;
@@ -558,7 +574,7 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
     if (s.ok()) {
       const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
                             alloc.page_versions};
-      s = copy_through_layout(view, access, offset, buf, length, to_memory, m_lock_timeout);
+      s = copy_through_layout(view, access, offset, buf, length, to_memory, ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
       (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
@@ -589,20 +605,24 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory) 
       last = s;
       continue;
     }
-    return alloc.replicated && !to_memory ? read_copy(gva, buf, length, s) : s;
+    return alloc.replicated ? or_copy(s) : s;
   }
-  if (!last.ok() && !is_stale(last)) return !to_memory && !plain ? read_copy(gva, buf, length, last) : last;
+  if (!last.ok() && !is_stale(last)) return plain ? last : or_copy(last);
   return Status(ErrorCode::busy, "translation of " + gva.to_string() +
                                      " kept changing for " + std::to_string(k_retry_time.count()) +
                                      " ms; the allocation is being migrated or freed");
 }
 
-Status ClientCore::write(Gva gva, const void* src, size_t length) {
-  return copy(gva, static_cast<std::byte*>(const_cast<void*>(src)), length, true);
+Status ClientCore::write(Gva gva, const void* src, size_t length, std::optional<QosClass> qos) {
+  auto* buf = static_cast<std::byte*>(const_cast<void*>(src));
+  const QosClass c = class_of(gva, qos);
+  return c == QosClass::standard ? copy(gva, buf, length, true) : copy_qos(gva, buf, length, true, c);
 }
 
-Status ClientCore::read(Gva gva, void* dst, size_t length) {
-  return copy(gva, static_cast<std::byte*>(dst), length, false);
+Status ClientCore::read(Gva gva, void* dst, size_t length, std::optional<QosClass> qos) {
+  auto* buf = static_cast<std::byte*>(dst);
+  const QosClass c = class_of(gva, qos);
+  return c == QosClass::standard ? copy(gva, buf, length, false) : copy_qos(gva, buf, length, false, c);
 }
 
 Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
@@ -617,14 +637,14 @@ Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, ui
   return response.atomic().old_value();
 }
 
-Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
+Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
   if (gva.offset % 8 != 0) {
     return Status(ErrorCode::invalid_argument, "atomics need an 8-byte aligned word; " + gva.to_string() + " is not");
   }
   if (!m_direct) return atomic_rpc(gva, op, operand, compare);
   if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
   bool refresh = false;
-  const auto give_up = std::chrono::steady_clock::now() + k_retry_time;
+  const auto give_up = retry_until();
   while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
     const CachedAllocation& alloc = *a;
@@ -649,7 +669,7 @@ Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64
       const uint64_t index = offset / page_size();
       s = seqlocked_atomic(**words, **frames, alloc.first_page + index, alloc.page_versions[index],
                            alloc.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
-                           compare, &old, m_lock_timeout);
+                           compare, &old, ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
       (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);

@@ -41,6 +41,7 @@ struct CachedAllocation {
   bool coherent = false;
   bool replicated = false;        // writes and atomics go through the home daemon
   bool copy = false;              // a copy of a replicated allocation: its daemon refuses writes
+  QosClass qos = QosClass::standard;  // the default class of calls on it
   uint64_t home_incarnation = 0;  // of the daemon that translated
   std::vector<Extent> extents;
   std::vector<uint64_t> page_versions;
@@ -128,10 +129,14 @@ class ClientCore {
   void set_successor(std::shared_ptr<ClientCore> next);
   uint64_t page_size() const { return m_hello.page_size(); }
 
-  Status write(Gva gva, const void* src, size_t length);
-  Status read(Gva gva, void* dst, size_t length);
-  Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
+  // `qos`: the call's class; none: the allocation's default (H3).
+  Status write(Gva gva, const void* src, size_t length, std::optional<QosClass> qos = std::nullopt);
+  Status read(Gva gva, void* dst, size_t length, std::optional<QosClass> qos = std::nullopt);
+  Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
+                          std::optional<QosClass> qos = std::nullopt);
   AccessCounters counters() const;
+  // The cached translation of the allocation holding `gva`, if any (no request).
+  std::shared_ptr<const CachedAllocation> peek(Gva gva);
   // Drops a cached translation (after free or migration).
   void forget(Gva gva);
 
@@ -163,12 +168,23 @@ class ClientCore {
   // daemon) it was made for: else the translation is stale.
   Status check_remote_extents(const CachedAllocation& a);
   void forget_node(NodeId node);
-  Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory);
+  // `fallback`: a read the home cannot serve is read from a copy.
+  Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory, bool fallback = true);
   Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory, bool from_replica = false);
   // A read the home could not serve (`failed`), from a copy of the
   // allocation (replicated memory): `failed` when there is none either.
   Status read_copy(Gva gva, std::byte* buf, size_t length, const Status& failed);
   Result<uint64_t> atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
+  Result<uint64_t> atomic_once(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
+  // QoS (H3): the class a call on `gva` runs in, its deadline, and a read
+  // or write under it (a copy under strict, best-effort and graceful rules).
+  QosClass class_of(Gva gva, std::optional<QosClass> asked);
+  std::chrono::milliseconds budget(QosClass qos) const;
+  Status copy_qos(Gva gva, std::byte* buf, size_t length, bool to_memory, QosClass qos);
+  // deadline_exceeded for a call of class `qos` begun at `start`, naming
+  // the home node's state as the local daemon sees it and what was tried.
+  Status exceeded(QosClass qos, const char* what, Gva gva, std::chrono::steady_clock::time_point start,
+                  const std::string& tried);
   Status persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length);
   Status daemon_gone() const;
   void watch_daemon();
@@ -179,6 +195,7 @@ class ClientCore {
   std::string m_socket;
   std::chrono::milliseconds m_lock_timeout{10000};
   std::chrono::milliseconds m_remote_timeout{10000};  // of one one-sided operation
+  QosOptions m_qos;
 
   // Set (never cleared) when the daemon's end of the control socket closed.
   std::atomic<bool> m_daemon_lost{false};

@@ -32,6 +32,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::timeout: return "timeout";
     case ErrorCode::transport_error: return "transport_error";
     case ErrorCode::unavailable: return "unavailable";
+    case ErrorCode::deadline_exceeded: return "deadline_exceeded";
     case ErrorCode::protocol_mismatch: return "protocol_mismatch";
     case ErrorCode::malformed_frame: return "malformed_frame";
     case ErrorCode::frame_too_large: return "frame_too_large";

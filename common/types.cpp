@@ -35,6 +35,24 @@ std::string_view node_health_name(NodeHealth health) {
   return "unknown";
 }
 
+std::string_view qos_class_name(QosClass qos) {
+  switch (qos) {
+    case QosClass::standard: return "standard";
+    case QosClass::strict: return "strict";
+    case QosClass::best_effort: return "best_effort";
+    case QosClass::graceful_degrade: return "graceful_degrade";
+  }
+  return "unknown";
+}
+
+Result<QosClass> parse_qos_class(std::string_view text) {
+  for (QosClass q : {QosClass::standard, QosClass::strict, QosClass::best_effort, QosClass::graceful_degrade}) {
+    if (text == qos_class_name(q)) return q;
+  }
+  return Status(ErrorCode::invalid_argument,
+                "'" + std::string(text) + "' is no QoS class (standard, strict, best_effort, graceful_degrade)");
+}
+
 std::string_view replica_state_name(ReplicaState state) {
   switch (state) {
     case ReplicaState::in_sync: return "in_sync";

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/deadline.hpp"
+
 #include <tiermem/status_macros.h>
 
 #include "access/node_advert.hpp"
@@ -158,7 +160,8 @@ void PeerManager::beat(NodeId node, bool answered, std::chrono::microseconds rtt
 
 Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string& address, NodeId node,
                                                               proto::NodeInfo* info) {
-  TIERMEM_ASSIGN_OR_RETURN(auto conn, RpcConnection::connect_tcp(address, m_options.timeout));
+  // A caller's deadline bounds a link made for its request (heartbeats have none).
+  TIERMEM_ASSIGN_OR_RETURN(auto conn, RpcConnection::connect_tcp(address, ScopedDeadline::bound(m_options.timeout)));
   const std::string nonce = make_nonce();
   proto::Request challenge;
   challenge.mutable_peer_challenge()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
@@ -398,9 +401,11 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, s
     put_back(node, incarnation, nullptr);
     return conn.status();
   }
-  (*conn)->set_timeout(timeout.count() > 0 ? timeout : m_options.timeout);
+  timeout = ScopedDeadline::bound(timeout.count() > 0 ? timeout : m_options.timeout);
+  (*conn)->set_timeout(timeout);
   request.set_node(node);
   request.set_forwarded(true);
+  if (ScopedDeadline::active()) request.set_deadline_ms(static_cast<uint32_t>(ScopedDeadline::remaining_ms()));
   auto response = (*conn)->call(request);
   if ((*conn)->broken()) {
     // A timeout or a dead connection: this link is done. Whether the peer is
@@ -412,7 +417,7 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, s
     m_wake.notify_all();
     if (!response.ok() && response.status().code() == ErrorCode::timeout) {
       response = Status(ErrorCode::timeout, "node " + std::to_string(node) + " did not answer within " +
-                                                std::to_string((timeout.count() > 0 ? timeout : m_options.timeout).count()) +
+                                                std::to_string(timeout.count()) +
                                                 " ms (it may be stopped or partitioned away)");
     } else if (!response.ok()) {
       response = response.status().with_context("node " + std::to_string(node));

@@ -7,6 +7,7 @@
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "common/deadline.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/peer_manager.hpp"
@@ -182,6 +183,20 @@ Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
 }
 
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
+  Reply reply = route(request, session);
+  if (request.deadline_ms() > 0 && reply.deferred) {
+    // The blocking part ends by the caller's deadline (its peer requests and
+    // one-sided copies wait no longer).
+    const auto at = std::chrono::steady_clock::now() + std::chrono::milliseconds(request.deadline_ms());
+    reply.deferred = [work = std::move(reply.deferred), at]() {
+      ScopedDeadline deadline(at);
+      return work();
+    };
+  }
+  return reply;
+}
+
+Reply RequestHandler::route(const proto::Request& request, SessionState& session) {
   if (Status s = admit(request, session); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   if (Status s = check_request_fields(request); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   const NodeId target = target_of(request);
@@ -351,6 +366,10 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
   req.tenant = who.tenant;
   req.limits = m_tenants.limits(who.tenant);
   TIERMEM_RETURN_IF_ERROR(check_replicas(r, who));
+  if (r.qos() > static_cast<uint32_t>(QosClass::graceful_degrade)) {
+    return Status(ErrorCode::invalid_argument, "qos " + std::to_string(r.qos()) + " is no QoS class (0 to 3)");
+  }
+  req.qos = static_cast<QosClass>(r.qos());
   req.replicas_wanted = r.replicas();
   if (r.has_replica_of()) {
     req.replica_of = wire::from_proto(r.replica_of());

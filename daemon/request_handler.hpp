@@ -93,6 +93,8 @@ class RequestHandler {
   void session_closed() { --m_sessions; }
 
  private:
+  // handle() but for the caller's deadline.
+  Reply route(const proto::Request& request, SessionState& session);
   Reply dispatch(const proto::Request& request, SessionState& session);
   Reply dispatch_data(const proto::Request& request, SessionState& session, const Identity& who);
   // Refuses what this session may not ask at all (before any work).

@@ -336,6 +336,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   a.replicas_wanted = request.replicas_wanted;
   a.replica_of = request.replica_of;
   a.replica_ready = request.replica_ready;
+  a.qos = request.qos;
 
   map_new_pages(a, chosen, frames);
   // Recorded before anyone learns of it: a failure undoes it all.
@@ -460,6 +461,7 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.replicas = a.replicas;
   info.replica_of = a.replica_of;
   info.replica_ready = a.replica_ready;
+  info.qos = a.qos;
   return info;
 }
 

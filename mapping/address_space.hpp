@@ -125,6 +125,7 @@ struct AllocRequest {
   uint32_t replicas_wanted = 0;
   Gva replica_of;
   bool replica_ready = false;
+  QosClass qos = QosClass::standard;  // the default class of calls on it
 };
 
 // The files a tenant's domain consists of, for a co-located client.
@@ -333,6 +334,7 @@ class AddressSpace {
     std::vector<ReplicaInfo> replicas;
     Gva replica_of;  // node 0: not a copy
     bool replica_ready = false;
+    QosClass qos = QosClass::standard;
   };
   // A tenant's slice of the node: virtual pages and, per tier, free frames.
   struct Domain {

@@ -39,6 +39,7 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
   r.replicas = a.replicas;
   r.replica_of = a.replica_of;
   r.replica_ready = a.replica_ready;
+  r.qos = a.qos;
   const uint64_t psize = page_size();
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
     const PageEntry& e = *m_table.find(p);
@@ -203,6 +204,7 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   a.replicas = r.replicas;
   a.replica_of = r.replica_of;
   a.replica_ready = r.replica_ready;
+  a.qos = r.qos;
   restore_pages(a, r, memory_adopted);
   Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
   dom.cursor = std::max(dom.cursor, r.first_page + r.pages);

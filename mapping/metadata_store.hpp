@@ -10,7 +10,8 @@
 //   - per persistent allocation, everything AllocationInfo shows and its page
 //     entries, as runs of consecutive frames;
 //   - per local frame lent to another node's page, the borrower;
-//   - per allocation, where its copies are (or what it is a copy of), in a
+//   - per allocation, where its copies are (or what it is a copy of) and its
+//     default QoS class, in a
 //     table beside the slots (added after the first layout: a pool made
 //     before gets it at its next open).
 //
@@ -64,6 +65,7 @@ struct AllocationRecord {
   std::vector<ReplicaInfo> replicas;
   Gva replica_of;
   bool replica_ready = false;
+  QosClass qos = QosClass::standard;  // the default class of calls on it
 };
 
 struct DomainRecord {

@@ -70,7 +70,7 @@ struct PReplicas {
   uint8_t count;
   uint16_t of_node;
   uint32_t of_generation;
-  uint32_t reserved;
+  uint32_t qos;  // QosClass (this table came after the slots; it holds what they lack)
   uint64_t of_offset;
   PReplicaEntry copies[k_max_replicas];
 };
@@ -313,6 +313,8 @@ void PmemMetadata::load() {
     const PReplicas& r = replicas()[i];
     a.replicas_wanted = r.wanted;
     a.replica_ready = r.ready != 0;
+    a.qos = r.qos <= static_cast<uint32_t>(QosClass::graceful_degrade) ? static_cast<QosClass>(r.qos)
+                                                                       : QosClass::standard;
     a.replica_of = gva_of(r.of_node, r.of_generation, r.of_offset);
     for (size_t k = 0; k < std::min<size_t>(r.count, k_max_replicas); ++k) {
       const PReplicaEntry& e = r.copies[k];
@@ -415,6 +417,7 @@ Status PmemMetadata::put_allocation(const AllocationRecord& a, uint32_t next_gen
     std::memset(r, 0, sizeof *r);
     r->wanted = a.replicas_wanted;
     r->ready = a.replica_ready ? 1 : 0;
+    r->qos = static_cast<uint32_t>(a.qos);
     r->of_node = static_cast<uint16_t>(a.replica_of.node);
     r->of_generation = a.replica_of.generation;
     r->of_offset = a.replica_of.offset;

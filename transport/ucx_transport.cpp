@@ -15,6 +15,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "common/deadline.hpp"
 #include "transport/ucx_internal.hpp"
 
 namespace tiermem {
@@ -294,7 +295,8 @@ Status UcxTransport::hello(UcxEndpoint& ep) {
   op->src = m_address.data();
   op->payload = m_address.size();
   Status s = issue(b, ep, std::move(op));
-  if (s.ok()) s = drive(b, std::chrono::seconds(10), false);
+  // At most 10 s, or the caller's deadline (QoS).
+  if (s.ok()) s = drive(b, ScopedDeadline::bound(std::chrono::seconds(10)), false);
   if (s.ok()) s = std::move(b.m_error);
   b.clear();
   return s.ok() ? s : s.with_context("the peer did not answer the hello of a new connection");

@@ -33,6 +33,14 @@
 
 namespace tiermem {
 
+// What each QoS class may take (QosClass in types.h).
+struct QosOptions {
+  std::chrono::milliseconds strict{50};
+  std::chrono::milliseconds best_effort{200};
+  uint32_t best_effort_retries = 2;  // tries after the first, within the deadline
+  std::chrono::milliseconds graceful_degrade{800};
+};
+
 struct ClientOptions {
   // Daemon control socket. Empty: $TIERMEM_SOCKET, else
   // /run/tiermem/tiermemd.sock.
@@ -60,6 +68,8 @@ struct ClientOptions {
   // not have happened: look before repeating it. Mappings made before stay
   // mapped to the same memory, and are pinned again on the new connection.
   std::chrono::milliseconds reconnect_timeout{30000};
+  // Deadlines of the QoS classes (H3, QosClass in types.h).
+  QosOptions qos;
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per
@@ -138,6 +148,11 @@ class TIERMEM_EXPORT Client {
   // inside one allocation (out_of_range otherwise).
   Status write(Gva gva, const void* data, size_t length);
   Status read(Gva gva, void* data, size_t length);
+  // The same in QoS class `qos` instead of the allocation's default (H3).
+  // Errors: also deadline_exceeded (which class, which deadline, the home
+  // node's state, what was tried).
+  Status write(Gva gva, const void* data, size_t length, QosClass qos);
+  Status read(Gva gva, void* data, size_t length, QosClass qos);
   Status write(Gva gva, std::span<const std::byte> data) {
     return write(gva, data.data(), data.size());
   }
@@ -152,6 +167,10 @@ class TIERMEM_EXPORT Client {
   // Stores `desired` when the word equals `expected`; returns the old value
   // (== expected on success).
   Result<uint64_t> compare_swap(Gva gva, uint64_t expected, uint64_t desired);
+  // In QoS class `qos`; an atomic is never tried twice (best_effort runs it
+  // once within its deadline), since it may have been applied.
+  Result<uint64_t> fetch_add(Gva gva, uint64_t value, QosClass qos);
+  Result<uint64_t> compare_swap(Gva gva, uint64_t expected, uint64_t desired, QosClass qos);
 
   // Maps the whole allocation starting at `gva` into this process. Errors:
   // not_supported (a tier that cannot be shared, e.g. VRAM without CUDA here,

@@ -45,6 +45,7 @@ enum class ErrorCode : uint32_t {
   timeout = 303,
   transport_error = 304,
   unavailable = 305,        // the daemon or node is down or restarting: retry later
+  deadline_exceeded = 306,  // a call of a QoS class did not finish within its deadline (says what was tried)
   // 4xx: protocol
   protocol_mismatch = 400,
   malformed_frame = 401,

@@ -45,6 +45,22 @@ TIERMEM_EXPORT std::string page_flags_text(uint32_t flags);
 
 enum class Lifetime : uint8_t { persistent = 0, session = 1 };
 
+// Quality of service of a read, write or atomic (H3), chosen per call or as
+// an allocation's default. standard: the client's timeouts (seconds), and a
+// read falls back to a copy of a replicated allocation when its home cannot
+// be reached. strict: the call ends within its deadline (50 ms), failing
+// with deadline_exceeded naming the node and the state it is in; no
+// fallback. best_effort: tried again (2 retries) within 200 ms, then
+// deadline_exceeded. graceful_degrade: within 800 ms the home, or else a
+// fallback: a copy's bytes for a read (an allocation falls back to a lower
+// tier when the chosen one is full, as every non-strict alloc does).
+// Deadlines and retries: ClientOptions::qos.
+enum class QosClass : uint8_t { standard = 0, strict = 1, best_effort = 2, graceful_degrade = 3 };
+// "standard", "strict", "best_effort", "graceful_degrade".
+TIERMEM_EXPORT std::string_view qos_class_name(QosClass qos);
+// Inverse of qos_class_name; invalid_argument otherwise.
+TIERMEM_EXPORT Result<QosClass> parse_qos_class(std::string_view text);
+
 struct AllocOptions {
   Tier tier = Tier::automatic;
   bool strict = false;  // fail instead of falling back to a slower tier
@@ -65,12 +81,14 @@ struct AllocOptions {
   // node.
   Lifetime lifetime = Lifetime::persistent;
   // Copies kept on other nodes (H2; at most k_max_replicas), placed on
-  // healthy nodes other than the home. A write is acknowledged once the home
+  // reachable nodes other than the home (healthy ones first). A write is acknowledged once the home
   // and every replica hold it (writes and atomics then go through the home
   // daemon); a read goes to the home, and to a replica when the home cannot
   // be reached. A replica that dies is replaced in the background. Only
   // persistent allocations of the home node (node 0 or the client's) ask.
   uint32_t replicas = 0;
+  // The QoS class of calls on it that name none.
+  QosClass qos = QosClass::standard;
 };
 
 inline constexpr uint32_t k_max_replicas = 4;
@@ -107,6 +125,7 @@ struct AllocationInfo {
   std::vector<ReplicaInfo> replicas;   // where the copies are (the home's view)
   Gva replica_of;                      // of a copy: the allocation it copies (node 0: none)
   bool replica_ready = false;          // of a copy: filled (it may serve reads)
+  QosClass qos = QosClass::standard;   // the default class of calls on it
 };
 
 struct TierStat {

@@ -305,7 +305,8 @@ TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
   // And the new copy serves when the home dies.
   cluster.node(1).kill();
   auto reader = cluster.node(static_cast<int>(other)).connect("reader");
-  ASSERT_TRUE(reader->read(a->gva, got.data(), k_size).ok());
+  Status r = reader->read(a->gva, got.data(), k_size);
+  ASSERT_TRUE(r.ok()) << r.to_string();
   EXPECT_EQ(one_value(got), 3u);
 }
 

@@ -65,7 +65,7 @@ std::string version_text(const PageInfo& page);  // "3.12 (locked)"
 int cmd_status(const Context& ctx);
 int cmd_ls(const Context& ctx);
 int cmd_alloc(const Context& ctx, const std::string& size, const std::string& tier,
-              const std::string& name, bool strict, bool coherent, uint32_t replicas);
+              const std::string& name, bool strict, bool coherent, uint32_t replicas, const std::string& qos);
 int cmd_free(const Context& ctx, const std::string& gva);
 int cmd_write(const Context& ctx, const std::string& gva, const std::string& file);
 int cmd_read(const Context& ctx, const std::string& gva, const std::string& length);

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   std::string size, tier = "auto", name;
   bool strict = false, coherent = false;
   uint32_t replicas = 0;
+  std::string qos = "standard";
   auto* alloc = app.add_subcommand(
       "alloc", "allocate memory and print its GVA; it is persistent: kept until freed, through daemon restarts "
                "(DRAM until the node reboots)");
@@ -32,7 +33,9 @@ int main(int argc, char** argv) {
   alloc->add_option("--replicas", replicas, "copies on other nodes (written with every write, read when the home "
                                             "is down)")
       ->check(CLI::Range(0u, tiermem::k_max_replicas));
-  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent, replicas); });
+  alloc->add_option("--qos", qos, "default QoS class of calls on it: standard, strict, best_effort, "
+                                  "graceful_degrade");
+  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent, replicas, qos); });
 
   std::string gva, file = "-", length;
   auto* free = app.add_subcommand("free", "free the allocation starting at GVA");

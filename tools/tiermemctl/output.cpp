@@ -68,6 +68,7 @@ nlohmann::json to_json(const AllocationInfo& a) {
           {"tenant", a.tenant},
           {"lost_pages", a.lost_pages},
           {"torn_pages", a.torn_pages},
+          {"qos", qos_class_name(a.qos)},
           {"replicas_wanted", a.replicas_wanted},
           {"replicas", copies}};
   if (a.replica_of.node != 0) {

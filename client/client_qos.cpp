@@ -1,0 +1,149 @@
+// QoS classes (H3) of reads, writes and atomics: a deadline for the whole
+// call (common/deadline.hpp bounds every wait inside it, and the daemons'
+// waits through Request.deadline_ms), retries for best_effort, a copy's bytes
+// for graceful_degrade, and errors that say which class, which deadline,
+// what the home node's state is and what was tried.
+#include <thread>
+
+#include <tiermem/status_macros.h>
+
+#include "client/client_core.hpp"
+#include "common/deadline.hpp"
+
+namespace tiermem::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What a later attempt, or another copy, may do better: the home is slow,
+// stopped, unreachable or busy. Anything else (bad address, out of range,
+// permission) is the answer, whatever the class.
+bool worth_retrying(const Status& s) {
+  switch (s.code()) {
+    case ErrorCode::transport_error:
+    case ErrorCode::timeout:
+    case ErrorCode::unavailable:
+    case ErrorCode::connection_failed:
+    case ErrorCode::connection_closed:
+    case ErrorCode::io_error:
+    case ErrorCode::busy:
+    case ErrorCode::data_lost:
+    case ErrorCode::deadline_exceeded:
+      return true;
+    default:
+      return false;
+  }
+}
+
+uint64_t ms_since(Clock::time_point start) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count());
+}
+
+}  // namespace
+
+std::shared_ptr<const CachedAllocation> ClientCore::peek(Gva gva) {
+  std::shared_lock lock(m_cache_mutex);
+  auto it = m_cache.upper_bound({gva.node, gva.offset});
+  if (it == m_cache.begin()) return nullptr;
+  const auto& a = std::prev(it)->second;
+  const bool inside = a->base.node == gva.node && gva.offset < a->base.offset + a->page_versions.size() * page_size();
+  return inside && (gva.generation == 0 || gva.generation == a->base.generation) ? a : nullptr;
+}
+
+QosClass ClientCore::class_of(Gva gva, std::optional<QosClass> asked) {
+  if (asked) return *asked;
+  if (auto a = peek(gva)) return a->qos;
+  // Not translated yet: ask, within the longest deadline a class has (a
+  // home that does not answer is then a standard call's business).
+  ScopedDeadline bounded(Clock::now() + m_qos.graceful_degrade);
+  auto a = cached(gva, false);
+  return a.ok() ? (*a)->qos : QosClass::standard;
+}
+
+std::chrono::milliseconds ClientCore::budget(QosClass qos) const {
+  switch (qos) {
+    case QosClass::strict: return m_qos.strict;
+    case QosClass::best_effort: return m_qos.best_effort;
+    case QosClass::graceful_degrade: return m_qos.graceful_degrade;
+    case QosClass::standard: break;
+  }
+  return std::chrono::milliseconds(0);
+}
+
+Status ClientCore::exceeded(QosClass qos, const char* what, Gva gva, Clock::time_point start,
+                            const std::string& tried) {
+  // The local daemon's view of the home (answered from its memory).
+  std::string state = "node " + std::to_string(gva.node);
+  proto::Request request;
+  request.mutable_nodes();
+  auto nodes = [&] {
+    ScopedDeadline d(Clock::now() + std::chrono::milliseconds(20));
+    return call(request);
+  }();
+  bool found = false;
+  if (nodes.ok()) {
+    for (const auto& n : nodes->nodes().nodes()) {
+      if (n.node_id() != gva.node) continue;
+      found = true;
+      state += " is " + std::string(node_health_name(static_cast<NodeHealth>(n.health()))) + " (" +
+               std::to_string(n.missed_heartbeats()) + " heartbeat(s) missed, link " +
+               std::string(node_state_name(static_cast<NodeState>(n.state()))) + ")";
+    }
+  }
+  if (!found) state += (gva.node == node() ? " is this node" : " is in an unknown state");
+  return Status(ErrorCode::deadline_exceeded,
+                std::string(qos_class_name(qos)) + " " + what + " of " + gva.to_string() + " did not finish within " +
+                    std::to_string(budget(qos).count()) + " ms (" + std::to_string(ms_since(start)) +
+                    " ms spent); " + state + "; tried: " + tried);
+}
+
+Status ClientCore::copy_qos(Gva gva, std::byte* buf, size_t length, bool to_memory, QosClass qos) {
+  const auto start = Clock::now();
+  const auto deadline = start + budget(qos);
+  const char* what = to_memory ? "write" : "read";
+  // graceful_degrade leaves half its time for the fallback; best_effort
+  // gives each of its attempts an equal share (an attempt that fails early
+  // leaves the next one more).
+  const auto home_deadline = qos == QosClass::graceful_degrade ? start + budget(qos) / 2 : deadline;
+  const uint32_t attempts = qos == QosClass::best_effort ? 1 + m_qos.best_effort_retries : 1;
+  std::string tried;
+  for (uint32_t i = 0; i < attempts && Clock::now() < home_deadline; ++i) {
+    const auto attempt_ends = start + (home_deadline - start) * (i + 1) / attempts;
+    Status s;
+    {
+      ScopedDeadline bounded(attempt_ends);
+      s = copy(gva, buf, length, to_memory, false);
+    }
+    if (s.ok()) return s;
+    if (!worth_retrying(s)) return s;
+    tried += (tried.empty() ? "" : "; ") + std::string("the home, attempt ") + std::to_string(i + 1) + " of " +
+             std::to_string(attempts) + " at " + std::to_string(ms_since(start)) + " ms: " + s.to_string();
+    // A failure that came at once (the node is known to be down) waits out
+    // its share: the attempts are spread over the whole budget, so a node
+    // back within it is found, and a call that fails takes its budget.
+    if (qos == QosClass::best_effort && Clock::now() < attempt_ends) std::this_thread::sleep_until(attempt_ends);
+  }
+  if (qos == QosClass::graceful_degrade && !to_memory) {
+    ScopedDeadline bounded(deadline);
+    Status s = copy_rpc(gva, buf, length, false, true);
+    if (s.ok()) return s;
+    tried += "; a copy: " + s.to_string();
+  }
+  return exceeded(qos, what, gva, start, tried);
+}
+
+Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
+                                    std::optional<QosClass> asked) {
+  const QosClass qos = class_of(gva, asked);
+  if (qos == QosClass::standard) return atomic_once(gva, op, operand, compare);
+  // Never tried twice: it may have been applied.
+  const auto start = Clock::now();
+  Result<uint64_t> r = [&] {
+    ScopedDeadline bounded(start + budget(qos));
+    return atomic_once(gva, op, operand, compare);
+  }();
+  if (r.ok() || !worth_retrying(r.status())) return r;
+  return exceeded(qos, "atomic", gva, start, r.status().to_string() + " (its outcome is unknown)");
+}
+
+}  // namespace tiermem::detail
