@@ -336,6 +336,40 @@ Status Replicator::replace(const AllocationInfo& seen) {
   return Status();
 }
 
+Status Replicator::refill(const AllocationInfo& seen) {
+  const auto mutex = write_lock(seen.gva.offset);
+  std::lock_guard serialize(*mutex);
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(seen.gva));
+  const AllocationInfo& info = t.allocation;
+  if (info.lost_pages == 0) return Status();
+  const Identity who = owner_of(info);
+  std::string tried;
+  for (const ReplicaInfo& c : info.replicas) {
+    if (!live(c)) continue;
+    // No write was acknowledged while the home was away (it is the only
+    // writer): the copy holds every acknowledged byte.
+    std::vector<std::byte> bytes(info.size);
+    Status s;
+    for (uint64_t offset = 0; s.ok() && offset < info.size; offset += k_fill_chunk) {
+      const size_t n = std::min<uint64_t>(k_fill_chunk, info.size - offset);
+      proto::Request request = by_home(who);
+      wire::to_proto(c.gva.plus(offset), request.mutable_read()->mutable_gva());
+      request.mutable_read()->set_length(n);
+      auto response = m_peers.call(c.node, request, m_options.peer_timeout);
+      s = response.status();
+      if (s.ok() && response->read().data().size() != n) s = Status(ErrorCode::internal, "a short read of the copy");
+      if (s.ok()) std::memcpy(bytes.data() + offset, response->read().data().data(), n);
+    }
+    if (s.ok()) {
+      TIERMEM_ASSIGN_OR_RETURN(const uint64_t pages, m_space.refill_lost(info.gva, bytes));
+      spdlog::info("refilled {} lost page(s) of {} from its copy on node {}", pages, info.gva.to_string(), c.node);
+      return Status();
+    }
+    tried += "; node " + std::to_string(c.node) + ": " + s.to_string();
+  }
+  return Status(ErrorCode::unavailable, "no copy could refill the lost pages" + tried);
+}
+
 void Replicator::forget_dropped(const AllocationInfo& seen) {
   // A dropped copy whose node answers again is forgotten: that node then
   // finds it listed nowhere and frees it.
@@ -392,6 +426,10 @@ void Replicator::run() {
       if (info.replica_of.node != 0) {
         collect_orphan(info);
         continue;
+      }
+      if (info.lost_pages > 0) {
+        Status s = refill(info);
+        if (!s.ok()) spdlog::debug("{} stays lost for now: {}", info.gva.to_string(), s.to_string());
       }
       forget_dropped(info);
       const size_t alive = std::count_if(info.replicas.begin(), info.replicas.end(), live);

@@ -124,6 +124,9 @@ class Replicator {
   Status mark_ready(const ReplicaInfo& copy, const Identity& who);
   // Fills a new copy of `info` on a healthy node (under its write lock).
   Status replace(const AllocationInfo& info);
+  // Writes the lost pages of `info` (its memory did not survive a restart)
+  // back from a copy.
+  Status refill(const AllocationInfo& info);
   void forget_dropped(const AllocationInfo& info);
   void collect_orphan(const AllocationInfo& copy);
   void run();

@@ -489,6 +489,34 @@ Status AddressSpace::set_replica_ready(Gva base, bool ready) {
   return Status();
 }
 
+Result<uint64_t> AddressSpace::refill_lost(Gva base, std::span<const std::byte> bytes) {
+  std::unique_lock lock(m_mutex);
+  TIERMEM_ASSIGN_OR_RETURN(Allocation* a, locate(base));
+  if (bytes.size() != a->size) {
+    return Status(ErrorCode::invalid_argument, "refill of " + std::to_string(bytes.size()) + " bytes for an allocation of " +
+                                                   std::to_string(a->size));
+  }
+  // Nobody reads or writes the frames meanwhile: an allocation with lost
+  // pages is refused (data_lost) before its frames are touched.
+  const uint64_t psize = page_size();
+  uint64_t refilled = 0;
+  for (uint64_t i = 0; i < a->pages; ++i) {
+    const uint64_t page = a->first_page + i;
+    PageEntry e = *m_table.find(page);
+    if ((e.flags & k_page_lost) == 0 || e.node != m_node) continue;
+    TIERMEM_ASSIGN_OR_RETURN(FrameData* frames_here, frames(m_node, e.tier, nullptr));
+    const uint64_t offset = i * psize;
+    TIERMEM_RETURN_IF_ERROR(
+        frames_here->write(e.frame_offset, bytes.data() + offset, std::min<uint64_t>(psize, a->size - offset)));
+    e.flags &= ~k_page_lost;
+    m_table.set(page, e);
+    --a->lost_pages;
+    ++refilled;
+  }
+  if (refilled > 0) TIERMEM_RETURN_IF_ERROR(record(*a));
+  return refilled;
+}
+
 Result<AllocationInfo> AddressSpace::find_replica(Gva home) const {
   std::shared_lock lock(m_mutex);
   for (const auto& [first, a] : m_allocations) {

@@ -226,6 +226,12 @@ class AddressSpace {
   // The copy held here of the allocation `home` (any offset inside it).
   // Errors: not_found.
   Result<AllocationInfo> find_replica(Gva home) const;
+  // Of an allocation homed here whose memory did not survive a restart:
+  // writes `bytes` (the whole allocation, read from a copy) into its lost
+  // pages that have their frames here, and clears their flag L (durably).
+  // Returns how many pages were refilled. Errors: as locate(),
+  // invalid_argument (not the allocation's size).
+  Result<uint64_t> refill_lost(Gva base, std::span<const std::byte> bytes);
   // Every allocation here that has copies elsewhere, or is one.
   std::vector<AllocationInfo> replicated() const;
   Result<Translation> translate(Gva gva) const;

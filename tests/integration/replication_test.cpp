@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -345,6 +346,40 @@ TEST(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
     ASSERT_TRUE(cluster.node(static_cast<int>(r.node)).connect()->read(r.gva, copy.data(), k_size).ok());
     EXPECT_TRUE(copy == home) << "the copy on node " << r.node << " differs from its home";
   }
+}
+
+// A home that comes back without its memory (a reboot takes /dev/shm): its
+// DRAM pages are lost, reads are served by the copy meanwhile, and the home
+// writes its pages back from the copy before it serves them again.
+TEST(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
+  test::TestCluster cluster(3, fast_cluster());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("owner");
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
+                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .strict = true, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const auto data = test::pattern(k_size, 11);
+  ASSERT_TRUE(c->write(a->gva, data.data(), k_size).ok());
+  c.reset();
+
+  cluster.node(1).kill();
+  std::filesystem::remove_all(cluster.node(1).dram_dir());  // what a reboot does to /dev/shm
+  ASSERT_TRUE(cluster.node(1).restart()) << cluster.node(1).log();
+  auto after = cluster.node(1).connect("after");
+  ASSERT_TRUE(wait_for([&] {
+    auto t = after->translate(a->gva);
+    return t.ok() && t->allocation.lost_pages == 0;
+  }, 10s)) << "the lost pages were never refilled\n" << cluster.node(1).log();
+  EXPECT_NE(cluster.node(1).log().find("refilled 4 lost page(s) of " + a->gva.to_string()), std::string::npos)
+      << cluster.node(1).log();
+  // Served by the home again, directly, with the bytes acknowledged before.
+  std::vector<unsigned char> got(k_size);
+  const uint64_t direct_before = after->access_counters().direct_local;
+  ASSERT_TRUE(after->read(a->gva, got.data(), k_size).ok());
+  EXPECT_EQ(got, data);
+  EXPECT_GT(after->access_counters().direct_local, direct_before) << "the read did not come from the home";
+  ASSERT_TRUE(after->write(a->gva, data.data(), 8).ok()) << "the refilled home takes writes";
 }
 
 TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
