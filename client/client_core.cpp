@@ -485,9 +485,7 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
   return Status();
 }
 
-// What says the home could not be reached (or lost the bytes), so that a copy
-// may serve a read instead.
-static bool home_unreachable(const Status& s) {
+bool home_unreachable(const Status& s) {
   switch (s.code()) {
     case ErrorCode::transport_error:
     case ErrorCode::timeout:

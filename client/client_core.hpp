@@ -32,6 +32,10 @@
 
 namespace tiermem::detail {
 
+// Whether `s` says the home of an allocation could not be reached (or lost
+// the bytes), so that a copy may serve a read instead.
+bool home_unreachable(const Status& s);
+
 // A translation cached by the client: valid while every page's epoch in the
 // home node's version array still equals the one recorded here.
 struct CachedAllocation {

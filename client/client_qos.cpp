@@ -19,20 +19,7 @@ using Clock = std::chrono::steady_clock;
 // stopped, unreachable or busy. Anything else (bad address, out of range,
 // permission) is the answer, whatever the class.
 bool worth_retrying(const Status& s) {
-  switch (s.code()) {
-    case ErrorCode::transport_error:
-    case ErrorCode::timeout:
-    case ErrorCode::unavailable:
-    case ErrorCode::connection_failed:
-    case ErrorCode::connection_closed:
-    case ErrorCode::io_error:
-    case ErrorCode::busy:
-    case ErrorCode::data_lost:
-    case ErrorCode::deadline_exceeded:
-      return true;
-    default:
-      return false;
-  }
+  return home_unreachable(s) || s.code() == ErrorCode::busy || s.code() == ErrorCode::deadline_exceeded;
 }
 
 uint64_t ms_since(Clock::time_point start) {

@@ -59,6 +59,22 @@ bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds limit
   return done();
 }
 
+// The three daemons up and connected, nodes 2 and 3 healthy as node 1 sees
+// them; a client on node 1 (null, the test failed, otherwise).
+std::unique_ptr<Client> owner_on(test::TestCluster& cluster) {
+  if (!cluster.ready() || !cluster.wait_connected()) {
+    ADD_FAILURE() << "the cluster did not start\n" << cluster.logs();
+    return nullptr;
+  }
+  auto c = cluster.node(1).connect("owner");
+  if (c == nullptr || !wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
+                                             test::health_of(*c, 3) == NodeHealth::healthy; }, 5s)) {
+    ADD_FAILURE() << "nodes 2 and 3 never looked healthy from node 1\n" << cluster.logs();
+    return nullptr;
+  }
+  return c;
+}
+
 // The copies of `gva` as its home lists them now (an empty list when it
 // cannot say).
 std::vector<ReplicaInfo> copies_of(Client& c, Gva gva) {
@@ -83,11 +99,8 @@ size_t copies_held(Client& c, NodeId node) {
 
 TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
   test::TestCluster cluster(3, fast_cluster());
-  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
-  auto c = cluster.node(1).connect("owner");
+  auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
-                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
 
   auto a = c->alloc(k_size, {.tier = Tier::dram, .name = "params", .replicas = 2});
   ASSERT_TRUE(a.ok()) << a.status().to_string() << cluster.logs();
@@ -163,10 +176,8 @@ TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
 
 TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItReturns) {
   test::TestCluster cluster(3, fast_cluster());
-  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
-  auto owner = cluster.node(1).connect("owner");
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*owner, 2) == NodeHealth::healthy &&
-                                    test::health_of(*owner, 3) == NodeHealth::healthy; }, 5s));
+  auto owner = owner_on(cluster);
+  ASSERT_NE(owner, nullptr);
   auto a = owner->alloc(k_size, {.tier = Tier::dram, .replicas = 2});
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   const Gva gva = a->gva;
@@ -260,10 +271,8 @@ TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItRe
 
 TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
   test::TestCluster cluster(3, fast_cluster());
-  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
-  auto c = cluster.node(1).connect("owner");
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
-                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   const NodeId first = a->replicas.at(0).node;
@@ -313,10 +322,8 @@ TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
 
 TEST(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
   test::TestCluster cluster(3, fast_cluster());
-  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
-  auto c = cluster.node(1).connect("owner");
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
-                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 2});
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   // Four clients on three nodes: fetch-adds on word 0, and each its own
@@ -353,10 +360,8 @@ TEST(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
 // writes its pages back from the copy before it serves them again.
 TEST(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
   test::TestCluster cluster(3, fast_cluster());
-  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
-  auto c = cluster.node(1).connect("owner");
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
-                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .strict = true, .replicas = 1});
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   const auto data = test::pattern(k_size, 11);
@@ -384,10 +389,8 @@ TEST(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
 
 TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
   test::TestCluster cluster(3, fast_cluster());
-  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
-  auto c = cluster.node(1).connect("owner");
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*c, 2) == NodeHealth::healthy &&
-                                    test::health_of(*c, 3) == NodeHealth::healthy; }, 5s));
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   ASSERT_TRUE(c->write(a->gva, filled(9).data(), k_size).ok());
