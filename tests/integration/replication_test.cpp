@@ -312,9 +312,12 @@ TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
       << "the dropped copy on node " << first << " was never freed\n" << cluster.node(static_cast<int>(first)).log();
   EXPECT_EQ(live_copies(copies_of(*c, a->gva)), 1u);
 
-  // And the new copy serves when the home dies.
-  cluster.node(1).kill();
+  // And the new copy serves when the home dies (once its node sees the
+  // returned one: with the home dead it needs it for half the cluster).
   auto reader = cluster.node(static_cast<int>(other)).connect("reader");
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*reader, first) == NodeHealth::healthy; }, 10s))
+      << cluster.logs();
+  cluster.node(1).kill();
   Status r = reader->read(a->gva, got.data(), k_size);
   ASSERT_TRUE(r.ok()) << r.to_string();
   EXPECT_EQ(one_value(got), 3u);
