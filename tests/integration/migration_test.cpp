@@ -123,9 +123,15 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
   const Target targets[] = {{Tier::pmem, 1}, {Tier::dram, 2}, {Tier::pmem, 3}, {Tier::dram, 1},
                             {Tier::dram, 3}, {Tier::pmem, 2}};
   int migrations = 0;
+  // At least 4 s, 6 migrations and 11 full reads (readers starve while
+  // every page keeps moving, more so on a loaded machine: the migrations go
+  // on until the readers got that many through, at most 20 s).
   const auto until = std::chrono::steady_clock::now() + 4s;
+  const auto hard_stop = std::chrono::steady_clock::now() + 20s;
   auto mover = m_cluster->node(2).connect("migrator");
-  for (size_t i = 0; std::chrono::steady_clock::now() < until || migrations < 6; ++i) {
+  for (size_t i = 0; (std::chrono::steady_clock::now() < until || migrations < 6 || reads.load() <= 10) &&
+                     std::chrono::steady_clock::now() < hard_stop;
+       ++i) {
     const Target& t = targets[i % std::size(targets)];
     auto m = mover->migrate(base, t.tier, t.node);
     EXPECT_TRUE(m.ok()) << "migration " << i << " to " << tier_name(t.tier) << " on node " << t.node << ": "
@@ -137,7 +143,7 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
       EXPECT_EQ(x.tier, t.tier);
     }
     ++migrations;
-    if (migrations > 60) break;
+    if (migrations > 60 && reads.load() > 10) break;
   }
   stop = true;
   for (auto& t : threads) t.join();
