@@ -56,7 +56,6 @@ Result<QosClass> parse_qos_class(std::string_view text) {
 std::string_view replica_state_name(ReplicaState state) {
   switch (state) {
     case ReplicaState::in_sync: return "in_sync";
-    case ReplicaState::filling: return "filling";
     case ReplicaState::dropped: return "dropped";
   }
   return "unknown";

@@ -319,7 +319,7 @@ void PmemMetadata::load() {
     for (size_t k = 0; k < std::min<size_t>(r.count, k_max_replicas); ++k) {
       const PReplicaEntry& e = r.copies[k];
       a.replicas.push_back({static_cast<NodeId>(e.node), gva_of(e.node, e.generation, e.offset),
-                            static_cast<ReplicaState>(std::min<uint8_t>(e.state, 2))});
+                            e.state == 0 ? ReplicaState::in_sync : ReplicaState::dropped});
     }
     m_slot_of[a.first_page] = i;
     m_image.allocations.push_back(std::move(a));

@@ -78,8 +78,8 @@ AllocationInfo from_proto(const proto::AllocationInfo& info) {
   out.lifetime = info.session() ? Lifetime::session : Lifetime::persistent;
   out.replicas_wanted = info.replicas_wanted();
   for (const proto::Replica& r : info.replicas()) {
-    const auto state = r.state() <= static_cast<uint32_t>(ReplicaState::dropped) ? static_cast<ReplicaState>(r.state())
-                                                                                 : ReplicaState::dropped;
+    // Anything but in_sync is treated as a copy not to rely on.
+    const auto state = r.state() == 0 ? ReplicaState::in_sync : ReplicaState::dropped;
     out.replicas.push_back({static_cast<NodeId>(r.node()), from_proto(r.gva()), state});
   }
   if (info.has_replica_of()) out.replica_of = from_proto(info.replica_of());

@@ -94,12 +94,13 @@ struct AllocOptions {
 inline constexpr uint32_t k_max_replicas = 4;
 
 // A copy of a replicated allocation on another node, as its home knows it.
-// in_sync: holds every acknowledged write (a write needs it); filling: being
-// copied to (new, replacing a dead one: it takes writes, serves no reads);
-// dropped: its node was unreachable and the home went on without it (freed
-// there when the node is back).
-enum class ReplicaState : uint8_t { in_sync = 0, filling = 1, dropped = 2 };
-// "in_sync", "filling", "dropped".
+// in_sync: holds every acknowledged write (a write needs it); dropped: its
+// node was unreachable and the home went on without it (its node frees it
+// once it sees it is no longer listed). A copy being filled is not listed
+// until it is full; the copy itself says whether it is ready
+// (AllocationInfo::replica_ready).
+enum class ReplicaState : uint8_t { in_sync = 0, dropped = 2 };
+// "in_sync", "dropped".
 TIERMEM_EXPORT std::string_view replica_state_name(ReplicaState state);
 
 struct ReplicaInfo {

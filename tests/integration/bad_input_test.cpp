@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -223,6 +225,54 @@ TEST_F(BadInputTest, UnknownEnumValuesAndNodeIdsPast16BitsAreRefused) {
   ASSERT_TRUE(m_client->read(m_gva, back, sizeof back).ok());
   EXPECT_STREQ(back, k_data) << "the atomic with op 7 changed the word";
   EXPECT_EQ(m_client->list()->size(), 1u) << "the alloc with tier 99 was made";
+  expect_unharmed();
+}
+
+// What only a copy's home may ask (by_home, replica_ready, an alloc that
+// claims to be a copy) is refused to a client, and so is a QoS class that
+// does not exist; nothing is made or changed.
+TEST_F(BadInputTest, ReplicationAndQosFieldsAClientMayNotSetAreRefused) {
+  const int fd = greeted(m_daemon.socket());
+  ASSERT_GE(fd, 0);
+  std::vector<std::tuple<proto::Request, ErrorCode, std::string>> cases(5);
+  auto& [by_home, c0, m0] = cases[0];
+  by_home.set_by_home(true);
+  by_home.mutable_write()->mutable_gva()->set_node(m_gva.node);
+  by_home.mutable_write()->mutable_gva()->set_offset(m_gva.offset);
+  by_home.mutable_write()->set_data("scribble");
+  c0 = ErrorCode::permission_denied;
+  m0 = "by_home is for the daemon that is the home of a copy";
+  auto& [ready, c1, m1] = cases[1];
+  ready.mutable_replica_ready()->mutable_gva()->set_node(m_gva.node);
+  ready.mutable_replica_ready()->mutable_gva()->set_offset(m_gva.offset);
+  c1 = ErrorCode::permission_denied;
+  m1 = "replica_ready is for peer daemons only";
+  auto& [copy, c2, m2] = cases[2];
+  copy.mutable_alloc()->set_size(4096);
+  copy.mutable_alloc()->mutable_replica_of()->set_node(m_gva.node);
+  copy.mutable_alloc()->mutable_replica_of()->set_offset(m_gva.offset);
+  c2 = ErrorCode::permission_denied;
+  m2 = "only the home of";
+  auto& [qos, c3, m3] = cases[3];
+  qos.mutable_alloc()->set_size(4096);
+  qos.mutable_alloc()->set_qos(9);
+  c3 = ErrorCode::invalid_argument;
+  m3 = "qos 9 is no QoS class";
+  auto& [alone, c4, m4] = cases[4];
+  alone.mutable_alloc()->set_size(4096);
+  alone.mutable_alloc()->set_replicas(1);
+  c4 = ErrorCode::unavailable;
+  m4 = "runs alone";
+  proto::Response r;
+  for (auto& [request, code, expected] : cases) {
+    ASSERT_TRUE(wire::send_frame(fd, request.SerializeAsString()).ok());
+    ASSERT_TRUE(read_response(fd, &r)) << request.ShortDebugString();
+    EXPECT_EQ(r.status().code(), static_cast<uint32_t>(code)) << request.ShortDebugString() << ": "
+                                                              << r.status().message();
+    EXPECT_NE(r.status().message().find(expected), std::string::npos) << r.status().message();
+  }
+  ::close(fd);
+  EXPECT_EQ(m_client->list()->size(), 1u) << "a refused alloc was made";
   expect_unharmed();
 }
 
