@@ -5,13 +5,16 @@
 # ratios to the heartbeat interval; then build/bench/replication_bench: what
 # copies cost a write (against the same write without them, direct and
 # through the daemon) and how long reads and writes take to resume after
-# the home or a copy's node is killed. RTO/RPO of a training job needs
-# tiermem-exec --replicas, not written yet.
+# the home or a copy's node is killed; then build/bench/training_bench: a
+# data-parallel tiermem-exec job of three ranks with --replicas 1 whose node 2
+# dies mid-run, its rank replaced on node 3 (RTO, RPO in steps, and the
+# step time against the same job without copies).
 # Usage: bench/fault.sh BUILD_DIR [--trials N] [--interval-ms I] [--unreachable-ms U]
 set -euo pipefail
 build=${1:?usage: bench/fault.sh BUILD_DIR [--trials N] [--interval-ms I] [--unreachable-ms U]}
 shift
 build=$(cd "$build" && pwd)
-export TIERMEMD=$build/daemon/tiermemd TIERMEMCTL=$build/tools/tiermemctl
+export TIERMEMD=$build/daemon/tiermemd TIERMEMCTL=$build/tools/tiermemctl TIERMEM_EXEC=$build/executor/tiermem-exec
 "$build/bench/health_bench" --trials 20 "$@"
 "$build/bench/replication_bench"
+"$build/bench/training_bench"

@@ -151,6 +151,7 @@ Result<ReplicaInfo> Replicator::make_copy(const AllocationInfo& info, NodeId nod
   auto* a = request.mutable_alloc();
   a->set_size(info.size);
   a->set_tier(wire::to_proto(info.tier));
+  a->set_name(info.name);  // findable while the home is away (Client::list)
   wire::to_proto(info.gva, a->mutable_replica_of());
   a->set_replica_ready(ready);
   TIERMEM_ASSIGN_OR_RETURN(auto response, m_peers.call(node, request, m_options.peer_timeout));

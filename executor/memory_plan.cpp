@@ -156,7 +156,8 @@ void place_per_step(const Graph& g, const StageOps& ops, bool vram, MemoryPlan* 
       {"grads", hot, grads, 1, "parameter gradients, summed over micro-batches"},
       {"optimizer", Tier::dram, optimizer, 2, "optimizer state, committed with the parameters"},
       {"work", hot, plan->work_peak, 1, "activations and their gradients, reused over lifetimes"},
-      {"snapshot", Tier::pmem, params + optimizer, 1, "committed parameters and optimizer state (--snapshot-every)"},
+      {"snapshot", Tier::pmem, params + optimizer, 2,
+       "committed parameters and optimizer state, two slots (--snapshot-every; with --replicas on other nodes too)"},
   };
 }
 

@@ -132,6 +132,9 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--dump-batches", opt.dump_batches, "batches to write with --dump");
   train_cmd->add_option("--snapshot-every", opt.snapshot_every,
                         "copy the committed parameters and optimizer state to PMEM every N steps");
+  train_cmd->add_option("--replicas", opt.replicas,
+                        "keep that copy, of every step, also on N other nodes: a rank whose node died resumes "
+                        "on another one at the last committed step (data-parallel jobs)");
   bool train_no_split = false;
   train_cmd->add_flag("--no-split", train_no_split,
                       "keep every op whole (by default a matmul too heavy to balance the stages is split into column blocks)");

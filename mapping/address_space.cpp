@@ -285,7 +285,10 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   }
 
   std::unique_lock lock(m_mutex);
-  if (!request.name.empty() && m_names.count(request.name) != 0) {
+  // A copy keeps its home's name (so it can be found while the home is
+  // away: list()), outside the index of this node's own names.
+  const bool indexed = !request.name.empty() && request.replica_of.node == 0;
+  if (indexed && m_names.count(request.name) != 0) {
     const Allocation& other = m_allocations.at(m_names.at(request.name));
     return Status(ErrorCode::already_exists,
                   "name '" + request.name + "' is already used by " + info_of(other).gva.to_string());
@@ -347,7 +350,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
     return s;
   }
   ++tier.allocations;
-  if (!a.name.empty()) m_names.emplace(a.name, a.first_page);
+  if (indexed) m_names.emplace(a.name, a.first_page);
   const AllocationInfo info = info_of(a);
   m_allocations.emplace(a.first_page, std::move(a));
   return info;
@@ -425,7 +428,7 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   }
   (void)m_domains[domain].virtual_pages.release({a.first_page, a.pages});
   --m_tiers[static_cast<size_t>(a.tier)].allocations;
-  if (!a.name.empty()) m_names.erase(a.name);
+  if (!a.name.empty() && a.replica_of.node == 0) m_names.erase(a.name);
   m_allocations.erase(a.first_page);
   return Status();
 }

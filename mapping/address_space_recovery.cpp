@@ -91,7 +91,7 @@ bool AddressSpace::check_record(const AllocationRecord& r, std::string* why) con
     *why = "its page entries do not cover its pages";
     return false;
   }
-  if (!r.name.empty() && m_names.count(r.name) != 0) {
+  if (!r.name.empty() && r.replica_of.node == 0 && m_names.count(r.name) != 0) {
     *why = "its name is taken twice";
     return false;
   }
@@ -209,7 +209,7 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
   dom.cursor = std::max(dom.cursor, r.first_page + r.pages);
   ++m_tiers[static_cast<size_t>(a.tier)].allocations;
-  if (!a.name.empty()) m_names.emplace(a.name, a.first_page);
+  if (!a.name.empty() && a.replica_of.node == 0) m_names.emplace(a.name, a.first_page);
   m_recovery.pages += a.pages;
   if (a.lost_pages > r.lost_pages || a.torn_pages > r.torn_pages) {
     (void)m_meta->put_allocation(record_of(a), m_next_generation);  // the flags only

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -33,9 +34,54 @@ void dump_params(const JobPlan& job, const std::byte* params, const std::string&
 }  // namespace
 
 Status Arenas::own(JobDirectory& dir, OwnRegion* out, const std::string& what, int64_t bytes, bool coherent,
-                   Tier tier) {
+                   Tier tier, uint32_t replicas) {
+  // A replicated allocation is written through the client (copies first),
+  // never mapped.
   TIERMEM_ASSIGN_OR_RETURN(*out, dir.own(what, static_cast<uint64_t>(std::max<int64_t>(bytes, 64)),
-                                         {.tier = tier, .coherent = coherent}));
+                                         {.tier = tier, .coherent = coherent, .replicas = replicas}, replicas == 0));
+  return Status();
+}
+
+int64_t Arenas::snapshot_slot_bytes() const {
+  return (k_snapshot_header + m_params_bytes + m_optimizer_bytes + 63) / 64 * 64;
+}
+
+std::pair<Gva, int64_t> Arenas::newest_snapshot(JobDirectory& dir, const std::vector<Gva>& candidates) const {
+  std::pair<Gva, int64_t> best{Gva{}, 0};
+  for (const Gva& g : candidates) {
+    for (int64_t slot = 0; slot < 2; ++slot) {
+      const Gva at = g.plus(static_cast<uint64_t>(slot * snapshot_slot_bytes()));
+      uint64_t header[4] = {};
+      Status s = dir.read(at, header, sizeof header);
+      if (!s.ok()) {
+        std::fprintf(stderr, "rank snapshot %s unreadable: %s\n", at.to_string().c_str(), s.to_string().c_str());
+        continue;
+      }
+      if (header[0] != k_snapshot_magic || header[2] != static_cast<uint64_t>(m_params_bytes) ||
+          header[3] != static_cast<uint64_t>(m_optimizer_bytes)) {
+        continue;
+      }
+      if (static_cast<int64_t>(header[1]) > best.second) best = {at, static_cast<int64_t>(header[1])};
+    }
+  }
+  return best;
+}
+
+Status Arenas::restore(JobDirectory& dir, Gva slot, int64_t step) {
+  const int64_t parity = step % 2;
+  TIERMEM_RETURN_IF_ERROR(dir.read(slot.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
+                                   static_cast<size_t>(m_params_bytes)));
+  TIERMEM_RETURN_IF_ERROR(dir.read(slot.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes)),
+                                   m_optimizer.data() + parity * m_optimizer_bytes,
+                                   static_cast<size_t>(m_optimizer_bytes)));
+  // Where a rank that finished `step` stands: committed, past the barrier,
+  // its gradients of the step before published (the other ranks have read
+  // them, or read them again from this rank's new arena).
+  for (const CtlWord w : {k_committed, k_barrier, k_published}) {
+    std::atomic_ref<uint64_t>(ctl()[w]).store(static_cast<uint64_t>(step));
+  }
+  m_resumed = true;
+  m_restored_from = slot;
   return Status();
 }
 
@@ -52,16 +98,25 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_grads, "grads", grads_bytes, false));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_optimizer, "optimizer", 2 * m_optimizer_bytes, false));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_work, "work", job.plan.work_peak, false));
-  if (options.snapshot_every > 0) {
-    Status s = own(dir, &m_snapshot, "snapshot", k_snapshot_header + m_params_bytes + m_optimizer_bytes, false,
-                   Tier::pmem);
-    if (!s.ok()) return s.with_context("the PMEM snapshot (--snapshot-every)");
+  m_snapshot_every = options.replicas > 0 ? 1 : options.snapshot_every;
+  if (m_snapshot_every > 0) {
+    Status s = own(dir, &m_snapshot, "snapshot", 2 * snapshot_slot_bytes(), false, Tier::pmem, options.replicas);
+    if (!s.ok()) return s.with_context(options.replicas > 0 ? "the replicated snapshot (--replicas)" : "the PMEM snapshot (--snapshot-every)");
   }
   m_resumed = m_ctl.existed && committed() > 0;
-  return Status();
+  if (m_ctl.existed || options.replicas == 0) return Status();
+  // New on this node: a first start, or the replacement of a rank whose node
+  // died. Its snapshot elsewhere (a copy, if its home died with the rank)
+  // says which.
+  const auto [slot, step] = newest_snapshot(dir, dir.elsewhere("snapshot", m_snapshot.gva));
+  if (step == 0) return Status();
+  TIERMEM_RETURN_IF_ERROR(restore(dir, slot, step));
+  // Our own snapshot holds the step before we go on.
+  return snapshot(dir, step);
 }
 
 Status Arenas::initialise(const JobPlan& job, const TrainOptions& options) {
+  if (!m_restored_from.is_null()) return Status();
   if (m_resumed) {
     if (!m_params.existed || !m_optimizer.existed) {
       return Status(ErrorCode::failed_precondition,
@@ -107,22 +162,31 @@ void Arenas::begin_update(int64_t step) const {
               static_cast<size_t>(m_optimizer_bytes));
 }
 
-Status Arenas::snapshot(Client& client, int64_t committed) const {
-  // Header (magic, step, sizes), then the committed parameters and optimizer
-  // state, written through the client: a write to PMEM is persisted before
-  // it is acknowledged. The header goes last, so a torn snapshot keeps the
-  // old step number and says so.
+Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {
+  // Into slot (committed / every) % 2, the other one holding the snapshot
+  // before: header cleared, the committed parameters and optimizer state,
+  // then the header (magic, step, sizes), written through the client (a
+  // write to PMEM is persisted, and one to a replicated allocation is on
+  // every copy, before it is acknowledged). A write a copy did not take
+  // (its node died, and is not dropped yet) is tried again.
   const int64_t parity = committed % 2;
-  const Gva base = m_snapshot.gva;
-  Status s = client.write(base.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
-                          static_cast<size_t>(m_params_bytes));
+  const Gva base = m_snapshot.gva.plus(
+      static_cast<uint64_t>(((committed / std::max<int64_t>(m_snapshot_every, 1)) % 2) * snapshot_slot_bytes()));
+  uint64_t header[4] = {};
+  Status s = dir.write(base, header, sizeof header);
   if (s.ok()) {
-    s = client.write(base.plus(k_snapshot_header + static_cast<uint64_t>(m_params_bytes)),
+    s = dir.write(base.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
+                     static_cast<size_t>(m_params_bytes));
+  }
+  if (s.ok()) {
+    s = dir.write(base.plus(k_snapshot_header + static_cast<uint64_t>(m_params_bytes)),
                      m_optimizer.data() + parity * m_optimizer_bytes, static_cast<size_t>(m_optimizer_bytes));
   }
-  const uint64_t header[4] = {k_snapshot_magic, static_cast<uint64_t>(committed), static_cast<uint64_t>(m_params_bytes),
-                              static_cast<uint64_t>(m_optimizer_bytes)};
-  if (s.ok()) s = client.write(base, header, sizeof header);
+  header[0] = k_snapshot_magic;
+  header[1] = static_cast<uint64_t>(committed);
+  header[2] = static_cast<uint64_t>(m_params_bytes);
+  header[3] = static_cast<uint64_t>(m_optimizer_bytes);
+  if (s.ok()) s = dir.write(base, header, sizeof header);
   return s.ok() ? s : s.with_context("snapshot of step " + std::to_string(committed));
 }
 

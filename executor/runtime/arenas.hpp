@@ -10,10 +10,19 @@
 //   grads      parameter gradients of the step
 //   optimizer  two copies, like params
 //   work       per-micro-batch tensors, reused as the plan says
-//   snapshot   PMEM copy of the committed state (--snapshot-every)
+//   snapshot   PMEM copy of the committed state (--snapshot-every), two
+//              slots; with --replicas N replicated on N other nodes and
+//              written every step
+//
+// A rank started on a node where its control words do not exist, with
+// --replicas, looks for its snapshot elsewhere (on the other nodes, or a copy
+// of it whose home died) and, when there is one, resumes from it: the
+// replacement of a rank whose node died, at the last committed step.
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include <tiermem/client.h>
 
@@ -40,9 +49,11 @@ inline constexpr int64_t k_info_bytes = 64 << 10;
 inline constexpr int64_t k_info_mesh = 32 << 10;  // the mesh check's floats
 inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
 
-// The PMEM snapshot (--snapshot-every): words magic, committed step,
-// parameter bytes, optimizer bytes; from k_snapshot_header on the committed
-// parameters, then the optimizer state.
+// The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.
+// A slot: words magic, committed step, parameter bytes, optimizer bytes;
+// from k_snapshot_header on the committed parameters, then the optimizer
+// state. The header is cleared before the slot is written and set after it,
+// so a slot whose writer died is never taken for whole.
 inline constexpr uint64_t k_snapshot_magic = 0x31305041'4e534d54;  // "TMSNAP01"
 inline constexpr int64_t k_snapshot_header = 64;
 
@@ -50,14 +61,20 @@ class Arenas {
  public:
   // Finds or creates every arena of this rank (`mailbox_bytes` of mbox).
   // Errors: those of JobDirectory::own.
+  // With --replicas, a rank new on this node resumes from its snapshot
+  // elsewhere when there is one. Errors: those of JobDirectory::own and
+  // reads of the snapshot.
   Status allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes);
   // A fresh job: parameters as their init says, optimizer state zero (and
   // the initial parameters dumped when asked). A resumed one: checks that the
   // committed copies survived. Errors: failed_precondition.
   Status initialise(const JobPlan& job, const TrainOptions& options);
 
-  // The ctl allocation existed with a committed step: this rank restarted.
+  // The ctl allocation existed with a committed step: this rank restarted;
+  // or it was restored from a snapshot elsewhere (restored_from()).
   bool resumed() const { return m_resumed; }
+  // The snapshot this rank was restored from (null: none).
+  Gva restored_from() const { return m_restored_from; }
   int64_t committed() const { return static_cast<int64_t>(load_local(ctl() + k_committed)); }
   void commit(int64_t steps) const;
 
@@ -69,7 +86,11 @@ class Arenas {
   // as the committed one, so a crash while it is written leaves that whole.
   void begin_update(int64_t step) const;
   // Copies the committed state into the PMEM snapshot (persisted on ack).
-  Status snapshot(Client& client, int64_t committed) const;
+  Status snapshot(JobDirectory& dir, int64_t committed) const;
+  // Steps between snapshots (0: none); 1 with --replicas.
+  int64_t snapshot_every() const { return m_snapshot_every; }
+  // Bytes of one snapshot slot.
+  int64_t snapshot_slot_bytes() const;
 
   uint64_t* ctl() const { return m_ctl.as<uint64_t>(); }
   const OwnRegion& ctl_region() const { return m_ctl; }
@@ -81,11 +102,17 @@ class Arenas {
 
  private:
   Status own(JobDirectory& dir, OwnRegion* out, const std::string& what, int64_t bytes, bool coherent,
-             Tier tier = Tier::dram);
+             Tier tier = Tier::dram, uint32_t replicas = 0);
+  // The newest whole snapshot slot among `candidates`: (GVA of the slot,
+  // step); step 0 when there is none.
+  std::pair<Gva, int64_t> newest_snapshot(JobDirectory& dir, const std::vector<Gva>& candidates) const;
+  // Takes the committed state of `step` from the snapshot slot at `slot`.
+  Status restore(JobDirectory& dir, Gva slot, int64_t step);
 
   OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
-  int64_t m_params_bytes = 0, m_optimizer_bytes = 0;
+  int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_snapshot_every = 0;
   bool m_resumed = false;
+  Gva m_restored_from;
 };
 
 }  // namespace tiermem::exec

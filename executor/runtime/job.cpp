@@ -1,5 +1,7 @@
 #include "executor/runtime/job.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include <tiermem/status_macros.h>
@@ -31,7 +33,7 @@ std::string JobDirectory::name(int rank, const std::string& what) const {
   return m_job + ".r" + std::to_string(rank) + "." + what;
 }
 
-Result<OwnRegion> JobDirectory::own(const std::string& what, uint64_t size, AllocOptions options) {
+Result<OwnRegion> JobDirectory::own(const std::string& what, uint64_t size, AllocOptions options, bool map) {
   const std::string n = name(m_rank, what);
   OwnRegion region;
   auto found = m_client.lookup(n);
@@ -51,10 +53,21 @@ Result<OwnRegion> JobDirectory::own(const std::string& what, uint64_t size, Allo
   } else {
     return found.status();
   }
+  if (!map) return region;
   auto m = m_client.map(region.gva);
   if (!m.ok()) return m.status().with_context("mapping " + n);
   region.mapping = std::move(m).value();
   return region;
+}
+
+Result<Gva> JobDirectory::find(const std::string& name) {
+  TIERMEM_ASSIGN_OR_RETURN(auto nodes, m_client.nodes());
+  for (const NodeInfo& node : nodes) {
+    if (node.state != NodeState::self && node.state != NodeState::connected) continue;
+    auto a = m_client.lookup(name, node.state == NodeState::self ? NodeId{0} : node.node);
+    if (a.ok()) return a->gva;
+  }
+  return Status(ErrorCode::not_found, "no allocation " + name + " on a reachable node");
 }
 
 Result<Gva> JobDirectory::peer(int rank, const std::string& what) {
@@ -63,22 +76,38 @@ Result<Gva> JobDirectory::peer(int rank, const std::string& what) {
   const auto deadline = Clock::now() + m_timeout;
   Backoff backoff;
   while (Clock::now() < deadline) {
-    auto nodes = m_client.nodes();
-    if (nodes.ok()) {
-      for (const NodeInfo& node : *nodes) {
-        if (node.state != NodeState::self && node.state != NodeState::connected) continue;
-        auto a = m_client.lookup(n, node.state == NodeState::self ? NodeId{0} : node.node);
-        if (a.ok()) {
-          m_found[n] = a->gva;
-          return a->gva;
-        }
-      }
+    if (auto gva = find(n); gva.ok()) {
+      m_found[n] = *gva;
+      return *gva;
     }
     backoff.pause();
   }
   return Status(ErrorCode::timeout, "rank " + std::to_string(rank) + " did not appear within " +
                                         std::to_string(m_timeout.count() / 1000) + " s (no allocation " + n +
                                         " on any node): is it running, with the same --job?");
+}
+
+std::vector<Gva> JobDirectory::elsewhere(const std::string& what, Gva mine) {
+  const std::string n = name(m_rank, what);
+  std::vector<Gva> out;
+  auto add = [&](Gva g) {
+    if (g == mine || std::find(out.begin(), out.end(), g) != out.end()) return;
+    out.push_back(g);
+  };
+  auto nodes = m_client.nodes();
+  if (!nodes.ok()) return out;
+  for (const NodeInfo& node : *nodes) {
+    if (node.state != NodeState::self && node.state != NodeState::connected) continue;
+    const NodeId id = node.state == NodeState::self ? NodeId{0} : node.node;
+    if (auto a = m_client.lookup(n, id); a.ok()) add(a->gva);
+    // Copies carry their home's name; the home may be the node that died.
+    if (auto list = m_client.list(id); list.ok()) {
+      for (const AllocationInfo& a : *list) {
+        if (a.replica_of.node != 0 && a.name == n) add(a.replica_of);
+      }
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -90,36 +119,77 @@ bool node_down(const Status& s) {
          c == ErrorCode::transport_error;
 }
 
+// An access that failed this way may have gone to a peer allocation that is
+// gone (its node died, or came back without it).
+bool maybe_moved(const Status& s) {
+  const ErrorCode c = s.code();
+  return node_down(s) || c == ErrorCode::not_found || c == ErrorCode::not_allocated ||
+         c == ErrorCode::stale_generation || c == ErrorCode::timeout;
+}
+
 }  // namespace
 
-Status JobDirectory::while_down(const std::function<Status()>& op) {
+Gva JobDirectory::current(Gva at) const {
+  auto it = m_moved.find({at.node, at.generation});
+  if (it == m_moved.end()) return at;
+  const auto& [old_base, now] = it->second;
+  return now.plus(at.offset - old_base.offset);
+}
+
+bool JobDirectory::follow(Gva at, const Status& s) {
+  if (!maybe_moved(s)) return false;
+  // A lookup on every node is not free: at most every 50 ms.
+  if (Clock::now() - m_last_follow < std::chrono::milliseconds(50)) return false;
+  m_last_follow = Clock::now();
+  for (auto& [n, gva] : m_found) {
+    if (gva.node != at.node || gva.generation != at.generation) continue;
+    auto fresh = find(n);
+    if (!fresh.ok() || *fresh == gva) return false;
+    std::fprintf(stderr, "rank %d: %s moved from %s to %s (%s); following it\n", m_rank, n.c_str(),
+                 gva.to_string().c_str(), fresh->to_string().c_str(), s.to_string().c_str());
+    for (auto& [key, moved] : m_moved) {
+      if (moved.second == gva) moved.second = *fresh;  // moved again
+    }
+    m_moved[{gva.node, gva.generation}] = {gva, *fresh};
+    gva = *fresh;
+    return true;
+  }
+  return false;
+}
+
+Status JobDirectory::on_peer(Gva at, const std::function<Status(Gva)>& op) {
   const auto deadline = Clock::now() + m_timeout;
   Backoff backoff;
   for (;;) {
-    Status s = op();
-    if (s.ok() || !node_down(s) || Clock::now() > deadline) return s;
+    const Gva now = current(at);
+    Status s = op(now);
+    if (s.ok() || follow(now, s)) {
+      if (s.ok()) return s;
+      continue;
+    }
+    if (!node_down(s) || Clock::now() > deadline) return s;
     backoff.pause();
   }
 }
 
 Status JobDirectory::read(Gva at, void* dst, size_t length) {
-  return while_down([&] { return m_client.read(at, dst, length); });
+  return on_peer(at, [&](Gva g) { return m_client.read(g, dst, length); });
 }
 
 Status JobDirectory::write(Gva at, const void* src, size_t length) {
-  return while_down([&] { return m_client.write(at, src, length); });
+  return on_peer(at, [&](Gva g) { return m_client.write(g, src, length); });
 }
 
 Status JobDirectory::raise(Gva word, uint64_t value) {
   // A compare-and-swap up to `value`: repeating one whose outcome a crash
   // hid is harmless (the word only ever goes up).
-  return while_down([&]() -> Status {
-    TIERMEM_ASSIGN_OR_RETURN(auto seen, m_client.compare_swap(word, 0, value));
-    uint64_t current = seen;
-    while (current < value) {
-      TIERMEM_ASSIGN_OR_RETURN(auto r, m_client.compare_swap(word, current, value));
-      if (r == current) break;
-      current = r;
+  return on_peer(word, [&](Gva g) -> Status {
+    TIERMEM_ASSIGN_OR_RETURN(auto seen, m_client.compare_swap(g, 0, value));
+    uint64_t now = seen;
+    while (now < value) {
+      TIERMEM_ASSIGN_OR_RETURN(auto r, m_client.compare_swap(g, now, value));
+      if (r == now) break;
+      now = r;
     }
     return Status();
   });
@@ -127,7 +197,7 @@ Status JobDirectory::raise(Gva word, uint64_t value) {
 
 Result<uint64_t> JobDirectory::load(Gva word) {
   uint64_t v = 0;
-  Status s = m_client.read(word, &v, sizeof v);
+  Status s = m_client.read(current(word), &v, sizeof v);
   if (!s.ok()) return s;
   return v;
 }
@@ -139,7 +209,9 @@ Status JobDirectory::wait_at_least(Gva word, uint64_t value, const std::string& 
     auto v = load(word);
     if (!v.ok()) {
       // The node holding the word may be restarting (its daemon crashed
-      // and comes back with its memory): wait for it like for the value.
+      // and comes back with its memory), or its rank was replaced on
+      // another node: wait for it like for the value, or follow it.
+      if (follow(current(word), v.status())) continue;
       if (!node_down(v.status()) || Clock::now() > deadline) return v.status().with_context("waiting for " + what);
       backoff.pause();
       continue;

@@ -10,6 +10,8 @@
 #include <map>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <tiermem/client.h>
 
@@ -33,9 +35,15 @@ class JobDirectory {
   std::string name(int rank, const std::string& what) const;
 
   // This rank's allocation `what`: found again by name, or created (zeroed)
-  // on the local node. Errors: those of lookup, alloc and map; already_exists
-  // with a different size (another job of the same name).
-  Result<OwnRegion> own(const std::string& what, uint64_t size, AllocOptions options);
+  // on the local node, and mapped unless `map` is false (a replicated one
+  // cannot be). Errors: those of lookup, alloc and map; already_exists with a
+  // different size (another job of the same name).
+  Result<OwnRegion> own(const std::string& what, uint64_t size, AllocOptions options, bool map = true);
+
+  // Every allocation named as this rank's `what` that other nodes hold or
+  // hold a copy of (the GVA of its home, which may be gone: reads of it are
+  // served by a copy), other than `mine`. Only the nodes reachable now.
+  std::vector<Gva> elsewhere(const std::string& what, Gva mine);
 
   // The GVA of rank `rank`'s allocation `what`, waiting (until the timeout)
   // for the rank to create it. Errors: timeout naming the rank.
@@ -46,12 +54,11 @@ class JobDirectory {
   // so a restarted rank can repeat what it did before it died.
   Status raise(Gva word, uint64_t value);
   // A copy from or to a peer's memory; while the node holding it is down
-  // (its daemon restarting) it is tried again, up to the job's timeout.
+  // (its daemon restarting) it is tried again, up to the job's timeout, and
+  // when the peer's rank was replaced on another node (--replicas) the
+  // access follows it to its new allocation of the same name.
   Status read(Gva at, void* dst, size_t length);
   Status write(Gva at, const void* src, size_t length);
-  // Runs `op` again while it fails because the node it reaches is down,
-  // until the job's timeout.
-  Status while_down(const std::function<Status()>& op);
   Result<uint64_t> load(Gva word);
   // Waits until the word is at least `value`. `what` says what is awaited.
   Status wait_at_least(Gva word, uint64_t value, const std::string& what);
@@ -60,11 +67,27 @@ class JobDirectory {
   std::chrono::milliseconds timeout() const { return m_timeout; }
 
  private:
+  // A peer's allocation that moved: a replacement rank on another node made
+  // it anew (--replicas). `at` as it is now.
+  Gva current(Gva at) const;
+  // `at` failed with `s`: if it is a peer's allocation whose name now
+  // names another one (its rank was replaced), follows it and returns true.
+  bool follow(Gva at, const Status& s);
+  // Runs `op` on `at` (as it is now) again while its node is down, and
+  // after following it when it moved, until the job's timeout.
+  Status on_peer(Gva at, const std::function<Status(Gva)>& op);
+  // A single pass over the reachable nodes for the allocation `name`.
+  Result<Gva> find(const std::string& name);
+
   Client& m_client;
   std::string m_job;
   int m_rank;
   std::chrono::milliseconds m_timeout;
   std::map<std::string, Gva> m_found;
+  // (node, generation) of a peer allocation that moved -> (its old base,
+  // where it is now).
+  std::map<std::pair<NodeId, uint32_t>, std::pair<Gva, Gva>> m_moved;
+  std::chrono::steady_clock::time_point m_last_follow{};
 };
 
 // Waits (spinning, then yielding, then sleeping) until `word` in local memory

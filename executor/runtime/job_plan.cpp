@@ -57,6 +57,18 @@ Result<JobPlan> plan_job(const TrainOptions& options, const RankEnv& env) {
   job.topo.replicas = env.world / job.topo.stages;
   job.topo.rank = env.rank;
   if (options.micro_batches < 1) return Status(ErrorCode::invalid_argument, "--micro-batches must be at least 1");
+  if (options.replicas > 0 && job.topo.stages > 1) {
+    // A pipeline rank that moved would need the boundary messages its
+    // neighbours sent to its old mailbox again: not built.
+    return Status(ErrorCode::invalid_argument,
+                  "--replicas needs a data-parallel job (--stages 1): a pipeline stage cannot move to another node yet");
+  }
+  if (options.replicas > 0 && options.snapshot_every > 1) {
+    // The other ranks keep only the last step's gradients for a rank that
+    // resumes: it must resume at the step they are in.
+    return Status(ErrorCode::invalid_argument, "--replicas snapshots every step; --snapshot-every " +
+                                                   std::to_string(options.snapshot_every) + " cannot go with it");
+  }
   job.micro_batches = options.micro_batches;
   TIERMEM_RETURN_IF_ERROR(plan_graph(options, &job));
 

@@ -253,9 +253,9 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
   TIERMEM_RETURN_IF_ERROR(all_reduce(step));
   update(step);
   m_arenas.commit(step + 1);
-  if (m_options.snapshot_every > 0 && (step + 1) % m_options.snapshot_every == 0) {
+  if (m_arenas.snapshot_every() > 0 && (step + 1) % m_arenas.snapshot_every() == 0) {
     auto span = m_trace.span(SpanKind::comm, k_snapshot);
-    TIERMEM_RETURN_IF_ERROR(m_arenas.snapshot(m_client, step + 1));
+    TIERMEM_RETURN_IF_ERROR(m_arenas.snapshot(m_dir, step + 1));
   }
   *stats = m_stats;
   return barrier(static_cast<uint64_t>(step + 1));

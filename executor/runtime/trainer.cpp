@@ -18,7 +18,13 @@ Status Trainer::set_up() {
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
   TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job)));
   TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt));
-  if (m_arenas.resumed()) {
+  if (!m_arenas.restored_from().is_null()) {
+    std::fprintf(stderr,
+                 "rank %d: resumed at step %" PRId64 " on node %u, restored from the replicated snapshot %s "
+                 "(this rank's memory on its old node is gone)\n",
+                 m_env.rank, m_arenas.committed(), static_cast<unsigned>(m_arenas.ctl_region().gva.node),
+                 m_arenas.restored_from().to_string().c_str());
+  } else if (m_arenas.resumed()) {
     std::fprintf(stderr, "rank %d: resumed at step %" PRId64 " (committed in tiermem), parameters of that step\n",
                  m_env.rank, m_arenas.committed());
   }

@@ -50,6 +50,7 @@ struct TrainOptions {
   int dump_batches = 0;
   int log_every = 0;             // steps between progress lines; 0: per epoch
   int64_t snapshot_every = 0;    // > 0: copy the committed state to PMEM every this many steps
+  uint32_t replicas = 0;         // > 0: that state, every step, also on this many other nodes (see Arenas)
   std::chrono::milliseconds timeout{120000};
   bool quiet = false;
   bool split = true;             // split a matmul too heavy to balance the stages into column blocks

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/exec_rank.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {
@@ -29,7 +30,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string exec_path() { return std::getenv("TIERMEM_EXEC") ? std::getenv("TIERMEM_EXEC") : "tiermem-exec"; }
 std::string model(const std::string& name) { return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/" + name + ".pbtxt"; }
 
 std::string slurp(const std::string& path) {
@@ -39,49 +39,7 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-// A rank of tiermem-exec running in the background.
-class Rank {
- public:
-  Rank(int rank, int world, const std::string& socket, std::vector<std::string> args, const std::string& log) : m_log(log) {
-    m_pid = ::fork();
-    if (m_pid == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::setenv("TIERMEM_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("TIERMEM_WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("TIERMEM_SOCKET", socket.c_str(), 1);
-      args.insert(args.begin(), {exec_path(), "train"});
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-  }
-  ~Rank() {
-    if (m_pid > 0) {
-      ::kill(m_pid, SIGKILL);
-      ::waitpid(m_pid, nullptr, 0);
-    }
-  }
-  int wait() {
-    int status = 0;
-    ::waitpid(m_pid, &status, 0);
-    m_pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  void kill() {
-    ::kill(m_pid, SIGKILL);
-    ::waitpid(m_pid, nullptr, 0);
-    m_pid = -1;
-  }
-  std::string log() const { return slurp(m_log); }
-
- private:
-  pid_t m_pid = -1;
-  std::string m_log;
-};
+using Rank = test::ExecRank;
 
 class TrainerTest : public ::testing::Test {
  protected:
@@ -260,8 +218,9 @@ TEST_F(TrainerTest, AJobResumesAfterItsDaemonIsKilledAndRestarted) {
 }
 
 // --snapshot-every N copies the committed parameters and optimizer state to
-// a PMEM allocation: after 25 steps with N = 10 it holds step 20, and its
-// parameters are bit for bit those a 20-step run commits.
+// a PMEM allocation of two slots: after 25 steps with N = 10 slot 0 holds
+// step 20, with parameters bit for bit those a 20-step run commits, and
+// slot 1 step 10.
 TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
   run(1, {model("mlp_digits"), "--job", "snap_a", "--steps", "25", "--snapshot-every", "10", "-q"});
   run(1, {model("mlp_digits"), "--job", "snap_b", "--steps", "20", "-q"});
@@ -280,6 +239,13 @@ TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
   std::memcpy(words, header.data(), sizeof words);
   EXPECT_EQ(words[0], 0x313050414e534d54u) << "magic TMSNAP01";
   EXPECT_EQ(words[1], 20u) << "the last snapshot is of step 20";
+  // The one before (step 10) stays whole in the other slot until the next.
+  const uint64_t slot = (64 + words[2] + words[3] + 63) / 64 * 64;
+  const std::string before = test::run_ctl(sock, {"read", snapshot.plus(slot).to_string(), "32"}).out;
+  ASSERT_EQ(before.size(), 32u);
+  std::memcpy(words + 1, before.data() + 8, 8);
+  EXPECT_EQ(words[1], 10u) << "the other slot holds step 10";
+  std::memcpy(words, header.data(), sizeof words);
   const std::string bytes = std::to_string(words[2]);
   const std::string snapped = test::run_ctl(sock, {"read", snapshot.plus(64).to_string(), bytes}).out;
   // The 20-step run's committed copy: step 20 is even, so the first half.
@@ -320,6 +286,104 @@ TEST_F(TrainerTest, BadModelAndBadEnvironmentAreClearErrors) {
   logs = run(3, {model("mlp_digits"), "--job", "three", "--stages", "2"}, &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(logs.find("cannot be split into 2 pipeline stages"), std::string::npos) << logs;
+  logs = run(2, {model("mlp_digits"), "--job", "pipe", "--stages", "2", "--replicas", "1"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("--replicas needs a data-parallel job (--stages 1)"), std::string::npos) << logs;
+  logs = run(1, {model("mlp_digits"), "--job", "every", "--replicas", "1", "--snapshot-every", "5"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("--snapshot-every 5 cannot go with it"), std::string::npos) << logs;
+  // More copies than the cluster has other nodes: the daemon says so.
+  logs = run(1, {model("mlp_digits"), "--job", "many", "--replicas", "3", "--steps", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("the replicated snapshot (--replicas)"), std::string::npos) << logs;
+}
+
+// The committed parameters (the first or second half of the params arena,
+// by the parity of the step) of every allocation named `<job>.r<rank>.params`
+// on `socket`'s node, by name.
+std::map<std::string, std::string> committed_params(const std::string& socket, int64_t steps) {
+  std::map<std::string, std::string> out;
+  for (const auto& a : nlohmann::json::parse(test::run_ctl(socket, {"--json", "ls"}).out)) {
+    const std::string name = a["name"].get<std::string>();
+    if (name.size() < 7 || name.compare(name.size() - 7, 7, ".params") != 0 || a.contains("replica_of")) continue;
+    const uint64_t half = a["size"].get<uint64_t>() / 2;
+    auto gva = Gva::parse(a["gva"].get<std::string>());
+    if (!gva.ok()) continue;
+    out[name] = test::run_ctl(socket, {"read", gva->plus(steps % 2 * half).to_string(), std::to_string(half)}).out;
+  }
+  return out;
+}
+
+// Three daemons, three data-parallel ranks (one per node) with --replicas 1.
+// Node 2 (its daemon and rank 1) is SIGKILLed mid-run and stays dead; a
+// replacement rank 1 on node 3 resumes from the copy of rank 1's snapshot at
+// the last committed step, ranks 0 and 2 follow it to its new memory, and the
+// job ends with every rank's parameters bit for bit those of an undisturbed
+// run of the same steps: RPO 0 steps.
+TEST(ReplicatedTrainingTest, ARankWhoseNodeDiedResumesOnAnotherNodeAtTheCommittedStep) {
+  test::DaemonOptions o{.dram = "64MiB", .pmem = "16MiB", .page_size = "64KiB"};
+  o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10\npeer_timeout_ms = 200\n";
+  o.extra_toml = "[health]\nunreachable_after_ms = 100\n[replication]\nrepair_interval_ms = 50\n";
+  test::TestCluster cluster(3, o);
+  ASSERT_TRUE(cluster.ready()) << cluster.logs();
+  ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
+  const std::string dir = cluster.dir();
+  constexpr int64_t k_steps = 150;
+  auto args = [&](const std::string& job) {
+    return std::vector<std::string>{model("mlp_digits"), "--stages", "1", "--steps", std::to_string(k_steps),
+                                    "--replicas", "1", "--log-every", "1", "--timeout", "60",
+                                    "--job", job, "--losses", dir + "/" + job + ".losses"};
+  };
+  {
+    std::vector<std::unique_ptr<Rank>> ref;
+    for (int r = 0; r < 3; ++r) {
+      ref.push_back(std::make_unique<Rank>(r, 3, cluster.node(r + 1).socket(), args("ref"),
+                                           dir + "/ref" + std::to_string(r) + ".log"));
+    }
+    for (auto& r : ref) ASSERT_EQ(r->wait(), 0) << r->log();
+  }
+
+  Rank r0(0, 3, cluster.node(1).socket(), args("moved"), dir + "/moved0.log");
+  Rank r1(1, 3, cluster.node(2).socket(), args("moved"), dir + "/moved1.log");
+  Rank r2(2, 3, cluster.node(3).socket(), args("moved"), dir + "/moved2.log");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (r0.log().find("step 50 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_NE(r0.log().find("step 50 "), std::string::npos) << r0.log() << r1.log();
+  const auto killed = std::chrono::steady_clock::now();
+  cluster.node(2).kill();
+  r1.kill();
+  // An orchestrator starts the replacement once the node is known dead.
+  auto watcher = cluster.node(3).connect("watcher");
+  ASSERT_NE(watcher, nullptr);
+  while (test::health_of(*watcher, 2) != NodeHealth::unreachable && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  Rank again(1, 3, cluster.node(3).socket(), args("moved"), dir + "/moved1b.log");
+  EXPECT_EQ(again.wait(), 0) << again.log() << cluster.logs();
+  EXPECT_EQ(r0.wait(), 0) << r0.log();
+  EXPECT_EQ(r2.wait(), 0) << r2.log();
+  std::printf("replacement done %.2f s after the kill\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count());
+
+  const std::string log = again.log();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+) on node 3, restored from the replicated "
+                                                   "snapshot"))) << log;
+  EXPECT_GE(std::stoi(m[1]), 50);
+  EXPECT_NE(r0.log().find("moved.r1.ctl moved from"), std::string::npos) << "rank 0 never followed rank 1\n" << r0.log();
+  // Every loss (rank 0's, which sums every rank's gradients) as undisturbed.
+  EXPECT_EQ(slurp(dir + "/moved.losses"), slurp(dir + "/ref.losses"));
+  // And the parameters every rank committed at the end.
+  auto on1 = committed_params(cluster.node(1).socket(), k_steps), on3 = committed_params(cluster.node(3).socket(), k_steps);
+  ASSERT_EQ(on1.count("ref.r0.params"), 1u);
+  const std::string& reference = on1["ref.r0.params"];
+  EXPECT_FALSE(reference.empty());
+  EXPECT_TRUE(on1["moved.r0.params"] == reference) << "rank 0 ended elsewhere";
+  ASSERT_EQ(on3.count("moved.r1.params"), 1u) << "the replacement's parameters are not on node 3";
+  EXPECT_TRUE(on3["moved.r1.params"] == reference) << "the replacement ended elsewhere";
+  EXPECT_TRUE(on3["moved.r2.params"] == reference) << "rank 2 ended elsewhere";
 }
 
 bool torch_available() {

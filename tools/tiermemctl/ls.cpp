@@ -24,10 +24,13 @@ int cmd_ls(const Context& ctx) {
                                              .count());
   Table table({"GVA", "SIZE", "TIER", "PAGES", "MAPPED", "GEN", "AGE", "TENANT", "NAME"});
   for (const auto& a : *list) {
+    // A copy carries its home's name; say whose copy it is.
+    std::string name = a.name.empty() ? "-" : a.name;
+    if (a.replica_of.node != 0) name += " (copy of " + a.replica_of.to_string() + ")";
     table.add({a.gva.to_string(), format_size(a.size), std::string(tier_name(a.tier)),
                std::to_string(a.pages), std::to_string(a.map_count), std::to_string(a.gva.generation),
                age(now > a.created_unix_ms ? now - a.created_unix_ms : 0), a.tenant,
-               a.name.empty() ? "-" : a.name});
+               name});
   }
   std::fputs(table.render().c_str(), stdout);
   std::printf("%zu allocation(s)\n", list->size());

@@ -1,0 +1,213 @@
+// Training through a node's death (H2, the executor on top): three real
+// daemons on this machine, three data-parallel ranks of tiermem-exec
+// (mlp_digits), rank r on node r + 1.
+//   - step time, median of rank 0's steps, without and with --replicas 1 in
+//     the same run: what the replicated snapshot of every step costs;
+//   - RTO: rank 1 is stopped, every rank's committed step read, then node 2
+//     (daemon and rank 1) SIGKILLed; a replacement rank 1 starts on node 3
+//     once node 3 sees node 2 unreachable. Reported: the time from the kill
+//     until the job completes a step again (rank 0's next progress line),
+//     and its parts: until node 3 sees node 2 unreachable, until the
+//     replacement has restored its state;
+//   - RPO: the steps the job had committed at the kill (the least over its
+//     ranks) minus the step the replacement resumed at.
+//
+//   training_bench [--trials N] [--unreachable-ms U]
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tiermem/client.h>
+
+#include "bench/bench_util.hpp"
+#include "tests/support/exec_rank.hpp"
+#include "tests/support/test_daemon.hpp"
+
+using namespace tiermem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int k_world = 3;
+constexpr int64_t k_steps = 300;
+constexpr int64_t k_kill_after = 100;
+
+std::string model() { return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/mlp_digits.pbtxt"; }
+
+std::vector<std::string> args(const std::string& job, bool replicas) {
+  std::vector<std::string> a{model(), "--stages", "1", "--steps", std::to_string(k_steps), "--log-every", "1",
+                             "--timeout", "60", "--job", job};
+  if (replicas) a.insert(a.end(), {"--replicas", "1"});
+  return a;
+}
+
+// (step, ms) of every progress line of `log`.
+std::vector<std::pair<int64_t, double>> steps_of(const std::string& log) {
+  std::vector<std::pair<int64_t, double>> out;
+  static const std::regex line(R"(  step ([0-9]+)  loss .* step ([0-9.]+) ms)");
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+    out.emplace_back(std::stoll((*it)[1]), std::stod((*it)[2]));
+  }
+  return out;
+}
+
+int64_t last_step(const std::string& log) {
+  const auto s = steps_of(log);
+  return s.empty() ? 0 : s.back().first;
+}
+
+// Median step time (ms) of rank 0 from step 20 on, before `until`.
+double median_step_ms(const std::string& log, int64_t until) {
+  std::vector<double> ms;
+  for (const auto& [step, t] : steps_of(log)) {
+    if (step > 20 && step <= until) ms.push_back(t / 1e3);
+  }
+  return ms.empty() ? -1 : bench::percentile(ms, 0.5) * 1e3;
+}
+
+bool wait_until(const std::function<bool()>& done, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const auto end = Clock::now() + limit;
+  while (!done()) {
+    if (Clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Rank r's committed step (word 0 of its ctl allocation on node r + 1).
+int64_t committed(test::TestCluster& cluster, const std::string& job, int r) {
+  auto c = cluster.node(r + 1).connect("bench");
+  if (!c) return -1;
+  auto a = c->lookup(job + ".r" + std::to_string(r) + ".ctl");
+  uint64_t v = 0;
+  if (!a.ok() || !c->read(a->gva, &v, 8).ok()) return -1;
+  return static_cast<int64_t>(v);
+}
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+struct Trial {
+  double rto_ms = -1, detect_ms = -1, restore_ms = -1, step_ms = -1;
+  int64_t rpo_steps = -1;
+};
+
+// One run of `job` with --replicas 1 whose node 2 dies after k_kill_after
+// steps; node 2 is started again (with its memory) afterwards.
+Trial kill_trial(test::TestCluster& cluster, const std::string& job) {
+  Trial t;
+  const std::string dir = cluster.dir();
+  std::vector<std::unique_ptr<test::ExecRank>> ranks;
+  for (int r = 0; r < k_world; ++r) {
+    ranks.push_back(std::make_unique<test::ExecRank>(r, k_world, cluster.node(r + 1).socket(), args(job, true),
+                                                     dir + "/" + job + std::to_string(r) + ".log"));
+  }
+  if (!wait_until([&] { return last_step(ranks[0]->log()) >= k_kill_after; })) return t;
+  ranks[1]->signal(SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // what was in flight lands
+  int64_t least = INT64_MAX;
+  for (int r = 0; r < k_world; ++r) least = std::min(least, committed(cluster, job, r));
+  const int64_t last = last_step(ranks[0]->log());
+  const auto killed = Clock::now();
+  cluster.node(2).kill();
+  ranks[1]->kill();
+  auto watcher = cluster.node(3).connect("watcher");
+  if (!watcher || !wait_until([&] { return test::health_of(*watcher, 2) == NodeHealth::unreachable; })) return t;
+  t.detect_ms = ms_since(killed);
+  test::ExecRank again(1, k_world, cluster.node(3).socket(), args(job, true), dir + "/" + job + "1b.log");
+  std::smatch m;
+  static const std::regex resumed("resumed at step ([0-9]+) on node");
+  std::string log;
+  if (!wait_until([&] {
+        log = again.log();
+        return std::regex_search(log, m, resumed);
+      })) {
+    std::fprintf(stderr, "the replacement did not resume:\n%s\n", again.log().c_str());
+    return t;
+  }
+  t.restore_ms = ms_since(killed);
+  const int64_t from = std::stoll(m[1]);
+  t.rpo_steps = least - from;
+  const int64_t target = std::max(last + 1, from + 1);
+  if (!wait_until([&] { return last_step(ranks[0]->log()) >= target; })) return t;
+  t.rto_ms = ms_since(killed);
+  int worst = again.wait();
+  for (int r : {0, 2}) worst = std::max(worst, ranks[static_cast<size_t>(r)]->wait());
+  if (worst != 0) {
+    std::fprintf(stderr, "a rank failed (%d):\n%s\n%s\n", worst, ranks[0]->log().c_str(), again.log().c_str());
+    t.rto_ms = -1;
+  }
+  t.step_ms = median_step_ms(ranks[0]->log(), k_kill_after);
+  if (!cluster.node(2).restart() || !cluster.wait_connected()) std::fprintf(stderr, "node 2 did not come back\n");
+  return t;
+}
+
+double median_of(std::vector<Trial>& trials, double Trial::*field) {
+  std::vector<double> v;
+  for (const Trial& t : trials) v.push_back(t.*field);
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int trials = 3, unreachable = 100;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--trials") trials = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--unreachable-ms") unreachable = std::atoi(argv[i + 1]);
+  }
+  test::DaemonOptions o{.dram = "64MiB", .pmem = "32MiB", .page_size = "64KiB"};
+  o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10\npeer_timeout_ms = 200\n";
+  o.extra_toml = "[health]\nunreachable_after_ms = " + std::to_string(unreachable) +
+                 "\n[replication]\nrepair_interval_ms = 50\n";
+  test::TestCluster cluster(3, o);
+  if (!cluster.ready() || !cluster.wait_connected()) {
+    std::fprintf(stderr, "the cluster did not start:\n%s\n", cluster.logs().c_str());
+    return 1;
+  }
+  // Baseline: the same job without copies, undisturbed.
+  std::vector<std::unique_ptr<test::ExecRank>> plain;
+  for (int r = 0; r < k_world; ++r) {
+    plain.push_back(std::make_unique<test::ExecRank>(r, k_world, cluster.node(r + 1).socket(), args("plain", false),
+                                                     cluster.dir() + "/plain" + std::to_string(r) + ".log"));
+  }
+  for (auto& r : plain) {
+    if (r->wait() != 0) {
+      std::fprintf(stderr, "the baseline run failed:\n%s\n", r->log().c_str());
+      return 1;
+    }
+  }
+  const double plain_ms = median_step_ms(plain[0]->log(), k_kill_after);
+
+  std::vector<Trial> results;
+  for (int i = 0; i < trials; ++i) {
+    Trial t = kill_trial(cluster, "killed" + std::to_string(i));
+    if (t.rto_ms < 0) {
+      std::fprintf(stderr, "trial %d failed\n%s\n", i, cluster.logs().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "trial %d: RTO %.1f ms (unreachable after %.1f ms, restored after %.1f ms), RPO %lld step(s)\n",
+                 i, t.rto_ms, t.detect_ms, t.restore_ms, static_cast<long long>(t.rpo_steps));
+    results.push_back(t);
+  }
+  const double replicated_ms = median_of(results, &Trial::step_ms);
+  std::printf("training_step_plain %.3f ms\n", plain_ms);
+  std::printf("training_step_replicas1 %.3f ms\n", replicated_ms);
+  std::printf("training_step_replicas1_ratio %.3f\n", replicated_ms / plain_ms);
+  std::printf("training_rto_median %.1f ms\n", median_of(results, &Trial::rto_ms));
+  std::printf("training_rto_detect_median %.1f ms\n", median_of(results, &Trial::detect_ms));
+  std::printf("training_rto_restored_median %.1f ms\n", median_of(results, &Trial::restore_ms));
+  std::printf("training_rto_steps_ratio %.1f\n", median_of(results, &Trial::rto_ms) / plain_ms);
+  int64_t worst_rpo = 0;
+  for (const Trial& t : results) worst_rpo = std::max(worst_rpo, t.rpo_steps);
+  std::printf("training_rpo_max %lld steps\n", static_cast<long long>(worst_rpo));
+  return 0;
+}
