@@ -130,6 +130,17 @@ TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
     EXPECT_NE(w.message().find("only its home, node 1"), std::string::npos) << w.to_string();
     EXPECT_EQ(near->free(r.gva).code(), ErrorCode::permission_denied);
     EXPECT_EQ(near->fetch_add(r.gva, 1).status().code(), ErrorCode::permission_denied);
+    // A copy carries its home's name (listed, so it can be found while the
+    // home is away) but does not take the name on its node.
+    auto listed = near->list();
+    ASSERT_TRUE(listed.ok());
+    bool found = false;
+    for (const AllocationInfo& i : *listed) found |= i.gva == r.gva && i.name == "params" && i.replica_of == a->gva;
+    EXPECT_TRUE(found) << "the copy on node " << r.node << " is not listed with its home's name";
+    EXPECT_EQ(near->lookup("params").status().code(), ErrorCode::not_found);
+    auto own = near->alloc(4096, {.tier = Tier::dram, .name = "params"});
+    ASSERT_TRUE(own.ok()) << own.status().to_string();
+    ASSERT_TRUE(near->free(own->gva).ok());
   }
   auto m = c->map(a->gva);
   ASSERT_FALSE(m.ok());
