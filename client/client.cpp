@@ -148,6 +148,22 @@ NodeInfo node_info_of(const proto::NodeInfo& n) {
   return info;
 }
 
+CheckInEdge check_in_of(NodeId node, const proto::ClientEdge& c) {
+  CheckInEdge e;
+  e.node = node;
+  e.session = c.session();
+  e.client_name = c.client_name();
+  e.pid = c.pid();
+  e.uid = c.uid();
+  e.tenant = c.tenant();
+  e.health = static_cast<NodeHealth>(c.health());
+  e.health_since_ms = c.health_since_ms();
+  e.last_checkin_ms = c.last_checkin_ms();
+  e.missed = c.missed();
+  e.interval_ms = c.interval_ms();
+  return e;
+}
+
 }  // namespace
 
 Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options) {
@@ -316,9 +332,10 @@ Result<HealthGraph> Client::health() {
     request.mutable_nodes()->set_from(n.node == self ? 0 : n.node);
     std::vector<NodeInfo> seen;
     Status s = run("health", true, [&](ClientCore& c) {
-      return call_into(c, request, &seen, [](const proto::Response& r) {
+      return call_into(c, request, &seen, [&](const proto::Response& r) {
         std::vector<NodeInfo> v;
         for (const proto::NodeInfo& x : r.nodes().nodes()) v.push_back(node_info_of(x));
+        for (const proto::ClientEdge& x : r.nodes().clients()) g.check_ins.push_back(check_in_of(n.node, x));
         return v;
       });
     });

@@ -92,6 +92,20 @@ const Extent* extent_at(const CachedAllocation& a, uint64_t offset) {
 
 }  // namespace
 
+namespace {
+
+std::chrono::milliseconds checkin_interval_of(const ClientOptions& options) {
+  if (options.checkin_interval.count() >= 0) return options.checkin_interval;
+  if (const char* env = std::getenv("TIERMEM_CHECKIN_INTERVAL_MS"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end != env && *end == '\0' && v >= 0 && v <= 3600 * 1000) return std::chrono::milliseconds(v);
+  }
+  return std::chrono::milliseconds(30000);
+}
+
+}  // namespace
+
 Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& options) {
   std::string path = options.socket_path;
   if (path.empty()) {
@@ -100,15 +114,17 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   }
   TIERMEM_ASSIGN_OR_RETURN(auto connection, RpcConnection::connect_unix(path));
   if (options.timeout.count() > 0) connection->set_timeout(options.timeout);
+  const std::chrono::milliseconds checkin = checkin_interval_of(options);
   proto::Request request;
   request.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   request.mutable_hello()->set_client_name(options.client_name);
+  request.mutable_hello()->set_checkin_interval_ms(static_cast<uint32_t>(checkin.count()));
   TIERMEM_ASSIGN_OR_RETURN(auto response, connection->call(request));
   if (response.hello().max_frame_bytes() > 0) {
     connection->set_max_frame(static_cast<uint32_t>(response.hello().max_frame_bytes()));
   }
   auto core = std::shared_ptr<ClientCore>(
-      new ClientCore(std::move(connection), response.hello(), options.direct_access, path));
+      new ClientCore(std::move(connection), response.hello(), options.direct_access, path, checkin));
   if (options.lock_timeout.count() > 0) core->m_lock_timeout = options.lock_timeout;
   core->m_qos = options.qos;
   if (options.timeout.count() > 0) core->m_remote_timeout = std::min(options.timeout, k_timeout);
@@ -116,8 +132,9 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
 }
 
 ClientCore::ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct,
-                       std::string socket)
-    : m_connection(std::move(connection)), m_hello(std::move(hello)), m_direct(direct), m_socket(std::move(socket)) {
+                       std::string socket, std::chrono::milliseconds checkin_interval)
+    : m_connection(std::move(connection)), m_hello(std::move(hello)), m_direct(direct), m_socket(std::move(socket)),
+      m_checkin_interval(checkin_interval) {
   m_watch_stop.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   m_watcher = std::thread([this] { watch_daemon(); });
 }
@@ -129,14 +146,23 @@ ClientCore::~ClientCore() {
 }
 
 // Waits for the daemon's end of the control socket to close (the daemon
-// died, or dropped us): from then on no direct access is made.
+// died, or dropped us): from then on no direct access is made. Checks in
+// every m_checkin_interval meanwhile (the call waits while another is in
+// flight, which the daemon counts as a check-in itself).
 void ClientCore::watch_daemon() {
   // A descriptor of our own: the connection may close its one on an error.
   UniqueFd socket(m_connection->duplicate_fd());
   pollfd fds[2] = {{socket.get(), POLLRDHUP, 0}, {m_watch_stop.get(), POLLIN, 0}};
+  const int wait_ms = m_checkin_interval.count() > 0 ? static_cast<int>(m_checkin_interval.count()) : -1;
   for (;;) {
-    const int n = ::poll(fds, 2, -1);
+    const int n = ::poll(fds, 2, wait_ms);
     if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {
+      proto::Request check_in;
+      check_in.mutable_check_in();
+      (void)m_connection->call(check_in);  // a failure shows on the socket, or in the next call
+      continue;
+    }
     if (n < 0 || (fds[1].revents & POLLIN) != 0) return;
     if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
       m_daemon_lost.store(true, std::memory_order_seq_cst);

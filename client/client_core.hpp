@@ -163,7 +163,8 @@ class ClientCore {
   void drop_remote(NodeId node);
 
  private:
-  ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct, std::string socket);
+  ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct, std::string socket,
+             std::chrono::milliseconds checkin_interval);
 
   Status open_regions();
   Status map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds);
@@ -204,6 +205,7 @@ class ClientCore {
   // Set (never cleared) when the daemon's end of the control socket closed.
   std::atomic<bool> m_daemon_lost{false};
   UniqueFd m_watch_stop;  // eventfd that ends the watcher
+  std::chrono::milliseconds m_checkin_interval{0};  // the watcher checks in this often (0: never)
   std::thread m_watcher;
 
   std::once_flag m_regions_once;

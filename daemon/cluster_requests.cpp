@@ -32,6 +32,7 @@ bool is_local_only(const proto::Request& r) {
     case proto::Request::kPeerHello:
     case proto::Request::kPing:
     case proto::Request::kNodeInfo:
+    case proto::Request::kCheckIn:
     case proto::Request::kNodes:
     case proto::Request::kOpenRegions:
     case proto::Request::kMap:
@@ -175,6 +176,10 @@ void RequestHandler::nodes(const Identity& who, proto::NodesResponse* out) {
       }
     }
     *out->add_nodes() = std::move(n);
+  }
+  for (proto::ClientEdge& c : m_check_ins.edges()) {
+    // A client sees its own tenant's clients; an operator every one.
+    if (who.is_operator || c.tenant() == who.tenant) *out->add_clients() = std::move(c);
   }
 }
 

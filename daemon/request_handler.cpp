@@ -69,7 +69,8 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_secret(std::move(secret)),
       m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()),
-      m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))) {
+      m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))),
+      m_check_ins(config.health_degraded_after_missed, std::chrono::milliseconds(config.health_unreachable_after_ms)) {
   if (peers != nullptr) {
     ReplicationOptions o;
     o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
@@ -183,6 +184,7 @@ Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
 }
 
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
+  if (session.greeted && !session.peer) m_check_ins.seen(session.id);  // any request is a check-in
   Reply reply = route(request, session);
   if (request.deadline_ms() > 0 && reply.deferred) {
     // The blocking part ends by the caller's deadline (its peer requests and
@@ -251,6 +253,7 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
       resp.mutable_ping()->set_regions_version(self().regions_version());
       break;
     case proto::Request::kNodeInfo: *resp.mutable_node_info()->mutable_self() = self(); break;
+    case proto::Request::kCheckIn: resp.mutable_check_in(); break;  // seen() above took it
     case proto::Request::kReserveFrames:
       status = reserve_frames(request, session, resp.mutable_reserve_frames());
       break;
@@ -338,6 +341,7 @@ Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, prot
   TIERMEM_ASSIGN_OR_RETURN(s.who, m_tenants.identify(s.uid, s.gid, s.groups));
   s.greeted = true;
   s.client_name = r.client_name().substr(0, 256);
+  m_check_ins.opened(s.id, s.client_name, s.pid, s.uid, s.who.tenant, r.checkin_interval_ms());
   out->set_protocol_version(k_protocol_version);
   out->set_node_id(m_space.node());
   out->set_page_size(m_space.page_size());
@@ -398,6 +402,7 @@ void RequestHandler::list(const Identity& who, proto::ListResponse* out) {
 }
 
 void RequestHandler::end_session(SessionState& session) {
+  m_check_ins.closed(session.id);
   // Errors are ignored on purpose: an allocation can only be unpinned, and it
   // cannot have been freed while pinned.
   for (const Gva& g : session.pins) (void)m_space.unpin(g);

@@ -32,6 +32,7 @@
 #include <tiermem/gva.h>
 
 #include "control.pb.h"
+#include "daemon/check_ins.hpp"
 #include "daemon/config.hpp"
 #include "daemon/peer_auth.hpp"
 #include "daemon/tenants.hpp"
@@ -91,6 +92,8 @@ class RequestHandler {
 
   void session_opened() { ++m_sessions; }
   void session_closed() { --m_sessions; }
+  // The check-in edges of this daemon's clients (swept by tiermemd's timer).
+  CheckIns& check_ins() { return m_check_ins; }
 
  private:
   // handle() but for the caller's deadline.
@@ -168,6 +171,7 @@ class RequestHandler {
   std::atomic<uint64_t> m_sessions{0};
   std::unique_ptr<SessionLocks> m_locks;
   std::unique_ptr<Replicator> m_replicator;  // in a cluster
+  CheckIns m_check_ins;
 };
 
 }  // namespace tiermem

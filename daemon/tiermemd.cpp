@@ -272,7 +272,20 @@ void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
   asio::post(io, pet);
 }
 
-int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_context& io) {
+// Sweeps the clients' check-in edges (logging each transition once), as
+// often as the shortest check-in interval asks.
+void start_checkin_sweep(asio::steady_timer& timer, CheckIns& check_ins) {
+  static std::function<void()> sweep;
+  sweep = [&timer, &check_ins]() {
+    timer.expires_after(check_ins.sweep());
+    timer.async_wait([](const boost::system::error_code& ec) {
+      if (!ec) sweep();
+    });
+  };
+  sweep();
+}
+
+int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_context& io, CheckIns& check_ins) {
   if (Status s = server.listen(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.to_string());
     return 1;
@@ -287,8 +300,9 @@ int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_
     server.stop();
     io.stop();
   });
-  asio::steady_timer watchdog(io);
+  asio::steady_timer watchdog(io), sweeper(io);
   start_watchdog(io, watchdog);
+  start_checkin_sweep(sweeper, check_ins);
   spdlog::info("tiermemd {} node {} serving on {}{} (page size {}, config {}, incarnation {:x})", TIERMEM_VERSION,
                config.node_id, config.socket_path, node.control.empty() ? "" : " and " + node.control + " for peers",
                format_size(config.page_size), config.source, node.incarnation);
@@ -329,7 +343,7 @@ int serve(const DaemonConfig& config) {
                            node.incarnation);
     ControlServer server(io, pool, handler, config,
                          node.members.empty() ? "" : (config.cluster_listen.empty() ? node.control : config.cluster_listen));
-    rc = run(config, node, server, io);
+    rc = run(config, node, server, io, handler.check_ins());
     pool.join();
   }
   spdlog::info("stopped");

@@ -70,6 +70,11 @@ struct ClientOptions {
   std::chrono::milliseconds reconnect_timeout{30000};
   // Deadlines of the QoS classes (H3, QosClass in types.h).
   QosOptions qos;
+  // How often the client checks in with its daemon (the check-in edge of
+  // the health graph, CheckInEdge), from its watcher thread. Negative:
+  // $TIERMEM_CHECKIN_INTERVAL_MS, else 30 s (the seed's: two missed, 60 s,
+  // make it degraded); 0: no check-ins.
+  std::chrono::milliseconds checkin_interval{-1};
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per

@@ -241,12 +241,32 @@ struct HealthEdge {
   NodeInfo to;
 };
 
+// A check-in edge of the health graph: a client session (a trainer, an
+// executor rank, a tool) to daemon `node`. Healthy while it checks in every
+// `interval_ms` (ClientOptions::checkin_interval; any request counts);
+// degraded after health.degraded_after_missed intervals without; unreachable
+// after health.unreachable_after_ms. It ends when the connection closes.
+struct CheckInEdge {
+  NodeId node = 0;  // the daemon
+  uint64_t session = 0;
+  std::string client_name;
+  uint32_t pid = 0;
+  uint32_t uid = 0;
+  std::string tenant;
+  NodeHealth health = NodeHealth::unknown;
+  uint64_t health_since_ms = 0;  // unix ms of the last change
+  uint64_t last_checkin_ms = 0;  // unix ms of its last check-in or request
+  uint32_t missed = 0;           // whole intervals since
+  uint32_t interval_ms = 0;      // 0: it does not check in
+};
+
 // The cluster's health graph (H1): every node, and every edge that a
 // reachable daemon reports; a daemon that could not be asked is named in
 // `unasked` with the reason.
 struct HealthGraph {
   std::vector<NodeInfo> nodes;  // as the local daemon sees them, itself first
   std::vector<HealthEdge> edges;
+  std::vector<CheckInEdge> check_ins;  // of every daemon asked (your tenant's clients; an operator's: all)
   std::vector<std::string> unasked;
 };
 

@@ -3,11 +3,14 @@
 // view of it moves through degraded to unreachable and back to healthy, each
 // change logged once, within the bounds docs/ARCHITECTURE.md gives.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
 #include "tests/support/test_daemon.hpp"
@@ -107,6 +110,110 @@ TEST(HealthTest, AStoppedPeerGoesUnreachableAndComesBackHealthyAndAKilledOneIsSe
   EXPECT_EQ(human.exit_code, 0);
   EXPECT_NE(human.out.find("unreachable"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("not asked: node 3"), std::string::npos) << human.out;
+}
+
+// The check-in edge of `pid`'s session on `c`'s daemon (health unknown: no
+// such edge).
+CheckInEdge check_in_of(Client& c, pid_t pid) {
+  auto g = c.health();
+  if (g.ok()) {
+    for (const CheckInEdge& e : g->check_ins) {
+      if (e.pid == static_cast<uint32_t>(pid)) return e;
+    }
+  }
+  return CheckInEdge{};
+}
+
+// A client (tenant_probe hold) checking in every 20 ms: healthy while it
+// does; SIGSTOP: degraded after two missed check-ins and unreachable after
+// health.unreachable_after_ms, each logged once; SIGCONT: healthy again;
+// SIGKILL: its edge ends with its connection.
+TEST(HealthTest, AStoppedClientGoesDegradedThenUnreachableAndAKilledOneIsGone) {
+  constexpr int k_checkin_ms = 20;
+  test::TestDaemon daemon(fast_heartbeats());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  const char* probe = std::getenv("TIERMEM_PROBE");
+  ASSERT_NE(probe, nullptr) << "TIERMEM_PROBE is not set";
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::dup2(out[1], 1);
+    ::setenv("TIERMEM_CHECKIN_INTERVAL_MS", std::to_string(k_checkin_ms).c_str(), 1);
+    ::execl(probe, probe, daemon.socket().c_str(), "hold", "60000", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  char said[8] = {};
+  ASSERT_GT(::read(out[0], said, 2), 0) << "the probe did not connect";
+  ::close(out[0]);
+  auto observer = daemon.connect("observer");
+  ASSERT_NE(observer, nullptr);
+
+  // Healthy as long as it checks in: never degraded over 15 intervals
+  // (without check-ins it would be after 2).
+  CheckInEdge e = check_in_of(*observer, child);
+  ASSERT_EQ(e.health, NodeHealth::healthy) << daemon.log();
+  EXPECT_EQ(e.client_name, "probe");
+  EXPECT_EQ(e.interval_ms, static_cast<uint32_t>(k_checkin_ms));
+  for (auto end = Clock::now() + 15 * std::chrono::milliseconds(k_checkin_ms); Clock::now() < end;) {
+    e = check_in_of(*observer, child);
+    ASSERT_EQ(e.health, NodeHealth::healthy) << e.missed << " check-ins missed while running\n" << daemon.log();
+    std::this_thread::sleep_for(5ms);
+  }
+
+  auto wait_for = [&](NodeHealth want, std::chrono::milliseconds limit) {
+    const auto start = Clock::now();
+    while (Clock::now() - start < limit) {
+      if (check_in_of(*observer, child).health == want) break;
+      std::this_thread::sleep_for(1ms);
+    }
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  };
+  const auto stopped = Clock::now();
+  ::kill(child, SIGSTOP);
+  // Two intervals after its last check-in (at most one before the stop),
+  // plus a sweep (half an interval) and a margin for a loaded machine.
+  const auto degraded = wait_for(NodeHealth::degraded, 250ms);
+  EXPECT_LE(degraded.count(), 250) << daemon.log();
+  const auto unreachable = wait_for(NodeHealth::unreachable, 1000ms);
+  const auto since_stop = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped);
+  EXPECT_LE(since_stop.count(), k_unreachable_ms + 300) << daemon.log();
+  EXPECT_GE(since_stop.count(), k_unreachable_ms - 2 * k_checkin_ms) << "unreachable before its bound";
+  std::printf("stopped client: degraded after %lld ms, unreachable after %lld ms (check-in every %d ms, "
+              "unreachable after %d ms)\n",
+              static_cast<long long>(degraded.count()), static_cast<long long>(since_stop.count()), k_checkin_ms,
+              k_unreachable_ms);
+  (void)unreachable;
+  ::kill(child, SIGCONT);
+  EXPECT_LE(wait_for(NodeHealth::healthy, 500ms).count(), 200) << daemon.log();
+
+  // Logged once each.
+  const std::string log = daemon.log();
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("check-ins: healthy -> degraded"), 1u) << log;
+  EXPECT_EQ(count("check-ins: degraded -> unreachable"), 1u) << log;
+  EXPECT_EQ(count("check-ins: unreachable -> healthy (checked in again)"), 1u) << log;
+
+  // tiermemctl shows the edges (the observer's too).
+  auto ctl = test::run_ctl(daemon.socket(), {"--json", "health"});
+  ASSERT_EQ(ctl.exit_code, 0) << ctl.err;
+  bool listed = false;
+  const auto graph = nlohmann::json::parse(ctl.out);
+  for (const auto& c : graph["check_ins"]) {
+    listed |= c["pid"] == child && c["client"] == "probe" && c["checkin_interval_ms"] == k_checkin_ms;
+  }
+  EXPECT_TRUE(listed) << ctl.out;
+  EXPECT_NE(test::run_ctl(daemon.socket(), {"health"}).out.find("check-ins (clients to their daemon)"),
+            std::string::npos);
+
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_LE(wait_for(NodeHealth::unknown, 1000ms).count(), 500) << "the killed client's edge stays\n" << daemon.log();
 }
 
 }  // namespace

@@ -11,11 +11,15 @@
 //     lookup NAME [NODE] | list [NODE] (prints the GVAs) | stat [NODE]
 //     regions    the tenants whose memory files the daemon hands this
 //                process (read from the version segments it was given)
+//     hold MS    connects, prints "ok", and stays connected MS ms (checking
+//                in every $TIERMEM_CHECKIN_INTERVAL_MS)
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <tiermem/client.h>
@@ -103,6 +107,12 @@ int main(int argc, char** argv) {
   tiermem::Client& c = **client;
   const std::string& op = a[0];
   Gva gva;
+  if (op == "hold" && a.size() >= 2) {
+    report(Status());
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(a[1].c_str())));
+    return 0;
+  }
   if (op != "alloc" && op != "lookup" && op != "list" && op != "stat") {
     if (a.size() < 2) return usage();
     auto parsed = Gva::parse(a[1]);

@@ -1,6 +1,7 @@
 // tiermemctl health: the health graph (H1) — every node, and each reachable
 // daemon's edges to the others (heartbeat state, since when, the last
-// answered heartbeat, how many in a row went unanswered, its round trip).
+// answered heartbeat, how many in a row went unanswered, its round trip),
+// and the check-in edges of every asked daemon's clients.
 #include <chrono>
 #include <cstdio>
 
@@ -29,6 +30,20 @@ nlohmann::json edge_json(NodeId from, const NodeInfo& to) {
           {"last_error", to.last_error}};
 }
 
+nlohmann::json check_in_json(const CheckInEdge& c) {
+  return {{"node", c.node},
+          {"session", c.session},
+          {"client", c.client_name},
+          {"pid", c.pid},
+          {"uid", c.uid},
+          {"tenant", c.tenant},
+          {"health", node_health_name(c.health)},
+          {"health_since_ms", c.health_since_ms},
+          {"last_checkin_ms", c.last_checkin_ms},
+          {"missed_checkins", c.missed},
+          {"checkin_interval_ms", c.interval_ms}};
+}
+
 }  // namespace
 
 int cmd_health(const Context& ctx) {
@@ -44,7 +59,9 @@ int cmd_health(const Context& ctx) {
                                      : edge_json(self, n));
     }
     for (const auto& e : graph->edges) edges.push_back(edge_json(e.from, e.to));
-    print_json({{"nodes", nodes}, {"edges", edges}, {"unasked", graph->unasked}});
+    nlohmann::json check_ins = nlohmann::json::array();
+    for (const auto& c : graph->check_ins) check_ins.push_back(check_in_json(c));
+    print_json({{"nodes", nodes}, {"edges", edges}, {"check_ins", check_ins}, {"unasked", graph->unasked}});
     return k_exit_ok;
   }
   const uint64_t now = now_ms();
@@ -67,6 +84,14 @@ int cmd_health(const Context& ctx) {
   }
   std::printf("\nedges (heartbeats between daemons):\n");
   std::fputs(edges.render().c_str(), stdout);
+  Table check_ins({"NODE", "SESSION", "CLIENT", "PID", "HEALTH", "SINCE", "LAST CHECK-IN", "MISSED", "EVERY"});
+  for (const auto& c : graph->check_ins) {
+    check_ins.add({std::to_string(c.node), std::to_string(c.session), c.client_name, std::to_string(c.pid),
+                   std::string(node_health_name(c.health)), ago(now, c.health_since_ms), ago(now, c.last_checkin_ms),
+                   std::to_string(c.missed), c.interval_ms == 0 ? "-" : std::to_string(c.interval_ms) + " ms"});
+  }
+  std::printf("\ncheck-ins (clients to their daemon):\n");
+  std::fputs(check_ins.render().c_str(), stdout);
   for (const std::string& u : graph->unasked) std::printf("not asked: %s\n", u.c_str());
   return k_exit_ok;
 }
