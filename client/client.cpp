@@ -105,8 +105,10 @@ Status Client::run(const char* what, bool repeatable, const std::function<Status
   }
   Status s = op(*c);
   if (s.ok() || m_options.reconnect_timeout.count() == 0) return s;
-  if (s.code() == ErrorCode::unavailable || s.code() == ErrorCode::connection_closed) {
-    // The watcher may not have seen the socket close yet.
+  if (s.code() == ErrorCode::unavailable) {
+    // The watcher may not have seen the socket close yet (a broken
+    // connection of a call marks the daemon lost at once; a connection_closed
+    // about a peer is the daemon's answer, not a lost daemon).
     for (int i = 0; i < 20 && !c->lost(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (!c->lost()) return s;

@@ -206,7 +206,12 @@ Status ClientCore::daemon_gone() const {
 Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<UniqueFd>* fds) {
   if (ScopedDeadline::active()) request.set_deadline_ms(static_cast<uint32_t>(ScopedDeadline::remaining_ms()));
   auto response = m_connection->call(request, fds);
-  if (!response.ok() && response.status().code() == ErrorCode::connection_closed) {
+  // Only this connection breaking means the daemon is lost: connection_closed
+  // may also be the daemon's answer about a peer ("node 1: ... peer closed
+  // the connection"), which must not make the client drop a healthy daemon.
+  // (A timeout breaks the connection too, but is reported as what it is; the
+  // next call finds the connection closed.)
+  if (!response.ok() && response.status().code() == ErrorCode::connection_closed && m_connection->broken()) {
     m_daemon_lost.store(true, std::memory_order_seq_cst);
   }
   return response;

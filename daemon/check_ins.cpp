@@ -56,7 +56,11 @@ NodeHealth CheckIns::state_of(const Edge& e, Clock::time_point now, uint32_t* mi
   if (e.interval_ms == 0) return NodeHealth::healthy;  // connected; it never promised check-ins
   const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - e.last);
   *missed = static_cast<uint32_t>(std::min<int64_t>(quiet.count() / e.interval_ms, UINT32_MAX));
-  if (quiet >= m_unreachable_after) return NodeHealth::unreachable;
+  // Never unreachable before degraded: at least one more interval after it.
+  const auto unreachable_after =
+      std::max<std::chrono::milliseconds>(m_unreachable_after, std::chrono::milliseconds(
+                                                                   (m_degraded_after + 1) * e.interval_ms));
+  if (quiet >= unreachable_after) return NodeHealth::unreachable;
   if (*missed >= m_degraded_after) return NodeHealth::degraded;
   return NodeHealth::healthy;
 }

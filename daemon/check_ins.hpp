@@ -4,7 +4,8 @@
 // then sends a CheckInRequest that often from its watcher thread; any other
 // request counts as a check-in too. An edge is HEALTHY while the client keeps
 // to that, DEGRADED after health.degraded_after_missed intervals without one,
-// UNREACHABLE after health.unreachable_after_ms; it ends when the session's
+// UNREACHABLE after health.unreachable_after_ms (and at least one interval
+// after it became degraded); it ends when the session's
 // connection closes. sweep() logs each transition once.
 #pragma once
 

@@ -361,6 +361,7 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.string("cluster.secret_file", &c.secret_file);
   r.string("transport.tls", &c.transport_tls);
   r.string("transport.devices", &c.transport_devices);
+  r.integer("transport.keepalive_interval_ms", &c.transport_keepalive_interval_ms, 0, 3600000);
   r.integer("transport.timeout_ms", &c.transport_timeout_ms, 10, 3600000);
 }
 

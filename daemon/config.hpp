@@ -102,6 +102,7 @@ struct DaemonConfig {
 
   std::string transport_tls;            // UCX transports (UCX_TLS syntax); empty: UCX's choice
   std::string transport_devices;        // UCX network devices (UCX_NET_DEVICES syntax); empty: all
+  uint64_t transport_keepalive_interval_ms = 0;  // UCX keepalive of peer endpoints; 0: UCX's default
   uint64_t transport_timeout_ms = 10000;  // one-sided operations of migrations and remote copies
 };
 

@@ -10,7 +10,10 @@ namespace tiermem {
 
 Result<std::unique_ptr<DataPlane>> DataPlane::start(const DaemonConfig& config) {
   auto transport = make_ucx_transport(
-      {.tls = config.transport_tls, .devices = config.transport_devices, .progress_thread = true});
+      {.tls = config.transport_tls,
+       .devices = config.transport_devices,
+       .progress_thread = true,
+       .keepalive_interval_ms = static_cast<uint32_t>(config.transport_keepalive_interval_ms)});
   if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
   auto dp = std::unique_ptr<DataPlane>(new DataPlane);
   dp->m_transport = std::move(transport).value();

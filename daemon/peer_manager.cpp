@@ -39,9 +39,27 @@ PeerManager::PeerManager(PeerOptions options, std::function<proto::NodeInfo()> s
     p.since_ms = now_unix_ms();
     m_peers.emplace(m.id, std::move(p));
   }
+  if (m_transport != nullptr) {
+    m_transport->on_failure([this](const Endpoint& ep, const std::string& why) { fabric_failed(ep, why); });
+  }
 }
 
-PeerManager::~PeerManager() { stop(); }
+PeerManager::~PeerManager() {
+  if (m_transport != nullptr) m_transport->on_failure({});
+  stop();
+}
+
+void PeerManager::fabric_failed(const Endpoint& ep, const std::string& why) {
+  {
+    std::lock_guard lock(m_mutex);
+    for (auto& [id, p] : m_peers) {
+      if (!p.remote || p.remote->endpoint.get() != &ep || p.state != NodeState::connected) continue;
+      p.fabric_failure = why;
+      p.next_check = std::chrono::steady_clock::now();
+    }
+  }
+  m_wake.notify_all();
+}
 
 void PeerManager::start() {
   m_reaper = std::thread([this] { reap(); });
@@ -260,16 +278,28 @@ Status PeerManager::apply_node_info(NodeId node, const proto::NodeInfo& info) {
 void PeerManager::check(NodeId node) {
   std::shared_ptr<RpcConnection> conn;
   uint64_t incarnation = 0, regions_version = 0;
+  std::string fabric_failure;
   {
     std::lock_guard lock(m_mutex);
     Peer& p = *find(node);
     conn = p.state == NodeState::connected ? p.connection : nullptr;
     incarnation = p.info.incarnation();
     regions_version = p.info.regions_version();
+    fabric_failure.swap(p.fabric_failure);
   }
   const auto elapsed = [start = std::chrono::steady_clock::now()] {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
   };
+  if (conn && !fabric_failure.empty()) {
+    // The fabric says so (H2): unreachable at once, without waiting for the
+    // heartbeats to go unanswered; the handshake below finds out whether it
+    // is back (a new endpoint).
+    beat(node, false, elapsed(), true, "the data plane: " + fabric_failure);
+    Graveyard graveyard{this};
+    std::lock_guard lock(m_mutex);
+    mark(*find(node), NodeState::down, fabric_failure, &graveyard);
+    conn.reset();
+  }
   if (conn) {
     proto::Request ping;
     ping.mutable_ping();

@@ -109,6 +109,7 @@ class PeerManager {
     std::chrono::steady_clock::time_point last_answer{};  // steady: for the timeout
     uint32_t missed = 0;
     uint64_t rtt_us = 0;
+    std::string fabric_failure;  // the data plane reported the peer failed (handled by the next check)
   };
   // What a state change takes away: handed to the reaper thread when the
   // graveyard goes (after the lock is let go), since closing a UCX endpoint
@@ -122,6 +123,9 @@ class PeerManager {
     }
   };
   void bury(std::vector<std::shared_ptr<void>> dead);
+  // The transport reports that `ep`'s peer failed: that peer is checked at
+  // once (see check()).
+  void fabric_failed(const Endpoint& ep, const std::string& why);
   void reap();
 
   void run();

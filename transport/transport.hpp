@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -121,6 +122,15 @@ class Transport {
 
   // Drives progress once; true when something happened.
   virtual bool progress() = 0;
+
+  // Called when the fabric reports that the peer of `endpoint` failed (UCX's
+  // peer-failure error handling: a closed TCP connection, a keepalive that
+  // went unanswered, a NIC's error), from whichever thread was driving
+  // progress: it must be quick and must not wait for a lock that a caller of
+  // this transport may hold while it waits. Setting another (or none) waits
+  // for a handler that runs now.
+  using FailureHandler = std::function<void(const Endpoint& endpoint, const std::string& why)>;
+  virtual void on_failure(FailureHandler handler) = 0;
 };
 
 struct UcxOptions {
@@ -136,6 +146,10 @@ struct UcxOptions {
   // (our request/reply, the default) or "ucx" (UCX's own emulation, which
   // aborts the target if the initiator dies mid-operation; for comparison).
   std::string emulation = "messages";
+  // UCX's keepalive on endpoints with peer-failure detection (UCX_KEEPALIVE_INTERVAL):
+  // a peer that stops answering at the fabric's level is reported failed.
+  // 0: UCX's default (20 s); an explicit $UCX_KEEPALIVE_INTERVAL wins.
+  uint32_t keepalive_interval_ms = 0;
 };
 
 // Errors: transport_error (UCX could not start).

@@ -42,9 +42,7 @@ class UcxEndpoint final : public Endpoint {
   bool failed() const override { return m_failed.load(std::memory_order_acquire); }
   std::string transports() const override;
 
-  static void on_error(void* arg, ucp_ep_h, ucs_status_t) {
-    static_cast<UcxEndpoint*>(arg)->m_failed.store(true, std::memory_order_release);
-  }
+  static void on_error(void* arg, ucp_ep_h, ucs_status_t status);
 
   UcxTransport& m_owner;
   ucp_ep_h m_ep = nullptr;
@@ -253,6 +251,12 @@ class UcxTransport final : public Transport {
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return ucp_worker_progress(m_worker) != 0; }
+  void on_failure(FailureHandler handler) override {
+    std::lock_guard lock(m_failure_mutex);  // waits out a handler running now
+    m_on_failure = std::move(handler);
+  }
+  // An endpoint's peer failed (UcxEndpoint::on_error).
+  void report_failure(const UcxEndpoint& ep, ucs_status_t status);
 
   // Closes an endpoint, waiting (bounded) for UCX to let go of it.
   void close_endpoint(ucp_ep_h ep, bool force);
@@ -332,6 +336,8 @@ class UcxTransport final : public Transport {
   std::thread m_progress;
   std::atomic<bool> m_stop{false};
   std::atomic<bool> m_peer_errors{true};  // endpoints with peer failure detection
+  std::mutex m_failure_mutex;             // held while the handler runs
+  FailureHandler m_on_failure;
   bool m_use_messages = true;
   RegionTable m_regions;
   // Message operations awaiting their answer, by id. Recursive: UCX may call

@@ -102,6 +102,10 @@ Status UcxTransport::init(const UcxOptions& options) {
   // which "cpu" mode guarantees (falling back to emulation where a NIC's
   // atomics are not coherent with the CPU's). An explicit UCX_ATOMIC_MODE wins.
   if (std::getenv("UCX_ATOMIC_MODE") == nullptr) (void)ucp_config_modify(config, "ATOMIC_MODE", "cpu");
+  if (options.keepalive_interval_ms > 0 && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
+    (void)ucp_config_modify(config, "KEEPALIVE_INTERVAL",
+                            (std::to_string(options.keepalive_interval_ms) + "ms").c_str());
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   // Wakeup for everyone: the daemon's progress thread sleeps on the event
@@ -385,6 +389,17 @@ void UcxTransport::progress_loop(int efd) {
     pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
     (void)::poll(fds, 2, 1000);
   }
+}
+
+void UcxEndpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* ep = static_cast<UcxEndpoint*>(arg);
+  if (ep->m_failed.exchange(true, std::memory_order_acq_rel)) return;  // reported once
+  ep->m_owner.report_failure(*ep, status);
+}
+
+void UcxTransport::report_failure(const UcxEndpoint& ep, ucs_status_t status) {
+  std::lock_guard lock(m_failure_mutex);
+  if (m_on_failure) m_on_failure(ep, std::string("UCX reports the peer failed: ") + ucs_status_string(status));
 }
 
 UcxEndpoint::~UcxEndpoint() {

@@ -245,7 +245,8 @@ struct HealthEdge {
 // executor rank, a tool) to daemon `node`. Healthy while it checks in every
 // `interval_ms` (ClientOptions::checkin_interval; any request counts);
 // degraded after health.degraded_after_missed intervals without; unreachable
-// after health.unreachable_after_ms. It ends when the connection closes.
+// after health.unreachable_after_ms (and one interval after degraded at the
+// earliest). It ends when the connection closes.
 struct CheckInEdge {
   NodeId node = 0;  // the daemon
   uint64_t session = 0;

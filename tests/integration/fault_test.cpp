@@ -342,7 +342,7 @@ TEST(FaultTest, AClientOfAStoppedDaemonTimesOut) {
   auto c = Client::connect({.socket_path = daemon.socket(), .timeout = 700ms});
   ASSERT_TRUE(c.ok());
   ASSERT_TRUE((*c)->stat().ok());
-  ::kill(daemon.pid(), SIGSTOP);
+  ASSERT_TRUE(test::stop_process(daemon.pid()));
   ASSERT_TRUE(stopped(daemon.pid()));
   const auto start = Clock::now();
   auto s = (*c)->stat();
@@ -373,7 +373,7 @@ TEST(FaultTest, AStoppedPeerCostsOnlyTheRequestsThatGoToIt) {
   ASSERT_TRUE((*via_daemon)->write(on2->gva, data.data(), data.size()).ok());
   ASSERT_TRUE((*direct)->write(on3->gva, data.data(), data.size()).ok());
 
-  ::kill(cluster.node(3).pid(), SIGSTOP);
+  ASSERT_TRUE(test::stop_process(cluster.node(3).pid()));
   ASSERT_TRUE(stopped(cluster.node(3).pid()));
   // Many clients keep asking node 3 through node 1's daemon.
   std::atomic<bool> done{false};

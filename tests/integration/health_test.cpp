@@ -66,7 +66,7 @@ TEST(HealthTest, AStoppedPeerGoesUnreachableAndComesBackHealthyAndAKilledOneIsSe
   // SIGSTOP: nothing tells the others; heartbeats go unanswered. Bound (see
   // ARCHITECTURE.md, health): unreachable_after + one check (a timeout and
   // an interval), here with room for a loaded machine.
-  ::kill(cluster.node(3).pid(), SIGSTOP);
+  ASSERT_TRUE(test::stop_process(cluster.node(3).pid()));
   const auto stopped = until(*c, 3, NodeHealth::unreachable, 3s);
   const auto bound = std::chrono::milliseconds(k_unreachable_ms + 3 * k_interval_ms + 2 * k_timeout_ms);
   EXPECT_LE(stopped, bound + 300ms) << "a stopped peer took " << stopped.count() << " ms to be unreachable";
@@ -110,6 +110,33 @@ TEST(HealthTest, AStoppedPeerGoesUnreachableAndComesBackHealthyAndAKilledOneIsSe
   EXPECT_EQ(human.exit_code, 0);
   EXPECT_NE(human.out.find("unreachable"), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("not asked: node 3"), std::string::npos) << human.out;
+}
+
+// With heartbeats 10 s apart, a SIGKILLed peer is still known at once: its
+// UCX endpoint fails (the TCP connection is reset) and the data plane tells
+// the health graph (H2), which does not wait for the next heartbeat.
+TEST(HealthTest, TheDataPlaneReportsAKilledPeerBeforeAnyHeartbeat) {
+  test::DaemonOptions o;
+  o.page_size = "64KiB";
+  o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10000\npeer_timeout_ms = 3000\n";
+  test::TestCluster cluster(2, o);
+  ASSERT_TRUE(cluster.ready()) << cluster.logs();
+  ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect();
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(test::health_of(*c, 2), NodeHealth::healthy) << cluster.logs();
+  const std::string before = cluster.node(1).log();
+  if (before.find("data plane: tcp") == std::string::npos) {
+    GTEST_SKIP() << "the peers' data plane is not UCX over TCP here (no peer-failure reports):\n" << before;
+  }
+  const auto killed = Clock::now();
+  cluster.node(2).kill();
+  const auto took = until(*c, 2, NodeHealth::unreachable, 5000ms);
+  EXPECT_LT(took.count(), 2000) << "not before a heartbeat would have seen it\n" << cluster.node(1).log();
+  const std::string log = cluster.node(1).log();
+  EXPECT_NE(log.find("the data plane: UCX reports the peer failed"), std::string::npos) << log;
+  std::printf("SIGKILLed peer unreachable after %lld ms (heartbeats every 10 s)\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count()));
 }
 
 // The check-in edge of `pid`'s session on `c`'s daemon (health unknown: no
@@ -171,7 +198,7 @@ TEST(HealthTest, AStoppedClientGoesDegradedThenUnreachableAndAKilledOneIsGone) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
   };
   const auto stopped = Clock::now();
-  ::kill(child, SIGSTOP);
+  ASSERT_TRUE(test::stop_process(child));
   // Two intervals after its last check-in (at most one before the stop),
   // plus a sweep (half an interval) and a margin for a loaded machine.
   const auto degraded = wait_for(NodeHealth::degraded, 250ms);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "tests/support/test_daemon.hpp"
@@ -72,6 +73,10 @@ class NetnsTest : public ::testing::Test {
     m_net = std::make_unique<Network>(3);
     ASSERT_TRUE(m_net->ok()) << "could not build the namespaces";
     m_dir = test::make_temp_dir("tiermem-netns");
+  }
+  // Three daemons, one per namespace; `fast`: heartbeats every 20 ms and
+  // UNREACHABLE after 300 ms (replication's drop after 600 ms).
+  void start(bool fast) {
     const std::string file = m_dir + "/cluster.toml";
     {
       std::ofstream out(file);
@@ -89,6 +94,11 @@ class NetnsTest : public ::testing::Test {
       o.dram = "16MiB";
       o.pmem = "8MiB";
       o.extra_toml = "devices = \"tmeth0\"\n";  // [transport] is the last table written
+      if (fast) {
+        o.cluster_timing = "reconnect_interval_ms = 20\nheartbeat_interval_ms = 20\npeer_timeout_ms = 200\n";
+        o.extra_toml += "[health]\nunreachable_after_ms = 300\n[replication]\nrepair_interval_ms = 50\n"
+                        "orphan_min_age_ms = 500\n";
+      }
       o.wrapper = {"/usr/sbin/ip", "netns", "exec", m_net->ns(i)};
       m_daemons.push_back(std::make_unique<test::TestDaemon>(o));
       ASSERT_TRUE(m_daemons.back()->ready()) << m_daemons.back()->log();
@@ -133,6 +143,7 @@ class NetnsTest : public ::testing::Test {
 };
 
 TEST_F(NetnsTest, OneAddressSpaceAcrossNamespacesAndAPartitionHeals) {
+  start(false);
   auto client = m_daemons[0]->connect("netns");
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(wait_state(*client, 2, NodeState::connected, 20s));
@@ -180,6 +191,125 @@ TEST_F(NetnsTest, OneAddressSpaceAcrossNamespacesAndAPartitionHeals) {
   Status healed = client->read(a->gva, back.data(), back.size());
   ASSERT_TRUE(healed.ok()) << "reachable again after the heal: " << healed.to_string();
   EXPECT_EQ(back, out);
+}
+
+// Replicated memory across a real partition (docs/ARCHITECTURE.md,
+// "Replicated memory"). The node holding the copy is cut off: the home's
+// side (a majority) writes on once the copy is dropped and makes a new one,
+// the cut-off node serves nothing. After the heal its dropped copy is freed
+// and every copy equals the home. Then the home is cut off alone: it writes
+// nothing, while the majority reads the last acknowledged write from the
+// copy; after the heal the home writes again and the copy follows.
+TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) {
+  start(true);
+  constexpr size_t k_size = 64 << 10;
+  auto filled = [](uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); };
+  auto wait_for = [](const std::function<bool()>& done, std::chrono::milliseconds limit) {
+    for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
+      if (done()) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return done();
+  };
+  // A client that reaches memory only through `node`'s daemon: it is on that
+  // side of the partition (this process itself reaches every namespace).
+  auto through = [&](int node) {
+    auto c = Client::connect({.socket_path = m_daemons[static_cast<size_t>(node - 1)]->socket(),
+                              .client_name = "side", .direct_access = false});
+    return c.ok() ? std::move(c).value() : nullptr;
+  };
+  auto home = m_daemons[0]->connect("home");
+  ASSERT_NE(home, nullptr);
+  ASSERT_TRUE(wait_for([&] {
+    return test::health_of(*home, 2) == NodeHealth::healthy && test::health_of(*home, 3) == NodeHealth::healthy;
+  }, 20s));
+  auto a = home->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const int holder = static_cast<int>(a->replicas.at(0).node), other = 5 - holder;
+  uint64_t acked = 1;
+  ASSERT_TRUE(home->write(a->gva, filled(acked).data(), k_size).ok());
+
+  // --- the copy's node cut off ---
+  ASSERT_TRUE(m_net->link(holder, false));
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*home, static_cast<NodeId>(holder)) == NodeHealth::unreachable; },
+                       10s));
+  int refused = 0;
+  ASSERT_TRUE(wait_for([&] {
+    Status w = home->write(a->gva, filled(acked + 1).data(), k_size);
+    if (w.ok()) return ++acked, true;
+    EXPECT_EQ(w.code(), ErrorCode::unavailable) << w.to_string();
+    ++refused;
+    return false;
+  }, 10s)) << "the home's side never wrote on";
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(home->write(a->gva, filled(++acked).data(), k_size).ok());
+  std::printf("copy cut off: %d write(s) refused before it was dropped\n", refused);
+  auto cut = through(holder);
+  ASSERT_NE(cut, nullptr);
+  std::vector<uint64_t> got(k_size / 8);
+  EXPECT_FALSE(cut->read(a->gva, got.data(), k_size).ok()) << "the cut-off node served a read";
+  EXPECT_FALSE(cut->write(a->gva, filled(999).data(), k_size).ok()) << "the cut-off node took a write";
+  // A new copy on the node that is left.
+  ASSERT_TRUE(wait_for([&] {
+    auto t = home->translate(a->gva);
+    if (!t.ok()) return false;
+    for (const ReplicaInfo& r : t->allocation.replicas) {
+      if (static_cast<int>(r.node) == other && r.state == ReplicaState::in_sync) return true;
+    }
+    return false;
+  }, 10s)) << "no new copy on node " << other;
+
+  // --- heal ---
+  ASSERT_TRUE(m_net->link(holder, true));
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*home, static_cast<NodeId>(holder)) == NodeHealth::healthy; }, 30s));
+  auto copies_there = [&](int node) {
+    auto list = home->list(static_cast<NodeId>(node));
+    size_t n = 0;
+    if (list.ok()) {
+      for (const AllocationInfo& i : *list) n += i.replica_of == a->gva ? 1 : 0;
+    }
+    return n;
+  };
+  EXPECT_TRUE(wait_for([&] { return copies_there(holder) == 0; }, 10s)) << "the dropped copy was never freed";
+  ASSERT_TRUE(cut->read(a->gva, got.data(), k_size).ok());
+  EXPECT_EQ(got, filled(acked)) << "after the heal the cut-off node reads the last acknowledged write";
+  // Every copy in sync holds the last acknowledged write (a dropped one is
+  // listed as dropped until the repair loop forgets it).
+  auto converged = [&] {
+    auto t = home->translate(a->gva);
+    if (!t.ok()) return false;
+    size_t in_sync = 0;
+    for (const ReplicaInfo& r : t->allocation.replicas) {
+      if (r.state != ReplicaState::in_sync) continue;
+      ++in_sync;
+      auto near = m_daemons[r.node - 1]->connect("copy");
+      std::vector<uint64_t> copy(k_size / 8);
+      if (!near || !near->read(r.gva, copy.data(), k_size).ok() || copy != filled(acked)) return false;
+    }
+    return in_sync == 1;
+  };
+  EXPECT_TRUE(converged()) << "a copy differs from its home";
+
+  // --- the home cut off alone ---
+  auto majority = through(other);
+  ASSERT_NE(majority, nullptr);
+  ASSERT_TRUE(m_net->link(1, false));
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*majority, 1) == NodeHealth::unreachable; }, 10s));
+  int written = 0;
+  for (auto end = std::chrono::steady_clock::now() + 1500ms; std::chrono::steady_clock::now() < end;) {
+    written += home->write(a->gva, filled(acked + 1).data(), k_size).ok() ? 1 : 0;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(written, 0) << "a home without a majority acknowledged writes (past the drop time)";
+  ASSERT_TRUE(wait_for([&] { return majority->read(a->gva, got.data(), k_size).ok(); }, 5s))
+      << "the majority could not read the copy";
+  EXPECT_EQ(got, filled(acked)) << "the copy did not serve the last acknowledged write";
+  ASSERT_TRUE(m_net->link(1, true));
+  ASSERT_TRUE(wait_for([&] {
+    if (!home->write(a->gva, filled(acked + 1).data(), k_size).ok()) return false;
+    ++acked;
+    return true;
+  }, 30s)) << "the home never wrote again after the heal";
+  EXPECT_TRUE(wait_for(converged, 10s)) << "the copies did not converge after the heal";
 }
 
 }  // namespace

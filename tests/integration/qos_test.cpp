@@ -99,7 +99,7 @@ TEST_F(QosTest, WithTheHomeStoppedStrictFailsFastBestEffortRetriesAndGracefulRea
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("no QoS class"), std::string::npos) << bad.err;
 
-  ::kill(cluster.node(2).pid(), SIGSTOP);
+  ASSERT_TRUE(test::stop_process(cluster.node(2).pid()));
 
   auto start = Clock::now();
   Status s = reader->read(replicated->gva, got.data(), k_size, QosClass::strict);

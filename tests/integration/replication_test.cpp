@@ -278,6 +278,7 @@ TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItRe
               "(%llu with the home dead)\n",
               static_cast<unsigned long long>(acked.load()), static_cast<unsigned long long>(refused.load()),
               static_cast<unsigned long long>(reads.load()), static_cast<unsigned long long>(dead_reads));
+  if (::testing::Test::HasFailure()) std::fprintf(stderr, "%s\n", cluster.logs().c_str());
 }
 
 TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
@@ -417,7 +418,7 @@ TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
   // The home dies and the third node stops: the copy's node reaches only
   // itself, one of three; the home could be on the other side, writing.
   cluster.node(1).kill();
-  ::kill(cluster.node(third).pid(), SIGSTOP);
+  ASSERT_TRUE(test::stop_process(cluster.node(third).pid()));
   auto reader = cluster.node(static_cast<int>(holder)).connect("reader");
   ASSERT_TRUE(wait_for([&] { return test::health_of(*reader, third) == NodeHealth::unreachable; }, 5s));
   std::vector<uint64_t> got(k_size / 8);

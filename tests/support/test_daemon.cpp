@@ -358,3 +358,28 @@ CommandResult run_ctl(const std::string& socket, const std::vector<std::string>&
 }
 
 }  // namespace tiermem::test
+
+namespace tiermem::test {
+
+bool stop_process(pid_t pid) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < end) {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      // pid (comm) STATE ...: the state follows the last ')'.
+      const size_t close = stat.rfind(')');
+      const char state = close != std::string::npos && close + 2 < stat.size() ? stat[close + 2] : '?';
+      if (state != 'T' && state != 't') all = false;
+    }
+    if (all && !ec) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
+}  // namespace tiermem::test

@@ -116,6 +116,11 @@ class TestCluster {
 // The health of `node` as `c`'s daemon sees it (unknown when it cannot say).
 NodeHealth health_of(Client& c, NodeId node);
 
+// SIGSTOP to `pid`, returning once every thread of it is stopped (the
+// signal is delivered asynchronously: a thread running on another core
+// finishes what it does first). False if that takes more than 2 s.
+bool stop_process(pid_t pid);
+
 // A cluster secret (32 random hex digits, mode 0600) in `dir`; its path.
 std::string write_secret(const std::string& dir);
 
