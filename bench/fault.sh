@@ -6,9 +6,9 @@
 # copies cost a write (against the same write without them, direct and
 # through the daemon) and how long reads and writes take to resume after
 # the home or a copy's node is killed; then build/bench/training_bench: a
-# data-parallel tiermem-exec job of three ranks with --replicas 1 whose node 2
-# dies mid-run, its rank replaced on node 3 (RTO, RPO in steps, and the
-# step time against the same job without copies).
+# data-parallel tiermem-exec job of three ranks with --replicas 1 whose rank
+# 1, its daemon, or its whole node dies mid-run (RTO and RPO in steps for
+# each, and the step time against the same job without copies).
 # Usage: bench/fault.sh BUILD_DIR [--trials N] [--interval-ms I] [--unreachable-ms U]
 set -euo pipefail
 build=${1:?usage: bench/fault.sh BUILD_DIR [--trials N] [--interval-ms I] [--unreachable-ms U]}
