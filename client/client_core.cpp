@@ -222,7 +222,10 @@ Status DomainVersionWords::check_owner() {
   // daemon that retires the segment first and then looks for locks either
   // sees ours or we see its retirement.
   const uint64_t incarnation = std::atomic_ref<const uint64_t>(*m_incarnation).load(std::memory_order_seq_cst);
-  if (m_daemon_lost->load(std::memory_order_seq_cst)) {
+  // The kernel marks the daemon's liveness word as its process exits
+  // (SegmentHeader::alive), earlier than the watcher sees the socket close.
+  if (m_daemon_lost->load(std::memory_order_seq_cst) ||
+      owner_died(std::atomic_ref<const uint32_t>(*m_alive).load(std::memory_order_seq_cst))) {
     return Status(ErrorCode::unavailable, "tiermemd at " + m_socket + " is gone; nothing was written");
   }
   if (incarnation != m_expected) {
@@ -298,7 +301,7 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
       auto* base = d.versions.data();
       auto* words = reinterpret_cast<uint64_t*>(base + k_segment_header_bytes);
       d.words.emplace(words, per_domain, words + per_domain, page_size(), r.first(), &header->incarnation,
-                      m_hello.incarnation(), &m_daemon_lost, m_socket);
+                      alive_word(*header), m_hello.incarnation(), &m_daemon_lost, m_socket);
       continue;
     }
     const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));

@@ -56,14 +56,15 @@ struct CachedAllocation {
 class DomainVersionWords final : public LocalVersionWords {
  public:
   DomainVersionWords(uint64_t* words, size_t count, uint64_t* l3, uint64_t page_size, uint64_t first,
-                     const uint64_t* incarnation_word, uint64_t expected, const std::atomic<bool>* daemon_lost,
-                     std::string socket)
-      : LocalVersionWords(words, count, l3, page_size, first), m_incarnation(incarnation_word),
+                     const uint64_t* incarnation_word, const uint32_t* alive_word, uint64_t expected,
+                     const std::atomic<bool>* daemon_lost, std::string socket)
+      : LocalVersionWords(words, count, l3, page_size, first), m_incarnation(incarnation_word), m_alive(alive_word),
         m_expected(expected), m_daemon_lost(daemon_lost), m_socket(std::move(socket)) {}
   Status check_owner() override;
 
  private:
   const uint64_t* m_incarnation;
+  const uint32_t* m_alive;  // SegmentHeader::alive's futex word
   uint64_t m_expected;
   const std::atomic<bool>* m_daemon_lost;
   std::string m_socket;

@@ -291,10 +291,11 @@ void PeerManager::check(NodeId node) {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start);
   };
   if (conn && !fabric_failure.empty()) {
-    // The fabric says so (H2): unreachable at once, without waiting for the
-    // heartbeats to go unanswered; the handshake below finds out whether it
-    // is back (a new endpoint).
-    beat(node, false, elapsed(), true, "the data plane: " + fabric_failure);
+    // The fabric says so (H2): the link and the failed endpoint go now, and
+    // the handshake below (instead of the next heartbeat) finds out at once
+    // whether the peer is gone (refused: unreachable) or was only cut off
+    // at the fabric's level (a new link and endpoint, still healthy).
+    spdlog::warn("the data plane reports node {} failed ({}); checking it now", node, fabric_failure);
     Graveyard graveyard{this};
     std::lock_guard lock(m_mutex);
     mark(*find(node), NodeState::down, fabric_failure, &graveyard);
@@ -318,7 +319,8 @@ void PeerManager::check(NodeId node) {
   Status s = handshake(node);
   // Where the kernel says nothing listens, the process is gone: no need to
   // wait out the timeout to call it unreachable.
-  beat(node, s.ok(), elapsed(), s.message().find("Connection refused") != std::string::npos, s.message());
+  beat(node, s.ok(), elapsed(), s.message().find("Connection refused") != std::string::npos,
+       fabric_failure.empty() ? s.message() : "the data plane: " + fabric_failure + "; " + s.message());
   if (!s.ok()) {
     Graveyard graveyard{this};
     std::lock_guard lock(m_mutex);

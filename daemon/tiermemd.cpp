@@ -337,6 +337,8 @@ int serve(const DaemonConfig& config) {
   {
     Node node(config);
     if (rc = start(config, &node); rc != 0) return rc;
+    // Before any client can connect; gone before the segments are.
+    LivenessHolder liveness(node.space->versions());
     asio::io_context io;
     asio::thread_pool pool(k_pool_threads);
     RequestHandler handler(*node.space, config, *node.tenants, node.data_plane.get(), node.peers.get(), node.secret,

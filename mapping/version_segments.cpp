@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <condition_variable>
 #include <thread>
 
 #include <tiermem/status_macros.h>
@@ -138,6 +140,51 @@ void VersionSegments::set_tenant(uint32_t domain, std::string_view tenant) {
   SegmentHeader* h = header_of(domain);
   std::memset(h->tenant, 0, sizeof h->tenant);
   std::memcpy(h->tenant, tenant.data(), std::min(tenant.size(), sizeof h->tenant - 1));
+}
+
+}  // namespace tiermem
+
+namespace tiermem {
+
+struct LivenessHolder::State {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool held = false, stop = false;
+  std::thread thread;
+};
+
+LivenessHolder::LivenessHolder(VersionSegments& segments) : m_state(std::make_unique<State>()) {
+  State& st = *m_state;
+  st.thread = std::thread([&st, &segments] {
+    std::vector<pthread_mutex_t*> held;
+    for (uint32_t d = 0; d < segments.domains(); ++d) {
+      pthread_mutex_t* m = segments.alive_mutex(d);
+      // Anew every start: an adopted segment's mutex is its dead owner's.
+      pthread_mutexattr_t attr;
+      pthread_mutexattr_init(&attr);
+      pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+      pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+      const bool ok = pthread_mutex_init(m, &attr) == 0 && pthread_mutex_lock(m) == 0;
+      pthread_mutexattr_destroy(&attr);
+      if (ok) held.push_back(m);
+    }
+    std::unique_lock lock(st.mutex);
+    st.held = true;
+    st.cv.notify_all();
+    st.cv.wait(lock, [&st] { return st.stop; });
+    for (pthread_mutex_t* m : held) pthread_mutex_unlock(m);
+  });
+  std::unique_lock lock(st.mutex);
+  st.cv.wait(lock, [&st] { return st.held; });
+}
+
+LivenessHolder::~LivenessHolder() {
+  {
+    std::lock_guard lock(m_state->mutex);
+    m_state->stop = true;
+  }
+  m_state->cv.notify_all();
+  m_state->thread.join();
 }
 
 }  // namespace tiermem

@@ -21,6 +21,8 @@
 // new one may have handed to someone else.
 #pragma once
 
+#include <pthread.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -49,7 +51,19 @@ struct SegmentHeader {
   uint64_t pages = 0;              // R
   uint64_t page_size = 0;
   char tenant[64] = {};            // the domain's tenant; empty while unassigned
+  // The serving daemon's liveness: a robust, process-shared mutex that one
+  // of its threads holds for as long as it serves (LivenessHolder). When the
+  // process dies, however it dies, the kernel marks the mutex's futex word
+  // FUTEX_OWNER_DIED while the process exits, before its sockets close and
+  // before a waitpid() returns, so a client reads in one load what its
+  // watcher thread would learn only later. All zeros: nobody holds it (a
+  // process that only maps the words, like a unit test).
+  pthread_mutex_t alive{};
 };
+// The futex word of SegmentHeader::alive (glibc keeps it first).
+inline const uint32_t* alive_word(const SegmentHeader& h) { return reinterpret_cast<const uint32_t*>(&h.alive); }
+// The daemon that held `word` died.
+inline bool owner_died(uint32_t word) { return (word & 0x40000000u) != 0; }  // FUTEX_OWNER_DIED
 static_assert(sizeof(SegmentHeader) <= 4096, "the header fits its page");
 
 inline constexpr uint64_t k_segment_header_bytes = 4096;
@@ -95,6 +109,8 @@ class VersionSegments {
   std::span<uint64_t> l3() { return {m_l3, 2 * pages()}; }
   uint64_t pages() const { return uint64_t{m_domains} * m_pages_per_domain; }
   uint32_t domains() const { return m_domains; }
+  // The liveness mutex of a domain's header (for LivenessHolder).
+  pthread_mutex_t* alive_mutex(uint32_t domain) const { return &header_of(domain)->alive; }
   uint64_t pages_per_domain() const { return m_pages_per_domain; }
   uint32_t domain_of(uint64_t page) const { return static_cast<uint32_t>(page / m_pages_per_domain); }
 
@@ -123,6 +139,22 @@ class VersionSegments {
   Reservation m_headers, m_word_space, m_l3_space;
   uint64_t* m_words = nullptr;
   uint64_t* m_l3 = nullptr;
+};
+
+// Holds every domain's SegmentHeader::alive on a thread of its own while it
+// exists (a robust mutex held by a thread that exits is marked dead too, so
+// it cannot be a thread that comes and goes). Destroy it before the
+// segments: it unlocks them first.
+class LivenessHolder {
+ public:
+  explicit LivenessHolder(VersionSegments& segments);
+  ~LivenessHolder();
+  LivenessHolder(const LivenessHolder&) = delete;
+  LivenessHolder& operator=(const LivenessHolder&) = delete;
+
+ private:
+  struct State;
+  std::unique_ptr<State> m_state;
 };
 
 }  // namespace tiermem

@@ -134,7 +134,7 @@ TEST(HealthTest, TheDataPlaneReportsAKilledPeerBeforeAnyHeartbeat) {
   const auto took = until(*c, 2, NodeHealth::unreachable, 5000ms);
   EXPECT_LT(took.count(), 2000) << "not before a heartbeat would have seen it\n" << cluster.node(1).log();
   const std::string log = cluster.node(1).log();
-  EXPECT_NE(log.find("the data plane: UCX reports the peer failed"), std::string::npos) << log;
+  EXPECT_NE(log.find("the data plane reports node 2 failed (UCX reports the peer failed"), std::string::npos) << log;
   std::printf("SIGKILLed peer unreachable after %lld ms (heartbeats every 10 s)\n",
               static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killed).count()));
 }

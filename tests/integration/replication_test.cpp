@@ -183,6 +183,7 @@ TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
   // Freeing the allocation frees its copies.
   ASSERT_TRUE(c->free(a->gva).ok());
   EXPECT_EQ(copies_held(*c, 2) + copies_held(*c, 3), 0u);
+  if (::testing::Test::HasFailure()) std::fprintf(stderr, "%s\n", cluster.logs().c_str());
 }
 
 TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItReturns) {
