@@ -43,7 +43,7 @@ Status Arenas::own(JobDirectory& dir, OwnRegion* out, const std::string& what, i
 }
 
 int64_t Arenas::snapshot_slot_bytes() const {
-  return (k_snapshot_header + m_params_bytes + m_optimizer_bytes + 63) / 64 * 64;
+  return (k_snapshot_header + m_params_bytes + m_optimizer_bytes + m_published_bytes + 63) / 64 * 64;
 }
 
 std::pair<Gva, int64_t> Arenas::newest_snapshot(JobDirectory& dir, const std::vector<Gva>& candidates) const {
@@ -51,14 +51,14 @@ std::pair<Gva, int64_t> Arenas::newest_snapshot(JobDirectory& dir, const std::ve
   for (const Gva& g : candidates) {
     for (int64_t slot = 0; slot < 2; ++slot) {
       const Gva at = g.plus(static_cast<uint64_t>(slot * snapshot_slot_bytes()));
-      uint64_t header[4] = {};
+      uint64_t header[5] = {};
       Status s = dir.read(at, header, sizeof header);
       if (!s.ok()) {
         std::fprintf(stderr, "rank snapshot %s unreadable: %s\n", at.to_string().c_str(), s.to_string().c_str());
         continue;
       }
       if (header[0] != k_snapshot_magic || header[2] != static_cast<uint64_t>(m_params_bytes) ||
-          header[3] != static_cast<uint64_t>(m_optimizer_bytes)) {
+          header[3] != static_cast<uint64_t>(m_optimizer_bytes) || header[4] != static_cast<uint64_t>(m_published_bytes)) {
         continue;
       }
       if (static_cast<int64_t>(header[1]) > best.second) best = {at, static_cast<int64_t>(header[1])};
@@ -74,6 +74,13 @@ Status Arenas::restore(JobDirectory& dir, Gva slot, int64_t step) {
   TIERMEM_RETURN_IF_ERROR(dir.read(slot.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes)),
                                    m_optimizer.data() + parity * m_optimizer_bytes,
                                    static_cast<size_t>(m_optimizer_bytes)));
+  if (m_published_bytes > 0 && step > 0) {
+    // The gradients this rank published for step - 1: a rank still reading
+    // them when the old rank died reads them here now.
+    TIERMEM_RETURN_IF_ERROR(
+        dir.read(slot.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes + m_optimizer_bytes)),
+                 m_publish.data() + ((step - 1) % 2) * m_published_bytes, static_cast<size_t>(m_published_bytes)));
+  }
   // Where a rank that finished `step` stands: committed, past the barrier,
   // its gradients of the step before published (the other ranks have read
   // them, or read them again from this rank's new arena).
@@ -98,6 +105,10 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_grads, "grads", grads_bytes, false));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_optimizer, "optimizer", 2 * m_optimizer_bytes, false));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_work, "work", job.plan.work_peak, false));
+  // With --replicas the snapshot also keeps the gradients this rank
+  // published for the step (data parallel): another rank may still be
+  // reading them when this one dies, and reads them from the replacement.
+  m_published_bytes = options.replicas > 0 && job.topo.replicas > 1 ? static_cast<int64_t>(m_grads.mapping.size()) : 0;
   m_snapshot_every = options.replicas > 0 ? 1 : options.snapshot_every;
   if (m_snapshot_every > 0) {
     Status s = own(dir, &m_snapshot, "snapshot", 2 * snapshot_slot_bytes(), false, Tier::pmem, options.replicas);
@@ -172,7 +183,7 @@ Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {
   const int64_t parity = committed % 2;
   const Gva base = m_snapshot.gva.plus(
       static_cast<uint64_t>(((committed / std::max<int64_t>(m_snapshot_every, 1)) % 2) * snapshot_slot_bytes()));
-  uint64_t header[4] = {};
+  uint64_t header[5] = {};
   Status s = dir.write(base, header, sizeof header);
   if (s.ok()) {
     s = dir.write(base.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
@@ -182,10 +193,15 @@ Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {
     s = dir.write(base.plus(k_snapshot_header + static_cast<uint64_t>(m_params_bytes)),
                      m_optimizer.data() + parity * m_optimizer_bytes, static_cast<size_t>(m_optimizer_bytes));
   }
+  if (s.ok() && m_published_bytes > 0 && committed > 0) {
+    s = dir.write(base.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes + m_optimizer_bytes)),
+                  m_publish.data() + ((committed - 1) % 2) * m_published_bytes, static_cast<size_t>(m_published_bytes));
+  }
   header[0] = k_snapshot_magic;
   header[1] = static_cast<uint64_t>(committed);
   header[2] = static_cast<uint64_t>(m_params_bytes);
   header[3] = static_cast<uint64_t>(m_optimizer_bytes);
+  header[4] = static_cast<uint64_t>(m_published_bytes);
   if (s.ok()) s = dir.write(base, header, sizeof header);
   return s.ok() ? s : s.with_context("snapshot of step " + std::to_string(committed));
 }

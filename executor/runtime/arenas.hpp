@@ -50,9 +50,11 @@ inline constexpr int64_t k_info_mesh = 32 << 10;  // the mesh check's floats
 inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
 
 // The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.
-// A slot: words magic, committed step, parameter bytes, optimizer bytes;
-// from k_snapshot_header on the committed parameters, then the optimizer
-// state. The header is cleared before the slot is written and set after it,
+// A slot: words magic, committed step, parameter bytes, optimizer bytes,
+// published-gradient bytes; from k_snapshot_header on the committed
+// parameters, the optimizer state, then (--replicas, data parallel) the
+// gradients this rank published for the step before: a rank still reading
+// them when this one died reads them from its replacement. The header is cleared before the slot is written and set after it,
 // so a slot whose writer died is never taken for whole.
 inline constexpr uint64_t k_snapshot_magic = 0x31305041'4e534d54;  // "TMSNAP01"
 inline constexpr int64_t k_snapshot_header = 64;
@@ -111,6 +113,7 @@ class Arenas {
 
   OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
   int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_snapshot_every = 0;
+  int64_t m_published_bytes = 0;  // in the snapshot with --replicas (data parallel)
   bool m_resumed = false;
   Gva m_restored_from;
 };

@@ -152,6 +152,7 @@ bool JobDirectory::follow(Gva at, const Status& s) {
     }
     m_moved[{gva.node, gva.generation}] = {gva, *fresh};
     gva = *fresh;
+    ++m_moves;
     return true;
   }
   return false;

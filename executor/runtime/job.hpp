@@ -65,6 +65,10 @@ class JobDirectory {
 
   Client& client() { return m_client; }
   std::chrono::milliseconds timeout() const { return m_timeout; }
+  // How many times a peer's allocation was followed to a new one so far: a
+  // reader that saw it change re-checks the peer's control words (the new
+  // allocation may not hold the restored state yet).
+  uint64_t moves() const { return m_moves; }
 
  private:
   // A peer's allocation that moved: a replacement rank on another node made
@@ -88,6 +92,7 @@ class JobDirectory {
   // where it is now).
   std::map<std::pair<NodeId, uint32_t>, std::pair<Gva, Gva>> m_moved;
   std::chrono::steady_clock::time_point m_last_follow{};
+  uint64_t m_moves = 0;
 };
 
 // Waits (spinning, then yielding, then sleeping) until `word` in local memory

@@ -201,11 +201,18 @@ Status StageRunner::all_reduce(int64_t step) {
     const int r = m_job.topo.rank_of(m_job.topo.stage(), d);
     const float* src = reinterpret_cast<const float*>(mine);
     if (r != m_job.topo.rank) {
-      TIERMEM_RETURN_IF_ERROR(m_dir.wait_at_least(m_peers.ctl_word(r, k_published), static_cast<uint64_t>(step + 1),
-                                                  "rank " + std::to_string(r) + "'s gradients of step " +
-                                                      std::to_string(step)));
-      TIERMEM_ASSIGN_OR_RETURN(auto publish, m_dir.peer(r, "publish"));
-      TIERMEM_RETURN_IF_ERROR(m_dir.read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes));
+      // Again when the peer moved meanwhile (its rank was replaced on another
+      // node, --replicas): its new arena holds the gradients only once its
+      // new control word says so.
+      for (uint64_t moves = ~uint64_t{0}; moves != m_dir.moves();) {
+        moves = m_dir.moves();
+        TIERMEM_RETURN_IF_ERROR(m_dir.wait_at_least(m_peers.ctl_word(r, k_published),
+                                                    static_cast<uint64_t>(step + 1),
+                                                    "rank " + std::to_string(r) + "'s gradients of step " +
+                                                        std::to_string(step)));
+        TIERMEM_ASSIGN_OR_RETURN(auto publish, m_dir.peer(r, "publish"));
+        TIERMEM_RETURN_IF_ERROR(m_dir.read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes));
+      }
       src = theirs.data();
     }
     // Every replica adds in replica order: all end with the same bits.

@@ -384,6 +384,10 @@ TEST(ReplicatedTrainingTest, ARankWhoseNodeDiedResumesOnAnotherNodeAtTheCommitte
   ASSERT_EQ(on3.count("moved.r1.params"), 1u) << "the replacement's parameters are not on node 3";
   EXPECT_TRUE(on3["moved.r1.params"] == reference) << "the replacement ended elsewhere";
   EXPECT_TRUE(on3["moved.r2.params"] == reference) << "rank 2 ended elsewhere";
+  if (::testing::Test::HasFailure()) {
+    std::fprintf(stderr, "--- replacement\n%s\n--- rank 0\n%s\n--- rank 2\n%s\n", again.log().c_str(),
+                 r0.log().c_str(), r2.log().c_str());
+  }
 }
 
 bool torch_available() {
