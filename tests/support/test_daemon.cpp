@@ -171,13 +171,19 @@ int TestDaemon::stop() {
   if (m_pid <= 0) return -1;
   ::kill(m_pid, SIGTERM);
   int status = 0;
-  for (int i = 0; i < 500; ++i) {
+  // A loaded CI machine may take seconds to drain a daemon; 20 s is a hang.
+  for (int i = 0; i < 2000; ++i) {
     if (::waitpid(m_pid, &status, WNOHANG) == m_pid) {
       m_pid = -1;
-      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      std::fprintf(stderr, "tiermemd (%s) died by signal %d (%s) on SIGTERM; its log:\n%s\n", m_socket.c_str(),
+                   WTERMSIG(status), ::strsignal(WTERMSIG(status)), log().c_str());
+      return -1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  std::fprintf(stderr, "tiermemd (%s) did not stop within 20 s of SIGTERM; killed; its log:\n%s\n", m_socket.c_str(),
+               log().c_str());
   ::kill(m_pid, SIGKILL);
   ::waitpid(m_pid, &status, 0);
   m_pid = -1;
