@@ -111,6 +111,29 @@ TEST_F(PackageTest, StaticConsumerLinksWithPkgConfigStatic) {
   fs::remove_all(tree);
 }
 
+// The Python package as `meson install` lays it out: imported from the
+// DESTDIR's site-packages (not the build tree) with the installed
+// libtiermem.so, it talks to a daemon.
+TEST_F(PackageTest, InstalledPythonPackageImportsAndWorks) {
+  if (!TIERMEM_HAVE_PYTHON) GTEST_SKIP() << "the Python module is not built (see the build summary)";
+  std::string site;
+  for (const auto& e : fs::recursive_directory_iterator(s_dest)) {
+    if (e.path().filename().string().rfind("_tiermem.", 0) == 0) site = e.path().parent_path().parent_path().string();
+  }
+  ASSERT_FALSE(site.empty()) << "no _tiermem extension installed under " << s_dest;
+  const std::string script =
+      "import tiermem, sys\n"
+      "assert tiermem.__file__.startswith(sys.argv[1]), tiermem.__file__\n"
+      "with tiermem.connect() as c:\n"
+      "    with c.alloc(4096) as a:\n"
+      "        c.write(a, b'installed')\n"
+      "        print(c.read(a, 9).decode(), tiermem.__file__)\n";
+  auto run = run_command({"env", "PYTHONPATH=" + site, "LD_LIBRARY_PATH=" + s_lib_dir,
+                          "TIERMEM_SOCKET=" + m_daemon.socket(), "/usr/bin/python3", "-c", script, site});
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("installed " + site), std::string::npos) << run.out << run.err;
+}
+
 // The exported symbols are the public API (include/tiermem/) and nothing of
 // what is linked in below it: no protobuf, no internal class or namespace.
 TEST_F(PackageTest, SharedLibraryExportsOnlyThePublicApi) {

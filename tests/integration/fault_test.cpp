@@ -173,7 +173,9 @@ TEST(FaultTest, LockBitsScribbledIntoTheVersionWordsHangNothing) {
   EXPECT_TRUE((*c)->stat().ok());
   EXPECT_TRUE((*c)->list().ok());
   EXPECT_LT(seconds_since(start), 3.0) << "alloc, status and ls waited on scribbled words";
-  if (b.ok()) EXPECT_TRUE((*c)->write(b->gva, "fresh", 5).ok()) << "new memory starts unlocked";
+  if (b.ok()) {
+    EXPECT_TRUE((*c)->write(b->gva, "fresh", 5).ok()) << "new memory starts unlocked";
+  }
 
   start = Clock::now();
   const Status w = (*c)->write(a->gva, "y", 1);
