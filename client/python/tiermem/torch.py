@@ -107,6 +107,7 @@ class StateStore:
         self._tier, self._node, self._replicas, self._headroom = tier, node, replicas, headroom
         self._alloc: Optional[_tiermem.Allocation] = None
         self._slot_size = 0
+        self._seen = 0  # the commit word as this store last read or set it
         self._mapping: Optional[_tiermem.Mapping] = None
         self._mapped: Optional[torch.Tensor] = None
         self.extra: Any = None  # `extra` of the commit resume() loaded
@@ -125,6 +126,7 @@ class StateStore:
             raise ValueError(f"allocation '{self.name}' ({a.gva}) is not a tiermem.torch.StateStore "
                              f"(magic {magic:#x})")
         self._alloc, self._slot_size = a, slot_size
+        self._seen = self.commits()
 
     def _create(self, need: int) -> None:
         slot_size = _align(need + self._headroom, 4096)
@@ -134,6 +136,7 @@ class StateStore:
         # a restarted process: the word stays 0 (nothing committed) until then.
         self.client.write(a.gva + 8, struct.pack("<QQ", _MAGIC, slot_size))
         self._alloc, self._slot_size = a, slot_size
+        self._seen = 0
 
     @property
     def gva(self) -> Optional[_tiermem.Gva]:
@@ -154,7 +157,9 @@ class StateStore:
 
         Returns the number of commits. Raises ValueError when the state no
         longer fits the store's slots, RuntimeError when another writer
-        committed in between.
+        committed since this store opened or last committed (one writer per
+        store: a second one is caught at its next commit, before it writes,
+        but for the moment between that check and the swap).
         """
         tensors: list = []
         skeleton = _flatten(state, tensors)
@@ -173,7 +178,13 @@ class StateStore:
         if need > self._slot_size:
             raise ValueError(f"state of step {step} needs {need} bytes, more than the {self._slot_size} of a slot "
                              f"of store '{self.name}' (made for a smaller state): use another name")
+        # One writer per store: a word that moved since this store last saw
+        # it means another process commits here too (a replacement of this
+        # one, say); writing on would overwrite its last commit's slot.
         n = self.commits()
+        if n != self._seen:
+            raise RuntimeError(f"store '{self.name}': another writer committed since this one "
+                               f"(commit word {n}, this store last saw {self._seen})")
         slot = self._slot(n % 2)
         self.client.write(slot, struct.pack("<QQQQ", _SLOT_MAGIC, step, len(meta), data_at) + meta)
         for t, r in zip(tensors, refs):
@@ -182,6 +193,7 @@ class StateStore:
         before = self.client.compare_swap(self._alloc.gva, n, n + 1)
         if before != n:
             raise RuntimeError(f"store '{self.name}': another writer committed (commit word {before}, expected {n})")
+        self._seen = n + 1
         return n + 1
 
     def commit_training(self, step: int, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
