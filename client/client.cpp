@@ -462,6 +462,17 @@ Result<MappingDump> Client::dump(NodeId node) {
   return out;
 }
 
+Result<std::string> Client::metrics(NodeId node) {
+  proto::Request request;
+  request.set_node(node);
+  request.mutable_metrics();
+  proto::Response response;
+  TIERMEM_RETURN_IF_ERROR(run("metrics", true, [&](ClientCore& c) {
+    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
+  }));
+  return response.metrics().text();
+}
+
 // --- Mapping -------------------------------------------------------------------
 
 Mapping::Mapping(Mapping&& other) noexcept { *this = std::move(other); }

@@ -18,6 +18,8 @@
 
 #include <tiermem/units.h>
 
+#include "daemon/tenants.hpp"
+
 namespace tiermem {
 namespace {
 
@@ -257,6 +259,7 @@ Status check(const DaemonConfig& c, std::string_view source) {
   }
   if (c.socket_path.empty()) return bad("control.socket must not be empty");
   if (c.socket_path.size() >= 108) return bad("control.socket path is longer than a Unix socket allows (107)");
+  if (!c.socket_group.empty()) TIERMEM_RETURN_IF_ERROR(resolve_group(c.socket_group, "control.socket_group", source).status());
   if (c.max_frame_bytes < 4096) return bad("control.max_frame_bytes must be at least 4 KiB");
   if (c.max_frame_bytes > k_max_frame_limit) {
     return bad("control.max_frame_bytes " + format_size(c.max_frame_bytes) + " is more than a frame can be (" +
@@ -272,6 +275,17 @@ Status check(const DaemonConfig& c, std::string_view source) {
   if (c.max_tenants_per_node == 0) return bad("tenants.max_per_node must be at least 1");
   TIERMEM_RETURN_IF_ERROR(check_tenants(c, source));
   if (!c.dram_enabled && !c.pmem_enabled && !c.vram_enabled) return bad("every tier is disabled");
+  if (!c.metrics_listen.empty() && !c.metrics_enabled) {
+    return bad("metrics.listen is set but metrics.enabled is false: an endpoint would serve nothing");
+  }
+  if (!c.metrics_listen.empty()) {
+    const size_t colon = c.metrics_listen.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : c.metrics_listen.substr(colon + 1);
+    if (colon == 0 || port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) > 65535) {
+      return bad("metrics.listen '" + c.metrics_listen + "' is not host:port (e.g. 127.0.0.1:9464)");
+    }
+  }
   static const std::set<std::string> k_levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (k_levels.count(c.log_level) == 0) {
     return bad("log.level '" + c.log_level + "' is not one of trace, debug, info, warn, error, critical, off");
@@ -320,6 +334,7 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("node.id", &c.node_id, 1, 0xffff);
   r.string("control.socket", &c.socket_path);
   r.octal_mode("control.socket_mode", &c.socket_mode);
+  r.string("control.socket_group", &c.socket_group);
   r.size("control.max_frame_bytes", &c.max_frame_bytes);
   r.size("control.max_inline_bytes", &c.max_inline_bytes);
   r.integer("control.frame_timeout_ms", &c.frame_timeout_ms, 10, 3600000);
@@ -363,6 +378,8 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.string("transport.devices", &c.transport_devices);
   r.integer("transport.keepalive_interval_ms", &c.transport_keepalive_interval_ms, 0, 3600000);
   r.integer("transport.timeout_ms", &c.transport_timeout_ms, 10, 3600000);
+  r.boolean("metrics.enabled", &c.metrics_enabled);
+  r.string("metrics.listen", &c.metrics_listen);
 }
 
 }  // namespace

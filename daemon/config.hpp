@@ -28,6 +28,7 @@ struct DaemonConfig {
 
   std::string socket_path = "/run/tiermem/tiermemd.sock";
   uint32_t socket_mode = 0660;
+  std::string socket_group;  // group of the socket (name or number); empty: the daemon's
   uint64_t max_frame_bytes = 16 << 20;
   uint64_t max_inline_bytes = 8 << 20;
   uint64_t frame_timeout_ms = 10000;       // a started frame (or the first one) must arrive within
@@ -104,6 +105,12 @@ struct DaemonConfig {
   std::string transport_devices;        // UCX network devices (UCX_NET_DEVICES syntax); empty: all
   uint64_t transport_keepalive_interval_ms = 0;  // UCX keepalive of peer endpoints; 0: UCX's default
   uint64_t transport_timeout_ms = 10000;  // one-sided operations of migrations and remote copies
+
+  // Metrics (O4): whether requests are counted, and host:port of the
+  // Prometheus endpoint's HTTP listener (empty: none; tiermemctl stats
+  // still shows them).
+  bool metrics_enabled = true;
+  std::string metrics_listen;
 };
 
 // Parses TOML text. Errors: config_error naming the source, the line and the

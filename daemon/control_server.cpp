@@ -279,6 +279,15 @@ class ControlServer::Impl {
     m_unix.open(endpoint.protocol(), ec);
     if (!ec) m_unix.bind(endpoint, ec);
     if (ec) return Status(ErrorCode::io_error, "binding control socket " + path + ": " + ec.message());
+    if (!m_config.socket_group.empty()) {
+      TIERMEM_ASSIGN_OR_RETURN(const uint32_t gid,
+                               resolve_group(m_config.socket_group, "control.socket_group", m_config.source));
+      if (::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+        return Status(ErrorCode::io_error, "giving " + path + " to group " + m_config.socket_group + " (" +
+                                               std::to_string(gid) + "): " + std::strerror(errno) +
+                                               " (the daemon's user must be root or in that group)");
+      }
+    }
     if (::chmod(path.c_str(), m_config.socket_mode) != 0) {
       return Status(ErrorCode::io_error, "chmod of " + path + ": " + std::strerror(errno));
     }

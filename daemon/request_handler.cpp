@@ -70,7 +70,8 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()),
       m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))),
-      m_check_ins(config.health_degraded_after_missed, std::chrono::milliseconds(config.health_unreachable_after_ms)) {
+      m_check_ins(config.health_degraded_after_missed, std::chrono::milliseconds(config.health_unreachable_after_ms)),
+      m_counting(config.metrics_enabled) {
   if (peers != nullptr) {
     ReplicationOptions o;
     o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
@@ -184,6 +185,7 @@ Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
 }
 
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
+  const auto started = std::chrono::steady_clock::now();
   if (session.greeted && !session.peer) m_check_ins.seen(session.id);  // any request is a check-in
   Reply reply = route(request, session);
   if (request.deadline_ms() > 0 && reply.deferred) {
@@ -195,7 +197,33 @@ Reply RequestHandler::handle(const proto::Request& request, SessionState& sessio
       return work();
     };
   }
+  if (!m_counting) return reply;  // metrics.enabled = false: nothing counts
+  // The request's type names a descriptor's field: it outlives the request.
+  const auto* field = proto::Request::GetDescriptor()->FindFieldByNumber(static_cast<int>(request.body_case()));
+  Counted counted{field != nullptr ? std::string_view(field->name()) : std::string_view("none"),
+                  session.peer ? requester(request, session).tenant : session.who.tenant,
+                  request.has_write() ? request.write().data().size() : 0, started,
+                  target_of(request) == m_space.node()};
+  if (!reply.deferred) {
+    count(counted, reply.response);
+  } else {
+    // Counted when the blocking part is done, with its time.
+    reply.deferred = [this, work = std::move(reply.deferred), counted = std::move(counted)]() {
+      Reply done = work();
+      count(counted, done.response);
+      return done;
+    };
+  }
   return reply;
+}
+
+void RequestHandler::count(const Counted& c, const proto::Response& response) {
+  const auto result = static_cast<ErrorCode>(response.status().code());
+  m_metrics.request(c.type, result, c.tenant, std::chrono::steady_clock::now() - c.started);
+  if (result != ErrorCode::ok || !c.here) return;  // bytes of a relayed request count where they moved
+  m_metrics.bytes("write", c.tenant, c.written);
+  if (response.has_read()) m_metrics.bytes("read", c.tenant, response.read().data().size());
+  if (response.has_migrate()) m_metrics.bytes("migrate", c.tenant, response.migrate().pages_moved() * m_space.page_size());
 }
 
 Reply RequestHandler::route(const proto::Request& request, SessionState& session) {
@@ -294,6 +322,17 @@ Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState&
     case proto::Request::kAtomic: return atomic(request, who);
     case proto::Request::kLookup: status = lookup(request.lookup(), who, resp.mutable_lookup()); break;
     case proto::Request::kStat: stat(resp.mutable_stat()); break;
+    case proto::Request::kMetrics:
+      if (!who.is_operator) {
+        status = Status(ErrorCode::permission_denied, "the metrics name every tenant: operators only (root or "
+                                                      "tenants.admin_group), not " + who.describe());
+      } else if (!m_counting) {
+        status = Status(ErrorCode::failed_precondition,
+                        "metrics.enabled is false on node " + std::to_string(m_space.node()) + ": nothing is counted");
+      } else {
+        resp.mutable_metrics()->set_text(metrics());
+      }
+      break;
     case proto::Request::kList: list(who, resp.mutable_list()); break;
     case proto::Request::kDump: dump(who, resp.mutable_dump()); break;
     case proto::Request::kNodes:

@@ -34,6 +34,7 @@
 #include "control.pb.h"
 #include "daemon/check_ins.hpp"
 #include "daemon/config.hpp"
+#include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
@@ -94,11 +95,25 @@ class RequestHandler {
   void session_closed() { --m_sessions; }
   // The check-in edges of this daemon's clients (swept by tiermemd's timer).
   CheckIns& check_ins() { return m_check_ins; }
+  // The Prometheus text exposition of this daemon now: its counters, and
+  // gauges of tiers, tenants, peers, clients and recovery (metrics.cpp,
+  // handler_metrics.cpp).
+  std::string metrics();
 
  private:
   // handle() but for the caller's deadline.
   Reply route(const proto::Request& request, SessionState& session);
   Reply dispatch(const proto::Request& request, SessionState& session);
+  // What m_metrics counts of a request, taken before it is answered.
+  struct Counted {
+    std::string_view type;  // the body's field name
+    std::string tenant;     // who asked
+    uint64_t written = 0;   // bytes a write carried
+    std::chrono::steady_clock::time_point started;
+    bool here = true;       // served by this node (not relayed to another)
+  };
+  // Counts an answered request (and the bytes it carried) into m_metrics.
+  void count(const Counted& counted, const proto::Response& response);
   Reply dispatch_data(const proto::Request& request, SessionState& session, const Identity& who);
   // Refuses what this session may not ask at all (before any work).
   Status admit(const proto::Request& request, const SessionState& session) const;
@@ -172,6 +187,8 @@ class RequestHandler {
   std::unique_ptr<SessionLocks> m_locks;
   std::unique_ptr<Replicator> m_replicator;  // in a cluster
   CheckIns m_check_ins;
+  Metrics m_metrics;
+  bool m_counting = false;  // metrics.enabled
 };
 
 }  // namespace tiermem

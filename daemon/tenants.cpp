@@ -17,20 +17,21 @@ Result<TenantMap> TenantMap::create(const DaemonConfig& config) {
   map.m_tenants = config.tenants;
   map.m_default_quota = config.default_quota;
   map.m_refuse_unlisted = config.unlisted_refused;
-  const std::string& g = config.admin_group;
-  if (!g.empty()) {
-    uint32_t gid = 0;
-    const auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), gid);
-    if (ec == std::errc() && end == g.data() + g.size()) {
-      map.m_admin_gid = gid;
-    } else if (const group* gr = ::getgrnam(g.c_str())) {
-      map.m_admin_gid = gr->gr_gid;
-    } else {
-      return Status(ErrorCode::config_error, config.source + ": tenants.admin_group '" + g +
-                                                 "' is not a group on this machine (give its name or number)");
-    }
+  if (!config.admin_group.empty()) {
+    auto gid = resolve_group(config.admin_group, "tenants.admin_group", config.source);
+    if (!gid.ok()) return gid.status();
+    map.m_admin_gid = *gid;
   }
   return map;
+}
+
+Result<uint32_t> resolve_group(const std::string& g, std::string_view key, std::string_view source) {
+  uint32_t gid = 0;
+  const auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), gid);
+  if (!g.empty() && ec == std::errc() && end == g.data() + g.size()) return gid;
+  if (const group* gr = ::getgrnam(g.c_str())) return static_cast<uint32_t>(gr->gr_gid);
+  return Status(ErrorCode::config_error, std::string(source) + ": " + std::string(key) + " '" + g +
+                                             "' is not a group on this machine (give its name or number)");
 }
 
 const TenantConfig* TenantMap::by_uid(uint32_t uid) const {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <tiermem/status.h>
@@ -56,5 +57,9 @@ class TenantMap {
 
 // Supplementary groups of the peer of a Unix socket (SO_PEERGROUPS).
 std::vector<uint32_t> peer_groups(int socket);
+
+// A group given by name or number, for configuration key `key` of
+// `source`. Errors: config_error naming the key when no such group exists.
+Result<uint32_t> resolve_group(const std::string& group, std::string_view key, std::string_view source);
 
 }  // namespace tiermem

@@ -28,6 +28,7 @@
 #include "daemon/config.hpp"
 #include "daemon/control_server.hpp"
 #include "daemon/data_plane.hpp"
+#include "daemon/metrics_server.hpp"
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
 #include "daemon/tenants.hpp"
@@ -256,6 +257,52 @@ int start(const DaemonConfig& config, Node* node) {
   return 0;
 }
 
+// What SIGHUP reloads from: the configuration file, and the log level given
+// by flag or environment (which wins over the file's).
+struct ReloadSource {
+  std::string config_path;
+  std::string log_level;
+} g_reload;
+
+// SIGHUP (systemctl reload): reads the configuration again and applies what
+// can change while serving, the log level; the rest needs a restart, and a
+// file that does not load changes nothing.
+void reload() {
+  sd_notify(0, "RELOADING=1");
+  std::string level = g_reload.log_level;
+  if (!g_reload.config_path.empty()) {
+    auto loaded = load_config(g_reload.config_path);
+    if (!loaded.ok()) {
+      spdlog::error("SIGHUP: {}; nothing changed", loaded.status().message());
+      sd_notify(0, "READY=1");
+      return;
+    }
+    if (level.empty()) level = loaded->log_level;
+  }
+  if (level.empty()) level = "info";
+  // Said at the level in force before: an operator who asked for less sees
+  // it once more, one who asked for more sees it after.
+  const std::string said = fmt::format("SIGHUP: reloaded {}: log level {}{}",
+                                       g_reload.config_path.empty() ? "(built-in defaults)" : g_reload.config_path,
+                                       level, g_reload.log_level.empty() ? "" : " (from --log-level or $TIERMEM_LOG_LEVEL)");
+  const bool louder = spdlog::level::from_str(level) < spdlog::default_logger()->level();
+  if (!louder) spdlog::info("{}", said);
+  if (Status s = set_log_level(level); !s.ok()) {
+    spdlog::error("SIGHUP: {}; nothing changed", s.message());
+  } else if (louder) {
+    spdlog::info("{}", said);
+  }
+  sd_notify(0, "READY=1");
+}
+
+void watch_reload(asio::signal_set& hup) {
+  hup.async_wait([&hup](const boost::system::error_code& ec, int) {
+    if (ec) return;
+    reload();
+    watch_reload(hup);
+  });
+}
+
 // Pets the systemd watchdog at half its interval, when the unit asks for one.
 void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
   uint64_t usec = 0;
@@ -285,21 +332,37 @@ void start_checkin_sweep(asio::steady_timer& timer, CheckIns& check_ins) {
   sweep();
 }
 
-int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_context& io, CheckIns& check_ins) {
+int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_context& io, RequestHandler& handler) {
+  CheckIns& check_ins = handler.check_ins();
+  std::unique_ptr<MetricsServer> metrics;
+  // Before anything listens: a SIGTERM from then on is a clean shutdown
+  // (Asio queues it until the wait below), never the default action.
+  asio::signal_set signals(io, SIGINT, SIGTERM), hup(io, SIGHUP);
   if (Status s = server.listen(); !s.ok()) {
     spdlog::critical("cannot start: {}", s.to_string());
     return 1;
   }
+  if (!config.metrics_listen.empty()) {
+    metrics = std::make_unique<MetricsServer>(io, config.metrics_listen, [&handler] { return handler.metrics(); });
+    if (Status s = metrics->listen(); !s.ok()) {
+      spdlog::critical("cannot start: {}", s.to_string());
+      server.stop();
+      return 1;
+    }
+    metrics->start();
+    spdlog::info("metrics on http://{}/metrics", metrics->address());
+  }
   server.start();
   if (node.peers) node.peers->start();
-  asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int signo) {
     if (ec) return;
     spdlog::info("received {}, shutting down", signo == SIGTERM ? "SIGTERM" : "SIGINT");
     sd_notify(0, "STOPPING=1");
     server.stop();
+    if (metrics) metrics->stop();
     io.stop();
   });
+  watch_reload(hup);
   asio::steady_timer watchdog(io), sweeper(io);
   start_watchdog(io, watchdog);
   start_checkin_sweep(sweeper, check_ins);
@@ -345,7 +408,7 @@ int serve(const DaemonConfig& config) {
                            node.incarnation);
     ControlServer server(io, pool, handler, config,
                          node.members.empty() ? "" : (config.cluster_listen.empty() ? node.control : config.cluster_listen));
-    rc = run(config, node, server, io, handler.check_ins());
+    rc = run(config, node, server, io, handler);
     pool.join();
   }
   spdlog::info("stopped");
@@ -380,7 +443,15 @@ int main(int argc, char** argv) {
   app.add_flag("--check-config", check_only, "validate the configuration (and cluster file) and exit");
   app.set_version_flag("--version", std::string("tiermemd ") + TIERMEM_VERSION +
                                         (TIERMEM_HAVE_CUDA ? " (VRAM tier: CUDA)" : " (VRAM tier: not built, no CUDA)"));
-  CLI11_PARSE(app, argc, argv);
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error, critical or off (over $TIERMEM_LOG_LEVEL, over log.level)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints the usage error, or --help / --version
+    return code == 0 ? 0 : 2;
+  }
 
   std::signal(SIGPIPE, SIG_IGN);
   DaemonConfig config;
@@ -395,7 +466,19 @@ int main(int argc, char** argv) {
   } else {
     config.dram_path = "/dev/shm/tiermem-node" + std::to_string(config.node_id);
   }
-  if (check_only) return check_config(config);
+  g_reload.config_path = config_path;
+  if (const char* env = std::getenv("TIERMEM_LOG_LEVEL"); env != nullptr && *env != '\0') {
+    g_reload.log_level = env;
+  }
+  if (!log_level.empty()) g_reload.log_level = log_level;
+  if (!g_reload.log_level.empty()) config.log_level = g_reload.log_level;
+  if (check_only) {
+    if (Status s = set_log_level(config.log_level); !s.ok()) {
+      std::fprintf(stderr, "tiermemd: %s\n", s.message().c_str());
+      return 2;
+    }
+    return check_config(config);
+  }
   if (Status s = setup_logging(config.log_level, "tiermemd"); !s.ok()) {
     std::fprintf(stderr, "tiermemd: %s\n", s.message().c_str());
     return 2;

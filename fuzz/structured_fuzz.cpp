@@ -247,7 +247,7 @@ class Mutator {
   proto::Request hello() {
     proto::Request q;
     q.mutable_hello()->set_protocol_version(one_in(10) ? static_cast<uint32_t>(below(5))
-                                                       : proto::PROTOCOL_VERSION_CURRENT);
+                                                       : static_cast<uint32_t>(proto::PROTOCOL_VERSION_CURRENT));
     return q;
   }
 

@@ -9,7 +9,12 @@
 #include <sys/un.h>
 #include <fcntl.h>
 
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "common/frame.hpp"
@@ -20,6 +25,30 @@ namespace {
 
 Status failed(const std::string& address, const std::string& why) {
   return Status(ErrorCode::connection_failed, "cannot connect to tiermemd at " + address + ": " + why);
+}
+
+std::string group_text(gid_t gid) {
+  const group* g = ::getgrgid(gid);
+  return g != nullptr ? "'" + std::string(g->gr_name) + "'" : std::to_string(gid);
+}
+
+// The socket (or its directory) does not let this user in: say whose it is.
+Status denied(const std::string& path) {
+  const std::string dir = path.substr(0, path.rfind('/') == std::string::npos ? 0 : path.rfind('/'));
+  struct stat st {};
+  std::string what = "the socket";
+  if (!dir.empty() && ::stat(dir.c_str(), &st) == 0 && ::access(dir.c_str(), X_OK) != 0) {
+    what = "its directory " + dir;
+  } else if (::stat(path.c_str(), &st) != 0) {
+    return Status(ErrorCode::permission_denied, "cannot connect to tiermemd at " + path + ": permission denied");
+  }
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return Status(ErrorCode::permission_denied,
+                "cannot connect to tiermemd at " + path + ": permission denied: " + what + " (mode " + mode +
+                    ", group " + group_text(st.st_gid) + ") admits its owner and members of its group only, and uid " +
+                    std::to_string(::getuid()) + " is neither; an operator adds you to group " +
+                    group_text(st.st_gid) + " (the daemon's control.socket_group)");
 }
 
 }  // namespace
@@ -34,6 +63,7 @@ Result<std::unique_ptr<RpcConnection>> RpcConnection::connect_unix(const std::st
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size());
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno == EACCES) return denied(path);
     return failed(path, std::string(std::strerror(errno)) +
                             " (is the daemon running? set TIERMEM_SOCKET or --socket to its control socket)");
   }

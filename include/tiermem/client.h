@@ -200,6 +200,11 @@ class TIERMEM_EXPORT Client {
   Result<NodeStat> stat(NodeId node = 0);
   Result<std::vector<AllocationInfo>> list(NodeId node = 0);
   Result<MappingDump> dump(NodeId node = 0);
+  // Node `node`'s counters and gauges in Prometheus' text format, as its
+  // metrics endpoint serves them (O4). Errors: permission_denied (operators
+  // only: they name every tenant), failed_precondition (metrics.enabled is
+  // false there).
+  Result<std::string> metrics(NodeId node = 0);
 
  private:
   TIERMEM_NO_EXPORT Client(std::shared_ptr<detail::ClientCore> core, const ClientOptions& options);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -132,6 +133,48 @@ TEST_F(PackageTest, InstalledPythonPackageImportsAndWorks) {
                           "TIERMEM_SOCKET=" + m_daemon.socket(), "/usr/bin/python3", "-c", script, site});
   EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
   EXPECT_NE(run.out.find("installed " + site), std::string::npos) << run.out << run.err;
+}
+
+// The systemd unit as installed: generated for the prefix (ExecStart names
+// the installed tiermemd), clean under `systemd-analyze verify`, and
+// hardened to an exposure of at most 4.0 (`systemd-analyze security`).
+TEST_F(PackageTest, InstalledUnitVerifiesAndIsHardened) {
+  if (test::run_command({"/bin/sh", "-c", "command -v systemd-analyze"}).exit_code != 0) {
+    GTEST_SKIP() << "no systemd-analyze here (Debian's systemd package)";
+  }
+  std::string unit, tiermemd;
+  for (const auto& e : fs::recursive_directory_iterator(s_dest)) {
+    if (e.path().filename() == "tiermemd.service") unit = e.path().string();
+    if (e.path().filename() == "tiermemd" && e.path().parent_path().filename() == "sbin") tiermemd = e.path().string();
+  }
+  ASSERT_FALSE(unit.empty()) << "no tiermemd.service installed under " << s_dest;
+  ASSERT_FALSE(tiermemd.empty()) << "no sbin/tiermemd installed under " << s_dest;
+  std::ifstream in(unit);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string installed = tiermemd.substr(s_dest.size());  // its path on the target system
+  EXPECT_NE(text.find("ExecStart=" + installed + " --config "), std::string::npos) << text;
+  EXPECT_FALSE(std::regex_search(text, std::regex("@[A-Z]+@"))) << "an unsubstituted @VARIABLE@:\n" << text;
+  // verify resolves ExecStart= and the units it orders against under --root:
+  // the DESTDIR, with this system's units and kill (ExecReload) beside it.
+  const std::string root = s_dest + "-verify";
+  fs::remove_all(root);
+  fs::copy(s_dest, root, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+  fs::create_directories(root + "/usr/lib/systemd/system");
+  fs::copy("/usr/lib/systemd/system", root + "/usr/lib/systemd/system",
+           fs::copy_options::recursive | fs::copy_options::copy_symlinks | fs::copy_options::skip_existing);
+  fs::create_directories(root + "/bin");
+  fs::copy_file("/bin/kill", root + "/bin/kill", fs::copy_options::overwrite_existing);
+  auto verify = run_command({"systemd-analyze", "verify", "--root=" + root, unit.substr(s_dest.size())});
+  fs::remove_all(root);
+  EXPECT_EQ(verify.exit_code, 0) << verify.out << verify.err;
+  EXPECT_EQ(verify.err.find("tiermemd.service"), std::string::npos) << "warnings about the unit:\n" << verify.err;
+  auto security = run_command({"systemd-analyze", "security", "--offline=yes", "--threshold=40", unit});
+  EXPECT_EQ(security.exit_code, 0) << security.out << security.err;
+  std::smatch score;
+  ASSERT_TRUE(std::regex_search(security.out, score, std::regex("Overall exposure level for \\S+: ([0-9.]+)")))
+      << security.out << security.err;
+  EXPECT_LE(std::stod(score[1]), 4.0) << security.out;
+  std::printf("systemd-analyze security: %s\n", score[1].str().c_str());
 }
 
 // The exported symbols are the public API (include/tiermem/) and nothing of

@@ -1,6 +1,14 @@
 // tiermemctl against a real tiermemd.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/support/test_daemon.hpp"
@@ -123,6 +131,138 @@ TEST_F(CtlTest, ReadPastTheEndIsRefused) {
   auto r = ctl({"read", gva, "101"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("out_of_range"), std::string::npos) << r.err;
+}
+
+// The operator's commands (O3): lookup, filtered ls, bulk free by name
+// prefix or tenant, stats, "did you mean", JSON errors.
+TEST_F(CtlTest, LookupLsFiltersAndBulkFree) {
+  for (const std::string name : {"job7.rank0.params", "job7.rank1.params", "job8.rank0.params"}) {
+    ASSERT_EQ(ctl({"alloc", "64KiB", "--tier", name.find("rank1") != std::string::npos ? "pmem" : "dram", "--name",
+                   name})
+                  .exit_code,
+              0);
+  }
+  auto found = ctl({"--json", "lookup", "job7.rank1.params"});
+  ASSERT_EQ(found.exit_code, 0) << found.err;
+  EXPECT_EQ(nlohmann::json::parse(found.out)["tier"], "pmem");
+  EXPECT_EQ(ctl({"lookup", "job9"}).exit_code, 1);
+
+  auto job7 = nlohmann::json::parse(ctl({"--json", "ls", "--name-prefix", "job7."}).out);
+  EXPECT_EQ(job7.size(), 2u) << job7.dump();
+  auto dram = nlohmann::json::parse(ctl({"--json", "ls", "--name-prefix", "job", "--tier", "dram"}).out);
+  EXPECT_EQ(dram.size(), 2u) << dram.dump();
+  const std::string tenant = job7[0]["tenant"];
+  EXPECT_EQ(nlohmann::json::parse(ctl({"--json", "ls", "--tenant", tenant}).out).size(), 3u);
+  EXPECT_EQ(nlohmann::json::parse(ctl({"--json", "ls", "--tenant", "nobody"}).out).size(), 0u);
+
+  auto dry = ctl({"free", "--name-prefix", "job7.", "--dry-run"});
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_NE(dry.out.find("would free 2 allocation(s)"), std::string::npos) << dry.out;
+  EXPECT_EQ(nlohmann::json::parse(ctl({"--json", "ls", "--name-prefix", "job7."}).out).size(), 2u);
+  auto bulk = ctl({"--json", "free", "--name-prefix", "job7."});
+  EXPECT_EQ(bulk.exit_code, 0) << bulk.err;
+  EXPECT_EQ(nlohmann::json::parse(bulk.out)["freed"].size(), 2u) << bulk.out;
+  EXPECT_EQ(nlohmann::json::parse(ctl({"--json", "ls", "--name-prefix", "job"}).out).size(), 1u);
+  // A mapped one cannot go: it fails alone, the rest are freed, exit 1.
+  auto client = m_daemon.connect();
+  auto pinned = client->alloc(64 << 10, {.name = "job8.rank1.pinned"});
+  ASSERT_TRUE(pinned.ok());
+  auto mapping = client->map(pinned->gva);
+  ASSERT_TRUE(mapping.ok()) << mapping.status().to_string();
+  auto partial = ctl({"free", "--tenant", tenant, "--name-prefix", "job8."});
+  EXPECT_EQ(partial.exit_code, 1);
+  EXPECT_NE(partial.out.find("freed 1 allocation(s)"), std::string::npos) << partial.out;
+  EXPECT_NE(partial.err.find("failed_precondition"), std::string::npos) << partial.err;
+  // Refused usage: no target, or a GVA and a filter.
+  EXPECT_EQ(ctl({"free"}).exit_code, 2);
+  EXPECT_EQ(ctl({"free", "--tier", "dram"}).exit_code, 2);
+  EXPECT_EQ(ctl({"free", pinned->gva.to_string(), "--tenant", tenant}).exit_code, 2);
+}
+
+TEST_F(CtlTest, StatsShowTheCountersTheMetricsShow) {
+  ASSERT_EQ(ctl({"alloc", "64KiB"}).exit_code, 0);
+  auto stats = ctl({"stats", "requests_total"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  EXPECT_NE(stats.out.find("tiermem_requests_total"), std::string::npos) << stats.out;
+  EXPECT_NE(stats.out.find("type=alloc result=ok"), std::string::npos) << stats.out;
+  auto json = nlohmann::json::parse(ctl({"--json", "stats", "tier_capacity_bytes"}).out);
+  ASSERT_FALSE(json.empty());
+  bool dram = false;
+  for (const auto& s : json) {
+    EXPECT_EQ(s["name"], "tiermem_tier_capacity_bytes");
+    if (s["labels"]["tier"] == "dram") dram = s["value"] == 64.0 * 1024 * 1024;
+  }
+  EXPECT_TRUE(dram) << json.dump();
+}
+
+TEST_F(CtlTest, AMistypedCommandSuggestsAndJsonErrorsAreJson) {
+  auto typo = ctl({"lss"});
+  EXPECT_EQ(typo.exit_code, 2);
+  EXPECT_NE(typo.err.find("unknown command 'lss'; did you mean 'ls'?"), std::string::npos) << typo.err;
+  auto prefix = ctl({"--socket", m_daemon.socket(), "migr", "x"});
+  EXPECT_NE(prefix.err.find("did you mean 'migrate'?"), std::string::npos) << prefix.err;
+  EXPECT_EQ(ctl({"frobnicate"}).err.find("did you mean"), std::string::npos);
+
+  auto failed = ctl({"--json", "free", "0001:0000000000000000"});
+  EXPECT_EQ(failed.exit_code, 1);
+  const auto e = nlohmann::json::parse(failed.out);
+  EXPECT_EQ(e["error"]["code"], "not_allocated") << failed.out;
+  EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
+  auto usage = ctl({"--json", "alloc"});
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_EQ(nlohmann::json::parse(usage.out)["error"]["what"], "usage") << usage.out;
+  auto typo_json = ctl({"--json", "helth"});
+  EXPECT_EQ(typo_json.exit_code, 2);
+  EXPECT_NE(nlohmann::json::parse(typo_json.out)["error"]["message"].get<std::string>().find("did you mean 'health'"),
+            std::string::npos);
+}
+
+// tiermemd's own command line: usage errors exit 2 (not CLI11's codes).
+TEST(TiermemdTest, UsageErrorsExitTwo) {
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--bogus"}, {"--log-level", "loud", "--check-config"}, {"--config"}}) {
+    std::vector<std::string> argv = {test::tiermemd_path()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = test::run_command(argv);
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.out << r.err;
+  }
+  auto help = test::run_command({test::tiermemd_path(), "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--log-level"), std::string::npos) << help.out;
+}
+
+// SIGHUP (systemctl reload) applies a changed log level; a broken file
+// changes nothing and the daemon serves on. A JOURNAL_STREAM that is not
+// stderr (inherited from a unit by a process whose stderr went elsewhere)
+// leaves the log as text in that file.
+TEST(TiermemdTest, SighupReloadsTheLogLevel) {
+  ::setenv("JOURNAL_STREAM", "1:1", 1);
+  test::TestDaemon daemon;
+  ::unsetenv("JOURNAL_STREAM");
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  EXPECT_NE(daemon.log().find("tiermemd[") , std::string::npos) << "text log lines: " << daemon.log();
+  std::stringstream text;
+  text << std::ifstream(daemon.config_path()).rdbuf();
+  const std::string original = text.str();
+  std::ofstream(daemon.config_path()) << std::regex_replace(original, std::regex("level = \"debug\""),
+                                                            "level = \"warn\"");
+  ::kill(daemon.pid(), SIGHUP);
+  auto wait_for = [&](const std::string& line) {
+    for (int i = 0; i < 200 && daemon.log().find(line) == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return daemon.log().find(line) != std::string::npos;
+  };
+  EXPECT_TRUE(wait_for("SIGHUP: reloaded " + daemon.config_path() + ": log level warn")) << daemon.log();
+  const size_t before = daemon.log().size();
+  ASSERT_NE(daemon.connect(), nullptr);  // session open/close are debug lines: no longer logged
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(daemon.log().substr(before).find("session"), std::string::npos) << daemon.log().substr(before);
+  std::ofstream(daemon.config_path()) << original << "[nonsense\n";
+  ::kill(daemon.pid(), SIGHUP);
+  EXPECT_TRUE(wait_for("nothing changed")) << daemon.log();
+  EXPECT_TRUE(daemon.alive());
+  EXPECT_NE(daemon.connect(), nullptr);
 }
 
 }  // namespace

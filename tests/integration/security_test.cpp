@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <pwd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -392,11 +393,13 @@ class TenantTest : public ::testing::Test {
   }
 
   // One call as `user` (nullptr: as root, an operator).
-  Outcome as(const User* user, const std::string& socket, std::vector<std::string> args) {
+  // `group`: a supplementary group it has (else none).
+  Outcome as(const User* user, const std::string& socket, std::vector<std::string> args,
+             std::optional<gid_t> group = std::nullopt) {
     std::vector<std::string> argv;
     if (user != nullptr) {
       argv = {"setpriv", "--reuid=" + std::to_string(user->uid), "--regid=" + std::to_string(user->gid),
-              "--clear-groups"};
+              group ? "--groups=" + std::to_string(*group) : "--clear-groups"};
     }
     argv.push_back(s_probe_dir + "/tenant_probe");
     argv.push_back(socket);
@@ -449,6 +452,37 @@ class TenantTest : public ::testing::Test {
   static inline std::optional<User> s_alice, s_bob;
   static inline std::string s_probe_dir;
 };
+
+// A non-root trainer in the socket's group (control.socket_group) works end
+// to end; a user outside it is refused by the socket's permissions, with a
+// message that says which group admits.
+TEST_F(TenantTest, AUserInTheSocketGroupConnectsAndOneOutsideIsToldWhy) {
+  const std::string group = "tiermem-users";
+  if (::getgrnam(group.c_str()) == nullptr) {
+    ASSERT_EQ(test::run_command({"groupadd", "--system", group}).exit_code, 0);
+  }
+  const gid_t gid = ::getgrnam(group.c_str())->gr_gid;
+  test::TestDaemon daemon({.extra_toml = tenants_toml(),
+                           .control_toml = "socket_group = \"" + group + "\"\nsocket_mode = \"0660\"\n"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  open_to_users(daemon);
+  struct stat st {};
+  ASSERT_EQ(::stat(daemon.socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, gid);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+
+  const Outcome made = as(&*s_alice, daemon.socket(), {"alloc", "65536", "dram"}, gid);
+  ASSERT_TRUE(made.ok) << made.text;
+  EXPECT_TRUE(as(&*s_alice, daemon.socket(), {"write", made.text, "from a trainer in the group"}, gid).ok);
+  const Outcome back = as(&*s_alice, daemon.socket(), {"read", made.text, "27"}, gid);
+  EXPECT_TRUE(back.ok && back.text.find("from a trainer in the group") != std::string::npos) << back.text;
+
+  const Outcome refused = as(&*s_bob, daemon.socket(), {"stat"});
+  EXPECT_FALSE(refused.ok);
+  EXPECT_EQ(refused.code, static_cast<uint32_t>(ErrorCode::permission_denied)) << refused.text;
+  EXPECT_NE(refused.text.find("permission denied"), std::string::npos) << refused.text;
+  EXPECT_NE(refused.text.find("group '" + group + "'"), std::string::npos) << refused.text;
+}
 
 TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryOnANode) {
   test::TestDaemon daemon({.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});

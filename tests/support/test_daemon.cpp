@@ -97,6 +97,10 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
           << o.cluster_timing;
     }
     if (!o.tls.empty()) out << "[transport]\ntls = \"" << o.tls << "\"\n";
+    if (o.metrics) {
+      m_metrics_port = free_port();
+      out << "[metrics]\nlisten = \"127.0.0.1:" << m_metrics_port << "\"\n";
+    }
     out << o.extra_toml;
   }
   m_ready = start();

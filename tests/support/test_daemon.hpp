@@ -32,6 +32,7 @@ struct DaemonOptions {
   std::string cluster_timing = "reconnect_interval_ms = 200\nheartbeat_interval_ms = 300\npeer_timeout_ms = 3000\n";
   std::string tls;           // [transport] tls
   std::string dir;           // working directory; empty: a new temporary one
+  bool metrics = false;      // [metrics] listen on 127.0.0.1 and a free port (metrics_port())
   // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).
   std::vector<std::string> wrapper;
 };
@@ -53,6 +54,8 @@ class TestDaemon {
   const std::string& log_path() const { return m_log; }
   std::string log() const;
   pid_t pid() const { return m_pid; }
+  // The Prometheus endpoint's port (DaemonOptions::metrics), else 0.
+  int metrics_port() const { return m_metrics_port; }
   // True while the process has not exited.
   bool alive();
 
@@ -76,6 +79,7 @@ class TestDaemon {
   std::string m_socket;
   std::string m_log;
   pid_t m_pid = -1;
+  int m_metrics_port = 0;
   bool m_ready = false;
 };
 

@@ -25,8 +25,22 @@ inline constexpr int k_exit_ok = 0;
 inline constexpr int k_exit_failed = 1;
 inline constexpr int k_exit_usage = 2;
 
-// Prints "tiermemctl: <what>: <status>" on stderr and returns k_exit_failed.
+// Prints "tiermemctl: <what>: <status>" on stderr and returns k_exit_failed;
+// with --json (set_json_errors), {"error": {"what", "code", "message"}} on
+// stdout instead, so that a machine reading stdout sees it.
 int fail(const std::string& what, const Status& status);
+// A usage error the same way; returns k_exit_usage.
+int usage_error(const std::string& message);
+void set_json_errors(bool json);
+
+// Which allocations ls and free --name-prefix/--tenant take; empty: any.
+struct Filter {
+  std::string name_prefix;
+  std::string tenant;
+  std::string tier;
+  bool any() const { return !name_prefix.empty() || !tenant.empty() || !tier.empty(); }
+  bool matches(const AllocationInfo& a) const;
+};
 
 // Connects, or prints why not; null on failure.
 std::unique_ptr<Client> connect(const Context& ctx);
@@ -63,7 +77,11 @@ std::string version_text(const PageInfo& page);  // "3.12 (locked)"
 
 // Subcommands (one file each).
 int cmd_status(const Context& ctx);
-int cmd_ls(const Context& ctx);
+int cmd_ls(const Context& ctx, const Filter& filter);
+int cmd_lookup(const Context& ctx, const std::string& name);
+int cmd_stats(const Context& ctx, const std::string& prefix, bool buckets);
+// free by filter; `dry_run`: only say what would go.
+int cmd_free_matching(const Context& ctx, const Filter& filter, bool dry_run);
 int cmd_alloc(const Context& ctx, const std::string& size, const std::string& tier,
               const std::string& name, bool strict, bool coherent, uint32_t replicas, const std::string& qos);
 int cmd_free(const Context& ctx, const std::string& gva);

@@ -8,11 +8,24 @@
 
 namespace tiermem::ctl {
 
-int cmd_ls(const Context& ctx) {
+bool Filter::matches(const AllocationInfo& a) const {
+  if (!name_prefix.empty() && a.name.rfind(name_prefix, 0) != 0) return false;
+  if (!tenant.empty() && a.tenant != tenant) return false;
+  if (!tier.empty() && tier_name(a.tier) != tier) return false;
+  return true;
+}
+
+int cmd_ls(const Context& ctx, const Filter& filter) {
+  if (!filter.tier.empty() && !parse_tier(filter.tier).ok()) return fail("ls", parse_tier(filter.tier).status());
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto list = client->list(ctx.node);
-  if (!list.ok()) return fail("ls", list.status());
+  auto all = client->list(ctx.node);
+  if (!all.ok()) return fail("ls", all.status());
+  std::vector<AllocationInfo> kept;
+  for (AllocationInfo& a : *all) {
+    if (filter.matches(a)) kept.push_back(std::move(a));
+  }
+  const std::vector<AllocationInfo>* list = &kept;
   if (ctx.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& a : *list) out.push_back(to_json(a));

@@ -1,8 +1,58 @@
 // tiermemctl: operator's command line for tiermem.
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 
 #include "tiermem_config.h"
 #include "tools/tiermemctl/ctl.hpp"
+
+namespace {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The first word that is not an option (nor an option's value) must be a
+// subcommand: "unknown command 'lss'; did you mean 'ls'?" otherwise.
+std::string unknown_subcommand(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view word = argv[i];
+    if (word == "-s" || word == "--socket" || word == "-N" || word == "--node") {
+      ++i;  // its value
+      continue;
+    }
+    if (word.empty() || word[0] == '-') continue;
+    std::string best;
+    size_t best_distance = 3;  // suggest within two edits, or a prefix
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      const std::string& name = sub->get_name();
+      if (name == word) return "";
+      const size_t d = name.rfind(word, 0) == 0 ? 1 : edit_distance(word, name);
+      if (d < best_distance) {
+        best_distance = d;
+        best = name;
+      }
+    }
+    return "unknown command '" + std::string(word) + "'" + (best.empty() ? "" : "; did you mean '" + best + "'?") +
+           " (tiermemctl --help lists them)";
+  }
+  return "";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace tiermem::ctl;
@@ -16,7 +66,24 @@ int main(int argc, char** argv) {
 
   int rc = k_exit_ok;
   app.add_subcommand("status", "node, tiers and their use")->callback([&] { rc = cmd_status(ctx); });
-  app.add_subcommand("ls", "list allocations")->callback([&] { rc = cmd_ls(ctx); });
+  Filter filter;
+  auto* ls = app.add_subcommand("ls", "list allocations (of a name prefix, tenant or tier)");
+  ls->add_option("--name-prefix", filter.name_prefix, "only those whose name starts so");
+  ls->add_option("--tenant", filter.tenant, "only the tenant's");
+  ls->add_option("--tier", filter.tier, "only those on vram, dram or pmem");
+  ls->callback([&] { rc = cmd_ls(ctx, filter); });
+
+  std::string lookup_name;
+  auto* lookup = app.add_subcommand("lookup", "find a named allocation");
+  lookup->add_option("NAME", lookup_name, "its name")->required();
+  lookup->callback([&] { rc = cmd_lookup(ctx, lookup_name); });
+
+  std::string stats_prefix;
+  bool buckets = false;
+  auto* stats = app.add_subcommand("stats", "counters and gauges, as the metrics endpoint shows them (operators)");
+  stats->add_option("PREFIX", stats_prefix, "only metrics whose name starts so (tiermem_ may be left out)");
+  stats->add_flag("--buckets", buckets, "histogram buckets too");
+  stats->callback([&] { rc = cmd_stats(ctx, stats_prefix, buckets); });
 
   std::string size, tier = "auto", name;
   bool strict = false, coherent = false;
@@ -38,9 +105,24 @@ int main(int argc, char** argv) {
   alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent, replicas, qos); });
 
   std::string gva, file = "-", length;
-  auto* free = app.add_subcommand("free", "free the allocation starting at GVA");
-  free->add_option("GVA", gva, "NNNN:OOOOOOOOOOOOOOOO")->required();
-  free->callback([&] { rc = cmd_free(ctx, gva); });
+  Filter free_filter;
+  bool dry_run = false;
+  auto* free = app.add_subcommand("free", "free the allocation starting at GVA, or every one of a name prefix or "
+                                          "tenant");
+  free->add_option("GVA", gva, "NNNN:OOOOOOOOOOOOOOOO");
+  free->add_option("--name-prefix", free_filter.name_prefix, "every allocation whose name starts so");
+  free->add_option("--tenant", free_filter.tenant, "every allocation of the tenant");
+  free->add_option("--tier", free_filter.tier, "with a prefix or tenant: only those on this tier");
+  free->add_flag("--dry-run", dry_run, "only say what would be freed");
+  free->callback([&] {
+    if (!gva.empty() && (free_filter.any() || dry_run)) {
+      rc = usage_error("free takes a GVA, or --name-prefix P and/or --tenant T (not both a GVA and a filter)");
+    } else if (gva.empty() && free_filter.name_prefix.empty() && free_filter.tenant.empty()) {
+      rc = usage_error("free needs a GVA, or --name-prefix P and/or --tenant T (--tier alone would free a whole tier)");
+    } else {
+      rc = gva.empty() ? cmd_free_matching(ctx, free_filter, dry_run) : cmd_free(ctx, gva);
+    }
+  });
 
   auto* write = app.add_subcommand("write", "copy FILE (or stdin) into memory at GVA");
   write->add_option("GVA", gva, "NNNN:OOOOOOOOOOOOOOOO")->required();
@@ -68,9 +150,16 @@ int main(int argc, char** argv) {
   migrate->add_option("-n,--to-node", ctx.node, "node to move to (default: the allocation's home)");
   migrate->callback([&] { rc = cmd_migrate(ctx, gva, tier); });
 
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--json") set_json_errors(true);
+  }
+  if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
+    return usage_error(unknown);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() != 0 && ctx.json) return usage_error(e.what());
     const int code = app.exit(e);
     return code == 0 ? k_exit_ok : k_exit_usage;
   }

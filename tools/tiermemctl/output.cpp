@@ -7,9 +7,29 @@
 
 namespace tiermem::ctl {
 
+namespace {
+bool g_json_errors = false;
+}  // namespace
+
+void set_json_errors(bool json) { g_json_errors = json; }
+
 int fail(const std::string& what, const Status& status) {
-  std::fprintf(stderr, "tiermemctl: %s: %s\n", what.c_str(), status.to_string().c_str());
+  if (g_json_errors) {
+    print_json({{"error",
+                 {{"what", what}, {"code", std::string(error_code_name(status.code()))}, {"message", status.message()}}}});
+  } else {
+    std::fprintf(stderr, "tiermemctl: %s: %s\n", what.c_str(), status.to_string().c_str());
+  }
   return k_exit_failed;
+}
+
+int usage_error(const std::string& message) {
+  if (g_json_errors) {
+    print_json({{"error", {{"what", "usage"}, {"code", "invalid_argument"}, {"message", message}}}});
+  } else {
+    std::fprintf(stderr, "tiermemctl: %s\n", message.c_str());
+  }
+  return k_exit_usage;
 }
 
 std::unique_ptr<Client> connect(const Context& ctx) {
