@@ -24,7 +24,7 @@ packages=(
   libmetis-dev libopenblas-dev libsystemd-dev
   libtomlplusplus-dev libcli11-dev
   iproute2 procps python3-torch python3-sklearn dataset-fashion-mnist
-  python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest prometheus
+  python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest prometheus systemd
 )
 
 log() { printf 'setup: %s\n' "$*" >&2; }
