@@ -46,7 +46,7 @@ std::string model() { return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/
 
 std::vector<std::string> args(const std::string& job, bool replicas) {
   std::vector<std::string> a{model(), "--stages", "1", "--steps", std::to_string(k_steps), "--log-every", "1",
-                             "--timeout", "60", "--job", job};
+                             "--timeout", "60", "--job", job, "--keep"};
   if (replicas) a.insert(a.end(), {"--replicas", "1"});
   return a;
 }

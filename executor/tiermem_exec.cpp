@@ -141,6 +141,12 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--log-every", opt.log_every, "steps between progress lines (default: every epoch)");
   train_cmd->add_option("--timeout", timeout_s, "seconds to wait for another rank before giving up")->capture_default_str();
   train_cmd->add_flag("-q,--quiet", opt.quiet, "no progress lines");
+  train_cmd->add_flag("--keep", opt.keep,
+                      "leave the job's memory in tiermem when it ends (by default every rank frees its own once all "
+                      "ranks are done)");
+  train_cmd->add_flag("--restart", opt.restart,
+                      "free this rank's memory of an earlier run of the job first and train from step 0 (a finished "
+                      "job kept with --keep is refused otherwise)");
   train_cmd->callback([&] {
     opt.shuffle = !no_shuffle;
     opt.split = !train_no_split;

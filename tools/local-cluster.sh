@@ -153,14 +153,16 @@ train() {
   say "tiermem-exec: 2 ranks on 2 daemons train $(basename "$model" .pbtxt) for $epochs epochs"
   for r in 0 1; do
     TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$dir/node$((r + 1))/tiermemd.sock \
-      "$exec" train "$model" --job "$job" --epochs "$epochs" --trace "$dir/trace.json" 2>&1 | sed -u "s/^/[rank $r] /" &
+      "$exec" train "$model" --job "$job" --epochs "$epochs" --trace "$dir/trace.json" --keep 2>&1 | sed -u "s/^/[rank $r] /" &
     pids+=($!)
   done
   local rc=0
   for r in "${pids[@]}"; do wait "$r" || rc=1; done
   [ $rc -eq 0 ] || { echo "training failed" >&2; exit 1; }
-  say "the job's tensors in tiermem (node 1): parameters, optimizer state, mailboxes"
-  "$build/tools/tiermemctl" --socket "$dir/node1/tiermemd.sock" ls
+  say "the job's tensors in tiermem (node 1), kept with --keep: parameters, optimizer state, mailboxes"
+  "$build/tools/tiermemctl" --socket "$dir/node1/tiermemd.sock" ls --name-prefix "$job."
+  say "tiermemctl free --name-prefix $job. on each node (without --keep the ranks free them when the job ends)"
+  for r in 1 2; do "$build/tools/tiermemctl" --socket "$dir/node$r/tiermemd.sock" free --name-prefix "$job."; done
   say "per-op and per-transfer trace: $dir/trace.json.rank0 and .rank1 (open in ui.perfetto.dev)"
 }
 

@@ -206,4 +206,13 @@ Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {
   return s.ok() ? s : s.with_context("snapshot of step " + std::to_string(committed));
 }
 
+std::vector<Gva> Arenas::release() {
+  std::vector<Gva> out;
+  for (OwnRegion* r : {&m_ctl, &m_info, &m_mbox, &m_publish, &m_params, &m_grads, &m_optimizer, &m_work, &m_snapshot}) {
+    if (!r->gva.is_null()) out.push_back(r->gva);
+    *r = OwnRegion{};  // unmaps
+  }
+  return out;
+}
+
 }  // namespace tiermem::exec

@@ -38,6 +38,7 @@ enum CtlWord : size_t {
   k_published = 2,  // steps whose gradients are published (data parallel)
   k_mesh = 3,       // mesh validation phase reached
   k_ping = 4,       // latency probe from rank 0
+  k_done = 5,       // the job's steps, once this rank finished them (its memory may go after)
   k_pong = 8,       // rank 0: k_pong + r is rank r's answer
   k_channels = 64,  // k_channels + 2w: message sequence of channel word w (receiver's),
                     // k_channels + 2w + 1: sequence consumed (sender's); w = c for
@@ -71,6 +72,8 @@ class Arenas {
   // the initial parameters dumped when asked). A resumed one: checks that the
   // committed copies survived. Errors: failed_precondition.
   Status initialise(const JobPlan& job, const TrainOptions& options);
+  // Unmaps every arena and returns their GVAs, for the job's end to free.
+  std::vector<Gva> release();
 
   // The ctl allocation existed with a committed step: this rank restarted;
   // or it was restored from a snapshot elsewhere (restored_from()).

@@ -16,8 +16,16 @@ Status Trainer::set_up() {
   TIERMEM_ASSIGN_OR_RETURN(
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
+  if (m_opt.restart) TIERMEM_RETURN_IF_ERROR(forget_earlier_run());
   TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job)));
   TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt));
+  if (m_arenas.resumed() && m_arenas.committed() >= m_job.total_steps) {
+    return Status(ErrorCode::failed_precondition,
+                  "job '" + m_opt.job + "' already finished: rank " + std::to_string(m_env.rank) + " committed step " +
+                      std::to_string(m_arenas.committed()) + " of " + std::to_string(m_job.total_steps) +
+                      " (its memory was kept with --keep). --restart trains it again from step 0; `tiermemctl free "
+                      "--name-prefix " + m_opt.job + ".` frees it");
+  }
   if (!m_arenas.restored_from().is_null()) {
     std::fprintf(stderr,
                  "rank %d: resumed at step %" PRId64 " on node %u, restored from the replicated snapshot %s "
@@ -67,7 +75,8 @@ Status Trainer::write_trace() const {
 Status Trainer::run() {
   TIERMEM_RETURN_IF_ERROR(set_up());
   TIERMEM_RETURN_IF_ERROR(train_steps());
-  return write_trace();
+  TIERMEM_RETURN_IF_ERROR(write_trace());
+  return finish();
 }
 
 int train(const TrainOptions& options, const RankEnv& env) {

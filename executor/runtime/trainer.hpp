@@ -54,6 +54,8 @@ struct TrainOptions {
   std::chrono::milliseconds timeout{120000};
   bool quiet = false;
   bool split = true;             // split a matmul too heavy to balance the stages into column blocks
+  bool keep = false;             // leave the job's memory in tiermem when it ends (freed by default)
+  bool restart = false;          // free this rank's memory of an earlier run first, start at step 0
 };
 
 // Runs training for this rank. Returns the process exit code (0 success).

@@ -26,6 +26,11 @@ class Trainer {
   // Steps from the committed one to the last, with evaluation and progress.
   Status train_steps();
   Status write_trace() const;
+  // --restart: frees this rank's allocations of an earlier run of the job.
+  Status forget_earlier_run();
+  // The job's end: marks this rank done and, unless --keep, frees its
+  // memory once every other rank is done too (or gone).
+  Status finish();
 
   TrainOptions m_opt;
   RankEnv m_env;

@@ -221,9 +221,40 @@ TEST_F(TrainerTest, AJobResumesAfterItsDaemonIsKilledAndRestarted) {
 // a PMEM allocation of two slots: after 25 steps with N = 10 slot 0 holds
 // step 20, with parameters bit for bit those a 20-step run commits, and
 // slot 1 step 10.
+// The names of the allocations on `socket`'s node that start with `prefix`.
+std::vector<std::string> names_with(const std::string& socket, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& a : nlohmann::json::parse(test::run_ctl(socket, {"--json", "ls"}).out)) {
+    const std::string name = a["name"].get<std::string>();
+    if (name.rfind(prefix, 0) == 0) out.push_back(name);
+  }
+  return out;
+}
+
+// A job that ends frees its memory on every node; one kept with --keep is
+// not "resumed" with nothing to train, and --restart trains it again.
+TEST_F(TrainerTest, AFinishedJobFreesItsMemoryAndAKeptOneIsRefusedUnlessRestarted) {
+  std::string logs = run(2, {model("mlp_digits"), "--job", "tidy", "--steps", "12"});
+  EXPECT_NE(logs.find("rank 0: freed the job's memory"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("rank 1: freed the job's memory"), std::string::npos) << logs;
+  for (int node : {1, 2}) EXPECT_TRUE(names_with(socket(node), "tidy.").empty()) << "left on node " << node;
+
+  run(1, {model("mlp_digits"), "--job", "kept", "--steps", "12", "-q", "--keep"});
+  EXPECT_FALSE(names_with(socket(1), "kept.r0.").empty());
+  int rc = 0;
+  logs = run(1, {model("mlp_digits"), "--job", "kept", "--steps", "12", "-q"}, &rc);
+  EXPECT_EQ(rc, 1) << logs;
+  EXPECT_NE(logs.find("job 'kept' already finished: rank 0 committed step 12 of 12"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("--restart trains it again"), std::string::npos) << logs;
+  logs = run(1, {model("mlp_digits"), "--job", "kept", "--steps", "12", "--restart"});
+  EXPECT_NE(logs.find("--restart: freed"), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("resumed"), std::string::npos) << "trained from step 0: " << logs;
+  EXPECT_TRUE(names_with(socket(1), "kept.").empty());
+}
+
 TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
-  run(1, {model("mlp_digits"), "--job", "snap_a", "--steps", "25", "--snapshot-every", "10", "-q"});
-  run(1, {model("mlp_digits"), "--job", "snap_b", "--steps", "20", "-q"});
+  run(1, {model("mlp_digits"), "--job", "snap_a", "--steps", "25", "--snapshot-every", "10", "-q", "--keep"});
+  run(1, {model("mlp_digits"), "--job", "snap_b", "--steps", "20", "-q", "--keep"});
   const std::string sock = socket(1);
   const auto ls = nlohmann::json::parse(test::run_ctl(sock, {"--json", "ls"}).out);
   std::map<std::string, nlohmann::json> by_name;
@@ -332,7 +363,7 @@ TEST(ReplicatedTrainingTest, ARankWhoseNodeDiedResumesOnAnotherNodeAtTheCommitte
   auto args = [&](const std::string& job) {
     return std::vector<std::string>{model("mlp_digits"), "--stages", "1", "--steps", std::to_string(k_steps),
                                     "--replicas", "1", "--log-every", "1", "--timeout", "60",
-                                    "--job", job, "--losses", dir + "/" + job + ".losses"};
+                                    "--job", job, "--losses", dir + "/" + job + ".losses", "--keep"};
   };
   {
     std::vector<std::unique_ptr<Rank>> ref;
