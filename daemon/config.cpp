@@ -360,6 +360,7 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
     r.size("tenants.default_quota_" + std::string(tier_name(t)), &c.default_quota[static_cast<size_t>(t)]);
   }
   r.integer("recovery.stale_writer_grace_ms", &c.stale_writer_grace_ms, 0, 600000);
+  r.integer("lease.grace_ms", &c.lease_grace_ms, 0, 3600000);
   r.boolean("metadata.enabled", &c.metadata_enabled);
   r.string("metadata.path", &c.metadata_path);
   r.integer("metadata.max_allocations", &c.metadata_max_allocations, 1, 1 << 24);

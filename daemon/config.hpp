@@ -78,6 +78,10 @@ struct DaemonConfig {
   // daemon waits at start for page locks they still hold. Also how long a
   // client whose session ended may go on living before its locks are broken.
   uint64_t stale_writer_grace_ms = 2000;
+  // Leases (O6): how long the session allocations of a session that ended
+  // while its process lives on wait for it to connect again; 0: freed at
+  // once, as those of a process that is gone always are.
+  uint64_t lease_grace_ms = 1000;
 
   // Cluster: empty file = this daemon runs alone.
   std::string cluster_file;

@@ -24,6 +24,7 @@
 #include "common/frame.hpp"
 #include "common/unique_fd.hpp"
 #include "daemon/request_checks.hpp"
+#include "daemon/tcp_listener.hpp"
 #include "daemon/tenants.hpp"
 
 namespace tiermem {
@@ -243,7 +244,7 @@ class ControlServer::Impl {
 
   Status listen() {
     TIERMEM_RETURN_IF_ERROR(listen_unix());
-    if (!m_tcp_listen.empty()) return listen_tcp();
+    if (!m_tcp_listen.empty()) return listen_tcp(m_tcp, m_tcp_listen, "the peer listen address");
     return Status();
   }
 
@@ -293,27 +294,6 @@ class ControlServer::Impl {
     }
     m_unix.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) return Status(ErrorCode::io_error, "listening on " + path + ": " + ec.message());
-    return Status();
-  }
-
-  Status listen_tcp() {
-    const size_t colon = m_tcp_listen.rfind(':');
-    if (colon == std::string::npos) {
-      return Status(ErrorCode::invalid_argument, "peer listen address '" + m_tcp_listen + "' is not host:port");
-    }
-    boost::system::error_code ec;
-    tcp::resolver resolver(m_io);
-    const auto found = resolver.resolve(m_tcp_listen.substr(0, colon), m_tcp_listen.substr(colon + 1), ec);
-    if (ec || found.empty()) {
-      return Status(ErrorCode::invalid_argument,
-                    "cannot resolve peer listen address '" + m_tcp_listen + "': " + ec.message());
-    }
-    const tcp::endpoint endpoint = found.begin()->endpoint();
-    m_tcp.open(endpoint.protocol(), ec);
-    if (!ec) m_tcp.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) m_tcp.bind(endpoint, ec);
-    if (!ec) m_tcp.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Status(ErrorCode::io_error, "listening for peers on " + m_tcp_listen + ": " + ec.message());
     return Status();
   }
 

@@ -10,6 +10,8 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include "daemon/tcp_listener.hpp"
+
 namespace tiermem {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -21,27 +23,7 @@ class MetricsServer::Impl : public std::enable_shared_from_this<Impl> {
   Impl(asio::io_context& io, std::string listen, std::function<std::string()> render)
       : m_io(io), m_listen(std::move(listen)), m_render(std::move(render)), m_acceptor(io) {}
 
-  Status listen() {
-    const size_t colon = m_listen.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == m_listen.size()) {
-      return Status(ErrorCode::invalid_argument, "metrics.listen '" + m_listen + "' is not host:port");
-    }
-    std::string host = m_listen.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    boost::system::error_code ec;
-    tcp::resolver resolver(m_io);
-    const auto found = resolver.resolve(host, m_listen.substr(colon + 1), ec);
-    if (ec || found.empty()) {
-      return Status(ErrorCode::invalid_argument, "cannot resolve metrics.listen '" + m_listen + "': " + ec.message());
-    }
-    const tcp::endpoint endpoint = found.begin()->endpoint();
-    m_acceptor.open(endpoint.protocol(), ec);
-    if (!ec) m_acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) m_acceptor.bind(endpoint, ec);
-    if (!ec) m_acceptor.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Status(ErrorCode::io_error, "metrics endpoint on " + m_listen + ": " + ec.message());
-    return Status();
-  }
+  Status listen() { return listen_tcp(m_acceptor, m_listen, "metrics.listen"); }
 
   std::string address() const {
     boost::system::error_code ec;

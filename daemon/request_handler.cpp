@@ -71,7 +71,8 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_started(std::chrono::steady_clock::now()),
       m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))),
       m_check_ins(config.health_degraded_after_missed, std::chrono::milliseconds(config.health_unreachable_after_ms)),
-      m_counting(config.metrics_enabled) {
+      m_counting(config.metrics_enabled),
+      m_leases(std::chrono::milliseconds(config.lease_grace_ms)) {
   if (peers != nullptr) {
     ReplicationOptions o;
     o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
@@ -259,6 +260,16 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
     case proto::Request::kHello:
       status = hello(request.hello(), session, resp.mutable_hello());
       reply.close_after = !status.ok();
+      if (status.ok() && !session.remote) {
+        // The same process connecting again takes back its session
+        // allocations of the connection it lost (their lease).
+        std::vector<Gva> back = m_leases.take(session.pid, session.uid);
+        if (!back.empty()) {
+          spdlog::info("session {} (pid {}) took back {} session allocation(s) of its earlier connection", session.id,
+                       session.pid, back.size());
+          session.owned.insert(session.owned.end(), back.begin(), back.end());
+        }
+      }
       break;
     case proto::Request::kPeerChallenge:
       status = peer_challenge(request.peer_challenge(), session, resp.mutable_peer_challenge());
@@ -446,16 +457,30 @@ void RequestHandler::end_session(SessionState& session) {
   // cannot have been freed while pinned.
   for (const Gva& g : session.pins) (void)m_space.unpin(g);
   session.pins.clear();
-  // Session allocations go with their session. One still mapped by another
-  // session stays until that one unmaps it and is never recovered.
-  std::vector<Extent> remote_frames;
-  for (const Gva& g : session.owned) {
-    Status s = m_space.free(g, &remote_frames);
-    if (!s.ok() && s.code() != ErrorCode::not_allocated && s.code() != ErrorCode::stale_generation) {
-      spdlog::warn("session {} ended: its session allocation {} stays: {}", session.id, g.to_string(), s.to_string());
-    }
+  // Session allocations go with their session: at once when its process is
+  // gone, after the lease's grace when it lives on (it may connect again).
+  if (!m_leases.hold(session.id, session.pid, session.uid, session.owned)) {
+    free_session_allocations(session.owned, "session " + std::to_string(session.id));
   }
   session.owned.clear();
+  m_locks->end(session.id);
+}
+
+void RequestHandler::sweep_leases() {
+  const std::vector<Gva> expired = m_leases.expired();
+  if (!expired.empty()) free_session_allocations(expired, "an ended lease");
+}
+
+void RequestHandler::free_session_allocations(const std::vector<Gva>& owned, const std::string& whose) {
+  // One still mapped by another session stays until that one unmaps it and
+  // is never recovered.
+  std::vector<Extent> remote_frames;
+  for (const Gva& g : owned) {
+    Status s = m_space.free(g, &remote_frames);
+    if (!s.ok() && s.code() != ErrorCode::not_allocated && s.code() != ErrorCode::stale_generation) {
+      spdlog::warn("{} ended: its session allocation {} stays: {}", whose, g.to_string(), s.to_string());
+    }
+  }
   // Pages migrated to other nodes: their frames go back to their lenders
   // (rare; this waits for the peers).
   for (const Extent& x : remote_frames) {
@@ -465,7 +490,6 @@ void RequestHandler::end_session(SessionState& session) {
     wire::to_proto(x, release.mutable_release_frames()->add_extents());
     (void)m_peers->call(x.node, release);
   }
-  m_locks->end(session.id);
 }
 
 void RequestHandler::stat(proto::StatResponse* out) {

@@ -34,6 +34,7 @@
 #include "control.pb.h"
 #include "daemon/check_ins.hpp"
 #include "daemon/config.hpp"
+#include "daemon/leases.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
 #include "daemon/tenants.hpp"
@@ -95,6 +96,8 @@ class RequestHandler {
   void session_closed() { --m_sessions; }
   // The check-in edges of this daemon's clients (swept by tiermemd's timer).
   CheckIns& check_ins() { return m_check_ins; }
+  // Frees the session allocations whose lease ended (tiermemd's timer).
+  void sweep_leases();
   // The Prometheus text exposition of this daemon now: its counters, and
   // gauges of tiers, tenants, peers, clients and recovery (metrics.cpp,
   // handler_metrics.cpp).
@@ -114,6 +117,9 @@ class RequestHandler {
   };
   // Counts an answered request (and the bytes it carried) into m_metrics.
   void count(const Counted& counted, const proto::Response& response);
+  // Frees session allocations (of `whose`: for the log), giving frames lent
+  // by peers back.
+  void free_session_allocations(const std::vector<Gva>& owned, const std::string& whose);
   Reply dispatch_data(const proto::Request& request, SessionState& session, const Identity& who);
   // Refuses what this session may not ask at all (before any work).
   Status admit(const proto::Request& request, const SessionState& session) const;
@@ -189,6 +195,7 @@ class RequestHandler {
   CheckIns m_check_ins;
   Metrics m_metrics;
   bool m_counting = false;  // metrics.enabled
+  Leases m_leases;
 };
 
 }  // namespace tiermem

@@ -319,12 +319,14 @@ void start_watchdog(asio::io_context& io, asio::steady_timer& timer) {
   asio::post(io, pet);
 }
 
-// Sweeps the clients' check-in edges (logging each transition once), as
-// often as the shortest check-in interval asks.
-void start_checkin_sweep(asio::steady_timer& timer, CheckIns& check_ins) {
+// Sweeps the clients' check-in edges (logging each transition once) and the
+// leases of session allocations, as often as the shortest check-in interval
+// asks (at least every 500 ms).
+void start_checkin_sweep(asio::steady_timer& timer, RequestHandler& handler) {
   static std::function<void()> sweep;
-  sweep = [&timer, &check_ins]() {
-    timer.expires_after(check_ins.sweep());
+  sweep = [&timer, &handler]() {
+    handler.sweep_leases();
+    timer.expires_after(handler.check_ins().sweep());
     timer.async_wait([](const boost::system::error_code& ec) {
       if (!ec) sweep();
     });
@@ -333,7 +335,6 @@ void start_checkin_sweep(asio::steady_timer& timer, CheckIns& check_ins) {
 }
 
 int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_context& io, RequestHandler& handler) {
-  CheckIns& check_ins = handler.check_ins();
   std::unique_ptr<MetricsServer> metrics;
   // Before anything listens: a SIGTERM from then on is a clean shutdown
   // (Asio queues it until the wait below), never the default action.
@@ -365,7 +366,7 @@ int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_
   watch_reload(hup);
   asio::steady_timer watchdog(io), sweeper(io);
   start_watchdog(io, watchdog);
-  start_checkin_sweep(sweeper, check_ins);
+  start_checkin_sweep(sweeper, handler);
   spdlog::info("tiermemd {} node {} serving on {}{} (page size {}, config {}, incarnation {:x})", TIERMEM_VERSION,
                config.node_id, config.socket_path, node.control.empty() ? "" : " and " + node.control + " for peers",
                format_size(config.page_size), config.source, node.incarnation);

@@ -5,6 +5,9 @@
 // many kills under load is tests/support/torture.cpp (the 'torture' test).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -243,8 +246,10 @@ TEST(LifetimeTest, SessionAllocationsGoWithTheirSession) {
     ASSERT_TRUE(seen.ok());
     EXPECT_EQ(seen->lifetime, Lifetime::session);
   }
+  // This process lives on: the allocation waits lease.grace_ms (1 s) for it
+  // to connect again (LeaseTest), then goes.
   Status gone;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < 250; ++i) {
     gone = keeper->lookup("scratch").status();
     if (gone.code() == ErrorCode::not_found) break;
     std::this_thread::sleep_for(20ms);
@@ -261,6 +266,56 @@ TEST(LifetimeTest, SessionAllocationsGoWithTheirSession) {
   EXPECT_TRUE(c->lookup("kept").ok());
   auto elsewhere = c->alloc(64 << 10, {.node = 7, .lifetime = Lifetime::session});
   EXPECT_EQ(elsewhere.status().code(), ErrorCode::not_supported) << elsewhere.status().to_string();
+}
+
+// Leases: the session allocations of a connection that ends while its
+// process lives wait lease.grace_ms for that process to connect again, which
+// takes them back; after the grace, or at once when the process is gone,
+// they are freed.
+TEST(LeaseTest, ALiveProcessTakesItsSessionAllocationsBackWithinTheGrace) {
+  auto o = small_pages();
+  o.extra_toml = "[lease]\ngrace_ms = 600\n";
+  test::TestDaemon daemon(o);
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  // Looked at from another process: a lookup of this one would be a hello
+  // of this pid, which takes the lease.
+  auto exists = [&](const std::string& name) {
+    return test::run_ctl(daemon.socket(), {"lookup", name}).exit_code == 0;
+  };
+  ASSERT_TRUE(daemon.connect("first")->alloc(64 << 10, {.name = "lease-a", .lifetime = Lifetime::session}).ok());
+  EXPECT_TRUE(exists("lease-a")) << "freed with no grace:\n" << daemon.log();
+  for (int i = 0; i < 100 && daemon.log().find("kept 600 ms") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(5ms);  // the daemon saw the first connection end
+  }
+  auto again = daemon.connect("second");  // the same process, a new connection: it takes the lease
+  ASSERT_NE(again, nullptr);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_TRUE(exists("lease-a")) << "the new connection did not take it back:\n" << daemon.log();
+  EXPECT_NE(daemon.log().find("took back 1 session allocation(s)"), std::string::npos) << daemon.log();
+  again.reset();
+  bool gone = false;
+  for (int i = 0; i < 60 && !gone; ++i) {
+    std::this_thread::sleep_for(50ms);
+    gone = !exists("lease-a");
+  }
+  EXPECT_TRUE(gone) << "outlived its lease:\n" << daemon.log();
+  EXPECT_NE(daemon.log().find("the lease of session"), std::string::npos) << daemon.log();
+
+  // A process that is gone cannot come back: no grace.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    auto c = Client::connect({.socket_path = daemon.socket()});
+    ::_exit(c.ok() && (*c)->alloc(64 << 10, {.name = "lease-b", .lifetime = Lifetime::session}).ok() ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  gone = false;
+  for (int i = 0; i < 20 && !gone; ++i) {
+    std::this_thread::sleep_for(25ms);
+    gone = !exists("lease-b");
+  }
+  EXPECT_TRUE(gone) << "a dead process's session allocation waited:\n" << daemon.log();
 }
 
 // The pool belongs to one geometry: a daemon started with another page size

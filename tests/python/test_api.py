@@ -161,7 +161,9 @@ def test_context_managers_free_and_close(daemon):
 def test_session_allocations_go_with_their_client(daemon, client):
     with daemon.connect() as other:
         gva = other.alloc(4096, lifetime="session", name="session-scratch").gva
-    for _ in range(200):
+    # This process lives on: the allocation waits lease.grace_ms (1 s) for it
+    # to connect again, then goes.
+    for _ in range(500):
         try:
             client.lookup("session-scratch")
         except tiermem.RequestError:
