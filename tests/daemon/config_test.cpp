@@ -78,6 +78,12 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
   expect_error("[control]\nsocket_mode = \"77777777777777777777777\"\n", "bad.toml:2: control.socket_mode must be an octal mode");
   expect_error("[control]\nsocket_mode = \"\"\n", "octal mode");
   expect_error("[control]\nsocket_mode = \"1777\"\n", "octal mode");
+  expect_error("[control]\nsocket_group = \"no-such-group-here\"\n",
+               "control.socket_group 'no-such-group-here' is not a group on this machine");
+  expect_error("[metrics]\nlisten = \"127.0.0.1\"\n", "metrics.listen '127.0.0.1' is not host:port");
+  expect_error("[metrics]\nlisten = \"127.0.0.1:99999\"\n", "is not host:port");
+  expect_error("[metrics]\nenabled = false\nlisten = \"127.0.0.1:9464\"\n", "metrics.enabled is false");
+  expect_error("[lease]\ngrace_ms = -1\n", "lease.grace_ms must be between 0 and 3600000");
   // Accepted once, then every request failed (the client cut it to 32 bits).
   expect_error("[control]\nmax_frame_bytes = \"8GiB\"\n", "control.max_frame_bytes 8 GiB is more than a frame can be");
   // Accepted once, and 5.7 GB of /dev/shm filled in 1.5 s.

@@ -195,6 +195,14 @@ TEST_F(CtlTest, StatsShowTheCountersTheMetricsShow) {
   EXPECT_TRUE(dram) << json.dump();
 }
 
+TEST(CtlStatsTest, WithMetricsDisabledStatsSaysSo) {
+  test::TestDaemon daemon({.extra_toml = "[metrics]\nenabled = false\n"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto r = run_ctl(daemon.socket(), {"stats"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("metrics.enabled is false"), std::string::npos) << r.err;
+}
+
 TEST_F(CtlTest, AMistypedCommandSuggestsAndJsonErrorsAreJson) {
   auto typo = ctl({"lss"});
   EXPECT_EQ(typo.exit_code, 2);

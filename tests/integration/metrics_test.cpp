@@ -202,6 +202,12 @@ TEST(MetricsTest, APrometheusScrapesTwoDaemonsAndAnswersAQuery) {
     if (sum.find("=> 134217728 @") != std::string::npos && health.find("=> 1 @") != std::string::npos) break;
     std::this_thread::sleep_for(500ms);
   }
+  // An operator on node 1 gets node 2's counters through its daemon.
+  auto operator_client = cluster.node(1).connect("operator");
+  ASSERT_NE(operator_client, nullptr);
+  auto node2 = operator_client->metrics(2);
+  ASSERT_TRUE(node2.ok()) << node2.status().to_string();
+  EXPECT_NE(node2->find("tiermem_tier_capacity_bytes{node=\"2\",tier=\"dram\"}"), std::string::npos) << *node2;
   // The Grafana dashboard in config/ asks for families the daemons export,
   // in PromQL this Prometheus accepts.
   std::ifstream dashboard_file(std::string(TIERMEM_SOURCE_ROOT) + "/config/grafana/tiermem-dashboard.json");

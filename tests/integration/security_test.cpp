@@ -477,6 +477,14 @@ TEST_F(TenantTest, AUserInTheSocketGroupConnectsAndOneOutsideIsToldWhy) {
   const Outcome back = as(&*s_alice, daemon.socket(), {"read", made.text, "27"}, gid);
   EXPECT_TRUE(back.ok && back.text.find("from a trainer in the group") != std::string::npos) << back.text;
 
+  // The metrics name every tenant: only operators get them.
+  const Outcome metrics = as(&*s_alice, daemon.socket(), {"metrics"}, gid);
+  EXPECT_FALSE(metrics.ok) << metrics.text;
+  EXPECT_EQ(metrics.code, static_cast<uint32_t>(ErrorCode::permission_denied)) << metrics.text;
+  EXPECT_NE(metrics.text.find("operators only"), std::string::npos) << metrics.text;
+  const Outcome as_root = as(nullptr, daemon.socket(), {"metrics"});
+  EXPECT_TRUE(as_root.ok && std::stoul(as_root.text) > 1000) << as_root.text;
+
   const Outcome refused = as(&*s_bob, daemon.socket(), {"stat"});
   EXPECT_FALSE(refused.ok);
   EXPECT_EQ(refused.code, static_cast<uint32_t>(ErrorCode::permission_denied)) << refused.text;

@@ -207,6 +207,8 @@ def test_bad_input_raises_the_right_exception_and_the_process_lives(client):
     with pytest.raises(tiermem.RequestError) as e:
         client.read(a.gva, 1 << 20)  # read past the end
     assert e.value.code == "out_of_range"
+    with pytest.raises((MemoryError, tiermem.Error)):
+        client.read(a.gva, 1 << 62)  # absurd: refused before any byte moves
     with pytest.raises(tiermem.RequestError) as e:
         client.fetch_add(a.gva + 3, 1)  # unaligned
     assert e.value.code == "invalid_argument"

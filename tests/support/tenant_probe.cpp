@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(a[1].c_str())));
     return 0;
   }
-  if (op != "alloc" && op != "lookup" && op != "list" && op != "stat") {
+  if (op != "alloc" && op != "lookup" && op != "list" && op != "stat" && op != "metrics") {
     if (a.size() < 2) return usage();
     auto parsed = Gva::parse(a[1]);
     if (!parsed.ok()) return report(parsed.status());
@@ -170,6 +170,10 @@ int main(int argc, char** argv) {
   if (op == "stat") {
     auto r = c.stat(node_arg(a, 1));
     return report(r, r.ok() ? std::to_string(r->allocations) : "");
+  }
+  if (op == "metrics") {  // the bytes of the exposition it got
+    auto r = c.metrics(node_arg(a, 1));
+    return report(r, r.ok() ? std::to_string(r->size()) : "");
   }
   return usage();
 }
