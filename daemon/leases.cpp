@@ -62,9 +62,4 @@ std::vector<Gva> Leases::expired() {
   return out;
 }
 
-size_t Leases::held() const {
-  std::lock_guard lock(m_mutex);
-  return m_leases.size();
-}
-
 }  // namespace tiermem

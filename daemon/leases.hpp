@@ -30,7 +30,6 @@ class Leases {
   std::vector<Gva> take(pid_t pid, uid_t uid);
   // Leases whose grace passed or whose process exited: to be freed.
   std::vector<Gva> expired();
-  size_t held() const;
 
  private:
   struct Lease {
@@ -42,7 +41,7 @@ class Leases {
     std::vector<Gva> owned;
   };
   std::chrono::milliseconds m_grace;
-  mutable std::mutex m_mutex;
+  std::mutex m_mutex;
   std::vector<Lease> m_leases;
 };
 

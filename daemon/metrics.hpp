@@ -34,7 +34,6 @@ class Exposition {
   void sample(std::string_view name, const Labels& labels, double value);
   void sample(std::string_view name, const Labels& labels, uint64_t value);
 
-  const std::string& text() const { return m_out; }
   std::string take() { return std::move(m_out); }
 
  private:
