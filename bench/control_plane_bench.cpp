@@ -58,7 +58,8 @@ std::vector<double> echo_round_trips(size_t bytes, int n) {
 double pairs_rate(Client& client, int n) {
   const double start = bench::now_seconds();
   for (int i = 0; i < n; ++i) {
-    auto a = client.alloc(4096, {.tier = Tier::dram});
+    // A page of its own (smaller ones share pages: bench/sub_page_bench.cpp).
+    auto a = client.alloc(64 << 10, {.tier = Tier::dram});
     if (!a.ok() || !client.free(a->gva).ok()) {
       std::fprintf(stderr, "alloc/free failed\n");
       return 0;

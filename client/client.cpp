@@ -373,6 +373,29 @@ Result<Mapping> Client::map(Gva gva) {
   // contiguous extent into it, from the file of the tenant's domain that
   // holds it.
   m.m_reserved = info.pages * page_size();
+  if (info.slot_bytes != 0) {
+    // A sub-page allocation (one extent, its slot): the system pages around
+    // it are mapped, and data() is its first byte.
+    if (response.map().extents_size() != 1) {
+      return unpin_on_error(Status(ErrorCode::internal, "a sub-page allocation mapped as several extents"));
+    }
+    const Extent x = wire::from_proto(response.map().extents(0));
+    auto file = m.m_core->tier_file(x.tier, x.frame_offset, x.length);
+    if (!file.ok()) return unpin_on_error(file.status().with_context("map " + info.gva.to_string()));
+    const auto system_page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    m.m_lead = file->second % system_page;
+    m.m_reserved = (m.m_lead + x.length + system_page - 1) / system_page * system_page;
+    void* at = ::mmap(nullptr, m.m_reserved, PROT_READ | PROT_WRITE, MAP_SHARED, file->first,
+                      static_cast<off_t>(file->second - m.m_lead));
+    if (at == MAP_FAILED) {
+      m.m_reserved = m.m_lead = 0;
+      return unpin_on_error(Status(ErrorCode::io_error, "mapping " + info.gva.to_string() + ": " + std::strerror(errno)));
+    }
+    m.m_data = static_cast<std::byte*>(at) + m.m_lead;
+    m.m_size = info.size;
+    m.m_persistent = m.m_core->region_persistent(info.tier);
+    return m;
+  }
   void* base = ::mmap(nullptr, m.m_reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) {
     m.m_reserved = 0;
@@ -485,6 +508,7 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
     m_data = std::exchange(other.m_data, nullptr);
     m_size = std::exchange(other.m_size, 0);
     m_reserved = std::exchange(other.m_reserved, 0);
+    m_lead = std::exchange(other.m_lead, 0);
     m_persistent = other.m_persistent;
   }
   return *this;
@@ -493,9 +517,9 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
 Mapping::~Mapping() { release(); }
 
 void Mapping::release() {
-  if (m_data != nullptr) ::munmap(m_data, m_reserved);
+  if (m_data != nullptr) ::munmap(m_data - m_lead, m_reserved);
   m_data = nullptr;
-  m_size = m_reserved = 0;
+  m_size = m_reserved = m_lead = 0;
   if (m_core) {
     // Through the newest connection: after a daemon restart the pin is that
     // connection's.

@@ -439,8 +439,10 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
     auto it = m_cache.upper_bound({gva.node, gva.offset});
     if (it != m_cache.begin()) {
       const auto& a = std::prev(it)->second;
-      const bool inside = a->base.node == gva.node &&
-                          gva.offset < a->base.offset + a->page_versions.size() * page_size();
+      // A sub-page allocation covers its bytes only (its neighbours are
+      // other allocations); any other, its pages.
+      const uint64_t span = a->slot_bytes != 0 ? a->size : a->page_versions.size() * page_size();
+      const bool inside = a->base.node == gva.node && gva.offset < a->base.offset + span;
       if (inside && (gva.generation == 0 || gva.generation == a->base.generation)) return a;
     }
   }
@@ -456,6 +458,7 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   const AllocationInfo info = wire::from_proto(t.allocation());
   a->base = info.gva;
   a->size = info.size;
+  a->slot_bytes = info.slot_bytes;
   a->first_page = t.first_page_index();
   a->coherent = t.coherent();
   a->replicated = info.replicas_wanted > 0 || !info.replicas.empty();
@@ -604,8 +607,9 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
     Status s = check_remote_extents(alloc);
     ClientAccess access(*this);
     if (s.ok()) {
-      const LayoutView view{alloc.base.node, alloc.first_page, page_size(), alloc.size, alloc.extents,
-                            alloc.page_versions};
+      const LayoutView view{alloc.base.node, alloc.first_page,   page_size(),
+                            alloc.size,      alloc.extents,      alloc.page_versions,
+                            alloc.base.offset % page_size()};
       s = copy_through_layout(view, access, offset, buf, length, to_memory, ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {

@@ -41,6 +41,7 @@ bool home_unreachable(const Status& s);
 struct CachedAllocation {
   Gva base;  // carries the generation
   uint64_t size = 0;
+  uint32_t slot_bytes = 0;  // a sub-page allocation's size class
   uint64_t first_page = 0;
   bool coherent = false;
   bool replicated = false;        // writes and atomics go through the home daemon

@@ -257,6 +257,10 @@ Status check(const DaemonConfig& c, std::string_view source) {
     return bad("mapping.page_size " + std::to_string(c.page_size) +
                " must be a power of two of at least 4 KiB");
   }
+  if (c.sub_page_bytes() > c.page_size / 2) {
+    return bad("mapping.sub_page_max " + format_size(c.sub_page_bytes()) + " is more than half a page (" +
+               format_size(c.page_size) + "): a shared page must hold at least two");
+  }
   if (c.socket_path.empty()) return bad("control.socket must not be empty");
   if (c.socket_path.size() >= 108) return bad("control.socket path is longer than a Unix socket allows (107)");
   if (!c.socket_group.empty()) TIERMEM_RETURN_IF_ERROR(resolve_group(c.socket_group, "control.socket_group", source).status());
@@ -342,6 +346,7 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("control.max_connections_per_uid", &c.max_connections_per_uid, 1, 1 << 20);
   r.size("mapping.page_size", &c.page_size);
   r.integer("mapping.pages_per_tenant", &c.pages_per_tenant, 0, int64_t{1} << 36);
+  r.size("mapping.sub_page_max", &c.sub_page_max);
   r.boolean("tiers.dram.enabled", &c.dram_enabled);
   r.size("tiers.dram.capacity", &c.dram_capacity);
   r.string("tiers.dram.path", &c.dram_path);

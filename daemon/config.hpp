@@ -37,6 +37,11 @@ struct DaemonConfig {
 
   uint64_t page_size = 2 << 20;
   uint64_t pages_per_tenant = 0;  // virtual pages of each tenant's range; 0: 16x the frames
+  // Allocations of at most this many bytes share pages (M10); 0: none do.
+  // Unset (k_sub_page_auto): an eighth of a page.
+  static constexpr uint64_t k_sub_page_auto = ~uint64_t{0};
+  uint64_t sub_page_max = k_sub_page_auto;
+  uint64_t sub_page_bytes() const { return sub_page_max == k_sub_page_auto ? page_size / 8 : sub_page_max; }
 
   bool dram_enabled = true;
   uint64_t dram_capacity = uint64_t{1} << 30;

@@ -58,7 +58,7 @@ std::string RequestHandler::metrics() {
   for (const AllocationInfo& a : m_space.list()) {
     auto& [count, bytes] = by_tenant[{a.tenant, a.tier}];
     ++count;
-    bytes += a.pages * m_space.page_size();
+    bytes += a.slot_bytes != 0 ? a.slot_bytes : a.pages * m_space.page_size();  // a sub-page one: its slot
   }
   out.family("tiermem_tenant_allocations", "gauge", "Allocations of a tenant on this node, by tier.");
   for (const auto& [key, v] : by_tenant) {

@@ -191,6 +191,7 @@ Status open_memory(const DaemonConfig& c, Node* node) {
   options.page_size = c.page_size;
   options.domains = c.max_tenants_per_node;
   options.pages_per_domain = c.pages_per_tenant;
+  options.sub_page_max = c.sub_page_bytes();
   options.versions_dir = c.dram_path;
   options.incarnation = node->incarnation;
   if (c.metadata_enabled) {

@@ -66,6 +66,11 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
                       " must be a power of two of at least 4096 bytes");
   }
   if (options.domains == 0) return Status(ErrorCode::invalid_argument, "the address space needs a domain");
+  if (options.sub_page_max > options.page_size / 2) {
+    return Status(ErrorCode::invalid_argument, "sub-page allocations of up to " + format_size(options.sub_page_max) +
+                                                   " do not fit twice in a page of " + format_size(options.page_size) +
+                                                   " (at most half a page)");
+  }
   uint64_t frames = 0;
   TIERMEM_RETURN_IF_ERROR(check_tiers(tiers, options.page_size, options.domains, &frames));
   uint64_t per_domain = options.pages_per_domain;
@@ -126,6 +131,7 @@ AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t pages_pe
       m_next_generation(options.first_generation != 0 ? options.first_generation
                                                       : static_cast<uint32_t>(random_nonzero() | 1)),
       m_local_words(m_versions->words().data(), m_versions->pages(), m_versions->l3().data(), options.page_size) {
+  m_sub_page_max = options.sub_page_max;
   for (uint32_t d = 0; d < options.domains; ++d) {
     // Page 0 stays unallocated: GVA offset 0 is null.
     const uint64_t first = d == 0 ? 1 : uint64_t{d} * pages_per_domain;
@@ -293,6 +299,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
     return Status(ErrorCode::already_exists,
                   "name '" + request.name + "' is already used by " + info_of(other).gva.to_string());
   }
+  if (const uint32_t slot = slot_class(request); slot != 0) return allocate_in_slab(request, slot);
   TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(request.tenant, request.limits));
   Domain& dom = m_domains[domain];
   const std::vector<Tier> chain = placement_chain(request.tier, request.strict);
@@ -350,9 +357,9 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
     return s;
   }
   ++tier.allocations;
-  if (indexed) m_names.emplace(a.name, a.first_page);
+  if (indexed) m_names.emplace(a.name, start_of(a));
   const AllocationInfo info = info_of(a);
-  m_allocations.emplace(a.first_page, std::move(a));
+  m_allocations.emplace(start_of(a), std::move(a));
   return info;
 }
 
@@ -397,6 +404,7 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   if (a.migrating) {
     return Status(ErrorCode::busy, "allocation " + info.gva.to_string() + " is being migrated; free it after");
   }
+  if (a.slot_bytes != 0) return free_in_slab(a);
   // Lock every page first so no reader or writer is inside; then the new epoch
   // tells every cached translation that the page is gone.
   std::vector<uint64_t> locked(a.pages);
@@ -429,7 +437,7 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   (void)m_domains[domain].virtual_pages.release({a.first_page, a.pages});
   --m_tiers[static_cast<size_t>(a.tier)].allocations;
   if (!a.name.empty() && a.replica_of.node == 0) m_names.erase(a.name);
-  m_allocations.erase(a.first_page);
+  m_allocations.erase(start_of(a));
   return Status();
 }
 
@@ -447,8 +455,9 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   AllocationInfo info;
   info.gva.node = m_node;
   info.gva.generation = a.generation;
-  info.gva.offset = a.first_page * page_size();
+  info.gva.offset = start_of(a);
   info.size = a.size;
+  info.slot_bytes = a.slot_bytes;
   const PageEntry* first = m_table.find(a.first_page);
   info.tier = first != nullptr && first->present() ? first->tier : a.tier;
   info.name = a.name;

@@ -17,6 +17,12 @@
 // frees are derived from it. Frames this node lends to pages homed elsewhere
 // ("foreign" frames) are reserved and released by the home node.
 //
+// Sub-page allocations (M10, address_space_sub_page.cpp): an allocation of
+// at most sub_page_max bytes takes a slot of a page shared with other small
+// allocations of its tenant, tier and kind (a slab); it keeps a GVA,
+// generation, bounds and record of its own and shares the page's version
+// word. m_allocations holds both kinds, by start byte; slabs are kept apart.
+//
 // Virtual pages are handed out next-fit over a range several times larger than
 // physical capacity, so the address of a freed allocation is not reused until
 // the range has wrapped; each allocation also gets a fresh generation (seeded
@@ -34,9 +40,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -68,6 +76,11 @@ struct AddressSpaceOptions {
   // First generation handed out; 0 picks a random one (so GVAs of an earlier
   // run of the daemon are detected as stale).
   uint32_t first_generation = 0;
+  // Sub-page allocations (M10): allocations of at most this many bytes share
+  // pages with other small allocations of their tenant, tier and kind, in
+  // power-of-two size classes of at least k_min_slot_bytes; 0: every
+  // allocation takes whole pages. At most page_size / 2.
+  uint64_t sub_page_max = 0;
   // The directory of the version segments (the node's shared memory), held
   // locked by the caller.
   std::string versions_dir;
@@ -177,6 +190,10 @@ struct PageMove {
   uint64_t locked = 0;  // the locked (odd) version word
 };
 
+// The smallest size class of sub-page allocations: a cache line, so that
+// neighbours' atomic words never share one.
+inline constexpr uint64_t k_min_slot_bytes = 64;
+
 class AddressSpace {
  public:
   // Errors: invalid_argument (page size not a power of two >= 4096, a tier
@@ -189,6 +206,13 @@ class AddressSpace {
   uint64_t virtual_pages() const { return m_table.pages(); }
   uint64_t pages_per_domain() const { return m_versions->pages_per_domain(); }
   uint32_t domains() const { return m_versions->domains(); }
+  uint64_t sub_page_max() const { return m_sub_page_max; }
+  // Pages shared by sub-page allocations now, and the allocations in them.
+  struct SlabStats {
+    uint64_t slabs = 0;
+    uint64_t allocations = 0;
+  };
+  SlabStats slab_stats() const;
 
   // The domain of `tenant`, given to it now (its files opened, sized by its
   // limits) when it has none yet. *fresh says so, for the caller to register
@@ -322,6 +346,10 @@ class AddressSpace {
  private:
   struct Allocation {
     uint64_t first_page = 0;
+    // A sub-page allocation: where it starts in its page (first_page, a
+    // slab's) and its size class; slot_bytes 0: whole pages.
+    uint64_t page_offset = 0;
+    uint32_t slot_bytes = 0;
     uint64_t pages = 0;
     uint64_t size = 0;
     uint32_t generation = 0;
@@ -352,6 +380,18 @@ class AddressSpace {
     std::array<uint64_t, 4> used{};        // pages in use, per tier (quota)
     std::array<uint64_t, 4> limit{};       // pages allowed, per tier
   };
+  // A page shared by sub-page allocations of one tenant, tier, size class
+  // and kind (coherent or not): `page` is it as a one-page allocation (its
+  // record, pins, migration state); `used` one bit per slot.
+  struct Slab {
+    Allocation page;
+    std::vector<uint64_t> used;
+    std::vector<uint64_t> dirty;  // freed slots, zeroed when taken again
+    uint32_t in_use = 0;
+    uint32_t slots = 0;
+  };
+  // What slabs with a free slot are kept by.
+  using SlabKind = std::tuple<uint32_t, uint8_t, uint32_t, bool>;  // domain, tier, class, coherent
   struct TierState {
     std::unique_ptr<TierBackend> backend;
     ExtentSet shared_free;  // a tier without domains (VRAM): its free frames
@@ -376,11 +416,39 @@ class AddressSpace {
   bool take_back(const AllocationRecord& r, std::string* why);
   void restore_pages(Allocation& a, const AllocationRecord& r, bool memory_adopted);
   bool settle_word(uint64_t page, bool memory_adopted);
+  // An allocation as its record describes it (its pages not restored).
+  Allocation from_record(const AllocationRecord& r) const;
+  // Re-records flags found at recovery and counts what was lost.
+  void note_recovered(const Allocation& a, const AllocationRecord& r);
   // The record of an allocation as its page entries are now.
   AllocationRecord record_of(const Allocation& a) const;
   // Records the allocation (a no-op without metadata or for a session one).
   Status record(const Allocation& a);
   Status record_lent(Tier tier, const std::vector<UnitRange>& frames, NodeId borrower, uint32_t domain);
+
+  // --- sub-page allocations (address_space_sub_page.cpp) ------------------
+  // The size class of a request, 0 when it takes whole pages.
+  uint32_t slot_class(const AllocRequest& request) const;
+  Result<AllocationInfo> allocate_in_slab(const AllocRequest& request, uint32_t slot_bytes);
+  // A new slab of `tier`, or nullptr when the tier has no room for a page.
+  Result<Slab*> new_slab(const AllocRequest& request, uint32_t domain, Tier tier, uint32_t slot_bytes);
+  Status free_in_slab(Allocation& a);
+  // Gives an empty slab's page back (its record first).
+  Status release_slab(Slab& slab);
+  void mark_slot(Slab& slab, uint64_t page_offset, bool used);
+  bool slot_used(const Slab& slab, uint64_t page_offset) const;
+  SlabKind kind_of(const Slab& slab) const;
+  // Recovery: an allocation in a slab recovered before; false (and why)
+  // when it does not fit in it.
+  bool recover_in_slab(const AllocationRecord& r, std::string* why);
+  // A slab of `slot_bytes` slots with none taken (its page not set).
+  Slab empty_slab(uint64_t slot_bytes) const;
+  // Recovery: slabs left with nothing in them are given back.
+  void release_empty_slabs();
+  // The allocation the page belongs to: a whole one, or a slab's page.
+  Allocation* owner_of_page(uint64_t page);
+  // Where an allocation starts, in bytes of the node's range (its key).
+  uint64_t start_of(const Allocation& a) const { return a.first_page * page_size() + a.page_offset; }
 
   // Finds the allocation holding `gva` (caller holds the lock).
   Result<Allocation*> locate(Gva gva) const;
@@ -431,8 +499,11 @@ class AddressSpace {
   std::map<std::pair<uint8_t, uint64_t>, Reserved> m_lent;  // (tier, frame offset) -> reservation
   std::map<NodeId, uint64_t> m_lender_generation;  // memory generation of the nodes our pages' frames are on
   uint32_t m_next_generation = 1;
-  std::map<uint64_t, Allocation> m_allocations;  // by first page
-  std::unordered_map<std::string, uint64_t> m_names;
+  std::map<uint64_t, Allocation> m_allocations;  // by start (start_of)
+  std::unordered_map<std::string, uint64_t> m_names;  // -> start
+  uint64_t m_sub_page_max = 0;
+  std::map<uint64_t, Slab> m_slabs;  // by page
+  std::map<SlabKind, std::set<uint64_t>> m_open_slabs;  // pages of slabs with a free slot
   LocalVersionWords m_local_words;
   std::array<std::optional<BackendFrameData>, 4> m_local_frames;
 };

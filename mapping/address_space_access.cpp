@@ -92,10 +92,21 @@ Result<AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
   const uint64_t page = gva.offset >> m_table.page_shift();
   const PageEntry* e = m_table.find(page);
   if (e == nullptr || !e->present()) return not_allocated_error(gva);
-  auto it = m_allocations.upper_bound(page);
-  if (it == m_allocations.begin()) return Status(ErrorCode::internal, "page table and allocations disagree");
+  auto it = m_allocations.upper_bound(gva.offset);
+  const bool shared = m_slabs.count(page) != 0;
+  if (it == m_allocations.begin()) {
+    if (shared) return not_allocated_error(gva);
+    return Status(ErrorCode::internal, "page table and allocations disagree");
+  }
   --it;
   auto& a = const_cast<Allocation&>(it->second);
+  if (shared && (a.first_page != page || gva.offset - start_of(a) >= a.slot_bytes)) {
+    return Status(ErrorCode::not_allocated, "GVA " + gva.to_string() + " is not allocated (a free slot of page " +
+                                                std::to_string(page) + ", which small allocations share)");
+  }
+  if (!shared && (a.slot_bytes != 0 || page >= a.first_page + a.pages)) {
+    return Status(ErrorCode::internal, "page table and allocations disagree");
+  }
   if (gva.generation != 0 && gva.generation != a.generation) {
     return Status(ErrorCode::stale_generation,
                   "GVA " + gva.to_string() + " is of generation " + std::to_string(gva.generation) +
@@ -119,6 +130,13 @@ std::vector<Extent> AddressSpace::extents_of(const Allocation& a) const {
   // one extent.
   std::vector<Extent> out;
   const uint64_t psize = page_size();
+  if (a.slot_bytes != 0) {
+    // Its slot of the shared page (never on another node: slabs are not
+    // migrated).
+    const PageEntry& e = *m_table.find(a.first_page);
+    out.push_back({e.tier, e.node, e.frame_offset + a.page_offset, 0, a.slot_bytes, 0});
+    return out;
+  }
   for (uint64_t i = 0; i < a.pages; ++i) {
     const PageEntry& e = *m_table.find(a.first_page + i);
     if (!out.empty()) {
@@ -196,7 +214,8 @@ Status AddressSpace::copy(Gva gva, std::byte* buffer, size_t length, bool to_mem
   const auto give_up = std::chrono::steady_clock::now() + 5 * k_page_lock_timeout;
   while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto l, layout(gva));
-    const LayoutView view{m_node, l.first_page, page_size(), l.info.size, l.extents, l.page_versions};
+    const LayoutView view{m_node,     l.first_page,      page_size(), l.info.size, l.extents, l.page_versions,
+                          l.info.gva.offset % page_size()};
     const uint64_t offset = gva.offset - l.info.gva.offset;
     Status s = copy_through_layout(view, access, offset, buffer, length, to_memory, k_page_lock_timeout);
     if (s.code() == ErrorCode::out_of_range) {
@@ -256,6 +275,13 @@ Result<FrameData*> AddressSpace::frames(NodeId node, Tier tier, MemoryAccess* el
 }
 
 void AddressSpace::set_pinned(const Allocation& a, bool pinned) {
+  if (a.slot_bytes != 0) {
+    // The shared page stays pinned while any allocation in it is mapped.
+    Allocation& page = m_slabs.at(a.first_page).page;
+    if (pinned ? page.map_count++ != 0 : --page.map_count != 0) return;
+    set_pinned(page, pinned);
+    return;
+  }
   for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
     PageEntry e = *m_table.find(p);
     e.flags = pinned ? (e.flags | k_page_pinned) : (e.flags & ~k_page_pinned);

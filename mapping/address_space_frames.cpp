@@ -164,6 +164,13 @@ Result<std::vector<uint64_t>> AddressSpace::begin_migration(Gva gva) {
     return Status(ErrorCode::failed_precondition,
                   "allocation " + name + " is coherent: its atomic words stay where clients address them");
   }
+  if (a.slot_bytes != 0) {
+    return Status(ErrorCode::failed_precondition,
+                  "allocation " + name + " is a sub-page allocation of " + format_size(a.size) +
+                      ": it shares page " + std::to_string(a.first_page) +
+                      " with other small allocations, and shared pages are not migrated (allocate more than " +
+                      format_size(m_sub_page_max) + " to get pages of its own)");
+  }
   if (a.migrating) return Status(ErrorCode::busy, "allocation " + name + " is already being migrated");
   a.migrating = true;
   std::vector<uint64_t> pages(a.pages);
@@ -205,8 +212,8 @@ Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
   if (to.tier == Tier::pmem) entry.flags |= k_page_durable;
   const PageEntry before = *m_table.find(move.page);
   m_table.set(move.page, entry);
-  if (auto it = m_allocations.upper_bound(move.page); it != m_allocations.begin()) {
-    if (Status s = record(std::prev(it)->second); !s.ok()) {
+  if (const Allocation* owner = owner_of_page(move.page)) {
+    if (Status s = record(*owner); !s.ok()) {
       m_table.set(move.page, before);  // not moved: the caller gives the new frame back
       return s;
     }
@@ -267,9 +274,9 @@ MappingDump AddressSpace::dump() const {
   d.node = m_node;
   d.page_size = page_size();
   d.l2_pages = k_l2_pages;
-  for (const auto& [first, a] : m_allocations) {
+  for (const auto& [start, a] : m_allocations) {
     d.allocations.push_back(info_of(a));
-    for (uint64_t p = first; p < first + a.pages; ++p) d.pages.push_back(page_info(p));
+    for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) d.pages.push_back(page_info(p));
   }
   return d;
 }
@@ -287,7 +294,9 @@ size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
   if (known == m_lender_generation.end() || known->second == memory_generation) return 0;
   known->second = memory_generation;
   size_t lost = 0;
-  for (auto& [first, a] : m_allocations) {
+  for (auto& [start, a] : m_allocations) {
+    if (a.slot_bytes != 0) continue;  // shared pages are never on another node
+    const uint64_t first = a.first_page;
     const uint64_t lost_before = a.lost_pages;
     for (uint64_t p = first; p < first + a.pages; ++p) {
       PageEntry e = *m_table.find(p);
@@ -309,17 +318,26 @@ size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
 
 bool AddressSpace::break_dead_lock(uint64_t page, uint64_t locked, const std::string& tenant, bool is_operator) {
   std::unique_lock lock(m_mutex);
-  auto it = m_allocations.upper_bound(page);
-  if (it == m_allocations.begin()) return false;
-  Allocation& a = std::prev(it)->second;
-  if (page >= a.first_page + a.pages || (!is_operator && a.tenant != tenant)) return false;
+  Allocation* owner = owner_of_page(page);
+  if (owner == nullptr || (!is_operator && owner->tenant != tenant)) return false;
   if (!break_lock(m_versions->word(page), locked)) return false;
   PageEntry e = *m_table.find(page);
   if ((e.flags & k_page_torn) == 0) {
     e.flags |= k_page_torn;
     m_table.set(page, e);
-    ++a.torn_pages;
-    (void)record(a);  // the flag only: the lock is broken either way
+    // The flag only: the lock is broken either way. On a shared page the
+    // writer may have been inside any of its allocations.
+    std::vector<Allocation*> hit{owner};
+    if (m_slabs.count(page) != 0) {
+      for (auto it = m_allocations.lower_bound(page * page_size());
+           it != m_allocations.end() && it->second.first_page == page; ++it) {
+        hit.push_back(&it->second);
+      }
+    }
+    for (Allocation* a : hit) {
+      ++a->torn_pages;
+      (void)record(*a);
+    }
   }
   return true;
 }

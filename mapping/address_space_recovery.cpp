@@ -10,6 +10,7 @@
 // gone) are flagged lost, so their allocation reads fail with data_lost and
 // says so, never silently.
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <mutex>
 
@@ -24,6 +25,14 @@ namespace tiermem {
 AllocationRecord AddressSpace::record_of(const Allocation& a) const {
   AllocationRecord r;
   r.first_page = a.first_page;
+  r.page_offset = a.page_offset;
+  r.slot_bytes = a.slot_bytes;
+  if (a.slot_bytes != 0) {
+    r.kind = RecordKind::sub;
+  } else if (m_slabs.count(a.first_page) != 0 && &m_slabs.at(a.first_page).page == &a) {
+    r.kind = RecordKind::slab;
+    r.slot_bytes = static_cast<uint32_t>(m_slabs.at(a.first_page).page.size);
+  }
   r.pages = a.pages;
   r.size = a.size;
   r.generation = a.generation;
@@ -41,7 +50,7 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
   r.replica_ready = a.replica_ready;
   r.qos = a.qos;
   const uint64_t psize = page_size();
-  for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
+  for (uint64_t p = a.first_page; r.kind != RecordKind::sub && p < a.first_page + a.pages; ++p) {
     const PageEntry& e = *m_table.find(p);
     RunRecord* last = r.runs.empty() ? nullptr : &r.runs.back();
     if (last != nullptr && last->node == e.node && last->tier == e.tier && last->flags == e.flags &&
@@ -185,8 +194,7 @@ void AddressSpace::restore_pages(Allocation& a, const AllocationRecord& r, bool 
   }
 }
 
-bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why) {
-  if (!check_record(r, why) || !take_back(r, why)) return false;
+AddressSpace::Allocation AddressSpace::from_record(const AllocationRecord& r) const {
   Allocation a;
   a.first_page = r.first_page;
   a.pages = r.pages;
@@ -205,12 +213,10 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   a.replica_of = r.replica_of;
   a.replica_ready = r.replica_ready;
   a.qos = r.qos;
-  restore_pages(a, r, memory_adopted);
-  Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
-  dom.cursor = std::max(dom.cursor, r.first_page + r.pages);
-  ++m_tiers[static_cast<size_t>(a.tier)].allocations;
-  if (!a.name.empty() && a.replica_of.node == 0) m_names.emplace(a.name, a.first_page);
-  m_recovery.pages += a.pages;
+  return a;
+}
+
+void AddressSpace::note_recovered(const Allocation& a, const AllocationRecord& r) {
   if (a.lost_pages > r.lost_pages || a.torn_pages > r.torn_pages) {
     (void)m_meta->put_allocation(record_of(a), m_next_generation);  // the flags only
   }
@@ -222,7 +228,36 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
                                 info_of(a).gva.to_string());
     }
   }
-  m_allocations.emplace(a.first_page, std::move(a));
+}
+
+bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why) {
+  if (r.kind == RecordKind::sub) return recover_in_slab(r, why);
+  if (r.kind == RecordKind::slab && (r.pages != 1 || r.slot_bytes < k_min_slot_bytes ||
+                                      r.slot_bytes > page_size() / 2 || !std::has_single_bit(r.slot_bytes))) {
+    *why = "it is a shared page of an impossible size class";
+    return false;
+  }
+  if (!check_record(r, why) || !take_back(r, why)) return false;
+  Allocation a = from_record(r);
+  restore_pages(a, r, memory_adopted);
+  Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
+  dom.cursor = std::max(dom.cursor, r.first_page + r.pages);
+  m_recovery.pages += a.pages;
+  if (r.kind == RecordKind::slab) {
+    // Filled by the records of the allocations in it, which follow.
+    Slab slab = empty_slab(r.slot_bytes);
+    a.size = r.slot_bytes;
+    slab.page = std::move(a);
+    const Allocation& page = m_slabs.emplace(r.first_page, std::move(slab)).first->second.page;
+    if (page.lost_pages > r.lost_pages || page.torn_pages > r.torn_pages) {
+      (void)m_meta->put_allocation(record_of(page), m_next_generation);  // the flags only
+    }
+    return true;
+  }
+  ++m_tiers[static_cast<size_t>(a.tier)].allocations;
+  if (!a.name.empty() && a.replica_of.node == 0) m_names.emplace(a.name, start_of(a));
+  note_recovered(a, r);
+  m_allocations.emplace(start_of(a), std::move(a));
   return true;
 }
 
@@ -264,14 +299,17 @@ void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
   for (const AllocationRecord& r : image.allocations) {
     std::string why;
     if (recover_allocation(r, memory_adopted, &why)) {
-      ++m_recovery.allocations;
+      if (r.kind != RecordKind::slab) ++m_recovery.allocations;
       continue;
     }
     ++m_recovery.dropped;
-    m_recovery.dropped_reasons.push_back("allocation at page " + std::to_string(r.first_page) +
-                                         (r.name.empty() ? "" : " ('" + r.name + "')") + ": " + why);
-    (void)m_meta->erase_allocation(r.first_page);
+    m_recovery.dropped_reasons.push_back(
+        std::string(r.kind == RecordKind::slab ? "shared page " : "allocation at page ") + std::to_string(r.first_page) +
+        (r.kind == RecordKind::sub ? " + " + std::to_string(r.page_offset) : "") +
+        (r.name.empty() ? "" : " ('" + r.name + "')") + ": " + why);
+    (void)m_meta->erase_allocation(r.first_page, r.page_offset, r.kind);
   }
+  release_empty_slabs();
   for (const LentRecord& l : image.lent) {
     const auto t = static_cast<size_t>(l.tier);
     TierState* ts = t < m_tiers.size() ? &m_tiers[t] : nullptr;

@@ -45,7 +45,16 @@ struct RunRecord {
   uint64_t memory_generation = 0;  // of the lending node's memory (runs on other nodes)
 };
 
+// Sub-page allocations (M10): a page shared by small allocations is a slab,
+// recorded with its page entry like a one-page allocation; each allocation in
+// it is a record of its own with its offset in the page and no runs (it is
+// where its slab is).
+enum class RecordKind : uint8_t { whole = 0, slab = 1, sub = 2 };
+
 struct AllocationRecord {
+  RecordKind kind = RecordKind::whole;
+  uint64_t page_offset = 0;  // sub: where it starts in its slab's page
+  uint32_t slot_bytes = 0;   // slab, sub: the size class
   uint64_t first_page = 0;
   uint64_t pages = 0;
   uint64_t size = 0;
@@ -112,11 +121,12 @@ class MetadataStore {
 
   virtual Status put_domain(const DomainRecord& domain) = 0;
   // Records a new allocation, or replaces the record of the one at the same
-  // first page (page entries changed: migration, torn or lost pages), with
-  // the generation counter. Errors: tier_exhausted (the pool's table is
-  // full), io_error.
+  // place (first page, offset in it and kind: page entries changed by
+  // migration, torn or lost pages), with the generation counter. Errors:
+  // tier_exhausted (the pool's table is full), io_error.
   virtual Status put_allocation(const AllocationRecord& a, uint32_t next_generation) = 0;
-  virtual Status erase_allocation(uint64_t first_page) = 0;
+  virtual Status erase_allocation(uint64_t first_page, uint64_t page_offset = 0,
+                                  RecordKind kind = RecordKind::whole) = 0;
   // Records frames of `tier` as lent to `borrower` (0: given back).
   virtual Status set_lent(Tier tier, const std::vector<uint64_t>& frames, NodeId borrower, uint32_t domain) = 0;
   virtual Status set_memory_generation(uint64_t generation) = 0;

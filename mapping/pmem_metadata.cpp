@@ -11,7 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <unordered_map>
+#include <map>
+#include <tuple>
 
 #include <tiermem/status_macros.h>
 #include <tiermem/units.h>
@@ -75,6 +76,14 @@ struct PReplicas {
   PReplicaEntry copies[k_max_replicas];
 };
 
+// Beside slot i too: whether it is a slab or a sub-page allocation (M10).
+struct PSubPage {
+  uint8_t kind;  // RecordKind
+  uint8_t reserved[3];
+  uint32_t slot_bytes;
+  uint64_t page_offset;
+};
+
 struct PDomain {
   uint64_t assigned;
   char tenant[64];
@@ -102,6 +111,7 @@ struct Root {
   PMEMoid domain_table;
   PMEMoid lent[4];
   PMEMoid replicas;  // PReplicas[max_allocations], beside the slots (a pool made before has none yet)
+  PMEMoid sub_pages;  // PSubPage[max_allocations], likewise
 };
 
 Status pool_error(const std::string& what) {
@@ -190,7 +200,7 @@ class PmemMetadata final : public MetadataStore {
   }
 
   Status put_allocation(const AllocationRecord& a, uint32_t next_generation) override;
-  Status erase_allocation(uint64_t first_page) override;
+  Status erase_allocation(uint64_t first_page, uint64_t page_offset, RecordKind kind) override;
 
   Status set_lent(Tier tier, const std::vector<uint64_t>& frames, NodeId borrower, uint32_t domain) override {
     const auto t = static_cast<size_t>(tier);
@@ -215,6 +225,14 @@ class PmemMetadata final : public MetadataStore {
   PSlot* slots() const { return static_cast<PSlot*>(pmemobj_direct(m_root->slots)); }
   PDomain* domains() const { return static_cast<PDomain*>(pmemobj_direct(m_root->domain_table)); }
   PReplicas* replicas() const { return static_cast<PReplicas*>(pmemobj_direct(m_root->replicas)); }
+  PSubPage* sub_pages() const { return static_cast<PSubPage*>(pmemobj_direct(m_root->sub_pages)); }
+  // A table beside the slots, made at open in a pool made before it.
+  Status add_side_table(PMEMoid* table, size_t entry_bytes, const char* what);
+  // Where a record is: first page, offset in it, kind.
+  using Place = std::tuple<uint64_t, uint64_t, uint8_t>;
+  static Place place_of(uint64_t first_page, uint64_t page_offset, RecordKind kind) {
+    return {first_page, page_offset, static_cast<uint8_t>(kind)};
+  }
   Status initialize(const MetadataOptions& o, const MetadataGeometry& g);
   Status check_geometry(const MetadataGeometry& g) const;
   void load();
@@ -223,7 +241,7 @@ class PmemMetadata final : public MetadataStore {
   std::string m_path;
   Root* m_root = nullptr;
   MetadataImage m_image;
-  std::unordered_map<uint64_t, size_t> m_slot_of;  // first page -> slot
+  std::map<Place, size_t> m_slot_of;  // where -> slot
   std::vector<size_t> m_free_slots;
 };
 
@@ -240,6 +258,7 @@ Status PmemMetadata::initialize(const MetadataOptions& o, const MetadataGeometry
     m_root->slots = tx.alloc(o.max_allocations * sizeof(PSlot));
     m_root->domain_table = tx.alloc(g.domains * sizeof(PDomain));
     m_root->replicas = tx.alloc(o.max_allocations * sizeof(PReplicas));
+    m_root->sub_pages = tx.alloc(o.max_allocations * sizeof(PSubPage));
     for (size_t t = 0; t < 4; ++t) {
       m_root->tier_frames[t] = g.tier_frames[t];
       if (g.tier_frames[t] > 0) m_root->lent[t] = tx.alloc(g.tier_frames[t] * sizeof(PLent));
@@ -321,11 +340,22 @@ void PmemMetadata::load() {
       a.replicas.push_back({static_cast<NodeId>(e.node), gva_of(e.node, e.generation, e.offset),
                             e.state == 0 ? ReplicaState::in_sync : ReplicaState::dropped});
     }
-    m_slot_of[a.first_page] = i;
+    const PSubPage& sp = sub_pages()[i];
+    if (sp.kind == static_cast<uint8_t>(RecordKind::slab) || sp.kind == static_cast<uint8_t>(RecordKind::sub)) {
+      a.kind = static_cast<RecordKind>(sp.kind);
+      a.slot_bytes = sp.slot_bytes;
+      a.page_offset = sp.page_offset;
+    }
+    m_slot_of[place_of(a.first_page, a.page_offset, a.kind)] = i;
     m_image.allocations.push_back(std::move(a));
   }
+  // In address order, a slab before the allocations in it.
   std::sort(m_image.allocations.begin(), m_image.allocations.end(),
-            [](const AllocationRecord& x, const AllocationRecord& y) { return x.first_page < y.first_page; });
+            [](const AllocationRecord& x, const AllocationRecord& y) {
+              const auto order = [](RecordKind k) { return k == RecordKind::sub ? 1 : 0; };
+              return std::tuple(x.first_page, order(x.kind), x.page_offset) <
+                     std::tuple(y.first_page, order(y.kind), y.page_offset);
+            });
   for (size_t t = 0; t < 4; ++t) {
     const auto* table = static_cast<const PLent*>(pmemobj_direct(m_root->lent[t]));
     for (uint64_t f = 0; table != nullptr && f < m_root->tier_frames[t]; ++f) {
@@ -334,6 +364,13 @@ void PmemMetadata::load() {
       }
     }
   }
+}
+
+Status PmemMetadata::add_side_table(PMEMoid* table, size_t entry_bytes, const char* what) {
+  if (!OID_IS_NULL(*table)) return Status();
+  Tx tx(m_pool);
+  if (tx.add(table, sizeof *table)) *table = tx.alloc(m_root->max_allocations * entry_bytes);
+  return tx.commit(what);
 }
 
 Status PmemMetadata::open(const MetadataOptions& o, const MetadataGeometry& g) {
@@ -352,14 +389,10 @@ Status PmemMetadata::open(const MetadataOptions& o, const MetadataGeometry& g) {
   if (OID_IS_NULL(m_root->slots) || OID_IS_NULL(m_root->domain_table)) {
     return Status(ErrorCode::io_error, "metadata pool " + m_path + " lacks its tables");
   }
-  if (OID_IS_NULL(m_root->replicas)) {
-    // Made before replication: its root grew (zeros) above; the table now.
-    Tx tx(m_pool);
-    if (tx.add(&m_root->replicas, sizeof m_root->replicas)) {
-      m_root->replicas = tx.alloc(m_root->max_allocations * sizeof(PReplicas));
-    }
-    TIERMEM_RETURN_IF_ERROR(tx.commit("the replica table"));
-  }
+  // Made before replication or sub-page allocations: its root grew (zeros)
+  // above; the tables now.
+  TIERMEM_RETURN_IF_ERROR(add_side_table(&m_root->replicas, sizeof(PReplicas), "the replica table"));
+  TIERMEM_RETURN_IF_ERROR(add_side_table(&m_root->sub_pages, sizeof(PSubPage), "the sub-page table"));
   {
     Tx tx(m_pool);
     if (tx.add(&m_root->starts, sizeof m_root->starts)) ++m_root->starts;
@@ -372,7 +405,8 @@ Status PmemMetadata::open(const MetadataOptions& o, const MetadataGeometry& g) {
 Status PmemMetadata::put_allocation(const AllocationRecord& a, uint32_t next_generation) {
   size_t slot = 0;
   bool fresh = false;
-  if (auto it = m_slot_of.find(a.first_page); it != m_slot_of.end()) {
+  const Place place = place_of(a.first_page, a.page_offset, a.kind);
+  if (auto it = m_slot_of.find(place); it != m_slot_of.end()) {
     slot = it->second;
   } else if (!m_free_slots.empty()) {
     slot = m_free_slots.back();
@@ -428,16 +462,24 @@ Status PmemMetadata::put_allocation(const AllocationRecord& a, uint32_t next_gen
                       c.gva.offset};
     }
   }
-  TIERMEM_RETURN_IF_ERROR(tx.commit("allocation at page " + std::to_string(a.first_page)));
+  PSubPage* sp = sub_pages() + slot;
+  if (tx.add(sp, sizeof *sp)) {
+    std::memset(sp, 0, sizeof *sp);
+    sp->kind = static_cast<uint8_t>(a.kind);
+    sp->slot_bytes = a.slot_bytes;
+    sp->page_offset = a.page_offset;
+  }
+  TIERMEM_RETURN_IF_ERROR(tx.commit("allocation at page " + std::to_string(a.first_page) +
+                                    (a.kind == RecordKind::sub ? " + " + std::to_string(a.page_offset) : "")));
   if (fresh) {
     m_free_slots.pop_back();
-    m_slot_of[a.first_page] = slot;
+    m_slot_of[place] = slot;
   }
   return Status();
 }
 
-Status PmemMetadata::erase_allocation(uint64_t first_page) {
-  auto it = m_slot_of.find(first_page);
+Status PmemMetadata::erase_allocation(uint64_t first_page, uint64_t page_offset, RecordKind kind) {
+  auto it = m_slot_of.find(place_of(first_page, page_offset, kind));
   if (it == m_slot_of.end()) return Status();  // never recorded (a session allocation)
   PSlot* s = slots() + it->second;
   Tx tx(m_pool);
@@ -465,7 +507,7 @@ Result<std::unique_ptr<MetadataStore>> open_pmem_metadata(const MetadataOptions&
     if (bytes == 0) {
       uint64_t lent = 0;
       for (uint64_t f : g.tier_frames) lent += f * sizeof(PLent);
-      bytes = o.max_allocations * (sizeof(PSlot) + sizeof(PReplicas) + 2 * sizeof(PRun) + 128) + lent + g.domains * sizeof(PDomain) +
+      bytes = o.max_allocations * (sizeof(PSlot) + sizeof(PReplicas) + sizeof(PSubPage) + 2 * sizeof(PRun) + 128) + lent + g.domains * sizeof(PDomain) +
               (16 << 20);
     }
     bytes = std::max<uint64_t>(bytes, PMEMOBJ_MIN_POOL);

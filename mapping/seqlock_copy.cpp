@@ -264,15 +264,16 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
   }
   if (length == 0) return Status();
   TIERMEM_ASSIGN_OR_RETURN(auto versions, access.versions(layout.home, layout.first_page));
-  const uint64_t first_index = offset / layout.page_size;
-  const uint64_t last_index = (offset + length - 1) / layout.page_size;
+  // A sub-page allocation starts inside its page (and never leaves it).
+  const uint64_t first_index = (layout.page_offset + offset) / layout.page_size;
+  const uint64_t last_index = (layout.page_offset + offset + length - 1) / layout.page_size;
   if (last_index >= layout.page_versions.size()) return stale_translation();
   PageRange range;
   range.first_page = layout.first_page + first_index;
   range.count = last_index - first_index + 1;
   range.cached = layout.page_versions.data() + first_index;
   range.page_size = layout.page_size;
-  range.offset = offset % layout.page_size;
+  range.offset = (layout.page_offset + offset) % layout.page_size;
 
   std::vector<CopySegment> segments;
   uint64_t at = offset;

@@ -169,6 +169,7 @@ struct LayoutView {
   uint64_t size = 0;                       // bytes of the allocation
   std::span<const Extent> extents;         // in GVA order, covering every page
   std::span<const uint64_t> page_versions; // cached word of every page
+  uint64_t page_offset = 0;                // of the allocation's first byte in its first page
 };
 
 // Hands out the accessors for a node's version words and tier frames.

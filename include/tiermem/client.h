@@ -122,6 +122,7 @@ class TIERMEM_EXPORT Mapping {
   std::byte* m_data = nullptr;
   size_t m_size = 0;
   size_t m_reserved = 0;
+  size_t m_lead = 0;  // from the reserved range's start to m_data (a sub-page allocation)
   bool m_persistent = false;
 };
 

@@ -114,7 +114,10 @@ struct AllocationInfo {
   uint64_t size = 0;
   Tier tier = Tier::automatic;
   std::string name;
-  uint64_t pages = 0;
+  uint64_t pages = 0;      // pages it spans (a sub-page allocation: 1, shared with others)
+  // A sub-page allocation (M10): the size class of its slot in a page it
+  // shares with other small allocations of its tenant; 0: whole pages.
+  uint32_t slot_bytes = 0;
   uint32_t map_count = 0;  // clients holding a Mapping of it
   uint64_t created_unix_ms = 0;
   uint32_t owner_uid = 0;

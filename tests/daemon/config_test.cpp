@@ -16,6 +16,13 @@ TEST(ConfigTest, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_EQ(c->page_size, 2u << 20);
   EXPECT_EQ(c->socket_path, "/run/tiermem/tiermemd.sock");
   EXPECT_EQ(c->socket_mode, 0660u);
+  EXPECT_EQ(c->sub_page_bytes(), 256u << 10) << "an eighth of a page";
+  auto small_pages = parse_config("[mapping]\npage_size = \"64KiB\"\n", "small.toml");
+  ASSERT_TRUE(small_pages.ok());
+  EXPECT_EQ(small_pages->sub_page_bytes(), 8u << 10) << "follows the page size when left out";
+  auto none = parse_config("[mapping]\nsub_page_max = 0\n", "none.toml");
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_EQ(none->sub_page_bytes(), 0u);
 }
 
 TEST(ConfigTest, ReadsEveryKind) {
@@ -84,6 +91,8 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
   expect_error("[metrics]\nlisten = \"127.0.0.1:99999\"\n", "is not host:port");
   expect_error("[metrics]\nenabled = false\nlisten = \"127.0.0.1:9464\"\n", "metrics.enabled is false");
   expect_error("[lease]\ngrace_ms = -1\n", "lease.grace_ms must be between 0 and 3600000");
+  expect_error("[mapping]\npage_size = \"64KiB\"\nsub_page_max = \"64KiB\"\n",
+               "mapping.sub_page_max 64 KiB is more than half a page (64 KiB)");
   // Accepted once, then every request failed (the client cut it to 32 bits).
   expect_error("[control]\nmax_frame_bytes = \"8GiB\"\n", "control.max_frame_bytes 8 GiB is more than a frame can be");
   // Accepted once, and 5.7 GB of /dev/shm filled in 1.5 s.

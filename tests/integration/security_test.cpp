@@ -539,6 +539,43 @@ TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryOnANode) {
   EXPECT_TRUE(daemon.alive());
 }
 
+// Small allocations share pages (M10), but only with their own tenant's:
+// bob is refused everything on alice's, her neighbours keep their bytes
+// through direct and daemon writes, and a free leaves the neighbour intact.
+TEST_F(TenantTest, SmallAllocationsSharePagesOnlyWithinATenant) {
+  test::TestDaemon daemon({.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  open_to_users(daemon);
+  const std::string sock = daemon.socket();
+  const Outcome a1 = as(&*s_alice, sock, {"alloc", "100", "dram", "alice-small"});
+  const Outcome a2 = as(&*s_alice, sock, {"alloc", "100", "dram"});
+  const Outcome b1 = as(&*s_bob, sock, {"alloc", "100", "dram"});
+  ASSERT_TRUE(a1.ok && a2.ok && b1.ok) << a1.text << " / " << a2.text << " / " << b1.text;
+  const auto page_of = [](const std::string& text) { return Gva::parse(text).value().offset >> 21; };
+  EXPECT_EQ(page_of(a1.text), page_of(a2.text)) << "alice's small allocations share a page";
+  EXPECT_NE(page_of(a1.text), page_of(b1.text)) << "bob's is in a page of his own";
+  EXPECT_TRUE(as(&*s_alice, sock, {"--direct", "write", a1.text, "first"}).ok);
+  EXPECT_TRUE(as(&*s_alice, sock, {"--daemon", "write", a2.text, "second"}).ok);
+  EXPECT_TRUE(as(&*s_bob, sock, {"--direct", "write", b1.text, "bobs"}).ok);
+  for (const char* mode : {"--direct", "--daemon"}) {
+    const Outcome r1 = as(&*s_alice, sock, {mode, "read", a1.text, "5"});
+    const Outcome r2 = as(&*s_alice, sock, {mode, "read", a2.text, "6"});
+    EXPECT_TRUE(r1.ok && r1.text == "first") << mode << ": " << r1.text;
+    EXPECT_TRUE(r2.ok && r2.text == "second") << mode << ": " << r2.text;
+  }
+  const Outcome mapped = as(&*s_alice, sock, {"map", a1.text});
+  EXPECT_TRUE(mapped.ok && mapped.text == "100:first") << "the mapping starts at the allocation: " << mapped.text;
+  expect_all_refused(sock, a1.text, "alice-small", true);
+  EXPECT_EQ(as(&*s_alice, sock, {"--direct", "read", b1.text, "4"}).code, code(ErrorCode::permission_denied));
+  // A free is of that allocation only.
+  EXPECT_TRUE(as(&*s_alice, sock, {"free", a2.text}).ok);
+  const Outcome gone = as(&*s_alice, sock, {"--direct", "read", a2.text, "6"});
+  EXPECT_FALSE(gone.ok) << gone.text;
+  const Outcome kept = as(&*s_alice, sock, {"--direct", "read", a1.text, "5"});
+  EXPECT_TRUE(kept.ok && kept.text == "first") << kept.text;
+  EXPECT_TRUE(daemon.alive());
+}
+
 TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryAcrossDaemons) {
   test::TestCluster cluster(2, {.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});
   ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();

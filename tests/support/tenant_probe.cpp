@@ -6,7 +6,8 @@
 //
 //   tenant_probe SOCKET [--direct|--daemon] OP ARGS...
 //     alloc SIZE TIER [NAME] [NODE]   prints the GVA
-//     write GVA TEXT | read GVA LENGTH | free GVA | map GVA | translate GVA
+//     write GVA TEXT | read GVA LENGTH | free GVA | translate GVA
+//     map GVA                         prints SIZE:FIRST-BYTES
 //     fetch_add GVA | compare_swap GVA | migrate GVA TIER [NODE]
 //     lookup NAME [NODE] | list [NODE] (prints the GVAs) | stat [NODE]
 //     regions    the tenants whose memory files the daemon hands this
@@ -15,6 +16,7 @@
 //                in every $TIERMEM_CHECKIN_INTERVAL_MS)
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -137,7 +139,12 @@ int main(int argc, char** argv) {
   if (op == "free") return report(c.free(gva));
   if (op == "map") {
     auto m = c.map(gva);
-    return report(m, m.ok() ? std::to_string(m->size()) : "");
+    // Its size, and its first bytes as text (up to a NUL, at most 16).
+    std::string head;
+    for (size_t i = 0; m.ok() && i < std::min<size_t>(m->size(), 16) && m->data()[i] != std::byte{0}; ++i) {
+      head += static_cast<char>(m->data()[i]);
+    }
+    return report(m, m.ok() ? std::to_string(m->size()) + ":" + head : "");
   }
   if (op == "translate") {
     auto t = c.translate(gva);

@@ -86,7 +86,7 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
     out << "[node]\nid = " << o.node_id << "\n"
         << "[control]\nsocket = \"" << m_socket << "\"\nmax_frame_bytes = \"" << o.max_frame
         << "\"\nmax_inline_bytes = \"" << o.max_inline << "\"\n" << o.control_toml
-        << "[mapping]\npage_size = \"" << o.page_size << "\"\n"
+        << "[mapping]\npage_size = \"" << o.page_size << "\"\n" << o.mapping_toml
         << "[tiers.vram]\nenabled = " << (o.vram ? "true" : "false") << "\nrequired = "
         << (o.vram ? "true" : "false") << "\ncapacity = \"" << o.vram_capacity << "\"\n"
         << "[tiers.dram]\ncapacity = \"" << o.dram << "\"\npath = \"" << m_dram_dir << "\"\n"

@@ -26,6 +26,7 @@ struct DaemonOptions {
   std::string vram_capacity = "256MiB";
   std::string extra_toml;  // appended verbatim (new tables only)
   std::string control_toml;  // keys added to [control]
+  std::string mapping_toml;  // keys added to [mapping] (sub_page_max = "0", ...)
   std::string cluster_file;  // [cluster] file; empty: alone
   std::string secret_file;   // [cluster] secret_file (TestCluster writes one)
   // [cluster] timing keys

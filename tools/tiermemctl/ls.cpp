@@ -41,7 +41,9 @@ int cmd_ls(const Context& ctx, const Filter& filter) {
     std::string name = a.name.empty() ? "-" : a.name;
     if (a.replica_of.node != 0) name += " (copy of " + a.replica_of.to_string() + ")";
     table.add({a.gva.to_string(), format_size(a.size), std::string(tier_name(a.tier)),
-               std::to_string(a.pages), std::to_string(a.map_count), std::to_string(a.gva.generation),
+               // A sub-page allocation: its slot of a shared page.
+               a.slot_bytes != 0 ? "slot " + format_size(a.slot_bytes) : std::to_string(a.pages),
+               std::to_string(a.map_count), std::to_string(a.gva.generation),
                age(now > a.created_unix_ms ? now - a.created_unix_ms : 0), a.tenant,
                name});
   }

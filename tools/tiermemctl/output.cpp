@@ -82,6 +82,7 @@ nlohmann::json to_json(const AllocationInfo& a) {
           {"tier", tier_name(a.tier)},
           {"name", a.name},
           {"pages", a.pages},
+          {"slot_bytes", a.slot_bytes},
           {"map_count", a.map_count},
           {"created_unix_ms", a.created_unix_ms},
           {"owner_uid", a.owner_uid},

@@ -31,6 +31,7 @@ class Allocation:
     tier: str
     name: str
     pages: int
+    slot_bytes: int
     map_count: int
     created_unix_ms: int
     owner_uid: int

@@ -157,6 +157,8 @@ void bind_gva(pyb::module_& m) {
       .def_property_readonly("tier", [](const Allocation& a) { return std::string(tier_name(a.info.tier)); })
       .def_property_readonly("name", [](const Allocation& a) { return a.info.name; })
       .def_property_readonly("pages", [](const Allocation& a) { return a.info.pages; })
+      .def_property_readonly("slot_bytes", [](const Allocation& a) { return a.info.slot_bytes; },
+                             "A sub-page allocation's size class in a page it shares; 0: whole pages.")
       .def_property_readonly("map_count", [](const Allocation& a) { return a.info.map_count; })
       .def_property_readonly("created_unix_ms", [](const Allocation& a) { return a.info.created_unix_ms; })
       .def_property_readonly("owner_uid", [](const Allocation& a) { return a.info.owner_uid; })

@@ -1,0 +1,344 @@
+// AddressSpace: sub-page allocations (M10).
+//
+// An allocation of at most sub_page_max bytes takes a slot of a shared page
+// (a slab) instead of pages of its own. Slots are power-of-two size classes
+// from k_min_slot_bytes, aligned to their size, so a slot never crosses a
+// page and a word 8-byte aligned in an allocation is 8-byte aligned in
+// memory. A slab belongs to one tenant's domain (its frame is in the
+// tenant's files, so tenants never share a page), one tier and one kind
+// (coherent or not: a coherent page's atomics take no lock). Each allocation
+// in it has its own generation, name, owner, lifetime and record; they share
+// the page's version word, so writers of neighbours serialize on it and
+// readers of one retry when a neighbour is written (correct, at some cost in
+// contention, which is what whole pages are for).
+//
+// Free: under the page's exclusive lock the record goes, then the page moves
+// to a new epoch: every cached translation of the page is stale, so a client
+// still holding the freed one refreshes and is refused (and the neighbours'
+// clients translate once more). The slot is zeroed when it is taken again
+// (under the lock), so nothing of a freed allocation shows through, also
+// after a crash between the two. The last allocation's free gives the page
+// back. The slab counts as one page of its tier against the tenant's quota.
+// Shared pages are not migrated, replicated, or lent to other nodes.
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <mutex>
+
+#include <tiermem/status_macros.h>
+#include <tiermem/units.h>
+
+#include "mapping/address_space.hpp"
+#include "mapping/placement.hpp"
+#include "mapping/version.hpp"
+
+namespace tiermem {
+namespace {
+
+uint64_t unix_ms_now() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+bool bit(const std::vector<uint64_t>& bits, uint64_t i) { return (bits[i / 64] >> (i % 64)) & 1; }
+void set_bit(std::vector<uint64_t>& bits, uint64_t i, bool on) {
+  if (on) {
+    bits[i / 64] |= uint64_t{1} << (i % 64);
+  } else {
+    bits[i / 64] &= ~(uint64_t{1} << (i % 64));
+  }
+}
+
+}  // namespace
+
+uint32_t AddressSpace::slot_class(const AllocRequest& request) const {
+  if (m_sub_page_max == 0 || request.size > m_sub_page_max || request.replicas_wanted > 0 ||
+      request.replica_of.node != 0) {
+    return 0;
+  }
+  return static_cast<uint32_t>(std::max<uint64_t>(k_min_slot_bytes, std::bit_ceil(request.size)));
+}
+
+AddressSpace::Slab AddressSpace::empty_slab(uint64_t slot_bytes) const {
+  Slab slab;
+  slab.slots = static_cast<uint32_t>(page_size() / slot_bytes);
+  slab.used.assign((slab.slots + 63) / 64, 0);
+  slab.dirty.assign(slab.used.size(), 0);
+  for (uint64_t i = slab.slots; i < slab.used.size() * 64; ++i) set_bit(slab.used, i, true);  // no such slots
+  return slab;
+}
+
+AddressSpace::SlabKind AddressSpace::kind_of(const Slab& slab) const {
+  return {m_versions->domain_of(slab.page.first_page), static_cast<uint8_t>(slab.page.tier),
+          static_cast<uint32_t>(slab.page.size), slab.page.coherent};
+}
+
+bool AddressSpace::slot_used(const Slab& slab, uint64_t page_offset) const {
+  return bit(slab.used, page_offset / slab.page.size);
+}
+
+void AddressSpace::mark_slot(Slab& slab, uint64_t page_offset, bool used) {
+  const uint64_t i = page_offset / slab.page.size;
+  set_bit(slab.used, i, used);
+  if (used) {
+    ++slab.in_use;
+  } else {
+    --slab.in_use;
+    set_bit(slab.dirty, i, true);  // zeroed when taken again
+  }
+  std::set<uint64_t>& open = m_open_slabs[kind_of(slab)];
+  const bool lost = (m_table.find(slab.page.first_page)->flags & k_page_lost) != 0;
+  if (slab.in_use < slab.slots && !lost) {
+    open.insert(slab.page.first_page);
+  } else {
+    open.erase(slab.page.first_page);
+  }
+}
+
+Result<AddressSpace::Slab*> AddressSpace::new_slab(const AllocRequest& request, uint32_t domain, Tier tier,
+                                                   uint32_t slot_bytes) {
+  std::vector<UnitRange> frames;
+  if (!take_frames(tier, domain, 1, &frames)) return nullptr;
+  Domain& dom = m_domains[domain];
+  UnitRange virt;
+  if (!dom.virtual_pages.take_next_fit(1, dom.cursor, &virt)) {
+    release_local_frames(tier, frames, domain);
+    return Status(ErrorCode::tier_exhausted, "node " + std::to_string(m_node) +
+                                                 " has no free virtual page for a page of small allocations of tenant '" +
+                                                 request.tenant + "'");
+  }
+  dom.cursor = virt.start + 1;
+  if (Status s = prepare_frames(tier, frames); !s.ok()) {
+    release_local_frames(tier, frames, domain);
+    (void)dom.virtual_pages.release(virt);
+    return s.with_context("a frame for a page of small allocations");
+  }
+  Slab fresh = empty_slab(slot_bytes);
+  Allocation& p = fresh.page;
+  p.first_page = virt.start;
+  p.pages = 1;
+  p.size = slot_bytes;  // a slab's record keeps its size class here
+  p.generation = m_next_generation++;
+  if (m_next_generation == 0) m_next_generation = 1;
+  p.tier = tier;
+  p.created_unix_ms = unix_ms_now();
+  p.tenant = request.tenant;
+  p.coherent = request.coherent;
+  map_new_pages(p, tier, frames);
+  Slab& slab = m_slabs.emplace(virt.start, std::move(fresh)).first->second;
+  if (Status s = record(slab.page); !s.ok()) {
+    m_slabs.erase(virt.start);
+    m_table.clear(virt.start);
+    release_local_frames(tier, frames, domain);
+    (void)dom.virtual_pages.release(virt);
+    return s;
+  }
+  m_open_slabs[kind_of(slab)].insert(virt.start);
+  return &slab;
+}
+
+Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& request, uint32_t slot_bytes) {
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(request.tenant, request.limits));
+  const std::vector<Tier> chain = placement_chain(request.tier, request.strict);
+  Slab* slab = nullptr;
+  for (Tier t : chain) {
+    if (!m_tiers[static_cast<size_t>(t)].backend) continue;
+    auto open = m_open_slabs.find({domain, static_cast<uint8_t>(t), slot_bytes, request.coherent});
+    if (open != m_open_slabs.end() && !open->second.empty()) {
+      slab = &m_slabs.at(*open->second.begin());
+      break;
+    }
+    TIERMEM_ASSIGN_OR_RETURN(slab, new_slab(request, domain, t, slot_bytes));
+    if (slab != nullptr) break;
+  }
+  if (slab == nullptr) return exhausted_error(request, 1, chain, domain);
+  const uint64_t page = slab->page.first_page;
+  // Its first free slot (the bits past the last slot are set).
+  uint64_t index = 0;
+  for (size_t w = 0; w < slab->used.size(); ++w) {
+    if (~slab->used[w] != 0) {
+      index = w * 64 + static_cast<uint64_t>(std::countr_one(slab->used[w]));
+      break;
+    }
+  }
+  const auto give_back_empty = [&] {
+    if (slab->in_use != 0) return;
+    if (m_meta && !m_meta->erase_allocation(page, 0, RecordKind::slab).ok()) return;  // it stays, for the next
+    const PageEntry e = *m_table.find(page);
+    release_local_frame(e.tier, e.frame_offset, m_versions->domain_of(page));
+    m_table.clear(page);
+    version::advance_epoch(m_versions->word(page));
+    (void)m_domains[domain].virtual_pages.release({page, 1});
+    m_open_slabs[kind_of(*slab)].erase(page);
+    m_slabs.erase(page);
+  };
+
+  Allocation a;
+  a.first_page = page;
+  a.pages = 1;
+  a.page_offset = index * slot_bytes;
+  a.slot_bytes = slot_bytes;
+  a.size = request.size;
+  a.generation = m_next_generation++;
+  if (m_next_generation == 0) m_next_generation = 1;
+  a.tier = slab->page.tier;
+  a.name = request.name;
+  a.created_unix_ms = unix_ms_now();
+  a.owner_uid = request.owner_uid;
+  a.tenant = request.tenant;
+  a.coherent = request.coherent;
+  a.session = request.session;
+  a.qos = request.qos;
+
+  if (bit(slab->dirty, index)) {
+    // A freed allocation's bytes: zeroed before anyone learns of the new one.
+    uint64_t& word = m_versions->word(page);
+    uint64_t locked = 0;
+    if (!version::lock_exclusive_for(word, k_page_lock_timeout, &locked)) {
+      return Status(ErrorCode::busy, "page " + std::to_string(page) +
+                                         " of small allocations stayed locked by a writer; try again");
+    }
+    const PageEntry e = *m_table.find(page);
+    const std::vector<std::byte> zeros(slot_bytes);
+    Status s = m_local_frames[static_cast<size_t>(e.tier)]->write(e.frame_offset + a.page_offset, zeros.data(),
+                                                                  zeros.size());
+    version::unlock_exclusive(word, locked);
+    if (!s.ok()) return s.with_context("clearing a slot for a new allocation");
+    set_bit(slab->dirty, index, false);
+  }
+  // Recorded before anyone learns of it.
+  if (Status s = record(a); !s.ok()) {
+    give_back_empty();
+    return s;
+  }
+  mark_slot(*slab, a.page_offset, true);
+  ++m_tiers[static_cast<size_t>(a.tier)].allocations;
+  if (!a.name.empty()) m_names.emplace(a.name, start_of(a));
+  const AllocationInfo info = info_of(a);
+  m_allocations.emplace(start_of(a), std::move(a));
+  return info;
+}
+
+Status AddressSpace::free_in_slab(Allocation& a) {
+  const uint64_t page = a.first_page;
+  Slab& slab = m_slabs.at(page);
+  uint64_t& word = m_versions->word(page);
+  uint64_t locked = 0;
+  if (!version::lock_exclusive_for(word, k_page_lock_timeout, &locked)) {
+    return Status(ErrorCode::busy, "page " + std::to_string(page) + " of " + info_of(a).gva.to_string() +
+                                       " stayed locked by a writer; try again");
+  }
+  if (Status s = m_meta ? m_meta->erase_allocation(page, a.page_offset, RecordKind::sub) : Status(); !s.ok()) {
+    version::unlock_exclusive(word, locked);
+    return s;
+  }
+  // The page goes with its last allocation; when its record cannot be
+  // erased it stays, empty, for the next one.
+  const bool release =
+      slab.in_use == 1 && (!m_meta || m_meta->erase_allocation(page, 0, RecordKind::slab).ok());
+  --m_tiers[static_cast<size_t>(a.tier)].allocations;
+  if (!a.name.empty()) m_names.erase(a.name);
+  mark_slot(slab, a.page_offset, false);
+  m_allocations.erase(start_of(a));  // `a` is gone from here on
+  if (!release) {
+    version::unlock_new_epoch(word, locked);
+    return Status();
+  }
+  const uint32_t domain = m_versions->domain_of(page);
+  const PageEntry e = *m_table.find(page);
+  release_local_frame(e.tier, e.frame_offset, domain);
+  m_table.clear(page);
+  version::unlock_new_epoch(word, locked);
+  (void)m_domains[domain].virtual_pages.release({page, 1});
+  m_open_slabs[kind_of(slab)].erase(page);
+  m_slabs.erase(page);
+  return Status();
+}
+
+AddressSpace::Allocation* AddressSpace::owner_of_page(uint64_t page) {
+  if (auto s = m_slabs.find(page); s != m_slabs.end()) return &s->second.page;
+  auto it = m_allocations.upper_bound(page * page_size());
+  if (it == m_allocations.begin()) return nullptr;
+  Allocation& a = std::prev(it)->second;
+  if (a.slot_bytes != 0 || page < a.first_page || page >= a.first_page + a.pages) return nullptr;
+  return &a;
+}
+
+AddressSpace::SlabStats AddressSpace::slab_stats() const {
+  std::shared_lock lock(m_mutex);
+  SlabStats s;
+  s.slabs = m_slabs.size();
+  for (const auto& [page, slab] : m_slabs) {
+    (void)page;
+    s.allocations += slab.in_use;
+  }
+  return s;
+}
+
+// --- recovery ----------------------------------------------------------------
+
+bool AddressSpace::recover_in_slab(const AllocationRecord& r, std::string* why) {
+  auto it = m_slabs.find(r.first_page);
+  if (it == m_slabs.end()) {
+    *why = "its shared page was not recovered";
+    return false;
+  }
+  Slab& slab = it->second;
+  if (slab.page.tenant != r.tenant || r.slot_bytes != slab.page.size || r.page_offset % r.slot_bytes != 0 ||
+      r.page_offset >= page_size() || r.size == 0 || r.size > r.slot_bytes || r.coherent != slab.page.coherent) {
+    *why = "it does not fit its shared page (tenant, size class, kind or offset)";
+    return false;
+  }
+  if (slot_used(slab, r.page_offset)) {
+    *why = "its slot is taken twice";
+    return false;
+  }
+  if (!r.name.empty() && m_names.count(r.name) != 0) {
+    *why = "its name is taken twice";
+    return false;
+  }
+  Allocation a = from_record(r);
+  a.pages = 1;
+  a.page_offset = r.page_offset;
+  a.slot_bytes = r.slot_bytes;
+  a.tier = slab.page.tier;
+  // It is where its page is: lost or torn with it.
+  const PageEntry& e = *m_table.find(r.first_page);
+  if ((e.flags & k_page_lost) != 0) a.lost_pages = 1;
+  if ((e.flags & k_page_torn) != 0) a.torn_pages = std::max<uint64_t>(a.torn_pages, 1);
+  note_recovered(a, r);
+  mark_slot(slab, a.page_offset, true);
+  ++m_tiers[static_cast<size_t>(a.tier)].allocations;
+  if (!a.name.empty()) m_names.emplace(a.name, start_of(a));
+  m_allocations.emplace(start_of(a), std::move(a));
+  return true;
+}
+
+void AddressSpace::release_empty_slabs() {
+  for (auto it = m_slabs.begin(); it != m_slabs.end();) {
+    Slab& slab = it->second;
+    const uint64_t page = it->first;
+    if (slab.in_use != 0) {
+      // What its free slots held before is unknown: zeroed when taken.
+      for (uint64_t i = 0; i < slab.slots; ++i) {
+        if (!bit(slab.used, i)) set_bit(slab.dirty, i, true);
+      }
+      ++it;
+      continue;
+    }
+    if (m_meta && !m_meta->erase_allocation(page, 0, RecordKind::slab).ok()) {
+      ++it;  // kept, empty, for new allocations
+      continue;
+    }
+    const PageEntry e = *m_table.find(page);
+    if (e.node == m_node) release_local_frame(e.tier, e.frame_offset, m_versions->domain_of(page));
+    m_table.clear(page);
+    version::advance_epoch(m_versions->word(page));
+    (void)m_domains[m_versions->domain_of(page)].virtual_pages.release({page, 1});
+    m_open_slabs[kind_of(slab)].erase(page);
+    it = m_slabs.erase(it);
+  }
+}
+
+}  // namespace tiermem
