@@ -5,6 +5,7 @@
 // cost of sharing a page: direct 8-byte writes to neighbours in one page
 // against writes to allocations of their own pages.
 #include <algorithm>
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -106,22 +107,27 @@ int main() {
               "with sub_page_max = 0 (" + std::to_string(k_pages) + " whole-page allocations per round)");
   const double sub_alloc = median_of(small, &Round::alloc_per_s), page_alloc = median_of(pages, &Round::alloc_per_s);
   const double sub_free = median_of(small, &Round::free_per_s), page_free = median_of(pages, &Round::free_per_s);
-  const double sub_density = median_of(small, &Round::per_mib), page_density = median_of(pages, &Round::per_mib);
+  const double page_density = median_of(pages, &Round::per_mib);
   bench::figure("sub_page_alloc_rate_8B", sub_alloc, "allocs/s");
   bench::figure("sub_page_free_rate_8B", sub_free, "frees/s");
   bench::figure("whole_page_alloc_rate_8B", page_alloc, "allocs/s");
   bench::figure("whole_page_free_rate_8B", page_free, "frees/s");
   bench::ratio("sub_page_alloc_rate_vs_whole_page", sub_alloc / page_alloc);
   bench::ratio("sub_page_free_rate_vs_whole_page", sub_free / page_free);
-  bench::figure("sub_page_density_8B", sub_density, "allocations/MiB");
   bench::figure("whole_page_density_8B", page_density, "allocations/MiB");
-  bench::ratio("sub_page_density_vs_whole_page", sub_density / page_density);
-  // Density by size class: a full page of each.
-  for (uint64_t size : {100u, 1000u, 16000u, 200000u}) {
-    const Round r = round_of(*sc, size, static_cast<int>(std::min<uint64_t>(4000, 4 * (2 << 20) / size)));
+  // Density by size class, over whole pages (2 MiB / slot allocations each;
+  // a page holds up to 32,768 of 64 bytes).
+  bench::note("density: allocations per MiB of DRAM taken, filling 1-4 whole pages of each size class");
+  double dense = 0;
+  for (uint64_t size : {8u, 100u, 1000u, 16000u, 200000u}) {
+    const uint64_t slot = std::max<uint64_t>(64, std::bit_ceil(size));
+    const uint64_t pages = slot >= 4096 ? 4 : 1;
+    const Round r = round_of(*sc, size, static_cast<int>(pages * (2 << 20) / slot));
     if (r.alloc_per_s == 0) return 1;
+    if (size == 8) dense = r.per_mib;
     bench::figure("sub_page_density_" + std::to_string(size) + "B", r.per_mib, "allocations/MiB");
   }
+  bench::ratio("sub_page_density_8B_vs_whole_page", dense / page_density);
 
   // Neighbours in one page share its version word: direct writes to 16 of
   // them, against 16 allocations of their own pages.

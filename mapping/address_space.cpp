@@ -330,23 +330,9 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
     return s.with_context("frames for a new allocation");
   }
 
-  Allocation a;
+  Allocation a = new_allocation(request, chosen);
   a.first_page = virt.start;
   a.pages = pages;
-  a.size = request.size;
-  a.generation = m_next_generation++;
-  if (m_next_generation == 0) m_next_generation = 1;  // 0 means "unchecked"
-  a.tier = chosen;
-  a.name = request.name;
-  a.created_unix_ms = now_unix_ms();
-  a.owner_uid = request.owner_uid;
-  a.tenant = request.tenant;
-  a.coherent = request.coherent;
-  a.session = request.session;
-  a.replicas_wanted = request.replicas_wanted;
-  a.replica_of = request.replica_of;
-  a.replica_ready = request.replica_ready;
-  a.qos = request.qos;
 
   map_new_pages(a, chosen, frames);
   // Recorded before anyone learns of it: a failure undoes it all.
@@ -361,6 +347,25 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   const AllocationInfo info = info_of(a);
   m_allocations.emplace(start_of(a), std::move(a));
   return info;
+}
+
+AddressSpace::Allocation AddressSpace::new_allocation(const AllocRequest& request, Tier tier) {
+  Allocation a;
+  a.size = request.size;
+  a.generation = m_next_generation++;
+  if (m_next_generation == 0) m_next_generation = 1;  // 0 means "unchecked"
+  a.tier = tier;
+  a.name = request.name;
+  a.created_unix_ms = now_unix_ms();
+  a.owner_uid = request.owner_uid;
+  a.tenant = request.tenant;
+  a.coherent = request.coherent;
+  a.session = request.session;
+  a.replicas_wanted = request.replicas_wanted;
+  a.replica_of = request.replica_of;
+  a.replica_ready = request.replica_ready;
+  a.qos = request.qos;
+  return a;
 }
 
 void AddressSpace::map_new_pages(const Allocation& a, Tier tier, const std::vector<UnitRange>& frames) {

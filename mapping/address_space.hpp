@@ -475,6 +475,9 @@ class AddressSpace {
   // the one whose frames and quota it counts in.
   void release_local_frame(Tier tier, uint64_t frame_offset, uint32_t domain);
   void release_local_frames(Tier tier, const std::vector<UnitRange>& frames, uint32_t domain);
+  // A new allocation of `request` on `tier`: a fresh generation, its
+  // creation time; where it is (pages, slot) is the caller's to set.
+  Allocation new_allocation(const AllocRequest& request, Tier tier);
   // Points a new allocation's pages at `frames` of `tier` (a new epoch each).
   void map_new_pages(const Allocation& a, Tier tier, const std::vector<UnitRange>& frames);
   Status copy(Gva gva, std::byte* buffer, size_t length, bool to_memory, MemoryAccess* elsewhere);

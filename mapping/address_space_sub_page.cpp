@@ -22,7 +22,6 @@
 // Shared pages are not migrated, replicated, or lent to other nodes.
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <mutex>
 
 #include <tiermem/status_macros.h>
@@ -34,12 +33,6 @@
 
 namespace tiermem {
 namespace {
-
-uint64_t unix_ms_now() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
-}
 
 bool bit(const std::vector<uint64_t>& bits, uint64_t i) { return (bits[i / 64] >> (i % 64)) & 1; }
 void set_bit(std::vector<uint64_t>& bits, uint64_t i, bool on) {
@@ -115,16 +108,15 @@ Result<AddressSpace::Slab*> AddressSpace::new_slab(const AllocRequest& request, 
     return s.with_context("a frame for a page of small allocations");
   }
   Slab fresh = empty_slab(slot_bytes);
+  // The page as a one-page allocation of the tenant, of nobody's name.
+  AllocRequest page_request;
+  page_request.size = slot_bytes;  // a slab's record keeps its size class here
+  page_request.tenant = request.tenant;
+  page_request.coherent = request.coherent;
+  fresh.page = new_allocation(page_request, tier);
   Allocation& p = fresh.page;
   p.first_page = virt.start;
   p.pages = 1;
-  p.size = slot_bytes;  // a slab's record keeps its size class here
-  p.generation = m_next_generation++;
-  if (m_next_generation == 0) m_next_generation = 1;
-  p.tier = tier;
-  p.created_unix_ms = unix_ms_now();
-  p.tenant = request.tenant;
-  p.coherent = request.coherent;
   map_new_pages(p, tier, frames);
   Slab& slab = m_slabs.emplace(virt.start, std::move(fresh)).first->second;
   if (Status s = record(slab.page); !s.ok()) {
@@ -174,22 +166,11 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
     m_slabs.erase(page);
   };
 
-  Allocation a;
+  Allocation a = new_allocation(request, slab->page.tier);
   a.first_page = page;
   a.pages = 1;
   a.page_offset = index * slot_bytes;
   a.slot_bytes = slot_bytes;
-  a.size = request.size;
-  a.generation = m_next_generation++;
-  if (m_next_generation == 0) m_next_generation = 1;
-  a.tier = slab->page.tier;
-  a.name = request.name;
-  a.created_unix_ms = unix_ms_now();
-  a.owner_uid = request.owner_uid;
-  a.tenant = request.tenant;
-  a.coherent = request.coherent;
-  a.session = request.session;
-  a.qos = request.qos;
 
   if (bit(slab->dirty, index)) {
     // A freed allocation's bytes: zeroed before anyone learns of the new one.
