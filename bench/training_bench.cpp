@@ -9,13 +9,15 @@
 //     the time from the kill until the job completes a step again (rank 0's
 //     next progress line), and until the new rank 1 resumed;
 //   - RPO: the steps the job had committed at the kill (the least over its
-//     ranks) minus the step the replacement resumed at.
+//     ranks) minus the step the replacement resumed at;
+//   - the same for a network partition, where root can make network
+//     namespaces: three more daemons and their ranks, each node in a
+//     namespace of its own; node 2's link goes down (daemon and rank live on,
+//     cut off), and once the majority sees node 2 UNREACHABLE an orchestrator
+//     fences the cut-off rank (SIGKILL: two live copies of a rank are not
+//     supported) and starts its replacement on node 3. Healed after the job.
 //
-// A partition is not among them: it needs network namespaces (the netns
-// test covers replication across one); a job whose rank is cut off waits
-// for the heal, so its RTO is the partition's length.
-//
-//   training_bench [--trials N] [--unreachable-ms U]
+//   training_bench [--trials N] [--unreachable-ms U] [--only rank|daemon|node|partition]
 #include <signal.h>
 
 #include <algorithm>
@@ -31,6 +33,7 @@
 
 #include "bench/bench_util.hpp"
 #include "tests/support/exec_rank.hpp"
+#include "tests/support/netns.hpp"
 #include "tests/support/test_daemon.hpp"
 
 using namespace tiermem;
@@ -108,18 +111,30 @@ struct Trial {
 //           again with its memory, then the rank
 //   node    daemon and rank, for good; the rank starts on node 3 from the
 //           replicated snapshot (--replicas 1)
-enum class Kill { rank, daemon, node };
-const char* kill_name(Kill k) { return k == Kill::rank ? "rank" : k == Kill::daemon ? "daemon" : "node"; }
+//   partition  node 2 cut off the network (`net`): its rank is fenced once
+//           node 2 is UNREACHABLE, and starts on node 3 as for a node
+enum class Kill { rank, daemon, node, partition };
+const char* kill_name(Kill k) {
+  switch (k) {
+    case Kill::rank: return "rank";
+    case Kill::daemon: return "daemon";
+    case Kill::node: return "node";
+    case Kill::partition: return "partition";
+  }
+  return "?";
+}
 
 // One run of `job` whose rank 1 side dies after k_kill_after steps; node 2
-// runs again (with its memory) afterwards.
-Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill) {
+// runs again (with its memory) afterwards. `net`: the cluster's nodes are in
+// its namespaces (their ranks run there too).
+Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill, test::Network* net = nullptr) {
   Trial t;
   const std::string dir = cluster.dir();
+  const auto wrapper = [&](int node) { return net != nullptr ? net->exec_in(node) : std::vector<std::string>{}; };
   std::vector<std::unique_ptr<test::ExecRank>> ranks;
   for (int r = 0; r < k_world; ++r) {
     ranks.push_back(std::make_unique<test::ExecRank>(r, k_world, cluster.node(r + 1).socket(), args(job, true),
-                                                     dir + "/" + job + std::to_string(r) + ".log"));
+                                                     dir + "/" + job + std::to_string(r) + ".log", wrapper(r + 1)));
   }
   if (!wait_until([&] { return last_step(ranks[0]->log()) >= k_kill_after; })) return t;
   ranks[1]->signal(SIGSTOP);
@@ -128,9 +143,23 @@ Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill) 
   for (int r = 0; r < k_world; ++r) least = std::min(least, committed(cluster, job, r));
   const int64_t last = last_step(ranks[0]->log());
   const auto killed = Clock::now();
-  if (kill != Kill::rank) cluster.node(2).kill();
-  ranks[1]->kill();
   int where = 2;
+  if (kill == Kill::partition) {
+    auto watcher = cluster.node(3).connect("watcher");
+    if (!watcher || test::health_of(*watcher, 2) != NodeHealth::healthy) {
+      std::fprintf(stderr, "node 3 does not see node 2 healthy before the cut\n");
+      return t;
+    }
+    if (net == nullptr || !net->link(2, false)) return t;
+    ranks[1]->signal(SIGCONT);  // alive, cut off
+    if ( !wait_until([&] { return test::health_of(*watcher, 2) == NodeHealth::unreachable; })) return t;
+    t.detect_ms = ms_since(killed);
+    ranks[1]->kill();  // fenced by the orchestrator
+    where = 3;
+  } else {
+    if (kill != Kill::rank) cluster.node(2).kill();
+    ranks[1]->kill();
+  }
   if (kill == Kill::node) {
     // An orchestrator starts the replacement once the node is known dead.
     auto watcher = cluster.node(3).connect("watcher");
@@ -140,10 +169,11 @@ Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill) 
   } else if (kill == Kill::daemon) {
     if (!cluster.node(2).restart()) return t;
     t.detect_ms = ms_since(killed);  // here: until the daemon serves again
-  } else {
+  } else if (kill == Kill::rank) {
     t.detect_ms = 0;
   }
-  test::ExecRank again(1, k_world, cluster.node(where).socket(), args(job, true), dir + "/" + job + "1b.log");
+  test::ExecRank again(1, k_world, cluster.node(where).socket(), args(job, true), dir + "/" + job + "1b.log",
+                       wrapper(where));
   std::smatch m;
   static const std::regex resumed("resumed at step ([0-9]+)");
   std::string log;
@@ -170,6 +200,9 @@ Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill) 
   if (kill == Kill::node && (!cluster.node(2).restart() || !cluster.wait_connected())) {
     std::fprintf(stderr, "node 2 did not come back\n");
   }
+  if (kill == Kill::partition && (!net->link(2, true) || !cluster.wait_connected(std::chrono::seconds(30)))) {
+    std::fprintf(stderr, "node 2 did not rejoin after the heal\n");
+  }
   if (!cluster.wait_connected()) std::fprintf(stderr, "the cluster did not reconnect\n");
   return t;
 }
@@ -185,10 +218,12 @@ double median_of(std::vector<Trial>& trials, double Trial::*field) {
 
 int main(int argc, char** argv) {
   int trials = 3, unreachable = 100;
+  std::string only;  // one kind of fault (rank, daemon, node, partition)
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--trials") trials = std::max(1, std::atoi(argv[i + 1]));
     else if (a == "--unreachable-ms") unreachable = std::atoi(argv[i + 1]);
+    else if (a == "--only") only = argv[i + 1];
   }
   test::DaemonOptions o{.dram = "64MiB", .pmem = "32MiB", .page_size = "64KiB"};
   o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10\npeer_timeout_ms = 200\n";
@@ -216,34 +251,61 @@ int main(int argc, char** argv) {
   std::printf("training_step_plain %.3f ms\n", plain_ms);
   int64_t worst_rpo = 0;
   double node_step_ms = -1;
-  for (Kill kill : {Kill::rank, Kill::daemon, Kill::node}) {
+  // Trials of one kind of fault; false when one failed.
+  const auto measure = [&](test::TestCluster& on, Kill kill, test::Network* net) {
     std::vector<Trial> results;
     for (int i = 0; i < trials; ++i) {
-      Trial t = kill_trial(cluster, std::string(kill_name(kill)) + std::to_string(i), kill);
+      Trial t = kill_trial(on, std::string(kill_name(kill)) + std::to_string(i), kill, net);
       if (t.rto_ms < 0) {
-        std::fprintf(stderr, "%s trial %d failed\n%s\n", kill_name(kill), i, cluster.logs().c_str());
-        return 1;
+        std::fprintf(stderr, "%s trial %d failed\n%s\n", kill_name(kill), i, on.logs().c_str());
+        return false;
       }
-      std::fprintf(stderr, "%s kill, trial %d: RTO %.1f ms (%.1f ms to detect or restart, resumed after %.1f ms), "
+      std::fprintf(stderr, "%s, trial %d: RTO %.1f ms (%.1f ms to detect or restart, resumed after %.1f ms), "
                    "RPO %lld step(s)\n",
                    kill_name(kill), i, t.rto_ms, t.detect_ms, t.restore_ms, static_cast<long long>(t.rpo_steps));
       results.push_back(t);
       worst_rpo = std::max(worst_rpo, t.rpo_steps);
     }
-    const char* k = kill_name(kill);
-    std::printf("training_rto_%s_kill_median %.1f ms\n", k, median_of(results, &Trial::rto_ms));
-    std::printf("training_rto_%s_kill_resumed_median %.1f ms\n", k, median_of(results, &Trial::restore_ms));
-    std::printf("training_rto_%s_kill_steps_ratio %.1f\n", k, median_of(results, &Trial::rto_ms) / plain_ms);
+    const std::string k = kill == Kill::partition ? "partition" : std::string(kill_name(kill)) + "_kill";
+    std::printf("training_rto_%s_median %.1f ms\n", k.c_str(), median_of(results, &Trial::rto_ms));
+    std::printf("training_rto_%s_resumed_median %.1f ms\n", k.c_str(), median_of(results, &Trial::restore_ms));
+    std::printf("training_rto_%s_steps_ratio %.1f\n", k.c_str(), median_of(results, &Trial::rto_ms) / plain_ms);
     int64_t rpo = 0;
     for (const Trial& t : results) rpo = std::max(rpo, t.rpo_steps);
-    std::printf("training_rpo_%s_kill_max %lld steps\n", k, static_cast<long long>(rpo));
-    if (kill == Kill::node) {
-      std::printf("training_rto_node_kill_detect_median %.1f ms\n", median_of(results, &Trial::detect_ms));
-      node_step_ms = median_of(results, &Trial::step_ms);
+    std::printf("training_rpo_%s_max %lld steps\n", k.c_str(), static_cast<long long>(rpo));
+    if (kill == Kill::node || kill == Kill::partition) {
+      std::printf("training_rto_%s_detect_median %.1f ms\n", k.c_str(), median_of(results, &Trial::detect_ms));
     }
+    if (kill == Kill::node) node_step_ms = median_of(results, &Trial::step_ms);
+    return true;
+  };
+  for (Kill kill : {Kill::rank, Kill::daemon, Kill::node}) {
+    if ((only.empty() || only == kill_name(kill)) && !measure(cluster, kill, nullptr)) return 1;
   }
-  std::printf("training_step_replicas1 %.3f ms\n", node_step_ms);
-  std::printf("training_step_replicas1_ratio %.3f\n", node_step_ms / plain_ms);
+  if (node_step_ms >= 0) {
+    std::printf("training_step_replicas1 %.3f ms\n", node_step_ms);
+    std::printf("training_step_replicas1_ratio %.3f\n", node_step_ms / plain_ms);
+  }
+  if (!only.empty() && only != "partition") {
+    // not asked for
+  } else if (const std::string why = test::netns_unavailable(); !why.empty()) {
+    std::printf("# partition: not measured (%s)\n", why.c_str());
+  } else {
+    test::Network net(3);
+    if (!net.ok()) {
+      std::fprintf(stderr, "could not build the network namespaces\n");
+      return 1;
+    }
+    net.use_bridge();  // this process's clients reach the namespaces
+    auto cut = test::cluster_in(net, 3, o);
+    if (!cut->ready() || !cut->wait_connected()) {
+      std::fprintf(stderr, "the cluster in namespaces did not start:\n%s\n", cut->logs().c_str());
+      return 1;
+    }
+    std::printf("# partition: each node in a network namespace, node 2's veth down; UNREACHABLE after %d ms\n",
+                unreachable);
+    if (!measure(*cut, Kill::partition, &net)) return 1;
+  }
   std::printf("training_rpo_max %lld steps\n", static_cast<long long>(worst_rpo));
   return 0;
 }

@@ -25,6 +25,9 @@ constexpr auto k_timeout = std::chrono::milliseconds(10000);
 // A range whose translation keeps changing (pages migrating one after the
 // other) is retried this long before the caller hears busy.
 constexpr auto k_retry_time = std::chrono::milliseconds(10000);
+// How often a wait on another node asks the daemon whether that node is
+// UNREACHABLE.
+constexpr auto k_reachability_check = std::chrono::milliseconds(100);
 constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
 
 // Hands copy_through_layout the accessors of this client: its mappings of
@@ -381,6 +384,10 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refres
     auto t = make_ucx_transport({});
     if (t.ok()) {
       m_transport = std::move(t).value();
+      // A peer this client waits on that its daemon already knows is
+      // UNREACHABLE (a partition) fails the wait now, not at the timeout.
+      m_transport->check_while_waiting([this](const Endpoint& ep) { return still_reachable(ep); },
+                                       k_reachability_check);
     } else {
       m_transport_status = t.status();
     }
@@ -399,7 +406,16 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refres
                                                     std::string(node_state_name(static_cast<NodeState>(n.state()))) +
                                                     (n.last_error().empty() ? "" : ": " + n.last_error()));
     }
+    if (static_cast<NodeHealth>(n.health()) == NodeHealth::unreachable) {
+      // Connected as far as TCP knows, but not answering (a partition).
+      return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is UNREACHABLE (as node " +
+                                                    std::to_string(this->node()) + " sees it)");
+    }
     TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, advert_of(n)));
+    {
+      std::lock_guard endpoints(m_endpoint_mutex);
+      m_endpoint_nodes[rn->endpoint.get()] = node;
+    }
     forget_node(node);  // translations from before a restart of the node are void
     auto state = std::make_shared<RemoteState>();
     state->node = rn;
@@ -414,6 +430,28 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refres
     return state;
   }
   return Status(ErrorCode::bad_gva, "node " + std::to_string(node) + " is not in the cluster");
+}
+
+Status ClientCore::still_reachable(const Endpoint& ep) {
+  NodeId node = 0;
+  {
+    std::lock_guard lock(m_endpoint_mutex);
+    auto it = m_endpoint_nodes.find(&ep);
+    if (it == m_endpoint_nodes.end()) return Status();
+    node = it->second;
+  }
+  proto::Request request;
+  request.mutable_nodes()->set_node(node);
+  auto response = call(request);
+  if (!response.ok()) return Status();  // the daemon cannot say: the fabric decides
+  for (const proto::NodeInfo& n : response->nodes().nodes()) {
+    if (n.node_id() != node || static_cast<NodeHealth>(n.health()) != NodeHealth::unreachable) continue;
+    return Status(ErrorCode::transport_error,
+                  "node " + std::to_string(node) + " is UNREACHABLE (as node " + std::to_string(this->node()) +
+                      " sees it" + (n.last_error().empty() ? std::string() : ": " + n.last_error()) +
+                      "); its operations were given up");
+  }
+  return Status();
 }
 
 void ClientCore::drop_remote(NodeId node) {

@@ -175,6 +175,9 @@ class ClientCore {
   // daemon) it was made for: else the translation is stale.
   Status check_remote_extents(const CachedAllocation& a);
   void forget_node(NodeId node);
+  // The transport's wait check: transport_error when the daemon sees the
+  // node of `ep` UNREACHABLE.
+  Status still_reachable(const Endpoint& ep);
   // `fallback`: a read the home cannot serve is read from a copy.
   Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory, bool fallback = true);
   Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory, bool from_replica = false);
@@ -221,6 +224,10 @@ class ClientCore {
   std::unique_ptr<Transport> m_transport;
   Status m_transport_status;
   std::map<NodeId, std::shared_ptr<RemoteState>> m_remote;
+  // Which node each endpoint of m_remote reaches (for still_reachable,
+  // which runs inside waits that may hold m_remote_mutex).
+  std::mutex m_endpoint_mutex;
+  std::map<const Endpoint*, NodeId> m_endpoint_nodes;
 
   // Successful operations by path (access_counters()).
   std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_through_daemon{0};

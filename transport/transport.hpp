@@ -131,6 +131,16 @@ class Transport {
   // for a handler that runs now.
   using FailureHandler = std::function<void(const Endpoint& endpoint, const std::string& why)>;
   virtual void on_failure(FailureHandler handler) = 0;
+
+  // A check for what knows more than the fabric: while operations wait,
+  // about every `interval`, it is asked about each endpoint they wait on; an
+  // error ends the wait with that error, the operations are abandoned (as on
+  // a timeout) and the endpoint counts as failed from then on. A client asks
+  // its daemon whether the node is UNREACHABLE: in a partition TCP says
+  // nothing until its own timeouts, seconds later. Called from the waiting
+  // thread, which may hold the caller's locks. Set before operations start.
+  using WaitCheck = std::function<Status(const Endpoint& endpoint)>;
+  virtual void check_while_waiting(WaitCheck check, std::chrono::milliseconds interval) = 0;
 };
 
 struct UcxOptions {

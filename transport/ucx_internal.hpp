@@ -251,7 +251,11 @@ class UcxTransport final : public Transport {
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return ucp_worker_progress(m_worker) != 0; }
-  void on_failure(FailureHandler handler) override {
+  void check_while_waiting(WaitCheck check, std::chrono::milliseconds interval) override {
+    m_wait_check = std::move(check);
+    m_check_interval = interval;
+  }
+    void on_failure(FailureHandler handler) override {
     std::lock_guard lock(m_failure_mutex);  // waits out a handler running now
     m_on_failure = std::move(handler);
   }
@@ -338,6 +342,10 @@ class UcxTransport final : public Transport {
   std::atomic<bool> m_peer_errors{true};  // endpoints with peer failure detection
   std::mutex m_failure_mutex;             // held while the handler runs
   FailureHandler m_on_failure;
+  WaitCheck m_wait_check;
+  std::chrono::milliseconds m_check_interval{100};
+  // Runs m_wait_check on the endpoints `b` waits on; its first error.
+  Status check_waiting(UcxBatch& b);
   bool m_use_messages = true;
   RegionTable m_regions;
   // Message operations awaiting their answer, by id. Recursive: UCX may call

@@ -3,6 +3,8 @@
 // a timeout leaves behind. See ucx_internal.hpp.
 #include <poll.h>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -143,8 +145,27 @@ Status UcxTransport::track(Batch& batch, UcxEndpoint& ep, ucs_status_ptr_t reque
   return Status();
 }
 
+Status UcxTransport::check_waiting(UcxBatch& b) {
+  std::vector<UcxEndpoint*> eps;
+  for (const auto& r : b.m_requests) eps.push_back(r.ep);
+  for (size_t i = 0; i < b.m_messages.size(); ++i) {
+    if (!b.m_is_done[i]) eps.push_back(b.m_messages[i]->ep);
+  }
+  std::sort(eps.begin(), eps.end());
+  eps.erase(std::unique(eps.begin(), eps.end()), eps.end());
+  for (UcxEndpoint* ep : eps) {
+    if (ep == nullptr) continue;
+    if (Status s = m_wait_check(*ep); !s.ok()) {
+      ep->m_failed.store(true, std::memory_order_release);
+      return s;
+    }
+  }
+  return Status();
+}
+
 Status UcxTransport::drive(UcxBatch& b, std::chrono::milliseconds timeout, bool messages_only) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto next_check = std::chrono::steady_clock::now() + m_check_interval;
   unsigned idle = 0;
   for (;;) {
     const bool requests_left = !messages_only && reap_requests(b, b.m_error);
@@ -156,6 +177,14 @@ Status UcxTransport::drive(UcxBatch& b, std::chrono::milliseconds timeout, bool 
     }
     if (++idle < k_spins_before_sleep) continue;
     idle = 0;
+    if (m_wait_check && std::chrono::steady_clock::now() > next_check) {
+      if (Status s = check_waiting(b); !s.ok()) {
+        abandon(b);
+        b.m_error = Status();
+        return s;
+      }
+      next_check = std::chrono::steady_clock::now() + m_check_interval;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       const std::string what = unfinished(b);
       abandon(b);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <thread>
 
+#include "tests/support/netns.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {
@@ -20,52 +21,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Runs a command, true when it exits 0.
-bool sh(const std::vector<std::string>& argv) { return test::run_command(argv).exit_code == 0; }
-
-std::string g_why_skipped;
-
-class Network {
- public:
-  explicit Network(int nodes) : m_nodes(nodes) {
-    const int tag = ::getpid() % 200 + 20;
-    m_subnet = "10.213." + std::to_string(tag) + ".";
-    m_bridge = "tmbr" + std::to_string(tag);
-    m_ok = sh({"/usr/sbin/ip", "link", "add", m_bridge, "type", "bridge"}) &&
-           sh({"/usr/sbin/ip", "addr", "add", m_subnet + "254/24", "dev", m_bridge}) &&
-           sh({"/usr/sbin/ip", "link", "set", m_bridge, "up"});
-    for (int i = 1; i <= nodes && m_ok; ++i) {
-      const std::string ns = this->ns(i), host = this->host(i);
-      m_ok = sh({"/usr/sbin/ip", "netns", "add", ns}) &&
-             sh({"/usr/sbin/ip", "link", "add", host, "type", "veth", "peer", "name", "tmeth0", "netns", ns}) &&
-             sh({"/usr/sbin/ip", "-n", ns, "addr", "add", address(i) + "/24", "dev", "tmeth0"}) &&
-             sh({"/usr/sbin/ip", "-n", ns, "link", "set", "tmeth0", "up"}) &&
-             sh({"/usr/sbin/ip", "-n", ns, "link", "set", "lo", "up"}) &&
-             sh({"/usr/sbin/ip", "link", "set", host, "master", m_bridge}) &&
-             sh({"/usr/sbin/ip", "link", "set", host, "up"});
-    }
-  }
-  ~Network() {
-    for (int i = 1; i <= m_nodes; ++i) {
-      sh({"/usr/sbin/ip", "link", "del", host(i)});  // takes its peer in the namespace along
-      sh({"/usr/sbin/ip", "netns", "del", ns(i)});
-    }
-    sh({"/usr/sbin/ip", "link", "del", m_bridge});
-  }
-  bool ok() const { return m_ok; }
-  std::string ns(int i) const { return "tmns" + std::to_string(::getpid()) + "n" + std::to_string(i); }
-  std::string address(int i) const { return m_subnet + std::to_string(i); }
-  std::string host(int i) const { return "tmh" + std::to_string(::getpid() % 200 + 20) + "n" + std::to_string(i); }
-  const std::string& bridge() const { return m_bridge; }
-  bool link(int i, bool up) {
-    return sh({"/usr/sbin/ip", "-n", ns(i), "link", "set", "tmeth0", up ? "up" : "down"});
-  }
-
- private:
-  int m_nodes;
-  bool m_ok = false;
-  std::string m_subnet, m_bridge;
-};
+using test::Network;
 
 class NetnsTest : public ::testing::Test {
  protected:
@@ -89,23 +45,20 @@ class NetnsTest : public ::testing::Test {
       o.cluster_file = file;
       o.secret_file = secret;
       o.dir = m_dir + "/node" + std::to_string(i);
-      o.tls = "tcp";
       o.page_size = "64KiB";
       o.dram = "16MiB";
       o.pmem = "8MiB";
-      o.extra_toml = "devices = \"tmeth0\"\n";  // [transport] is the last table written
       if (fast) {
         o.cluster_timing = "reconnect_interval_ms = 20\nheartbeat_interval_ms = 20\npeer_timeout_ms = 200\n";
-        o.extra_toml += "[health]\nunreachable_after_ms = 300\n[replication]\nrepair_interval_ms = 50\n"
-                        "orphan_min_age_ms = 500\n";
+        o.extra_toml = "[health]\nunreachable_after_ms = 300\n[replication]\nrepair_interval_ms = 50\n"
+                       "orphan_min_age_ms = 500\n";
       }
-      o.wrapper = {"/usr/sbin/ip", "netns", "exec", m_net->ns(i)};
+      m_net->place(i, o);
       m_daemons.push_back(std::make_unique<test::TestDaemon>(o));
       ASSERT_TRUE(m_daemons.back()->ready()) << m_daemons.back()->log();
     }
     // This process reaches the namespaces through the bridge.
-    ::setenv("UCX_TLS", "tcp", 1);
-    ::setenv("UCX_NET_DEVICES", m_net->bridge().c_str(), 1);
+    m_net->use_bridge();
   }
   void TearDown() override {
     if (HasFailure()) {
@@ -190,6 +143,40 @@ TEST_F(NetnsTest, OneAddressSpaceAcrossNamespacesAndAPartitionHeals) {
   EXPECT_EQ(std::string(text, 6), "healed");
   Status healed = client->read(a->gva, back.data(), back.size());
   ASSERT_TRUE(healed.ok()) << "reachable again after the heal: " << healed.to_string();
+  EXPECT_EQ(back, out);
+}
+
+// A client waiting on a node that is cut off is told once its daemon sees
+// the node UNREACHABLE, not when TCP or the operation's own timeout (10 s)
+// gives up; after the heal it reaches the node again.
+TEST_F(NetnsTest, AWaitOnACutOffNodeEndsWhenItsDaemonSeesItUnreachable) {
+  start(true);  // UNREACHABLE 300 ms after the last answered heartbeat
+  auto client = m_daemons[0]->connect("waiter");
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(wait_state(*client, 3, NodeState::connected, 20s));
+  auto a = client->alloc(64 << 10, {.node = 3});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  std::vector<char> out(64 << 10, 'w'), back(64 << 10);
+  ASSERT_TRUE(client->write(a->gva, out.data(), out.size()).ok());
+  ASSERT_TRUE(client->read(a->gva, back.data(), back.size()).ok());
+  EXPECT_GT(client->access_counters().direct_remote, 0u) << "the reads go one-sided to node 3";
+
+  ASSERT_TRUE(m_net->link(3, false));
+  const auto cut = std::chrono::steady_clock::now();
+  Status s = client->read(a->gva, back.data(), back.size());
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  EXPECT_FALSE(s.ok()) << "read memory of a node that is cut off";
+  EXPECT_LT(waited, 3.0) << "the wait lasted as long as the operation's timeout: " << s.to_string();
+  EXPECT_NE(s.message().find("node 3"), std::string::npos) << s.to_string();
+  std::printf("read of a cut-off node's memory failed after %.0f ms: %s\n", waited * 1e3, s.to_string().c_str());
+
+  ASSERT_TRUE(m_net->link(3, true));
+  bool back_again = false;
+  for (auto end = std::chrono::steady_clock::now() + 30s; !back_again && std::chrono::steady_clock::now() < end;) {
+    back_again = client->read(a->gva, back.data(), back.size()).ok();
+    if (!back_again) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(back_again) << "node 3's memory is out of reach after the heal";
   EXPECT_EQ(back, out);
 }
 
@@ -316,13 +303,8 @@ TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) 
 }  // namespace tiermem
 
 int main(int argc, char** argv) {
-  using tiermem::sh;
-  if (::geteuid() != 0) {
-    std::printf("skipped: network namespaces need root\n");
-    return 77;
-  }
-  if (!sh({"/usr/sbin/ip", "netns", "add", "tmprobe"}) || !sh({"/usr/sbin/ip", "netns", "del", "tmprobe"})) {
-    std::printf("skipped: `ip netns add` does not work here (no CAP_SYS_ADMIN, or no iproute2)\n");
+  if (const std::string why = tiermem::test::netns_unavailable(); !why.empty()) {
+    std::printf("skipped: %s\n", why.c_str());
     return 77;
   }
   ::testing::InitGoogleTest(&argc, argv);

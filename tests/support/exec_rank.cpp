@@ -14,9 +14,10 @@ namespace tiermem::test {
 std::string exec_path() { return std::getenv("TIERMEM_EXEC") ? std::getenv("TIERMEM_EXEC") : "tiermem-exec"; }
 
 ExecRank::ExecRank(int rank, int world, const std::string& socket, std::vector<std::string> args,
-                   const std::string& log)
+                   const std::string& log, const std::vector<std::string>& wrapper)
     : m_log(log) {
   args.insert(args.begin(), {exec_path(), "train"});
+  args.insert(args.begin(), wrapper.begin(), wrapper.end());
   m_pid = ::fork();
   if (m_pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);

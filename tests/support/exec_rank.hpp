@@ -13,7 +13,9 @@ namespace tiermem::test {
 
 class ExecRank {
  public:
-  ExecRank(int rank, int world, const std::string& socket, std::vector<std::string> args, const std::string& log);
+  // `wrapper`: a prefix for the command (e.g. Network::exec_in).
+  ExecRank(int rank, int world, const std::string& socket, std::vector<std::string> args, const std::string& log,
+           const std::vector<std::string>& wrapper = {});
   ~ExecRank();  // SIGKILL, if still running
   ExecRank(const ExecRank&) = delete;
   ExecRank& operator=(const ExecRank&) = delete;

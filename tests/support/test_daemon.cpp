@@ -267,15 +267,18 @@ std::string write_secret(const std::string& dir) {
   return path;
 }
 
-TestCluster::TestCluster(int nodes, const DaemonOptions& base) {
+TestCluster::TestCluster(int nodes, const DaemonOptions& base)
+    : TestCluster(nodes, base, [](int) { return "127.0.0.1:" + std::to_string(free_port()); },
+                  [](int, DaemonOptions&) {}) {}
+
+TestCluster::TestCluster(int nodes, const DaemonOptions& base, const std::function<std::string(int)>& control,
+                         const std::function<void(int, DaemonOptions&)>& place) {
   m_dir = make_temp_dir("tiermem-cluster");
   m_secret = write_secret(m_dir);
   const std::string file = m_dir + "/cluster.toml";
   {
     std::ofstream out(file);
-    for (int id = 1; id <= nodes; ++id) {
-      out << "[[node]]\nid = " << id << "\ncontrol = \"127.0.0.1:" << free_port() << "\"\n";
-    }
+    for (int id = 1; id <= nodes; ++id) out << "[[node]]\nid = " << id << "\ncontrol = \"" << control(id) << "\"\n";
   }
   for (int id = 1; id <= nodes; ++id) {
     DaemonOptions o = base;
@@ -283,6 +286,7 @@ TestCluster::TestCluster(int nodes, const DaemonOptions& base) {
     o.cluster_file = file;
     if (o.secret_file.empty()) o.secret_file = m_secret;
     o.dir = m_dir + "/node" + std::to_string(id);
+    place(id, o);
     m_daemons.push_back(std::make_unique<TestDaemon>(o));
   }
 }

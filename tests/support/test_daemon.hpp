@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +103,10 @@ class TestCluster {
  public:
   // `nodes` daemons with ids 1..nodes; `base` options apply to each.
   TestCluster(int nodes, const DaemonOptions& base = {});
+  // The same, with each node's control address ("host:port") and options of
+  // the caller's choice (tests/support/netns.hpp).
+  TestCluster(int nodes, const DaemonOptions& base, const std::function<std::string(int id)>& control,
+              const std::function<void(int id, DaemonOptions&)>& place);
   ~TestCluster();
   bool ready() const;
   // Waits until every daemon sees every other as connected.
