@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <thread>
 
 #include <tiermem/client.h>
 #include <tiermem/status_macros.h>
 
 #include "client/client_core.hpp"
+#include "client/device_buffers.hpp"
 #include "convert.hpp"
 
 namespace tiermem {
@@ -228,20 +231,56 @@ Result<Translation> Client::translate(Gva gva) {
   return out;
 }
 
+namespace {
+
+// Host memory of `length` bytes to stage a device buffer in; nullptr when
+// there is none.
+std::unique_ptr<std::byte[]> staging(size_t length) { return std::unique_ptr<std::byte[]>(new (std::nothrow) std::byte[length]); }
+
+Status no_staging(size_t length) {
+  return Status(ErrorCode::invalid_argument,
+                "cannot stage " + std::to_string(length) + " bytes of device memory in host memory (out of memory)");
+}
+
+// `copy` on `data` as the library may touch it: a CUDA device buffer goes
+// through host memory (copied in before a write, out after a read).
+template <typename F>
+Status on_host(void* data, size_t length, bool to_memory, F&& copy) {
+  if (length == 0) return copy(data);
+  TIERMEM_ASSIGN_OR_RETURN(const detail::BufferKind kind, detail::classify_buffer(data));
+  if (kind == detail::BufferKind::host) return copy(data);
+  auto staged = staging(length);
+  if (!staged) return no_staging(length);
+  if (to_memory) TIERMEM_RETURN_IF_ERROR(detail::copy_from_device(staged.get(), data, length));
+  TIERMEM_RETURN_IF_ERROR(copy(staged.get()));
+  if (!to_memory) TIERMEM_RETURN_IF_ERROR(detail::copy_to_device(data, staged.get(), length));
+  return Status();
+}
+
+}  // namespace
+
 Status Client::write(Gva gva, const void* data, size_t length) {
-  return run("write", true, [&](ClientCore& c) { return c.write(gva, data, length); });
+  return on_host(const_cast<void*>(data), length, true, [&](void* p) {
+    return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length); });
+  });
 }
 
 Status Client::read(Gva gva, void* data, size_t length) {
-  return run("read", true, [&](ClientCore& c) { return c.read(gva, data, length); });
+  return on_host(data, length, false, [&](void* p) {
+    return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length); });
+  });
 }
 
 Status Client::write(Gva gva, const void* data, size_t length, QosClass qos) {
-  return run("write", true, [&](ClientCore& c) { return c.write(gva, data, length, qos); });
+  return on_host(const_cast<void*>(data), length, true, [&](void* p) {
+    return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length, qos); });
+  });
 }
 
 Status Client::read(Gva gva, void* data, size_t length, QosClass qos) {
-  return run("read", true, [&](ClientCore& c) { return c.read(gva, data, length, qos); });
+  return on_host(data, length, false, [&](void* p) {
+    return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length, qos); });
+  });
 }
 
 Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value) {

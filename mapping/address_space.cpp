@@ -43,12 +43,12 @@ Status check_tiers(const TierSet& tiers, uint64_t page_size, uint32_t domains, u
                                                      format_size(t->capacity()) + " is smaller than one page (" +
                                                      format_size(page_size) + ")");
     }
-    if (t->domains() != 1 && t->domains() != domains) {
+    if (t->per_domain() ? t->domains() != domains : t->domains() != 1) {
       return Status(ErrorCode::invalid_argument, std::string(tier_name(t->tier())) + " tier has " +
                                                      std::to_string(t->domains()) + " domains, the address space " +
                                                      std::to_string(domains));
     }
-    if (t->domains() > 1 && t->domain_span() % page_size != 0) {
+    if (t->per_domain() && t->domain_span() % page_size != 0) {
       return Status(ErrorCode::invalid_argument, "page size " + format_size(page_size) + " does not divide the " +
                                                      std::string(tier_name(t->tier())) + " domain span");
     }
@@ -87,7 +87,7 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
       // Frame numbers run over every domain's span (a domain's files may be
       // smaller than its span).
       const TierBackend* t = tiers[i].get();
-      if (t != nullptr) g.tier_frames[i] = (t->domains() > 1 ? t->domains() * t->domain_span() : t->capacity()) / options.page_size;
+      if (t != nullptr) g.tier_frames[i] = (t->per_domain() ? t->domains() * t->domain_span() : t->capacity()) / options.page_size;
     }
     TIERMEM_ASSIGN_OR_RETURN(meta, open_pmem_metadata(*options.metadata, g));
   }
@@ -142,7 +142,7 @@ AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t pages_pe
     if (!tiers[i]) continue;
     TierState& t = m_tiers[i];
     t.frames = tiers[i]->capacity() / options.page_size;
-    if (tiers[i]->domains() == 1) t.shared_free = ExtentSet(0, t.frames);
+    if (!tiers[i]->per_domain()) t.shared_free = ExtentSet(0, t.frames);
     t.backend = std::move(tiers[i]);
     m_local_frames[i].emplace(*t.backend);
   }
@@ -171,7 +171,7 @@ Status AddressSpace::open_domain_frames(uint32_t domain, const std::array<uint64
     TierState& t = m_tiers[static_cast<size_t>(tier)];
     const auto i = static_cast<size_t>(tier);
     d.limit[i] = t.backend ? std::min(limit_pages[i], t.frames) : 0;
-    if (!t.backend || t.backend->domains() == 1 || d.limit[i] == 0) continue;
+    if (!t.backend || !t.backend->per_domain() || d.limit[i] == 0) continue;
     TIERMEM_RETURN_IF_ERROR(t.backend->open_domain(domain, d.limit[i] * page_size()));
     const uint64_t first = uint64_t{domain} * t.backend->domain_span() / page_size();
     d.free_frames[i] = ExtentSet(first, d.limit[i]);

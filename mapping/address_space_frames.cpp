@@ -17,7 +17,7 @@ bool AddressSpace::take_frames(Tier tier, uint32_t domain, uint64_t pages, std::
   Domain& d = m_domains[domain];
   const auto i = static_cast<size_t>(tier);
   if (!t.backend || t.used + pages > t.frames || d.used[i] + pages > d.limit[i]) return false;
-  ExtentSet& free = t.backend->domains() > 1 ? d.free_frames[i] : t.shared_free;
+  ExtentSet& free = t.backend->per_domain() ? d.free_frames[i] : t.shared_free;
   frames->clear();
   if (!free.take_scattered(pages, frames)) return false;
   t.used += pages;
@@ -42,7 +42,7 @@ void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset, uint32_
   // A failed discard only delays returning storage: frames are cleared again
   // when they are next allocated.
   (void)t.backend->discard(frame_offset, page_size());
-  ExtentSet& free = t.backend->domains() > 1 ? d.free_frames[static_cast<size_t>(tier)] : t.shared_free;
+  ExtentSet& free = t.backend->per_domain() ? d.free_frames[static_cast<size_t>(tier)] : t.shared_free;
   if (free.release({frame_offset / page_size(), 1})) {
     --t.used;
     --d.used[static_cast<size_t>(tier)];
@@ -247,7 +247,7 @@ std::vector<TierStat> AddressSpace::tier_stats() const {
     stat.used_bytes = s.used * page_size();
     stat.free_bytes = stat.capacity_bytes - stat.used_bytes;
     stat.persistent = s.backend->persistent();
-    stat.shareable = s.backend->domains() > 1 || !s.backend->ipc_handle().empty();
+    stat.shareable = s.backend->per_domain() || !s.backend->ipc_handle().empty();
     stat.backing = s.backend->backing();
     stat.allocations = s.allocations;
     out.push_back(std::move(stat));

@@ -133,9 +133,9 @@ bool AddressSpace::take_back(const AllocationRecord& r, std::string* why) {
         !ts->backend->contains(run.frame_offset, run.pages * psize)) {
       return refuse("a frame lies outside its tier");
     }
-    ExtentSet& free = ts->backend->domains() > 1 ? dom.free_frames[t] : ts->shared_free;
+    ExtentSet& free = ts->backend->per_domain() ? dom.free_frames[t] : ts->shared_free;
     const UnitRange f{run.frame_offset / psize, run.pages};
-    if ((ts->backend->domains() > 1 && ts->backend->domain_of(run.frame_offset) != domain) || !free.reserve(f)) {
+    if ((ts->backend->per_domain() && ts->backend->domain_of(run.frame_offset) != domain) || !free.reserve(f)) {
       return refuse("a frame is not free in its tenant's files");
     }
     ts->used += f.count;
@@ -273,7 +273,7 @@ void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
   m_recovery_survived.fill(true);
   for (size_t t = 0; t < m_tiers.size(); ++t) {
     // A tier without files (VRAM) is the daemon's own memory: gone with it.
-    if (m_tiers[t].backend && m_tiers[t].backend->domains() == 1) m_recovery_survived[t] = false;
+    if (m_tiers[t].backend && !m_tiers[t].backend->per_domain()) m_recovery_survived[t] = false;
   }
   for (const DomainRecord& d : image.domains) {
     if (d.domain >= m_domains.size()) continue;
@@ -281,7 +281,7 @@ void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
     for (Tier tier : k_tiers_fastest_first) {
       const auto t = static_cast<size_t>(tier);
       const TierBackend* b = m_tiers[t].backend.get();
-      if (b != nullptr && b->domains() > 1 && d.limit_pages[t] > 0 &&
+      if (b != nullptr && b->per_domain() && d.limit_pages[t] > 0 &&
           !b->domain_file_exists(d.domain, d.limit_pages[t] * page_size())) {
         m_recovery_survived[t] = false;
       }
@@ -315,7 +315,7 @@ void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
     TierState* ts = t < m_tiers.size() ? &m_tiers[t] : nullptr;
     if (ts == nullptr || !ts->backend || l.domain >= m_domains.size()) continue;
     Domain& dom = m_domains[l.domain];
-    ExtentSet& free = ts->backend->domains() > 1 ? dom.free_frames[t] : ts->shared_free;
+    ExtentSet& free = ts->backend->per_domain() ? dom.free_frames[t] : ts->shared_free;
     if (!free.reserve({l.frame, 1})) continue;
     ++ts->used;
     ++dom.used[t];

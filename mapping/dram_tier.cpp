@@ -26,6 +26,7 @@ class DramTier final : public TierBackend {
   bool persistent() const override { return false; }
   std::string backing() const override { return m_dir; }
   uint32_t domains() const override { return static_cast<uint32_t>(m_bytes.size()); }
+  bool per_domain() const override { return true; }
   uint64_t domain_span() const override { return m_span; }
   uint64_t domain_bytes(uint32_t d) const override {
     std::lock_guard lock(m_mutex);

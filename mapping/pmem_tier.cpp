@@ -72,6 +72,7 @@ class PmemTier final : public TierBackend {
   bool persistent() const override { return true; }
   std::string backing() const override { return m_dir; }
   uint32_t domains() const override { return static_cast<uint32_t>(m_domains.size()); }
+  bool per_domain() const override { return true; }
   uint64_t domain_span() const override { return m_span; }
   uint64_t domain_bytes(uint32_t d) const override {
     std::lock_guard lock(m_mutex);

@@ -38,6 +38,10 @@ class TierBackend {
 
   // Domains. A tier without them (VRAM) has one that spans its capacity.
   virtual uint32_t domains() const { return 1; }
+  // Whether its frames are files of each domain (DRAM, PMEM: a tenant's
+  // files, opened by open_domain, also when there is one domain), or one
+  // region all share (VRAM).
+  virtual bool per_domain() const { return false; }
   virtual uint64_t domain_span() const { return capacity(); }
   // Bytes of frames domain `d` has (0 while it is not open).
   virtual uint64_t domain_bytes(uint32_t d) const { return d == 0 ? capacity() : 0; }

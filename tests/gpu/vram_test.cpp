@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -48,10 +49,10 @@ TEST(VramTierTest, AutoPlacementPrefersVramAndFallsBackToDram) {
   auto space =
       std::move(AddressSpace::create({.node = 1, .page_size = 2 << 20, .versions_dir = dir}, std::move(tiers))).value();
   auto first = space->allocate({.size = 6 << 20});
-  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
   EXPECT_EQ(first->tier, Tier::vram);
   auto second = space->allocate({.size = 4 << 20});
-  ASSERT_TRUE(second.ok());
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
   EXPECT_EQ(second->tier, Tier::dram) << "VRAM has one page left";
   std::vector<char> data(6 << 20, 'v'), back(6 << 20);
   ASSERT_TRUE(space->write(first->gva, data.data(), data.size()).ok());
@@ -80,6 +81,68 @@ TEST(VramDaemonTest, ClientAllocWriteReadOnVram) {
   const auto r = test::run_ctl(daemon.socket(), {"alloc", "4MiB", "--tier", "vram", "--strict"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(client->free(a->gva).ok());
+}
+
+// CUDA device buffers (and pinned and pageable host buffers) as the source
+// of write() and the target of read(), into every tier, at odd sizes and
+// offsets: the library stages device memory through the host and never
+// dereferences it (it used to segfault in memcpy).
+TEST(DeviceBufferTest, DevicePinnedAndPageableBuffersIntoEveryTier) {
+  test::TestDaemon daemon({.dram = "256MiB", .pmem = "256MiB", .vram = true, .vram_capacity = "512MiB"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto client = daemon.connect();
+  ASSERT_NE(client, nullptr);
+  for (size_t size : {size_t{1}, size_t{4099}, size_t{1} << 20, size_t{64} << 20}) {
+    std::vector<unsigned char> pattern(size);
+    std::iota(pattern.begin(), pattern.end(), static_cast<unsigned char>(size));
+    void* device = nullptr;
+    void* pinned = nullptr;
+    ASSERT_EQ(cudaMalloc(&device, size), cudaSuccess);
+    ASSERT_EQ(cudaMallocHost(&pinned, size), cudaSuccess);
+    for (Tier tier : {Tier::vram, Tier::dram, Tier::pmem}) {
+      auto a = client->alloc(size + 3, {.tier = tier, .strict = true});
+      ASSERT_TRUE(a.ok()) << a.status().to_string();
+      const Gva at = a->gva.plus(3);  // an unaligned offset
+      // device -> tier -> device
+      ASSERT_EQ(cudaMemcpy(device, pattern.data(), size, cudaMemcpyHostToDevice), cudaSuccess);
+      Status w = client->write(at, device, size);
+      ASSERT_TRUE(w.ok()) << tier_name(tier) << " " << size << ": " << w.to_string();
+      ASSERT_EQ(cudaMemset(device, 0, size), cudaSuccess);
+      Status r = client->read(at, device, size);
+      ASSERT_TRUE(r.ok()) << tier_name(tier) << " " << size << ": " << r.to_string();
+      std::vector<unsigned char> back(size);
+      ASSERT_EQ(cudaMemcpy(back.data(), device, size, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(back, pattern) << "device buffer through " << tier_name(tier) << ", " << size << " bytes";
+      // pinned and pageable host buffers read what the device buffer wrote
+      std::memset(pinned, 0, size);
+      ASSERT_TRUE(client->read(at, pinned, size).ok());
+      EXPECT_EQ(std::memcmp(pinned, pattern.data(), size), 0) << "pinned, " << tier_name(tier);
+      std::vector<unsigned char> pageable(size);
+      ASSERT_TRUE(client->read(at, pageable.data(), size).ok());
+      EXPECT_EQ(pageable, pattern) << "pageable, " << tier_name(tier);
+      ASSERT_TRUE(client->free(a->gva).ok());
+    }
+    cudaFree(device);
+    cudaFreeHost(pinned);
+  }
+}
+
+TEST(DeviceBufferTest, AFreedDevicePointerIsAClearErrorAndTheProcessLives) {
+  test::TestDaemon daemon({.vram = true, .vram_capacity = "64MiB"});
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto client = daemon.connect();
+  auto a = client->alloc(1 << 20, {.tier = Tier::dram});
+  ASSERT_TRUE(a.ok());
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaFree(device), cudaSuccess);
+  const Status w = client->write(a->gva, device, 1 << 20);
+  EXPECT_EQ(w.code(), ErrorCode::invalid_argument) << w.to_string();
+  EXPECT_NE(w.message().find("freed device pointer"), std::string::npos) << w.to_string();
+  const Status r = client->read(a->gva, device, 1 << 20);
+  EXPECT_EQ(r.code(), ErrorCode::invalid_argument) << r.to_string();
+  std::vector<unsigned char> fine(1 << 20, 7);
+  EXPECT_TRUE(client->write(a->gva, fine.data(), fine.size()).ok()) << "the client goes on";
 }
 
 }  // namespace

@@ -328,3 +328,32 @@ TEST_F(AddressSpaceTest, PagesOnFramesOfANodeWhoseMemoryWasMadeAnewAreLost) {
 
 }  // namespace
 }  // namespace tiermem
+
+namespace tiermem {
+namespace {
+
+// One tenant per node (tenants.max_per_node = 1): the DRAM and PMEM tiers
+// have one domain's files, which are still opened for it (they were taken
+// for a shared region like VRAM's, and the first allocation failed with
+// EBADF).
+TEST(AddressSpaceSingleDomainTest, OneTenantPerNodeAllocatesInDramAndPmem) {
+  const std::string dir = test::make_temp_dir("tiermem-as1");
+  {
+    auto space = make_space(dir, 1, 4, /*domains=*/1);
+    ASSERT_NE(space, nullptr);
+    for (Tier tier : {Tier::dram, Tier::pmem}) {
+      auto a = space->allocate({.size = 2 * k_page, .tier = tier, .strict = true});
+      ASSERT_TRUE(a.ok()) << tier_name(tier) << ": " << a.status().to_string();
+      const auto bytes = test::pattern(2 * k_page, 9);
+      ASSERT_TRUE(space->write(a->gva, bytes.data(), bytes.size()).ok());
+      std::vector<unsigned char> back(bytes.size());
+      ASSERT_TRUE(space->read(a->gva, back.data(), back.size()).ok());
+      EXPECT_EQ(back, bytes);
+    }
+    EXPECT_FALSE(space->domain_files(0).tiers.empty()) << "a client of the tenant is handed its files";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tiermem
