@@ -1,10 +1,11 @@
 // The GPU tier through libtiermem on a real GPU (bench/gpu.sh, run on the
 // device machine): writes into and reads out of a VRAM allocation from
-// pageable, pinned and device buffers at 4 KiB, 1 MiB and 64 MiB, against
-// cudaMemcpy of the same kind and direction in the same process (pageable
-// and pinned: host to device and back; device: device to device), medians.
-// And device buffers into a DRAM allocation, against cudaMemcpy from the
-// device into pinned memory.
+// pageable, pinned and device buffers at 4 KiB, 1 MiB, 64 MiB and 1 GiB,
+// against cudaMemcpy of the same kind and direction in the same process
+// (pageable and pinned: host to device and back; device: device to device),
+// medians. Device buffers into a DRAM allocation, against cudaMemcpy from the
+// device into pinned memory. Migration of 1 GiB VRAM <-> DRAM against
+// cudaMemcpy of pinned memory.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -45,15 +46,16 @@ int main() {
     std::printf("# no CUDA device here: nothing measured\n");
     return 0;
   }
-  test::TestDaemon daemon({.dram = "1GiB", .pmem = "64MiB", .vram = true, .vram_capacity = "1GiB"});
+  test::TestDaemon daemon({.dram = "2GiB", .pmem = "64MiB", .vram = true, .vram_capacity = "3GiB"});
   if (!daemon.ready()) {
     std::fprintf(stderr, "tiermemd did not start:\n%s\n", daemon.log().c_str());
     return 1;
   }
   auto client = daemon.connect("gpu_bench");
-  constexpr size_t k_max = 64 << 20;
+  constexpr size_t k_max = size_t{1} << 30;
+  constexpr size_t k_dram = 64 << 20;
   auto vram = client->alloc(k_max, {.tier = Tier::vram, .strict = true});
-  auto dram = client->alloc(k_max, {.tier = Tier::dram, .strict = true});
+  auto dram = client->alloc(k_dram, {.tier = Tier::dram, .strict = true});
   if (!vram.ok() || !dram.ok()) return 1;
   std::vector<char> pageable(k_max, 'p');
   void* pinned = nullptr;
@@ -76,8 +78,8 @@ int main() {
   const Kind kinds[] = {{"pageable", pageable.data(), cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost},
                         {"pinned", pinned, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost},
                         {"device", device, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToDevice}};
-  for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, k_max}) {
-    const int reps = bytes <= (1 << 20) ? 50 : 7;
+  for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20, k_max}) {
+    const int reps = bytes <= (1 << 20) ? 50 : bytes < k_max ? 7 : 3;
     for (const Kind& k : kinds) {
       const std::string name = std::string(k.name) + "_" + size_name(bytes);
       const double w = rate(bytes, reps, [&] { return client->write(vram->gva, k.buffer, bytes).ok(); });
@@ -100,7 +102,7 @@ int main() {
     }
   }
   bench::note("device buffers into a DRAM allocation (staged through host memory) against cudaMemcpy device to pinned");
-  for (size_t bytes : {size_t{1} << 20, k_max}) {
+  for (size_t bytes : {size_t{1} << 20, k_dram}) {
     const int reps = bytes <= (1 << 20) ? 50 : 7;
     const std::string name = "device_" + size_name(bytes);
     const double w = rate(bytes, reps, [&] { return client->write(dram->gva, device, bytes).ok(); });
@@ -110,6 +112,31 @@ int main() {
     bench::figure("dram_read_" + name, r, "GB/s");
     bench::figure("cudaMemcpy_device_to_pinned_" + name, b, "GB/s");
     bench::ratio("dram_write_" + name + "_vs_cudaMemcpy", b > 0 ? w / b : 0);
+  }
+  bench::note("migration of a 1 GiB allocation VRAM <-> DRAM (tiermemctl migrate's path) against cudaMemcpy of "
+              "pinned memory, the same bytes");
+  {
+    const size_t bytes = k_max;
+    auto moving = client->alloc(bytes, {.tier = Tier::vram, .strict = true});
+    if (!moving.ok()) return 1;
+    (void)client->write(moving->gva, pageable.data(), bytes);
+    std::vector<double> down, up;
+    for (int i = 0; i < 3; ++i) {
+      double t0 = bench::now_seconds();
+      if (!client->migrate(moving->gva, Tier::dram).ok()) return 1;
+      down.push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);
+      t0 = bench::now_seconds();
+      if (!client->migrate(moving->gva, Tier::vram).ok()) return 1;
+      up.push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);
+    }
+    const double d2h = rate(bytes, 3, [&] { return cudaMemcpy(pinned, device_peer, bytes, cudaMemcpyDeviceToHost) == cudaSuccess; });
+    const double h2d = rate(bytes, 3, [&] { return cudaMemcpy(device_peer, pinned, bytes, cudaMemcpyHostToDevice) == cudaSuccess; });
+    bench::figure("migrate_vram_to_dram_1GiB", bench::median(down), "GB/s");
+    bench::figure("migrate_dram_to_vram_1GiB", bench::median(up), "GB/s");
+    bench::figure("cudaMemcpy_pinned_d2h_1GiB", d2h, "GB/s");
+    bench::figure("cudaMemcpy_pinned_h2d_1GiB", h2d, "GB/s");
+    bench::ratio("migrate_vram_to_dram_vs_cudaMemcpy_pinned", d2h > 0 ? bench::median(down) / d2h : 0);
+    bench::ratio("migrate_dram_to_vram_vs_cudaMemcpy_pinned", h2d > 0 ? bench::median(up) / h2d : 0);
   }
   cudaFree(device);
   cudaFree(device_peer);

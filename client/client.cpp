@@ -242,45 +242,63 @@ Status no_staging(size_t length) {
                 "cannot stage " + std::to_string(length) + " bytes of device memory in host memory (out of memory)");
 }
 
-// `copy` on `data` as the library may touch it: a CUDA device buffer goes
-// through host memory (copied in before a write, out after a read).
-template <typename F>
-Status on_host(void* data, size_t length, bool to_memory, F&& copy) {
+// `copy` on `data` as the library may touch it. A CUDA device buffer goes
+// straight to this node's VRAM through the copy engines (`direct`) where the
+// range is there, and through host memory otherwise (copied in before a
+// write, out after a read).
+template <typename F, typename D>
+Status on_host(void* data, size_t length, bool to_memory, F&& copy, D&& direct) {
   if (length == 0) return copy(data);
   TIERMEM_ASSIGN_OR_RETURN(const detail::BufferKind kind, detail::classify_buffer(data));
   if (kind == detail::BufferKind::host) return copy(data);
-  auto staged = staging(length);
-  if (!staged) return no_staging(length);
-  if (to_memory) TIERMEM_RETURN_IF_ERROR(detail::copy_from_device(staged.get(), data, length));
-  TIERMEM_RETURN_IF_ERROR(copy(staged.get()));
-  if (!to_memory) TIERMEM_RETURN_IF_ERROR(detail::copy_to_device(data, staged.get(), length));
+  if (Status s = direct(data); s.code() != ErrorCode::not_supported) return s;
+  std::unique_ptr<std::byte[]> pageable;
+  std::byte* staged = detail::pinned_staging(data, length);
+  if (staged == nullptr) {
+    pageable = staging(length);
+    if (!pageable) return no_staging(length);
+    staged = pageable.get();
+  }
+  if (to_memory) TIERMEM_RETURN_IF_ERROR(detail::copy_from_device(staged, data, length));
+  TIERMEM_RETURN_IF_ERROR(copy(staged));
+  if (!to_memory) TIERMEM_RETURN_IF_ERROR(detail::copy_to_device(data, staged, length));
   return Status();
 }
 
 }  // namespace
 
-Status Client::write(Gva gva, const void* data, size_t length) {
-  return on_host(const_cast<void*>(data), length, true, [&](void* p) {
-    return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length); });
+Status Client::copy_device(Gva gva, void* data, size_t length, bool to_memory) {
+  return run(to_memory ? "write" : "read", true, [&](detail::ClientCore& c) {
+    return c.copy_device(gva, static_cast<std::byte*>(data), length, to_memory);
   });
+}
+
+Status Client::write(Gva gva, const void* data, size_t length) {
+  return on_host(
+      const_cast<void*>(data), length, true,
+      [&](void* p) { return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length); }); },
+      [&](void* p) { return copy_device(gva, p, length, true); });
 }
 
 Status Client::read(Gva gva, void* data, size_t length) {
-  return on_host(data, length, false, [&](void* p) {
-    return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length); });
-  });
+  return on_host(
+      data, length, false,
+      [&](void* p) { return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length); }); },
+      [&](void* p) { return copy_device(gva, p, length, false); });
 }
 
 Status Client::write(Gva gva, const void* data, size_t length, QosClass qos) {
-  return on_host(const_cast<void*>(data), length, true, [&](void* p) {
-    return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length, qos); });
-  });
+  return on_host(
+      const_cast<void*>(data), length, true,
+      [&](void* p) { return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length, qos); }); },
+      [&](void* p) { return copy_device(gva, p, length, true); });
 }
 
 Status Client::read(Gva gva, void* data, size_t length, QosClass qos) {
-  return on_host(data, length, false, [&](void* p) {
-    return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length, qos); });
-  });
+  return on_host(
+      data, length, false,
+      [&](void* p) { return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length, qos); }); },
+      [&](void* p) { return copy_device(gva, p, length, false); });
 }
 
 Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value) {
@@ -408,6 +426,18 @@ Result<Mapping> Client::map(Gva gva) {
     m.release();
     return s;
   };
+  if (info.tier == Tier::vram) {
+    // Device memory: the frames as this process imported them (one device
+    // range; nothing to munmap).
+    std::vector<Extent> extents;
+    for (const auto& px : response.map().extents()) extents.push_back(wire::from_proto(px));
+    auto at = m.m_core->device_address(extents);
+    if (!at.ok()) return unpin_on_error(at.status().with_context("map " + info.gva.to_string()));
+    m.m_data = *at;
+    m.m_size = info.size;
+    m.m_device = m.m_core->device_ordinal();
+    return m;
+  }
   // Reserve one range for the whole allocation, then place each physically
   // contiguous extent into it, from the file of the tenant's domain that
   // holds it.
@@ -549,6 +579,7 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
     m_reserved = std::exchange(other.m_reserved, 0);
     m_lead = std::exchange(other.m_lead, 0);
     m_persistent = other.m_persistent;
+    m_device = std::exchange(other.m_device, -1);
   }
   return *this;
 }
@@ -556,8 +587,9 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
 Mapping::~Mapping() { release(); }
 
 void Mapping::release() {
-  if (m_data != nullptr) ::munmap(m_data - m_lead, m_reserved);
+  if (m_data != nullptr && m_device < 0) ::munmap(m_data - m_lead, m_reserved);
   m_data = nullptr;
+  m_device = -1;
   m_size = m_reserved = m_lead = 0;
   if (m_core) {
     // Through the newest connection: after a daemon restart the pin is that

@@ -35,7 +35,9 @@ constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
 // handed out alive until the copy is done.
 class ClientAccess final : public MemoryAccess {
  public:
-  explicit ClientAccess(ClientCore& core) : m_core(core) {}
+  // `device_only`: the buffer is CUDA device memory, which only the copy
+  // engines may touch: any frames but this node's VRAM are not_supported.
+  explicit ClientAccess(ClientCore& core, bool device_only = false) : m_core(core), m_device_only(device_only) {}
   // Whether the operation reached another node's memory.
   bool went_remote() const { return !m_held.empty(); }
   // Every lock taken through these words is recorded in the session's lock
@@ -52,6 +54,9 @@ class ClientAccess final : public MemoryAccess {
     return static_cast<VersionWords*>(&m_recorded.emplace_back(*inner, log, home));
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
+    if (m_device_only && (node != m_core.node() || tier != Tier::vram)) {
+      return Status(ErrorCode::not_supported, "a device buffer goes straight only to this node's VRAM");
+    }
     if (node == m_core.node()) return m_core.local_frames(tier);
     TIERMEM_ASSIGN_OR_RETURN(auto r, remote(node));
     RemoteFrameData* f = r->frames[static_cast<size_t>(tier)].get();
@@ -69,6 +74,7 @@ class ClientAccess final : public MemoryAccess {
     return r;
   }
   ClientCore& m_core;
+  bool m_device_only;
   std::vector<std::shared_ptr<RemoteState>> m_held;
   std::deque<RecordedVersionWords> m_recorded;
 };
@@ -275,6 +281,13 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
   size_t next_fd = 0;
   const uint64_t per_domain = m_hello.pages_per_domain();
   for (const proto::Region& r : regions.regions()) {
+    if (r.kind() == proto::Region::TIER && wire::from_proto(r.tier()) == Tier::vram && !r.has_fd()) {
+      // Device memory: imported chunk by chunk when first touched.
+      m_device_uuid = r.device_uuid();
+      m_device_chunk = r.chunk_bytes();
+      m_device_windows.push_back({r.first(), r.length()});
+      continue;
+    }
     if (!r.has_fd()) continue;
     if (next_fd >= fds.size()) return Status(ErrorCode::internal, "tiermemd sent fewer descriptors than regions");
     UniqueFd fd = std::move(fds[next_fd++]);
@@ -346,8 +359,65 @@ Result<IntentLog> ClientCore::intents() {
   return IntentLog(m_intents_map.data());
 }
 
+Result<DeviceFrameData*> ClientCore::device_frames() {
+  if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
+  TIERMEM_RETURN_IF_ERROR(open_regions());
+  std::call_once(m_device_once, [this] {
+    if (m_device_windows.empty()) {
+      m_device_status = Status(ErrorCode::not_supported, "tiermemd shares no VRAM with this client");
+      return;
+    }
+    auto fetch = [this](uint64_t offset, uint64_t length) -> Result<std::vector<std::pair<uint64_t, UniqueFd>>> {
+      proto::Request request;
+      proto::DeviceChunksRequest* r = request.mutable_device_chunks();
+      r->set_tier(wire::to_proto(Tier::vram));
+      r->set_frame_offset(offset);
+      r->set_length(length);
+      std::vector<UniqueFd> fds;
+      TIERMEM_ASSIGN_OR_RETURN(auto response, call(request, &fds));
+      const auto& offsets = response.device_chunks().frame_offsets();
+      if (static_cast<size_t>(offsets.size()) != fds.size()) {
+        return Status(ErrorCode::malformed_frame, "tiermemd sent VRAM chunks and descriptors that do not pair up");
+      }
+      std::vector<std::pair<uint64_t, UniqueFd>> out;
+      for (int i = 0; i < offsets.size(); ++i) out.emplace_back(offsets[i], std::move(fds[static_cast<size_t>(i)]));
+      return out;
+    };
+    auto f = DeviceFrameData::open(m_device_uuid, m_device_chunk, m_device_windows, std::move(fetch));
+    if (f.ok()) {
+      m_device_frames = std::move(f).value();
+    } else {
+      m_device_status = f.status();
+    }
+  });
+  if (!m_device_frames) return m_device_status;
+  return m_device_frames.get();
+}
+
+Result<std::byte*> ClientCore::device_address(const std::vector<Extent>& extents) {
+  if (extents.empty()) return Status(ErrorCode::invalid_argument, "no extents");
+  uint64_t length = 0;
+  for (const Extent& x : extents) {
+    if (x.node != node() || x.tier != Tier::vram) {
+      return Status(ErrorCode::not_supported, "only VRAM of this node maps to a device pointer");
+    }
+    if (x.gva_offset != extents.front().gva_offset + length ||
+        x.frame_offset != extents.front().frame_offset + length) {
+      return Status(ErrorCode::not_supported,
+                    "the allocation's VRAM frames are not contiguous: read and write it instead of mapping it");
+    }
+    length += x.length;
+  }
+  TIERMEM_ASSIGN_OR_RETURN(DeviceFrameData * f, device_frames());
+  return f->address(extents.front().frame_offset, length);
+}
+
 Result<FrameData*> ClientCore::local_frames(Tier tier) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
+  if (tier == Tier::vram) {
+    TIERMEM_ASSIGN_OR_RETURN(DeviceFrameData * f, device_frames());
+    return static_cast<FrameData*>(f);
+  }
   TIERMEM_RETURN_IF_ERROR(open_regions());
   auto& f = m_local_frames[static_cast<size_t>(tier)];
   if (!f) {
@@ -685,6 +755,29 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
   return Status(ErrorCode::busy, "translation of " + gva.to_string() +
                                      " kept changing for " + std::to_string(k_retry_time.count()) +
                                      " ms; the allocation is being migrated or freed");
+}
+
+Status ClientCore::copy_device(Gva gva, std::byte* buf, size_t length, bool to_memory) {
+  if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
+  if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
+  bool refresh = false;
+  const auto give_up = retry_until();
+  while (std::chrono::steady_clock::now() < give_up) {
+    TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
+    const CachedAllocation& alloc = *a;
+    // Replicated memory is written through its home daemon, to every copy.
+    if (alloc.replicated || alloc.copy) return Status(ErrorCode::not_supported, "replicated");
+    const uint64_t offset = gva.offset - alloc.base.offset;
+    ClientAccess access(*this, true);
+    const LayoutView view{alloc.base.node, alloc.first_page,   page_size(),
+                          alloc.size,      alloc.extents,      alloc.page_versions,
+                          alloc.base.offset % page_size()};
+    Status s = copy_through_layout(view, access, offset, buf, length, to_memory, ScopedDeadline::bound(m_lock_timeout));
+    if (s.ok()) m_direct_local.fetch_add(1, std::memory_order_relaxed);
+    if (!is_stale(s)) return s;
+    refresh = true;  // migrated or freed: translate again
+  }
+  return Status(ErrorCode::not_supported, "translation kept changing");  // the staged path says what is wrong
 }
 
 Status ClientCore::write(Gva gva, const void* src, size_t length, std::optional<QosClass> qos) {

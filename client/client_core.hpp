@@ -24,6 +24,7 @@
 #include <tiermem/client.h>
 
 #include "access/remote_memory.hpp"
+#include "client/device_frames.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
 #include "mapping/lock_intents.hpp"
@@ -140,6 +141,15 @@ class ClientCore {
   Status read(Gva gva, void* dst, size_t length, std::optional<QosClass> qos = std::nullopt);
   Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
                           std::optional<QosClass> qos = std::nullopt);
+  // A copy between `gva` and a CUDA device buffer through the copy engines
+  // alone: not_supported unless every byte is this node's VRAM that this
+  // client may import (the caller then stages through host memory).
+  Status copy_device(Gva gva, std::byte* buf, size_t length, bool to_memory);
+  // The device address of an allocation of this node's VRAM (its extents,
+  // which must be frame-contiguous) in this process. Errors: not_supported.
+  Result<std::byte*> device_address(const std::vector<Extent>& extents);
+  // The CUDA device ordinal of imported VRAM in this process (-1: none).
+  int device_ordinal() const { return m_device_frames ? m_device_frames->device() : -1; }
   AccessCounters counters() const;
   // The cached translation of the allocation holding `gva`, if any (no request).
   std::shared_ptr<const CachedAllocation> peek(Gva gva);
@@ -169,6 +179,8 @@ class ClientCore {
              std::chrono::milliseconds checkin_interval);
 
   Status open_regions();
+  // This client's VRAM frames (imported on first use).
+  Result<DeviceFrameData*> device_frames();
   Status map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds);
   Result<std::shared_ptr<const CachedAllocation>> cached(Gva gva, bool refresh);
   // Frames the translation places on other nodes are of the memory (and
@@ -219,6 +231,13 @@ class ClientCore {
   std::vector<TierFile> m_files[4];  // by Tier
   std::optional<DomainFrameData> m_local_frames[4];
   MappedRegion m_intents_map;
+  // VRAM of this client's domains (OpenRegions), reached by DeviceFrameData.
+  std::string m_device_uuid;
+  uint64_t m_device_chunk = 0;
+  std::vector<DeviceWindow> m_device_windows;
+  std::once_flag m_device_once;
+  Status m_device_status;
+  std::unique_ptr<DeviceFrameData> m_device_frames;
 
   std::mutex m_remote_mutex;
   std::unique_ptr<Transport> m_transport;

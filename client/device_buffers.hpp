@@ -25,4 +25,10 @@ Result<BufferKind> classify_buffer(const void* p);
 Status copy_from_device(void* host, const void* device, size_t length);
 Status copy_to_device(void* device, const void* host, size_t length);
 
+// Host memory to stage `length` bytes of device buffer `device` through:
+// this thread's page-locked buffer (kept and reused, at most 256 MiB), so
+// the copy runs at the copy engines' speed; null where there is none (too
+// large, or the driver would not pin): the caller stages in pageable memory.
+std::byte* pinned_staging(const void* device, size_t length);
+
 }  // namespace tiermem::detail

@@ -20,7 +20,8 @@
 namespace tiermem::wire {
 
 inline constexpr size_t k_frame_header_bytes = 4;
-inline constexpr size_t k_max_fds_per_frame = 16;
+// Descriptors one frame carries at most (the kernel's limit is 253).
+inline constexpr size_t k_max_fds_per_frame = 64;
 
 std::array<unsigned char, k_frame_header_bytes> encode_frame_header(uint32_t length);
 uint32_t decode_frame_header(const unsigned char* header);

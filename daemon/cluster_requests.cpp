@@ -35,6 +35,7 @@ bool is_local_only(const proto::Request& r) {
     case proto::Request::kCheckIn:
     case proto::Request::kNodes:
     case proto::Request::kOpenRegions:
+    case proto::Request::kDeviceChunks:
     case proto::Request::kMap:
     case proto::Request::kUnmap:
     case proto::Request::kReserveFrames:

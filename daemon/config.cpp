@@ -357,6 +357,7 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.boolean("tiers.vram.required", &c.vram_required);
   r.integer("tiers.vram.device", &c.vram_device, 0, 1023);
   r.size("tiers.vram.capacity", &c.vram_capacity);
+  r.boolean("tiers.vram.pin_dram", &c.vram_pin_dram);
   r.string("log.level", &c.log_level);
   r.integer("tenants.max_per_node", &c.max_tenants_per_node, 1, 1024);
   r.string("tenants.admin_group", &c.admin_group);

@@ -57,6 +57,9 @@ struct DaemonConfig {
   bool vram_required = false;  // fail start-up when no GPU, instead of running without
   int vram_device = 0;
   uint64_t vram_capacity = 0;  // 0: half of the device's free memory
+  // Page-lock DRAM frames (64 MiB at a time, as they are handed out) for the
+  // copy engines, so that copies between VRAM and DRAM run at their speed.
+  bool vram_pin_dram = true;
 
   std::string log_level = "info";
 

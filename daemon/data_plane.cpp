@@ -58,10 +58,11 @@ Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, cons
                      uint64_t{d} * v.pages_per_domain(), false, space.tenant_of_domain(d));
       if (!s.ok()) return s.with_context("registering the version words");
     }
-    // VRAM (one domain, shared by all tenants, reached through the daemon
-    // unless the transport registers device memory).
+    // VRAM (its chunks come and go with frames, so peers reach it through
+    // the daemon unless the transport registers the whole device range).
     if (TierBackend* b = space.backend(Tier::vram)) {
-      Status s = add(b->region_base(), b->capacity(), MemoryKind::cuda, false, Tier::vram, 0, 0, false, "");
+      Status s = add(b->region_base(), b->domains() * b->domain_span(), MemoryKind::cuda, false, Tier::vram, 0, 0,
+                     false, "");
       if (!s.ok()) spdlog::info("vram tier not reachable one-sided: {}", s.message());
     }
   }

@@ -7,6 +7,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "common/frame.hpp"
 #include "convert.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
@@ -176,15 +177,20 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
   if (s.remote) {
     return Status(ErrorCode::not_supported, "memory regions are shared only with clients on this node (Unix socket)");
   }
-  std::vector<uint32_t> domains;
+  // The session's own tenant's domain, given to it now if it has none yet;
+  // an operator's also every other tenant's, as far as one reply carries
+  // their descriptors (the rest it reaches through the daemon).
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t own, ensure_domain(s.who.tenant));
+  const auto fds_of = [&](uint32_t d) { return 1 + m_space.domain_files(d).tiers.size(); };
+  std::vector<uint32_t> domains = {own};
+  size_t budget = wire::k_max_fds_per_frame - 1 - fds_of(own);  // 1: the lock log
   if (s.who.is_operator) {
     for (uint32_t d = 0; d < m_space.domains(); ++d) {
-      if (!m_space.tenant_of_domain(d).empty()) domains.push_back(d);
+      if (d == own || m_space.tenant_of_domain(d).empty() || fds_of(d) > budget) continue;
+      budget -= fds_of(d);
+      domains.push_back(d);
     }
   }
-  // The session's own tenant's domain, given to it now if it has none yet.
-  TIERMEM_ASSIGN_OR_RETURN(const uint32_t own, ensure_domain(s.who.tenant));
-  if (std::find(domains.begin(), domains.end(), own) == domains.end()) domains.push_back(own);
   for (uint32_t d : domains) {
     const DomainFiles files = m_space.domain_files(d);
     proto::Region* v = out->add_regions();
@@ -194,6 +200,17 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
     v->set_length(files.versions_bytes);
     v->set_has_fd(true);
     fds->push_back(files.versions_fd);
+    if (const TierBackend* b = m_space.backend(Tier::vram); b != nullptr && b->domain_bytes(d) > 0) {
+      // Device memory: no file, chunks imported one by one (device_chunks).
+      proto::Region* r = out->add_regions();
+      r->set_kind(proto::Region::TIER);
+      r->set_tier(wire::to_proto(Tier::vram));
+      r->set_domain(d);
+      r->set_first(uint64_t{d} * b->domain_span());
+      r->set_length(b->domain_bytes(d));
+      r->set_device_uuid(b->device_uuid());
+      r->set_chunk_bytes(b->chunk_bytes());
+    }
     for (const DomainFiles::TierFile& t : files.tiers) {
       proto::Region* r = out->add_regions();
       r->set_kind(proto::Region::TIER);
@@ -214,8 +231,38 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
   log->set_length(k_intent_log_bytes);
   log->set_has_fd(true);
   fds->push_back(log_fd);
-  // VRAM (one arena for all tenants) is reached through the daemon; its IPC
-  // handle is not handed out (it would open every tenant's VRAM).
+  return Status();
+}
+
+Status RequestHandler::device_chunks(const proto::DeviceChunksRequest& r, const SessionState& s,
+                                     proto::DeviceChunksResponse* out, std::vector<int>* fds) {
+  constexpr size_t k_most = wire::k_max_fds_per_frame;
+  if (s.remote) {
+    return Status(ErrorCode::not_supported, "device memory is shared only with clients on this node (Unix socket)");
+  }
+  const Tier tier = wire::from_proto(r.tier());
+  const TierBackend* b = tier == Tier::automatic ? nullptr : m_space.backend(tier);
+  if (b == nullptr || b->chunk_bytes() == 0) {
+    return Status(ErrorCode::not_supported, "node " + std::to_string(m_space.node()) + " has no " +
+                                                std::string(tier_name(tier)) + " tier of device memory");
+  }
+  // Only chunks of a domain the session may map: its tenant's (an operator's:
+  // any tenant's, as with the host tiers' files).
+  const uint32_t d = b->domain_of(r.frame_offset());
+  const std::string tenant = d < m_space.domains() ? m_space.tenant_of_domain(d) : std::string();
+  const uint64_t first = uint64_t{d} * b->domain_span();
+  if (tenant.empty() || (tenant != s.who.tenant && !s.who.is_operator) || r.length() == 0 ||
+      r.length() > b->domain_bytes(d) || r.frame_offset() - first > b->domain_bytes(d) - r.length()) {
+    return Status(ErrorCode::permission_denied,
+                  s.who.describe() + " may not open " + std::string(tier_name(tier)) + " frames [" +
+                      std::to_string(r.frame_offset()) + ", +" + std::to_string(r.length()) +
+                      "): they are not all of its tenant's domain");
+  }
+  out->set_chunk_bytes(b->chunk_bytes());
+  for (const TierBackend::DeviceChunk& c : b->device_chunks(r.frame_offset(), r.length(), k_most)) {
+    out->add_frame_offsets(c.frame_offset);
+    fds->push_back(c.fd);
+  }
   return Status();
 }
 

@@ -94,9 +94,16 @@ Status Migrator::move_page(uint64_t page, Tier tier, NodeId to_node, std::vector
   }
   if (s.ok()) {
     // The page's lock is ours: nobody changes it while it is copied.
-    std::vector<std::byte> buffer(m_space.page_size());
-    s = (*src)->read(move->from.frame_offset, buffer.data(), buffer.size());
-    if (s.ok()) s = (*dst)->write(target.frame_offset, buffer.data(), buffer.size());
+    TierBackend* from = move->from.node == m_space.node() ? m_space.backend(move->from.tier) : nullptr;
+    TierBackend* into = to_node == m_space.node() ? m_space.backend(tier) : nullptr;
+    if (from != nullptr && into != nullptr) {
+      // Both here: one copy between the tiers (the copy engines for VRAM).
+      s = into->copy_from(*from, move->from.frame_offset, target.frame_offset, m_space.page_size());
+    } else {
+      if (m_buffer.size() != m_space.page_size()) m_buffer.resize(m_space.page_size());
+      s = (*src)->read(move->from.frame_offset, m_buffer.data(), m_buffer.size());
+      if (s.ok()) s = (*dst)->write(target.frame_offset, m_buffer.data(), m_buffer.size());
+    }
   }
   if (!s.ok()) {
     m_space.abort_move(*move);

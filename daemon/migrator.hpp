@@ -11,6 +11,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <vector>
 
 #include <tiermem/types.h>
 
@@ -57,6 +59,7 @@ class Migrator {
   std::chrono::milliseconds m_timeout;
   TenantLimits m_limits;
   std::string m_tenant;  // of the allocation being moved
+  std::vector<std::byte> m_buffer;  // a page on its way between nodes
 };
 
 }  // namespace tiermem

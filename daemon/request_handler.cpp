@@ -282,6 +282,9 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
     case proto::Request::kOpenRegions:
       status = open_regions(session, resp.mutable_open_regions(), &reply.fds);
       break;
+    case proto::Request::kDeviceChunks:
+      status = device_chunks(request.device_chunks(), session, resp.mutable_device_chunks(), &reply.fds);
+      break;
     case proto::Request::kMap: status = map(request.map(), session, resp.mutable_map()); break;
     case proto::Request::kUnmap:
       status = unmap(request.unmap(), session);

@@ -164,6 +164,8 @@ class RequestHandler {
   Reply read_copy(const proto::Request& request, const Identity& who);
   Status replica_ready(const proto::ReplicaReadyRequest& r, const Identity& who);
   Status open_regions(const SessionState& s, proto::OpenRegionsResponse* out, std::vector<int>* fds);
+  Status device_chunks(const proto::DeviceChunksRequest& r, const SessionState& s, proto::DeviceChunksResponse* out,
+                       std::vector<int>* fds);
   Status map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out);
   Status unmap(const proto::UnmapRequest& r, SessionState& s);
   // --- node (request_handler.cpp) ---

@@ -131,10 +131,11 @@ Status take_directories(const DaemonConfig& c, Node* node) {
 Result<TierSet> open_tiers(const DaemonConfig& c) {
   TierSet tiers;
   if (c.vram_enabled) {
-    auto vram = make_vram_tier(c.vram_device, c.vram_capacity);
+    auto vram = make_vram_tier(c.vram_device, c.vram_capacity, c.max_tenants_per_node);
     if (vram.ok()) {
       tiers[static_cast<size_t>(Tier::vram)] = std::move(vram).value();
-    } else if (c.vram_required || vram.status().code() != ErrorCode::tier_unavailable) {
+    } else if (c.vram_required || (vram.status().code() != ErrorCode::tier_unavailable &&
+                                     vram.status().code() != ErrorCode::not_supported)) {
       return vram.status().with_context("VRAM tier");
     } else {
       spdlog::info("VRAM tier off: {}", vram.status().message());
@@ -148,6 +149,9 @@ Result<TierSet> open_tiers(const DaemonConfig& c) {
     TIERMEM_ASSIGN_OR_RETURN(tiers[static_cast<size_t>(Tier::pmem)],
                              make_pmem_tier({c.pmem_path, c.pmem_capacity, c.max_tenants_per_node}));
   }
+  TierBackend* vram = tiers[static_cast<size_t>(Tier::vram)].get();
+  TierBackend* dram = tiers[static_cast<size_t>(Tier::dram)].get();
+  if (vram != nullptr && dram != nullptr && c.vram_pin_dram) dram->pin_with(vram->host_pinner());
   return tiers;
 }
 

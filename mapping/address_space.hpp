@@ -467,7 +467,9 @@ class AddressSpace {
   // domain's files or its quota have no room.
   bool take_frames(Tier tier, uint32_t domain, uint64_t pages, std::vector<UnitRange>* frames);
   // Zeroes frames just taken and gives them storage (TierBackend::commit).
-  Status prepare_frames(Tier tier, const std::vector<UnitRange>& frames);
+  // `overwritten`: the caller fills every byte before anyone reads them
+  // (frames for pages moving here), so they are not cleared first.
+  Status prepare_frames(Tier tier, const std::vector<UnitRange>& frames, bool overwritten = false);
   Status exhausted_error(const AllocRequest& request, uint64_t pages, const std::vector<Tier>& chain,
                          uint32_t domain) const;
   void set_pinned(const Allocation& a, bool pinned);

@@ -25,12 +25,12 @@ bool AddressSpace::take_frames(Tier tier, uint32_t domain, uint64_t pages, std::
   return true;
 }
 
-Status AddressSpace::prepare_frames(Tier tier, const std::vector<UnitRange>& frames) {
+Status AddressSpace::prepare_frames(Tier tier, const std::vector<UnitRange>& frames, bool overwritten) {
   TierBackend& b = *m_tiers[static_cast<size_t>(tier)].backend;
   for (const UnitRange& f : frames) {
     // New memory reads as zeros (nothing of a freed allocation may show
     // through) and has its storage now.
-    TIERMEM_RETURN_IF_ERROR(b.discard(f.start * page_size(), f.count * page_size()));
+    if (!overwritten) TIERMEM_RETURN_IF_ERROR(b.discard(f.start * page_size(), f.count * page_size()));
     TIERMEM_RETURN_IF_ERROR(b.commit(f.start * page_size(), f.count * page_size()));
   }
   return Status();
@@ -41,7 +41,7 @@ void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset, uint32_
   Domain& d = m_domains[domain];
   // A failed discard only delays returning storage: frames are cleared again
   // when they are next allocated.
-  (void)t.backend->discard(frame_offset, page_size());
+  (void)t.backend->release(frame_offset, page_size());
   ExtentSet& free = t.backend->per_domain() ? d.free_frames[static_cast<size_t>(tier)] : t.shared_free;
   if (free.release({frame_offset / page_size(), 1})) {
     --t.used;
@@ -86,7 +86,9 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
                                                  " has " + std::to_string(t.frames - t.used) + " free pages, " +
                                                  std::to_string(pages) + " needed");
   }
-  if (Status s = prepare_frames(tier, frames); !s.ok()) {
+  // Frames for pages moving here: the mover copies a whole page into each
+  // before the page is published (or gives the frame back).
+  if (Status s = prepare_frames(tier, frames, true); !s.ok()) {
     release_local_frames(tier, frames, domain);
     return s.with_context("frames to lend to node " + std::to_string(borrower));
   }
@@ -247,7 +249,7 @@ std::vector<TierStat> AddressSpace::tier_stats() const {
     stat.used_bytes = s.used * page_size();
     stat.free_bytes = stat.capacity_bytes - stat.used_bytes;
     stat.persistent = s.backend->persistent();
-    stat.shareable = s.backend->per_domain() || !s.backend->ipc_handle().empty();
+    stat.shareable = s.backend->per_domain();
     stat.backing = s.backend->backing();
     stat.allocations = s.allocations;
     out.push_back(std::move(stat));

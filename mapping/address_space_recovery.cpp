@@ -272,8 +272,8 @@ void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
   if (image.next_generation != 0) m_next_generation = image.next_generation;
   m_recovery_survived.fill(true);
   for (size_t t = 0; t < m_tiers.size(); ++t) {
-    // A tier without files (VRAM) is the daemon's own memory: gone with it.
-    if (m_tiers[t].backend && !m_tiers[t].backend->per_domain()) m_recovery_survived[t] = false;
+    // A tier whose frames are the daemon's own memory (VRAM) is gone with it.
+    if (m_tiers[t].backend && !m_tiers[t].backend->keeps_memory()) m_recovery_survived[t] = false;
   }
   for (const DomainRecord& d : image.domains) {
     if (d.domain >= m_domains.size()) continue;

@@ -2,7 +2,9 @@
 // under /dev/shm), mapped side by side in the daemon; a co-located client of
 // the domain's tenant maps the very same pages from the file's descriptor.
 #include <cstring>
+#include <algorithm>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include <tiermem/status_macros.h>
@@ -64,11 +66,27 @@ class DramTier final : public TierBackend {
   }
   Status persist(uint64_t, size_t) override { return Status(); }
   Status discard(uint64_t offset, size_t length) override {
+    if (pinned(offset, length)) {
+      // The device holds these pages: a hole would leave it the old ones.
+      std::memset(m_space.base() + offset, 0, length);
+      return Status();
+    }
     const uint32_t d = domain_of(offset);
     return punch_hole(share_fd(d), offset % m_span, length, m_space.base() + offset - offset % m_span);
   }
+  Status release(uint64_t offset, size_t length) override {
+    // Pinned storage stays (the device holds it): cleared when handed out again.
+    return pinned(offset, length) ? Status() : discard(offset, length);
+  }
   Status commit(uint64_t offset, size_t length) override {
-    return commit_file_range(share_fd(domain_of(offset)), offset % m_span, length, "the DRAM tier's files in " + m_dir);
+    TIERMEM_RETURN_IF_ERROR(
+        commit_file_range(share_fd(domain_of(offset)), offset % m_span, length, "the DRAM tier's files in " + m_dir));
+    if (m_pin && length > 0) pin_range(offset, length);
+    return Status();
+  }
+  void pin_with(HostPinner pin) override {
+    std::lock_guard lock(m_mutex);
+    m_pin = std::move(pin);
   }
 
  private:
@@ -77,8 +95,46 @@ class DramTier final : public TierBackend {
   uint64_t m_span;
   Reservation m_space;
   mutable std::mutex m_mutex;  // domains opening while others are in use
+  // Pinned chunks are k_pin_chunk bytes from the start of their domain,
+  // keyed by their first frame offset.
+  uint64_t chunk_of(uint64_t offset) const {
+    const uint64_t first = offset - offset % m_span;
+    return first + (offset - first) / k_pin_chunk * k_pin_chunk;
+  }
+  // Whether any of [offset, +length) lies in a pinned chunk.
+  bool pinned(uint64_t offset, uint64_t length) const {
+    std::lock_guard lock(m_mutex);
+    if (m_pinned.empty()) return false;
+    auto it = m_pinned.upper_bound(offset);
+    if (it != m_pinned.begin() && *std::prev(it) + k_pin_chunk > offset) return true;
+    return it != m_pinned.end() && *it < offset + length;
+  }
+  // Pins the chunks of [offset, +length) not pinned yet (within the domain's
+  // file). A chunk that cannot be pinned is left to pageable copies: the
+  // tier works either way, only slower.
+  void pin_range(uint64_t offset, uint64_t length) {
+    std::lock_guard lock(m_mutex);
+    const uint32_t d = domain_of(offset);
+    const uint64_t domain_end = uint64_t{d} * m_span + m_bytes[d];
+    for (uint64_t c = chunk_of(offset); c < offset + length; c += k_pin_chunk) {
+      if (m_pinned.count(c) != 0 || m_unpinnable.count(c) != 0) continue;
+      const uint64_t end = std::min(c + k_pin_chunk, domain_end);
+      if (end <= c) continue;
+      // The whole chunk gets storage now: a pinned page must never be a hole.
+      if (!commit_file_range(m_fds[d].get(), c % m_span, end - c, "the DRAM tier").ok() ||
+          !m_pin(m_space.base() + c, end - c).ok()) {
+        m_unpinnable.insert(c);
+        continue;
+      }
+      m_pinned.insert(c);
+    }
+  }
+
+  static constexpr uint64_t k_pin_chunk = 64ull << 20;
   std::vector<UniqueFd> m_fds;
   std::vector<uint64_t> m_bytes;
+  HostPinner m_pin;
+  std::set<uint64_t> m_pinned, m_unpinnable;  // by chunk_of
 };
 
 }  // namespace

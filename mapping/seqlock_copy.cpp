@@ -290,6 +290,7 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
     seg.range_offset = at - offset;
     seg.buffer = buffer + seg.range_offset;
     seg.length = std::min<uint64_t>(offset + length - at, e.length - in_extent);
+    TIERMEM_RETURN_IF_ERROR(frames->prepare(seg.frame_offset, seg.length));
     segments.push_back(seg);
     at += seg.length;
   }

@@ -75,6 +75,10 @@ class FrameData {
   // tier, durable.
   virtual Status write(uint64_t frame_offset, const void* src, size_t length) = 0;
   virtual bool persistent() const = 0;
+  // Called for every segment of a copy before any page is locked: frames
+  // that must first be reached (device memory imported on first use) are
+  // made ready. An error ends the copy before it touched anything.
+  virtual Status prepare(uint64_t /*frame_offset*/, size_t /*length*/) { return Status(); }
 };
 
 // The pages a copy touches: version words [first_page, first_page + count),

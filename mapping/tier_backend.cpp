@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
 namespace tiermem {
@@ -66,6 +67,11 @@ bool TierBackend::contains(uint64_t offset, uint64_t length) const {
 Status TierBackend::copy_from(const TierBackend& source, uint64_t source_offset, uint64_t offset,
                               size_t length) {
   if (std::byte* src = source.host_base()) return write(offset, src + source_offset, length);
+  if (std::byte* dst = host_base()) {
+    // From a device: straight into this tier's memory, then made durable.
+    TIERMEM_RETURN_IF_ERROR(source.read(source_offset, dst + offset, length));
+    return persist(offset, length);
+  }
   // Neither side addressable by the CPU as a whole: bounce through host memory.
   constexpr size_t k_chunk = 4 << 20;
   std::vector<std::byte> bounce(length < k_chunk ? length : k_chunk);

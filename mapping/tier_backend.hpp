@@ -17,8 +17,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <tiermem/status.h>
 #include <tiermem/types.h>
@@ -65,8 +67,31 @@ class TierBackend {
   // Descriptor of domain `d`'s file, which a co-located client may mmap; -1
   // when there is none.
   virtual int share_fd(uint32_t /*d*/) const { return -1; }
-  // Opaque handle for co-located clients of a device tier (cudaIpcMemHandle_t).
-  virtual std::string ipc_handle() const { return {}; }
+  // Whether the frames outlive the daemon (files another daemon adopts);
+  // device memory dies with its process.
+  virtual bool keeps_memory() const { return per_domain(); }
+
+  // A device tier's chunks (VRAM): the 16-byte UUID of its device, the size
+  // of a chunk, and the chunks holding any of [offset, offset+length) that
+  // exist: their frame offsets and descriptors (owned by the backend), at
+  // most `limit`. Empty on host tiers.
+  struct DeviceChunk {
+    uint64_t frame_offset = 0;
+    int fd = -1;
+  };
+  // Page-locks host memory for the device's copy engines (VRAM: cudaHostRegister),
+  // so copies between the tiers run at their speed; null on host tiers.
+  using HostPinner = std::function<Status(std::byte* p, size_t length)>;
+  virtual HostPinner host_pinner() const { return {}; }
+  // Host tiers: from now on, memory given frames (commit) is pinned with
+  // `pin`, a chunk at a time, and never unpinned (a pinned range is zeroed
+  // rather than given back to the OS: the device holds its pages).
+  virtual void pin_with(HostPinner /*pin*/) {}
+  virtual std::string device_uuid() const { return {}; }
+  virtual uint64_t chunk_bytes() const { return 0; }
+  virtual std::vector<DeviceChunk> device_chunks(uint64_t /*offset*/, uint64_t /*length*/, size_t /*limit*/) const {
+    return {};
+  }
 
   virtual Status write(uint64_t offset, const void* src, size_t length) = 0;
   virtual Status read(uint64_t offset, void* dst, size_t length) const = 0;
@@ -74,6 +99,9 @@ class TierBackend {
   virtual Status persist(uint64_t offset, size_t length) = 0;
   // Zeroes a range and gives its storage back where the tier can (hole punch).
   virtual Status discard(uint64_t offset, size_t length) = 0;
+  // A range no allocation holds any more: its storage back where the tier
+  // can give it, else nothing (frames are cleared when next handed out).
+  virtual Status release(uint64_t offset, size_t length) { return discard(offset, length); }
   // Gives a range storage now (fallocate), so that frames handed out never
   // fault for want of space later (a full /dev/shm would raise SIGBUS on the
   // first write). Errors: tier_exhausted (no space), io_error.
@@ -107,8 +135,11 @@ struct SegmentedTierOptions {
 // Errors: invalid_argument (capacity 0), io_error (reserving address space).
 Result<std::unique_ptr<TierBackend>> make_dram_tier(const SegmentedTierOptions& options);
 Result<std::unique_ptr<TierBackend>> make_pmem_tier(const SegmentedTierOptions& options);
-// Errors: tier_unavailable when built without CUDA or no device is present.
-Result<std::unique_ptr<TierBackend>> make_vram_tier(int device, uint64_t capacity);
+// VRAM of CUDA device `device`: `capacity` bytes (0: half of what is free)
+// for `domains` domains. Errors: tier_unavailable when built without CUDA or
+// no device is present, not_supported when the device or driver lacks
+// virtual memory management with file-descriptor export, io_error.
+Result<std::unique_ptr<TierBackend>> make_vram_tier(int device, uint64_t capacity, uint32_t domains = 1);
 
 // Whether a regular file at `path` is at least `bytes` long.
 bool segment_file_exists(const std::string& path, uint64_t bytes);

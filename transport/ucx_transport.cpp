@@ -157,6 +157,17 @@ Status UcxTransport::init(const UcxOptions& options) {
 }
 
 Result<std::unique_ptr<RegisteredRegion>> UcxTransport::register_region(void* base, size_t length, MemoryKind kind) {
+  if (kind == MemoryKind::cuda) {
+    // One-sided access to device memory needs a UCX built with CUDA
+    // (cuda_copy, cuda_ipc, gdr_copy); without it (Debian's) peers reach
+    // that memory through its daemon, which stages it in host memory.
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (ucp_context_query(m_context, &attr) != UCS_OK || (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) == 0) {
+      return Status(ErrorCode::not_supported,
+                    "this UCX has no CUDA support: device memory is reached through its daemon (staged in host memory)");
+    }
+  }
   ucp_mem_map_params_t p{};
   p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                  UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;

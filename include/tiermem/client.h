@@ -81,9 +81,9 @@ struct ClientOptions {
 // call that succeeded. A test or a trainer can check that memory it was
 // promised zero-copy access to really was reached directly.
 struct AccessCounters {
-  uint64_t direct_local = 0;    // memcpy / CPU atomics on this node's tiers, mapped here
+  uint64_t direct_local = 0;    // memcpy / CPU atomics / copy engines on this node's tiers, mapped here
   uint64_t direct_remote = 0;   // one-sided through the data plane to another node's memory
-  uint64_t through_daemon = 0;  // carried by the local daemon (VRAM, or direct access off)
+  uint64_t through_daemon = 0;  // carried by the local daemon (VRAM atomics, or direct access off)
 };
 
 namespace detail {
@@ -109,6 +109,10 @@ class TIERMEM_EXPORT Mapping {
   std::byte* data() const { return m_data; }
   size_t size() const { return m_size; }
   const AllocationInfo& allocation() const { return m_allocation; }
+  // The CUDA device (this process's ordinal) whose memory data() is, for a
+  // mapping of VRAM: a device pointer, for kernels and cudaMemcpy, never to
+  // be dereferenced on the host. -1 for host memory (DRAM, PMEM).
+  int device() const { return m_device; }
 
   // Flushes [offset, offset+length) to persistence (PMEM); no-op on DRAM.
   Status persist(size_t offset, size_t length) const;
@@ -124,6 +128,7 @@ class TIERMEM_EXPORT Mapping {
   size_t m_reserved = 0;
   size_t m_lead = 0;  // from the reserved range's start to m_data (a sub-page allocation)
   bool m_persistent = false;
+  int m_device = -1;
 };
 
 class TIERMEM_EXPORT Client {
@@ -151,7 +156,12 @@ class TIERMEM_EXPORT Client {
   Result<Translation> translate(Gva gva);
 
   // Copies into / out of the allocation holding `gva`. The range must lie
-  // inside one allocation (out_of_range otherwise).
+  // inside one allocation (out_of_range otherwise). `data` may be host memory
+  // (pageable or pinned) or CUDA device memory: the library asks the driver
+  // the process loaded and never reads device memory on the host; VRAM of
+  // this node is copied by the copy engines, after the work queued on the
+  // legacy default stream (as cudaMemcpy). invalid_argument for a pointer
+  // that is neither (a freed device pointer).
   Status write(Gva gva, const void* data, size_t length);
   Status read(Gva gva, void* data, size_t length);
   // The same in QoS class `qos` instead of the allocation's default (H3).
@@ -178,9 +188,11 @@ class TIERMEM_EXPORT Client {
   Result<uint64_t> fetch_add(Gva gva, uint64_t value, QosClass qos);
   Result<uint64_t> compare_swap(Gva gva, uint64_t expected, uint64_t desired, QosClass qos);
 
-  // Maps the whole allocation starting at `gva` into this process. Errors:
-  // not_supported (a tier that cannot be shared, e.g. VRAM without CUDA here,
-  // or memory of another node).
+  // Maps the whole allocation starting at `gva` into this process (VRAM: a
+  // device pointer, Mapping::device()). Errors: not_supported (a tier that
+  // cannot be shared, e.g. VRAM where this process has no CUDA driver or
+  // cannot see the daemon's GPU, VRAM frames that are not contiguous, or
+  // memory of another node).
   Result<Mapping> map(Gva gva);
 
   // Moves the allocation holding `gva` to `tier` on node `to_node` (0: its
@@ -216,6 +228,9 @@ class TIERMEM_EXPORT Client {
   TIERMEM_NO_EXPORT Status run(const char* what, bool repeatable,
                                const std::function<Status(detail::ClientCore&)>& op);
   // A new connection in place of `lost` (unless another thread made one).
+  // A copy between `gva` and a CUDA device buffer through the copy engines
+  // alone (not_supported where the range is not this node's VRAM).
+  TIERMEM_NO_EXPORT Status copy_device(Gva gva, void* data, size_t length, bool to_memory);
   TIERMEM_NO_EXPORT Status reconnect(const std::shared_ptr<detail::ClientCore>& lost);
 
   ClientOptions m_options;

@@ -43,6 +43,7 @@ enabled = false
 [tiers.vram]
 required = true
 device = 1
+pin_dram = false
 [log]
 level = "debug"
 )", "full.toml");
@@ -56,6 +57,7 @@ level = "debug"
   EXPECT_FALSE(c->pmem_enabled);
   EXPECT_TRUE(c->vram_required);
   EXPECT_EQ(c->vram_device, 1);
+  EXPECT_FALSE(c->vram_pin_dram);
   EXPECT_EQ(c->log_level, "debug");
 }
 

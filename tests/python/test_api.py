@@ -174,16 +174,24 @@ def test_session_allocations_go_with_their_client(daemon, client):
 
 
 class FakeCudaTensor:
-    """Says it lives on cuda:0; its memory must never be asked for."""
+    """Says it lives on cuda:0 in a process without the CUDA driver (this
+    test's): its memory must never be asked for."""
 
     asked = False
+    device = (2, 0)
 
     def __dlpack_device__(self):
-        return (2, 0)
+        return self.device
 
     def __dlpack__(self, stream=None):
         FakeCudaTensor.asked = True
         raise AssertionError("__dlpack__ of a device tensor was called")
+
+
+class FakeRocmTensor(FakeCudaTensor):
+    """Says it lives on a ROCm device, which tiermem does not take."""
+
+    device = (10, 1)
 
 
 def test_bad_input_raises_the_right_exception_and_the_process_lives(client):
@@ -201,6 +209,10 @@ def test_bad_input_raises_the_right_exception_and_the_process_lives(client):
     with pytest.raises(tiermem.RequestError) as e:
         client.write(a.gva, FakeCudaTensor())
     assert e.value.code == "not_supported" and "cuda:0" in e.value.message and not FakeCudaTensor.asked
+    assert "not loaded the CUDA driver" in e.value.message
+    with pytest.raises(tiermem.RequestError) as e:
+        client.read_into(a.gva, FakeRocmTensor())
+    assert e.value.code == "not_supported" and "rocm:1" in e.value.message and not FakeCudaTensor.asked
     with pytest.raises(tiermem.RequestError) as e:
         client.write(a.gva + 4000, bytes(200))  # past the end
     assert e.value.code == "out_of_range"

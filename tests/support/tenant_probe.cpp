@@ -7,11 +7,13 @@
 //   tenant_probe SOCKET [--direct|--daemon] OP ARGS...
 //     alloc SIZE TIER [NAME] [NODE]   prints the GVA
 //     write GVA TEXT | read GVA LENGTH | free GVA | translate GVA
-//     map GVA                         prints SIZE:FIRST-BYTES
+//     map GVA                         prints SIZE:FIRST-BYTES (SIZE:cuda:N for VRAM)
 //     fetch_add GVA | compare_swap GVA | migrate GVA TIER [NODE]
 //     lookup NAME [NODE] | list [NODE] (prints the GVAs) | stat [NODE]
 //     regions    the tenants whose memory files the daemon hands this
 //                process (read from the version segments it was given)
+//     device_chunks FRAME_OFFSET LENGTH   asks for the VRAM chunks of those
+//                frames as libtiermem does, prints how many descriptors came
 //     hold MS    connects, prints "ok", and stays connected MS ms (checking
 //                in every $TIERMEM_CHECKIN_INTERVAL_MS)
 #include <sys/mman.h>
@@ -83,6 +85,30 @@ int regions(const char* socket) {
   return report(Status(), tenants);
 }
 
+// The raw request libtiermem makes for VRAM chunks (its tenant check is the
+// daemon's, whatever the client library would ask).
+int device_chunks(const char* socket, uint64_t offset, uint64_t length) {
+  auto c = tiermem::RpcConnection::connect_unix(socket);
+  if (!c.ok()) return report(c.status());
+  tiermem::proto::Request hello;
+  hello.mutable_hello()->set_protocol_version(tiermem::proto::PROTOCOL_VERSION_CURRENT);
+  auto h = (*c)->call(hello);
+  if (!h.ok()) return report(h.status());
+  tiermem::proto::Request open;
+  open.mutable_open_regions();  // the session's domain is given to it here
+  std::vector<tiermem::UniqueFd> fds;
+  auto o = (*c)->call(open, &fds);
+  if (!o.ok()) return report(o.status());
+  tiermem::proto::Request r;
+  r.mutable_device_chunks()->set_tier(tiermem::proto::TIER_VRAM);
+  r.mutable_device_chunks()->set_frame_offset(offset);
+  r.mutable_device_chunks()->set_length(length);
+  fds.clear();
+  auto got = (*c)->call(r, &fds);
+  if (!got.ok()) return report(got.status());
+  return report(Status(), std::to_string(fds.size()));
+}
+
 int usage() {
   std::fprintf(stderr, "usage: tenant_probe SOCKET [--direct|--daemon] OP ARGS...\n");
   return 2;
@@ -104,6 +130,9 @@ int main(int argc, char** argv) {
   }
   if (a.empty()) return usage();
   if (a[0] == "regions") return regions(argv[1]);
+  if (a[0] == "device_chunks" && a.size() >= 3) {
+    return device_chunks(argv[1], std::strtoull(a[1].c_str(), nullptr, 10), std::strtoull(a[2].c_str(), nullptr, 10));
+  }
   auto client = tiermem::Client::connect({.socket_path = argv[1], .client_name = "probe", .direct_access = direct});
   if (!client.ok()) return report(client.status());
   tiermem::Client& c = **client;
@@ -139,6 +168,9 @@ int main(int argc, char** argv) {
   if (op == "free") return report(c.free(gva));
   if (op == "map") {
     auto m = c.map(gva);
+    if (m.ok() && m->device() >= 0) {
+      return report(Status(), std::to_string(m->size()) + ":cuda:" + std::to_string(m->device()));
+    }
     // Its size, and its first bytes as text (up to a NUL, at most 16).
     std::string head;
     for (size_t i = 0; m.ok() && i < std::min<size_t>(m->size(), 16) && m->data()[i] != std::byte{0}; ++i) {

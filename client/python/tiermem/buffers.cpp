@@ -1,7 +1,9 @@
-// Host memory of Python objects: the buffer protocol first (bytes,
+// The memory of Python objects: the buffer protocol first (bytes,
 // bytearray, memoryview, numpy), else DLPack (torch tensors). The device is
-// asked before any pointer is taken: a CUDA tensor's memory is never touched
-// on the host.
+// asked before any pointer is taken: a CUDA tensor's pointer goes to the
+// library, which copies it with the copy engines and never touches it on the
+// host; tensors of other devices are refused.
+#include <dlfcn.h>
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
@@ -36,6 +38,29 @@ bool compact(const DLTensor& t) {
   return true;
 }
 
+// Whether the process has loaded the CUDA driver, as every process holding a
+// real CUDA tensor has: a pointer said to be CUDA memory is handed on only
+// then (the library asks that driver what it is).
+bool cuda_loaded() {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return false;
+  ::dlclose(lib);
+  return true;
+}
+
+bool cuda_device(int type) { return type == kDLCUDA || type == kDLCUDAManaged; }
+
+// not_supported unless memory of DLPack device `type` may be handed on.
+void check_device(int type, int id, const char* what) {
+  if (type == kDLCPU || type == kDLCUDAHost || (cuda_device(type) && cuda_loaded())) return;
+  PyErr_Clear();
+  raise(Status(ErrorCode::not_supported,
+               std::string(what) + ": a tensor on " + device_text(type, id) +
+                   (cuda_device(type) ? ", but this process has not loaded the CUDA driver"
+                                      : ": tiermem takes host and CUDA memory") +
+                   "; copy it to the host first (tensor.cpu())"));
+}
+
 }  // namespace
 
 HostBuffer::HostBuffer(pyb::handle object, bool writable, const char* what) {
@@ -60,15 +85,7 @@ HostBuffer::HostBuffer(pyb::handle object, bool writable, const char* what) {
   }
   if (pyb::hasattr(object, "__dlpack_device__")) {
     auto device = object.attr("__dlpack_device__")().cast<pyb::tuple>();
-    const int type = device[0].cast<int>();
-    const int id = device[1].cast<int>();
-    if (type != kDLCPU && type != kDLCUDAHost) {
-      PyErr_Clear();
-      raise(Status(ErrorCode::not_supported,
-                   std::string(what) + ": a tensor on " + device_text(type, id) +
-                       ": this build of tiermem takes host memory only and never reads device memory on the "
-                       "host; copy it to the host first (tensor.cpu())"));
-    }
+    check_device(device[0].cast<int>(), device[1].cast<int>(), what);
   }
   try {
     m_capsule = object.attr("__dlpack__")();
@@ -94,11 +111,9 @@ HostBuffer::HostBuffer(pyb::handle object, bool writable, const char* what) {
                           ".__dlpack__() did not return an unused DLPack capsule");
   }
   const DLTensor& t = managed->dl_tensor;
-  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
-    raise(Status(ErrorCode::not_supported,
-                 std::string(what) + ": a tensor on " + device_text(t.device.device_type, t.device.device_id) +
-                     ": this build of tiermem takes host memory only; copy it to the host first (tensor.cpu())"));
-  }
+  // CUDA tensors too: the library asks the driver what the pointer is and
+  // copies device memory with the copy engines (never on the host).
+  check_device(t.device.device_type, t.device.device_id, what);
   if (!compact(t)) {
     throw pyb::type_error(std::string(what) + ": a " + type_name(object) +
                           " that is not contiguous; pass tensor.contiguous()");

@@ -37,6 +37,14 @@ int get_buffer(PyObject* object, Py_buffer* view, int flags) {
     PyErr_SetString(PyExc_BufferError, "this tiermem.Mapping is closed");
     return -1;
   }
+  if (m->mapping->device() >= 0) {
+    // The host must never touch device memory: DLPack says where it is.
+    view->obj = nullptr;
+    PyErr_SetString(PyExc_BufferError,
+                    "this tiermem.Mapping is VRAM (CUDA device memory), which has no host buffer: use "
+                    "torch.from_dlpack(mapping) for a CUDA tensor on it");
+    return -1;
+  }
   if (PyBuffer_FillInfo(view, object, m->mapping->data(), static_cast<Py_ssize_t>(m->mapping->size()), 0, flags) != 0) {
     return -1;
   }
@@ -78,7 +86,7 @@ pyb::object dlpack(pyb::handle self) {
   e->shape[0] = static_cast<int64_t>(mapping.size());
   DLTensor& t = e->managed.dl_tensor;
   t.data = mapping.data();
-  t.device = DLDevice{kDLCPU, 0};
+  t.device = mapping.device() >= 0 ? DLDevice{kDLCUDA, mapping.device()} : DLDevice{kDLCPU, 0};
   t.ndim = 1;
   t.dtype = DLDataType{kDLUInt, 8, 1};
   t.shape = e->shape;
@@ -154,8 +162,16 @@ void bind_mapping(pyb::module_& m) {
           arg("offset") = 0, arg("length") = pyb::none(),
           "Makes writes in [offset, offset+length) durable (PMEM); a no-op on DRAM.")
       .def("__dlpack__", [](pyb::handle self, const pyb::args&, const pyb::kwargs&) { return dlpack(self); },
-           "A DLPack capsule of the mapped bytes (uint8, one dimension, on the CPU).")
-      .def("__dlpack_device__", [](PyMapping&) { return pyb::make_tuple(static_cast<int>(kDLCPU), 0); })
+           "A DLPack capsule of the mapped bytes (uint8, one dimension; on the CPU, or on the CUDA device for VRAM).")
+      .def("__dlpack_device__",
+           [](PyMapping& self) {
+             const int device = self.get().device();
+             return device >= 0 ? pyb::make_tuple(static_cast<int>(kDLCUDA), device)
+                                : pyb::make_tuple(static_cast<int>(kDLCPU), 0);
+           })
+      .def_property_readonly(
+          "device", [](PyMapping& self) { return self.get().device(); },
+          "The CUDA device (this process's ordinal) of a VRAM mapping, else -1 (host memory).")
       .def("close", [](PyMapping& self) { close(self); }, "Unmaps; refuses while a view is alive.")
       .def("__enter__", [](pyb::object self) { return self; })
       .def("__exit__",
