@@ -20,7 +20,7 @@ class Daemon:
     """One tiermemd in a temporary directory: config, socket, log; its DRAM
     and PMEM files on /dev/shm (persisting there is a memory copy)."""
 
-    def __init__(self, dram="256MiB", pmem="128MiB", page_size="64KiB"):
+    def __init__(self, dram="256MiB", pmem="128MiB", page_size="64KiB", vram=None):
         self.dir = tempfile.mkdtemp(prefix="tiermem-py-")
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else self.dir
         self.dram_dir = tempfile.mkdtemp(prefix="tiermem-dram-", dir=shm)
@@ -31,7 +31,8 @@ class Daemon:
         with open(self.config, "w") as f:
             f.write(f'[node]\nid = 1\n[control]\nsocket = "{self.socket}"\n'
                     f'[mapping]\npage_size = "{page_size}"\n'
-                    f'[tiers.vram]\nenabled = false\n'
+                    + ('[tiers.vram]\nenabled = false\n' if vram is None else
+                       f'[tiers.vram]\nenabled = true\nrequired = true\ncapacity = "{vram}"\n') +
                     f'[tiers.dram]\ncapacity = "{dram}"\npath = "{self.dram_dir}"\n'
                     f'[tiers.pmem]\ncapacity = "{pmem}"\npath = "{self.pmem_dir}"\n'
                     f'[log]\nlevel = "info"\n')
