@@ -715,10 +715,8 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
     Status s = check_remote_extents(alloc);
     ClientAccess access(*this);
     if (s.ok()) {
-      const LayoutView view{alloc.base.node, alloc.first_page,   page_size(),
-                            alloc.size,      alloc.extents,      alloc.page_versions,
-                            alloc.base.offset % page_size()};
-      s = copy_through_layout(view, access, offset, buf, length, to_memory, ScopedDeadline::bound(m_lock_timeout));
+      s = copy_through_layout(layout_of(alloc), access, offset, buf, length, to_memory,
+                              ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
       (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
@@ -757,6 +755,10 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
                                      " ms; the allocation is being migrated or freed");
 }
 
+LayoutView ClientCore::layout_of(const CachedAllocation& a) const {
+  return {a.base.node, a.first_page, page_size(), a.size, a.extents, a.page_versions, a.base.offset % page_size()};
+}
+
 Status ClientCore::copy_device(Gva gva, std::byte* buf, size_t length, bool to_memory) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
   if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
@@ -769,10 +771,8 @@ Status ClientCore::copy_device(Gva gva, std::byte* buf, size_t length, bool to_m
     if (alloc.replicated || alloc.copy) return Status(ErrorCode::not_supported, "replicated");
     const uint64_t offset = gva.offset - alloc.base.offset;
     ClientAccess access(*this, true);
-    const LayoutView view{alloc.base.node, alloc.first_page,   page_size(),
-                          alloc.size,      alloc.extents,      alloc.page_versions,
-                          alloc.base.offset % page_size()};
-    Status s = copy_through_layout(view, access, offset, buf, length, to_memory, ScopedDeadline::bound(m_lock_timeout));
+    Status s = copy_through_layout(layout_of(alloc), access, offset, buf, length, to_memory,
+                                   ScopedDeadline::bound(m_lock_timeout));
     if (s.ok()) m_direct_local.fetch_add(1, std::memory_order_relaxed);
     if (!is_stale(s)) return s;
     refresh = true;  // migrated or freed: translate again

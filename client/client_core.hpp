@@ -183,6 +183,8 @@ class ClientCore {
   Result<DeviceFrameData*> device_frames();
   Status map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds);
   Result<std::shared_ptr<const CachedAllocation>> cached(Gva gva, bool refresh);
+  // What copy_through_layout needs of a cached translation.
+  LayoutView layout_of(const CachedAllocation& a) const;
   // Frames the translation places on other nodes are of the memory (and
   // daemon) it was made for: else the translation is stale.
   Status check_remote_extents(const CachedAllocation& a);

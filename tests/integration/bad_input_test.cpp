@@ -228,6 +228,35 @@ TEST_F(BadInputTest, UnknownEnumValuesAndNodeIdsPast16BitsAreRefused) {
   expect_unharmed();
 }
 
+// Asking for VRAM chunks: an unknown tier, a daemon without device memory,
+// absurd ranges: clear errors, no descriptor, nothing harmed.
+TEST_F(BadInputTest, DeviceChunkRequestsWithoutDeviceMemoryAreRefused) {
+  const int fd = greeted(m_daemon.socket());
+  ASSERT_GE(fd, 0);
+  proto::Response r;
+  proto::Request bad_tier;
+  bad_tier.mutable_device_chunks()->set_tier(static_cast<proto::Tier>(99));
+  ASSERT_TRUE(wire::send_frame(fd, bad_tier.SerializeAsString()).ok());
+  ASSERT_TRUE(read_response(fd, &r));
+  EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::invalid_argument));
+  EXPECT_NE(r.status().message().find("device_chunks.tier is 99"), std::string::npos) << r.status().message();
+  for (proto::Tier tier : {proto::TIER_VRAM, proto::TIER_DRAM, proto::TIER_AUTO}) {
+    for (uint64_t offset : {uint64_t{0}, ~uint64_t{0} - 5, uint64_t{1} << 62}) {
+      proto::Request q;
+      q.mutable_device_chunks()->set_tier(tier);
+      q.mutable_device_chunks()->set_frame_offset(offset);
+      q.mutable_device_chunks()->set_length(~uint64_t{0});
+      ASSERT_TRUE(wire::send_frame(fd, q.SerializeAsString()).ok());
+      ASSERT_TRUE(read_response(fd, &r)) << q.ShortDebugString();
+      EXPECT_EQ(r.status().code(), static_cast<uint32_t>(ErrorCode::not_supported)) << q.ShortDebugString();
+      EXPECT_NE(r.status().message().find("tier of device memory"), std::string::npos) << r.status().message();
+      EXPECT_EQ(r.fd_count(), 0u);
+    }
+  }
+  ::close(fd);
+  expect_unharmed();
+}
+
 // What only a copy's home may ask (by_home, replica_ready, an alloc that
 // claims to be a copy) is refused to a client, and so is a QoS class that
 // does not exist; nothing is made or changed.

@@ -22,11 +22,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <tiermem/client.h>
+#include <tiermem/status_macros.h>
 
 #include "mapping/version_segments.hpp"
 #include "rpc_connection.hpp"
@@ -57,25 +59,36 @@ int report(const tiermem::Result<T>& r, const std::string& result) {
   return report(r.status(), r.ok() ? result : "");
 }
 
+// A raw session as libtiermem opens one: hello, then its regions (the
+// session's domain is given to it here); the response and descriptors.
+struct RawSession {
+  std::unique_ptr<tiermem::RpcConnection> connection;
+  tiermem::proto::Response regions;
+  std::vector<tiermem::UniqueFd> fds;
+};
+
+tiermem::Result<RawSession> raw_session(const char* socket) {
+  RawSession out;
+  TIERMEM_ASSIGN_OR_RETURN(out.connection, tiermem::RpcConnection::connect_unix(socket));
+  tiermem::proto::Request hello;
+  hello.mutable_hello()->set_protocol_version(tiermem::proto::PROTOCOL_VERSION_CURRENT);
+  TIERMEM_RETURN_IF_ERROR(out.connection->call(hello).status());
+  tiermem::proto::Request open;
+  open.mutable_open_regions();
+  TIERMEM_ASSIGN_OR_RETURN(out.regions, out.connection->call(open, &out.fds));
+  return out;
+}
+
 // Asks for the session's regions as libtiermem does and reads the tenant of
 // every version segment among the descriptors that came.
 int regions(const char* socket) {
-  auto c = tiermem::RpcConnection::connect_unix(socket);
-  if (!c.ok()) return report(c.status());
-  tiermem::proto::Request hello;
-  hello.mutable_hello()->set_protocol_version(tiermem::proto::PROTOCOL_VERSION_CURRENT);
-  auto h = (*c)->call(hello);
-  if (!h.ok()) return report(h.status());
-  tiermem::proto::Request open;
-  open.mutable_open_regions();
-  std::vector<tiermem::UniqueFd> fds;
-  auto r = (*c)->call(open, &fds);
+  auto r = raw_session(socket);
   if (!r.ok()) return report(r.status());
   std::string tenants;
   size_t next = 0;
-  for (const auto& region : r->open_regions().regions()) {
+  for (const auto& region : r->regions.open_regions().regions()) {
     if (!region.has_fd()) continue;
-    const int fd = fds.at(next++).get();
+    const int fd = r->fds.at(next++).get();
     if (region.kind() != tiermem::proto::Region::VERSIONS) continue;
     void* p = ::mmap(nullptr, tiermem::k_segment_header_bytes, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) continue;
@@ -88,23 +101,14 @@ int regions(const char* socket) {
 // The raw request libtiermem makes for VRAM chunks (its tenant check is the
 // daemon's, whatever the client library would ask).
 int device_chunks(const char* socket, uint64_t offset, uint64_t length) {
-  auto c = tiermem::RpcConnection::connect_unix(socket);
-  if (!c.ok()) return report(c.status());
-  tiermem::proto::Request hello;
-  hello.mutable_hello()->set_protocol_version(tiermem::proto::PROTOCOL_VERSION_CURRENT);
-  auto h = (*c)->call(hello);
-  if (!h.ok()) return report(h.status());
-  tiermem::proto::Request open;
-  open.mutable_open_regions();  // the session's domain is given to it here
-  std::vector<tiermem::UniqueFd> fds;
-  auto o = (*c)->call(open, &fds);
-  if (!o.ok()) return report(o.status());
+  auto session = raw_session(socket);
+  if (!session.ok()) return report(session.status());
   tiermem::proto::Request r;
   r.mutable_device_chunks()->set_tier(tiermem::proto::TIER_VRAM);
   r.mutable_device_chunks()->set_frame_offset(offset);
   r.mutable_device_chunks()->set_length(length);
-  fds.clear();
-  auto got = (*c)->call(r, &fds);
+  std::vector<tiermem::UniqueFd> fds;
+  auto got = session->connection->call(r, &fds);
   if (!got.ok()) return report(got.status());
   return report(Status(), std::to_string(fds.size()));
 }
