@@ -1,8 +1,8 @@
 // DRAM tier: one shared-memory file per domain (<dir>/dram.<k>, normally
 // under /dev/shm), mapped side by side in the daemon; a co-located client of
 // the domain's tenant maps the very same pages from the file's descriptor.
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <vector>
