@@ -1,14 +1,83 @@
 #!/usr/bin/env bash
-# The GPU tier on a real GPU (run where one is: the device machine; prints a
-# note and nothing else elsewhere): build/bench/gpu_bench. Usage:
-# bench/gpu.sh BUILD_DIR. Binaries carried to a machine without the build's
-# libraries need LD_LIBRARY_PATH (and UCX_MODULE_DIR) set by the caller.
+# The GPU on a real GPU (run where one is: the device machine; prints a note
+# and nothing else elsewhere). Usage: bench/gpu.sh BUILD_DIR. Binaries
+# carried to a machine without the build's libraries need LD_LIBRARY_PATH
+# (and UCX_MODULE_DIR) set by the caller; $TIERMEM_FASHION points at
+# Fashion-MNIST where Debian's package is not installed.
+#
+# 1. build/bench/gpu_bench: VRAM writes and reads through libtiermem from
+#    pageable, pinned and device buffers, and migration, against cudaMemcpy.
+# 2. Step time of `tiermem-exec train --device cuda` (the step replayed as a
+#    CUDA graph, and --no-graphs) against PyTorch eager and PyTorch's own
+#    graph replay (bench/torch_gpu_step.py), same model, batch and fp32
+#    without TF32, on three models of bench/models: an SGD MLP and an Adam
+#    MLP at batch 128 (launch-bound) and a 4096-wide Adam MLP at batch 1024
+#    (GEMM-bound, with its TFLOP/s against a 4096^3 sgemm alone).
+#    Goals: exec_<model>_vs_torch_graph_ratio <= 1.0.
 set -euo pipefail
 build=${1:?usage: bench/gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export TIERMEMD=${TIERMEMD:-$build/daemon/tiermemd}
 if [ ! -x "$build/bench/gpu_bench" ]; then
   echo "# gpu: not built (no CUDA found at configure time)"
   exit 0
 fi
 "$build/bench/gpu_bench"
+
+exec=${TIERMEM_EXEC:-$build/executor/tiermem-exec}
+if [ ! -x "$exec" ] || ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "# gpu training: tiermem-exec or PyTorch with CUDA missing, skipped"
+  exit 0
+fi
+steps=${GPU_BENCH_STEPS:-300}
+export TIERMEM_CLUSTER_DIR=$(mktemp -d /tmp/tiermem-gpubench-XXXXXX)
+export TIERMEM_BASE_PORT=$((21000 + RANDOM % 20000)) TIERMEM_VRAM=${TIERMEM_VRAM:-16GiB} TIERMEM_DRAM=1GiB
+trap '"$top/tools/local-cluster.sh" stop >/dev/null 2>&1; rm -rf "$TIERMEM_CLUSTER_DIR"' EXIT
+"$top/tools/local-cluster.sh" start "$build" 1 >/dev/null
+export TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock
+median() { sed -n 's/^summary: .*(median \([0-9.]*\) ms).*/\1/p'; }
+value() { awk -v k="$1" '$1 == k { print $2 }'; }
+# exec_model TAG MODEL [ARGS]: median step of tiermem-exec, graphs and not.
+exec_model() {
+  local tag=$1 model=$top/bench/models/$2.pbtxt data=()
+  shift 2
+  grep -q fashion-mnist "$model" && [ -n "${TIERMEM_FASHION:-}" ] && data=(--data "$TIERMEM_FASHION")
+  local g l
+  g=$("$exec" train "$model" --job "g-$tag" --device cuda --steps "$steps" --log-every 100000 "${data[@]}" "$@" | median)
+  l=$("$exec" train "$model" --job "l-$tag" --device cuda --steps "$steps" --log-every 100000 --no-graphs \
+    "${data[@]}" "$@" | median)
+  echo "exec_${tag}_graph_step_ms_median $g ms"
+  echo "exec_${tag}_launched_step_ms_median $l ms"
+}
+report() {  # report TAG: ratios against PyTorch from the lines before
+  local tag=$1 lines=$2
+  local g e tg te
+  g=$(value "exec_${tag}_graph_step_ms_median" <<<"$lines")
+  tg=$(value "torch_${tag}_graph_step_ms_median" <<<"$lines")
+  te=$(value "torch_${tag}_eager_step_ms_median" <<<"$lines")
+  awk -v a="$g" -v b="$tg" -v t="$tag" 'BEGIN { printf "exec_%s_vs_torch_graph_ratio %.3f\n", t, a / b }'
+  awk -v a="$g" -v b="$te" -v t="$tag" 'BEGIN { printf "exec_%s_vs_torch_eager_ratio %.3f\n", t, a / b }'
+}
+echo "# training step time on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $steps steps, medians"
+all=""
+for spec in "mlp_sgd:gpu_mlp_sgd_b128:784,256,256,10:128:sgd:0.01" \
+            "mlp_fashion:gpu_mlp_fashion_b128:784,256,128,10:128:adam:0.001" \
+            "mlp_4096:gpu_mlp_4096:4096,4096,4096,4096,10:1024:adam:0.0001"; do
+  IFS=: read -r tag model widths batch opt lr <<<"$spec"
+  extra=()
+  [ "$tag" = mlp_4096 ] && extra=(--sgemm)
+  out=$(exec_model "$tag" "$model"; python3 "$top/bench/torch_gpu_step.py" "$tag" "$widths" "$batch" "$opt" "$lr" "$steps" "${extra[@]}")
+  echo "$out"
+  report "$tag" "$out"
+  all+=$out$'\n'
+done
+# The GEMM-bound model in TFLOP/s: 2*M*K*N per GEMM, three per layer but
+# the first layer's input gradient (not computed).
+g=$(value exec_mlp_4096_graph_step_ms_median <<<"$all")
+sgemm=$(value torch_sgemm_4096_tflops <<<"$all")
+awk -v ms="$g" -v s="$sgemm" 'BEGIN {
+  f = 0; split("4096 4096 4096 10", n, " "); k = 4096
+  for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 1024 * k * n[i] }
+  printf "exec_mlp_4096_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
+  printf "exec_mlp_4096_vs_sgemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'

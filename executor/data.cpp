@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <charconv>
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -116,6 +118,43 @@ Status load_idx(const std::string& dir, const std::string& prefix, Dataset* d) {
   return Status();
 }
 
+// "synthetic:COLS:CLASSES": uniform features, each row labelled by the
+// arg-max of a fixed random projection (learnable, and as wide as a
+// benchmark needs); from `seed`.
+Result<Split> synthetic(const std::string& name, uint64_t seed) {
+  int64_t cols = 0, classes = 0;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "synthetic:%" SCNd64 ":%" SCNd64 "%c", &cols, &classes, &tail) != 2 || cols < 1 ||
+      cols > (1 << 16) || classes < 2 || classes > 1024) {
+    return Status(ErrorCode::invalid_argument,
+                  "dataset '" + name + "': synthetic:COLS:CLASSES with COLS in 1..65536 and CLASSES in 2..1024");
+  }
+  std::mt19937_64 rng(seed ^ 0x5eedda7aull);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> projection(static_cast<size_t>(cols * classes));
+  for (float& w : projection) w = u(rng) - 0.5f;
+  Split split;
+  split.name = name;
+  for (auto [d, rows] : {std::pair{&split.train, int64_t{16384}}, std::pair{&split.test, int64_t{2048}}}) {
+    d->rows = rows;
+    d->cols = cols;
+    d->classes = static_cast<int>(classes);
+    d->features.resize(static_cast<size_t>(rows * cols));
+    d->labels.resize(static_cast<size_t>(rows));
+    std::vector<float> score(static_cast<size_t>(classes));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* x = d->features.data() + r * cols;
+      std::fill(score.begin(), score.end(), 0.0f);
+      for (int64_t j = 0; j < cols; ++j) {
+        x[j] = u(rng);
+        for (int64_t c = 0; c < classes; ++c) score[static_cast<size_t>(c)] += (x[j] - 0.5f) * projection[static_cast<size_t>(j * classes + c)];
+      }
+      d->labels[static_cast<size_t>(r)] = static_cast<int32_t>(std::max_element(score.begin(), score.end()) - score.begin());
+    }
+  }
+  return split;
+}
+
 }  // namespace
 
 Result<Split> load_dataset(const std::string& name, const std::string& path, uint64_t seed) {
@@ -128,7 +167,9 @@ Result<Split> load_dataset(const std::string& name, const std::string& path, uin
     TIERMEM_RETURN_IF_ERROR(load_idx(dir, "t10k", &split.test));
     return split;
   }
-  return Status(ErrorCode::invalid_argument, "unknown dataset '" + name + "' (digits or fashion-mnist)");
+  if (name.rfind("synthetic:", 0) == 0) return synthetic(name, seed);
+  return Status(ErrorCode::invalid_argument,
+                "unknown dataset '" + name + "' (digits, fashion-mnist or synthetic:COLS:CLASSES)");
 }
 
 void fill_batch(const Dataset& data, const std::vector<int64_t>& order, int64_t start, int64_t rows, float* x,

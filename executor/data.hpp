@@ -26,8 +26,9 @@ struct Split {
 inline constexpr const char* k_digits_path = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
 inline constexpr const char* k_fashion_dir = "/usr/share/datasets/fashion-mnist";
 
-// "digits" (1797 samples, split 80/20 with `seed`) or "fashion-mnist" (its
-// own 60000/10000 split). `path` overrides the default location. Errors:
+// "digits" (1797 samples, split 80/20 with `seed`), "fashion-mnist" (its
+// own 60000/10000 split) or "synthetic:COLS:CLASSES" (16384/2048 rows of
+// random features labelled by a random linear map, for benchmarks). `path` overrides the default location. Errors:
 // not_found (with the package to install), io_error, invalid_argument.
 Result<Split> load_dataset(const std::string& name, const std::string& path, uint64_t seed);
 

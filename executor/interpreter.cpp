@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <vector>
 
-#include "executor/kernels.hpp"
+#include "executor/compute.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -24,90 +25,98 @@ uint64_t fnv1a(const std::string& s, uint64_t seed) {
 
 }  // namespace
 
-OpResult run_op(const Graph& g, const Op& op, const TensorMemory& mem, bool force_accumulate, int64_t step) {
-  namespace k = kernels;
-  OpResult result;
+void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, bool force_accumulate) {
   auto shape = [&](int t) -> const std::vector<int64_t>& { return g.tensors[t].shape; };
   auto acc = [&](size_t i) { return force_accumulate || op.accumulate[i]; };
   auto count = [&](int t) { return g.tensors[t].elements(); };
   switch (op.kind) {
     case OpKind::matmul:
-      k::matmul(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1],
+      k.matmul(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1],
                 shape(op.in[1])[1], false);
       break;
     case OpKind::bias_add:
-      k::bias_add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1]);
+      k.bias_add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1]);
       break;
-    case OpKind::relu: k::relu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
-    case OpKind::gelu: k::gelu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
-    case OpKind::add: k::add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0])); break;
+    case OpKind::relu: k.relu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
+    case OpKind::gelu: k.gelu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
+    case OpKind::add: k.add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0])); break;
     case OpKind::layer_norm:
-      k::layer_norm(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.out[0]), f(mem, op.out[1]),
+      k.layer_norm(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.out[0]), f(mem, op.out[1]),
                     f(mem, op.out[2]), shape(op.in[0])[0], shape(op.in[0])[1]);
       break;
     case OpKind::softmax_xent:
-      result.loss = k::softmax_xent(f(mem, op.in[0]), labels(mem, op.in[1]), shape(op.in[0])[0], shape(op.in[0])[1],
-                                    &result.correct);
-      *f(mem, op.out[0]) = result.loss;
+      k.softmax_xent(f(mem, op.in[0]), labels(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0],
+                     shape(op.in[0])[1]);
       break;
     case OpKind::concat: {
       const auto& y = shape(op.out[0]);
       int64_t column = 0;
       for (int t : op.in) {
-        k::copy_columns(f(mem, t), f(mem, op.out[0]), y[0], shape(t)[1], y[1], column);
+        k.copy_columns(f(mem, t), f(mem, op.out[0]), y[0], shape(t)[1], y[1], column);
         column += shape(t)[1];
       }
       break;
     }
     case OpKind::slice_grad: {
       const auto& dy = shape(op.in[0]);
-      k::slice_columns_grad(f(mem, op.in[0]), f(mem, op.out[0]), dy[0], shape(op.out[0])[1], dy[1], op.column, acc(0));
+      k.slice_columns_grad(f(mem, op.in[0]), f(mem, op.out[0]), dy[0], shape(op.out[0])[1], dy[1], op.column, acc(0));
       break;
     }
     case OpKind::matmul_grad_a: {  // in: dY [M,N], B [K,N]; out: dA [M,K]
       const auto& b = shape(op.in[1]);
-      k::matmul_grad_a(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], b[0], b[1], acc(0));
+      k.matmul_grad_a(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], b[0], b[1], acc(0));
       break;
     }
     case OpKind::matmul_grad_b: {  // in: A [M,K], dY [M,N]; out: dB [K,N]
       const auto& a = shape(op.in[0]);
-      k::matmul_grad_b(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), a[0], a[1], shape(op.in[1])[1], acc(0));
+      k.matmul_grad_b(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), a[0], a[1], shape(op.in[1])[1], acc(0));
       break;
     }
     case OpKind::bias_grad:
-      k::bias_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1], acc(0));
+      k.bias_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1], acc(0));
       break;
-    case OpKind::pass_grad: k::pass_grad(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0]), acc(0)); break;
+    case OpKind::pass_grad: k.pass_grad(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0]), acc(0)); break;
     case OpKind::relu_grad:
-      k::relu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
+      k.relu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
       break;
     case OpKind::gelu_grad:
-      k::gelu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
+      k.gelu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
       break;
     case OpKind::layer_norm_grad:
-      k::layer_norm_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), f(mem, op.in[4]),
+      k.layer_norm_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), f(mem, op.in[4]),
                          f(mem, op.out[0]), f(mem, op.out[1]), f(mem, op.out[2]), shape(op.in[0])[0],
                          shape(op.in[0])[1], acc(0), acc(1));
       break;
     case OpKind::softmax_xent_grad: {
       const auto& l = shape(op.in[0]);
-      k::softmax_xent_grad(f(mem, op.in[0]), labels(mem, op.in[1]), f(mem, op.out[0]), l[0], l[1],
+      k.softmax_xent_grad(f(mem, op.in[0]), labels(mem, op.in[1]), f(mem, op.out[0]), l[0], l[1],
                            g.grad_scale / static_cast<float>(l[0]), acc(0));
       break;
     }
     case OpKind::sgd: {
       const auto& o = g.optimizer;
-      k::sgd(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), count(op.in[0]), o.learning_rate(), o.momentum(),
+      k.sgd(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), count(op.in[0]), o.learning_rate(), o.momentum(),
              o.weight_decay());
       break;
     }
     case OpKind::adam: {
       const auto& o = g.optimizer;
-      k::adam(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), count(op.in[0]),
-              o.learning_rate(), o.beta1(), o.beta2(), o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay(), step);
+      k.adam(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), count(op.in[0]),
+              o.learning_rate(), o.beta1(), o.beta2(), o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
       break;
     }
   }
+}
+
+OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bool force_accumulate, int64_t step) {
+  thread_local std::unique_ptr<Compute> cpu = make_cpu_compute();
+  cpu->reset_stats();
+  cpu->set_step(step);
+  run_op(*cpu, graph, op, memory, force_accumulate);
+  OpResult result;
+  double loss = 0;
+  cpu->take_stats(&loss, &result.correct);
+  result.loss = static_cast<float>(loss);
   return result;
 }
 

@@ -1,4 +1,4 @@
-// Runs one op of a training graph on buffers (the CPU kernels of kernels.hpp).
+// Runs one op of a training graph on buffers, on a Compute (compute.hpp).
 // The trainer resolves tensors to memory from its plan; tests resolve them to
 // plain vectors.
 #pragma once
@@ -10,6 +10,8 @@
 
 namespace tiermem::exec {
 
+class Compute;
+
 // Memory of tensor `t` for the op being run.
 using TensorMemory = std::function<void*(int tensor)>;
 
@@ -18,9 +20,14 @@ struct OpResult {
   int64_t correct = 0;    // softmax_xent: rows whose arg-max is the label
 };
 
-// Runs `op`. `force_accumulate` makes every output accumulate (the trainer
+// Runs `op` on `compute` (queued there; the loss goes to its statistics;
+// Adam takes the step of compute.set_step). `force_accumulate` makes every output accumulate (the trainer
 // zeroes gradient buffers and sums contributions, also those of other
 // stages). `step` is the optimizer step (Adam's bias correction, from 1).
+void run_op(Compute& compute, const Graph& graph, const Op& op, const TensorMemory& memory,
+            bool force_accumulate = false);
+// The same on the CPU, with the loss op's result; `step` is the optimizer
+// step (Adam's bias correction, from 1).
 OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bool force_accumulate = false,
                 int64_t step = 1);
 

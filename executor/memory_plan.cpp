@@ -148,13 +148,13 @@ void place_per_step(const Graph& g, const StageOps& ops, bool vram, MemoryPlan* 
     stack(plan->grads, u.in[1], g.tensors[u.in[1]].bytes(), &grads);
     for (size_t i = 2; i < u.in.size(); ++i) stack(plan->optimizer, u.in[i], g.tensors[u.in[i]].bytes(), &optimizer);
   }
-  // Kernels run on the CPU: "hot" data is in the fastest tier the CPU can
-  // address. With GPU kernels parameters and activations would go to VRAM.
+  // Where the kernels run: every tensor in VRAM for GPU kernels, else in
+  // the fastest tier the CPU addresses (Arenas places them so).
   const Tier hot = vram ? Tier::vram : Tier::dram;
   plan->arenas = {
       {"params", hot, params, 2, "parameters; two copies, the committed step's and the next"},
       {"grads", hot, grads, 1, "parameter gradients, summed over micro-batches"},
-      {"optimizer", Tier::dram, optimizer, 2, "optimizer state, committed with the parameters"},
+      {"optimizer", hot, optimizer, 2, "optimizer state, committed with the parameters"},
       {"work", hot, plan->work_peak, 1, "activations and their gradients, reused over lifetimes"},
       {"snapshot", Tier::pmem, params + optimizer, 2,
        "committed parameters and optimizer state, two slots (--snapshot-every; with --replicas on other nodes too)"},

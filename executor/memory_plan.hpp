@@ -49,8 +49,8 @@ struct MemoryPlan {
   int64_t total_bytes() const;
 };
 
-// Plans stage `part`. `vram` says whether the node has a VRAM tier the
-// kernels could use (the CPU kernels cannot, so "hot" data stays in DRAM then).
+// Plans stage `part`. `vram`: the kernels run on a GPU, and every tensor
+// goes to the VRAM tier (control words and messages stay in DRAM).
 MemoryPlan plan_memory(const Graph& graph, const Partition& partition, int part, int micro_batches, bool vram = false);
 
 std::string format_plan(const Graph& graph, const MemoryPlan& plan);

@@ -45,7 +45,7 @@ int fail(const Status& s) {
   return 1;
 }
 
-int plan(const std::string& model, int stages, int micro_batches, bool split) {
+int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram) {
   auto g = training_graph(model, micro_batches, stages, split);
   if (!g.ok()) return fail(g.status());
   auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
@@ -58,7 +58,7 @@ int plan(const std::string& model, int stages, int micro_batches, bool split) {
               100 * p->memory_imbalance);
   int64_t total = 0;
   for (int s = 0; s < stages; ++s) {
-    const MemoryPlan mp = plan_memory(*g, *p, s, micro_batches);
+    const MemoryPlan mp = plan_memory(*g, *p, s, micro_batches, vram);
     std::printf("%s", format_plan(*g, mp).c_str());
     std::printf("  total %s\n\n", format_size(static_cast<uint64_t>(mp.total_bytes())).c_str());
     total += mp.total_bytes();
@@ -118,6 +118,14 @@ int main(int argc, char** argv) {
   train_cmd->add_option("MODEL", opt.model, "model file (config/models/*.pbtxt)")->required()->check(CLI::ExistingFile);
   train_cmd->add_option("--job", opt.job, "job name: ranks of a job share it; a restarted rank resumes it")->capture_default_str();
   train_cmd->add_option("-s,--socket", opt.socket, "local tiermemd socket (default $TIERMEM_SOCKET)");
+  train_cmd->add_option("--device", opt.device,
+                        "where the kernels run: cpu, cuda (device 0) or cuda:N; on a GPU the tensors live in the "
+                        "daemon's VRAM tier")
+      ->capture_default_str();
+  bool no_graphs = false;
+  train_cmd->add_flag("--no-graphs", no_graphs,
+                      "on a GPU, launch every kernel of every step instead of replaying the step captured once as a "
+                      "CUDA graph");
   train_cmd->add_option("--stages", opt.stages, "pipeline stages (default: one per rank; the rest are data-parallel replicas)");
   train_cmd->add_option("--micro-batches", opt.micro_batches, "micro-batches per step")->capture_default_str();
   train_cmd->add_option("--epochs", opt.epochs, "epochs to train")->capture_default_str();
@@ -149,6 +157,7 @@ int main(int argc, char** argv) {
                       "job kept with --keep is refused otherwise)");
   train_cmd->callback([&] {
     opt.shuffle = !no_shuffle;
+    opt.graphs = !no_graphs;
     opt.split = !train_no_split;
     opt.timeout = std::chrono::seconds(timeout_s);
     auto env = rank_from_environment();
@@ -167,7 +176,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
   bool no_split = false;
   plan_cmd->add_flag("--no-split", no_split, "keep every op whole (see `partition`)");
-  plan_cmd->callback([&] { rc = plan(model, stages, micro_batches, !no_split); });
+  std::string plan_device = "cpu";
+  plan_cmd->add_option("--device", plan_device, "where the kernels would run (cuda: the tensors in VRAM)")
+      ->capture_default_str();
+  plan_cmd->callback([&] { rc = plan(model, stages, micro_batches, !no_split, plan_device != "cpu"); });
 
   auto* part_cmd = app.add_subcommand("partition", "compare METIS, greedy and random partitions");
   part_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);

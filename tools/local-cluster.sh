@@ -30,7 +30,7 @@ id = $node
 [control]
 socket = "$ndir/tiermemd.sock"
 [tiers.vram]
-capacity = "512MiB"
+capacity = "${TIERMEM_VRAM:-512MiB}"
 [tiers.dram]
 capacity = "${TIERMEM_DRAM:-256MiB}"
 path = "$(shm_dir "$node")"

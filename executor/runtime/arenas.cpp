@@ -6,8 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include <tiermem/status_macros.h>
+#include <tiermem/units.h>
 
 #include "executor/interpreter.hpp"
 
@@ -22,13 +24,19 @@ const Placement* placement_of(const std::vector<Placement>& list, int tensor) {
   return nullptr;
 }
 
-void dump_params(const JobPlan& job, const std::byte* params, const std::string& dir) {
+void dump_params(const JobPlan& job, const std::byte* params, const std::string& dir, Compute& compute) {
   std::filesystem::create_directories(dir);
   for (const Placement& p : job.plan.params) {
     const Tensor& t = job.graph.tensors[p.tensor];
+    std::vector<char> host(static_cast<size_t>(t.bytes()));
+    compute.copy(host.data(), params + p.offset, host.size());
     std::ofstream out(dir + "/" + t.name + ".f32", std::ios::binary);
-    out.write(reinterpret_cast<const char*>(params + p.offset), t.bytes());
+    out.write(host.data(), static_cast<std::streamsize>(host.size()));
   }
+}
+
+std::string where(const OwnRegion& r) {
+  return r.mapping.device() >= 0 ? "VRAM of cuda:" + std::to_string(r.mapping.device()) : "host memory";
 }
 
 }  // namespace
@@ -92,7 +100,8 @@ Status Arenas::restore(JobDirectory& dir, Gva slot, int64_t step) {
   return Status();
 }
 
-Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes) {
+Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes,
+                        const Compute& compute) {
   const int64_t ctl_bytes = ((k_channels + 4 * static_cast<int64_t>(job.channels.size())) * 8 + 4095) / 4096 * 4096;
   m_params_bytes = job.arena_bytes("params");
   m_optimizer_bytes = job.arena_bytes("optimizer");
@@ -101,10 +110,31 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_info, "info", k_info_bytes, false));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_mbox, "mbox", mailbox_bytes, false));
   if (job.topo.replicas > 1) TIERMEM_RETURN_IF_ERROR(own(dir, &m_publish, "publish", 2 * grads_bytes, false));
-  TIERMEM_RETURN_IF_ERROR(own(dir, &m_params, "params", 2 * m_params_bytes, false));
-  TIERMEM_RETURN_IF_ERROR(own(dir, &m_grads, "grads", grads_bytes, false));
-  TIERMEM_RETURN_IF_ERROR(own(dir, &m_optimizer, "optimizer", 2 * m_optimizer_bytes, false));
-  TIERMEM_RETURN_IF_ERROR(own(dir, &m_work, "work", job.plan.work_peak, false));
+  // The tensors where the kernels run: VRAM for a GPU (whole pages, so
+  // every arena maps as device memory of its own), else DRAM.
+  const bool vram = compute.memory_is_device();
+  const Tier tier = vram ? Tier::vram : Tier::dram;
+  auto sized = [&](int64_t bytes) { return vram ? (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20) : bytes; };
+  const struct {
+    OwnRegion* region;
+    const char* what;
+    int64_t bytes;
+  } tensors[] = {{&m_params, "params", 2 * m_params_bytes},
+                 {&m_grads, "grads", grads_bytes},
+                 {&m_optimizer, "optimizer", 2 * m_optimizer_bytes},
+                 {&m_work, "work", job.plan.work_peak}};
+  for (const auto& t : tensors) {
+    Status s = own(dir, t.region, t.what, sized(t.bytes), false, tier);
+    if (!s.ok()) {
+      return vram ? s.with_context("--device " + options.device + " keeps the tensors in the VRAM tier (" + t.what + ")")
+                  : s;
+    }
+    if (t.region->mapping.device() != compute.device()) {
+      return Status(ErrorCode::failed_precondition,
+                    "job " + options.job + "'s " + t.what + " are in " + where(*t.region) + " but this run computes on " +
+                        compute.name() + ": run it with the --device it was started with, or --restart");
+    }
+  }
   // With --replicas the snapshot also keeps the gradients this rank
   // published for the step (data parallel): another rank may still be
   // reading them when this one dies, and reads them from the replacement.
@@ -126,7 +156,15 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   return snapshot(dir, step);
 }
 
-Status Arenas::initialise(const JobPlan& job, const TrainOptions& options) {
+std::string Arenas::placement(const Compute& compute) const {
+  return "params 2 x " + format_size(static_cast<uint64_t>(m_params_bytes)) + ", grads " +
+         format_size(m_grads.mapping.size()) + ", optimizer 2 x " +
+         format_size(static_cast<uint64_t>(m_optimizer_bytes)) + ", work " + format_size(m_work.mapping.size()) +
+         " in " + where(m_params) + (compute.memory_is_device() ? " (" + compute.name() + ")" : "") +
+         "; control words and messages (" + format_size(m_mbox.mapping.size()) + ") in host memory";
+}
+
+Status Arenas::initialise(const JobPlan& job, const TrainOptions& options, Compute& compute) {
   if (!m_restored_from.is_null()) return Status();
   if (m_resumed) {
     if (!m_params.existed || !m_optimizer.existed) {
@@ -135,12 +173,17 @@ Status Arenas::initialise(const JobPlan& job, const TrainOptions& options) {
     }
     return Status();
   }
+  // Initialised on the host, copied to where the kernels run.
+  std::vector<float> host;
   for (const Placement& p : job.plan.params) {
-    init_param(job.graph.tensors[p.tensor], reinterpret_cast<float*>(m_params.data() + p.offset), options.seed);
+    const Tensor& t = job.graph.tensors[p.tensor];
+    host.resize(static_cast<size_t>(t.elements()));
+    init_param(t, host.data(), options.seed);
+    compute.copy(m_params.data() + p.offset, host.data(), static_cast<size_t>(t.bytes()));
   }
-  std::memset(m_optimizer.data(), 0, static_cast<size_t>(2 * m_optimizer_bytes));
-  if (!options.dump.empty()) dump_params(job, m_params.data(), options.dump);
-  return Status();
+  compute.zero(m_optimizer.data(), static_cast<size_t>(2 * m_optimizer_bytes));
+  if (!options.dump.empty()) dump_params(job, m_params.data(), options.dump, compute);
+  return compute.sync();
 }
 
 void Arenas::commit(int64_t steps) const {
@@ -165,12 +208,12 @@ void* Arenas::memory(const JobPlan& job, int t, int mb, int64_t parity) const {
   return p ? m_work.data() + p->offset : nullptr;
 }
 
-void Arenas::begin_update(int64_t step) const {
+void Arenas::begin_update(int64_t step, Compute& compute) const {
   const int64_t cur = step % 2, next = (step + 1) % 2;
-  std::memcpy(m_params.data() + next * m_params_bytes, m_params.data() + cur * m_params_bytes,
-              static_cast<size_t>(m_params_bytes));
-  std::memcpy(m_optimizer.data() + next * m_optimizer_bytes, m_optimizer.data() + cur * m_optimizer_bytes,
-              static_cast<size_t>(m_optimizer_bytes));
+  compute.copy(m_params.data() + next * m_params_bytes, m_params.data() + cur * m_params_bytes,
+               static_cast<size_t>(m_params_bytes));
+  compute.copy(m_optimizer.data() + next * m_optimizer_bytes, m_optimizer.data() + cur * m_optimizer_bytes,
+               static_cast<size_t>(m_optimizer_bytes));
 }
 
 Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {

@@ -31,7 +31,8 @@ Status plan_graph(const TrainOptions& options, JobPlan* job) {
   TIERMEM_ASSIGN_OR_RETURN(job->partition,
                            partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
   job->channels = channels_of(job->graph, job->partition);
-  job->plan = plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches);
+  job->plan = plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches,
+                          options.device != "cpu");
   job->loss_stage = job->partition.of_op[job->graph.tensors[job->graph.loss].producer];
   return Status();
 }

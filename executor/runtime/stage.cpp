@@ -22,9 +22,10 @@ const std::string k_snapshot = "snapshot";
 }  // namespace
 
 StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
-                         Arenas& arenas, Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed)
+                         Arenas& arenas, Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed,
+                         Compute& compute)
     : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes),
-      m_peers(peers), m_trace(trace), m_eval_resume(resumed) {
+      m_peers(peers), m_trace(trace), m_compute(compute), m_eval_resume(resumed) {
   const MemoryPlan& plan = job.plan;
   m_zero_at.resize(plan.schedule.size() + 1);
   for (size_t w = 0; w < plan.work.size(); ++w) {
@@ -43,6 +44,12 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
     if (job.graph.ops[i].phase != Phase::backward || job.partition.of_op[i] != job.topo.stage()) continue;
     for (int t : job.graph.ops[i].out) m_last_writer[t] = static_cast<int>(i);
   }
+  for (const auto& [op, mb] : plan.schedule) {
+    if (job.graph.ops[op].kind == OpKind::softmax_xent) m_loss_rows += job.graph.micro_batch;
+  }
+  bool exchanges = job.topo.replicas > 1;
+  for (const Channel& c : job.channels) exchanges = exchanges || c.to == job.topo.stage() || c.from == job.topo.stage();
+  m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty();
   m_test_order.resize(static_cast<size_t>(job.data.test.rows));
   std::iota(m_test_order.begin(), m_test_order.end(), 0);
 }
@@ -50,6 +57,15 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
 void* StageRunner::memory(int t, int mb, bool next_params) const {
   if (m_received_channel.count(t) != 0) return nullptr;  // in the mailbox: see gather_inputs
   return m_arenas.memory(m_job, t, mb, (m_step + (next_params ? 1 : 0)) % 2);
+}
+
+const void* StageRunner::readable(const void* host, size_t bytes, std::pair<int, int> key) {
+  if (!m_compute.memory_is_device()) return host;
+  void*& buffer = m_inbox[key];
+  if (buffer == nullptr) buffer = m_compute.device_buffer(bytes);
+  if (buffer == nullptr) return nullptr;
+  m_compute.copy(buffer, host, bytes);
+  return buffer;
 }
 
 Status StageRunner::merge_partials(int t, int mb) {
@@ -61,8 +77,10 @@ Status StageRunner::merge_partials(int t, int mb) {
     const Channel& c = m_job.channels[id];
     const uint64_t sequence = m_mail.training_sequence(c, mb, m_step);
     TIERMEM_RETURN_IF_ERROR(m_mail.receive(c, sequence, false));
-    const auto* partial = reinterpret_cast<const float*>(m_mail.payload(c, sequence, false));
-    for (int64_t i = 0; i < n; ++i) local[i] += partial[i];
+    const auto* partial = static_cast<const float*>(
+        readable(m_mail.payload(c, sequence, false), static_cast<size_t>(n) * 4, {t, -1}));
+    if (partial == nullptr) return Status(ErrorCode::tier_exhausted, "no device memory for a partial gradient");
+    m_compute.pass_grad(partial, local, n, true);
   }
   return Status();
 }
@@ -79,11 +97,34 @@ const std::vector<int64_t>& StageRunner::epoch_order(int64_t epoch) {
   return m_epoch_order[static_cast<size_t>(epoch)];
 }
 
-Status StageRunner::load_batch(int t, int mb, bool eval, int64_t eval_batch) {
+Status StageRunner::load_batch(int t, int mb, bool eval, int64_t eval_batch, bool queue_copy) {
   if (!m_loaded.insert({t, mb}).second) return Status();
   const Tensor& tensor = m_job.graph.tensors[t];
-  void* out = memory(t, mb, false);
-  if (out == nullptr) return Status(ErrorCode::internal, "no memory planned for '" + tensor.name + "'");
+  void* const target = memory(t, mb, false);
+  if (target == nullptr) return Status(ErrorCode::internal, "no memory planned for '" + tensor.name + "'");
+  // On a GPU the batch goes through pinned staging of its own, one per
+  // parity for replayed steps (each capture copies from its own, and the
+  // next step's batch is filled while this one runs), free again once what
+  // was queued ran: launched steps and evaluation wait for that.
+  void* out = target;
+  if (m_compute.memory_is_device()) {
+    const bool replayed = m_replay && !eval;
+    void*& staging = m_staging[{t, replayed ? 2 * mb + static_cast<int>(m_step % 2) : -1 - mb}];
+    if (staging == nullptr) staging = m_compute.host_buffer(static_cast<size_t>(tensor.bytes()));
+    if (staging == nullptr) return Status(ErrorCode::tier_exhausted, "no pinned memory for the batch of '" + tensor.name + "'");
+    if (!replayed) TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+    out = staging;
+  }
+  struct QueueCopy {
+    StageRunner* stage;
+    void* to;
+    const void* from;
+    size_t bytes;
+    bool queue;
+    ~QueueCopy() {
+      if (queue && to != from) stage->m_compute.copy(to, from, bytes);
+    }
+  } copy{this, target, out, static_cast<size_t>(tensor.bytes()), queue_copy};
   const int64_t rows = m_job.graph.micro_batch;
   float* x = tensor.role == Role::input ? static_cast<float*>(out) : nullptr;
   auto* y = tensor.role == Role::label ? static_cast<int32_t*>(out) : nullptr;
@@ -105,6 +146,16 @@ Status StageRunner::load_batch(int t, int mb, bool eval, int64_t eval_batch) {
 
 void StageRunner::count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape,
                                 int64_t eval_batch) {
+  std::vector<float> host_logits;
+  std::vector<int32_t> host_labels;
+  if (m_compute.memory_is_device()) {
+    host_logits.resize(static_cast<size_t>(shape[0] * shape[1]));
+    host_labels.resize(static_cast<size_t>(shape[0]));
+    m_compute.copy(host_logits.data(), logits, host_logits.size() * 4);
+    m_compute.copy(host_labels.data(), labels, host_labels.size() * 4);
+    logits = host_logits.data();
+    labels = host_labels.data();
+  }
   const int64_t valid = std::min<int64_t>(shape[0], m_job.data.test.rows - eval_batch * shape[0]);
   for (int64_t r = 0; r < valid; ++r) {
     const float* row = logits + r * shape[1];
@@ -123,7 +174,10 @@ Status StageRunner::gather_inputs(const Op& op, int mb, bool eval, uint64_t eval
       const Channel& c = m_job.channels[it->second];
       const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
       TIERMEM_RETURN_IF_ERROR(m_mail.receive(c, sequence, eval));
-      (*pointers)[t] = const_cast<std::byte*>(m_mail.payload(c, sequence, eval));
+      const void* data = readable(m_mail.payload(c, sequence, eval),
+                                  static_cast<size_t>(m_job.graph.tensors[t].bytes()), {t, mb});
+      if (data == nullptr) return Status(ErrorCode::tier_exhausted, "no device memory for a message");
+      (*pointers)[t] = const_cast<void*>(data);
       continue;
     }
     TIERMEM_RETURN_IF_ERROR(merge_partials(t, mb));
@@ -141,23 +195,22 @@ Status StageRunner::send_outputs(int op_id, int mb, bool eval, uint64_t eval_seq
       const void* data = memory(c.tensor, mb, false);
       if (data == nullptr) return Status(ErrorCode::internal, "no memory planned for '" + m_job.graph.tensors[t].name + "'");
       const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
+      if (m_compute.memory_is_device()) {
+        // Through host memory: the mailbox is DRAM (see Arenas).
+        m_outgoing.resize(static_cast<size_t>(m_job.graph.tensors[t].bytes()));
+        m_compute.copy(m_outgoing.data(), data, m_outgoing.size());
+        data = m_outgoing.data();
+      }
       TIERMEM_RETURN_IF_ERROR(m_mail.send(c, data, sequence, eval));
     }
   }
   return Status();
 }
 
-void StageRunner::record_loss(const Op& op, const OpResult& r, const TensorMemory& memory, bool eval,
-                              int64_t eval_batch) {
-  if (op.kind != OpKind::softmax_xent) return;
-  if (eval) {
-    count_correct(static_cast<const float*>(memory(op.in[0])), static_cast<const int32_t*>(memory(op.in[1])),
-                  m_job.graph.tensors[op.in[0]].shape, eval_batch);
-    return;
-  }
-  m_stats.loss_sum += r.loss;
-  m_stats.correct += r.correct;
-  m_stats.rows += m_job.graph.micro_batch;
+void StageRunner::record_eval(const Op& op, const TensorMemory& memory, bool eval, int64_t eval_batch) {
+  if (op.kind != OpKind::softmax_xent || !eval) return;
+  count_correct(static_cast<const float*>(memory(op.in[0])), static_cast<const int32_t*>(memory(op.in[1])),
+                m_job.graph.tensors[op.in[0]].shape, eval_batch);
 }
 
 Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_t eval_sequence, int64_t eval_batch) {
@@ -165,7 +218,7 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
   if (pos >= 0) {
     for (int w : m_zero_at[static_cast<size_t>(pos)]) {
       const Placement& p = m_job.plan.work[static_cast<size_t>(w)];
-      std::memset(m_arenas.work().data() + p.offset, 0, static_cast<size_t>(m_job.graph.tensors[p.tensor].bytes()));
+      m_compute.zero(m_arenas.work().data() + p.offset, static_cast<size_t>(m_job.graph.tensors[p.tensor].bytes()));
     }
   }
   std::vector<void*> pointers(m_job.graph.tensors.size(), nullptr);
@@ -178,12 +231,11 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
       }
     }
   }
-  OpResult r;
   {
     auto span = m_trace.span(SpanKind::compute, op.name);
-    r = run_op(m_job.graph, op, resolve, op.phase == Phase::backward, m_step + 1);
+    run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward);
   }
-  record_loss(op, r, resolve, eval, eval_batch);
+  record_eval(op, resolve, eval, eval_batch);
   return send_outputs(op_id, mb, eval, eval_sequence);
 }
 
@@ -193,7 +245,7 @@ Status StageRunner::all_reduce(int64_t step) {
   const auto bytes = static_cast<size_t>(m_arenas.grads().mapping.size());
   const int64_t half = step % 2;
   std::byte* mine = m_arenas.publish().data() + half * static_cast<int64_t>(bytes);
-  std::memcpy(mine, m_arenas.grads().data(), bytes);
+  m_compute.copy(mine, m_arenas.grads().data(), bytes);
   std::atomic_ref<uint64_t>(m_arenas.ctl()[k_published]).store(static_cast<uint64_t>(step + 1));
   const size_t n = bytes / 4;
   std::vector<float> sum(n, 0.0f), theirs(n);
@@ -218,17 +270,17 @@ Status StageRunner::all_reduce(int64_t step) {
     // Every replica adds in replica order: all end with the same bits.
     for (size_t i = 0; i < n; ++i) sum[i] += src[i];
   }
-  std::memcpy(m_arenas.grads().data(), sum.data(), bytes);
+  m_compute.copy(m_arenas.grads().data(), sum.data(), bytes);
   return Status();
 }
 
 void StageRunner::update(int64_t step) {
   auto span = m_trace.span(SpanKind::compute, k_update);
-  m_arenas.begin_update(step);
+  m_arenas.begin_update(step, m_compute);
   for (size_t i = 0; i < m_job.graph.ops.size(); ++i) {
     const Op& op = m_job.graph.ops[i];
     if (op.phase != Phase::update || m_job.partition.of_op[i] != m_job.topo.stage()) continue;
-    run_op(m_job.graph, op, [&](int t) { return memory(t, -1, true); }, false, step + 1);
+    run_op(m_compute, m_job.graph, op, [&](int t) { return memory(t, -1, true); }, false);
   }
 }
 
@@ -246,19 +298,71 @@ Status StageRunner::barrier(uint64_t value) {
   return Status();
 }
 
+// The ops of the step and the optimizer, queued (on a GPU) or run.
+Status StageRunner::compute_step(int64_t step) {
+  m_compute.reset_stats();
+  m_compute.zero(m_arenas.grads().data(), m_arenas.grads().mapping.size());
+  for (size_t pos = 0; pos < m_job.plan.schedule.size(); ++pos) {
+    const auto [op, mb] = m_job.plan.schedule[pos];
+    TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
+  }
+  if (!m_capturing) {
+    TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+    TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
+    TIERMEM_RETURN_IF_ERROR(all_reduce(step));
+  }
+  update(step);
+  return Status();
+}
+
+Status StageRunner::replay_step() {
+  const int slot = static_cast<int>(m_step % 2);
+  if (!m_compute.captured(slot)) {
+    TIERMEM_RETURN_IF_ERROR(m_compute.begin_capture());
+    m_capturing = true;
+    Status s = compute_step(m_step);
+    m_capturing = false;
+    Status captured = m_compute.end_capture(slot);
+    TIERMEM_RETURN_IF_ERROR(s);
+    TIERMEM_RETURN_IF_ERROR(captured);
+  } else if (m_prefilled != m_step) {
+    TIERMEM_RETURN_IF_ERROR(fill_batches());
+  }
+  TIERMEM_RETURN_IF_ERROR(m_compute.replay(slot));
+  // While it runs: the next step's batches into the other staging, when
+  // that step is a replay too (its capture is made).
+  if (!m_compute.captured(1 - slot)) return Status();
+  const int64_t step = m_step;
+  m_step = step + 1;
+  Status s = fill_batches();
+  m_step = step;
+  m_prefilled = s.ok() ? step + 1 : -1;
+  return s;
+}
+
+// What the host does for a replayed step: the step's batches into the
+// staging its capture copies from.
+Status StageRunner::fill_batches() {
+  m_loaded.clear();
+  for (const auto& [op, mb] : m_job.plan.schedule) {
+    for (int t : m_job.graph.ops[op].in) {
+      const Role role = m_job.graph.tensors[t].role;
+      if (role == Role::input || role == Role::label) TIERMEM_RETURN_IF_ERROR(load_batch(t, mb, false, 0, false));
+    }
+  }
+  return Status();
+}
+
 Status StageRunner::run_step(int64_t step, StepStats* stats) {
   m_step = step;
   m_merged.clear();
   m_loaded.clear();
   m_stats = StepStats();
-  std::memset(m_arenas.grads().data(), 0, m_arenas.grads().mapping.size());
-  for (size_t pos = 0; pos < m_job.plan.schedule.size(); ++pos) {
-    const auto [op, mb] = m_job.plan.schedule[pos];
-    TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
-  }
-  TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
-  TIERMEM_RETURN_IF_ERROR(all_reduce(step));
-  update(step);
+  m_compute.set_step(step + 1);
+  TIERMEM_RETURN_IF_ERROR(m_replay ? replay_step() : compute_step(step));
+  m_compute.take_stats(&m_stats.loss_sum, &m_stats.correct);
+  m_stats.rows = m_loss_rows;
+  TIERMEM_RETURN_IF_ERROR(m_compute.sync());
   m_arenas.commit(step + 1);
   if (m_arenas.snapshot_every() > 0 && (step + 1) % m_arenas.snapshot_every() == 0) {
     auto span = m_trace.span(SpanKind::comm, k_snapshot);

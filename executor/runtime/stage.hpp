@@ -14,6 +14,7 @@
 
 #include <tiermem/client.h>
 
+#include "executor/compute.hpp"
 #include "executor/interpreter.hpp"
 #include "executor/runtime/arenas.hpp"
 #include "executor/runtime/job_plan.hpp"
@@ -32,7 +33,11 @@ struct StepStats {
 class StageRunner {
  public:
   StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, Arenas& arenas,
-              Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed);
+              Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed, Compute& compute);
+
+  // Whether steps are captured once and replayed (a GPU, --graphs, a stage
+  // that exchanges no messages and has no replicas).
+  bool replays() const { return m_replay; }
 
   // Runs training step `step` and commits it. Errors: those of the messages,
   // the all-reduce and the barrier (timeouts name the rank awaited).
@@ -48,12 +53,24 @@ class StageRunner {
   Status run_scheduled(int op, int mb, int pos, bool eval, uint64_t eval_sequence, int64_t eval_batch);
   Status gather_inputs(const Op& op, int mb, bool eval, uint64_t eval_sequence, int64_t eval_batch,
                        std::vector<void*>* pointers);
+  // The compute part of a step through a captured replay: captured at the
+  // first step of each parity (the parameter copies alternate), after that
+  // only the batches are loaded and the capture replayed.
+  Status replay_step();
+  Status fill_batches();
+  // `host` (a message) where the kernels can read it: itself on the CPU, a
+  // copy in a device buffer kept for `key` on a GPU.
+  const void* readable(const void* host, size_t bytes, std::pair<int, int> key);
   Status send_outputs(int op_id, int mb, bool eval, uint64_t eval_sequence);
-  void record_loss(const Op& op, const OpResult& r, const TensorMemory& memory, bool eval, int64_t eval_batch);
+  void record_eval(const Op& op, const TensorMemory& memory, bool eval, int64_t eval_batch);
   Status merge_partials(int tensor, int mb);
-  Status load_batch(int tensor, int mb, bool eval, int64_t eval_batch);
+  // Fills the batch into the tensor's memory (on a GPU: into its pinned
+  // staging, then a copy queued, unless `queue_copy` is false: a replayed
+  // step has the copy in it).
+  Status load_batch(int tensor, int mb, bool eval, int64_t eval_batch, bool queue_copy = true);
   const std::vector<int64_t>& epoch_order(int64_t epoch);
   void count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape, int64_t eval_batch);
+  Status compute_step(int64_t step);
   Status all_reduce(int64_t step);
   void update(int64_t step);
   Status barrier(uint64_t value);
@@ -69,7 +86,15 @@ class StageRunner {
   Mailboxes& m_mail;
   const RankPeers& m_peers;
   Trace& m_trace;
+  Compute& m_compute;
   bool m_eval_resume;  // the first evaluation after a restart skips what is done
+  bool m_replay = false;
+  bool m_capturing = false;
+  int64_t m_prefilled = -1;  // the step whose batches are in their staging already
+  int64_t m_loss_rows = 0;  // rows the loss op sees per step (0: not on this stage)
+  std::map<std::pair<int, int>, void*> m_staging;  // (tensor, mb) -> pinned batch (GPU)
+  std::map<std::pair<int, int>, void*> m_inbox;    // (tensor, key) -> device copy of a message
+  std::vector<std::byte> m_outgoing;               // a tensor on its way to a mailbox (GPU)
 
   // Fixed by the plan: which work instances start life at each schedule
   // position (the per-micro-batch gradients, which every contribution adds

@@ -13,12 +13,17 @@ namespace tiermem::exec {
 
 Status Trainer::set_up() {
   TIERMEM_ASSIGN_OR_RETURN(m_job, plan_job(m_opt, m_env));
+  TIERMEM_ASSIGN_OR_RETURN(m_compute, make_compute(m_opt.device));
   TIERMEM_ASSIGN_OR_RETURN(
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
   if (m_opt.restart) TIERMEM_RETURN_IF_ERROR(forget_earlier_run());
-  TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job)));
-  TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt));
+  TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job), *m_compute));
+  TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt, *m_compute));
+  if (!m_opt.quiet && m_compute->memory_is_device()) {
+    std::printf("rank %d: computing on %s; %s\n", m_env.rank, m_compute->name().c_str(),
+                m_arenas.placement(*m_compute).c_str());
+  }
   if (m_arenas.resumed() && m_arenas.committed() >= m_job.total_steps) {
     return Status(ErrorCode::failed_precondition,
                   "job '" + m_opt.job + "' already finished: rank " + std::to_string(m_env.rank) + " committed step " +
@@ -45,7 +50,8 @@ Status Trainer::set_up() {
 
 Status Trainer::train_steps() {
   const int64_t first = m_arenas.resumed() ? m_arenas.committed() : 0;
-  StageRunner stage(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, m_arenas.resumed());
+  StageRunner stage(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, m_arenas.resumed(),
+                    *m_compute);
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());
   TIERMEM_RETURN_IF_ERROR(progress.start());
   double accuracy = -1;

@@ -37,6 +37,8 @@ struct TrainOptions {
   std::string model;
   std::string job = "tiermem-job";
   std::string socket;            // empty: $TIERMEM_SOCKET or the default
+  std::string device = "cpu";    // where the kernels run: cpu, cuda, cuda:N (compute.hpp)
+  bool graphs = true;            // on a GPU, capture a step once and replay it (stages without messages)
   int stages = 0;                // pipeline stages; 0: one per rank
   int micro_batches = 2;
   int epochs = 3;

@@ -36,6 +36,7 @@ class Trainer {
   RankEnv m_env;
   Trace m_trace;
   JobPlan m_job;
+  std::unique_ptr<Compute> m_compute;  // before the arenas: they are its memory
   std::unique_ptr<Client> m_client;
   std::unique_ptr<JobDirectory> m_dir;
   Arenas m_arenas;

@@ -329,6 +329,46 @@ TEST_F(TrainerTest, BadModelAndBadEnvironmentAreClearErrors) {
   EXPECT_NE(logs.find("the replicated snapshot (--replicas)"), std::string::npos) << logs;
 }
 
+TEST_F(TrainerTest, AnUnknownDeviceAndAMissingGpuAreClearErrors) {
+  int rc = 0;
+  std::string logs = run(1, {model("mlp_digits"), "--job", "tpu", "--device", "tpu", "--steps", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("unknown device 'tpu' (cpu, cuda or cuda:N)"), std::string::npos) << logs;
+  logs = run(1, {model("mlp_digits"), "--job", "cudax", "--device", "cuda:x", "--steps", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("unknown device 'cuda:x'"), std::string::npos) << logs;
+  // Without a GPU (CI): the CUDA compute says why it cannot start, and
+  // nothing of the job is left behind. With one: tests/gpu covers it.
+  if (std::filesystem::exists("/dev/nvidia0")) return;
+  logs = run(1, {model("mlp_digits"), "--job", "nogpu", "--device", "cuda", "--steps", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("--device cuda: "), std::string::npos) << logs;
+  EXPECT_EQ(test::run_ctl(socket(1), {"ls"}).out.find("nogpu."), std::string::npos);
+}
+
+TEST_F(TrainerTest, ASyntheticDatasetTrainsAndABadOneIsRefused) {
+  const std::string good = m_dir + "/synthetic.pbtxt";
+  std::ofstream(good) << R"(name: "syn" dataset: "synthetic:32:4" micro_batch: 16
+tensor { name: "x" shape: [16, 32] role: INPUT }
+tensor { name: "y" shape: [16] role: LABEL dtype: I32 }
+tensor { name: "w" shape: [32, 4] role: PARAM init: KAIMING_UNIFORM }
+op { name: "fc" type: MATMUL input: ["x", "w"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "loss" }
+loss: "loss"
+optimizer { type: ADAM learning_rate: 0.01 beta1: 0.9 beta2: 0.999 epsilon: 1e-8 })";
+  std::string logs = run(1, {good, "--job", "syn", "--epochs", "2"});
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("summary: .* test accuracy ([0-9.]+)%"))) << logs;
+  EXPECT_GT(std::stod(m[1]), 60.0) << "labels are a linear map of the features: learnable";
+  std::string bad = slurp(good);
+  bad.replace(bad.find("synthetic:32:4"), 14, "synthetic:32:1");
+  std::ofstream(m_dir + "/bad_synthetic.pbtxt") << bad;
+  int rc = 0;
+  logs = run(1, {m_dir + "/bad_synthetic.pbtxt", "--job", "bad-syn"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("synthetic:COLS:CLASSES with COLS in 1..65536 and CLASSES in 2..1024"), std::string::npos) << logs;
+}
+
 // The committed parameters (the first or second half of the params arena,
 // by the parity of the step) of every allocation named `<job>.r<rank>.params`
 // on `socket`'s node, by name.

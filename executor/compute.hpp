@@ -1,0 +1,113 @@
+// Where the executor computes (X12): the kernels of kernels.hpp, memory
+// operations on tensors and the loss statistics, on the CPU or on a GPU.
+//
+// Pointers a kernel gets are in this compute's memory (memory_is_device():
+// device pointers, never read on the host). On a GPU every call is queued on
+// one stream in order, and returns before it ran, except where said; copy()
+// takes any mix of host and device pointers. A run of calls without host
+// work in between can be captured once and replayed (begin_capture,
+// end_capture, replay): the training step of a stage that exchanges no
+// messages is one such run, replayed every step.
+//
+// The CUDA compute lives in a plugin (executor/cuda/, libtiermem-exec-cuda.so)
+// loaded on first use, so that tiermem-exec runs where no CUDA library is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <tiermem/status.h>
+
+namespace tiermem::exec {
+
+class Compute {
+ public:
+  virtual ~Compute() = default;
+
+  // "cpu", or "cuda:0 (NVIDIA H200)".
+  virtual std::string name() const = 0;
+  // Tensors are in device memory: the host copies them in and out.
+  virtual bool memory_is_device() const = 0;
+  // The CUDA ordinal of that memory in this process; -1 for the CPU.
+  virtual int device() const = 0;
+
+  // ---- kernels: the contract of kernels.hpp ----
+  virtual void matmul(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool accumulate) = 0;
+  virtual void matmul_grad_a(const float* dy, const float* b, float* da, int64_t m, int64_t k, int64_t n,
+                             bool accumulate) = 0;
+  virtual void matmul_grad_b(const float* a, const float* dy, float* db, int64_t m, int64_t k, int64_t n,
+                             bool accumulate) = 0;
+  virtual void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n) = 0;
+  virtual void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate) = 0;
+  virtual void pass_grad(const float* dy, float* dx, int64_t count, bool accumulate) = 0;
+  virtual void add(const float* a, const float* b, float* y, int64_t count) = 0;
+  virtual void copy_columns(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column) = 0;
+  virtual void slice_columns_grad(const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols, int64_t column,
+                                  bool accumulate) = 0;
+  virtual void relu(const float* x, float* y, int64_t count) = 0;
+  virtual void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) = 0;
+  virtual void gelu(const float* x, float* y, int64_t count) = 0;
+  virtual void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) = 0;
+  virtual void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                          int64_t m, int64_t n) = 0;
+  virtual void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd,
+                               const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
+                               bool accumulate_dx, bool accumulate_params) = 0;
+  // Writes the mean cross-entropy to *loss (one float of this memory) and
+  // adds it, and the rows whose arg-max is the label, to the statistics.
+  virtual void softmax_xent(const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c) = 0;
+  virtual void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
+                                 float scale, bool accumulate) = 0;
+  virtual void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+                   float weight_decay) = 0;
+  // Adam's bias correction takes the step of set_step() (from 1), read when
+  // the kernel runs: a replayed step takes the step set before the replay.
+  virtual void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
+                    float beta2, float epsilon, float weight_decay) = 0;
+  virtual void set_step(int64_t step) = 0;
+
+  // ---- statistics of softmax_xent since the last reset ----
+  virtual void reset_stats() = 0;
+  // Waits for what is queued. loss_sum: the sum of the mean losses; correct:
+  // rows right.
+  virtual void take_stats(double* loss_sum, int64_t* correct) = 0;
+
+  // ---- memory ----
+  virtual void zero(void* p, size_t bytes) = 0;
+  // Host or this compute's memory on either side. Host memory from
+  // host_buffer() is read when the copy runs; other host memory is read or
+  // written before copy() returns.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Host memory the device copies from at full speed (pinned), kept until
+  // the compute goes; plain memory on the CPU. nullptr when out of memory.
+  virtual void* host_buffer(size_t bytes) = 0;
+  // Device memory for tensors that are not in tiermem (messages received
+  // from other stages), kept until the compute goes; plain memory on the
+  // CPU. nullptr when out of memory.
+  virtual void* device_buffer(size_t bytes) = 0;
+  // Waits for everything queued. Errors: a kernel or copy that failed.
+  virtual Status sync() = 0;
+
+  // ---- capture and replay ----
+  // Whether begin_capture can work here (the CPU: no).
+  virtual bool can_capture() const = 0;
+  // Calls from here to end_capture are recorded as replay `slot`, not run.
+  // Errors: what the device says.
+  virtual Status begin_capture() = 0;
+  virtual Status end_capture(int slot) = 0;
+  virtual bool captured(int slot) const = 0;
+  // Runs what slot recorded (queued, like any call).
+  virtual Status replay(int slot) = 0;
+};
+
+// The CPU (kernels.hpp; statistics on the host).
+std::unique_ptr<Compute> make_cpu_compute();
+
+// "cpu", "cuda" (device 0) or "cuda:N". Errors: invalid_argument (another
+// name), not_supported (a build without CUDA kernels, no CUDA driver or no
+// such device, with the reason).
+Result<std::unique_ptr<Compute>> make_compute(const std::string& device);
+
+}  // namespace tiermem::exec

@@ -1,0 +1,113 @@
+// The CPU compute: kernels.hpp on host memory, statistics on the host.
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "executor/compute.hpp"
+#include "executor/kernels.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+namespace k = kernels;
+
+class CpuCompute final : public Compute {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool memory_is_device() const override { return false; }
+  int device() const override { return -1; }
+
+  void matmul(const float* a, const float* b, float* c, int64_t m, int64_t kk, int64_t n, bool acc) override {
+    k::matmul(a, b, c, m, kk, n, acc);
+  }
+  void matmul_grad_a(const float* dy, const float* b, float* da, int64_t m, int64_t kk, int64_t n, bool acc) override {
+    k::matmul_grad_a(dy, b, da, m, kk, n, acc);
+  }
+  void matmul_grad_b(const float* a, const float* dy, float* db, int64_t m, int64_t kk, int64_t n, bool acc) override {
+    k::matmul_grad_b(a, dy, db, m, kk, n, acc);
+  }
+  void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n) override { k::bias_add(x, bias, y, m, n); }
+  void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool acc) override { k::bias_grad(dy, dbias, m, n, acc); }
+  void pass_grad(const float* dy, float* dx, int64_t count, bool acc) override { k::pass_grad(dy, dx, count, acc); }
+  void add(const float* a, const float* b, float* y, int64_t count) override { k::add(a, b, y, count); }
+  void copy_columns(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column) override {
+    k::copy_columns(x, y, m, n, y_cols, column);
+  }
+  void slice_columns_grad(const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols, int64_t column,
+                          bool acc) override {
+    k::slice_columns_grad(dy, dx, m, n, dy_cols, column, acc);
+  }
+  void relu(const float* x, float* y, int64_t count) override { k::relu(x, y, count); }
+  void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
+    k::relu_grad(x, dy, dx, count, acc);
+  }
+  void gelu(const float* x, float* y, int64_t count) override { k::gelu(x, y, count); }
+  void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
+    k::gelu_grad(x, dy, dx, count, acc);
+  }
+  void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                  int64_t m, int64_t n) override {
+    k::layer_norm(x, gamma, beta, y, mean, rstd, m, n);
+  }
+  void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                       float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n, bool acc_dx,
+                       bool acc_params) override {
+    k::layer_norm_grad(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, m, n, acc_dx, acc_params);
+  }
+  void softmax_xent(const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c) override {
+    int64_t right = 0;
+    *loss = k::softmax_xent(logits, labels, m, c, &right);
+    m_loss_sum += *loss;
+    m_correct += right;
+  }
+  void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c, float scale,
+                         bool acc) override {
+    k::softmax_xent_grad(logits, labels, dlogits, m, c, scale, acc);
+  }
+  void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+           float weight_decay) override {
+    k::sgd(param, grad, velocity, count, lr, momentum, weight_decay);
+  }
+  void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1, float beta2,
+            float epsilon, float weight_decay) override {
+    k::adam(param, grad, m, v, count, lr, beta1, beta2, epsilon, weight_decay, m_step);
+  }
+  void set_step(int64_t step) override { m_step = step; }
+
+  void reset_stats() override { m_loss_sum = 0, m_correct = 0; }
+  void take_stats(double* loss_sum, int64_t* correct) override {
+    *loss_sum = m_loss_sum;
+    *correct = m_correct;
+  }
+
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (dst != src) std::memmove(dst, src, bytes);
+  }
+  void* host_buffer(size_t bytes) override { return buffer(bytes); }
+  void* device_buffer(size_t bytes) override { return buffer(bytes); }
+  Status sync() override { return Status(); }
+
+  bool can_capture() const override { return false; }
+  Status begin_capture() override { return Status(ErrorCode::not_supported, "the CPU replays nothing"); }
+  Status end_capture(int) override { return begin_capture(); }
+  bool captured(int) const override { return false; }
+  Status replay(int) override { return begin_capture(); }
+
+ private:
+  void* buffer(size_t bytes) {
+    m_buffers.emplace_back(bytes);
+    return m_buffers.back().data();
+  }
+
+  int64_t m_step = 1;
+  double m_loss_sum = 0;
+  int64_t m_correct = 0;
+  std::vector<std::vector<std::byte>> m_buffers;
+};
+
+}  // namespace
+
+std::unique_ptr<Compute> make_cpu_compute() { return std::make_unique<CpuCompute>(); }
+
+}  // namespace tiermem::exec

@@ -1,0 +1,286 @@
+// The CUDA compute (compute.hpp), the plugin libtiermem-exec-cuda.so: GEMMs
+// on cuBLAS (fp32, no TF32), the other ops as the kernels of kernels.cu, all
+// on one stream of its own; capture and replay as CUDA graphs. The step Adam
+// reads is a word of mapped host memory, so one captured update serves every
+// step; the loss statistics are device words read back by take_stats.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "executor/compute.hpp"
+#include "executor/cuda/kernels.cuh"
+#include "executor/kernels.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+namespace kc = tiermem::exec::cuda;
+
+class CudaCompute final : public Compute {
+ public:
+  ~CudaCompute() override {
+    if (m_stream != nullptr) cudaStreamSynchronize(m_stream);
+    for (auto& [slot, exec] : m_graphs) cudaGraphExecDestroy(exec);
+    if (m_blas != nullptr) cublasDestroy(m_blas);
+    for (void* p : m_device) cudaFree(p);
+    for (void* p : m_host) cudaFreeHost(p);
+    if (m_stream != nullptr) cudaStreamDestroy(m_stream);
+  }
+
+  // Empty on success, else what failed.
+  std::string open(int ordinal) {
+    int count = 0;
+    if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+      return std::string("no CUDA device usable: ") + cudaGetErrorString(e);
+    }
+    if (ordinal >= count) return "no CUDA device " + std::to_string(ordinal) + " (" + std::to_string(count) + " visible)";
+    m_ordinal = ordinal;
+    cudaDeviceProp prop{};
+    if (cudaSetDevice(ordinal) != cudaSuccess || cudaGetDeviceProperties(&prop, ordinal) != cudaSuccess) {
+      return "cannot use CUDA device " + std::to_string(ordinal) + ": " + cudaGetErrorString(cudaGetLastError());
+    }
+    m_name = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ")";
+    if (cudaError_t e = cudaStreamCreateWithFlags(&m_stream, cudaStreamNonBlocking); e != cudaSuccess) {
+      return std::string("cudaStreamCreate: ") + cudaGetErrorString(e);
+    }
+    if (cublasStatus_t b = cublasCreate(&m_blas); b != CUBLAS_STATUS_SUCCESS) {
+      m_blas = nullptr;
+      return std::string("cublasCreate: ") + cublasGetStatusString(b);
+    }
+    // A workspace of our own: cuBLAS then allocates nothing while a step is
+    // captured. Default math: fp32 GEMMs without TF32.
+    void* workspace = device_buffer(k_workspace);
+    if (workspace == nullptr || cublasSetStream(m_blas, m_stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(m_blas, workspace, k_workspace) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(m_blas, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+      return "cannot set up cuBLAS on " + m_name;
+    }
+    m_stats = static_cast<double*>(device_buffer(64));
+    m_step_host = static_cast<int64_t*>(mapped_buffer(sizeof(int64_t), reinterpret_cast<void**>(&m_step_device)));
+    m_stats_host = static_cast<double*>(host_buffer(64));
+    if (m_stats == nullptr || m_step_host == nullptr || m_stats_host == nullptr) return "out of memory on " + m_name;
+    *m_step_host = 1;
+    reset_stats();
+    if (Status s = sync(); !s.ok()) return s.to_string();
+    return std::string();
+  }
+
+  std::string name() const override { return m_name; }
+  bool memory_is_device() const override { return true; }
+  int device() const override { return m_ordinal; }
+
+  // Row-major C = A.B is column-major C^T = B^T.A^T: the operands swap.
+  void matmul(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool acc) override {
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, b, n, a, k, c, n, acc);
+  }
+  void matmul_grad_a(const float* dy, const float* b, float* da, int64_t m, int64_t k, int64_t n, bool acc) override {
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, k, m, n, b, n, dy, n, da, k, acc);
+  }
+  void matmul_grad_b(const float* a, const float* dy, float* db, int64_t m, int64_t k, int64_t n, bool acc) override {
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, n, k, m, dy, n, a, k, db, n, acc);
+  }
+  void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n) override {
+    kc::bias_add(m_stream, x, bias, y, m, n);
+  }
+  void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool acc) override {
+    kc::bias_grad(m_stream, dy, dbias, m, n, acc);
+  }
+  void pass_grad(const float* dy, float* dx, int64_t count, bool acc) override {
+    if (acc) {
+      kc::accumulate(m_stream, dy, dx, count);
+    } else if (dx != dy) {
+      check(cudaMemcpyAsync(dx, dy, static_cast<size_t>(count) * 4, cudaMemcpyDeviceToDevice, m_stream), "copy");
+    }
+  }
+  void add(const float* a, const float* b, float* y, int64_t count) override { kc::add(m_stream, a, b, y, count); }
+  void copy_columns(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column) override {
+    kc::copy_columns(m_stream, x, y, m, n, y_cols, column);
+  }
+  void slice_columns_grad(const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols, int64_t column,
+                          bool acc) override {
+    kc::slice_columns_grad(m_stream, dy, dx, m, n, dy_cols, column, acc);
+  }
+  void relu(const float* x, float* y, int64_t count) override { kc::relu(m_stream, x, y, count); }
+  void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
+    kc::relu_grad(m_stream, x, dy, dx, count, acc);
+  }
+  void gelu(const float* x, float* y, int64_t count) override { kc::gelu(m_stream, x, y, count); }
+  void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
+    kc::gelu_grad(m_stream, x, dy, dx, count, acc);
+  }
+  void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                  int64_t m, int64_t n) override {
+    kc::layer_norm(m_stream, x, gamma, beta, y, mean, rstd, m, n, kernels::k_layer_norm_epsilon);
+  }
+  void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                       float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n, bool acc_dx,
+                       bool acc_params) override {
+    kc::layer_norm_grad(m_stream, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, m, n, acc_dx, acc_params);
+  }
+  void softmax_xent(const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c) override {
+    // One scratch serves every call (they run in stream order); a larger
+    // one replaces it, the old one stays for the steps captured with it.
+    if (m > m_rows_capacity) {
+      m_rows = static_cast<float*>(device_buffer(static_cast<size_t>(m) * 8));
+      m_rows_capacity = m_rows == nullptr ? 0 : m;
+      if (m_rows == nullptr) return fail("out of device memory for the loss");
+    }
+    float* rows = m_rows;
+    kc::softmax_xent(m_stream, logits, labels, loss, m, c, rows, reinterpret_cast<int32_t*>(rows + m), m_stats,
+                     reinterpret_cast<unsigned long long*>(m_stats + 1));
+  }
+  void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c, float scale,
+                         bool acc) override {
+    kc::softmax_xent_grad(m_stream, logits, labels, dlogits, m, c, scale, acc);
+  }
+  void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+           float weight_decay) override {
+    kc::sgd(m_stream, param, grad, velocity, count, lr, momentum, weight_decay);
+  }
+  void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1, float beta2,
+            float epsilon, float weight_decay) override {
+    kc::adam(m_stream, param, grad, m, v, count, lr, beta1, beta2, epsilon, weight_decay, m_step_device);
+  }
+  void set_step(int64_t step) override { *m_step_host = step; }
+
+  void reset_stats() override { check(cudaMemsetAsync(m_stats, 0, 16, m_stream), "memset"); }
+  void take_stats(double* loss_sum, int64_t* correct) override {
+    check(cudaMemcpyAsync(m_stats_host, m_stats, 16, cudaMemcpyDeviceToHost, m_stream), "copy");
+    (void)sync();
+    *loss_sum = m_stats_host[0];
+    uint64_t hits = 0;
+    std::memcpy(&hits, m_stats_host + 1, 8);
+    *correct = static_cast<int64_t>(hits);
+  }
+
+  void zero(void* p, size_t bytes) override { check(cudaMemsetAsync(p, 0, bytes, m_stream), "memset"); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0 || dst == src) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, m_stream), "copy");
+    if (pageable(dst) || pageable(src)) {
+      if (m_capturing) return fail("a copy from or to pageable host memory cannot be captured");
+      (void)sync();
+    }
+  }
+  void* host_buffer(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) return nullptr;
+    m_host.push_back(p);
+    return p;
+  }
+  void* device_buffer(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes == 0 ? 1 : bytes) != cudaSuccess) return nullptr;
+    m_device.push_back(p);
+    return p;
+  }
+  Status sync() override {
+    if (!m_capturing) {
+      if (cudaError_t e = cudaStreamSynchronize(m_stream); e != cudaSuccess) fail(std::string("stream: ") + cudaGetErrorString(e));
+    }
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) fail(std::string("kernel launch: ") + cudaGetErrorString(e));
+    if (m_error.empty()) return Status();
+    return Status(ErrorCode::io_error, m_name + ": " + m_error);
+  }
+
+  bool can_capture() const override { return true; }
+  Status begin_capture() override {
+    if (cudaError_t e = cudaStreamBeginCapture(m_stream, cudaStreamCaptureModeRelaxed); e != cudaSuccess) {
+      return Status(ErrorCode::io_error, m_name + ": cudaStreamBeginCapture: " + cudaGetErrorString(e));
+    }
+    m_capturing = true;
+    return Status();
+  }
+  Status end_capture(int slot) override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(m_stream, &graph);
+    m_capturing = false;
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) return Status(ErrorCode::io_error, m_name + ": capturing the step: " + cudaGetErrorString(e));
+    if (!m_error.empty()) {
+      cudaGraphExecDestroy(exec);
+      return sync();
+    }
+    if (auto it = m_graphs.find(slot); it != m_graphs.end()) cudaGraphExecDestroy(it->second);
+    m_graphs[slot] = exec;
+    return Status();
+  }
+  bool captured(int slot) const override { return m_graphs.count(slot) != 0; }
+  Status replay(int slot) override {
+    auto it = m_graphs.find(slot);
+    if (it == m_graphs.end()) return Status(ErrorCode::internal, "no captured step " + std::to_string(slot));
+    if (cudaError_t e = cudaGraphLaunch(it->second, m_stream); e != cudaSuccess) {
+      return Status(ErrorCode::io_error, m_name + ": cudaGraphLaunch: " + cudaGetErrorString(e));
+    }
+    return Status();
+  }
+
+ private:
+  static constexpr size_t k_workspace = 32 << 20;
+
+  void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+            const float* b, int64_t ldb, float* c, int64_t ldc, bool acc) {
+    const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+    const cublasStatus_t s = cublasSgemm(m_blas, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                         &one, a, static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c,
+                                         static_cast<int>(ldc));
+    if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasSgemm: ") + cublasGetStatusString(s));
+  }
+  void* mapped_buffer(size_t bytes, void** device) {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) return nullptr;
+    m_host.push_back(p);
+    if (cudaHostGetDevicePointer(device, p, 0) != cudaSuccess) return nullptr;
+    return p;
+  }
+  static bool pageable(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      cudaGetLastError();
+      return true;
+    }
+    return a.type == cudaMemoryTypeUnregistered;
+  }
+  void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) fail(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+  // The first failure is kept and reported by sync().
+  void fail(const std::string& what) {
+    if (m_error.empty()) m_error = what;
+  }
+
+  int m_ordinal = -1;
+  std::string m_name;
+  cudaStream_t m_stream = nullptr;
+  cublasHandle_t m_blas = nullptr;
+  double* m_stats = nullptr;       // device: loss sum, hits (u64)
+  double* m_stats_host = nullptr;  // pinned: where take_stats reads them to
+  int64_t* m_step_host = nullptr;  // mapped: Adam's step
+  int64_t* m_step_device = nullptr;
+  float* m_rows = nullptr;  // softmax_xent's per-row scratch
+  int64_t m_rows_capacity = 0;
+  bool m_capturing = false;
+  std::string m_error;
+  std::map<int, cudaGraphExec_t> m_graphs;
+  std::vector<void*> m_device, m_host;
+};
+
+}  // namespace
+}  // namespace tiermem::exec
+
+// The plugin's entry point (compute.cpp loads it).
+extern "C" __attribute__((visibility("default"))) tiermem::exec::Compute* tiermem_exec_cuda_create(
+    int ordinal, char* error, size_t error_bytes) {
+  auto compute = std::make_unique<tiermem::exec::CudaCompute>();
+  const std::string failed = compute->open(ordinal);
+  if (failed.empty()) return compute.release();
+  std::snprintf(error, error_bytes, "%s", failed.c_str());
+  return nullptr;
+}

@@ -1,0 +1,331 @@
+// The executor's CUDA kernels (kernels.cuh). Same arithmetic as the CPU
+// kernels (executor/kernels.cpp) in float; sums over rows run per column in
+// a fixed order, so a step gives the same bits every time.
+#include "executor/cuda/kernels.cuh"
+
+#include <cuda_runtime.h>
+
+namespace tiermem::exec::cuda {
+namespace {
+
+constexpr int k_threads = 256;
+constexpr float k_sqrt_2_over_pi = 0.7978845608028654f;
+constexpr float k_gelu_c = 0.044715f;
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + k_threads - 1) / k_threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+#define TIERMEM_FOR_EACH(i, n) \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__global__ void bias_add_k(const float* x, const float* b, float* y, int64_t m, int64_t n) {
+  TIERMEM_FOR_EACH(i, m * n) y[i] = x[i] + b[i % n];
+}
+
+// Column sums of dy [m, n] (and of dy * xhat for layer norm's gamma): blocks
+// of 32 columns x 8 row groups, each group summing every 8th row, then the
+// groups in order.
+template <bool k_layer_norm>
+__global__ void column_sums_k(const float* dy, const float* x, const float* mean, const float* rstd, float* sum_dy,
+                              float* sum_dyx, int64_t m, int64_t n, bool accumulate) {
+  __shared__ float part[8][33];
+  __shared__ float part_x[8][33];
+  const int64_t j = blockIdx.x * 32 + threadIdx.x;
+  float s = 0, sx = 0;
+  if (j < n) {
+    for (int64_t r = threadIdx.y; r < m; r += 8) {
+      const float g = dy[r * n + j];
+      s += g;
+      if (k_layer_norm) sx += g * ((x[r * n + j] - mean[r]) * rstd[r]);
+    }
+  }
+  part[threadIdx.y][threadIdx.x] = s;
+  part_x[threadIdx.y][threadIdx.x] = sx;
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= n) return;
+  float total = 0, total_x = 0;
+  for (int g = 0; g < 8; ++g) {
+    total += part[g][threadIdx.x];
+    total_x += part_x[g][threadIdx.x];
+  }
+  sum_dy[j] = accumulate ? sum_dy[j] + total : total;
+  if (k_layer_norm) sum_dyx[j] = accumulate ? sum_dyx[j] + total_x : total_x;
+}
+
+__global__ void accumulate_k(const float* dy, float* dx, int64_t count) { TIERMEM_FOR_EACH(i, count) dx[i] += dy[i]; }
+
+__global__ void add_k(const float* a, const float* b, float* y, int64_t count) {
+  TIERMEM_FOR_EACH(i, count) y[i] = a[i] + b[i];
+}
+
+__global__ void copy_columns_k(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column) {
+  TIERMEM_FOR_EACH(i, m * n) y[(i / n) * y_cols + column + i % n] = x[i];
+}
+
+__global__ void slice_grad_k(const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols, int64_t column,
+                             bool accumulate) {
+  TIERMEM_FOR_EACH(i, m * n) {
+    const float g = dy[(i / n) * dy_cols + column + i % n];
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+__global__ void relu_k(const float* x, float* y, int64_t count) { TIERMEM_FOR_EACH(i, count) y[i] = x[i] > 0 ? x[i] : 0.0f; }
+
+__global__ void relu_grad_k(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  TIERMEM_FOR_EACH(i, count) {
+    const float g = x[i] > 0 ? dy[i] : 0.0f;
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+__global__ void gelu_k(const float* x, float* y, int64_t count) {
+  TIERMEM_FOR_EACH(i, count) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + tanhf(k_sqrt_2_over_pi * (v + k_gelu_c * v * v * v)));
+  }
+}
+
+__global__ void gelu_grad_k(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  TIERMEM_FOR_EACH(i, count) {
+    const float v = x[i];
+    const float t = tanhf(k_sqrt_2_over_pi * (v + k_gelu_c * v * v * v));
+    const float d = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k_sqrt_2_over_pi * (1.0f + 3.0f * k_gelu_c * v * v);
+    const float g = dy[i] * d;
+    dx[i] = accumulate ? dx[i] + g : g;
+  }
+}
+
+// Sum over the block (k_threads threads); every thread gets it.
+__device__ float block_sum(float v, float* shared) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // shared may still be read from the call before
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < k_threads / 32; ++w) total += shared[w];
+  return total;
+}
+
+// One block per row.
+__global__ void layer_norm_k(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                             float* rstd, int64_t n, float epsilon) {
+  __shared__ float shared[k_threads / 32];
+  const float* row = x + blockIdx.x * n;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) s += row[j];
+  const float mu = block_sum(s, shared) / static_cast<float>(n);
+  float q = 0;
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) q += (row[j] - mu) * (row[j] - mu);
+  const float rs = 1.0f / sqrtf(block_sum(q, shared) / static_cast<float>(n) + epsilon);
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = mu;
+    rstd[blockIdx.x] = rs;
+  }
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) y[blockIdx.x * n + j] = (row[j] - mu) * rs * gamma[j] + beta[j];
+}
+
+__global__ void layer_norm_dx_k(const float* x, const float* gamma, const float* mean, const float* rstd,
+                                const float* dy, float* dx, int64_t n, bool accumulate) {
+  __shared__ float shared[k_threads / 32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * n;
+  const float* dyr = dy + r * n;
+  float sg = 0, sgx = 0;
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
+    const float g = dyr[j] * gamma[j];
+    sg += g;
+    sgx += g * ((xr[j] - mean[r]) * rstd[r]);
+  }
+  const float sum_g = block_sum(sg, shared);
+  const float sum_gx = block_sum(sgx, shared);
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
+    const float xhat = (xr[j] - mean[r]) * rstd[r];
+    const float d = rstd[r] * (dyr[j] * gamma[j] - inv_n * sum_g - xhat * inv_n * sum_gx);
+    dx[r * n + j] = accumulate ? dx[r * n + j] + d : d;
+  }
+}
+
+// One warp per row: max (first arg-max), sum of exponentials.
+struct RowSoftmax {
+  float max;
+  int arg;
+  float sum;
+};
+
+__device__ RowSoftmax row_softmax(const float* row, int64_t c) {
+  const int lane = threadIdx.x % 32;
+  float max = -INFINITY;
+  int arg = 0x7fffffff;
+  for (int64_t j = lane; j < c; j += 32) {
+    if (row[j] > max) max = row[j], arg = static_cast<int>(j);
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, max, o);
+    const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (om > max || (om == max && oa < arg)) max = om, arg = oa;
+  }
+  float sum = 0;
+  for (int64_t j = lane; j < c; j += 32) sum += expf(row[j] - max);
+  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  return {max, arg, sum};
+}
+
+__global__ void softmax_xent_rows_k(const float* logits, const int32_t* labels, int64_t m, int64_t c,
+                                    float* row_loss, int32_t* row_right) {
+  const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (r >= m) return;
+  const float* row = logits + r * c;
+  const RowSoftmax s = row_softmax(row, c);
+  if (threadIdx.x % 32 == 0) {
+    row_loss[r] = logf(s.sum) + s.max - row[labels[r]];
+    row_right[r] = s.arg == labels[r];
+  }
+}
+
+// One block: the rows in order per thread, then the threads in order.
+__global__ void softmax_xent_total_k(const float* row_loss, const int32_t* row_right, int64_t m, float* loss,
+                                     double* stats, unsigned long long* hits) {
+  __shared__ double part[k_threads];
+  __shared__ long long part_right[k_threads];
+  double s = 0;
+  long long right = 0;
+  for (int64_t r = threadIdx.x; r < m; r += k_threads) s += row_loss[r], right += row_right[r];
+  part[threadIdx.x] = s;
+  part_right[threadIdx.x] = right;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0;
+  long long total_right = 0;
+  for (int t = 0; t < k_threads; ++t) total += part[t], total_right += part_right[t];
+  const float mean = static_cast<float>(total / static_cast<double>(m));
+  *loss = mean;
+  stats[0] += mean;
+  *hits += static_cast<unsigned long long>(total_right);
+}
+
+__global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
+                                    float scale, bool accumulate) {
+  const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (r >= m) return;
+  const float* row = logits + r * c;
+  const RowSoftmax s = row_softmax(row, c);
+  for (int64_t j = threadIdx.x % 32; j < c; j += 32) {
+    const float p = expf(row[j] - s.max) / s.sum;
+    const float g = (p - (j == labels[r] ? 1.0f : 0.0f)) * scale;
+    dlogits[r * c + j] = accumulate ? dlogits[r * c + j] + g : g;
+  }
+}
+
+__global__ void sgd_k(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+                      float weight_decay) {
+  TIERMEM_FOR_EACH(i, count) {
+    const float g = grad[i] + weight_decay * param[i];
+    const float v = momentum * velocity[i] + g;
+    velocity[i] = v;
+    param[i] -= lr * v;
+  }
+}
+
+__global__ void adam_k(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
+                       float beta2, float epsilon, float weight_decay, const int64_t* step) {
+  const float t = static_cast<float>(*step);
+  const float step_size = lr / (1.0f - powf(beta1, t));
+  const float c2_sqrt = sqrtf(1.0f - powf(beta2, t));
+  TIERMEM_FOR_EACH(i, count) {
+    const float g = grad[i] + weight_decay * param[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= step_size * mi / (sqrtf(vi) / c2_sqrt + epsilon);
+  }
+}
+
+unsigned warp_blocks(int64_t rows) { return blocks_for(rows * 32); }
+
+}  // namespace
+
+void bias_add(cudaStream_t s, const float* x, const float* bias, float* y, int64_t m, int64_t n) {
+  bias_add_k<<<blocks_for(m * n), k_threads, 0, s>>>(x, bias, y, m, n);
+}
+
+void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate) {
+  column_sums_k<false><<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dy, nullptr, nullptr, nullptr,
+                                                                                     dbias, nullptr, m, n, accumulate);
+}
+
+void accumulate(cudaStream_t s, const float* dy, float* dx, int64_t count) {
+  accumulate_k<<<blocks_for(count), k_threads, 0, s>>>(dy, dx, count);
+}
+
+void add(cudaStream_t s, const float* a, const float* b, float* y, int64_t count) {
+  add_k<<<blocks_for(count), k_threads, 0, s>>>(a, b, y, count);
+}
+
+void copy_columns(cudaStream_t s, const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column) {
+  copy_columns_k<<<blocks_for(m * n), k_threads, 0, s>>>(x, y, m, n, y_cols, column);
+}
+
+void slice_columns_grad(cudaStream_t s, const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols,
+                        int64_t column, bool accumulate) {
+  slice_grad_k<<<blocks_for(m * n), k_threads, 0, s>>>(dy, dx, m, n, dy_cols, column, accumulate);
+}
+
+void relu(cudaStream_t s, const float* x, float* y, int64_t count) {
+  relu_k<<<blocks_for(count), k_threads, 0, s>>>(x, y, count);
+}
+
+void relu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  relu_grad_k<<<blocks_for(count), k_threads, 0, s>>>(x, dy, dx, count, accumulate);
+}
+
+void gelu(cudaStream_t s, const float* x, float* y, int64_t count) {
+  gelu_k<<<blocks_for(count), k_threads, 0, s>>>(x, y, count);
+}
+
+void gelu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  gelu_grad_k<<<blocks_for(count), k_threads, 0, s>>>(x, dy, dx, count, accumulate);
+}
+
+void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                float* rstd, int64_t m, int64_t n, float epsilon) {
+  layer_norm_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, gamma, beta, y, mean, rstd, n, epsilon);
+}
+
+void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                     const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
+                     bool accumulate_dx, bool accumulate_params) {
+  layer_norm_dx_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, gamma, mean, rstd, dy, dx, n, accumulate_dx);
+  column_sums_k<true><<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dy, x, mean, rstd, dbeta, dgamma,
+                                                                                    m, n, accumulate_params);
+}
+
+void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
+                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits) {
+  softmax_xent_rows_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, m, c, row_loss, row_right);
+  softmax_xent_total_k<<<1, k_threads, 0, s>>>(row_loss, row_right, m, loss, stats, hits);
+}
+
+void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
+                       int64_t c, float scale, bool accumulate) {
+  softmax_xent_grad_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, dlogits, m, c, scale, accumulate);
+}
+
+void sgd(cudaStream_t s, float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+         float weight_decay) {
+  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param, grad, velocity, count, lr, momentum, weight_decay);
+}
+
+void adam(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
+          float beta2, float epsilon, float weight_decay, const int64_t* step) {
+  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param, grad, m, v, count, lr, beta1, beta2, epsilon, weight_decay,
+                                                 step);
+}
+
+}  // namespace tiermem::exec::cuda

@@ -1,0 +1,41 @@
+// The executor's own CUDA kernels (everything but the GEMMs, which are
+// cuBLAS's): the contract of executor/kernels.hpp on device memory, queued
+// on `stream`. Row-major float32; `accumulate` adds into the output.
+// Included by nvcc (kernels.cu) and by the host compiler (cuda_compute.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tiermem::exec::cuda {
+
+void bias_add(cudaStream_t s, const float* x, const float* bias, float* y, int64_t m, int64_t n);
+void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate);
+void accumulate(cudaStream_t s, const float* dy, float* dx, int64_t count);  // dx += dy
+void add(cudaStream_t s, const float* a, const float* b, float* y, int64_t count);
+void copy_columns(cudaStream_t s, const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column);
+void slice_columns_grad(cudaStream_t s, const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols,
+                        int64_t column, bool accumulate);
+void relu(cudaStream_t s, const float* x, float* y, int64_t count);
+void relu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+void gelu(cudaStream_t s, const float* x, float* y, int64_t count);
+void gelu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                float* rstd, int64_t m, int64_t n, float epsilon);
+void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                     const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
+                     bool accumulate_dx, bool accumulate_params);
+// Per-row losses and hits into row_loss/row_right (m each, scratch), then
+// *loss = their mean, stats[0] += the mean, *hits += the hits.
+void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
+                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits);
+void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
+                       int64_t c, float scale, bool accumulate);
+void sgd(cudaStream_t s, float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
+         float weight_decay);
+// `step`: device-readable (mapped host memory), read when the kernel runs.
+void adam(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
+          float beta2, float epsilon, float weight_decay, const int64_t* step);
+
+}  // namespace tiermem::exec::cuda

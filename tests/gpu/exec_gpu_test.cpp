@@ -1,0 +1,192 @@
+// tiermem-exec on the GPU (suite gpu; exits 77 where no CUDA device is):
+// the same model, seed and batches on --device cpu and --device cuda give
+// the same losses within 1e-4 relative for 50 steps, for every model; a
+// replayed (CUDA graph) step gives the bits of a launched one; digits and
+// Fashion-MNIST reach the CPU's accuracy; pipelines and data-parallel ranks
+// on one GPU; a job kept in VRAM is refused on the CPU; no VRAM tier is a
+// clear error. Real daemons with a VRAM tier, real tiermem-exec processes.
+//
+// Models: $TIERMEM_MODELS (default: config/models of the source tree);
+// datasets: $TIERMEM_DIGITS and $TIERMEM_FASHION (default: Debian's paths).
+#include <cuda_runtime_api.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "tests/support/exec_rank.hpp"
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+std::string model(const std::string& name) {
+  return env_or("TIERMEM_MODELS", std::string(TIERMEM_SOURCE_ROOT) + "/config/models") + "/" + name + ".pbtxt";
+}
+
+// --data for the model's dataset.
+std::vector<std::string> data_args(const std::string& name) {
+  const bool digits = name.find("digits") != std::string::npos;
+  const char* var = digits ? "TIERMEM_DIGITS" : "TIERMEM_FASHION";
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return {};
+  return {"--data", v};
+}
+
+std::vector<double> losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(std::strtod(line.c_str(), nullptr));
+  return out;
+}
+
+class ExecGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_cluster = std::make_unique<test::TestCluster>(
+        1, test::DaemonOptions{.dram = "512MiB", .pmem = "8MiB", .vram = true, .vram_capacity = "2GiB"});
+    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
+    m_dir = m_cluster->dir();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+  }
+  // Runs `world` ranks of `args` on the node; *log gets every rank's log.
+  int run(int world, std::vector<std::string> args, std::string* log) {
+    std::vector<std::unique_ptr<test::ExecRank>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<test::ExecRank>(
+          r, world, m_cluster->node(1).socket(), args,
+          m_dir + "/run" + std::to_string(m_runs) + ".rank" + std::to_string(r) + ".log"));
+    }
+    ++m_runs;
+    int worst = 0;
+    log->clear();
+    for (auto& rank : ranks) {
+      worst = std::max(worst, rank->wait());
+      *log += rank->log();
+    }
+    return worst;
+  }
+  // Trains `name` on `device` (extra args after), returns rank 0's losses.
+  std::vector<double> train(const std::string& name, const std::string& device, std::vector<std::string> extra,
+                            int world = 1, std::string* log_out = nullptr) {
+    const std::string job = name + "-" + std::to_string(m_runs);
+    const std::string file = m_dir + "/" + job + ".losses";
+    std::vector<std::string> args = {model(name), "--job", job, "--device", device, "--losses", file, "--seed", "7"};
+    for (auto& a : data_args(name)) args.push_back(a);
+    for (auto& a : extra) args.push_back(a);
+    std::string log;
+    const int rc = run(world, args, &log);
+    EXPECT_EQ(rc, 0) << log;
+    if (log_out != nullptr) *log_out = log;
+    return losses(file);
+  }
+
+  std::unique_ptr<test::TestCluster> m_cluster;
+  std::string m_dir;
+  int m_runs = 0;
+};
+
+void expect_close(const std::vector<double>& cpu, const std::vector<double>& cuda, size_t steps, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(cpu.size(), steps) << what;
+  ASSERT_EQ(cuda.size(), steps) << what;
+  for (size_t i = 0; i < steps; ++i) {
+    EXPECT_LE(std::fabs(cpu[i] - cuda[i]), rel * std::fabs(cpu[i])) << what << " step " << i << ": cpu " << cpu[i]
+                                                                     << " cuda " << cuda[i];
+  }
+}
+
+TEST_F(ExecGpuTest, LossesMatchTheCpuFor50StepsOnEveryModel) {
+  for (const char* name : {"mlp_digits", "mlp_fashion", "ffn_block_digits", "ffn4_fashion"}) {
+    const auto cpu = train(name, "cpu", {"--steps", "50", "-q"});
+    std::string log;
+    const auto cuda = train(name, "cuda", {"--steps", "50"}, 1, &log);
+    EXPECT_NE(log.find("computing on cuda:0"), std::string::npos) << log;
+    EXPECT_NE(log.find("in VRAM of cuda:0"), std::string::npos) << log;
+    expect_close(cpu, cuda, 50, 1e-4, name);
+  }
+}
+
+TEST_F(ExecGpuTest, AReplayedStepGivesTheBitsOfALaunchedOne) {
+  const auto graphs = train("ffn4_fashion", "cuda", {"--steps", "20", "-q"});
+  const auto launched = train("ffn4_fashion", "cuda", {"--steps", "20", "-q", "--no-graphs"});
+  ASSERT_EQ(graphs.size(), 20u);
+  EXPECT_EQ(graphs, launched);
+  // And again: the GPU is deterministic run to run.
+  EXPECT_EQ(train("ffn4_fashion", "cuda", {"--steps", "20", "-q"}), graphs);
+}
+
+double accuracy(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("summary: .* test accuracy ([0-9.]+)%"))) return -1;
+  return std::stod(m[1]);
+}
+
+TEST_F(ExecGpuTest, DigitsAndFashionReachTheAccuracyOfTheCpu) {
+  for (auto [name, epochs] : {std::pair{"mlp_digits", "3"}, std::pair{"mlp_fashion", "1"}}) {
+    std::string cpu_log, cuda_log;
+    train(name, "cpu", {"--epochs", epochs}, 1, &cpu_log);
+    train(name, "cuda", {"--epochs", epochs}, 1, &cuda_log);
+    const double cpu = accuracy(cpu_log), cuda = accuracy(cuda_log);
+    ASSERT_GT(cpu, 0) << cpu_log;
+    ASSERT_GT(cuda, 0) << cuda_log;
+    EXPECT_NEAR(cuda, cpu, 0.5) << name << ": cpu " << cpu << "%, cuda " << cuda << "%";
+    EXPECT_GT(cuda, std::string(name) == "mlp_digits" ? 90.0 : 80.0) << cuda_log;
+  }
+}
+
+TEST_F(ExecGpuTest, PipelineAndDataParallelRanksShareOneGpu) {
+  // Two stages exchange activations and gradients through their mailboxes;
+  // two replicas all-reduce their gradients through tiermem.
+  const auto cpu_pipe = train("mlp_fashion", "cpu", {"--steps", "20", "-q", "--stages", "2"}, 2);
+  const auto cuda_pipe = train("mlp_fashion", "cuda", {"--steps", "20", "-q", "--stages", "2"}, 2);
+  expect_close(cpu_pipe, cuda_pipe, 20, 1e-4, "pipeline");
+  const auto cpu_dp = train("mlp_fashion", "cpu", {"--steps", "20", "-q", "--stages", "1"}, 2);
+  const auto cuda_dp = train("mlp_fashion", "cuda", {"--steps", "20", "-q", "--stages", "1"}, 2);
+  expect_close(cpu_dp, cuda_dp, 20, 1e-4, "data parallel");
+}
+
+TEST_F(ExecGpuTest, AJobKeptInVramIsRefusedOnTheCpu) {
+  std::string log;
+  ASSERT_EQ(run(1, {model("mlp_digits"), "--job", "kept", "--device", "cuda", "--steps", "3", "--keep", "-q"}, &log), 0)
+      << log;
+  EXPECT_EQ(run(1, {model("mlp_digits"), "--job", "kept", "--device", "cpu", "--steps", "6", "-q"}, &log), 1);
+  EXPECT_NE(log.find("are in VRAM of cuda:0 but this run computes on cpu"), std::string::npos) << log;
+  // On the GPU it goes on from step 3.
+  EXPECT_EQ(run(1, {model("mlp_digits"), "--job", "kept", "--device", "cuda", "--steps", "6", "-q"}, &log), 0) << log;
+  EXPECT_NE(log.find("resumed at step 3"), std::string::npos) << log;
+}
+
+TEST(ExecGpuNoVramTest, ADaemonWithoutVramIsAClearError) {
+  test::TestCluster cluster(1, test::DaemonOptions{.dram = "64MiB", .pmem = "8MiB"});
+  ASSERT_TRUE(cluster.ready()) << cluster.logs();
+  test::ExecRank rank(0, 1, cluster.node(1).socket(), {model("mlp_digits"), "--job", "novram", "--device", "cuda", "-q"},
+                      cluster.dir() + "/novram.log");
+  EXPECT_EQ(rank.wait(), 1);
+  EXPECT_NE(rank.log().find("keeps the tensors in the VRAM tier"), std::string::npos) << rank.log();
+}
+
+}  // namespace
+}  // namespace tiermem
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "no CUDA device: skipped\n");
+    return 77;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
