@@ -7,7 +7,7 @@
 #
 # 1. build/bench/gpu_bench: VRAM writes and reads through libtiermem from
 #    pageable, pinned and device buffers, and migration, against cudaMemcpy.
-# 2. Step time of `tiermem-exec train --device cuda` (the step replayed as a
+# 2. Step time of `tiermem-exec train --device cuda --micro-batches 1` (the step replayed as a
 #    CUDA graph, and --no-graphs) against PyTorch eager and PyTorch's own
 #    graph replay (bench/torch_gpu_step.py), same model, batch and fp32
 #    without TF32, on three models of bench/models: an SGD MLP and an Adam
@@ -44,8 +44,8 @@ exec_model() {
   shift 2
   grep -q fashion-mnist "$model" && [ -n "${TIERMEM_FASHION:-}" ] && data=(--data "$TIERMEM_FASHION")
   local g l
-  g=$("$exec" train "$model" --job "g-$tag" --device cuda --steps "$steps" --log-every 100000 "${data[@]}" "$@" | median)
-  l=$("$exec" train "$model" --job "l-$tag" --device cuda --steps "$steps" --log-every 100000 --no-graphs \
+  g=$("$exec" train "$model" --job "g-$tag" --device cuda --steps "$steps" --micro-batches 1 --log-every 100000 "${data[@]}" "$@" | median)
+  l=$("$exec" train "$model" --job "l-$tag" --device cuda --steps "$steps" --micro-batches 1 --log-every 100000 --no-graphs \
     "${data[@]}" "$@" | median)
   echo "exec_${tag}_graph_step_ms_median $g ms"
   echo "exec_${tag}_launched_step_ms_median $l ms"

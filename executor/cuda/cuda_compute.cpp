@@ -1,8 +1,9 @@
 // The CUDA compute (compute.hpp), the plugin libtiermem-exec-cuda.so: GEMMs
 // on cuBLAS (fp32, no TF32), the other ops as the kernels of kernels.cu, all
 // on one stream of its own; capture and replay as CUDA graphs. The step Adam
-// reads is a word of mapped host memory, so one captured update serves every
-// step; the loss statistics are device words read back by take_stats.
+// reads is a device word that set_step fills before the step (a replay too),
+// so one captured update serves every step; the loss statistics are device
+// words read back by take_stats.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -61,10 +62,13 @@ class CudaCompute final : public Compute {
       return "cannot set up cuBLAS on " + m_name;
     }
     m_stats = static_cast<double*>(device_buffer(64));
-    m_step_host = static_cast<int64_t*>(mapped_buffer(sizeof(int64_t), reinterpret_cast<void**>(&m_step_device)));
+    m_step_host = static_cast<int64_t*>(host_buffer(sizeof(int64_t)));
+    m_step_device = static_cast<int64_t*>(device_buffer(sizeof(int64_t)));
     m_stats_host = static_cast<double*>(host_buffer(64));
-    if (m_stats == nullptr || m_step_host == nullptr || m_stats_host == nullptr) return "out of memory on " + m_name;
-    *m_step_host = 1;
+    if (m_stats == nullptr || m_step_host == nullptr || m_step_device == nullptr || m_stats_host == nullptr) {
+      return "out of memory on " + m_name;
+    }
+    set_step(1);
     reset_stats();
     if (Status s = sync(); !s.ok()) return s.to_string();
     return std::string();
@@ -146,7 +150,12 @@ class CudaCompute final : public Compute {
             float epsilon, float weight_decay) override {
     kc::adam(m_stream, param, grad, m, v, count, lr, beta1, beta2, epsilon, weight_decay, m_step_device);
   }
-  void set_step(int64_t step) override { *m_step_host = step; }
+  // The step into device memory, queued before what follows (a replay
+  // included): every Adam thread reads it there, not over PCIe.
+  void set_step(int64_t step) override {
+    *m_step_host = step;
+    check(cudaMemcpyAsync(m_step_device, m_step_host, sizeof(int64_t), cudaMemcpyHostToDevice, m_stream), "copy");
+  }
 
   void reset_stats() override { check(cudaMemsetAsync(m_stats, 0, 16, m_stream), "memset"); }
   void take_stats(double* loss_sum, int64_t* correct) override {
@@ -233,13 +242,6 @@ class CudaCompute final : public Compute {
                                          static_cast<int>(ldc));
     if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasSgemm: ") + cublasGetStatusString(s));
   }
-  void* mapped_buffer(size_t bytes, void** device) {
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) return nullptr;
-    m_host.push_back(p);
-    if (cudaHostGetDevicePointer(device, p, 0) != cudaSuccess) return nullptr;
-    return p;
-  }
   static bool pageable(const void* p) {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -262,7 +264,7 @@ class CudaCompute final : public Compute {
   cublasHandle_t m_blas = nullptr;
   double* m_stats = nullptr;       // device: loss sum, hits (u64)
   double* m_stats_host = nullptr;  // pinned: where take_stats reads them to
-  int64_t* m_step_host = nullptr;  // mapped: Adam's step
+  int64_t* m_step_host = nullptr;  // pinned: Adam's step, set_step's copy source
   int64_t* m_step_device = nullptr;
   float* m_rows = nullptr;  // softmax_xent's per-row scratch
   int64_t m_rows_capacity = 0;

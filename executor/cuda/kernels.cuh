@@ -34,7 +34,7 @@ void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* label
                        int64_t c, float scale, bool accumulate);
 void sgd(cudaStream_t s, float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
          float weight_decay);
-// `step`: device-readable (mapped host memory), read when the kernel runs.
+// `step`: device memory, read when the kernel runs.
 void adam(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
           float beta2, float epsilon, float weight_decay, const int64_t* step);
 

@@ -105,7 +105,7 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   const int64_t ctl_bytes = ((k_channels + 4 * static_cast<int64_t>(job.channels.size())) * 8 + 4095) / 4096 * 4096;
   m_params_bytes = job.arena_bytes("params");
   m_optimizer_bytes = job.arena_bytes("optimizer");
-  const int64_t grads_bytes = job.arena_bytes("grads");
+  const int64_t grads_bytes = m_grads_bytes = job.arena_bytes("grads");
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_ctl, "ctl", ctl_bytes, true));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_info, "info", k_info_bytes, false));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_mbox, "mbox", mailbox_bytes, false));
@@ -123,22 +123,40 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
                  {&m_grads, "grads", grads_bytes},
                  {&m_optimizer, "optimizer", 2 * m_optimizer_bytes},
                  {&m_work, "work", job.plan.work_peak}};
+  auto other_device = [&](const char* what, const std::string& in) {
+    return Status(ErrorCode::failed_precondition, "job " + options.job + "'s " + what + " are in " + in +
+                                                      " but this run computes on " + compute.name() +
+                                                      ": run it with the --device it was started with, or --restart");
+  };
   for (const auto& t : tensors) {
     Status s = own(dir, t.region, t.what, sized(t.bytes), false, tier);
+    if (s.code() == ErrorCode::already_exists) {
+      // Another size: made for the other kind of device (VRAM arenas are
+      // whole pages)?
+      auto found = dir.client().lookup(dir.name(job.topo.rank, t.what));
+      if (found.ok() && (found->tier == Tier::vram) != vram) {
+        return other_device(t.what, found->tier == Tier::vram ? "VRAM" : "host memory");
+      }
+    }
     if (!s.ok()) {
       return vram ? s.with_context("--device " + options.device + " keeps the tensors in the VRAM tier (" + t.what + ")")
                   : s;
     }
-    if (t.region->mapping.device() != compute.device()) {
-      return Status(ErrorCode::failed_precondition,
-                    "job " + options.job + "'s " + t.what + " are in " + where(*t.region) + " but this run computes on " +
-                        compute.name() + ": run it with the --device it was started with, or --restart");
-    }
+    if (t.region->mapping.device() == compute.device()) continue;
+    if (t.region->existed) return other_device(t.what, where(*t.region));
+    // Made just now, but not where asked: the daemon has no VRAM tier (or
+    // no room in it) and placed it elsewhere. Given back.
+    const Gva made = t.region->gva;
+    *t.region = OwnRegion{};
+    (void)dir.client().free(made);
+    return Status(ErrorCode::tier_unavailable,
+                  "--device " + options.device + " keeps the tensors in the VRAM tier, but the node's daemon placed the " +
+                      t.what + " in host memory: it has no VRAM tier, or no room in it (`tiermemctl status`)");
   }
   // With --replicas the snapshot also keeps the gradients this rank
   // published for the step (data parallel): another rank may still be
   // reading them when this one dies, and reads them from the replacement.
-  m_published_bytes = options.replicas > 0 && job.topo.replicas > 1 ? static_cast<int64_t>(m_grads.mapping.size()) : 0;
+  m_published_bytes = options.replicas > 0 && job.topo.replicas > 1 ? m_grads_bytes : 0;
   m_snapshot_every = options.replicas > 0 ? 1 : options.snapshot_every;
   if (m_snapshot_every > 0) {
     Status s = own(dir, &m_snapshot, "snapshot", 2 * snapshot_slot_bytes(), false, Tier::pmem, options.replicas);
@@ -158,7 +176,7 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
 
 std::string Arenas::placement(const Compute& compute) const {
   return "params 2 x " + format_size(static_cast<uint64_t>(m_params_bytes)) + ", grads " +
-         format_size(m_grads.mapping.size()) + ", optimizer 2 x " +
+         format_size(static_cast<uint64_t>(m_grads_bytes)) + ", optimizer 2 x " +
          format_size(static_cast<uint64_t>(m_optimizer_bytes)) + ", work " + format_size(m_work.mapping.size()) +
          " in " + where(m_params) + (compute.memory_is_device() ? " (" + compute.name() + ")" : "") +
          "; control words and messages (" + format_size(m_mbox.mapping.size()) + ") in host memory";

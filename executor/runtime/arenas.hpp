@@ -112,6 +112,8 @@ class Arenas {
   const OwnRegion& mbox() const { return m_mbox; }
   const OwnRegion& publish() const { return m_publish; }
   const OwnRegion& grads() const { return m_grads; }
+  // Bytes of the gradients (the grads mapping may be larger: whole pages in VRAM).
+  int64_t grads_bytes() const { return m_grads_bytes; }
   const OwnRegion& work() const { return m_work; }
 
  private:
@@ -124,7 +126,7 @@ class Arenas {
   Status restore(JobDirectory& dir, Gva slot, int64_t step);
 
   OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
-  int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_snapshot_every = 0;
+  int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_grads_bytes = 0, m_snapshot_every = 0;
   int64_t m_published_bytes = 0;  // in the snapshot with --replicas (data parallel)
   bool m_resumed = false;
   Gva m_restored_from;

@@ -242,7 +242,7 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
 Status StageRunner::all_reduce(int64_t step) {
   if (m_job.topo.replicas == 1) return Status();
   auto span = m_trace.span(SpanKind::comm, k_all_reduce);
-  const auto bytes = static_cast<size_t>(m_arenas.grads().mapping.size());
+  const auto bytes = static_cast<size_t>(m_arenas.grads_bytes());
   const int64_t half = step % 2;
   std::byte* mine = m_arenas.publish().data() + half * static_cast<int64_t>(bytes);
   m_compute.copy(mine, m_arenas.grads().data(), bytes);
@@ -301,7 +301,7 @@ Status StageRunner::barrier(uint64_t value) {
 // The ops of the step and the optimizer, queued (on a GPU) or run.
 Status StageRunner::compute_step(int64_t step) {
   m_compute.reset_stats();
-  m_compute.zero(m_arenas.grads().data(), m_arenas.grads().mapping.size());
+  m_compute.zero(m_arenas.grads().data(), static_cast<size_t>(m_arenas.grads_bytes()));
   for (size_t pos = 0; pos < m_job.plan.schedule.size(); ++pos) {
     const auto [op, mb] = m_job.plan.schedule[pos];
     TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));

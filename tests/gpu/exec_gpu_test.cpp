@@ -158,21 +158,34 @@ TEST_F(ExecGpuTest, PipelineAndDataParallelRanksShareOneGpu) {
   expect_close(cpu_dp, cuda_dp, 20, 1e-4, "data parallel");
 }
 
+// `args` with the digits dataset's --data, if one is set.
+std::vector<std::string> digits(std::vector<std::string> args) {
+  for (auto& a : data_args("mlp_digits")) args.push_back(a);
+  return args;
+}
+
 TEST_F(ExecGpuTest, AJobKeptInVramIsRefusedOnTheCpu) {
   std::string log;
-  ASSERT_EQ(run(1, {model("mlp_digits"), "--job", "kept", "--device", "cuda", "--steps", "3", "--keep", "-q"}, &log), 0)
+  ASSERT_EQ(run(1, digits({model("mlp_digits"), "--job", "kept", "--device", "cuda", "--steps", "3", "--keep", "-q"}),
+                &log),
+            0)
       << log;
-  EXPECT_EQ(run(1, {model("mlp_digits"), "--job", "kept", "--device", "cpu", "--steps", "6", "-q"}, &log), 1);
-  EXPECT_NE(log.find("are in VRAM of cuda:0 but this run computes on cpu"), std::string::npos) << log;
+  EXPECT_EQ(run(1, digits({model("mlp_digits"), "--job", "kept", "--device", "cpu", "--steps", "6", "-q"}), &log), 1);
+  EXPECT_NE(log.find("job kept's params are in VRAM but this run computes on cpu: run it with the --device it was "
+                     "started with"),
+            std::string::npos)
+      << log;
   // On the GPU it goes on from step 3.
-  EXPECT_EQ(run(1, {model("mlp_digits"), "--job", "kept", "--device", "cuda", "--steps", "6", "-q"}, &log), 0) << log;
+  EXPECT_EQ(run(1, digits({model("mlp_digits"), "--job", "kept", "--device", "cuda", "--steps", "6", "-q"}), &log), 0)
+      << log;
   EXPECT_NE(log.find("resumed at step 3"), std::string::npos) << log;
 }
 
 TEST(ExecGpuNoVramTest, ADaemonWithoutVramIsAClearError) {
   test::TestCluster cluster(1, test::DaemonOptions{.dram = "64MiB", .pmem = "8MiB"});
   ASSERT_TRUE(cluster.ready()) << cluster.logs();
-  test::ExecRank rank(0, 1, cluster.node(1).socket(), {model("mlp_digits"), "--job", "novram", "--device", "cuda", "-q"},
+  test::ExecRank rank(0, 1, cluster.node(1).socket(),
+                      digits({model("mlp_digits"), "--job", "novram", "--device", "cuda", "-q"}),
                       cluster.dir() + "/novram.log");
   EXPECT_EQ(rank.wait(), 1);
   EXPECT_NE(rank.log().find("keeps the tensors in the VRAM tier"), std::string::npos) << rank.log();
