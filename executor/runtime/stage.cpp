@@ -97,6 +97,27 @@ const std::vector<int64_t>& StageRunner::epoch_order(int64_t epoch) {
   return m_epoch_order[static_cast<size_t>(epoch)];
 }
 
+// The rows of micro-batch `mb` (or test batch `eval_batch`) into `out` (host
+// memory), and into the --dump directory when asked.
+void StageRunner::fill_rows(const Tensor& tensor, int mb, bool eval, int64_t eval_batch, void* out) {
+  const int64_t rows = m_job.graph.micro_batch;
+  float* x = tensor.role == Role::input ? static_cast<float*>(out) : nullptr;
+  auto* y = tensor.role == Role::label ? static_cast<int32_t*>(out) : nullptr;
+  if (eval) {
+    fill_batch(m_job.data.test, m_test_order, eval_batch * rows, rows, x, y);
+    return;
+  }
+  const int64_t start = (m_step % m_job.steps_per_epoch) * m_job.rows_per_step() +
+                        (m_job.topo.replica() * m_job.micro_batches + mb) * rows;
+  fill_batch(m_job.data.train, epoch_order(m_step / m_job.steps_per_epoch), start, rows, x, y);
+  if (!m_options.dump.empty() && m_step < m_options.dump_batches) {
+    std::ofstream f(m_options.dump + "/batch" + std::to_string(m_step) + "_mb" + std::to_string(mb) + "." +
+                        tensor.name + (x ? ".f32" : ".i32"),
+                    std::ios::binary);
+    f.write(static_cast<const char*>(out), tensor.bytes());
+  }
+}
+
 Status StageRunner::load_batch(int t, int mb, bool eval, int64_t eval_batch, bool queue_copy) {
   if (!m_loaded.insert({t, mb}).second) return Status();
   const Tensor& tensor = m_job.graph.tensors[t];
@@ -115,32 +136,8 @@ Status StageRunner::load_batch(int t, int mb, bool eval, int64_t eval_batch, boo
     if (!replayed) TIERMEM_RETURN_IF_ERROR(m_compute.sync());
     out = staging;
   }
-  struct QueueCopy {
-    StageRunner* stage;
-    void* to;
-    const void* from;
-    size_t bytes;
-    bool queue;
-    ~QueueCopy() {
-      if (queue && to != from) stage->m_compute.copy(to, from, bytes);
-    }
-  } copy{this, target, out, static_cast<size_t>(tensor.bytes()), queue_copy};
-  const int64_t rows = m_job.graph.micro_batch;
-  float* x = tensor.role == Role::input ? static_cast<float*>(out) : nullptr;
-  auto* y = tensor.role == Role::label ? static_cast<int32_t*>(out) : nullptr;
-  if (eval) {
-    fill_batch(m_job.data.test, m_test_order, eval_batch * rows, rows, x, y);
-    return Status();
-  }
-  const int64_t start = (m_step % m_job.steps_per_epoch) * m_job.rows_per_step() +
-                        (m_job.topo.replica() * m_job.micro_batches + mb) * rows;
-  fill_batch(m_job.data.train, epoch_order(m_step / m_job.steps_per_epoch), start, rows, x, y);
-  if (!m_options.dump.empty() && m_step < m_options.dump_batches) {
-    std::ofstream f(m_options.dump + "/batch" + std::to_string(m_step) + "_mb" + std::to_string(mb) + "." +
-                        tensor.name + (x ? ".f32" : ".i32"),
-                    std::ios::binary);
-    f.write(static_cast<const char*>(out), tensor.bytes());
-  }
+  fill_rows(tensor, mb, eval, eval_batch, out);
+  if (queue_copy && out != target) m_compute.copy(target, out, static_cast<size_t>(tensor.bytes()));
   return Status();
 }
 

@@ -68,6 +68,7 @@ class StageRunner {
   // staging, then a copy queued, unless `queue_copy` is false: a replayed
   // step has the copy in it).
   Status load_batch(int tensor, int mb, bool eval, int64_t eval_batch, bool queue_copy = true);
+  void fill_rows(const Tensor& tensor, int mb, bool eval, int64_t eval_batch, void* out);
   const std::vector<int64_t>& epoch_order(int64_t epoch);
   void count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape, int64_t eval_batch);
   Status compute_step(int64_t step);
