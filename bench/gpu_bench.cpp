@@ -79,7 +79,7 @@ int main() {
                         {"pinned", pinned, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost},
                         {"device", device, cudaMemcpyDeviceToDevice, cudaMemcpyDeviceToDevice}};
   for (size_t bytes : {size_t{4} << 10, size_t{1} << 20, size_t{64} << 20, k_max}) {
-    const int reps = bytes <= (1 << 20) ? 50 : bytes < k_max ? 7 : 3;
+    const int reps = bytes <= (1 << 20) ? 50 : bytes < k_max ? 9 : 5;
     for (const Kind& k : kinds) {
       const std::string name = std::string(k.name) + "_" + size_name(bytes);
       const double w = rate(bytes, reps, [&] { return client->write(vram->gva, k.buffer, bytes).ok(); });
@@ -99,6 +99,27 @@ int main() {
       bench::figure("cudaMemcpy_from_device_" + name, br, "GB/s");
       bench::ratio("vram_write_" + name + "_vs_cudaMemcpy", bw > 0 ? w / bw : 0);
       bench::ratio("vram_read_" + name + "_vs_cudaMemcpy", br > 0 ? r / br : 0);
+    }
+  }
+  {
+    // The memory's own speed: cudaMemcpy from a device buffer into map()'s
+    // device pointer of the same allocation, no page protocol around it (what
+    // a kernel or a copy on a mapped allocation gets).
+    auto m = client->map(vram->gva);
+    if (!m.ok()) return 1;
+    for (size_t bytes : {size_t{1} << 20, size_t{64} << 20, k_max}) {
+      const int reps = bytes <= (1 << 20) ? 50 : 9;
+      const std::string name = "device_" + size_name(bytes);
+      const double w = rate(bytes, reps, [&] {
+        return cudaMemcpy(m->data(), device, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+               cudaDeviceSynchronize() == cudaSuccess;
+      });
+      const double b = rate(bytes, reps, [&] {
+        return cudaMemcpy(device_peer, device, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+               cudaDeviceSynchronize() == cudaSuccess;
+      });
+      bench::figure("vram_mapped_cudaMemcpy_" + name, w, "GB/s");
+      bench::ratio("vram_mapped_cudaMemcpy_" + name + "_vs_cudaMemcpy", b > 0 ? w / b : 0);
     }
   }
   bench::note("device buffers into a DRAM allocation (staged through host memory) against cudaMemcpy device to pinned");
@@ -121,7 +142,7 @@ int main() {
     if (!moving.ok()) return 1;
     (void)client->write(moving->gva, pageable.data(), bytes);
     std::vector<double> down, up;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 5; ++i) {
       double t0 = bench::now_seconds();
       if (!client->migrate(moving->gva, Tier::dram).ok()) return 1;
       down.push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);

@@ -8,10 +8,22 @@
 // acknowledged before the lock is in the copy; one that starts after it waits
 // and then, with its stale translation refused, goes to the new frame. A read
 // that overlaps the move fails validation and retries.
+//
+// Pages move in runs of up to 32 pages (64 MiB within a node, 4 MiB when a
+// page crosses nodes): the run's frames are reserved in one go, its pages
+// locked in ascending order (a writer never waits while it holds a page, so
+// the two never wait on each other in a cycle), copied as one batch (the
+// copy engines take every range of a run before the one wait, contiguous
+// frames as one copy) and committed with one durable record: all of the run
+// moves or none of it. Per-page bookkeeping cost as much as a 2 MiB page's
+// copy; a run of 32 pays it once. Writers and readers of a run's pages wait
+// or retry for the run's copy (about a millisecond on a GPU, some 8 ms over
+// TCP) instead of one page's.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include <tiermem/types.h>
@@ -41,17 +53,23 @@ class Migrator {
   Result<MigrationResult> migrate(Gva gva, Tier tier, NodeId to_node);
 
  private:
-  // A frame at the destination, and the memory generation and incarnation
-  // of the node that holds it.
+  // Frames at the destination (one page each), and the memory generation
+  // and incarnation of the node that holds them.
   struct Reserved {
-    Extent frame;
+    std::vector<Extent> frames;
     uint64_t memory_generation = 0;
     uint64_t incarnation = 0;
   };
-  Result<Reserved> reserve(NodeId node, Tier tier);
-  void give_back(const Extent& frame);
+  Result<Reserved> reserve(NodeId node, Tier tier, uint64_t pages);
+  void give_back(std::span<const Extent> frames);
   void release_remote(const std::vector<Extent>& frames);
-  Status move_page(uint64_t page, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames, bool* moved);
+  // Moves `pages` (ascending, of the allocation being moved); *moved: how
+  // many changed place (pages already at the destination stay).
+  Status move_run(std::span<const uint64_t> pages, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames,
+                  uint64_t* moved);
+  // Copies every locked page of `moves` into targets[i].
+  Status copy_run(std::span<const PageMove> moves, std::span<const Extent> targets, Tier tier, NodeId to_node,
+                  uint64_t incarnation);
 
   AddressSpace& m_space;
   PeerManager* m_peers;

@@ -60,12 +60,16 @@ class Compute {
   virtual void softmax_xent(const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c) = 0;
   virtual void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
                                  float scale, bool accumulate) = 0;
-  virtual void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
-                   float weight_decay) = 0;
+  // The optimizers read parameter and state from the `*_in` arrays and write
+  // the updated values to the others (kernels::sgd/adam): the trainer's next
+  // copy from its committed one in one pass, or in place.
+  virtual void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
+                   int64_t count, float lr, float momentum, float weight_decay) = 0;
   // Adam's bias correction takes the step of set_step() (from 1), read when
   // the kernel runs: a replayed step takes the step set before the replay.
-  virtual void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
-                    float beta2, float epsilon, float weight_decay) = 0;
+  virtual void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m,
+                    const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
+                    float weight_decay) = 0;
   virtual void set_step(int64_t step) = 0;
 
   // ---- statistics of softmax_xent since the last reset ----

@@ -25,7 +25,9 @@ uint64_t fnv1a(const std::string& s, uint64_t seed) {
 
 }  // namespace
 
-void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, bool force_accumulate) {
+void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, bool force_accumulate,
+            const TensorMemory* committed) {
+  const TensorMemory& from = committed != nullptr ? *committed : mem;
   auto shape = [&](int t) -> const std::vector<int64_t>& { return g.tensors[t].shape; };
   auto acc = [&](size_t i) { return force_accumulate || op.accumulate[i]; };
   auto count = [&](int t) { return g.tensors[t].elements(); };
@@ -95,14 +97,15 @@ void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, b
     }
     case OpKind::sgd: {
       const auto& o = g.optimizer;
-      k.sgd(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), count(op.in[0]), o.learning_rate(), o.momentum(),
-             o.weight_decay());
+      k.sgd(f(from, op.in[0]), f(mem, op.in[0]), f(mem, op.in[1]), f(from, op.in[2]), f(mem, op.in[2]),
+            count(op.in[0]), o.learning_rate(), o.momentum(), o.weight_decay());
       break;
     }
     case OpKind::adam: {
       const auto& o = g.optimizer;
-      k.adam(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), count(op.in[0]),
-              o.learning_rate(), o.beta1(), o.beta2(), o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
+      k.adam(f(from, op.in[0]), f(mem, op.in[0]), f(mem, op.in[1]), f(from, op.in[2]), f(mem, op.in[2]),
+             f(from, op.in[3]), f(mem, op.in[3]), count(op.in[0]), o.learning_rate(), o.beta1(), o.beta2(),
+             o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
       break;
     }
   }

@@ -23,9 +23,10 @@ struct OpResult {
 // Runs `op` on `compute` (queued there; the loss goes to its statistics;
 // Adam takes the step of compute.set_step). `force_accumulate` makes every output accumulate (the trainer
 // zeroes gradient buffers and sums contributions, also those of other
-// stages). `step` is the optimizer step (Adam's bias correction, from 1).
+// stages). An optimizer op reads the parameter and its state from
+// `committed` and writes them to `memory` (nullptr: in place).
 void run_op(Compute& compute, const Graph& graph, const Op& op, const TensorMemory& memory,
-            bool force_accumulate = false);
+            bool force_accumulate = false, const TensorMemory* committed = nullptr);
 // The same on the CPU, with the loss op's result; `step` is the optimizer
 // step (Adam's bias correction, from 1).
 OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bool force_accumulate = false,

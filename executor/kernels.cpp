@@ -199,31 +199,36 @@ void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogit
   }
 }
 
-void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
-         float weight_decay) {
+void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
+         int64_t count, float lr, float momentum, float weight_decay) {
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    const float g = grad[i] + weight_decay * param[i];
-    const float v = momentum * velocity[i] + g;
+    const float p = param_in[i];
+    const float g = grad[i] + weight_decay * p;
+    const float v = momentum * velocity_in[i] + g;
     velocity[i] = v;
-    param[i] -= lr * v;
+    param[i] = p - lr * v;
   }
 }
 
-void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1, float beta2,
-          float epsilon, float weight_decay, int64_t step) {
+void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
+          float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay,
+          int64_t step) {
   const float c1 = 1.0f - std::pow(beta1, static_cast<float>(step));
   const float c2 = 1.0f - std::pow(beta2, static_cast<float>(step));
   const float step_size = lr / c1;
   const float c2_sqrt = std::sqrt(c2);
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    const float g = grad[i] + weight_decay * param[i];
-    m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-    v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float p = param_in[i];
+    const float g = grad[i] + weight_decay * p;
+    const float mi = beta1 * m_in[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v_in[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
     // PyTorch: denom = sqrt(v) / sqrt(bias_correction2) + eps
-    const float denom = std::sqrt(v[i]) / c2_sqrt + epsilon;
-    param[i] -= step_size * m[i] / denom;
+    const float denom = std::sqrt(vi) / c2_sqrt + epsilon;
+    param[i] = p - step_size * mi / denom;
   }
 }
 

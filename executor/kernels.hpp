@@ -45,9 +45,13 @@ void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogit
                        float scale, bool accumulate);
 
 // PyTorch's SGD (dampening 0) and Adam, weight decay as L2 on the gradient.
-void sgd(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
-         float weight_decay);
-void adam(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1, float beta2,
-          float epsilon, float weight_decay, int64_t step);
+// Each reads the parameter and its state from the `*_in` arrays and writes
+// the updated ones to `param`/`velocity`/`m`/`v`: the same arrays update in
+// place, others leave the inputs as they were (the trainer's committed copy).
+void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
+         int64_t count, float lr, float momentum, float weight_decay);
+void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
+          float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay,
+          int64_t step);
 
 }  // namespace tiermem::exec::kernels

@@ -50,7 +50,7 @@ struct MemoryPlan {
 };
 
 // Plans stage `part`. `vram`: the kernels run on a GPU, and every tensor
-// goes to the VRAM tier (control words and messages stay in DRAM).
+// goes to the VRAM tier (so do the messages; control words stay in DRAM).
 MemoryPlan plan_memory(const Graph& graph, const Partition& partition, int part, int micro_batches, bool vram = false);
 
 std::string format_plan(const Graph& graph, const MemoryPlan& plan);

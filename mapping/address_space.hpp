@@ -42,6 +42,7 @@
 #include <optional>
 #include <set>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -329,6 +330,12 @@ class AddressSpace {
   // translation of the page is stale from here) and frees the old frame: a
   // local one directly, a lent one is appended to *remote_frames.
   Status commit_move(const PageMove& move, const PageEntry& to, std::vector<Extent>* remote_frames);
+  // commit_move for a run of locked pages of one allocation, moves[i] to
+  // to[i], with one durable record for all: every page moves or none does
+  // (then the caller aborts each move). Errors: those of the metadata store;
+  // internal for pages of several allocations.
+  Status commit_moves(std::span<const PageMove> moves, std::span<const PageEntry> to,
+                      std::vector<Extent>* remote_frames);
   void abort_move(const PageMove& move);
 
   std::vector<TierStat> tier_stats() const;

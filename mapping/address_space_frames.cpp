@@ -207,26 +207,47 @@ Result<PageMove> AddressSpace::begin_move(uint64_t page, std::chrono::millisecon
 
 Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
                                  std::vector<Extent>* remote_frames) {
+  return commit_moves({&move, 1}, {&to, 1}, remote_frames);
+}
+
+Status AddressSpace::commit_moves(std::span<const PageMove> moves, std::span<const PageEntry> to,
+                                  std::vector<Extent>* remote_frames) {
+  if (moves.size() != to.size()) return Status(ErrorCode::internal, "commit_moves: a destination per page");
+  if (moves.empty()) return Status();
   std::unique_lock lock(m_mutex);
-  PageEntry entry = to;
-  entry.generation = move.from.generation;
-  entry.flags = static_cast<uint8_t>((move.from.flags & ~k_page_durable) | k_entry_present);
-  if (to.tier == Tier::pmem) entry.flags |= k_page_durable;
-  const PageEntry before = *m_table.find(move.page);
-  m_table.set(move.page, entry);
-  if (const Allocation* owner = owner_of_page(move.page)) {
+  const Allocation* owner = owner_of_page(moves.front().page);
+  for (const PageMove& move : moves) {
+    if (owner_of_page(move.page) != owner) {
+      return Status(ErrorCode::internal, "commit_moves: pages of more than one allocation");
+    }
+  }
+  std::vector<PageEntry> before(moves.size());
+  for (size_t i = 0; i < moves.size(); ++i) {
+    PageEntry entry = to[i];
+    entry.generation = moves[i].from.generation;
+    entry.flags = static_cast<uint8_t>((moves[i].from.flags & ~k_page_durable) | k_entry_present);
+    if (to[i].tier == Tier::pmem) entry.flags |= k_page_durable;
+    before[i] = *m_table.find(moves[i].page);
+    m_table.set(moves[i].page, entry);
+  }
+  // One durable record for the whole run: every page moved, or none.
+  if (owner != nullptr) {
     if (Status s = record(*owner); !s.ok()) {
-      m_table.set(move.page, before);  // not moved: the caller gives the new frame back
+      // Not moved: the caller aborts the moves and gives the new frames back.
+      for (size_t i = 0; i < moves.size(); ++i) m_table.set(moves[i].page, before[i]);
       return s;
     }
   }
-  m_table.clean(move.page);
-  if (to.node == m_node) m_lent.erase({static_cast<uint8_t>(to.tier), to.frame_offset});  // reserved here: now in use
-  version::unlock_new_epoch(m_versions->word(move.page), move.locked);
-  if (move.from.node == m_node) {
-    release_local_frame(move.from.tier, move.from.frame_offset, m_versions->domain_of(move.page));
-  } else if (remote_frames != nullptr) {
-    remote_frames->push_back({move.from.tier, move.from.node, move.from.frame_offset, 0, page_size()});
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const PageMove& move = moves[i];
+    m_table.clean(move.page);
+    if (to[i].node == m_node) m_lent.erase({static_cast<uint8_t>(to[i].tier), to[i].frame_offset});  // now in use
+    version::unlock_new_epoch(m_versions->word(move.page), move.locked);
+    if (move.from.node == m_node) {
+      release_local_frame(move.from.tier, move.from.frame_offset, m_versions->domain_of(move.page));
+    } else if (remote_frames != nullptr) {
+      remote_frames->push_back({move.from.tier, move.from.node, move.from.frame_offset, 0, page_size()});
+    }
   }
   return Status();
 }

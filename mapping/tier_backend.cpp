@@ -64,6 +64,27 @@ bool TierBackend::contains(uint64_t offset, uint64_t length) const {
   return in_domain <= bytes && length <= bytes - in_domain;
 }
 
+Status TierBackend::copy_from_many(const TierBackend& source, std::span<const FrameCopy> copies) {
+  std::byte* dst = host_base();
+  if (source.host_base() == nullptr && dst != nullptr) {
+    // From a device straight into this tier's memory, every range queued
+    // before the one wait, then made durable.
+    std::vector<FrameRead> reads;
+    reads.reserve(copies.size());
+    for (const FrameCopy& c : copies) reads.push_back({c.source_offset, dst + c.offset, c.length});
+    TIERMEM_RETURN_IF_ERROR(source.read_many(reads));
+    for (const FrameCopy& c : copies) TIERMEM_RETURN_IF_ERROR(persist(c.offset, c.length));
+    return Status();
+  }
+  for (const FrameCopy& c : copies) TIERMEM_RETURN_IF_ERROR(copy_from(source, c.source_offset, c.offset, c.length));
+  return Status();
+}
+
+Status TierBackend::read_many(std::span<const FrameRead> reads) const {
+  for (const FrameRead& r : reads) TIERMEM_RETURN_IF_ERROR(read(r.offset, r.dst, r.length));
+  return Status();
+}
+
 Status TierBackend::copy_from(const TierBackend& source, uint64_t source_offset, uint64_t offset,
                               size_t length) {
   if (std::byte* src = source.host_base()) return write(offset, src + source_offset, length);

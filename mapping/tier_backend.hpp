@@ -6,8 +6,10 @@
 // the daemon sees one contiguous region (host_base()) while a co-located
 // client is given the descriptors of its own tenant's domains only. DRAM is
 // shared memory in the node's directory under /dev/shm, PMEM a file per
-// domain mapped with libpmem2; VRAM is one CUDA device arena (one domain)
-// shared through a CUDA IPC handle and reached through the daemon.
+// domain mapped with libpmem2; VRAM is one range of device addresses laid out
+// the same way, backed by chunks of device memory, each exported as a file
+// descriptor that a co-located client of the domain's tenant imports
+// (vram_tier.cpp).
 //
 // read()/write() copy between host memory and the region; write() returns only
 // once the bytes are durable on a persistent tier. Safe to call from several
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,21 @@
 #include <tiermem/types.h>
 
 namespace tiermem {
+
+// One range of a batched copy between tiers: `length` bytes from
+// `source_offset` of the source tier to `offset` of this one.
+struct FrameCopy {
+  uint64_t source_offset = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// One range of a batched read into host memory.
+struct FrameRead {
+  uint64_t offset = 0;
+  void* dst = nullptr;
+  uint64_t length = 0;
+};
 
 class TierBackend {
  public:
@@ -109,6 +127,15 @@ class TierBackend {
   // Copies within the region or from another backend's region (migration).
   virtual Status copy_from(const TierBackend& source, uint64_t source_offset,
                            uint64_t offset, size_t length);
+  // Copies every range of `copies` from `source` into this tier and returns
+  // once all of them are in place (durable on a persistent tier). Migration
+  // moves runs of pages this way, so a device tier queues them all on its
+  // copy engines and waits once. Default: copy_from() each, or, from a
+  // device into this tier's host memory, the source's read_many().
+  virtual Status copy_from_many(const TierBackend& source, std::span<const FrameCopy> copies);
+  // Reads every range into host memory and returns once all are there.
+  // Default: read() each.
+  virtual Status read_many(std::span<const FrameRead> reads) const;
 };
 
 // The checks of open_domain for a tier ("DRAM") of `domains` domains of at

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,20 @@ class VramTier final : public TierBackend {
     }
     return TierBackend::copy_from(source, source_offset, offset, length);
   }
+  Status copy_from_many(const TierBackend& source, std::span<const FrameCopy> copies) override {
+    const auto* from = static_cast<const std::byte*>(
+        source.tier() == Tier::vram ? source.region_base() : static_cast<void*>(source.host_base()));
+    if (from == nullptr) return TierBackend::copy_from_many(source, copies);
+    const cudaMemcpyKind kind = source.tier() == Tier::vram ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice;
+    return queued(copies.size(), [&](size_t i) {
+      return cudaMemcpyAsync(address(copies[i].offset), from + copies[i].source_offset, copies[i].length, kind, nullptr);
+    }, "copy into VRAM");
+  }
+  Status read_many(std::span<const FrameRead> reads) const override {
+    return queued(reads.size(), [&](size_t i) {
+      return cudaMemcpyAsync(reads[i].dst, address(reads[i].offset), reads[i].length, cudaMemcpyDeviceToHost, nullptr);
+    }, "read from VRAM");
+  }
 
  private:
   std::byte* address(uint64_t offset) const { return reinterpret_cast<std::byte*>(m_base + offset); }
@@ -208,6 +223,21 @@ class VramTier final : public TierBackend {
     }
     m_chunks.emplace(index, UniqueFd(fd));
     return Status();
+  }
+
+  // Queues `count` copies on the legacy default stream (from page-locked
+  // host memory they run on the copy engines while the next is queued) and
+  // waits once for all of them.
+  template <typename Enqueue>
+  Status queued(size_t count, Enqueue enqueue, const char* what) const {
+    cudaSetDevice(m_dev.ordinal);
+    cudaError_t err = cudaSuccess;
+    for (size_t i = 0; i < count && err == cudaSuccess; ++i) err = enqueue(i);
+    // Waited for also after a failed enqueue: nothing may still be copying
+    // into frames the caller gives back.
+    const cudaError_t done = cudaStreamSynchronize(nullptr);
+    if (err == cudaSuccess) err = done;
+    return err == cudaSuccess ? Status() : cuda_error(what, err);
   }
 
   Status copy(void* dst, const void* src, size_t length, cudaMemcpyKind kind, const char* what) const {

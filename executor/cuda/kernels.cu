@@ -222,28 +222,31 @@ __global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, 
   }
 }
 
-__global__ void sgd_k(float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
-                      float weight_decay) {
+__global__ void sgd_k(const float* param_in, float* param, const float* grad, const float* velocity_in,
+                      float* velocity, int64_t count, float lr, float momentum, float weight_decay) {
   TIERMEM_FOR_EACH(i, count) {
-    const float g = grad[i] + weight_decay * param[i];
-    const float v = momentum * velocity[i] + g;
+    const float p = param_in[i];
+    const float g = grad[i] + weight_decay * p;
+    const float v = momentum * velocity_in[i] + g;
     velocity[i] = v;
-    param[i] -= lr * v;
+    param[i] = p - lr * v;
   }
 }
 
-__global__ void adam_k(float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
-                       float beta2, float epsilon, float weight_decay, const int64_t* step) {
+__global__ void adam_k(const float* param_in, float* param, const float* grad, const float* m_in, float* m,
+                       const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
+                       float weight_decay, const int64_t* step) {
   const float t = static_cast<float>(*step);
   const float step_size = lr / (1.0f - powf(beta1, t));
   const float c2_sqrt = sqrtf(1.0f - powf(beta2, t));
   TIERMEM_FOR_EACH(i, count) {
-    const float g = grad[i] + weight_decay * param[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float p = param_in[i];
+    const float g = grad[i] + weight_decay * p;
+    const float mi = beta1 * m_in[i] + (1.0f - beta1) * g;
+    const float vi = beta2 * v_in[i] + (1.0f - beta2) * g * g;
     m[i] = mi;
     v[i] = vi;
-    param[i] -= step_size * mi / (sqrtf(vi) / c2_sqrt + epsilon);
+    param[i] = p - step_size * mi / (sqrtf(vi) / c2_sqrt + epsilon);
   }
 }
 
@@ -317,15 +320,17 @@ void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* label
   softmax_xent_grad_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, dlogits, m, c, scale, accumulate);
 }
 
-void sgd(cudaStream_t s, float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
-         float weight_decay) {
-  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param, grad, velocity, count, lr, momentum, weight_decay);
+void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
+         float* velocity, int64_t count, float lr, float momentum, float weight_decay) {
+  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, velocity_in, velocity, count, lr, momentum,
+                                                weight_decay);
 }
 
-void adam(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
-          float beta2, float epsilon, float weight_decay, const int64_t* step) {
-  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param, grad, m, v, count, lr, beta1, beta2, epsilon, weight_decay,
-                                                 step);
+void adam(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* m_in, float* m,
+          const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
+          float weight_decay, const int64_t* step) {
+  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, m_in, m, v_in, v, count, lr, beta1, beta2,
+                                                 epsilon, weight_decay, step);
 }
 
 }  // namespace tiermem::exec::cuda

@@ -32,10 +32,13 @@ void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, fl
                   float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits);
 void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
                        int64_t c, float scale, bool accumulate);
-void sgd(cudaStream_t s, float* param, const float* grad, float* velocity, int64_t count, float lr, float momentum,
-         float weight_decay);
+// Out of place (the `*_in` arrays read, the others written) or in place, as
+// kernels::sgd/adam.
+void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
+         float* velocity, int64_t count, float lr, float momentum, float weight_decay);
 // `step`: device memory, read when the kernel runs.
-void adam(cudaStream_t s, float* param, const float* grad, float* m, float* v, int64_t count, float lr, float beta1,
-          float beta2, float epsilon, float weight_decay, const int64_t* step);
+void adam(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* m_in, float* m,
+          const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
+          float weight_decay, const int64_t* step);
 
 }  // namespace tiermem::exec::cuda

@@ -108,13 +108,16 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   const int64_t grads_bytes = m_grads_bytes = job.arena_bytes("grads");
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_ctl, "ctl", ctl_bytes, true));
   TIERMEM_RETURN_IF_ERROR(own(dir, &m_info, "info", k_info_bytes, false));
-  TIERMEM_RETURN_IF_ERROR(own(dir, &m_mbox, "mbox", mailbox_bytes, false));
   if (job.topo.replicas > 1) TIERMEM_RETURN_IF_ERROR(own(dir, &m_publish, "publish", 2 * grads_bytes, false));
   // The tensors where the kernels run: VRAM for a GPU (whole pages, so
-  // every arena maps as device memory of its own), else DRAM.
+  // every arena maps as device memory of its own), else DRAM. The mailbox
+  // too: a stage on the same GPU writes its boundary tensors into it device
+  // to device (the copy engines), and the kernels read them in place.
   const bool vram = compute.memory_is_device();
   const Tier tier = vram ? Tier::vram : Tier::dram;
-  auto sized = [&](int64_t bytes) { return vram ? (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20) : bytes; };
+  auto sized = [&](int64_t bytes) {
+    return vram ? (std::max<int64_t>(bytes, 1) + (2 << 20) - 1) / (2 << 20) * (2 << 20) : bytes;
+  };
   const struct {
     OwnRegion* region;
     const char* what;
@@ -122,7 +125,8 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   } tensors[] = {{&m_params, "params", 2 * m_params_bytes},
                  {&m_grads, "grads", grads_bytes},
                  {&m_optimizer, "optimizer", 2 * m_optimizer_bytes},
-                 {&m_work, "work", job.plan.work_peak}};
+                 {&m_work, "work", job.plan.work_peak},
+                 {&m_mbox, "mbox", mailbox_bytes}};
   auto other_device = [&](const char* what, const std::string& in) {
     return Status(ErrorCode::failed_precondition, "job " + options.job + "'s " + what + " are in " + in +
                                                       " but this run computes on " + compute.name() +
@@ -178,8 +182,8 @@ std::string Arenas::placement(const Compute& compute) const {
   return "params 2 x " + format_size(static_cast<uint64_t>(m_params_bytes)) + ", grads " +
          format_size(static_cast<uint64_t>(m_grads_bytes)) + ", optimizer 2 x " +
          format_size(static_cast<uint64_t>(m_optimizer_bytes)) + ", work " + format_size(m_work.mapping.size()) +
-         " in " + where(m_params) + (compute.memory_is_device() ? " (" + compute.name() + ")" : "") +
-         "; control words and messages (" + format_size(m_mbox.mapping.size()) + ") in host memory";
+         ", messages " + format_size(m_mbox.mapping.size()) + " in " + where(m_params) +
+         (compute.memory_is_device() ? " (" + compute.name() + ")" : "") + "; control words in host memory";
 }
 
 Status Arenas::initialise(const JobPlan& job, const TrainOptions& options, Compute& compute) {
@@ -224,14 +228,6 @@ void* Arenas::memory(const JobPlan& job, int t, int mb, int64_t parity) const {
   }
   const Placement* p = job.plan.find(t, mb);
   return p ? m_work.data() + p->offset : nullptr;
-}
-
-void Arenas::begin_update(int64_t step, Compute& compute) const {
-  const int64_t cur = step % 2, next = (step + 1) % 2;
-  compute.copy(m_params.data() + next * m_params_bytes, m_params.data() + cur * m_params_bytes,
-               static_cast<size_t>(m_params_bytes));
-  compute.copy(m_optimizer.data() + next * m_optimizer_bytes, m_optimizer.data() + cur * m_optimizer_bytes,
-               static_cast<size_t>(m_optimizer_bytes));
 }
 
 Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {

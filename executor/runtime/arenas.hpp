@@ -68,9 +68,9 @@ class Arenas {
   // With --replicas, a rank new on this node resumes from its snapshot
   // elsewhere when there is one. Errors: those of JobDirectory::own and
   // reads of the snapshot.
-  // The tensors (params, grads, optimizer, work) go to the VRAM tier when
-  // `compute` computes in device memory, else to DRAM; control words and
-  // messages stay in DRAM. Errors: also failed_precondition when arenas
+  // The tensors (params, grads, optimizer, work) and the mailbox go to the
+  // VRAM tier when `compute` computes in device memory, else to DRAM;
+  // control words stay in DRAM. Errors: also failed_precondition when arenas
   // found again are in another device's memory than `compute`'s.
   Status allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes,
                   const Compute& compute);
@@ -78,8 +78,8 @@ class Arenas {
   // the initial parameters dumped when asked). A resumed one: checks that the
   // committed copies survived. Errors: failed_precondition.
   Status initialise(const JobPlan& job, const TrainOptions& options, Compute& compute);
-  // Where the arenas went, for people: "params 2 x 1.2 MiB, ... in VRAM of
-  // cuda:0 (...); control and messages in DRAM".
+  // Where the arenas went, for people: "params 2 x 1.2 MiB, ..., messages
+  // 2 MiB in VRAM of cuda:0 (...); control words in host memory".
   std::string placement(const Compute& compute) const;
   // Unmaps every arena and returns their GVAs, for the job's end to free.
   std::vector<Gva> release();
@@ -96,9 +96,6 @@ class Arenas {
   // (micro-batch `mb`'s) work tensor; copy `parity` (0, 1) of the
   // double-buffered ones. nullptr: nothing planned for it here.
   void* memory(const JobPlan& job, int tensor, int mb, int64_t parity) const;
-  // Before an optimizer step: the next copy (of parameters and state) starts
-  // as the committed one, so a crash while it is written leaves that whole.
-  void begin_update(int64_t step, Compute& compute) const;
   // Copies the committed state into the PMEM snapshot (persisted on ack).
   Status snapshot(JobDirectory& dir, int64_t committed) const;
   // Steps between snapshots (0: none); 1 with --replicas.

@@ -80,7 +80,13 @@ Status Mailboxes::receive(const Channel& c, uint64_t sequence, bool eval) {
                                      "'" + t.name + "' from stage " + std::to_string(c.from) + " (message " +
                                          std::to_string(sequence) + ")"));
   BoundaryHeader h;
-  std::memcpy(&h, m_arenas.mbox().data() + slot_offset(c, sequence, eval), sizeof h);
+  const int64_t at = slot_offset(c, sequence, eval);
+  if (in_device_memory()) {
+    // Never dereferenced on the host: the header comes over the copy engines.
+    TIERMEM_RETURN_IF_ERROR(m_dir.read(m_arenas.mbox().gva.plus(static_cast<uint64_t>(at)), &h, sizeof h));
+  } else {
+    std::memcpy(&h, m_arenas.mbox().data() + at, sizeof h);
+  }
   return check_header(h, t, c.from, sequence);
 }
 
@@ -101,13 +107,21 @@ Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bo
   h.elements = t.elements();
   h.sequence = sequence;
   h.shape_hash = shape_hash(t);
-  m_staging.resize(static_cast<size_t>(k_header_bytes + t.bytes()));
-  std::memcpy(m_staging.data(), &h, sizeof h);
-  std::memcpy(m_staging.data() + k_header_bytes, data, static_cast<size_t>(t.bytes()));
   const Gva at = m_peers.mbox.at(c.id).plus(static_cast<uint64_t>(slot_offset(c, sequence, eval)));
-  if (Status s = m_dir.write(at, m_staging.data(), m_staging.size()); !s.ok()) {
-    return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
+  Status s;
+  if (in_device_memory()) {
+    // The header from here, the payload from the device where it was
+    // computed: into a mailbox on this GPU device to device, elsewhere
+    // staged by the library.
+    s = m_dir.write(at, &h, sizeof h);
+    if (s.ok()) s = m_dir.write(at.plus(k_header_bytes), data, static_cast<size_t>(t.bytes()));
+  } else {
+    m_staging.resize(static_cast<size_t>(k_header_bytes + t.bytes()));
+    std::memcpy(m_staging.data(), &h, sizeof h);
+    std::memcpy(m_staging.data() + k_header_bytes, data, static_cast<size_t>(t.bytes()));
+    s = m_dir.write(at, m_staging.data(), m_staging.size());
   }
+  if (!s.ok()) return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
   return m_dir.raise(m_peers.ctl_word(receiver, sequence_word(c, eval)), sequence);
 }
 

@@ -5,7 +5,9 @@
 // payload one-sided into the slot, then raises the receiver's sequence word
 // for the channel; the receiver waits on that word and reads the slot in
 // place. Messages are numbered in the order both ends handle them, so a
-// restarted rank recognises what it had already sent or received.
+// restarted rank recognises what it had already sent or received. On a GPU
+// the mailboxes are VRAM: a sender on the same GPU writes the payload device
+// to device, the receiver's kernels read it where it landed.
 #pragma once
 
 #include <cstddef>
@@ -51,10 +53,15 @@ class Mailboxes {
   // Waits for message `sequence` and checks its header. Errors: timeout
   // (naming tensor, stage and message), and check_header's.
   Status receive(const Channel& c, uint64_t sequence, bool eval);
-  // The payload of a received message, in place in the mailbox.
+  // The payload of a received message, in place in the mailbox (device
+  // memory where in_device_memory()).
   const std::byte* payload(const Channel& c, uint64_t sequence, bool eval) const;
-  // Sends `data` (the channel's tensor) as message `sequence`.
+  // Sends `data` (the channel's tensor, in device memory where
+  // in_device_memory(), complete: no kernel may still be writing it) as
+  // message `sequence`.
   Status send(const Channel& c, const void* data, uint64_t sequence, bool eval);
+  // The mailboxes are VRAM (a GPU job: the tensors are device memory too).
+  bool in_device_memory() const { return m_arenas.mbox().mapping.device() >= 0; }
 
   // Every training message of `step` into this stage is used up: their
   // senders may reuse the slots.

@@ -47,6 +47,18 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
   for (const auto& [op, mb] : plan.schedule) {
     if (job.graph.ops[op].kind == OpKind::softmax_xent) m_loss_rows += job.graph.micro_batch;
   }
+  std::set<int> updated;
+  for (size_t i = 0; i < job.graph.ops.size(); ++i) {
+    const Op& op = job.graph.ops[i];
+    if (op.phase != Phase::update || job.partition.of_op[i] != job.topo.stage()) continue;
+    m_update_ops.push_back(static_cast<int>(i));
+    updated.insert(op.in.begin(), op.in.end());
+  }
+  for (const auto* placements : {&plan.params, &plan.optimizer}) {
+    for (const Placement& p : *placements) {
+      if (updated.count(p.tensor) == 0) m_carried.push_back(p.tensor);
+    }
+  }
   bool exchanges = job.topo.replicas > 1;
   for (const Channel& c : job.channels) exchanges = exchanges || c.to == job.topo.stage() || c.from == job.topo.stage();
   m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty();
@@ -59,15 +71,6 @@ void* StageRunner::memory(int t, int mb, bool next_params) const {
   return m_arenas.memory(m_job, t, mb, (m_step + (next_params ? 1 : 0)) % 2);
 }
 
-const void* StageRunner::readable(const void* host, size_t bytes, std::pair<int, int> key) {
-  if (!m_compute.memory_is_device()) return host;
-  void*& buffer = m_inbox[key];
-  if (buffer == nullptr) buffer = m_compute.device_buffer(bytes);
-  if (buffer == nullptr) return nullptr;
-  m_compute.copy(buffer, host, bytes);
-  return buffer;
-}
-
 Status StageRunner::merge_partials(int t, int mb) {
   auto it = m_partials.find(t);
   if (it == m_partials.end() || !m_merged.insert({t, mb}).second) return Status();
@@ -77,9 +80,8 @@ Status StageRunner::merge_partials(int t, int mb) {
     const Channel& c = m_job.channels[id];
     const uint64_t sequence = m_mail.training_sequence(c, mb, m_step);
     TIERMEM_RETURN_IF_ERROR(m_mail.receive(c, sequence, false));
-    const auto* partial = static_cast<const float*>(
-        readable(m_mail.payload(c, sequence, false), static_cast<size_t>(n) * 4, {t, -1}));
-    if (partial == nullptr) return Status(ErrorCode::tier_exhausted, "no device memory for a partial gradient");
+    // In place in the mailbox, which is where the kernels run (Arenas).
+    const auto* partial = reinterpret_cast<const float*>(m_mail.payload(c, sequence, false));
     m_compute.pass_grad(partial, local, n, true);
   }
   return Status();
@@ -171,10 +173,7 @@ Status StageRunner::gather_inputs(const Op& op, int mb, bool eval, uint64_t eval
       const Channel& c = m_job.channels[it->second];
       const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
       TIERMEM_RETURN_IF_ERROR(m_mail.receive(c, sequence, eval));
-      const void* data = readable(m_mail.payload(c, sequence, eval),
-                                  static_cast<size_t>(m_job.graph.tensors[t].bytes()), {t, mb});
-      if (data == nullptr) return Status(ErrorCode::tier_exhausted, "no device memory for a message");
-      (*pointers)[t] = const_cast<void*>(data);
+      (*pointers)[t] = const_cast<std::byte*>(m_mail.payload(c, sequence, eval));
       continue;
     }
     TIERMEM_RETURN_IF_ERROR(merge_partials(t, mb));
@@ -192,12 +191,8 @@ Status StageRunner::send_outputs(int op_id, int mb, bool eval, uint64_t eval_seq
       const void* data = memory(c.tensor, mb, false);
       if (data == nullptr) return Status(ErrorCode::internal, "no memory planned for '" + m_job.graph.tensors[t].name + "'");
       const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
-      if (m_compute.memory_is_device()) {
-        // Through host memory: the mailbox is DRAM (see Arenas).
-        m_outgoing.resize(static_cast<size_t>(m_job.graph.tensors[t].bytes()));
-        m_compute.copy(m_outgoing.data(), data, m_outgoing.size());
-        data = m_outgoing.data();
-      }
+      // The library's copy does not wait for the kernels' stream.
+      TIERMEM_RETURN_IF_ERROR(m_compute.sync());
       TIERMEM_RETURN_IF_ERROR(m_mail.send(c, data, sequence, eval));
     }
   }
@@ -271,13 +266,19 @@ Status StageRunner::all_reduce(int64_t step) {
   return Status();
 }
 
-void StageRunner::update(int64_t step) {
+// The next copy of parameters and state from the committed one, which stays
+// whole (a crash while the next is written resumes from it): the optimizer
+// ops read the committed copy and write the next in one pass, and what no
+// optimizer op writes is copied over.
+void StageRunner::update() {
   auto span = m_trace.span(SpanKind::compute, k_update);
-  m_arenas.begin_update(step, m_compute);
-  for (size_t i = 0; i < m_job.graph.ops.size(); ++i) {
-    const Op& op = m_job.graph.ops[i];
-    if (op.phase != Phase::update || m_job.partition.of_op[i] != m_job.topo.stage()) continue;
-    run_op(m_compute, m_job.graph, op, [&](int t) { return memory(t, -1, true); }, false);
+  for (int t : m_carried) {
+    m_compute.copy(memory(t, -1, true), memory(t, -1, false), static_cast<size_t>(m_job.graph.tensors[t].bytes()));
+  }
+  const TensorMemory committed = [&](int t) { return memory(t, -1, false); };
+  for (int i : m_update_ops) {
+    run_op(m_compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)], [&](int t) { return memory(t, -1, true); },
+           false, &committed);
   }
 }
 
@@ -308,7 +309,7 @@ Status StageRunner::compute_step(int64_t step) {
     TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
     TIERMEM_RETURN_IF_ERROR(all_reduce(step));
   }
-  update(step);
+  update();
   return Status();
 }
 
@@ -402,7 +403,9 @@ Status StageRunner::evaluate(int64_t committed, double* accuracy) {
       status = run_scheduled(op, 0, -1, true, sequence, b);
       if (!status.ok()) break;
     }
-    // Consumed at once: the slot can take the next batch.
+    // Consumed once the kernels reading the slot in place are done: the
+    // slot can take the next batch.
+    if (status.ok()) status = m_compute.sync();
     if (status.ok()) status = m_mail.consumed_eval(sequence);
   }
   m_step = saved_step;

@@ -58,9 +58,6 @@ class StageRunner {
   // only the batches are loaded and the capture replayed.
   Status replay_step();
   Status fill_batches();
-  // `host` (a message) where the kernels can read it: itself on the CPU, a
-  // copy in a device buffer kept for `key` on a GPU.
-  const void* readable(const void* host, size_t bytes, std::pair<int, int> key);
   Status send_outputs(int op_id, int mb, bool eval, uint64_t eval_sequence);
   void record_eval(const Op& op, const TensorMemory& memory, bool eval, int64_t eval_batch);
   Status merge_partials(int tensor, int mb);
@@ -73,7 +70,7 @@ class StageRunner {
   void count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape, int64_t eval_batch);
   Status compute_step(int64_t step);
   Status all_reduce(int64_t step);
-  void update(int64_t step);
+  void update();
   Status barrier(uint64_t value);
   // The memory of a tensor for the op being run; nullptr for tensors that
   // arrive in the mailbox (see gather_inputs) and what is not planned here.
@@ -94,8 +91,6 @@ class StageRunner {
   int64_t m_prefilled = -1;  // the step whose batches are in their staging already
   int64_t m_loss_rows = 0;  // rows the loss op sees per step (0: not on this stage)
   std::map<std::pair<int, int>, void*> m_staging;  // (tensor, mb) -> pinned batch (GPU)
-  std::map<std::pair<int, int>, void*> m_inbox;    // (tensor, key) -> device copy of a message
-  std::vector<std::byte> m_outgoing;               // a tensor on its way to a mailbox (GPU)
 
   // Fixed by the plan: which work instances start life at each schedule
   // position (the per-micro-batch gradients, which every contribution adds
@@ -104,6 +99,8 @@ class StageRunner {
   std::map<int, int> m_received_channel;       // activation -> channel bringing it here
   std::map<int, std::vector<int>> m_partials;  // gradient -> channels bringing partial sums
   std::map<int, int> m_last_writer;            // gradient sent back -> last local op writing it
+  std::vector<int> m_update_ops;               // this stage's optimizer ops
+  std::vector<int> m_carried;                  // parameters and state no optimizer op writes
   std::vector<std::vector<int64_t>> m_epoch_order;  // shuffled train rows per epoch (cached)
   std::vector<int64_t> m_test_order;
 

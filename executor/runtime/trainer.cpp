@@ -81,6 +81,15 @@ Status Trainer::write_trace() const {
 Status Trainer::run() {
   TIERMEM_RETURN_IF_ERROR(set_up());
   TIERMEM_RETURN_IF_ERROR(train_steps());
+  if (!m_opt.quiet) {
+    // How this rank's messages, control words and snapshots travelled: on
+    // one node nothing should need the daemon to carry it.
+    const AccessCounters a = m_client->access_counters();
+    std::fprintf(stderr,
+                 "rank %d: tiermem calls: %" PRIu64 " direct on this node, %" PRIu64 " one-sided to other nodes, %" PRIu64
+                 " through the daemon\n",
+                 m_env.rank, a.direct_local, a.direct_remote, a.through_daemon);
+  }
   TIERMEM_RETURN_IF_ERROR(write_trace());
   return finish();
 }

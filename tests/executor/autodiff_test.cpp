@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "executor/compute.hpp"
 #include "executor/graph.hpp"
 #include "executor/interpreter.hpp"
 
@@ -166,6 +167,46 @@ loss: "l" optimizer { type: SGD learning_rate: 0.5 momentum: 0.9 })", "o");
   run_op(*g, update, [&](int t) { return mem[t]; });
   EXPECT_FLOAT_EQ(vel[0], 0.9f * 0.1f + 0.1f);
   EXPECT_FLOAT_EQ(w[0], 1 - 0.5f * 0.1f - 0.5f * (0.9f * 0.1f + 0.1f));
+}
+
+TEST(AutodiffTest, AnUpdateOutOfPlaceLeavesTheCommittedCopyAndMatchesInPlace) {
+  // The trainer's optimizer reads the committed parameters and state and
+  // writes the next copy: the committed copy must stay as it was (a crash
+  // mid-update resumes from it), and the result must be the in-place bits.
+  for (const char* optimizer : {"type: SGD learning_rate: 0.5 momentum: 0.9 weight_decay: 0.01",
+                                "type: ADAM learning_rate: 0.01 weight_decay: 0.01"}) {
+    auto g = parse_model(std::string(R"(
+name: "o" micro_batch: 1
+tensor { name: "x" shape: [1, 1] role: INPUT }
+tensor { name: "y" shape: [1] role: LABEL dtype: I32 }
+tensor { name: "w" shape: [1, 3] role: PARAM }
+op { name: "fc" type: MATMUL input: ["x", "w"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { )") + optimizer + " }",
+                         "o");
+    ASSERT_TRUE(g.ok());
+    ASSERT_TRUE(add_training(*g, 1.0f).ok());
+    const Op& update = g->ops[g->ops_of(Phase::update).front()];
+    const std::vector<float> committed_w{1, -2, 0.5f}, grad{0.1f, -0.2f, 0.3f}, committed_state{0.2f, 0.1f, 0.05f};
+    std::vector<std::vector<float>> committed(g->tensors.size()), next(g->tensors.size()), in_place(g->tensors.size());
+    for (size_t i = 0; i < update.in.size(); ++i) {
+      const int t = update.in[i];
+      committed[t] = i == 0 ? committed_w : i == 1 ? grad : committed_state;
+      next[t] = i == 1 ? grad : std::vector<float>(3, -99.0f);  // garbage: every element must be written
+      in_place[t] = committed[t];
+    }
+    auto cpu = make_cpu_compute();
+    cpu->set_step(3);
+    const TensorMemory from = [&](int t) -> void* { return committed[t].data(); };
+    run_op(*cpu, *g, update, [&](int t) -> void* { return next[t].data(); }, false, &from);
+    run_op(*cpu, *g, update, [&](int t) -> void* { return in_place[t].data(); });
+    for (size_t i = 0; i < update.in.size(); ++i) {
+      const int t = update.in[i];
+      EXPECT_EQ(committed[t], i == 0 ? committed_w : i == 1 ? grad : committed_state) << optimizer << " input " << i;
+      EXPECT_EQ(next[t], in_place[t]) << optimizer << " input " << i;
+      if (i != 1) EXPECT_NE(next[t], committed[t]) << optimizer << " input " << i;
+    }
+  }
 }
 
 }  // namespace

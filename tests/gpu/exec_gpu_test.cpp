@@ -148,11 +148,24 @@ TEST_F(ExecGpuTest, DigitsAndFashionReachTheAccuracyOfTheCpu) {
 }
 
 TEST_F(ExecGpuTest, PipelineAndDataParallelRanksShareOneGpu) {
-  // Two stages exchange activations and gradients through their mailboxes;
-  // two replicas all-reduce their gradients through tiermem.
+  // Two stages exchange activations and gradients through their mailboxes
+  // (VRAM: written device to device, read in place by the kernels); two
+  // replicas all-reduce their gradients through tiermem.
   const auto cpu_pipe = train("mlp_fashion", "cpu", {"--steps", "20", "-q", "--stages", "2"}, 2);
-  const auto cuda_pipe = train("mlp_fashion", "cuda", {"--steps", "20", "-q", "--stages", "2"}, 2);
+  std::string log;
+  const auto cuda_pipe = train("mlp_fashion", "cuda", {"--steps", "20", "--stages", "2"}, 2, &log);
   expect_close(cpu_pipe, cuda_pipe, 20, 1e-4, "pipeline");
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string r = "rank " + std::to_string(rank) + ": ";
+    EXPECT_NE(log.find(r + "computing on cuda:0; params"), std::string::npos) << log;
+    EXPECT_NE(log.find(" in VRAM of cuda:0"), std::string::npos) << log;
+    // Every message, header read and control word went direct: the copy
+    // engines and CPU atomics, nothing carried by the daemon.
+    const size_t at = log.find(r + "tiermem calls: ");
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string line = log.substr(at, log.find('\n', at) - at);
+    EXPECT_TRUE(line.ends_with(", 0 through the daemon")) << line;
+  }
   const auto cpu_dp = train("mlp_fashion", "cpu", {"--steps", "20", "-q", "--stages", "1"}, 2);
   const auto cuda_dp = train("mlp_fashion", "cuda", {"--steps", "20", "-q", "--stages", "1"}, 2);
   expect_close(cpu_dp, cuda_dp, 20, 1e-4, "data parallel");

@@ -168,6 +168,69 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
               static_cast<unsigned long long>(acked[2].load()));
 }
 
+// Pages move in runs of 32 (daemon/migrator.hpp): a run moves whole or not
+// at all. A destination that fills up part way leaves the allocation split
+// at a run boundary, every byte readable where it is; the next migration
+// moves only what is not there yet; and runs between nodes land whole too.
+TEST_P(MigrationTest, RunsMoveWholeAndAMigrationThatRanOutOfRoomResumes) {
+  auto c = m_cluster->node(1).connect("runs");
+  constexpr uint64_t k_page = 64 << 10, k_pages = 160;  // five runs
+  auto a = c->alloc(k_pages * k_page, {.tier = Tier::dram, .strict = true});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  std::vector<uint64_t> data(k_pages * k_page / 8), back(data.size());
+  for (size_t i = 0; i < data.size(); ++i) data[i] = i * 0x9e3779b97f4a7c15ull;
+  ASSERT_TRUE(c->write(a->gva, data.data(), data.size() * 8).ok());
+  // PMEM with room for two and a half runs.
+  auto stat = c->stat();
+  ASSERT_TRUE(stat.ok());
+  uint64_t pmem_free = 0;
+  for (const TierStat& t : stat->tiers) pmem_free = t.tier == Tier::pmem ? t.free_bytes : pmem_free;
+  ASSERT_GT(pmem_free, 80 * k_page);
+  auto filler = c->alloc(pmem_free - 80 * k_page, {.tier = Tier::pmem, .strict = true});
+  ASSERT_TRUE(filler.ok()) << filler.status().to_string();
+
+  auto pages_in = [&](Tier tier, NodeId node) {
+    auto t = c->translate(a->gva);
+    EXPECT_TRUE(t.ok());
+    uint64_t pages = 0;
+    for (const Extent& x : t.ok() ? t->extents : std::vector<Extent>{}) {
+      if (x.tier == tier && x.node == node) pages += x.length / k_page;
+    }
+    return pages;
+  };
+  auto m = c->migrate(a->gva, Tier::pmem);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), ErrorCode::tier_exhausted) << m.status().to_string();
+  EXPECT_NE(m.status().message().find("64 pages moved before the failure"), std::string::npos)
+      << m.status().to_string();
+  EXPECT_EQ(pages_in(Tier::pmem, 1), 64u);
+  EXPECT_EQ(pages_in(Tier::dram, 1), k_pages - 64);
+  ASSERT_TRUE(c->read(a->gva, back.data(), back.size() * 8).ok());
+  EXPECT_EQ(back, data) << "split across DRAM and PMEM";
+
+  ASSERT_TRUE(c->free(filler->gva).ok());
+  m = c->migrate(a->gva, Tier::pmem);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(pages_in(Tier::pmem, 1), k_pages);
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_TRUE(c->read(a->gva, back.data(), back.size() * 8).ok());
+  EXPECT_EQ(back, data) << "after the rest moved";
+
+  // To another node's DRAM (runs of 4 MiB there: every one whole), back.
+  m = c->migrate(a->gva, Tier::dram, 2);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(pages_in(Tier::dram, 2), k_pages);
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_TRUE(c->read(a->gva, back.data(), back.size() * 8).ok());
+  EXPECT_EQ(back, data) << "on node 2";
+  m = c->migrate(a->gva, Tier::dram, 1);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(pages_in(Tier::dram, 1), k_pages);
+  std::fill(back.begin(), back.end(), 0);
+  ASSERT_TRUE(c->read(a->gva, back.data(), back.size() * 8).ok());
+  EXPECT_EQ(back, data) << "back on node 1";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, MigrationTest, ::testing::Values("tcp", "sm"),
                          [](const auto& info) { return info.param; });
 
