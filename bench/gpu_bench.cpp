@@ -23,15 +23,23 @@ using namespace tiermem;
 
 namespace {
 
-// Median GB/s of `reps` runs of `op` moving `bytes`; 0 when one fails.
-double rate(size_t bytes, int reps, const std::function<bool()>& op) {
-  std::vector<double> gbps;
+// Median GB/s of each of `ops`, run in turns (one of each per round), so a
+// GPU still raising its clocks, or anything else that drifts, weighs on all
+// of them alike; 0 for one that fails.
+std::vector<double> rates(size_t bytes, int reps, const std::vector<std::function<bool()>>& ops) {
+  std::vector<std::vector<double>> gbps(ops.size());
+  std::vector<bool> failed(ops.size(), false);
   for (int i = 0; i < reps; ++i) {
-    const double t0 = bench::now_seconds();
-    if (!op()) return 0;
-    gbps.push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (failed[k]) continue;
+      const double t0 = bench::now_seconds();
+      failed[k] = !ops[k]();
+      gbps[k].push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);
+    }
   }
-  return bench::median(gbps);
+  std::vector<double> out;
+  for (size_t k = 0; k < ops.size(); ++k) out.push_back(failed[k] ? 0 : bench::median(gbps[k]));
+  return out;
 }
 
 std::string size_name(size_t bytes) {
@@ -82,17 +90,19 @@ int main() {
     const int reps = bytes <= (1 << 20) ? 50 : bytes < k_max ? 9 : 5;
     for (const Kind& k : kinds) {
       const std::string name = std::string(k.name) + "_" + size_name(bytes);
-      const double w = rate(bytes, reps, [&] { return client->write(vram->gva, k.buffer, bytes).ok(); });
-      const double r = rate(bytes, reps, [&] { return client->read(vram->gva, k.buffer, bytes).ok(); });
-      const double bw = rate(bytes, reps, [&] {
-        // Device to device returns before the copy is done: wait for it.
-        return cudaMemcpy(device_peer, k.buffer, bytes, k.to_device) == cudaSuccess &&
-               cudaDeviceSynchronize() == cudaSuccess;
-      });
-      const double br = rate(bytes, reps, [&] {
-        return cudaMemcpy(k.buffer, device_peer, bytes, k.from_device) == cudaSuccess &&
-               cudaDeviceSynchronize() == cudaSuccess;
-      });
+      const auto r4 = rates(bytes, reps,
+                            {[&] { return client->write(vram->gva, k.buffer, bytes).ok(); },
+                             [&] { return client->read(vram->gva, k.buffer, bytes).ok(); },
+                             [&] {
+                               // Device to device returns before the copy is done: wait for it.
+                               return cudaMemcpy(device_peer, k.buffer, bytes, k.to_device) == cudaSuccess &&
+                                      cudaDeviceSynchronize() == cudaSuccess;
+                             },
+                             [&] {
+                               return cudaMemcpy(k.buffer, device_peer, bytes, k.from_device) == cudaSuccess &&
+                                      cudaDeviceSynchronize() == cudaSuccess;
+                             }});
+      const double w = r4[0], r = r4[1], bw = r4[2], br = r4[3];
       bench::figure("vram_write_" + name, w, "GB/s");
       bench::figure("vram_read_" + name, r, "GB/s");
       bench::figure("cudaMemcpy_to_device_" + name, bw, "GB/s");
@@ -110,14 +120,16 @@ int main() {
     for (size_t bytes : {size_t{1} << 20, size_t{64} << 20, k_max}) {
       const int reps = bytes <= (1 << 20) ? 50 : 9;
       const std::string name = "device_" + size_name(bytes);
-      const double w = rate(bytes, reps, [&] {
-        return cudaMemcpy(m->data(), device, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
-               cudaDeviceSynchronize() == cudaSuccess;
-      });
-      const double b = rate(bytes, reps, [&] {
-        return cudaMemcpy(device_peer, device, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
-               cudaDeviceSynchronize() == cudaSuccess;
-      });
+      const auto r2 = rates(bytes, reps,
+                            {[&] {
+                               return cudaMemcpy(m->data(), device, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+                                      cudaDeviceSynchronize() == cudaSuccess;
+                             },
+                             [&] {
+                               return cudaMemcpy(device_peer, device, bytes, cudaMemcpyDeviceToDevice) == cudaSuccess &&
+                                      cudaDeviceSynchronize() == cudaSuccess;
+                             }});
+      const double w = r2[0], b = r2[1];
       bench::figure("vram_mapped_cudaMemcpy_" + name, w, "GB/s");
       bench::ratio("vram_mapped_cudaMemcpy_" + name + "_vs_cudaMemcpy", b > 0 ? w / b : 0);
     }
@@ -126,9 +138,11 @@ int main() {
   for (size_t bytes : {size_t{1} << 20, k_dram}) {
     const int reps = bytes <= (1 << 20) ? 50 : 7;
     const std::string name = "device_" + size_name(bytes);
-    const double w = rate(bytes, reps, [&] { return client->write(dram->gva, device, bytes).ok(); });
-    const double r = rate(bytes, reps, [&] { return client->read(dram->gva, device, bytes).ok(); });
-    const double b = rate(bytes, reps, [&] { return cudaMemcpy(pinned, device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess; });
+    const auto r3 = rates(bytes, reps,
+                          {[&] { return client->write(dram->gva, device, bytes).ok(); },
+                           [&] { return client->read(dram->gva, device, bytes).ok(); },
+                           [&] { return cudaMemcpy(pinned, device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess; }});
+    const double w = r3[0], r = r3[1], b = r3[2];
     bench::figure("dram_write_" + name, w, "GB/s");
     bench::figure("dram_read_" + name, r, "GB/s");
     bench::figure("cudaMemcpy_device_to_pinned_" + name, b, "GB/s");
@@ -141,23 +155,21 @@ int main() {
     auto moving = client->alloc(bytes, {.tier = Tier::vram, .strict = true});
     if (!moving.ok()) return 1;
     (void)client->write(moving->gva, pageable.data(), bytes);
-    std::vector<double> down, up;
-    for (int i = 0; i < 5; ++i) {
-      double t0 = bench::now_seconds();
-      if (!client->migrate(moving->gva, Tier::dram).ok()) return 1;
-      down.push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);
-      t0 = bench::now_seconds();
-      if (!client->migrate(moving->gva, Tier::vram).ok()) return 1;
-      up.push_back(static_cast<double>(bytes) / (bench::now_seconds() - t0) / 1e9);
-    }
-    const double d2h = rate(bytes, 3, [&] { return cudaMemcpy(pinned, device_peer, bytes, cudaMemcpyDeviceToHost) == cudaSuccess; });
-    const double h2d = rate(bytes, 3, [&] { return cudaMemcpy(device_peer, pinned, bytes, cudaMemcpyHostToDevice) == cudaSuccess; });
-    bench::figure("migrate_vram_to_dram_1GiB", bench::median(down), "GB/s");
-    bench::figure("migrate_dram_to_vram_1GiB", bench::median(up), "GB/s");
+    // The first round also pins the DRAM frames it lands on (once per
+    // daemon): one round before the measured ones.
+    if (!client->migrate(moving->gva, Tier::dram).ok() || !client->migrate(moving->gva, Tier::vram).ok()) return 1;
+    const auto r4 = rates(bytes, 5,
+                          {[&] { return client->migrate(moving->gva, Tier::dram).ok(); },
+                           [&] { return client->migrate(moving->gva, Tier::vram).ok(); },
+                           [&] { return cudaMemcpy(pinned, device_peer, bytes, cudaMemcpyDeviceToHost) == cudaSuccess; },
+                           [&] { return cudaMemcpy(device_peer, pinned, bytes, cudaMemcpyHostToDevice) == cudaSuccess; }});
+    const double down = r4[0], up = r4[1], d2h = r4[2], h2d = r4[3];
+    bench::figure("migrate_vram_to_dram_1GiB", down, "GB/s");
+    bench::figure("migrate_dram_to_vram_1GiB", up, "GB/s");
     bench::figure("cudaMemcpy_pinned_d2h_1GiB", d2h, "GB/s");
     bench::figure("cudaMemcpy_pinned_h2d_1GiB", h2d, "GB/s");
-    bench::ratio("migrate_vram_to_dram_vs_cudaMemcpy_pinned", d2h > 0 ? bench::median(down) / d2h : 0);
-    bench::ratio("migrate_dram_to_vram_vs_cudaMemcpy_pinned", h2d > 0 ? bench::median(up) / h2d : 0);
+    bench::ratio("migrate_vram_to_dram_vs_cudaMemcpy_pinned", d2h > 0 ? down / d2h : 0);
+    bench::ratio("migrate_dram_to_vram_vs_cudaMemcpy_pinned", h2d > 0 ? up / h2d : 0);
   }
   cudaFree(device);
   cudaFree(device_peer);

@@ -25,6 +25,7 @@ packages=(
   libtomlplusplus-dev libcli11-dev
   iproute2 procps python3-torch python3-sklearn dataset-fashion-mnist
   python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest prometheus systemd
+  hipcc libamdhip64-dev
 )
 
 log() { printf 'setup: %s\n' "$*" >&2; }

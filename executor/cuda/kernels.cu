@@ -1,9 +1,8 @@
-// The executor's CUDA kernels (kernels.cuh). Same arithmetic as the CPU
-// kernels (executor/kernels.cpp) in float; sums over rows run per column in
-// a fixed order, so a step gives the same bits every time.
+// The executor's GPU kernels (kernels.cuh): CUDA, and HIP from the same
+// source (gpu_platform.cuh). Same arithmetic as the CPU kernels
+// (executor/kernels.cpp) in float; sums over rows run per column in a fixed
+// order, so a step gives the same bits every time.
 #include "executor/cuda/kernels.cuh"
-
-#include <cuda_runtime.h>
 
 namespace tiermem::exec::cuda {
 namespace {
@@ -101,7 +100,7 @@ __global__ void gelu_grad_k(const float* x, const float* dy, float* dx, int64_t 
 
 // Sum over the block (k_threads threads); every thread gets it.
 __device__ float block_sum(float v, float* shared) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o /= 2) v += TIERMEM_SHFL_XOR(v, o);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // shared may still be read from the call before
   if (lane == 0) shared[warp] = v;
@@ -166,13 +165,13 @@ __device__ RowSoftmax row_softmax(const float* row, int64_t c) {
     if (row[j] > max) max = row[j], arg = static_cast<int>(j);
   }
   for (int o = 16; o > 0; o /= 2) {
-    const float om = __shfl_xor_sync(0xffffffffu, max, o);
-    const int oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    const float om = TIERMEM_SHFL_XOR(max, o);
+    const int oa = TIERMEM_SHFL_XOR(arg, o);
     if (om > max || (om == max && oa < arg)) max = om, arg = oa;
   }
   float sum = 0;
   for (int64_t j = lane; j < c; j += 32) sum += expf(row[j] - max);
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  for (int o = 16; o > 0; o /= 2) sum += TIERMEM_SHFL_XOR(sum, o);
   return {max, arg, sum};
 }
 

@@ -1,10 +1,11 @@
 // The executor's own CUDA kernels (everything but the GEMMs, which are
 // cuBLAS's): the contract of executor/kernels.hpp on device memory, queued
 // on `stream`. Row-major float32; `accumulate` adds into the output.
-// Included by nvcc (kernels.cu) and by the host compiler (cuda_compute.cpp).
+// Included by nvcc (kernels.cu) and by the host compiler (cuda_compute.cpp),
+// and by hipcc for the HIP build check (gpu_platform.cuh).
 #pragma once
 
-#include <cuda_runtime_api.h>
+#include "executor/cuda/gpu_platform.cuh"
 
 #include <cstdint>
 

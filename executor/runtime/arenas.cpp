@@ -182,8 +182,9 @@ std::string Arenas::placement(const Compute& compute) const {
   return "params 2 x " + format_size(static_cast<uint64_t>(m_params_bytes)) + ", grads " +
          format_size(static_cast<uint64_t>(m_grads_bytes)) + ", optimizer 2 x " +
          format_size(static_cast<uint64_t>(m_optimizer_bytes)) + ", work " + format_size(m_work.mapping.size()) +
-         ", messages " + format_size(m_mbox.mapping.size()) + " in " + where(m_params) +
-         (compute.memory_is_device() ? " (" + compute.name() + ")" : "") + "; control words in host memory";
+         ", messages " + format_size(m_mbox.mapping.size()) +
+         (compute.memory_is_device() ? " in VRAM of " + compute.name() : " in " + where(m_params)) +
+         "; control words in host memory";
 }
 
 Status Arenas::initialise(const JobPlan& job, const TrainOptions& options, Compute& compute) {

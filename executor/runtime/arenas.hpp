@@ -79,7 +79,7 @@ class Arenas {
   // committed copies survived. Errors: failed_precondition.
   Status initialise(const JobPlan& job, const TrainOptions& options, Compute& compute);
   // Where the arenas went, for people: "params 2 x 1.2 MiB, ..., messages
-  // 2 MiB in VRAM of cuda:0 (...); control words in host memory".
+  // 2 MiB in VRAM of cuda:0 (NVIDIA H200); control words in host memory".
   std::string placement(const Compute& compute) const;
   // Unmaps every arena and returns their GVAs, for the job's end to free.
   std::vector<Gva> release();

@@ -157,8 +157,10 @@ TEST_F(ExecGpuTest, PipelineAndDataParallelRanksShareOneGpu) {
   expect_close(cpu_pipe, cuda_pipe, 20, 1e-4, "pipeline");
   for (int rank = 0; rank < 2; ++rank) {
     const std::string r = "rank " + std::to_string(rank) + ": ";
-    EXPECT_NE(log.find(r + "computing on cuda:0; params"), std::string::npos) << log;
-    EXPECT_NE(log.find(" in VRAM of cuda:0"), std::string::npos) << log;
+    const size_t placed = log.find(r + "computing on cuda:0");
+    ASSERT_NE(placed, std::string::npos) << log;
+    const std::string placement = log.substr(placed, log.find('\n', placed) - placed);
+    EXPECT_NE(placement.find(", messages 2 MiB in VRAM of cuda:0"), std::string::npos) << placement;
     // Every message, header read and control word went direct: the copy
     // engines and CPU atomics, nothing carried by the daemon.
     const size_t at = log.find(r + "tiermem calls: ");
