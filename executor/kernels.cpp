@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "executor/optimizer_math.hpp"
+
 namespace tiermem::exec::kernels {
 namespace {
 
@@ -203,32 +205,19 @@ void sgd(const float* param_in, float* param, const float* grad, const float* ve
          int64_t count, float lr, float momentum, float weight_decay) {
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    const float p = param_in[i];
-    const float g = grad[i] + weight_decay * p;
-    const float v = momentum * velocity_in[i] + g;
-    velocity[i] = v;
-    param[i] = p - lr * v;
+    sgd_element(param_in[i], grad[i], velocity_in[i], lr, momentum, weight_decay, &param[i], &velocity[i]);
   }
 }
 
 void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
           float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay,
           int64_t step) {
-  const float c1 = 1.0f - std::pow(beta1, static_cast<float>(step));
-  const float c2 = 1.0f - std::pow(beta2, static_cast<float>(step));
-  const float step_size = lr / c1;
-  const float c2_sqrt = std::sqrt(c2);
+  const float step_size = lr / (1.0f - std::pow(beta1, static_cast<float>(step)));
+  const float c2_sqrt = std::sqrt(1.0f - std::pow(beta2, static_cast<float>(step)));
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    const float p = param_in[i];
-    const float g = grad[i] + weight_decay * p;
-    const float mi = beta1 * m_in[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v_in[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    // PyTorch: denom = sqrt(v) / sqrt(bias_correction2) + eps
-    const float denom = std::sqrt(vi) / c2_sqrt + epsilon;
-    param[i] = p - step_size * mi / denom;
+    adam_element(param_in[i], grad[i], m_in[i], v_in[i], step_size, c2_sqrt, beta1, beta2, epsilon, weight_decay,
+                 &param[i], &m[i], &v[i]);
   }
 }
 

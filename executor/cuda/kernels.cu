@@ -3,6 +3,7 @@
 // (executor/kernels.cpp) in float; sums over rows run per column in a fixed
 // order, so a step gives the same bits every time.
 #include "executor/cuda/kernels.cuh"
+#include "executor/optimizer_math.hpp"
 
 namespace tiermem::exec::cuda {
 namespace {
@@ -224,11 +225,7 @@ __global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, 
 __global__ void sgd_k(const float* param_in, float* param, const float* grad, const float* velocity_in,
                       float* velocity, int64_t count, float lr, float momentum, float weight_decay) {
   TIERMEM_FOR_EACH(i, count) {
-    const float p = param_in[i];
-    const float g = grad[i] + weight_decay * p;
-    const float v = momentum * velocity_in[i] + g;
-    velocity[i] = v;
-    param[i] = p - lr * v;
+    sgd_element(param_in[i], grad[i], velocity_in[i], lr, momentum, weight_decay, &param[i], &velocity[i]);
   }
 }
 
@@ -239,13 +236,8 @@ __global__ void adam_k(const float* param_in, float* param, const float* grad, c
   const float step_size = lr / (1.0f - powf(beta1, t));
   const float c2_sqrt = sqrtf(1.0f - powf(beta2, t));
   TIERMEM_FOR_EACH(i, count) {
-    const float p = param_in[i];
-    const float g = grad[i] + weight_decay * p;
-    const float mi = beta1 * m_in[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v_in[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p - step_size * mi / (sqrtf(vi) / c2_sqrt + epsilon);
+    adam_element(param_in[i], grad[i], m_in[i], v_in[i], step_size, c2_sqrt, beta1, beta2, epsilon, weight_decay,
+                 &param[i], &m[i], &v[i]);
   }
 }
 
