@@ -134,9 +134,18 @@ Status Migrator::copy_run(std::span<const PageMove> moves, std::span<const Exten
   return Status();
 }
 
-Status Migrator::move_run(std::span<const uint64_t> pages, Tier tier, NodeId to_node,
+Status Migrator::move_run(std::span<const uint64_t> run, Tier tier, NodeId to_node,
                           std::vector<Extent>* remote_frames, uint64_t* moved) {
   *moved = 0;
+  // Frames only for the pages not at the destination yet (a migration that
+  // stopped part way, or to where some pages are): only this migration
+  // moves the allocation's pages until it ends, so what it sees holds.
+  std::vector<uint64_t> pages;
+  for (uint64_t page : run) {
+    TIERMEM_ASSIGN_OR_RETURN(const PageEntry e, m_space.page_entry(page));
+    if (e.node != to_node || e.tier != tier) pages.push_back(page);
+  }
+  if (pages.empty()) return Status();
   TIERMEM_ASSIGN_OR_RETURN(const Reserved reserved, reserve(to_node, tier, pages.size()));
   // Writers finish their copy first; on a loaded machine that can take a
   // while, so wait as long as a transport operation may take. Ascending

@@ -63,9 +63,9 @@ class Migrator {
   Result<Reserved> reserve(NodeId node, Tier tier, uint64_t pages);
   void give_back(std::span<const Extent> frames);
   void release_remote(const std::vector<Extent>& frames);
-  // Moves `pages` (ascending, of the allocation being moved); *moved: how
-  // many changed place (pages already at the destination stay).
-  Status move_run(std::span<const uint64_t> pages, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames,
+  // Moves the pages of `run` (ascending, of the allocation being moved);
+  // *moved: how many changed place (pages already at the destination stay).
+  Status move_run(std::span<const uint64_t> run, Tier tier, NodeId to_node, std::vector<Extent>* remote_frames,
                   uint64_t* moved);
   // Copies every locked page of `moves` into targets[i].
   Status copy_run(std::span<const PageMove> moves, std::span<const Extent> targets, Tier tier, NodeId to_node,

@@ -323,6 +323,8 @@ class AddressSpace {
   // migrating).
   Result<std::vector<uint64_t>> begin_migration(Gva gva);
   void end_migration(Gva gva);
+  // Where `page` is now. Errors: not_allocated (no page there).
+  Result<PageEntry> page_entry(uint64_t page) const;
   // Locks one page's version word (waiting out writers, at most `timeout`)
   // and returns where it is.
   Result<PageMove> begin_move(uint64_t page, std::chrono::milliseconds timeout = k_page_lock_timeout);

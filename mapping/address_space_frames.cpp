@@ -186,6 +186,13 @@ void AddressSpace::end_migration(Gva gva) {
   if (located.ok()) (*located)->migrating = false;
 }
 
+Result<PageEntry> AddressSpace::page_entry(uint64_t page) const {
+  std::shared_lock lock(m_mutex);
+  const PageEntry* e = m_table.find(page);
+  if (e == nullptr || !e->present()) return Status(ErrorCode::not_allocated, "page " + std::to_string(page) + " is not allocated");
+  return *e;
+}
+
 Result<PageMove> AddressSpace::begin_move(uint64_t page, std::chrono::milliseconds timeout) {
   PageMove move;
   move.page = page;

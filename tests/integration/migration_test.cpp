@@ -181,12 +181,17 @@ TEST_P(MigrationTest, RunsMoveWholeAndAMigrationThatRanOutOfRoomResumes) {
   for (size_t i = 0; i < data.size(); ++i) data[i] = i * 0x9e3779b97f4a7c15ull;
   ASSERT_TRUE(c->write(a->gva, data.data(), data.size() * 8).ok());
   // PMEM with room for two and a half runs.
-  auto stat = c->stat();
-  ASSERT_TRUE(stat.ok());
-  uint64_t pmem_free = 0;
-  for (const TierStat& t : stat->tiers) pmem_free = t.tier == Tier::pmem ? t.free_bytes : pmem_free;
-  ASSERT_GT(pmem_free, 80 * k_page);
-  auto filler = c->alloc(pmem_free - 80 * k_page, {.tier = Tier::pmem, .strict = true});
+  auto pmem_free = [&] {
+    auto stat = c->stat();
+    EXPECT_TRUE(stat.ok());
+    uint64_t free = 0;
+    for (const TierStat& t : stat.ok() ? stat->tiers : std::vector<TierStat>{}) {
+      if (t.tier == Tier::pmem) free = t.free_bytes;
+    }
+    return free;
+  };
+  ASSERT_GT(pmem_free(), 80 * k_page);
+  auto filler = c->alloc(pmem_free() - 80 * k_page, {.tier = Tier::pmem, .strict = true});
   ASSERT_TRUE(filler.ok()) << filler.status().to_string();
 
   auto pages_in = [&](Tier tier, NodeId node) {
@@ -215,6 +220,13 @@ TEST_P(MigrationTest, RunsMoveWholeAndAMigrationThatRanOutOfRoomResumes) {
   std::fill(back.begin(), back.end(), 0);
   ASSERT_TRUE(c->read(a->gva, back.data(), back.size() * 8).ok());
   EXPECT_EQ(back, data) << "after the rest moved";
+  // Already there, the destination full: nothing to reserve, nothing moves.
+  auto full = c->alloc(pmem_free(), {.tier = Tier::pmem, .strict = true});
+  ASSERT_TRUE(full.ok()) << full.status().to_string();
+  EXPECT_EQ(pmem_free(), 0u);
+  m = c->migrate(a->gva, Tier::pmem);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  ASSERT_TRUE(c->free(full->gva).ok());
 
   // To another node's DRAM (runs of 4 MiB there: every one whole), back.
   m = c->migrate(a->gva, Tier::dram, 2);
