@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -56,13 +57,17 @@ Result<Migrator::Reserved> Migrator::reserve(NodeId node, Tier tier, uint64_t pa
     r.memory_generation = response.reserve_frames().memory_generation();
     r.incarnation = response.reserve_frames().incarnation();
   }
+  // What the lender sent must be `pages` distinct whole frames of the tier:
+  // two pages copied into one frame would lose one of them.
   uint64_t total = 0;
   bool as_asked = true;
+  std::set<uint64_t> seen;
   for (const Extent& x : extents) {
     as_asked = as_asked && x.node == node && x.tier == tier && x.length > 0 && x.length % page == 0 &&
-               x.frame_offset % page == 0;
-    total += x.length;
+               x.frame_offset % page == 0 && x.length <= pages * page - total;
+    total += as_asked ? x.length : 0;
     for (uint64_t at = 0; as_asked && at < x.length; at += page) {
+      as_asked = seen.insert(x.frame_offset + at).second;
       r.frames.push_back({tier, node, x.frame_offset + at, 0, page});
     }
   }

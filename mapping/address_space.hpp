@@ -184,7 +184,7 @@ struct AllocationLayout {
 };
 
 // A page being moved (M7): its version word stays locked from begin_move to
-// commit_move/abort_move.
+// commit_moves/abort_move.
 struct PageMove {
   uint64_t page = 0;
   PageEntry from;
@@ -328,14 +328,13 @@ class AddressSpace {
   // Locks one page's version word (waiting out writers, at most `timeout`)
   // and returns where it is.
   Result<PageMove> begin_move(uint64_t page, std::chrono::milliseconds timeout = k_page_lock_timeout);
-  // Points the page at `to`, releases the lock into a new epoch (every cached
-  // translation of the page is stale from here) and frees the old frame: a
-  // local one directly, a lent one is appended to *remote_frames.
-  Status commit_move(const PageMove& move, const PageEntry& to, std::vector<Extent>* remote_frames);
-  // commit_move for a run of locked pages of one allocation, moves[i] to
-  // to[i], with one durable record for all: every page moves or none does
-  // (then the caller aborts each move). Errors: those of the metadata store;
-  // internal for pages of several allocations.
+  // Points each locked page of `moves` (all of one allocation) at to[i] with
+  // one durable record for all of them, releases their locks into a new
+  // epoch (every cached translation of them is stale from here) and frees
+  // the old frames: local ones directly, lent ones appended to
+  // *remote_frames. Every page moves or none does (then the caller aborts
+  // each move). Errors: those of the metadata store; internal for pages of
+  // several allocations.
   Status commit_moves(std::span<const PageMove> moves, std::span<const PageEntry> to,
                       std::vector<Extent>* remote_frames);
   void abort_move(const PageMove& move);

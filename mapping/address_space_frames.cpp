@@ -113,8 +113,9 @@ void AddressSpace::return_frames(const std::vector<Extent>& frames) {
 Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId borrower) {
   std::unique_lock lock(m_mutex);
   // All or nothing: every frame must be one lent to `borrower` and not given
-  // back yet, or nothing is released (a frame of a live allocation, or a
-  // free one, is never released on anyone's word).
+  // back yet, and named once, or nothing is released (a frame of a live
+  // allocation, or a free one, is never released on anyone's word).
+  std::set<std::pair<uint8_t, uint64_t>> named;
   for (const Extent& x : frames) {
     const bool tier_ok = x.tier != Tier::automatic && static_cast<size_t>(x.tier) < m_tiers.size() &&
                          m_tiers[static_cast<size_t>(x.tier)].backend;
@@ -122,14 +123,15 @@ Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId bo
                 x.length % page_size() == 0 && x.frame_offset + x.length > x.frame_offset;
     for (uint64_t at = 0; lent && at < x.length; at += page_size()) {
       auto it = m_lent.find({static_cast<uint8_t>(x.tier), x.frame_offset + at});
-      lent = it != m_lent.end() && it->second.borrower == borrower;
+      lent = it != m_lent.end() && it->second.borrower == borrower &&
+             named.insert({static_cast<uint8_t>(x.tier), x.frame_offset + at}).second;
     }
     if (!lent) {
       return Status(ErrorCode::invalid_argument, "frames at offset " + std::to_string(x.frame_offset) + " (" +
                                                      std::to_string(x.length) + " bytes) of " +
                                                      std::string(tier_name(x.tier)) + " on node " +
                                                      std::to_string(m_node) + " are not lent to node " +
-                                                     std::to_string(borrower) + "; nothing released");
+                                                     std::to_string(borrower) + " (or are named twice); nothing released");
     }
   }
   for (const Extent& x : frames) {
@@ -210,11 +212,6 @@ Result<PageMove> AddressSpace::begin_move(uint64_t page, std::chrono::millisecon
   std::shared_lock lock(m_mutex);
   move.from = *m_table.find(page);
   return move;
-}
-
-Status AddressSpace::commit_move(const PageMove& move, const PageEntry& to,
-                                 std::vector<Extent>* remote_frames) {
-  return commit_moves({&move, 1}, {&to, 1}, remote_frames);
 }
 
 Status AddressSpace::commit_moves(std::span<const PageMove> moves, std::span<const PageEntry> to,

@@ -285,6 +285,11 @@ TEST_F(AddressSpaceTest, LentFramesComeBackOnlyFromTheirBorrowerAndOnlyOnce) {
   auto t = m_space->translate(a.gva);
   std::vector<Extent> live = {{Tier::dram, 3, t->extents[0].frame_offset, 0, k_page}};
   EXPECT_EQ(m_space->release_frames(live, 5).code(), ErrorCode::invalid_argument);
+  // The same frame twice in one request (a migrator handing back what a
+  // lender sent twice): refused whole, nothing released, the daemon lives.
+  std::vector<Extent> twice = {lent->front(), lent->front()};
+  EXPECT_EQ(m_space->release_frames(twice, 5).code(), ErrorCode::invalid_argument);
+  EXPECT_EQ(m_space->lent_to(5), 1u);
   ASSERT_TRUE(m_space->release_frames(*lent, 5).ok());
   EXPECT_EQ(m_space->release_frames(*lent, 5).code(), ErrorCode::invalid_argument) << "given back twice";
   EXPECT_EQ(m_space->lent_to(5), 0u);
@@ -307,7 +312,7 @@ TEST_F(AddressSpaceTest, PagesOnFramesOfANodeWhoseMemoryWasMadeAnewAreLost) {
   to.tier = Tier::dram;
   to.frame_offset = 0;
   std::vector<Extent> remote;
-  ASSERT_TRUE(m_space->commit_move(*pm, to, &remote).ok());
+  ASSERT_TRUE(m_space->commit_moves({&*pm, 1}, {&to, 1}, &remote).ok());
   m_space->end_migration(a.gva);
   auto layout = m_space->layout(a.gva);
   ASSERT_TRUE(layout.ok());
