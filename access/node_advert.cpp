@@ -8,12 +8,11 @@ NodeAdvert advert_of(const proto::NodeInfo& info) {
   NodeAdvert a;
   a.node = static_cast<NodeId>(info.node_id());
   a.incarnation = info.incarnation();
-  a.memory_generation = info.memory_generation();
   a.pages_per_domain = info.pages_per_domain();
   a.transport_address = info.transport_address();
   for (const proto::RegionKey& k : info.regions()) {
     a.regions.push_back({k.kind() == proto::Region::VERSIONS, wire::from_proto(k.tier()), k.domain(), k.first(),
-                         k.base(), k.length(), k.packed_key(), k.persistent()});
+                         k.base(), k.length(), k.packed_key(), k.persistent(), k.memory_generation()});
   }
   return a;
 }

@@ -36,7 +36,7 @@ const RemoteRegion* RemoteNode::frame_region(Tier tier, uint64_t offset, uint64_
 namespace {
 
 Status add_region(Transport& transport, RemoteNode* remote, const RegionAdvert& r) {
-  RemoteRegion region{r.first, r.base, r.length, r.persistent, nullptr};
+  RemoteRegion region{r.first, r.base, r.length, r.persistent, r.memory_generation, nullptr};
   if (!r.packed_key.empty()) {
     TIERMEM_ASSIGN_OR_RETURN(region.key, transport.unpack(remote->endpoint, r.packed_key, r.base));
   }
@@ -62,7 +62,6 @@ Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, co
   auto remote = std::make_shared<RemoteNode>();
   remote->node = advert.node;
   remote->incarnation = advert.incarnation;
-  remote->memory_generation = advert.memory_generation;
   remote->pages_per_domain = advert.pages_per_domain;
   remote->endpoint = ep;
   for (const RegionAdvert& r : advert.regions) {

@@ -31,6 +31,7 @@ struct RegionAdvert {
   uint64_t length = 0;    // bytes
   std::string packed_key;
   bool persistent = false;
+  uint64_t memory_generation = 0;  // of its domain's memory: new when it was made anew
 };
 
 struct RemoteRegion {
@@ -38,6 +39,7 @@ struct RemoteRegion {
   uint64_t base = 0;
   uint64_t length = 0;
   bool persistent = false;
+  uint64_t memory_generation = 0;  // of its domain's memory
   std::shared_ptr<RemoteKey> key;  // null: not reachable one-sided (or not given to us)
 };
 
@@ -45,7 +47,6 @@ struct RemoteRegion {
 struct NodeAdvert {
   NodeId node = 0;
   uint64_t incarnation = 0;        // of the daemon: a restart makes a new one
-  uint64_t memory_generation = 0;  // of its memory: new when its segments were made anew
   uint64_t pages_per_domain = 0;
   std::string transport_address;
   std::vector<RegionAdvert> regions;
@@ -56,7 +57,6 @@ struct NodeAdvert {
 struct RemoteNode {
   NodeId node = 0;
   uint64_t incarnation = 0;
-  uint64_t memory_generation = 0;
   uint64_t pages_per_domain = 0;
   std::shared_ptr<Endpoint> endpoint;
   std::map<uint32_t, RemoteRegion> versions;            // by domain

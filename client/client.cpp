@@ -519,6 +519,7 @@ Result<NodeStat> Client::stat(NodeId node) {
   out.recovery.locks_broken = r.locks_broken();
   out.recovery.elapsed_ms = r.elapsed_ms();
   out.recovery.lost.assign(r.lost().begin(), r.lost().end());
+  out.recovery.domains_made_anew.assign(r.domains_made_anew().begin(), r.domains_made_anew().end());
   out.recovery.pool = r.pool();
   return out;
 }

@@ -494,15 +494,19 @@ Status ClientCore::check_remote_extents(const CachedAllocation& a) {
       if (home.ok() && (*home)->node->incarnation != a.home_incarnation) return stale_translation();
     }
   }
+  // Frames lent by a node whose domain holding them is not what it was when
+  // it lent them (it came back with that domain's memory made anew) are
+  // never touched: the home will say they are lost.
+  const auto changed = [&](const RemoteNode& lender, const Extent& x) {
+    const RemoteRegion* r = lender.frame_region(x.tier, x.frame_offset, x.length);
+    return r != nullptr && r->memory_generation != x.memory_generation;
+  };
   for (const Extent& x : a.extents) {
     if (x.node == a.base.node || x.node == node()) continue;
     auto lender = remote(x.node);
-    // Frames lent by a node whose memory is not what it was when it lent
-    // them (it came back with its memory made anew) are never touched: the
-    // home will say they are lost.
-    if (lender.ok() && (*lender)->node->memory_generation != x.memory_generation) {
+    if (lender.ok() && changed(*(*lender)->node, x)) {
       lender = remote(x.node, true);  // unless what we know of it is old
-      if (lender.ok() && (*lender)->node->memory_generation != x.memory_generation) return stale_translation();
+      if (lender.ok() && changed(*(*lender)->node, x)) return stale_translation();
     }
   }
   return Status();

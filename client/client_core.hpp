@@ -95,7 +95,7 @@ class DomainFrameData final : public FrameData {
 
 struct MappedDomain {
   uint32_t domain = 0;
-  MappedRegion versions;  // header, words, L3
+  MappedRegion versions;  // words, L3 (its header is in m_headers)
   std::optional<DomainVersionWords> words;
 };
 
@@ -230,6 +230,7 @@ class ClientCore {
   std::once_flag m_regions_once;
   Status m_regions_status;
   std::vector<MappedDomain> m_domains;
+  std::vector<std::pair<uint32_t, MappedRegion>> m_headers;  // (domain, its segment header, read-only)
   std::vector<TierFile> m_files[4];  // by Tier
   std::optional<DomainFrameData> m_local_frames[4];
   MappedRegion m_intents_map;

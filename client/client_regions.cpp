@@ -30,6 +30,14 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
     if (!r.has_fd()) continue;
     if (next_fd >= fds.size()) return Status(ErrorCode::internal, "tiermemd sent fewer descriptors than regions");
     UniqueFd fd = std::move(fds[next_fd++]);
+    if (r.kind() == proto::Region::HEADER) {
+      if (r.length() != k_segment_header_bytes) {
+        return Status(ErrorCode::malformed_frame, "tiermemd sent a segment header of the wrong size");
+      }
+      TIERMEM_ASSIGN_OR_RETURN(auto header, MappedRegion::map_read_only(fd.get(), r.length()));
+      m_headers.emplace_back(r.domain(), std::move(header));
+      continue;
+    }
     TIERMEM_ASSIGN_OR_RETURN(auto map, MappedRegion::map(fd.get(), r.length()));
     if (r.kind() == proto::Region::INTENTS) {
       if (r.length() != k_intent_log_bytes) {
@@ -39,10 +47,16 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
       continue;
     }
     if (r.kind() == proto::Region::VERSIONS) {
-      if (per_domain == 0 || r.length() < k_segment_header_bytes + 3 * per_domain * sizeof(uint64_t)) {
+      if (per_domain == 0 || r.length() < 3 * per_domain * sizeof(uint64_t)) {
         return Status(ErrorCode::malformed_frame, "tiermemd sent a version segment of the wrong size");
       }
-      const auto* header = reinterpret_cast<const SegmentHeader*>(map.data());
+      const SegmentHeader* header = nullptr;
+      for (const auto& [domain, h] : m_headers) {
+        if (domain == r.domain()) header = reinterpret_cast<const SegmentHeader*>(h.data());
+      }
+      if (header == nullptr) {
+        return Status(ErrorCode::malformed_frame, "tiermemd sent version words without their segment header");
+      }
       if (std::atomic_ref<const uint64_t>(header->magic).load(std::memory_order_acquire) != SegmentHeader::k_magic ||
           std::atomic_ref<const uint64_t>(header->incarnation).load(std::memory_order_acquire) !=
               m_hello.incarnation()) {
@@ -54,7 +68,7 @@ Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::v
       d.domain = r.domain();
       d.versions = std::move(map);
       auto* base = d.versions.data();
-      auto* words = reinterpret_cast<uint64_t*>(base + k_segment_header_bytes);
+      auto* words = reinterpret_cast<uint64_t*>(base);
       d.words.emplace(words, per_domain, words + per_domain, page_size(), r.first(), &header->incarnation,
                       alive_word(*header), m_hello.incarnation(), &m_daemon_lost, m_socket);
       continue;

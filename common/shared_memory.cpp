@@ -37,10 +37,22 @@ MappedRegion::~MappedRegion() {
   if (m_data != nullptr && m_owned) ::munmap(m_data, m_size);
 }
 
-Result<MappedRegion> MappedRegion::map(int fd, size_t size, uint64_t offset) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+namespace {
+
+Result<MappedRegion> map_shared(int fd, size_t size, uint64_t offset, int protection) {
+  void* p = ::mmap(nullptr, size, protection, MAP_SHARED, fd, static_cast<off_t>(offset));
   if (p == MAP_FAILED) return errno_error("mmap of " + std::to_string(size) + " bytes");
   return MappedRegion(static_cast<std::byte*>(p), size);
+}
+
+}  // namespace
+
+Result<MappedRegion> MappedRegion::map(int fd, size_t size, uint64_t offset) {
+  return map_shared(fd, size, offset, PROT_READ | PROT_WRITE);
+}
+
+Result<MappedRegion> MappedRegion::map_read_only(int fd, size_t size, uint64_t offset) {
+  return map_shared(fd, size, offset, PROT_READ);
 }
 
 Result<SharedMemory> SharedMemory::create(const std::string& name, size_t size) {

@@ -30,6 +30,8 @@ class MappedRegion {
 
   // Maps `size` bytes of `fd` at `offset` read-write and shared.
   static Result<MappedRegion> map(int fd, size_t size, uint64_t offset = 0);
+  // The same, read-only (a descriptor opened for reading only).
+  static Result<MappedRegion> map_read_only(int fd, size_t size, uint64_t offset = 0);
 
  private:
   std::byte* m_data = nullptr;

@@ -192,11 +192,13 @@ Status RequestHandler::reserve_frames(const proto::Request& request, const Sessi
     return Status(ErrorCode::invalid_argument, "reserve_frames needs a tier (vram, dram or pmem)");
   }
   const std::string& tenant = request.tenant();
-  TIERMEM_RETURN_IF_ERROR(ensure_domain(tenant).status());
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, ensure_domain(tenant));
   TIERMEM_ASSIGN_OR_RETURN(auto frames,
                            m_space.reserve_frames(tier, r.pages(), tenant, m_tenants.limits(tenant), s.peer_node));
   for (const Extent& x : frames) wire::to_proto(x, out->add_extents());
-  out->set_memory_generation(m_space.versions().memory_generation());
+  // Of the domain the frames are from (the tenant's): made anew, it takes
+  // them with it, and the borrower must learn so.
+  out->set_memory_generation(m_space.versions().memory_generation(domain));
   out->set_incarnation(m_incarnation);
   return Status();
 }

@@ -25,7 +25,7 @@ DataPlane::~DataPlane() {
 }
 
 Status DataPlane::add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier, uint32_t domain,
-                      uint64_t first, bool persistent, const std::string& tenant) {
+                      uint64_t first, bool persistent, const std::string& tenant, uint64_t memory_generation) {
   TIERMEM_ASSIGN_OR_RETURN(auto region, m_transport->register_region(const_cast<void*>(base), length, kind));
   proto::RegionKey* k = m_self.add_regions();
   k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
@@ -37,6 +37,7 @@ Status DataPlane::add(const void* base, size_t length, MemoryKind kind, bool ver
   k->set_domain(domain);
   k->set_first(first);
   k->set_tenant(tenant);
+  k->set_memory_generation(memory_generation);
   m_regions.push_back(std::move(region));
   return Status();
 }
@@ -49,20 +50,19 @@ Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, cons
     m_self.set_control_address(control);
     m_self.set_page_size(space.page_size());
     m_self.set_incarnation(incarnation);
-    m_self.set_memory_generation(space.versions().memory_generation());
     m_self.set_pages_per_domain(space.pages_per_domain());
     m_self.set_transport_address(m_transport->address());
     VersionSegments& v = space.versions();
     for (uint32_t d = 0; d < v.domains(); ++d) {
       Status s = add(v.domain_words(d), v.domain_words_bytes(), MemoryKind::host, true, Tier::automatic, d,
-                     uint64_t{d} * v.pages_per_domain(), false, space.tenant_of_domain(d));
+                     uint64_t{d} * v.pages_per_domain(), false, space.tenant_of_domain(d), v.memory_generation(d));
       if (!s.ok()) return s.with_context("registering the version words");
     }
     // VRAM (its chunks come and go with frames, so peers reach it through
     // the daemon unless the transport registers the whole device range).
     if (TierBackend* b = space.backend(Tier::vram)) {
       Status s = add(b->region_base(), b->domains() * b->domain_span(), MemoryKind::cuda, false, Tier::vram, 0, 0,
-                     false, "");
+                     false, "", 0);
       if (!s.ok()) spdlog::info("vram tier not reachable one-sided: {}", s.message());
     }
   }
@@ -82,7 +82,7 @@ Status DataPlane::register_domain(AddressSpace& space, uint32_t domain) {
     if (!m_registered_domains.insert({static_cast<int>(t), domain}).second) continue;
     const uint64_t first = uint64_t{domain} * b->domain_span();
     TIERMEM_RETURN_IF_ERROR(add(b->host_base() + first, b->domain_bytes(domain), MemoryKind::host, false, t, domain,
-                                first, b->persistent(), tenant));
+                                first, b->persistent(), tenant, space.versions().memory_generation(domain)));
     added = true;
   }
   for (proto::RegionKey& k : *m_self.mutable_regions()) {

@@ -1,9 +1,9 @@
 // A daemon's data plane: its transport, the registration of its memory with
 // it (the version words of every domain at start, the frames of a domain
 // when a tenant is given it), and the description of this node that peers
-// and clients reach it by (NodeInfo: incarnation, memory generation,
-// transport address, one key per registered region, each marked with its
-// domain and tenant).
+// and clients reach it by (NodeInfo: incarnation, transport address, one key
+// per registered region, each marked with its domain, tenant and the
+// domain's memory generation).
 #pragma once
 
 #include <memory>
@@ -44,7 +44,7 @@ class DataPlane {
  private:
   DataPlane() = default;
   Status add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier, uint32_t domain,
-             uint64_t first, bool persistent, const std::string& tenant);
+             uint64_t first, bool persistent, const std::string& tenant, uint64_t memory_generation);
 
   std::unique_ptr<Transport> m_transport;
   mutable std::mutex m_mutex;

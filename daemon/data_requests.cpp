@@ -181,7 +181,7 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
   // an operator's also every other tenant's, as far as one reply carries
   // their descriptors (the rest it reaches through the daemon).
   TIERMEM_ASSIGN_OR_RETURN(const uint32_t own, ensure_domain(s.who.tenant));
-  const auto fds_of = [&](uint32_t d) { return 1 + m_space.domain_files(d).tiers.size(); };
+  const auto fds_of = [&](uint32_t d) { return 2 + m_space.domain_files(d).tiers.size(); };
   std::vector<uint32_t> domains = {own};
   size_t budget = wire::k_max_fds_per_frame - 1 - fds_of(own);  // 1: the lock log
   if (s.who.is_operator) {
@@ -193,6 +193,14 @@ Status RequestHandler::open_regions(const SessionState& s, proto::OpenRegionsRes
   }
   for (uint32_t d : domains) {
     const DomainFiles files = m_space.domain_files(d);
+    // The header first (read-only: nothing a client writes is what the
+    // daemon trusts at its next start), then the words it guards.
+    proto::Region* h = out->add_regions();
+    h->set_kind(proto::Region::HEADER);
+    h->set_domain(d);
+    h->set_length(k_segment_header_bytes);
+    h->set_has_fd(true);
+    fds->push_back(files.header_fd);
     proto::Region* v = out->add_regions();
     v->set_kind(proto::Region::VERSIONS);
     v->set_domain(d);

@@ -178,7 +178,7 @@ Status Migrator::move_run(std::span<const uint64_t> run, Tier tier, NodeId to_no
       to[i].node = to_node;
       to[i].tier = tier;
     }
-    if (to_node != m_space.node()) m_space.note_lender(to_node, reserved.memory_generation);
+    if (to_node != m_space.node()) m_space.note_lender(to_node, m_tenant, reserved.memory_generation);
     s = m_space.commit_moves(moves, to, remote_frames);
   }
   if (!s.ok()) {

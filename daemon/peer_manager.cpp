@@ -23,7 +23,7 @@ uint64_t now_unix_ms() {
 }  // namespace
 
 PeerManager::PeerManager(PeerOptions options, std::function<proto::NodeInfo()> self, Transport* transport,
-                         ClusterSecret secret, std::function<void(NodeId, uint64_t)> on_memory)
+                         ClusterSecret secret, std::function<void(NodeId, const MemoryGenerations&)> on_memory)
     : m_options(std::move(options)),
       m_self(std::move(self)),
       m_transport(transport),
@@ -217,7 +217,13 @@ Status PeerManager::handshake(NodeId node) {
     TIERMEM_ASSIGN_OR_RETURN(remote, connect_remote_node(*m_transport, advert_of(info)));
     info.set_transports(remote->endpoint->transports());
   }
-  if (m_on_memory) m_on_memory(node, info.memory_generation());
+  if (m_on_memory) {
+    MemoryGenerations generations;
+    for (const proto::RegionKey& k : info.regions()) {
+      if (k.kind() == proto::Region::VERSIONS && !k.tenant().empty()) generations[k.tenant()] = k.memory_generation();
+    }
+    m_on_memory(node, generations);
+  }
   Graveyard graveyard{this};
   std::lock_guard lock(m_mutex);
   Peer& p = *find(node);

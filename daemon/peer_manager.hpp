@@ -56,9 +56,11 @@ class PeerManager {
  public:
   // `self` describes this daemon now (its regions grow); `transport` reaches
   // peers one-sided (may be null: then only the control plane works).
-  // `on_memory` is told each peer's memory generation at every connect.
+  // `on_memory` is told each peer's memory generations (of its tenants'
+  // domains, by tenant) at every connect.
+  using MemoryGenerations = std::map<std::string, uint64_t>;
   PeerManager(PeerOptions options, std::function<proto::NodeInfo()> self, Transport* transport, ClusterSecret secret,
-              std::function<void(NodeId, uint64_t)> on_memory = {});
+              std::function<void(NodeId, const MemoryGenerations&)> on_memory = {});
   ~PeerManager();
 
   void start();
@@ -150,7 +152,7 @@ class PeerManager {
   std::function<proto::NodeInfo()> m_self;
   Transport* m_transport;
   ClusterSecret m_secret;
-  std::function<void(NodeId, uint64_t)> m_on_memory;
+  std::function<void(NodeId, const MemoryGenerations&)> m_on_memory;
   mutable std::mutex m_mutex;
   std::condition_variable m_wake;
   std::map<NodeId, Peer> m_peers;

@@ -335,7 +335,7 @@ Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState&
     case proto::Request::kWrite: return write(request, who);
     case proto::Request::kAtomic: return atomic(request, who);
     case proto::Request::kLookup: status = lookup(request.lookup(), who, resp.mutable_lookup()); break;
-    case proto::Request::kStat: stat(resp.mutable_stat()); break;
+    case proto::Request::kStat: stat(requester(request, session), resp.mutable_stat()); break;
     case proto::Request::kMetrics:
       if (!who.is_operator) {
         status = Status(ErrorCode::permission_denied, "the metrics name every tenant: operators only (root or "
@@ -495,7 +495,7 @@ void RequestHandler::free_session_allocations(const std::vector<Gva>& owned, con
   }
 }
 
-void RequestHandler::stat(proto::StatResponse* out) {
+void RequestHandler::stat(const Identity& who, proto::StatResponse* out) {
   out->set_node_id(m_space.node());
   out->set_page_size(m_space.page_size());
   for (const TierStat& t : m_space.tier_stats()) wire::to_proto(t, out->add_tiers());
@@ -520,7 +520,13 @@ void RequestHandler::stat(proto::StatResponse* out) {
   ri->set_lent_frames(r.lent_frames);
   ri->set_locks_broken(r.locks_broken);
   ri->set_elapsed_ms(r.elapsed_ms);
-  for (const std::string& l : r.lost) ri->add_lost(l);
+  // What was lost names allocations and tenants: a client sees its own.
+  for (const TenantNote& l : r.lost) {
+    if (who.is_operator || l.tenant == who.tenant) ri->add_lost(l.text);
+  }
+  for (const TenantNote& d : r.domains_made_anew) {
+    if (who.is_operator || d.tenant == who.tenant) ri->add_domains_made_anew(d.text);
+  }
   ri->set_pool(r.pool);
 }
 

@@ -173,7 +173,7 @@ class RequestHandler {
   Status alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out);
   Status lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out);
   void list(const Identity& who, proto::ListResponse* out);
-  void stat(proto::StatResponse* out);
+  void stat(const Identity& who, proto::StatResponse* out);
   void dump(const Identity& who, proto::DumpResponse* out);
 
   Reply ok_reply(const proto::Request& request);

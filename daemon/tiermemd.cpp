@@ -175,11 +175,13 @@ void log_recovery(const AddressSpace& space) {
   spdlog::info("recovered {} allocation(s), {} page(s), from {} in {:.1f} ms (start {} on it); shared memory {}; "
                "{} frame(s) still lent to peers",
                r.allocations, r.pages, r.pool, r.elapsed_ms, r.starts,
-               r.memory_adopted ? "taken over" : "made anew (DRAM contents are gone)", r.lent_frames);
+               r.memory_adopted ? "taken over" : "made anew for some tenants (their DRAM contents are gone)",
+               r.lent_frames);
+  for (const TenantNote& d : r.domains_made_anew) spdlog::error("shared memory made anew: {}", d.text);
   if (r.lost_allocations > 0) {
     spdlog::error("{} allocation(s) lost {} page(s) whose memory did not survive; reads of them fail with data_lost:",
                   r.lost_allocations, r.lost_pages);
-    for (const std::string& l : r.lost) spdlog::error("  lost: {}", l);
+    for (const TenantNote& l : r.lost) spdlog::error("  lost: {}", l.text);
   }
   if (r.locks_broken > 0) {
     spdlog::warn("{} page(s) were still locked by writers of the daemon before: flagged torn (T)", r.locks_broken);
@@ -229,9 +231,11 @@ Status open_cluster(const DaemonConfig& c, Node* node) {
   DataPlane* dp = node->data_plane.get();
   AddressSpace* space = node->space.get();
   node->peers = std::make_unique<PeerManager>(
-      po, [dp] { return dp->self(); }, dp->transport(), node->secret, [space](NodeId peer, uint64_t generation) {
-        if (const size_t lost = space->lose_frames_of(peer, generation); lost > 0) {
-          spdlog::error("node {}'s memory was made anew: {} page(s) on frames it lent are lost", peer, lost);
+      po, [dp] { return dp->self(); }, dp->transport(), node->secret,
+      [space](NodeId peer, const PeerManager::MemoryGenerations& generations) {
+        if (const size_t lost = space->lose_frames_of(peer, generations); lost > 0) {
+          spdlog::error("node {}'s memory was made anew for some tenants: {} page(s) on frames it lent are lost",
+                        peer, lost);
         }
       });
   return Status();
@@ -394,7 +398,8 @@ void remove_memory(const DaemonConfig& c, bool retire) {
   for (const std::string& dir : {c.dram_path, c.pmem_path}) {
     for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
-      if (name.rfind("dram.", 0) == 0 || name.rfind("pmem.", 0) == 0 || name.rfind("versions.", 0) == 0) {
+      if (name.rfind("dram.", 0) == 0 || name.rfind("pmem.", 0) == 0 || name.rfind("versions.", 0) == 0 ||
+          name.rfind("header.", 0) == 0) {
         std::filesystem::remove(e.path(), ec);
       }
     }

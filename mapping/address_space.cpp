@@ -98,26 +98,19 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
   vo.pages_per_domain = per_domain;
   vo.page_size = options.page_size;
   vo.incarnation = options.incarnation;
-  vo.memory_generation = options.memory_generation != 0 ? options.memory_generation : random_nonzero();
-  if (meta && !meta->image().created && meta->image().memory_generation != 0) {
-    // The node's shared memory is taken over when it is the very memory the
-    // records describe (the same generation); else it was made anew (a
-    // reboot, or someone removed it) and a new generation says so to peers.
-    VersionSegments::Options earlier = vo;
-    earlier.memory_generation = meta->image().memory_generation;
-    earlier.adopt = true;
-    if (VersionSegments::adoptable(earlier)) vo = earlier;
-  }
+  // Each domain's shared memory is taken over when it is the very memory the
+  // records describe (its generation); else it is made anew (a reboot,
+  // someone removed it, or its tenant damaged its files), alone.
+  if (meta && !meta->image().created) vo.adopt = meta->image().memory_generations;
   TIERMEM_ASSIGN_OR_RETURN(auto versions, VersionSegments::create(vo));
-  if (meta && meta->image().memory_generation != vo.memory_generation) {
-    TIERMEM_RETURN_IF_ERROR(meta->set_memory_generation(vo.memory_generation));
+  if (meta && meta->image().memory_generations != versions->memory_generations()) {
+    TIERMEM_RETURN_IF_ERROR(meta->set_memory_generations(versions->memory_generations()));
   }
-  const bool adopted = versions->adopted();
   auto space =
       std::unique_ptr<AddressSpace>(new AddressSpace(options, per_domain, std::move(tiers), std::move(versions)));
   if (meta) {
     space->m_meta = std::move(meta);
-    space->recover(space->m_meta->image(), adopted);
+    space->recover(space->m_meta->image());
   }
   return space;
 }
@@ -227,6 +220,7 @@ DomainFiles AddressSpace::domain_files(uint32_t domain) const {
   f.pages = m_versions->pages_per_domain();
   f.versions_fd = m_versions->fd(domain);
   f.versions_bytes = m_versions->file_bytes();
+  f.header_fd = m_versions->header_fd(domain);
   for (Tier tier : k_tiers_fastest_first) {
     const TierBackend* b = m_tiers[static_cast<size_t>(tier)].backend.get();
     if (b == nullptr || b->share_fd(domain) < 0) continue;

@@ -85,21 +85,28 @@ struct AddressSpaceOptions {
   // The directory of the version segments (the node's shared memory), held
   // locked by the caller.
   std::string versions_dir;
-  uint64_t incarnation = 0;        // of this daemon, in every segment header
-  uint64_t memory_generation = 0;  // of this node's memory; 0: random (or the metadata's)
+  uint64_t incarnation = 0;  // of this daemon, in every segment header
   // Durable metadata (H5): when set, the pool is opened (made when there is
   // none), the space rebuilt from it, and every change recorded in it before
-  // it is visible. The node's shared memory (version segments, DRAM files)
+  // it is visible. Each domain's shared memory (version segments, DRAM file)
   // left by the daemon before is then re-adopted when it is still the one
-  // the pool knows; else it is made anew and what lived only there is lost.
+  // the pool knows and whole; else that domain's is made anew and what lived
+  // only there is lost, and no other domain's.
   std::optional<MetadataOptions> metadata;
+};
+
+// One line of a recovery report about one tenant (a client is shown its
+// own tenant's only).
+struct TenantNote {
+  std::string tenant;
+  std::string text;
 };
 
 // What a start on durable metadata found (tiermemctl status, the log).
 struct RecoveryReport {
   bool from_metadata = false;    // a pool was opened (false: no durable metadata)
   bool pool_created = false;     // it was new: nothing to recover
-  bool memory_adopted = false;   // the shared memory of the daemon before was taken over
+  bool memory_adopted = false;   // every domain's shared memory of the daemon before was taken over
   uint64_t starts = 0;           // daemon starts on the pool
   uint64_t allocations = 0;      // recovered (lost ones included)
   uint64_t pages = 0;
@@ -109,7 +116,10 @@ struct RecoveryReport {
   uint64_t lent_frames = 0;       // frames lent to other nodes, still lent
   uint64_t locks_broken = 0;      // pages still locked by a dead writer: flagged torn
   double elapsed_ms = 0;
-  std::vector<std::string> lost;  // "name (gva)" of lost allocations, the first 100
+  std::vector<TenantNote> lost;  // "'name' gva of tenant 't': why" of lost allocations, the first 100
+  // Domains of a tenant whose shared memory was made anew, and why: "domain
+  // 3 (tenant 'x'): its version words ... are 0 bytes long ...".
+  std::vector<TenantNote> domains_made_anew;
   std::vector<std::string> dropped_reasons;  // one line per dropped record
   std::string pool;               // the metadata pool's path
 };
@@ -147,8 +157,9 @@ struct DomainFiles {
   uint32_t domain = 0;
   uint64_t first_page = 0;  // of the domain's virtual pages
   uint64_t pages = 0;
-  int versions_fd = -1;     // header, version words, L3 words (VersionSegments)
+  int versions_fd = -1;     // version words, L3 words (VersionSegments), read-write
   uint64_t versions_bytes = 0;
+  int header_fd = -1;       // the segment header, a read-only descriptor
   struct TierFile {
     Tier tier = Tier::automatic;
     int fd = -1;
@@ -299,15 +310,17 @@ class AddressSpace {
   Status release_frames(const std::vector<Extent>& frames, NodeId borrower);
   // Frames lent to `borrower`, now.
   size_t lent_to(NodeId borrower) const;
-  // The memory generation of `node` as of the frames it lent us: extents on
-  // it carry it, so a client reaching them checks the node's memory is the
-  // same.
-  void note_lender(NodeId node, uint64_t memory_generation);
-  // `node`'s memory is now of `memory_generation`: if that is not the one
-  // its lent frames were of, every page on them is lost (flag L; reads and
-  // writes of their allocations fail with data_lost, free still works).
-  // Returns how many pages were lost.
-  size_t lose_frames_of(NodeId node, uint64_t memory_generation);
+  // The memory generation of `tenant`'s domain on `node` as of the frames it
+  // lent us (a lender takes them from the domain of the allocation's
+  // tenant): extents on it carry it, so a client reaching them checks the
+  // domain's memory is the same.
+  void note_lender(NodeId node, const std::string& tenant, uint64_t memory_generation);
+  // `node`'s domains are now of `generations` (by tenant): frames lent from
+  // a domain whose generation is not the one they were lent from (or that
+  // it no longer has) are gone, and every page on them is lost (flag L;
+  // reads and writes of their allocations fail with data_lost, free still
+  // works). Returns how many pages were lost.
+  size_t lose_frames_of(NodeId node, const std::map<std::string, uint64_t>& generations);
 
   // --- locks of dead writers (S3, mapping/lock_intents.hpp) ----------------
   // Breaks the lock a writer that died held on `page`, when its word still
@@ -413,17 +426,23 @@ class AddressSpace {
 
   // --- durable metadata (address_space_recovery.cpp) -----------------------
   // Rebuilds domains, allocations and lent frames from the pool's image.
-  void recover(const MetadataImage& image, bool memory_adopted);
+  void recover(const MetadataImage& image);
+  // Which tiers of a recorded domain kept their memory, and why not.
+  void judge_domain(const DomainRecord& d);
   // Recovers one allocation; false (and why) when it does not fit.
-  bool recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why);
+  bool recover_allocation(const AllocationRecord& r, std::string* why);
   // Its steps: the record is consistent; its range and local frames are
   // free and taken (all or none); its page entries set (lost and torn pages
   // flagged); one page's word after a restart (true: a dead writer's lock
   // was broken).
   bool check_record(const AllocationRecord& r, std::string* why) const;
   bool take_back(const AllocationRecord& r, std::string* why);
-  void restore_pages(Allocation& a, const AllocationRecord& r, bool memory_adopted);
-  bool settle_word(uint64_t page, bool memory_adopted);
+  void restore_pages(Allocation& a, const AllocationRecord& r);
+  bool settle_word(uint64_t page);
+  // Why a recovered allocation has lost pages.
+  std::string why_lost(const Allocation& a) const;
+  // Whether a local frame of `domain` kept its bytes over the restart.
+  bool frame_survived(uint32_t domain, Tier tier, uint64_t frame_offset) const;
   // An allocation as its record describes it (its pages not restored).
   Allocation from_record(const AllocationRecord& r) const;
   // Re-records flags found at recovery and counts what was lost.
@@ -497,7 +516,14 @@ class AddressSpace {
   mutable std::shared_mutex m_mutex;
   std::unique_ptr<MetadataStore> m_meta;  // durable metadata; null without
   RecoveryReport m_recovery;
-  std::array<bool, 4> m_recovery_survived{};  // per tier, while recovering: its files were there
+  // While recovering, per domain: which tiers kept their memory, and why a
+  // tier did not (for the report of what was lost).
+  struct DomainSurvival {
+    std::array<bool, 4> kept{};          // the tier's memory outlived the daemon before
+    std::array<uint64_t, 4> file_bytes{};  // of its file then: frames past it are gone
+    std::array<std::string, 4> why;      // what to say of a lost frame
+  };
+  std::vector<DomainSurvival> m_survival;
   std::unique_ptr<VersionSegments> m_versions;
   PageTable m_table;
   std::array<TierState, 4> m_tiers;
@@ -510,7 +536,9 @@ class AddressSpace {
     uint32_t domain = 0;  // whose quota they count against
   };
   std::map<std::pair<uint8_t, uint64_t>, Reserved> m_lent;  // (tier, frame offset) -> reservation
-  std::map<NodeId, uint64_t> m_lender_generation;  // memory generation of the nodes our pages' frames are on
+  // The memory generation of the domain (of the tenant) on another node that
+  // lent frames to our pages.
+  std::map<std::pair<NodeId, std::string>, uint64_t> m_lender_generation;
   uint32_t m_next_generation = 1;
   std::map<uint64_t, Allocation> m_allocations;  // by start (start_of)
   std::unordered_map<std::string, uint64_t> m_names;  // -> start

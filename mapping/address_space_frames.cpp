@@ -310,19 +310,28 @@ MappingDump AddressSpace::dump() const {
 
 // --- frames of other nodes ---------------------------------------------------
 
-void AddressSpace::note_lender(NodeId node, uint64_t memory_generation) {
+void AddressSpace::note_lender(NodeId node, const std::string& tenant, uint64_t memory_generation) {
   std::unique_lock lock(m_mutex);
-  m_lender_generation[node] = memory_generation;
+  m_lender_generation[{node, tenant}] = memory_generation;
 }
 
-size_t AddressSpace::lose_frames_of(NodeId node, uint64_t memory_generation) {
+size_t AddressSpace::lose_frames_of(NodeId node, const std::map<std::string, uint64_t>& generations) {
   std::unique_lock lock(m_mutex);
-  auto known = m_lender_generation.find(node);
-  if (known == m_lender_generation.end() || known->second == memory_generation) return 0;
-  known->second = memory_generation;
+  std::set<std::string> gone;  // tenants whose domain on `node` lent us frames from memory it no longer has
+  for (auto& [key, known] : m_lender_generation) {
+    if (key.first != node) continue;
+    auto now = generations.find(key.second);
+    const uint64_t current = now == generations.end() ? 0 : now->second;
+    if (current == known) continue;
+    known = current;
+    gone.insert(key.second);
+  }
+  if (gone.empty()) return 0;
   size_t lost = 0;
   for (auto& [start, a] : m_allocations) {
-    if (a.slot_bytes != 0) continue;  // shared pages are never on another node
+    // Shared pages are never on another node; a lender takes frames from
+    // the domain of the allocation's tenant.
+    if (a.slot_bytes != 0 || gone.count(a.tenant) == 0) continue;
     const uint64_t first = a.first_page;
     const uint64_t lost_before = a.lost_pages;
     for (uint64_t p = first; p < first + a.pages; ++p) {

@@ -6,9 +6,11 @@
 // other nodes. What the records point at is checked against the tiers: a
 // record that does not fit (a range taken twice, a frame outside its domain)
 // is dropped and logged by the caller; pages whose memory did not survive
-// (DRAM when the node's shared memory was made anew, a tier file that is
-// gone) are flagged lost, so their allocation reads fail with data_lost and
-// says so, never silently.
+// are flagged lost, so their allocation reads fail with data_lost and says
+// so, never silently. What survived is judged per domain (one tenant's
+// files): DRAM when the domain's shared memory was taken over and its DRAM
+// file is whole, PMEM when its PMEM file is whole, VRAM never. A tenant that
+// damaged its own files loses its own memory and no one else's.
 #include <algorithm>
 #include <bit>
 #include <chrono>
@@ -59,7 +61,7 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
     } else {
       uint64_t lender = 0;
       if (e.node != m_node) {
-        auto g = m_lender_generation.find(e.node);
+        auto g = m_lender_generation.find({e.node, a.tenant});
         lender = g == m_lender_generation.end() ? 0 : g->second;
       }
       r.runs.push_back({e.frame_offset, 1, e.node, e.tier, e.flags, lender});
@@ -145,9 +147,9 @@ bool AddressSpace::take_back(const AllocationRecord& r, std::string* why) {
   return true;
 }
 
-bool AddressSpace::settle_word(uint64_t page, bool memory_adopted) {
+bool AddressSpace::settle_word(uint64_t page) {
   uint64_t& word = m_versions->word(page);
-  if (!memory_adopted) {
+  if (!m_versions->adopted(m_versions->domain_of(page))) {
     version::advance_epoch(word);
     return false;
   }
@@ -161,21 +163,23 @@ bool AddressSpace::settle_word(uint64_t page, bool memory_adopted) {
   return broken;
 }
 
-void AddressSpace::restore_pages(Allocation& a, const AllocationRecord& r, bool memory_adopted) {
+void AddressSpace::restore_pages(Allocation& a, const AllocationRecord& r) {
   const uint64_t psize = page_size();
+  const uint32_t domain = m_versions->domain_of(r.first_page);
   uint64_t page = r.first_page;
   for (const RunRecord& run : r.runs) {
-    // What the lender's memory was when it lent the frames: a peer that
-    // comes back with other memory makes them lost (lose_frames_of).
-    if (run.node != m_node && run.memory_generation != 0) m_lender_generation.emplace(run.node, run.memory_generation);
-    // DRAM frames (and frames of a tier whose file is gone) hold nothing of
-    // what was written when the memory did not survive.
-    const auto t = static_cast<size_t>(run.tier);
-    const bool survived =
-        run.node != m_node || (m_recovery_survived[t] && (memory_adopted || m_tiers[t].backend->persistent()));
+    // What the lender's domain was when it lent the frames: a peer that
+    // comes back with that domain's memory made anew makes them lost
+    // (lose_frames_of).
+    if (run.node != m_node && run.memory_generation != 0) {
+      m_lender_generation.emplace(std::pair(run.node, r.tenant), run.memory_generation);
+    }
+    // Frames of a tier whose memory did not survive in this domain hold
+    // nothing of what was written (take_back checked they are the domain's).
     for (uint64_t i = 0; i < run.pages; ++i, ++page) {
       PageEntry e;
       e.frame_offset = run.frame_offset + i * psize;
+      const bool survived = run.node != m_node || frame_survived(domain, run.tier, e.frame_offset);
       e.generation = r.generation;
       e.node = run.node;
       e.tier = run.tier;
@@ -184,7 +188,7 @@ void AddressSpace::restore_pages(Allocation& a, const AllocationRecord& r, bool 
         e.flags |= k_page_lost;
         ++a.lost_pages;
       }
-      if (settle_word(page, memory_adopted) && (e.flags & k_page_torn) == 0) {
+      if (settle_word(page) && (e.flags & k_page_torn) == 0) {
         e.flags |= k_page_torn;
         ++a.torn_pages;
         ++m_recovery.locks_broken;
@@ -220,17 +224,29 @@ void AddressSpace::note_recovered(const Allocation& a, const AllocationRecord& r
   if (a.lost_pages > r.lost_pages || a.torn_pages > r.torn_pages) {
     (void)m_meta->put_allocation(record_of(a), m_next_generation);  // the flags only
   }
-  if (a.lost_pages > 0) {
-    ++m_recovery.lost_allocations;
-    m_recovery.lost_pages += a.lost_pages;
-    if (m_recovery.lost.size() < 100) {
-      m_recovery.lost.push_back((a.name.empty() ? std::string("(unnamed)") : "'" + a.name + "'") + " " +
-                                info_of(a).gva.to_string());
-    }
-  }
+  if (a.lost_pages == 0) return;
+  ++m_recovery.lost_allocations;
+  m_recovery.lost_pages += a.lost_pages;
+  if (m_recovery.lost.size() >= 100) return;
+  m_recovery.lost.push_back({a.tenant, (a.name.empty() ? std::string("(unnamed)") : "'" + a.name + "'") + " " +
+                                           info_of(a).gva.to_string() + " of tenant '" + a.tenant +
+                                           "': " + why_lost(a)});
 }
 
-bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_adopted, std::string* why) {
+std::string AddressSpace::why_lost(const Allocation& a) const {
+  // The reason this start found for the first of its pages it lost (its
+  // page entries are restored: a sub-page allocation's is its slab's).
+  const uint32_t domain = m_versions->domain_of(a.first_page);
+  for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
+    const PageEntry& e = *m_table.find(p);
+    if (e.node == m_node && !frame_survived(domain, e.tier, e.frame_offset)) {
+      return m_survival[domain].why[static_cast<size_t>(e.tier)];
+    }
+  }
+  return "lost before this start";
+}
+
+bool AddressSpace::recover_allocation(const AllocationRecord& r, std::string* why) {
   if (r.kind == RecordKind::sub) return recover_in_slab(r, why);
   if (r.kind == RecordKind::slab && (r.pages != 1 || r.slot_bytes < k_min_slot_bytes ||
                                       r.slot_bytes > page_size() / 2 || !std::has_single_bit(r.slot_bytes))) {
@@ -239,7 +255,7 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   }
   if (!check_record(r, why) || !take_back(r, why)) return false;
   Allocation a = from_record(r);
-  restore_pages(a, r, memory_adopted);
+  restore_pages(a, r);
   Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
   dom.cursor = std::max(dom.cursor, r.first_page + r.pages);
   m_recovery.pages += a.pages;
@@ -261,31 +277,64 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, bool memory_ado
   return true;
 }
 
-void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
+void AddressSpace::judge_domain(const DomainRecord& d) {
+  DomainSurvival& out = m_survival[d.domain];
+  const std::string whose = "domain " + std::to_string(d.domain) + " (tenant '" + d.tenant + "')";
+  const bool adopted = m_versions->adopted(d.domain);
+  if (!adopted) {
+    m_recovery.domains_made_anew.push_back({d.tenant, whose + ": " + m_versions->made_anew_because(d.domain)});
+  }
+  for (Tier tier : k_tiers_fastest_first) {
+    const auto t = static_cast<size_t>(tier);
+    TierBackend* b = m_tiers[t].backend.get();
+    if (b == nullptr) continue;
+    const std::string name(tier_name(tier));
+    if (!b->keeps_memory()) {
+      // A tier whose frames are the daemon's own memory (VRAM) is gone with it.
+      out.why[t] = name + " does not outlive its daemon";
+      continue;
+    }
+    if (!b->persistent() && !adopted) {
+      // Volatile frames are worth what the version words guarding them are:
+      // with the words made anew, so is the file (as after a reboot), and a
+      // client still mapping the old one is left with an unlinked file.
+      out.why[t] = "the shared memory of " + whose + " was made anew: " + m_versions->made_anew_because(d.domain);
+      if (b->per_domain()) b->remove_domain_file(d.domain);
+      continue;
+    }
+    out.kept[t] = true;
+    out.file_bytes[t] = b->per_domain() ? b->domain_file_bytes(d.domain) : ~uint64_t{0};
+    out.why[t] = "the " + name + " file of " + whose +
+                 (out.file_bytes[t] == 0 ? std::string(" is missing or empty")
+                                         : " was cut short to " + std::to_string(out.file_bytes[t]) + " bytes") +
+                 ": its frames past that are gone";
+  }
+}
+
+bool AddressSpace::frame_survived(uint32_t domain, Tier tier, uint64_t frame_offset) const {
+  const auto t = static_cast<size_t>(tier);
+  const DomainSurvival& d = m_survival[domain];
+  if (!d.kept[t]) return false;
+  const TierBackend& b = *m_tiers[t].backend;
+  const uint64_t in_file = b.per_domain() ? frame_offset % b.domain_span() : frame_offset;
+  return in_file + page_size() <= d.file_bytes[t];
+}
+
+void AddressSpace::recover(const MetadataImage& image) {
   const auto start = std::chrono::steady_clock::now();
   std::unique_lock lock(m_mutex);
   m_recovery.from_metadata = true;
   m_recovery.pool_created = image.created;
-  m_recovery.memory_adopted = memory_adopted;
   m_recovery.starts = image.starts;
   m_recovery.pool = m_meta->describe();
   if (image.next_generation != 0) m_next_generation = image.next_generation;
-  m_recovery_survived.fill(true);
-  for (size_t t = 0; t < m_tiers.size(); ++t) {
-    // A tier whose frames are the daemon's own memory (VRAM) is gone with it.
-    if (m_tiers[t].backend && !m_tiers[t].backend->keeps_memory()) m_recovery_survived[t] = false;
-  }
+  m_survival.assign(m_domains.size(), {});
+  m_recovery.memory_adopted = true;
   for (const DomainRecord& d : image.domains) {
     if (d.domain >= m_domains.size()) continue;
     Domain& dom = m_domains[d.domain];
-    for (Tier tier : k_tiers_fastest_first) {
-      const auto t = static_cast<size_t>(tier);
-      const TierBackend* b = m_tiers[t].backend.get();
-      if (b != nullptr && b->per_domain() && d.limit_pages[t] > 0 &&
-          !b->domain_file_exists(d.domain, d.limit_pages[t] * page_size())) {
-        m_recovery_survived[t] = false;
-      }
-    }
+    judge_domain(d);
+    m_recovery.memory_adopted = m_recovery.memory_adopted && m_versions->adopted(d.domain);
     if (Status s = open_domain_frames(d.domain, d.limit_pages); !s.ok()) {
       m_recovery.dropped_reasons.push_back("domain " + std::to_string(d.domain) + " of tenant '" + d.tenant +
                                            "': " + s.to_string());
@@ -296,9 +345,21 @@ void AddressSpace::recover(const MetadataImage& image, bool memory_adopted) {
     m_versions->set_tenant(d.domain, d.tenant);
     m_domain_of.emplace(d.tenant, d.domain);
   }
+  std::vector<bool> recorded(m_domains.size(), false);
+  for (const DomainRecord& d : image.domains) {
+    if (d.domain < recorded.size()) recorded[d.domain] = true;
+  }
+  for (uint32_t k = 0; k < m_domains.size(); ++k) {
+    if (recorded[k]) continue;
+    // Files no record speaks for (left by a run whose pool is gone): removed,
+    // so a client still mapping one is left with an unlinked file.
+    for (const TierState& t : m_tiers) {
+      if (t.backend && t.backend->per_domain()) t.backend->remove_domain_file(k);
+    }
+  }
   for (const AllocationRecord& r : image.allocations) {
     std::string why;
-    if (recover_allocation(r, memory_adopted, &why)) {
+    if (recover_allocation(r, &why)) {
       if (r.kind != RecordKind::slab) ++m_recovery.allocations;
       continue;
     }

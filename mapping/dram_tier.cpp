@@ -3,6 +3,7 @@
 // the domain's tenant maps the very same pages from the file's descriptor.
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -34,8 +35,12 @@ class DramTier final : public TierBackend {
     std::lock_guard lock(m_mutex);
     return d < m_bytes.size() ? m_bytes[d] : 0;
   }
-  bool domain_file_exists(uint32_t d, uint64_t bytes) const override {
-    return segment_file_exists(m_dir + "/dram." + std::to_string(d), bytes);
+  uint64_t domain_file_bytes(uint32_t d) const override {
+    return segment_file_bytes(m_dir + "/dram." + std::to_string(d));
+  }
+  void remove_domain_file(uint32_t d) override {
+    std::error_code ec;
+    std::filesystem::remove(m_dir + "/dram." + std::to_string(d), ec);
   }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);

@@ -4,8 +4,9 @@
 //   - the geometry it was made for (node, page size, domains, pages per
 //     domain, frames per tier): a pool of another geometry is refused;
 //   - the next generation to hand out, so that a GVA freed before a crash is
-//     still stale after it, and the memory generation of the node's shared
-//     memory (kept while that memory is re-adopted);
+//     still stale after it, and per domain the memory generation of its
+//     shared memory (kept while that memory is re-adopted; a domain made
+//     anew gets a new one, in a table beside the domains);
 //   - per domain, its tenant and its frame limits;
 //   - per persistent allocation, everything AllocationInfo shows and its page
 //     entries, as runs of consecutive frames;
@@ -42,7 +43,7 @@ struct RunRecord {
   NodeId node = 0;
   Tier tier = Tier::automatic;
   uint8_t flags = 0;  // PageEntry::flags
-  uint64_t memory_generation = 0;  // of the lending node's memory (runs on other nodes)
+  uint64_t memory_generation = 0;  // of the lender's domain that lent the frames (runs on other nodes)
 };
 
 // Sub-page allocations (M10): a page shared by small allocations is a slab,
@@ -103,7 +104,9 @@ struct MetadataGeometry {
 struct MetadataImage {
   bool created = false;  // a new pool: nothing to recover
   uint32_t next_generation = 0;
-  uint64_t memory_generation = 0;
+  // Per domain (indexed by domain), the memory generation of its shared
+  // memory as last recorded; 0: none.
+  std::vector<uint64_t> memory_generations;
   uint64_t starts = 0;  // daemon starts on this pool, this one included
   std::vector<DomainRecord> domains;
   std::vector<AllocationRecord> allocations;
@@ -129,7 +132,8 @@ class MetadataStore {
                                   RecordKind kind = RecordKind::whole) = 0;
   // Records frames of `tier` as lent to `borrower` (0: given back).
   virtual Status set_lent(Tier tier, const std::vector<uint64_t>& frames, NodeId borrower, uint32_t domain) = 0;
-  virtual Status set_memory_generation(uint64_t generation) = 0;
+  // Records the memory generation of every domain (indexed by domain).
+  virtual Status set_memory_generations(const std::vector<uint64_t>& generations) = 0;
 };
 
 struct MetadataOptions {

@@ -112,6 +112,9 @@ struct Root {
   PMEMoid lent[4];
   PMEMoid replicas;  // PReplicas[max_allocations], beside the slots (a pool made before has none yet)
   PMEMoid sub_pages;  // PSubPage[max_allocations], likewise
+  // uint64_t[domains]: each domain's memory generation (a pool made before
+  // has the node's one, memory_generation above, for every domain).
+  PMEMoid domain_generations;
 };
 
 Status pool_error(const std::string& what) {
@@ -215,10 +218,16 @@ class PmemMetadata final : public MetadataStore {
     return tx.commit("frames lent to node " + std::to_string(borrower));
   }
 
-  Status set_memory_generation(uint64_t generation) override {
+  Status set_memory_generations(const std::vector<uint64_t>& generations) override {
+    if (generations.size() != m_root->domains) return Status(ErrorCode::internal, "not one generation per domain");
+    uint64_t* table = domain_generations();
     Tx tx(m_pool);
-    if (tx.add(&m_root->memory_generation, sizeof m_root->memory_generation)) m_root->memory_generation = generation;
-    return tx.commit("the memory generation");
+    if (tx.add(table, generations.size() * sizeof(uint64_t))) {
+      std::copy(generations.begin(), generations.end(), table);
+    }
+    TIERMEM_RETURN_IF_ERROR(tx.commit("the memory generations of the domains"));
+    m_image.memory_generations = generations;
+    return Status();
   }
 
  private:
@@ -226,6 +235,10 @@ class PmemMetadata final : public MetadataStore {
   PDomain* domains() const { return static_cast<PDomain*>(pmemobj_direct(m_root->domain_table)); }
   PReplicas* replicas() const { return static_cast<PReplicas*>(pmemobj_direct(m_root->replicas)); }
   PSubPage* sub_pages() const { return static_cast<PSubPage*>(pmemobj_direct(m_root->sub_pages)); }
+  uint64_t* domain_generations() const { return static_cast<uint64_t*>(pmemobj_direct(m_root->domain_generations)); }
+  // The domains' generation table, made at open in a pool made before it
+  // (every domain then had the node's generation).
+  Status add_domain_generations();
   // A table beside the slots, made at open in a pool made before it.
   Status add_side_table(PMEMoid* table, size_t entry_bytes, const char* what);
   // Where a record is: first page, offset in it, kind.
@@ -259,6 +272,7 @@ Status PmemMetadata::initialize(const MetadataOptions& o, const MetadataGeometry
     m_root->domain_table = tx.alloc(g.domains * sizeof(PDomain));
     m_root->replicas = tx.alloc(o.max_allocations * sizeof(PReplicas));
     m_root->sub_pages = tx.alloc(o.max_allocations * sizeof(PSubPage));
+    m_root->domain_generations = tx.alloc(g.domains * sizeof(uint64_t));
     for (size_t t = 0; t < 4; ++t) {
       m_root->tier_frames[t] = g.tier_frames[t];
       if (g.tier_frames[t] > 0) m_root->lent[t] = tx.alloc(g.tier_frames[t] * sizeof(PLent));
@@ -294,7 +308,8 @@ Status PmemMetadata::check_geometry(const MetadataGeometry& g) const {
 
 void PmemMetadata::load() {
   m_image.next_generation = static_cast<uint32_t>(m_root->next_generation);
-  m_image.memory_generation = m_root->memory_generation;
+  const uint64_t* generations = domain_generations();
+  m_image.memory_generations.assign(generations, generations + m_root->domains);
   m_image.starts = m_root->starts;
   const PDomain* d = domains();
   for (uint32_t k = 0; k < m_root->domains; ++k) {
@@ -373,6 +388,18 @@ Status PmemMetadata::add_side_table(PMEMoid* table, size_t entry_bytes, const ch
   return tx.commit(what);
 }
 
+Status PmemMetadata::add_domain_generations() {
+  if (!OID_IS_NULL(m_root->domain_generations)) return Status();
+  Tx tx(m_pool);
+  if (tx.add(&m_root->domain_generations, sizeof m_root->domain_generations)) {
+    m_root->domain_generations = tx.alloc(m_root->domains * sizeof(uint64_t));
+    if (auto* table = static_cast<uint64_t*>(pmemobj_direct(m_root->domain_generations))) {
+      std::fill(table, table + m_root->domains, m_root->memory_generation);
+    }
+  }
+  return tx.commit("the domains' memory generation table");
+}
+
 Status PmemMetadata::open(const MetadataOptions& o, const MetadataGeometry& g) {
   PMEMoid root = pmemobj_root(m_pool, sizeof(Root));
   if (OID_IS_NULL(root)) return pool_error("the root of metadata pool " + m_path);
@@ -393,6 +420,7 @@ Status PmemMetadata::open(const MetadataOptions& o, const MetadataGeometry& g) {
   // above; the tables now.
   TIERMEM_RETURN_IF_ERROR(add_side_table(&m_root->replicas, sizeof(PReplicas), "the replica table"));
   TIERMEM_RETURN_IF_ERROR(add_side_table(&m_root->sub_pages, sizeof(PSubPage), "the sub-page table"));
+  TIERMEM_RETURN_IF_ERROR(add_domain_generations());
   {
     Tx tx(m_pool);
     if (tx.add(&m_root->starts, sizeof m_root->starts)) ++m_root->starts;
@@ -507,8 +535,8 @@ Result<std::unique_ptr<MetadataStore>> open_pmem_metadata(const MetadataOptions&
     if (bytes == 0) {
       uint64_t lent = 0;
       for (uint64_t f : g.tier_frames) lent += f * sizeof(PLent);
-      bytes = o.max_allocations * (sizeof(PSlot) + sizeof(PReplicas) + sizeof(PSubPage) + 2 * sizeof(PRun) + 128) + lent + g.domains * sizeof(PDomain) +
-              (16 << 20);
+      bytes = o.max_allocations * (sizeof(PSlot) + sizeof(PReplicas) + sizeof(PSubPage) + 2 * sizeof(PRun) + 128) +
+              lent + g.domains * (sizeof(PDomain) + sizeof(uint64_t)) + (16 << 20);
     }
     bytes = std::max<uint64_t>(bytes, PMEMOBJ_MIN_POOL);
     const std::string made = o.path + ".new";

@@ -6,6 +6,7 @@
 #include <libpmem2.h>
 
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
@@ -78,8 +79,12 @@ class PmemTier final : public TierBackend {
     std::lock_guard lock(m_mutex);
     return d < m_domains.size() ? m_domains[d].bytes : 0;
   }
-  bool domain_file_exists(uint32_t d, uint64_t bytes) const override {
-    return segment_file_exists(m_dir + "/pmem." + std::to_string(d), bytes);
+  uint64_t domain_file_bytes(uint32_t d) const override {
+    return segment_file_bytes(m_dir + "/pmem." + std::to_string(d));
+  }
+  void remove_domain_file(uint32_t d) override {
+    std::error_code ec;
+    std::filesystem::remove(m_dir + "/pmem." + std::to_string(d), ec);
   }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);

@@ -41,9 +41,10 @@ Status commit_file_range(int fd, uint64_t offset, uint64_t length, const std::st
                           "): its file system holds less than the tier's capacity says");
 }
 
-bool segment_file_exists(const std::string& path, uint64_t bytes) {
+uint64_t segment_file_bytes(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) >= bytes;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  return static_cast<uint64_t>(st.st_size);
 }
 
 uint64_t domain_span_for(uint64_t capacity) {

@@ -70,10 +70,15 @@ class TierBackend {
   // invalid_argument (no such domain, already open with another size),
   // io_error.
   virtual Status open_domain(uint32_t /*d*/, uint64_t /*bytes*/) { return Status(); }
-  // Whether domain `d`'s file is there at least `bytes` long (left by an
-  // earlier daemon) before open_domain: what recovery trusts its frames to.
-  // A tier without files (VRAM) never keeps its memory.
-  virtual bool domain_file_exists(uint32_t /*d*/, uint64_t /*bytes*/) const { return false; }
+  // The length of domain `d`'s file as an earlier daemon (or the domain's
+  // tenant, who may truncate it) left it, before open_domain: frames below
+  // it kept their bytes. 0: no file. A tier without files (VRAM) never
+  // keeps its memory.
+  virtual uint64_t domain_file_bytes(uint32_t /*d*/) const { return 0; }
+  // Removes domain `d`'s file before open_domain makes a new one: what it
+  // held is gone, and a client still mapping it keeps an unlinked file that
+  // nobody else is given.
+  virtual void remove_domain_file(uint32_t /*d*/) {}
   // True when [offset, offset+length) lies inside one open domain.
   bool contains(uint64_t offset, uint64_t length) const;
   uint32_t domain_of(uint64_t offset) const { return static_cast<uint32_t>(offset / domain_span()); }
@@ -168,8 +173,8 @@ Result<std::unique_ptr<TierBackend>> make_pmem_tier(const SegmentedTierOptions& 
 // virtual memory management with file-descriptor export, io_error.
 Result<std::unique_ptr<TierBackend>> make_vram_tier(int device, uint64_t capacity, uint32_t domains = 1);
 
-// Whether a regular file at `path` is at least `bytes` long.
-bool segment_file_exists(const std::string& path, uint64_t bytes);
+// The length of the regular file at `path` (0: none, or not a regular file).
+uint64_t segment_file_bytes(const std::string& path);
 
 // The frame-offset span of one domain for a tier of `capacity`: whole 2 MiB
 // (the largest mapping alignment PMEM on DAX asks for).

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <random>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -18,8 +20,18 @@
 namespace tiermem {
 namespace {
 
-std::string segment_path(const std::string& dir, uint32_t domain) {
-  return dir + "/versions." + std::to_string(domain);
+std::string words_path(const std::string& dir, uint32_t domain) { return dir + "/versions." + std::to_string(domain); }
+std::string header_path(const std::string& dir, uint32_t domain) { return dir + "/header." + std::to_string(domain); }
+
+// Layout 1 (before the header had a file of its own): the header in the
+// first page of versions.<k>, its words after it.
+constexpr uint64_t k_legacy_layout = 1;
+
+uint64_t random_nonzero() {
+  std::random_device rd;
+  uint64_t g = 0;
+  while (g == 0) g = (uint64_t{rd()} << 32) | rd();
+  return g;
 }
 
 // Waits until no word in `words` is odd (locked) or the deadline passes;
@@ -35,26 +47,52 @@ size_t wait_unlocked(const uint64_t* words, uint64_t count, std::chrono::steady_
   }
 }
 
-// Retires one segment file: incarnation 0 first (seq_cst: a client that
-// takes a lock after this sees it), then waits for the locks taken before.
-size_t retire_one(const std::string& path, std::chrono::steady_clock::time_point deadline) {
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!fd.valid()) return 0;
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < k_segment_header_bytes) return 0;
-  const auto size = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) return 0;
-  auto* h = static_cast<SegmentHeader*>(p);
-  size_t locked = 0;
-  if (h->magic == SegmentHeader::k_magic) {
-    std::atomic_ref<uint64_t>(h->incarnation).store(0, std::memory_order_seq_cst);
-    const uint64_t words = std::min<uint64_t>(h->pages, (size - k_segment_header_bytes) / sizeof(uint64_t));
-    locked = wait_unlocked(reinterpret_cast<const uint64_t*>(static_cast<std::byte*>(p) + k_segment_header_bytes),
-                           words, deadline);
+// A whole file mapped shared (read-write unless `read_only`); unmapped when
+// it goes. Empty when the file cannot be opened or mapped.
+struct FileMap {
+  FileMap(const std::string& path, bool read_only) {
+    UniqueFd fd(::open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC));
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || st.st_size <= 0) return;
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), read_only ? PROT_READ : PROT_READ | PROT_WRITE,
+                     MAP_SHARED, fd.get(), 0);
+    if (p == MAP_FAILED) return;
+    data = static_cast<std::byte*>(p);
+    size = static_cast<size_t>(st.st_size);
   }
-  ::munmap(p, size);
-  return locked;
+  ~FileMap() {
+    if (data != nullptr) ::munmap(data, size);
+  }
+  FileMap(const FileMap&) = delete;
+  FileMap& operator=(const FileMap&) = delete;
+  std::byte* data = nullptr;
+  size_t size = 0;
+};
+
+// Retires one domain's segment: incarnation 0 in its header first
+// (seq_cst: a client that takes a lock after this sees it), then waits for
+// the locks taken before in its words. Returns the pages still locked.
+size_t retire_one(const std::string& header, const std::string& words,
+                  std::chrono::steady_clock::time_point deadline) {
+  FileMap h(header, false);
+  if (h.size < sizeof(SegmentHeader)) return 0;
+  auto* hdr = reinterpret_cast<SegmentHeader*>(h.data);
+  if (hdr->magic != SegmentHeader::k_magic) return 0;
+  std::atomic_ref<uint64_t>(hdr->incarnation).store(0, std::memory_order_seq_cst);
+  FileMap w(words, true);
+  const uint64_t count = std::min<uint64_t>(hdr->pages, w.size / sizeof(uint64_t));
+  return w.data == nullptr ? 0 : wait_unlocked(reinterpret_cast<const uint64_t*>(w.data), count, deadline);
+}
+
+// The same for a words file of layout 1, whose header is its first page.
+size_t retire_legacy(const std::string& words, std::chrono::steady_clock::time_point deadline) {
+  FileMap w(words, false);
+  if (w.size < k_segment_header_bytes) return 0;
+  auto* hdr = reinterpret_cast<SegmentHeader*>(w.data);
+  if (hdr->magic != SegmentHeader::k_magic || hdr->layout != k_legacy_layout) return 0;
+  std::atomic_ref<uint64_t>(hdr->incarnation).store(0, std::memory_order_seq_cst);
+  const uint64_t count = std::min<uint64_t>(hdr->pages, (w.size - k_segment_header_bytes) / sizeof(uint64_t));
+  return wait_unlocked(reinterpret_cast<const uint64_t*>(w.data + k_segment_header_bytes), count, deadline);
 }
 
 }  // namespace
@@ -64,31 +102,56 @@ VersionSegments::Retired VersionSegments::retire_stale(const std::string& dir, s
   Retired out;
   std::error_code ec;
   const auto deadline = std::chrono::steady_clock::now() + grace;
+  std::vector<std::filesystem::path> files;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("versions.", 0) != 0) continue;
-    out.locked_pages += retire_one(e.path().string(), deadline);
-    ++out.segments;
-    if (remove) std::filesystem::remove(e.path(), ec);
+    if (name.rfind("versions.", 0) == 0 || name.rfind("header.", 0) == 0) files.push_back(e.path());
+  }
+  for (const auto& path : files) {
+    const std::string name = path.filename().string();
+    if (name.rfind("header.", 0) == 0) {
+      const std::string words = dir + "/versions." + name.substr(std::strlen("header."));
+      out.locked_pages += retire_one(path.string(), words, deadline);
+      ++out.segments;
+    } else if (!std::filesystem::exists(dir + "/header." + name.substr(std::strlen("versions.")), ec)) {
+      out.locked_pages += retire_legacy(path.string(), deadline);
+      ++out.segments;
+    }
+  }
+  if (remove) {
+    for (const auto& path : files) std::filesystem::remove(path, ec);
   }
   return out;
 }
 
-bool VersionSegments::adoptable(const Options& o) {
-  const uint64_t file_bytes = k_segment_header_bytes + 3 * o.pages_per_domain * sizeof(uint64_t);
-  for (uint32_t d = 0; d < o.domains; ++d) {
-    UniqueFd fd(::open(segment_path(o.dir, d).c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st {};
-    if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != file_bytes) return false;
-    SegmentHeader h;
-    if (::pread(fd.get(), &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return false;
-    if (h.magic != SegmentHeader::k_magic || h.layout != SegmentHeader::k_layout || h.node != o.node ||
-        h.domain != d || h.pages != o.pages_per_domain || h.page_size != o.page_size ||
-        h.memory_generation != o.memory_generation) {
-      return false;
-    }
+std::string VersionSegments::unadoptable(const Options& o, uint32_t d, uint64_t generation) {
+  if (generation == 0) return "no memory generation was recorded for it";
+  const std::string hpath = header_path(o.dir, d);
+  UniqueFd hfd(::open(hpath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!hfd.valid()) {
+    return "its header " + hpath + " is missing (" + std::strerror(errno) + "): the node's shared memory is gone "
+           "(a reboot) or was made by an older tiermemd";
   }
-  return true;
+  SegmentHeader h;
+  if (::pread(hfd.get(), &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return "its header " + hpath + " is short";
+  if (h.magic != SegmentHeader::k_magic || h.layout != SegmentHeader::k_layout) {
+    return "its header " + hpath + " is not a tiermem header of layout " + std::to_string(SegmentHeader::k_layout);
+  }
+  if (h.node != o.node || h.domain != d || h.pages != o.pages_per_domain || h.page_size != o.page_size) {
+    return "its header " + hpath + " is of another node or geometry";
+  }
+  if (h.memory_generation != generation) {
+    return "its files are of another memory generation than the metadata recorded (made anew since)";
+  }
+  const std::string wpath = words_path(o.dir, d);
+  struct stat st {};
+  const uint64_t want = 3 * o.pages_per_domain * sizeof(uint64_t);
+  if (::stat(wpath.c_str(), &st) != 0) return "its version words " + wpath + " are missing";
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < want) {
+    return "its version words " + wpath + " are " + std::to_string(st.st_size) + " bytes long, " +
+           std::to_string(want) + " expected (cut short)";
+  }
+  return {};
 }
 
 Result<std::unique_ptr<VersionSegments>> VersionSegments::create(const Options& o) {
@@ -99,35 +162,62 @@ Result<std::unique_ptr<VersionSegments>> VersionSegments::create(const Options& 
   auto s = std::unique_ptr<VersionSegments>(new VersionSegments);
   s->m_domains = o.domains;
   s->m_pages_per_domain = o.pages_per_domain;
-  s->m_memory_generation = o.memory_generation;
+  s->m_domains_state.resize(o.domains);
   const uint64_t words_bytes = s->domain_words_bytes();
   TIERMEM_ASSIGN_OR_RETURN(s->m_headers, Reservation::reserve(o.domains * k_segment_header_bytes, "version headers"));
   TIERMEM_ASSIGN_OR_RETURN(s->m_word_space, Reservation::reserve(o.domains * words_bytes, "version words"));
   TIERMEM_ASSIGN_OR_RETURN(s->m_l3_space, Reservation::reserve(o.domains * 2 * words_bytes, "L3 words"));
-  s->m_adopted = o.adopt && o.memory_generation != 0 && adoptable(o);
-  for (uint32_t d = 0; d < o.domains; ++d) {
-    const std::string path = segment_path(o.dir, d);
-    std::error_code ec;
-    if (!s->m_adopted) std::filesystem::remove(path, ec);  // a fresh file: nothing of an earlier daemon's
-    TIERMEM_ASSIGN_OR_RETURN(auto fd, open_segment(path, s->file_bytes()));
-    TIERMEM_RETURN_IF_ERROR(s->m_headers.map(d * k_segment_header_bytes, k_segment_header_bytes, fd.get(), 0));
-    TIERMEM_RETURN_IF_ERROR(s->m_word_space.map(d * words_bytes, words_bytes, fd.get(), k_segment_header_bytes));
-    TIERMEM_RETURN_IF_ERROR(
-        s->m_l3_space.map(d * 2 * words_bytes, 2 * words_bytes, fd.get(), k_segment_header_bytes + words_bytes));
-    s->m_fds.push_back(std::move(fd));
-    SegmentHeader* h = s->header_of(d);
-    h->layout = SegmentHeader::k_layout;
-    h->node = o.node;
-    h->domain = d;
-    h->memory_generation = o.memory_generation;
-    h->pages = o.pages_per_domain;
-    h->page_size = o.page_size;
-    std::atomic_ref<uint64_t>(h->incarnation).store(o.incarnation, std::memory_order_seq_cst);
-    std::atomic_ref<uint64_t>(h->magic).store(SegmentHeader::k_magic, std::memory_order_release);
-  }
+  for (uint32_t d = 0; d < o.domains; ++d) TIERMEM_RETURN_IF_ERROR(s->open_domain(o, d));
   s->m_words = reinterpret_cast<uint64_t*>(s->m_word_space.base());
   s->m_l3 = reinterpret_cast<uint64_t*>(s->m_l3_space.base());
   return s;
+}
+
+Status VersionSegments::open_domain(const Options& o, uint32_t d) {
+  DomainState& st = m_domains_state[d];
+  const uint64_t asked = d < o.adopt.size() ? o.adopt[d] : 0;
+  const std::string hpath = header_path(o.dir, d);
+  const std::string wpath = words_path(o.dir, d);
+  if (asked != 0) st.why = unadoptable(o, d, asked);
+  st.adopted = asked != 0 && st.why.empty();
+  st.generation = st.adopted ? asked : random_nonzero();
+  std::error_code ec;
+  if (!st.adopted) {
+    // Fresh files: nothing of an earlier daemon's, and a client still
+    // mapping the old ones keeps an unlinked file nobody else sees.
+    std::filesystem::remove(hpath, ec);
+    std::filesystem::remove(wpath, ec);
+  }
+  TIERMEM_ASSIGN_OR_RETURN(st.header_fd, open_segment(hpath, k_segment_header_bytes));
+  TIERMEM_ASSIGN_OR_RETURN(st.words_fd, open_segment(wpath, file_bytes()));
+  // A words file a tenant grew: back to its size (its words are intact).
+  if (::ftruncate(st.words_fd.get(), static_cast<off_t>(file_bytes())) != 0) {
+    return Status(ErrorCode::io_error, "sizing " + wpath + ": " + std::strerror(errno));
+  }
+  st.header_reader.reset(::open(hpath.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!st.header_reader.valid()) {
+    return Status(ErrorCode::io_error, "opening " + hpath + " for reading: " + std::strerror(errno));
+  }
+  const uint64_t words_bytes = domain_words_bytes();
+  TIERMEM_RETURN_IF_ERROR(m_headers.map(d * k_segment_header_bytes, k_segment_header_bytes, st.header_fd.get(), 0));
+  TIERMEM_RETURN_IF_ERROR(m_word_space.map(d * words_bytes, words_bytes, st.words_fd.get(), 0));
+  TIERMEM_RETURN_IF_ERROR(m_l3_space.map(d * 2 * words_bytes, 2 * words_bytes, st.words_fd.get(), words_bytes));
+  SegmentHeader* h = header_of(d);
+  h->layout = SegmentHeader::k_layout;
+  h->node = o.node;
+  h->domain = d;
+  h->memory_generation = st.generation;
+  h->pages = o.pages_per_domain;
+  h->page_size = o.page_size;
+  std::atomic_ref<uint64_t>(h->incarnation).store(o.incarnation, std::memory_order_seq_cst);
+  std::atomic_ref<uint64_t>(h->magic).store(SegmentHeader::k_magic, std::memory_order_release);
+  return Status();
+}
+
+std::vector<uint64_t> VersionSegments::memory_generations() const {
+  std::vector<uint64_t> out;
+  for (const DomainState& st : m_domains_state) out.push_back(st.generation);
+  return out;
 }
 
 SegmentHeader* VersionSegments::header_of(uint32_t domain) const {

@@ -1,17 +1,30 @@
-// The version words (M4) and L3 sub-block bits (M3) of a node, one file per
-// domain ("versions.<k>" in the node's shared-memory directory):
+// The version words (M4) and L3 sub-block bits (M3) of a node, two files per
+// domain in the node's shared-memory directory:
 //
-//   [ header page | R version words | 2R L3 words ]      R = pages per domain
+//   header.<k>     one page: SegmentHeader (geometry, the domain's memory
+//                  generation, the serving daemon's incarnation and liveness)
+//   versions.<k>   [ R version words | 2R L3 words ]      R = pages per domain
 //
 // Domain k holds virtual pages [k*R, (k+1)*R), and each domain belongs to one
 // tenant. The daemon maps every domain's words side by side, so the version
 // word of page p is words()[p] and its L3 words are l3()[2p] and l3()[2p+1];
-// a client maps the whole file of each domain its tenant may use, and no
-// other: the kernel keeps it from another tenant's words.
+// a client maps the files of each domain its tenant may use, and no other:
+// the kernel keeps it from another tenant's words.
 //
-// A restarted daemon with durable metadata takes the files over (adopt):
-// the words keep their epochs, so what clients cached is still checked
-// against the same words.
+// What the daemon trusts at a start lives where no client writes: a client
+// maps its domain's words read-write (it takes page locks in them) but is
+// handed its header only through a read-only descriptor of a root-owned
+// 0600 file. What a tenant can do to its own files (scribble on its words,
+// truncate or grow them) is judged per domain: that domain is made anew, and
+// no other.
+//
+// A restarted daemon with durable metadata takes a domain's files over
+// (adopt) when its header carries this node's geometry and the memory
+// generation the metadata recorded for the domain, and its words file is
+// whole: the words keep their epochs, so what clients cached is still checked
+// against the same words. Otherwise the domain's files are made anew with a
+// new memory generation (which tells peers that frames lent from that domain
+// are gone), and the caller treats its DRAM as lost.
 //
 // The header tells a client whether the memory is still served by the daemon
 // it talks to: `incarnation` is that daemon's, and 0 once the segment was
@@ -41,13 +54,15 @@ namespace tiermem {
 
 struct SegmentHeader {
   static constexpr uint64_t k_magic = 0x31305352'45564d54;  // "TMVERS01"
-  static constexpr uint64_t k_layout = 1;
+  // 2: the header in a file of its own (1 had it in the words' first page,
+  // where clients could write it).
+  static constexpr uint64_t k_layout = 2;
   uint64_t magic = 0;
   uint64_t layout = 0;
   uint64_t node = 0;
   uint64_t domain = 0;
   uint64_t incarnation = 0;        // of the serving daemon; 0: retired, never use
-  uint64_t memory_generation = 0;  // random, new whenever the node's memory is made anew
+  uint64_t memory_generation = 0;  // of the domain: random, new whenever its files are made anew
   uint64_t pages = 0;              // R
   uint64_t page_size = 0;
   char tenant[64] = {};            // the domain's tenant; empty while unassigned
@@ -80,16 +95,21 @@ class VersionSegments {
     uint64_t pages_per_domain = k_pages_per_domain_unit;  // a multiple of k_pages_per_domain_unit
     uint64_t page_size = 4096;
     uint64_t incarnation = 0;
-    uint64_t memory_generation = 0;
-    // Take over the files an earlier daemon left, when every domain's is
-    // there with this node, geometry and memory generation (its words and
-    // L3 bits are kept; the header gets this incarnation). Else fresh ones.
-    bool adopt = false;
+    // Per domain, the memory generation its files must carry to be taken
+    // over (what the durable metadata recorded); 0, or no entry: made anew.
+    std::vector<uint64_t> adopt;
   };
-  // Creates a fresh file per domain in `dir` (whatever was there with the
-  // same names is replaced), or adopts them (Options::adopt). Errors:
+  // Takes over each domain's files that Options::adopt allows and that are
+  // whole (their words and L3 bits are kept; the header gets this
+  // incarnation), and makes the others anew with a fresh memory generation
+  // (whatever was there with their names is replaced). Errors:
   // invalid_argument, io_error.
   static Result<std::unique_ptr<VersionSegments>> create(const Options& options);
+
+  // Why domain `d`'s files in `o.dir` cannot be taken over as of memory
+  // generation `generation` (""when they can): a missing or foreign header,
+  // another geometry or generation, a words file cut short.
+  static std::string unadoptable(const Options& o, uint32_t d, uint64_t generation);
 
   // What retire_stale found.
   struct Retired {
@@ -98,10 +118,9 @@ class VersionSegments {
   };
   // Marks every version segment that an earlier daemon left in `dir` as
   // retired (its clients stop using it), waits up to `grace` for the page
-  // locks its clients still hold to be released, and removes the files.
-  // The caller holds the directory's lock.
-  // Whether every domain's file in `o.dir` can be taken over (Options::adopt).
-  static bool adoptable(const Options& o);
+  // locks its clients still hold to be released, and removes the files
+  // (`remove`). Segments of the layout before this one (header inside the
+  // words file) are retired too. The caller holds the directory's lock.
   static Retired retire_stale(const std::string& dir, std::chrono::milliseconds grace, bool remove = true);
 
   uint64_t& word(uint64_t page) { return m_words[page]; }
@@ -114,28 +133,43 @@ class VersionSegments {
   uint64_t pages_per_domain() const { return m_pages_per_domain; }
   uint32_t domain_of(uint64_t page) const { return static_cast<uint32_t>(page / m_pages_per_domain); }
 
-  // The file of a domain, for a client to map whole (file_bytes() long).
-  int fd(uint32_t domain) const { return m_fds[domain].get(); }
-  uint64_t file_bytes() const { return k_segment_header_bytes + 3 * m_pages_per_domain * sizeof(uint64_t); }
+  // The words file of a domain (read-write), for a client to map whole
+  // (file_bytes() long).
+  int fd(uint32_t domain) const { return m_domains_state[domain].words_fd.get(); }
+  uint64_t file_bytes() const { return 3 * m_pages_per_domain * sizeof(uint64_t); }
+  // A read-only descriptor of a domain's header, for a client to map
+  // (k_segment_header_bytes long): it reads the incarnation and liveness
+  // there, and can change nothing the daemon trusts.
+  int header_fd(uint32_t domain) const { return m_domains_state[domain].header_reader.get(); }
   // A domain's version words, for registration with the transport.
   void* domain_words(uint32_t domain) const { return m_words + uint64_t{domain} * m_pages_per_domain; }
   uint64_t domain_words_bytes() const { return m_pages_per_domain * sizeof(uint64_t); }
 
   const SegmentHeader& header(uint32_t domain) const;
   void set_tenant(uint32_t domain, std::string_view tenant);
-  uint64_t memory_generation() const { return m_memory_generation; }
-  // The files of an earlier daemon were taken over.
-  bool adopted() const { return m_adopted; }
+  // The memory generation of a domain's files (new when they were made anew).
+  uint64_t memory_generation(uint32_t domain) const { return m_domains_state[domain].generation; }
+  std::vector<uint64_t> memory_generations() const;
+  // The files an earlier daemon left for the domain were taken over.
+  bool adopted(uint32_t domain) const { return m_domains_state[domain].adopted; }
+  // Why they were not, when Options::adopt asked for it ("" otherwise).
+  const std::string& made_anew_because(uint32_t domain) const { return m_domains_state[domain].why; }
 
  private:
   VersionSegments() = default;
   SegmentHeader* header_of(uint32_t domain) const;
+  // Opens (adopting or making anew) domain `d`'s files and maps them.
+  Status open_domain(const Options& o, uint32_t d);
 
+  struct DomainState {
+    UniqueFd words_fd, header_fd, header_reader;
+    uint64_t generation = 0;
+    bool adopted = false;
+    std::string why;
+  };
   uint32_t m_domains = 0;
   uint64_t m_pages_per_domain = 0;
-  uint64_t m_memory_generation = 0;
-  bool m_adopted = false;
-  std::vector<UniqueFd> m_fds;
+  std::vector<DomainState> m_domains_state;
   Reservation m_headers, m_word_space, m_l3_space;
   uint64_t* m_words = nullptr;
   uint64_t* m_l3 = nullptr;

@@ -160,7 +160,7 @@ struct NodeStat {
   // What the daemon's start found in its durable metadata (H5).
   struct Recovery {
     bool durable = false;         // changes are recorded (metadata.enabled)
-    bool memory_adopted = false;  // the node's shared memory survived the restart
+    bool memory_adopted = false;  // every tenant's shared memory on the node survived the restart
     uint64_t starts = 0;          // daemon starts on the metadata pool
     uint64_t allocations = 0;     // recovered, lost ones included
     uint64_t lost_allocations = 0;
@@ -169,8 +169,11 @@ struct NodeStat {
     uint64_t lent_frames = 0;
     uint64_t locks_broken = 0;
     double elapsed_ms = 0;
-    std::vector<std::string> lost;  // "'name' gva" of lost allocations, the first 100
+    std::vector<std::string> lost;  // "'name' gva of tenant 't': why" of lost allocations, the first 100
     std::string pool;
+    // Tenants' domains whose shared memory was made anew at this start (their
+    // DRAM allocations are lost), one line each: "domain 3 (tenant 'x'): why".
+    std::vector<std::string> domains_made_anew;
   } recovery;
 };
 

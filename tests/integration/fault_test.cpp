@@ -158,10 +158,11 @@ TEST(FaultTest, LockBitsScribbledIntoTheVersionWordsHangNothing) {
     ASSERT_EQ(::fstat(fd, &st), 0);
     void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ASSERT_NE(p, MAP_FAILED);
-    const auto* header = static_cast<const SegmentHeader*>(p);
-    auto* words = reinterpret_cast<uint64_t*>(static_cast<std::byte*>(p) + k_segment_header_bytes);
-    for (uint64_t i = 0; i < header->pages; ++i) words[i] |= 1;
-    scribbled += header->pages;
+    // [ R words | 2R L3 words ]
+    const uint64_t pages = static_cast<uint64_t>(st.st_size) / (3 * sizeof(uint64_t));
+    auto* words = static_cast<uint64_t*>(p);
+    for (uint64_t i = 0; i < pages; ++i) words[i] |= 1;
+    scribbled += pages;
     ::munmap(p, static_cast<size_t>(st.st_size));
     ::close(fd);
   }

@@ -300,13 +300,13 @@ TEST_F(AddressSpaceTest, LentFramesComeBackOnlyFromTheirBorrowerAndOnlyOnce) {
   EXPECT_TRUE(m_space->read(a.gva, &c, 1).ok()) << "the live allocation is untouched";
 }
 
-TEST_F(AddressSpaceTest, PagesOnFramesOfANodeWhoseMemoryWasMadeAnewAreLost) {
+TEST_F(AddressSpaceTest, PagesOnFramesOfADomainMadeAnewOnTheirNodeAreLost) {
   const AllocationInfo a = alloc(2 * k_page, Tier::dram);
   auto move = m_space->begin_migration(a.gva);
   ASSERT_TRUE(move.ok());
   auto pm = m_space->begin_move(move->front());
   ASSERT_TRUE(pm.ok());
-  m_space->note_lender(9, 111);
+  m_space->note_lender(9, a.tenant, 111);
   PageEntry to;
   to.node = 9;
   to.tier = Tier::dram;
@@ -318,8 +318,11 @@ TEST_F(AddressSpaceTest, PagesOnFramesOfANodeWhoseMemoryWasMadeAnewAreLost) {
   ASSERT_TRUE(layout.ok());
   EXPECT_EQ(layout->extents[0].node, 9);
   EXPECT_EQ(layout->extents[0].memory_generation, 111u) << "extents carry the lender's memory generation";
-  EXPECT_EQ(m_space->lose_frames_of(9, 111), 0u) << "same memory: nothing lost";
-  EXPECT_EQ(m_space->lose_frames_of(9, 222), 1u);
+  EXPECT_EQ(m_space->lose_frames_of(9, {{a.tenant, 111}}), 0u) << "same memory: nothing lost";
+  EXPECT_EQ(m_space->lose_frames_of(9, {{a.tenant, 111}, {"someone else", 5}}), 0u)
+      << "another tenant's domain on node 9 changed, not the one that lent the frames";
+  EXPECT_EQ(m_space->lose_frames_of(8, {{a.tenant, 222}}), 0u) << "another node";
+  EXPECT_EQ(m_space->lose_frames_of(9, {{a.tenant, 222}}), 1u);
   EXPECT_EQ(m_space->layout(a.gva).status().code(), ErrorCode::data_lost);
   char c = 0;
   EXPECT_EQ(m_space->read(a.gva, &c, 1).code(), ErrorCode::data_lost);

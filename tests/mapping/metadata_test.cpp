@@ -67,7 +67,13 @@ TEST_F(MetadataTest, WhatIsRecordedComesBackAtTheNextOpen) {
     ASSERT_TRUE((*store)->put_allocation(moved, 80).ok()) << "a record is replaced in place";
     ASSERT_TRUE((*store)->set_lent(Tier::pmem, {40, 41}, 2, 1).ok());
     ASSERT_TRUE((*store)->set_lent(Tier::pmem, {41}, 0, 0).ok());
-    ASSERT_TRUE((*store)->set_memory_generation(555).ok());
+    EXPECT_EQ((*store)->image().memory_generations, std::vector<uint64_t>(geometry().domains, 0))
+        << "a new pool knows no domain's memory yet";
+    std::vector<uint64_t> generations(geometry().domains, 0);
+    generations[1] = 555;
+    ASSERT_TRUE((*store)->set_memory_generations(generations).ok());
+    EXPECT_EQ((*store)->set_memory_generations({1, 2, 3, 4, 5, 6, 7}).code(), ErrorCode::internal)
+        << "one generation per domain, no more";
   }
   auto store = open_pmem_metadata(options(), geometry());
   ASSERT_TRUE(store.ok()) << store.status().to_string();
@@ -75,7 +81,9 @@ TEST_F(MetadataTest, WhatIsRecordedComesBackAtTheNextOpen) {
   EXPECT_FALSE(m.created);
   EXPECT_EQ(m.starts, 2u);
   EXPECT_EQ(m.next_generation, 80u);
-  EXPECT_EQ(m.memory_generation, 555u);
+  ASSERT_EQ(m.memory_generations.size(), geometry().domains);
+  EXPECT_EQ(m.memory_generations[1], 555u) << "each domain's memory generation is its own";
+  EXPECT_EQ(m.memory_generations[0], 0u);
   ASSERT_EQ(m.domains.size(), 1u);
   EXPECT_EQ(m.domains[0].domain, 1u);
   EXPECT_EQ(m.domains[0].tenant, "team");

@@ -80,7 +80,7 @@ tiermem::Result<RawSession> raw_session(const char* socket) {
 }
 
 // Asks for the session's regions as libtiermem does and reads the tenant of
-// every version segment among the descriptors that came.
+// every segment header among the descriptors that came.
 int regions(const char* socket) {
   auto r = raw_session(socket);
   if (!r.ok()) return report(r.status());
@@ -89,7 +89,7 @@ int regions(const char* socket) {
   for (const auto& region : r->regions.open_regions().regions()) {
     if (!region.has_fd()) continue;
     const int fd = r->fds.at(next++).get();
-    if (region.kind() != tiermem::proto::Region::VERSIONS) continue;
+    if (region.kind() != tiermem::proto::Region::HEADER) continue;
     void* p = ::mmap(nullptr, tiermem::k_segment_header_bytes, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) continue;
     tenants += std::string(static_cast<const tiermem::SegmentHeader*>(p)->tenant) + " ";

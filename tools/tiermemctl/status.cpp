@@ -34,6 +34,7 @@ int cmd_status(const Context& ctx) {
                   {"lost_allocations", r.lost_allocations},
                   {"lost_pages", r.lost_pages},
                   {"lost", r.lost},
+                  {"domains_made_anew", r.domains_made_anew},
                   {"dropped", r.dropped},
                   {"lent_frames", r.lent_frames},
                   {"locks_broken", r.locks_broken},
@@ -59,8 +60,9 @@ int cmd_status(const Context& ctx) {
     std::printf("metadata: %s, start %llu: recovered %llu allocation(s) in %.1f ms, shared memory %s\n",
                 r.pool.c_str(), static_cast<unsigned long long>(r.starts),
                 static_cast<unsigned long long>(r.allocations), r.elapsed_ms,
-                r.memory_adopted ? "taken over" : "made anew");
+                r.memory_adopted ? "taken over" : "made anew in part");
   }
+  for (const std::string& d : r.domains_made_anew) std::printf("  shared memory made anew: %s\n", d.c_str());
   if (r.lost_allocations > 0 || r.dropped > 0 || r.locks_broken > 0) {
     std::printf("recovery: %llu allocation(s) lost %llu page(s) (reads fail with data_lost), %llu record(s) "
                 "dropped, %llu page(s) torn\n",
