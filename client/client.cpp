@@ -5,7 +5,10 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <condition_variable>
+#include <map>
 #include <new>
+#include <random>
 #include <thread>
 
 #include <tiermem/client.h>
@@ -13,6 +16,7 @@
 
 #include "client/client_core.hpp"
 #include "client/device_buffers.hpp"
+#include "client/mapped_set.hpp"
 #include "convert.hpp"
 
 namespace tiermem {
@@ -45,45 +49,185 @@ Status check_name(std::string_view name) {
 
 }  // namespace
 
-Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
-  TIERMEM_ASSIGN_OR_RETURN(auto core, ClientCore::connect(options));
-  return std::unique_ptr<Client>(new Client(std::move(core), options));
+namespace {
+
+// Pins the mappings of `mapped` (the live ones, in the order the hello of
+// `next` listed them) on a new connection: those whose pin the daemon kept
+// are as they were; the others are pinned again and checked against their
+// frames, or revoked.
+void repin(detail::MappedSet& set, ClientCore& next, const std::map<uint64_t, detail::MappedSet::Entry>& mapped) {
+  size_t i = 0;
+  for (const auto& [id, e] : mapped) {
+    if (next.mapped_kept(i++)) continue;  // its pin was kept all along: the mapping is as it was
+    // A daemon that knows nothing of it (it restarted): pinned again, and
+    // valid only where its bytes still are.
+    proto::Request pin;
+    wire::to_proto(e.allocation.gva, pin.mutable_map()->mutable_gva());
+    auto r = next.call(pin);
+    if (!r.ok()) {
+      set.revoke(id, Status(r.status().code(), "the mapping was revoked: after its tiermemd restarted, " +
+                                                         e.allocation.gva.to_string() +
+                                                         " could not be pinned again: " + r.status().message()));
+      continue;
+    }
+    std::vector<Extent> now;
+    for (const auto& x : r->map().extents()) now.push_back(wire::from_proto(x));
+    const bool same = now.size() == e.extents.size() &&
+                      std::equal(now.begin(), now.end(), e.extents.begin(), [](const Extent& a, const Extent& b) {
+                        return a.tier == b.tier && a.node == b.node && a.frame_offset == b.frame_offset &&
+                               a.gva_offset == b.gva_offset && a.length == b.length;
+                      });
+    if (!same) {
+      set.revoke(id, Status(ErrorCode::failed_precondition,
+                                  "the mapping was revoked: after its tiermemd restarted, " +
+                                      e.allocation.gva.to_string() + " is no longer on the frames it mapped"));
+    }
+    if (!same || !set.contains(id)) {
+      // Not the mapping's any more (or it was released meanwhile): the pin goes.
+      proto::Request unpin;
+      wire::to_proto(e.allocation.gva, unpin.mutable_unmap()->mutable_gva());
+      (void)next.call(unpin);
+    }
+  }
 }
 
-Client::Client(std::shared_ptr<ClientCore> core, const ClientOptions& options)
-    : m_options(options), m_core(std::move(core)) {}
-Client::~Client() = default;
+}  // namespace
+
+// The thread that connects again at once when the daemon went away while
+// the client holds mappings (their pins must be taken again before anyone
+// else can free or move what they map), instead of at the next call.
+struct Client::Keeper {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  const ClientCore* lost = nullptr;  // a connection whose daemon went away, to replace
+  std::thread thread;
+};
+
+// What a connection's watcher reaches the Client through; cut when the
+// Client goes (a Mapping may keep a connection, and its watcher, alive).
+struct detail::ClientLink {
+  std::mutex mutex;
+  Client* client = nullptr;
+};
+
+Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
+  // Its daemon keeps its mappings' pins and session allocations by this
+  // (with its pid) across its connections.
+  std::random_device rd;
+  const uint64_t id = (uint64_t{rd()} << 32 | rd()) | 1;
+  TIERMEM_ASSIGN_OR_RETURN(auto core, ClientCore::connect(options, id));
+  return std::unique_ptr<Client>(new Client(std::move(core), options, id));
+}
+
+Client::Client(std::shared_ptr<ClientCore> core, const ClientOptions& options, uint64_t client_id)
+    : m_options(options), m_client_id(client_id), m_core(std::move(core)),
+      m_mapped(std::make_shared<detail::MappedSet>(options.on_mapping_revoked)),
+      m_link(std::make_shared<detail::ClientLink>()) {
+  m_link->client = this;
+  m_mapped->set_core(m_core);
+  if (m_options.reconnect_timeout.count() > 0) {
+    m_keeper = std::make_unique<Keeper>();
+    m_keeper->thread = std::thread([this] { keep(); });
+  }
+  watch(m_core);
+}
+
+Client::~Client() {
+  {
+    std::lock_guard lock(m_link->mutex);  // waits for a watcher inside daemon_lost
+    m_link->client = nullptr;
+  }
+  if (m_keeper) {
+    {
+      std::lock_guard lock(m_keeper->mutex);
+      m_keeper->stop = true;
+    }
+    m_keeper->wake.notify_all();
+    m_keeper->thread.join();
+  }
+}
 
 std::shared_ptr<ClientCore> Client::core() const {
   std::lock_guard lock(m_core_mutex);
   return m_core;
 }
 
-Status Client::reconnect(const std::shared_ptr<ClientCore>& lost) {
+void Client::watch(const std::shared_ptr<ClientCore>& core) {
+  core->on_lost([link = m_link](ClientCore* lost) {
+    std::lock_guard lock(link->mutex);
+    if (link->client != nullptr) link->client->daemon_lost(lost);
+  });
+}
+
+void Client::daemon_lost(const ClientCore* lost) {
+  if (core().get() != lost) return;  // an older connection's
+  const bool died = lost->daemon_died();
+  if (died) {
+    // Session allocations end with their daemon: nothing of theirs comes back.
+    m_mapped->revoke_if([](const detail::MappedSet::Entry& e) { return e.allocation.lifetime == Lifetime::session; },
+                        Status(ErrorCode::not_allocated,
+                               "the mapping was revoked: its allocation was of session lifetime, which ended when "
+                               "its tiermemd died"));
+  }
+  if (!m_keeper) {
+    if (died) {
+      m_mapped->revoke_if([](const detail::MappedSet::Entry&) { return true; },
+                          Status(ErrorCode::unavailable,
+                                 "the mapping was revoked: its tiermemd died and this client does not connect again "
+                                 "(reconnect_timeout 0), so nothing keeps its allocation where it was mapped"));
+    }
+  } else if (!m_mapped->live().empty()) {
+    {
+      std::lock_guard lock(m_keeper->mutex);
+      m_keeper->lost = lost;
+    }
+    m_keeper->wake.notify_all();
+  }
+  m_mapped->deliver();
+}
+
+void Client::keep() {
+  std::unique_lock lock(m_keeper->mutex);
+  for (;;) {
+    m_keeper->wake.wait(lock, [this] { return m_keeper->stop || m_keeper->lost != nullptr; });
+    if (m_keeper->stop) return;
+    const ClientCore* lost = std::exchange(m_keeper->lost, nullptr);
+    lock.unlock();
+    if (Status s = reconnect(lost); !s.ok()) {
+      m_mapped->revoke_if([](const detail::MappedSet::Entry&) { return true; },
+                          Status(ErrorCode::unavailable, "the mapping was revoked: its allocation could not be pinned "
+                                                         "again: " + s.message()));
+    }
+    m_mapped->deliver();
+    lock.lock();
+  }
+}
+
+Status Client::reconnect(const ClientCore* lost) {
   std::lock_guard lock(m_core_mutex);
-  if (m_core != lost) return Status();  // another thread got there first
+  if (m_core.get() != lost) return Status();  // another thread got there first
   const NodeId node = lost->node();
   const auto deadline = std::chrono::steady_clock::now() + m_options.reconnect_timeout;
   auto pause = std::chrono::milliseconds(10);
   Status last;
   do {
-    auto fresh = ClientCore::connect(m_options);
+    // The mappings it holds now: the daemon keeps their pins for this
+    // client while its process lives, a restarted one knows none of them.
+    const auto mapped = m_mapped->live();
+    std::vector<Gva> gvas;
+    for (const auto& [id, e] : mapped) gvas.push_back(e.allocation.gva);
+    auto fresh = ClientCore::connect(m_options, m_client_id, gvas);
     if (fresh.ok()) {
       const AccessCounters c = m_core->counters();
       m_earlier.direct_local += c.direct_local;
       m_earlier.direct_remote += c.direct_remote;
       m_earlier.through_daemon += c.through_daemon;
       std::shared_ptr<ClientCore> next = std::move(fresh).value();
-      // Mappings made before stay mapped to the same memory (the new daemon
-      // took it over): pin their allocations again, so that nothing migrates
-      // or frees them under them.
-      for (const Gva& g : m_core->mapped()) {
-        proto::Request pin;
-        wire::to_proto(g, pin.mutable_map()->mutable_gva());
-        if (next->call(pin).ok()) next->note_mapped(g);
-      }
-      m_core->set_successor(next);
+      repin(*m_mapped, *next, mapped);
+      m_mapped->set_core(next);
       m_core = std::move(next);
+      watch(m_core);
       return Status();
     }
     last = fresh.status();
@@ -103,7 +247,7 @@ Status Client::reconnect(const std::shared_ptr<ClientCore>& lost) {
 Status Client::run(const char* what, bool repeatable, const std::function<Status(ClientCore&)>& op) {
   std::shared_ptr<ClientCore> c = core();
   if (c->lost() && m_options.reconnect_timeout.count() > 0) {
-    TIERMEM_RETURN_IF_ERROR(reconnect(c));
+    TIERMEM_RETURN_IF_ERROR(reconnect(c.get()));
     c = core();
   }
   Status s = op(*c);
@@ -116,7 +260,7 @@ Status Client::run(const char* what, bool repeatable, const std::function<Status
   }
   if (!c->lost()) return s;
   // The daemon went away while `op` was under way.
-  TIERMEM_RETURN_IF_ERROR(reconnect(c));
+  TIERMEM_RETURN_IF_ERROR(reconnect(c.get()));
   if (repeatable) return op(*core());
   return Status(ErrorCode::unavailable, "the tiermemd of node " + std::to_string(c->node()) + " restarted while " +
                                             what + " was in flight: it may or may not have taken effect (this "
@@ -413,77 +557,77 @@ Result<Mapping> Client::map(Gva gva) {
   proto::Request request;
   wire::to_proto(gva, request.mutable_map()->mutable_gva());
   proto::Response response;
+  std::shared_ptr<ClientCore> pinned_by;  // the connection the pin was taken on
   TIERMEM_RETURN_IF_ERROR(run("map", true, [&](ClientCore& c) {
+    pinned_by = core();
     return call_into(c, request, &response, [](const proto::Response& r) { return r; });
   }));
   const AllocationInfo info = wire::from_proto(response.map().allocation());
+  detail::MappedSet::Entry entry;
+  entry.allocation = info;
+  for (const auto& px : response.map().extents()) entry.extents.push_back(wire::from_proto(px));
+  // What was mapped so far goes, and the pin is given back.
+  auto fail = [&](Status s) {
+    if (entry.base != nullptr) ::munmap(entry.base, entry.length);
+    proto::Request unpin;
+    wire::to_proto(info.gva, unpin.mutable_unmap()->mutable_gva());
+    (void)pinned_by->call(unpin);
+    return s.with_context("map " + info.gva.to_string());
+  };
 
   Mapping m;
-  m.m_core = core();
-  m.m_core->note_mapped(info.gva);  // pinned: release() unpins
   m.m_allocation = info;
-  auto unpin_on_error = [&](Status s) {
-    m.release();
-    return s;
-  };
   if (info.tier == Tier::vram) {
     // Device memory: the frames as this process imported them (one device
     // range; nothing to munmap).
-    std::vector<Extent> extents;
-    for (const auto& px : response.map().extents()) extents.push_back(wire::from_proto(px));
-    auto at = m.m_core->device_address(extents);
-    if (!at.ok()) return unpin_on_error(at.status().with_context("map " + info.gva.to_string()));
+    auto at = pinned_by->device_address(entry.extents);
+    if (!at.ok()) return fail(at.status());
     m.m_data = *at;
     m.m_size = info.size;
-    m.m_device = m.m_core->device_ordinal();
-    return m;
-  }
-  // Reserve one range for the whole allocation, then place each physically
-  // contiguous extent into it, from the file of the tenant's domain that
-  // holds it.
-  m.m_reserved = info.pages * page_size();
-  if (info.slot_bytes != 0) {
+    m.m_device = pinned_by->device_ordinal();
+  } else if (info.slot_bytes != 0) {
     // A sub-page allocation (one extent, its slot): the system pages around
     // it are mapped, and data() is its first byte.
-    if (response.map().extents_size() != 1) {
-      return unpin_on_error(Status(ErrorCode::internal, "a sub-page allocation mapped as several extents"));
-    }
-    const Extent x = wire::from_proto(response.map().extents(0));
-    auto file = m.m_core->tier_file(x.tier, x.frame_offset, x.length);
-    if (!file.ok()) return unpin_on_error(file.status().with_context("map " + info.gva.to_string()));
+    if (entry.extents.size() != 1) return fail(Status(ErrorCode::internal, "a sub-page allocation mapped as several extents"));
+    const Extent& x = entry.extents[0];
+    auto file = pinned_by->tier_file(x.tier, x.frame_offset, x.length);
+    if (!file.ok()) return fail(file.status());
     const auto system_page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    m.m_lead = file->second % system_page;
-    m.m_reserved = (m.m_lead + x.length + system_page - 1) / system_page * system_page;
-    void* at = ::mmap(nullptr, m.m_reserved, PROT_READ | PROT_WRITE, MAP_SHARED, file->first,
-                      static_cast<off_t>(file->second - m.m_lead));
-    if (at == MAP_FAILED) {
-      m.m_reserved = m.m_lead = 0;
-      return unpin_on_error(Status(ErrorCode::io_error, "mapping " + info.gva.to_string() + ": " + std::strerror(errno)));
+    const uint64_t lead = file->second % system_page;
+    const uint64_t length = (lead + x.length + system_page - 1) / system_page * system_page;
+    void* at = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, file->first,
+                      static_cast<off_t>(file->second - lead));
+    if (at == MAP_FAILED) return fail(Status(ErrorCode::io_error, std::strerror(errno)));
+    entry.base = static_cast<std::byte*>(at);
+    entry.length = length;
+    m.m_data = entry.base + lead;
+  } else {
+    // Reserve one range for the whole allocation, then place each physically
+    // contiguous extent into it, from the file of the tenant's domain that
+    // holds it.
+    const uint64_t length = info.pages * page_size();
+    void* base = ::mmap(nullptr, length, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+      return fail(Status(ErrorCode::io_error, std::string("reserving address space: ") + std::strerror(errno)));
     }
-    m.m_data = static_cast<std::byte*>(at) + m.m_lead;
+    entry.base = static_cast<std::byte*>(base);
+    entry.length = length;
+    for (const Extent& x : entry.extents) {
+      auto file = pinned_by->tier_file(x.tier, x.frame_offset, x.length);
+      if (!file.ok()) return fail(file.status());
+      void* at = ::mmap(entry.base + x.gva_offset, x.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                        file->first, static_cast<off_t>(file->second));
+      if (at == MAP_FAILED) return fail(Status(ErrorCode::io_error, std::string("an extent: ") + std::strerror(errno)));
+    }
+    m.m_data = entry.base;
+  }
+  if (info.tier != Tier::vram) {
     m.m_size = info.size;
-    m.m_persistent = m.m_core->region_persistent(info.tier);
-    return m;
+    m.m_persistent = pinned_by->region_persistent(info.tier);
   }
-  void* base = ::mmap(nullptr, m.m_reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (base == MAP_FAILED) {
-    m.m_reserved = 0;
-    return unpin_on_error(Status(ErrorCode::io_error, std::string("reserving address space: ") + std::strerror(errno)));
-  }
-  m.m_data = static_cast<std::byte*>(base);
-  m.m_size = info.size;
-  m.m_persistent = m.m_core->region_persistent(info.tier);
-  for (const auto& px : response.map().extents()) {
-    const Extent x = wire::from_proto(px);
-    auto file = m.m_core->tier_file(x.tier, x.frame_offset, x.length);
-    if (!file.ok()) return unpin_on_error(file.status().with_context("map " + info.gva.to_string()));
-    void* at = ::mmap(m.m_data + x.gva_offset, x.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                      file->first, static_cast<off_t>(file->second));
-    if (at == MAP_FAILED) {
-      return unpin_on_error(Status(ErrorCode::io_error, "mapping an extent of " + info.gva.to_string() +
-                                                            ": " + std::strerror(errno)));
-    }
-  }
+  // From here the set owns the range and the pin (release() gives both back).
+  m.m_set = m_mapped;
+  m.m_id = m_mapped->add(std::move(entry));
   return m;
 }
 
@@ -573,12 +717,11 @@ Mapping::Mapping(Mapping&& other) noexcept { *this = std::move(other); }
 Mapping& Mapping::operator=(Mapping&& other) noexcept {
   if (this != &other) {
     release();
-    m_core = std::move(other.m_core);
+    m_set = std::move(other.m_set);
+    m_id = std::exchange(other.m_id, 0);
     m_allocation = other.m_allocation;
     m_data = std::exchange(other.m_data, nullptr);
     m_size = std::exchange(other.m_size, 0);
-    m_reserved = std::exchange(other.m_reserved, 0);
-    m_lead = std::exchange(other.m_lead, 0);
     m_persistent = other.m_persistent;
     m_device = std::exchange(other.m_device, -1);
   }
@@ -588,26 +731,30 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
 Mapping::~Mapping() { release(); }
 
 void Mapping::release() {
-  if (m_data != nullptr && m_device < 0) ::munmap(m_data - m_lead, m_reserved);
   m_data = nullptr;
   m_device = -1;
-  m_size = m_reserved = m_lead = 0;
-  if (m_core) {
-    // Through the newest connection: after a daemon restart the pin is that
-    // connection's.
-    std::shared_ptr<detail::ClientCore> core = m_core;
-    while (auto next = core->successor()) core = std::move(next);
-    core->note_unmapped(m_allocation.gva);
-    proto::Request request;
-    wire::to_proto(m_allocation.gva, request.mutable_unmap()->mutable_gva());
-    // A failure means the connection is gone, and the daemon then unpins the
-    // session's mappings itself.
-    (void)core->call(request);
-    m_core.reset();
+  m_size = 0;
+  if (!m_set) return;
+  // The range goes back first (under the set's lock, so a revocation never
+  // maps over it), then the pin, through the connection that holds it now.
+  if (m_set->remove(m_id)) {
+    if (std::shared_ptr<detail::ClientCore> core = m_set->core()) {
+      proto::Request request;
+      wire::to_proto(m_allocation.gva, request.mutable_unmap()->mutable_gva());
+      // A failure means the connection is gone: the daemon's lease of this
+      // client lets the pin go when it connects again without this mapping,
+      // or when its process exits.
+      (void)core->call(request);
+    }
   }
+  m_set.reset();
+  m_id = 0;
 }
 
+Status Mapping::status() const { return m_set ? m_set->status(m_id) : Status(); }
+
 Status Mapping::persist(size_t offset, size_t length) const {
+  TIERMEM_RETURN_IF_ERROR(status());
   if (offset > m_size || length > m_size - offset) {
     return Status(ErrorCode::out_of_range, "persist range runs past the end of the mapping");
   }

@@ -115,7 +115,8 @@ std::chrono::milliseconds checkin_interval_of(const ClientOptions& options) {
 
 }  // namespace
 
-Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& options) {
+Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& options, uint64_t client_id,
+                                                       const std::vector<Gva>& mapped) {
   std::string path = options.socket_path;
   if (path.empty()) {
     const char* env = std::getenv("TIERMEM_SOCKET");
@@ -128,6 +129,8 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   request.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
   request.mutable_hello()->set_client_name(options.client_name);
   request.mutable_hello()->set_checkin_interval_ms(static_cast<uint32_t>(checkin.count()));
+  request.mutable_hello()->set_client_id(client_id);
+  for (const Gva& g : mapped) wire::to_proto(g, request.mutable_hello()->add_mapped());
   TIERMEM_ASSIGN_OR_RETURN(auto response, connection->call(request));
   if (response.hello().max_frame_bytes() > 0) {
     connection->set_max_frame(static_cast<uint32_t>(response.hello().max_frame_bytes()));
@@ -175,35 +178,44 @@ void ClientCore::watch_daemon() {
     if (n < 0 || (fds[1].revents & POLLIN) != 0) return;
     if ((fds[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
       m_daemon_lost.store(true, std::memory_order_seq_cst);
+      tell_lost();
       return;
     }
   }
 }
 
-void ClientCore::note_mapped(Gva gva) {
-  std::lock_guard lock(m_mapped_mutex);
-  m_mapped.push_back(gva);
+void ClientCore::on_lost(std::function<void(ClientCore*)> hook) {
+  {
+    std::lock_guard lock(m_lost_mutex);
+    m_on_lost = std::move(hook);
+    if (!m_lost_told) return;
+    m_lost_told = false;  // it closed before the hook was there: tell it now
+  }
+  tell_lost();
 }
 
-void ClientCore::note_unmapped(Gva gva) {
-  std::lock_guard lock(m_mapped_mutex);
-  auto it = std::find(m_mapped.begin(), m_mapped.end(), gva);
-  if (it != m_mapped.end()) m_mapped.erase(it);
+void ClientCore::tell_lost() {
+  std::function<void(ClientCore*)> hook;
+  {
+    std::lock_guard lock(m_lost_mutex);
+    if (m_lost_told) return;
+    m_lost_told = true;
+    hook = m_on_lost;
+  }
+  if (hook) hook(this);
 }
 
-std::vector<Gva> ClientCore::mapped() const {
-  std::lock_guard lock(m_mapped_mutex);
-  return m_mapped;
-}
-
-std::shared_ptr<ClientCore> ClientCore::successor() const {
-  std::lock_guard lock(m_mapped_mutex);
-  return m_successor;
-}
-
-void ClientCore::set_successor(std::shared_ptr<ClientCore> next) {
-  std::lock_guard lock(m_mapped_mutex);
-  m_successor = std::move(next);
+bool ClientCore::daemon_died() const {
+  // The headers of the domains this client mapped (regions are opened once;
+  // nothing maps them without them).
+  for (const auto& [domain, region] : m_headers) {
+    const auto* h = reinterpret_cast<const SegmentHeader*>(region.data());
+    if (owner_died(std::atomic_ref<const uint32_t>(*alive_word(*h)).load(std::memory_order_seq_cst)) ||
+        std::atomic_ref<const uint64_t>(h->incarnation).load(std::memory_order_seq_cst) != m_hello.incarnation()) {
+      return true;
+    }
+  }
+  return false;
 }
 
 Status ClientCore::daemon_gone() const {

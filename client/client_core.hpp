@@ -115,7 +115,11 @@ struct RemoteState {
 
 class ClientCore {
  public:
-  static Result<std::shared_ptr<ClientCore>> connect(const ClientOptions& options);
+  // `mapped`: the allocations this process still maps (one entry per
+  // mapping), whose pins the daemon may have kept for it (mapped_kept()).
+  // `client_id`: the Client object's (the daemon keeps leases by it).
+  static Result<std::shared_ptr<ClientCore>> connect(const ClientOptions& options, uint64_t client_id = 0,
+                                                     const std::vector<Gva>& mapped = {});
   ~ClientCore();
 
   // A request to the local daemon (which forwards what is for other nodes).
@@ -124,16 +128,16 @@ class ClientCore {
   // The daemon's end of the connection closed: it is gone.
   bool lost() const { return m_daemon_lost.load(std::memory_order_seq_cst); }
 
-  // Allocations this process holds a Mapping of through this connection
-  // (each pinned by its session), so that the connection replacing this one
-  // after a daemon restart pins them again.
-  void note_mapped(Gva gva);
-  void note_unmapped(Gva gva);
-  std::vector<Gva> mapped() const;
-  // The connection that replaced this one (null while it is current): a
-  // Mapping made through this one unmaps through the newest.
-  std::shared_ptr<ClientCore> successor() const;
-  void set_successor(std::shared_ptr<ClientCore> next);
+  // Per `mapped` of connect(): the daemon kept that mapping's pin for this
+  // process since its last session (the mapping is valid as it is).
+  bool mapped_kept(size_t i) const { return static_cast<int>(i) < m_hello.mapped_kept_size() && m_hello.mapped_kept(static_cast<int>(i)); }
+  // Called once, on the watcher thread, when the daemon's end of the
+  // connection closes (at once if it already has).
+  void on_lost(std::function<void(ClientCore*)> hook);
+  // Whether the daemon this connection was made to is gone (its process
+  // died, or another serves its memory now), as its segment headers say:
+  // false while it lives (only the connection broke) or when unknown.
+  bool daemon_died() const;
   uint64_t page_size() const { return m_hello.page_size(); }
 
   // `qos`: the call's class; none: the allocation's default (H3).
@@ -254,9 +258,11 @@ class ClientCore {
   // Successful operations by path (access_counters()).
   std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_through_daemon{0};
 
-  mutable std::mutex m_mapped_mutex;
-  std::vector<Gva> m_mapped;  // one entry per Mapping
-  std::shared_ptr<ClientCore> m_successor;
+  std::mutex m_lost_mutex;
+  std::function<void(ClientCore*)> m_on_lost;
+  bool m_lost_told = false;
+  // Tells m_on_lost (once) that the daemon's end closed.
+  void tell_lost();
 
   std::shared_mutex m_cache_mutex;
   std::map<std::pair<NodeId, uint64_t>, std::shared_ptr<const CachedAllocation>> m_cache;

@@ -292,7 +292,9 @@ Status RequestHandler::map(const proto::MapRequest& r, SessionState& s, proto::M
                       "; read and write it instead");
   }
   TIERMEM_ASSIGN_OR_RETURN(auto layout, m_space.pin(checked(wire::from_proto(r.gva()), info)));
-  s.pins.push_back(layout.info.gva);
+  // The pin is the client's while its process lives (its mapping is in the
+  // process's address space, whatever becomes of this connection).
+  m_leases.pin(client_key(s), layout.info.gva);
   wire::to_proto(layout.info, out->mutable_allocation());
   for (const Extent& x : layout.extents) wire::to_proto(x, out->add_extents());
   return Status();
@@ -300,15 +302,9 @@ Status RequestHandler::map(const proto::MapRequest& r, SessionState& s, proto::M
 
 Status RequestHandler::unmap(const proto::UnmapRequest& r, SessionState& s) {
   const Gva gva = wire::from_proto(r.gva());
-  auto it = std::find_if(s.pins.begin(), s.pins.end(), [&](const Gva& g) {
-    return g.node == gva.node && g.offset == gva.offset;
-  });
-  if (it == s.pins.end()) {
-    return Status(ErrorCode::failed_precondition, gva.to_string() + " is not mapped by this client");
-  }
-  Status status = m_space.unpin(*it);
-  s.pins.erase(it);
-  return status;
+  const std::optional<Gva> pinned = s.remote ? std::nullopt : m_leases.unpin(client_key(s), gva);
+  if (!pinned) return Status(ErrorCode::failed_precondition, gva.to_string() + " is not mapped by this client");
+  return m_space.unpin(*pinned);
 }
 
 }  // namespace tiermem

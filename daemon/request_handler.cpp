@@ -260,16 +260,7 @@ Reply RequestHandler::dispatch(const proto::Request& request, SessionState& sess
     case proto::Request::kHello:
       status = hello(request.hello(), session, resp.mutable_hello());
       reply.close_after = !status.ok();
-      if (status.ok() && !session.remote) {
-        // The same process connecting again takes back its session
-        // allocations of the connection it lost (their lease).
-        std::vector<Gva> back = m_leases.take(session.pid, session.uid);
-        if (!back.empty()) {
-          spdlog::info("session {} (pid {}) took back {} session allocation(s) of its earlier connection", session.id,
-                       session.pid, back.size());
-          session.owned.insert(session.owned.end(), back.begin(), back.end());
-        }
-      }
+      if (status.ok() && !session.remote) take_lease(request.hello(), session, resp.mutable_hello());
       break;
     case proto::Request::kPeerChallenge:
       status = peer_challenge(request.peer_challenge(), session, resp.mutable_peer_challenge());
@@ -394,6 +385,7 @@ Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, prot
   TIERMEM_ASSIGN_OR_RETURN(s.who, m_tenants.identify(s.uid, s.gid, s.groups));
   s.greeted = true;
   s.client_name = r.client_name().substr(0, 256);
+  s.client_id = r.client_id();
   m_check_ins.opened(s.id, s.client_name, s.pid, s.uid, s.who.tenant, r.checkin_interval_ms());
   out->set_protocol_version(k_protocol_version);
   out->set_node_id(m_space.node());
@@ -456,22 +448,42 @@ void RequestHandler::list(const Identity& who, proto::ListResponse* out) {
 
 void RequestHandler::end_session(SessionState& session) {
   m_check_ins.closed(session.id);
-  // Errors are ignored on purpose: an allocation can only be unpinned, and it
-  // cannot have been freed while pinned.
-  for (const Gva& g : session.pins) (void)m_space.unpin(g);
-  session.pins.clear();
-  // Session allocations go with their session: at once when its process is
-  // gone, after the lease's grace when it lives on (it may connect again).
-  if (!m_leases.hold(session.id, session.pid, session.uid, session.owned)) {
-    free_session_allocations(session.owned, "session " + std::to_string(session.id));
+  // Session allocations go with their session, mappings with their process
+  // (a peer's session has neither): at once when the process is gone; while
+  // it lives on (it may connect again) its mappings stay pinned and its
+  // session allocations wait for the lease's grace.
+  if (!session.remote) {
+    let_go(m_leases.end_session(client_key(session), session.id, std::move(session.owned)),
+           "session " + std::to_string(session.id));
   }
   session.owned.clear();
   m_locks->end(session.id);
 }
 
-void RequestHandler::sweep_leases() {
-  const std::vector<Gva> expired = m_leases.expired();
-  if (!expired.empty()) free_session_allocations(expired, "an ended lease");
+void RequestHandler::take_lease(const proto::HelloRequest& r, SessionState& session, proto::HelloResponse* out) {
+  std::vector<Gva> mapped;
+  for (const proto::Gva& g : r.mapped()) mapped.push_back(wire::from_proto(g));
+  std::vector<Gva> owned;
+  std::vector<bool> kept;
+  let_go(m_leases.begin_session(client_key(session), mapped, &owned, &kept), "session " + std::to_string(session.id));
+  for (bool k : kept) out->add_mapped_kept(k);
+  const auto mappings = static_cast<size_t>(std::count(kept.begin(), kept.end(), true));
+  if (owned.empty() && mappings == 0) return;
+  spdlog::info("session {} (pid {}) took back {} session allocation(s) and {} mapping(s) of its earlier connection",
+               session.id, session.pid, owned.size(), mappings);
+  session.owned.insert(session.owned.end(), owned.begin(), owned.end());
+}
+
+ClientKey RequestHandler::client_key(const SessionState& s) { return {s.pid, s.uid, s.client_id}; }
+
+void RequestHandler::sweep_leases() { let_go(m_leases.expired(), "an ended lease"); }
+
+void RequestHandler::let_go(const Leases::Held& held, const std::string& whose) {
+  // Errors are ignored on purpose: an allocation can only be unpinned, and it
+  // cannot have been freed while pinned. Unpinned first: a pinned session
+  // allocation cannot be freed.
+  for (const Gva& g : held.pins) (void)m_space.unpin(g);
+  if (!held.owned.empty()) free_session_allocations(held.owned, whose);
 }
 
 void RequestHandler::free_session_allocations(const std::vector<Gva>& owned, const std::string& whose) {

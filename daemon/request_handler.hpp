@@ -63,7 +63,7 @@ struct SessionState {
   NodeId peer_node = 0;          // the peer's node id (after authentication)
   std::string challenge_nonce;   // ours, sent in the peer challenge
   std::string peer_nonce;        // the peer's, from its challenge
-  std::vector<Gva> pins;         // allocations this session has mapped
+  uint64_t client_id = 0;        // the Client object of its process (hello): leases are its
   std::vector<Gva> owned;        // its session allocations, freed when it ends
 };
 
@@ -117,6 +117,12 @@ class RequestHandler {
   };
   // Counts an answered request (and the bytes it carried) into m_metrics.
   void count(const Counted& counted, const proto::Response& response);
+  // A new session of a client takes back what its earlier session left in
+  // its lease (session allocations, the pins of the mappings it still has).
+  void take_lease(const proto::HelloRequest& r, SessionState& session, proto::HelloResponse* out);
+  static ClientKey client_key(const SessionState& s);
+  // Unpins and frees what a session or lease let go of (of `whose`: for the log).
+  void let_go(const Leases::Held& held, const std::string& whose);
   // Frees session allocations (of `whose`: for the log), giving frames lent
   // by peers back.
   void free_session_allocations(const std::vector<Gva>& owned, const std::string& whose);

@@ -368,6 +368,8 @@ int run(const DaemonConfig& config, Node& node, ControlServer& server, asio::io_
     if (ec) return;
     spdlog::info("received {}, shutting down", signo == SIGTERM ? "SIGTERM" : "SIGINT");
     sd_notify(0, "STOPPING=1");
+    // Clients see it in the headers before their connections close.
+    node.space->versions().retire();
     server.stop();
     if (metrics) metrics->stop();
     io.stop();

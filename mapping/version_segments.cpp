@@ -214,6 +214,12 @@ Status VersionSegments::open_domain(const Options& o, uint32_t d) {
   return Status();
 }
 
+void VersionSegments::retire() {
+  for (uint32_t d = 0; d < m_domains; ++d) {
+    std::atomic_ref<uint64_t>(header_of(d)->incarnation).store(0, std::memory_order_seq_cst);
+  }
+}
+
 std::vector<uint64_t> VersionSegments::memory_generations() const {
   std::vector<uint64_t> out;
   for (const DomainState& st : m_domains_state) out.push_back(st.generation);

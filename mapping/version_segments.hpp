@@ -147,6 +147,11 @@ class VersionSegments {
 
   const SegmentHeader& header(uint32_t domain) const;
   void set_tenant(uint32_t domain, std::string_view tenant);
+  // Marks every domain as served by no daemon (incarnation 0): a daemon
+  // that stops says so before it closes its clients' connections, so that a
+  // client learns at once, from the header, that what only this daemon
+  // knew (its session allocations, its pins) is gone.
+  void retire();
   // The memory generation of a domain's files (new when they were made anew).
   uint64_t memory_generation(uint32_t domain) const { return m_domains_state[domain].generation; }
   std::vector<uint64_t> memory_generations() const;

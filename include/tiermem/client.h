@@ -65,8 +65,9 @@ struct ClientOptions {
   // when the daemon went is repeated when doing it twice is harmless
   // (reads, writes of the same bytes, lookups, stat); an alloc, free,
   // migrate or atomic instead fails with unavailable, since it may or may
-  // not have happened: look before repeating it. Mappings made before stay
-  // mapped to the same memory, and are pinned again on the new connection.
+  // not have happened: look before repeating it. While the client holds
+  // Mappings it connects again at once, without waiting for a call, and
+  // pins them again on the new connection (see Mapping).
   std::chrono::milliseconds reconnect_timeout{30000};
   // Deadlines of the QoS classes (H3, QosClass in types.h).
   QosOptions qos;
@@ -75,6 +76,10 @@ struct ClientOptions {
   // $TIERMEM_CHECKIN_INTERVAL_MS, else 30 s (the seed's: two missed, 60 s,
   // make it degraded); 0: no check-ins.
   std::chrono::milliseconds checkin_interval{-1};
+  // Told of every Mapping revoked (see Mapping::status): its allocation and
+  // why. Called on a thread of the library, with no lock of the Client
+  // held (it may call the Client); it must not block for long.
+  std::function<void(Gva, const Status&)> on_mapping_revoked;
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per
@@ -88,6 +93,8 @@ struct AccessCounters {
 
 namespace detail {
 class ClientCore;
+class MappedSet;
+struct ClientLink;
 }
 
 // Memory of one allocation mapped into this process. The bytes are the tier's
@@ -96,6 +103,21 @@ class ClientCore;
 // never migrated underneath). For PMEM call persist() to make writes durable.
 // Unmaps on destruction. Movable, not copyable; keeps its Client's connection
 // alive.
+//
+// A mapping never outlives the allocation it shows. While this process
+// lives its daemon keeps the allocation pinned, also across a broken
+// connection. When the daemon restarts (or dies), the library pins every
+// mapping again on the new daemon as soon as it is back; a mapping whose
+// allocation did not come back (a session allocation, one freed or moved
+// meanwhile, one whose memory was lost), or that cannot be pinned again
+// (the daemon does not come back within reconnect_timeout, or the client
+// does not reconnect), is revoked: its memory is replaced with inaccessible
+// memory, so the next access through it faults (SIGSEGV) instead of reading
+// or writing whatever the frames hold now, status() says why, persist()
+// fails with that error, and ClientOptions::on_mapping_revoked is told.
+// Mappings of session allocations are revoked as soon as the library sees
+// that their daemon died. A mapping of VRAM keeps the device memory it
+// imported (nobody else is given it) and is only marked.
 class TIERMEM_EXPORT Mapping {
  public:
   Mapping() = default;
@@ -115,18 +137,23 @@ class TIERMEM_EXPORT Mapping {
   int device() const { return m_device; }
 
   // Flushes [offset, offset+length) to persistence (PMEM); no-op on DRAM.
+  // Errors: out_of_range, io_error, and why the mapping was revoked.
   Status persist(size_t offset, size_t length) const;
+  // Ok while the mapping is usable; once revoked, why (the allocation's
+  // error on the new daemon, e.g. not_allocated for a session allocation
+  // that ended with its daemon, or unavailable when it could not be pinned
+  // again).
+  Status status() const;
 
  private:
   friend class Client;
   void release();
 
-  std::shared_ptr<detail::ClientCore> m_core;
+  std::shared_ptr<detail::MappedSet> m_set;
+  uint64_t m_id = 0;
   AllocationInfo m_allocation;
   std::byte* m_data = nullptr;
   size_t m_size = 0;
-  size_t m_reserved = 0;
-  size_t m_lead = 0;  // from the reserved range's start to m_data (a sub-page allocation)
   bool m_persistent = false;
   int m_device = -1;
 };
@@ -220,7 +247,8 @@ class TIERMEM_EXPORT Client {
   Result<std::string> metrics(NodeId node = 0);
 
  private:
-  TIERMEM_NO_EXPORT Client(std::shared_ptr<detail::ClientCore> core, const ClientOptions& options);
+  TIERMEM_NO_EXPORT Client(std::shared_ptr<detail::ClientCore> core, const ClientOptions& options,
+                           uint64_t client_id);
   TIERMEM_NO_EXPORT std::shared_ptr<detail::ClientCore> core() const;
   // Runs `op` on the connection to the daemon, connecting again first when
   // the daemon went away; when it goes away during `op`, connects again and
@@ -231,12 +259,26 @@ class TIERMEM_EXPORT Client {
   // A copy between `gva` and a CUDA device buffer through the copy engines
   // alone (not_supported where the range is not this node's VRAM).
   TIERMEM_NO_EXPORT Status copy_device(Gva gva, void* data, size_t length, bool to_memory);
-  TIERMEM_NO_EXPORT Status reconnect(const std::shared_ptr<detail::ClientCore>& lost);
+  TIERMEM_NO_EXPORT Status reconnect(const detail::ClientCore* lost);
+  // The connection's watcher saw the daemon's end close: revokes what can no
+  // longer be trusted, and has the keeper connect again at once while
+  // mappings are held.
+  TIERMEM_NO_EXPORT void daemon_lost(const detail::ClientCore* lost);
+  // The keeper thread's loop.
+  TIERMEM_NO_EXPORT void keep();
+  // Hooks a new connection's loss to daemon_lost.
+  TIERMEM_NO_EXPORT void watch(const std::shared_ptr<detail::ClientCore>& core);
 
   ClientOptions m_options;
+  uint64_t m_client_id = 0;  // random: the daemon keeps this client's leases by it
   mutable std::mutex m_core_mutex;
   std::shared_ptr<detail::ClientCore> m_core;
   AccessCounters m_earlier;  // of connections before this one
+  std::shared_ptr<detail::MappedSet> m_mapped;
+  std::shared_ptr<detail::ClientLink> m_link;
+  // Connects again when the daemon went away while mappings are held.
+  struct Keeper;
+  std::unique_ptr<Keeper> m_keeper;
 };
 
 }  // namespace tiermem

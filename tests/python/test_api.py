@@ -2,12 +2,14 @@
 atomics, the control calls, and bad input (the process and the daemon live)."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
 import tiermem
+from conftest import Daemon
 
 NUMPY_DTYPES = [np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
                 np.float16, np.float32, np.float64, np.complex64, np.complex128]
@@ -270,3 +272,35 @@ def test_threads_write_and_read_at_once(client):
         t.join()
     assert not errors
     a.free()
+
+
+def test_a_mapping_whose_allocation_did_not_survive_a_restart_is_revoked():
+    """A mapping of a session allocation is revoked when its daemon restarts:
+    `revoked` says why, check() raises it, no new view of it is made, and a
+    new allocation on its frames is never written through it."""
+    d = Daemon()
+    try:
+        c = d.connect(name="mapper")
+        a = c.alloc(128 << 10, tier="dram", strict=True, lifetime="session")
+        m = c.map(a.gva)
+        view = np.asarray(m)
+        view[:4] = np.frombuffer(b"mine", np.uint8)
+        del view
+        assert m.revoked is None
+        m.check()
+        d.stop()
+        d.start()
+        deadline = time.monotonic() + 10
+        while m.revoked is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert m.revoked is not None and "session" in m.revoked, m.revoked
+        with pytest.raises(tiermem.AddressError):
+            m.check()
+        with pytest.raises(BufferError):
+            memoryview(m)
+        with pytest.raises(tiermem.AddressError):
+            torch.from_dlpack(m)
+        m.close()
+        c.close()
+    finally:
+        d.close()

@@ -16,12 +16,31 @@
 //                frames as libtiermem does, prints how many descriptors came
 //     hold MS    connects, prints "ok", and stays connected MS ms (checking
 //                in every $TIERMEM_CHECKIN_INTERVAL_MS)
+//     damage WHAT   does to its own domain's files, as the descriptors the
+//                daemon hands it allow, what a hostile tenant would:
+//                  header          tries to write its segment header every
+//                                  way the descriptor might allow; prints
+//                                  "ok refused" when none does
+//                  versions-grow   its version words file, 4 KiB longer
+//                  versions-cut    its version words file, to 0 bytes
+//                  versions-odd    every word of its version words made odd (locked)
+//                  dram-cut | pmem-cut   its DRAM or PMEM file, to 0 bytes
+//     recovery   what stat says this start lost: "lost ... | anew ..." lines
+//     maphold GVA   maps GVA, writes "held" through the mapping and prints
+//                "ok mapped"; waits (up to 30 s) until the mapping is revoked
+//                and prints "revoked CODE MESSAGE" (or "still ok"); then
+//                writes through it again (which faults once it is revoked)
+//                and prints "wrote"
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -98,6 +117,69 @@ int regions(const char* socket) {
   return report(Status(), tenants);
 }
 
+// What a hostile tenant does to its own files (see the header comment).
+int damage(const char* socket, const std::string& what) {
+  auto r = raw_session(socket);
+  if (!r.ok()) return report(r.status());
+  int header = -1, versions = -1, dram = -1, pmem = -1;
+  uint64_t versions_bytes = 0;
+  size_t next = 0;
+  for (const auto& region : r->regions.open_regions().regions()) {
+    if (!region.has_fd()) continue;
+    const int fd = r->fds.at(next++).get();
+    using K = tiermem::proto::Region;
+    if (region.kind() == K::HEADER && header < 0) header = fd;
+    if (region.kind() == K::VERSIONS && versions < 0) {
+      versions = fd;
+      versions_bytes = region.length();
+    }
+    if (region.kind() == K::TIER && region.tier() == tiermem::proto::TIER_DRAM && dram < 0) dram = fd;
+    if (region.kind() == K::TIER && region.tier() == tiermem::proto::TIER_PMEM && pmem < 0) pmem = fd;
+  }
+  const auto failed = [](const std::string& how) {
+    return report(Status(tiermem::ErrorCode::internal, how + ": " + std::strerror(errno)));
+  };
+  if (what == "header") {
+    if (header < 0) return report(Status(tiermem::ErrorCode::not_found, "no segment header was handed out"));
+    std::string allowed;
+    void* p = ::mmap(nullptr, tiermem::k_segment_header_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, header, 0);
+    if (p != MAP_FAILED) {
+      allowed += "a writable mapping; ";
+      static_cast<tiermem::SegmentHeader*>(p)->memory_generation ^= 1;  // what the probe of the issue did
+      ::munmap(p, tiermem::k_segment_header_bytes);
+    }
+    const uint64_t junk = 0x4141414141414141;
+    if (::pwrite(header, &junk, sizeof junk, 0) == static_cast<ssize_t>(sizeof junk)) allowed += "pwrite; ";
+    if (::ftruncate(header, 8192) == 0) allowed += "ftruncate; ";
+    const std::string reopen = "/proc/self/fd/" + std::to_string(header);
+    const int again = ::open(reopen.c_str(), O_RDWR);
+    if (again >= 0) {
+      allowed += "reopening it read-write; ";
+      ::close(again);
+    }
+    if (!allowed.empty()) return report(Status(tiermem::ErrorCode::internal, "the header could be written: " + allowed));
+    return report(Status(), "refused");
+  }
+  if (what == "versions-grow") {
+    if (::ftruncate(versions, static_cast<off_t>(versions_bytes + 4096)) != 0) return failed("ftruncate");
+  } else if (what == "versions-cut") {
+    if (::ftruncate(versions, 0) != 0) return failed("ftruncate");
+  } else if (what == "versions-odd") {
+    void* p = ::mmap(nullptr, versions_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, versions, 0);
+    if (p == MAP_FAILED) return failed("mmap");
+    auto* words = static_cast<uint64_t*>(p);
+    for (uint64_t i = 0; i < versions_bytes / (3 * sizeof(uint64_t)); ++i) words[i] |= 1;
+    ::munmap(p, versions_bytes);
+  } else if (what == "dram-cut" || what == "pmem-cut") {
+    const int fd = what == "dram-cut" ? dram : pmem;
+    if (fd < 0) return report(Status(tiermem::ErrorCode::not_found, "no such file was handed out"));
+    if (::ftruncate(fd, 0) != 0) return failed("ftruncate");
+  } else {
+    return report(Status(tiermem::ErrorCode::invalid_argument, "no such damage: " + what));
+  }
+  return report(Status(), what);
+}
+
 // The raw request libtiermem makes for VRAM chunks (its tenant check is the
 // daemon's, whatever the client library would ask).
 int device_chunks(const char* socket, uint64_t offset, uint64_t length) {
@@ -134,6 +216,7 @@ int main(int argc, char** argv) {
   }
   if (a.empty()) return usage();
   if (a[0] == "regions") return regions(argv[1]);
+  if (a[0] == "damage" && a.size() >= 2) return damage(argv[1], a[1]);
   if (a[0] == "device_chunks" && a.size() >= 3) {
     return device_chunks(argv[1], std::strtoull(a[1].c_str(), nullptr, 10), std::strtoull(a[2].c_str(), nullptr, 10));
   }
@@ -147,6 +230,15 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(a[1].c_str())));
     return 0;
+  }
+  if (op == "recovery") {
+    auto r = c.stat();
+    std::string lines;
+    for (const std::string& l : r.ok() ? r->recovery.lost : std::vector<std::string>{}) lines += "lost " + l + " | ";
+    for (const std::string& d : r.ok() ? r->recovery.domains_made_anew : std::vector<std::string>{}) {
+      lines += "anew " + d + " | ";
+    }
+    return report(r, lines);
   }
   if (op != "alloc" && op != "lookup" && op != "list" && op != "stat" && op != "metrics") {
     if (a.size() < 2) return usage();
@@ -181,6 +273,26 @@ int main(int argc, char** argv) {
       head += static_cast<char>(m->data()[i]);
     }
     return report(m, m.ok() ? std::to_string(m->size()) + ":" + head : "");
+  }
+  if (op == "maphold") {
+    auto m = c.map(gva);
+    if (!m.ok()) return report(m.status());
+    std::memcpy(m->data(), "held", 4);
+    std::printf("ok mapped\n");
+    std::fflush(stdout);
+    Status s;
+    for (int i = 0; i < 3000 && (s = m->status()).ok(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (s.ok()) {
+      std::printf("still ok\n");
+    } else {
+      std::printf("revoked %u %s\n", static_cast<unsigned>(s.code()), s.message().c_str());
+    }
+    std::fflush(stdout);
+    std::memcpy(m->data(), "late", 4);
+    std::printf("wrote\n");
+    return 0;
   }
   if (op == "translate") {
     auto t = c.translate(gva);

@@ -37,6 +37,12 @@ int get_buffer(PyObject* object, Py_buffer* view, int flags) {
     PyErr_SetString(PyExc_BufferError, "this tiermem.Mapping is closed");
     return -1;
   }
+  if (Status s = m->mapping->status(); !s.ok()) {
+    // Revoked: its memory faults on any access now.
+    view->obj = nullptr;
+    PyErr_SetString(PyExc_BufferError, s.message().c_str());
+    return -1;
+  }
   if (m->mapping->device() >= 0) {
     // The host must never touch device memory: DLPack says where it is.
     view->obj = nullptr;
@@ -82,6 +88,7 @@ void capsule_destructor(PyObject* capsule) {
 pyb::object dlpack(pyb::handle self) {
   PyMapping& m = self.cast<PyMapping&>();
   Mapping& mapping = m.get();
+  check(mapping.status());  // revoked: no new view of memory that faults
   auto* e = new Export;
   e->shape[0] = static_cast<int64_t>(mapping.size());
   DLTensor& t = e->managed.dl_tensor;
@@ -144,6 +151,17 @@ void bind_mapping(pyb::module_& m) {
       .def_property_readonly("size", [](PyMapping& self) { return self.get().size(); })
       .def_property_readonly("tier", [](PyMapping& self) { return std::string(tier_name(self.get().allocation().tier)); })
       .def_property_readonly("closed", [](PyMapping& self) { return !self.mapping; })
+      .def_property_readonly(
+          "revoked",
+          [](PyMapping& self) -> pyb::object {
+            const Status s = self.get().status();
+            if (s.ok()) return pyb::none();
+            return pyb::str(s.to_string());
+          },
+          "None while the mapping is usable; once revoked (its allocation did not come back after its daemon "
+          "restarted), why. Its memory then faults on any access, views made before included.")
+      .def("check", [](PyMapping& self) { check(self.get().status()); },
+           "Raises the error that revoked the mapping, if it was.")
       .def_property_readonly("views", [](PyMapping& self) { return self.views; },
                              "Views (buffers, DLPack tensors) alive now.")
       .def("__len__", [](PyMapping& self) { return self.get().size(); })
