@@ -9,8 +9,11 @@
 // the reason, to operators and to bob, never to alice.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <filesystem>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/tenant_fixture.hpp"
@@ -19,6 +22,7 @@
 namespace tiermem {
 namespace {
 
+using namespace std::chrono_literals;
 using test::code;
 using test::Outcome;
 
@@ -168,6 +172,53 @@ INSTANTIATE_TEST_SUITE_P(
                       DamageCase{"dram-cut", false, true}, DamageCase{"dram-cut", true, true},
                       DamageCase{"pmem-cut", false, false, true}, DamageCase{"pmem-cut", true, false, true}),
     case_name);
+
+// Frames a node lent to another node's pages belong to a domain of the
+// lender (the allocation's tenant's). Bob damages his domain on the lender
+// and the lender restarts: pages of bob's on frames it lent are lost, and
+// alice's pages on frames it lent from her domain come back intact.
+class LenderTest : public test::TenantTest {};
+
+TEST_F(LenderTest, ALenderMakingOneTenantsDomainAnewLosesOnlyThatTenantsLentFrames) {
+  test::TestCluster cluster(2, {.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  for (int n : {1, 2}) open_to_users(cluster.node(n));
+  std::filesystem::permissions(cluster.dir(), std::filesystem::perms(0755));
+  const std::string sock1 = cluster.node(1).socket(), sock2 = cluster.node(2).socket();
+  auto root = cluster.node(1).connect("root");
+  constexpr size_t k_bytes = 1 << 20;
+  std::map<std::string, Gva> gva;
+  for (const auto* user : {&*s_alice, &*s_bob}) {
+    const std::string name = user->name + "-moved";
+    const Outcome made = as(user, sock1, {"alloc", std::to_string(k_bytes), "dram", name});
+    ASSERT_TRUE(made.ok) << made.text;
+    gva[name] = *Gva::parse(made.text);
+    const auto bytes = test::pattern(k_bytes, name.size());
+    ASSERT_TRUE(root->write(gva[name], bytes.data(), bytes.size()).ok());
+    const Outcome moved = as(user, sock1, {"migrate", made.text, "dram", "2"});
+    ASSERT_TRUE(moved.ok) << moved.text;  // its pages on frames node 2 lent from the user's domain there
+  }
+  const Outcome damaged = as(&*s_bob, sock2, {"damage", "versions-cut"});
+  ASSERT_TRUE(damaged.ok) << damaged.text;
+  cluster.node(2).kill();
+  ASSERT_TRUE(cluster.node(2).restart()) << cluster.logs();
+  ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
+
+  std::vector<unsigned char> back(k_bytes);
+  Status bobs;
+  for (int i = 0; i < 100; ++i) {  // node 1 learns node 2's domains at its next handshake
+    bobs = root->read(gva["tiermem-bob-moved"], back.data(), back.size());
+    if (bobs.code() == ErrorCode::data_lost) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(bobs.code(), ErrorCode::data_lost) << bobs.to_string();
+  const Status alices = root->read(gva["tiermem-alice-moved"], back.data(), back.size());
+  ASSERT_TRUE(alices.ok()) << alices.to_string();
+  EXPECT_TRUE(back == test::pattern(k_bytes, std::string("tiermem-alice-moved").size()))
+      << "alice's pages on frames node 2 lent changed";
+  EXPECT_NE(cluster.node(1).log().find("on frames it lent are lost"), std::string::npos) << cluster.logs();
+  EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
+}
 
 }  // namespace
 }  // namespace tiermem
