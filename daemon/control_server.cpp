@@ -273,7 +273,13 @@ class ControlServer::Impl {
         return Status(ErrorCode::already_exists,
                       "another daemon is already serving on " + path + "; stop it or pick another control.socket");
       }
-      ::unlink(path.c_str());  // left behind by a daemon that did not stop cleanly
+      // Left behind by a daemon that did not stop cleanly; anything but a
+      // socket is not ours to remove (check_config_here refuses it first).
+      if (!std::filesystem::is_socket(path, fs_ec)) {
+        return Status(ErrorCode::config_error, m_config.source + ": control.socket = \"" + path +
+                                                   "\": is not a socket, and the daemon replaces nothing else");
+      }
+      ::unlink(path.c_str());
     }
     boost::system::error_code ec;
     const stream_protocol::endpoint endpoint(path);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,32 +13,47 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "common/file_kind.hpp"
 #include "common/unique_fd.hpp"
 
 namespace tiermem {
 
-Result<ClusterSecret> ClusterSecret::load(const std::string& path) {
+Result<ClusterSecret> ClusterSecret::load(const std::string& path, std::string_view source) {
   const auto bad = [&](const std::string& why) {
-    return Status(ErrorCode::config_error, "cluster.secret_file " + path + " " + why);
+    return Status(ErrorCode::config_error, std::string(source) + ": cluster.secret_file = \"" + path + "\": " + why);
   };
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return bad(std::string("cannot be read: ") + std::strerror(errno));
+  const std::string make = "head -c 32 /dev/urandom | base64 > " + path + "; chmod 600 " + path;
+  // O_NONBLOCK: a FIFO named here is refused below, not waited on for ever.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid() && errno == ENOENT) {
+    return bad("does not exist; expected a regular file of mode 0600 holding the cluster's secret, the same on "
+               "every node (" + make + ")");
+  }
+  if (!fd.valid()) {
+    return bad(std::string("cannot be read (") + std::strerror(errno) +
+               "); expected a file of mode 0600 that the daemon's user owns");
+  }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return bad("is not a regular file");
+  if (::fstat(fd.get(), &st) != 0) return bad(std::string("cannot be read (") + std::strerror(errno) + ")");
+  if (!S_ISREG(st.st_mode)) {
+    return bad("is " + file_kind(st.st_mode) + "; expected a regular file of mode 0600 holding the cluster's secret (" +
+               make + ")");
+  }
   if ((st.st_mode & 077) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return bad(std::string("is readable by group or others (mode ") + mode +
-               "): anyone who reads it can join the cluster; chmod 600 it");
+    return bad(std::string("mode ") + mode +
+               " lets other users read the cluster secret (whoever reads it can join the cluster); expected a "
+               "regular file of mode 0600 (chmod 600 " + path + ")");
   }
   std::string key(static_cast<size_t>(std::min<off_t>(st.st_size, 4096)), '\0');
   const ssize_t n = ::read(fd.get(), key.data(), key.size());
-  if (n < 0) return bad(std::string("cannot be read: ") + std::strerror(errno));
+  if (n < 0) return bad(std::string("cannot be read (") + std::strerror(errno) + ")");
   key.resize(static_cast<size_t>(n));
   while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) key.pop_back();
   if (key.size() < 16) {
-    return bad("holds " + std::to_string(key.size()) +
-               " bytes; a secret needs at least 16 (e.g. head -c 32 /dev/urandom | base64 > FILE)");
+    return bad("holds " + std::to_string(key.size()) + " byte(s) of secret" + (key.empty() ? " (it is empty)" : "") +
+               "; expected at least 16 (" + make + ")");
   }
   return from_bytes(std::move(key));
 }

@@ -31,10 +31,11 @@ inline constexpr size_t k_nonce_bytes = 32;
 class ClusterSecret {
  public:
   ClusterSecret() = default;
-  // Reads the secret file. Errors: config_error when it is missing,
-  // unreadable, shorter than 16 bytes, or readable by group or others
-  // (says the mode and what to do).
-  static Result<ClusterSecret> load(const std::string& path);
+  // Reads the secret file, named by cluster.secret_file of configuration
+  // `source`. Errors: config_error naming both when it is missing,
+  // unreadable, not a regular file, shorter than 16 bytes, or readable by
+  // group or others (says the mode and what to do).
+  static Result<ClusterSecret> load(const std::string& path, std::string_view source);
   static ClusterSecret from_bytes(std::string bytes) {
     ClusterSecret s;
     s.m_key = std::move(bytes);

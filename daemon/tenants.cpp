@@ -30,8 +30,9 @@ Result<uint32_t> resolve_group(const std::string& g, std::string_view key, std::
   const auto [end, ec] = std::from_chars(g.data(), g.data() + g.size(), gid);
   if (!g.empty() && ec == std::errc() && end == g.data() + g.size()) return gid;
   if (const group* gr = ::getgrnam(g.c_str())) return static_cast<uint32_t>(gr->gr_gid);
-  return Status(ErrorCode::config_error, std::string(source) + ": " + std::string(key) + " '" + g +
-                                             "' is not a group on this machine (give its name or number)");
+  return Status(ErrorCode::config_error, std::string(source) + ": " + std::string(key) + " = \"" + g +
+                                             "\": is not a group on this machine; expected a group's name or "
+                                             "number (getent group lists them)");
 }
 
 const TenantConfig* TenantMap::by_uid(uint32_t uid) const {

@@ -1,6 +1,7 @@
 // tiermemd: the per-node tiermem daemon.
 //
-// Start-up, in order: configuration and cluster file (exit 2 when bad); the
+// Start-up, in order: configuration and cluster file, and the checks of them
+// on this machine that --check-config makes too (exit 2 when bad); the
 // directories of the node's memory, each locked so that no second daemon
 // shares them; what an earlier daemon left there is retired (its clients
 // stop using it); tiers, address space and data plane; tenants and the
@@ -26,6 +27,7 @@
 #include "common/log.hpp"
 #include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
+#include "daemon/config_checks.hpp"
 #include "daemon/control_server.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/metrics_server.hpp"
@@ -212,13 +214,10 @@ Status open_memory(const DaemonConfig& c, Node* node) {
 Status open_cluster(const DaemonConfig& c, Node* node) {
   TIERMEM_ASSIGN_OR_RETURN(auto tenants, TenantMap::create(c));
   node->tenants.emplace(std::move(tenants));
+  // That a daemon with peers has a secret was checked before anything was
+  // opened (check_config_here).
   if (node->members.size() <= 1) return Status();
-  if (c.secret_file.empty()) {
-    return Status(ErrorCode::config_error,
-                  "a daemon with peers needs cluster.secret_file: the same secret on every node, mode 0600 (e.g. "
-                  "head -c 32 /dev/urandom | base64 > /etc/tiermem/cluster.secret; chmod 600 it)");
-  }
-  TIERMEM_ASSIGN_OR_RETURN(node->secret, ClusterSecret::load(c.secret_file));
+  TIERMEM_ASSIGN_OR_RETURN(node->secret, ClusterSecret::load(c.secret_file, c.source));
   PeerOptions po;
   po.self = c.node_id;
   po.members = node->members;
@@ -241,6 +240,8 @@ Status open_cluster(const DaemonConfig& c, Node* node) {
   return Status();
 }
 
+size_t peers_of(const std::vector<ClusterMember>& members) { return members.empty() ? 0 : members.size() - 1; }
+
 // Builds everything before serving. Returns the process exit code on
 // failure (2: configuration, 1: anything else).
 int start(const DaemonConfig& config, Node* node) {
@@ -250,8 +251,13 @@ int start(const DaemonConfig& config, Node* node) {
     return 2;
   }
   node->members = std::move(members).value();
+  // Before anything is opened, and the same checks as --check-config's: a
+  // file that passed them does not fail here for a reason they could see.
+  const ConfigCheck checked = check_config_here(config, peers_of(node->members));
+  for (const Status& problem : checked.problems) spdlog::critical("cannot start: {}", problem.to_string());
+  if (!checked.problems.empty()) return 2;
   auto dp = DataPlane::start(config);
-  Status s = dp.status();
+  Status s = explain_transport_failure(config, dp.status());
   if (s.ok()) node->data_plane = std::move(dp).value();
   if (s.ok()) s = open_memory(config, node);
   if (s.ok()) s = node->data_plane->describe(config, *node->space, node->control, node->incarnation);
@@ -428,6 +434,9 @@ int serve(const DaemonConfig& config) {
   return rc;
 }
 
+// --check-config: the file, its cluster file and check_config_here, as the
+// start makes them; then what only a start can check. Problems on stderr
+// (exit 2), the rest on stdout.
 int check_config(const DaemonConfig& config) {
   std::string control;
   auto members = load_members(config, &control);
@@ -435,12 +444,15 @@ int check_config(const DaemonConfig& config) {
     std::fprintf(stderr, "tiermemd: %s\n", members.status().message().c_str());
     return 2;
   }
-  if (members->size() > 1 && config.secret_file.empty()) {
-    std::fprintf(stderr, "tiermemd: %s: a daemon with peers needs cluster.secret_file\n", config.source.c_str());
-    return 2;
-  }
+  const size_t peers = peers_of(*members);
+  const ConfigCheck checked = check_config_here(config, peers);
+  for (const Status& problem : checked.problems) std::fprintf(stderr, "tiermemd: %s\n", problem.message().c_str());
+  if (!checked.problems.empty()) return 2;
   std::printf("%s: configuration is valid%s\n", config.source.c_str(),
               members->empty() ? "" : (" (cluster of " + std::to_string(members->size()) + " nodes)").c_str());
+  for (const std::string& note : checked.notes) std::printf("note: %s\n", note.c_str());
+  std::printf("only a start can check:\n");
+  for (const std::string& left : checks_left_to_start(config, peers)) std::printf("  %s\n", left.c_str());
   return 0;
 }
 
@@ -453,7 +465,9 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path,
                  std::string("TOML configuration (default: ") + k_default_config +
                      " if present, else built-in defaults)");
-  app.add_flag("--check-config", check_only, "validate the configuration (and cluster file) and exit");
+  app.add_flag("--check-config", check_only,
+               "check the configuration (and cluster file) on this machine as a start does, say what only a start "
+               "can check, and exit");
   app.set_version_flag("--version", std::string("tiermemd ") + TIERMEM_VERSION +
                                         (TIERMEM_HAVE_CUDA ? " (VRAM tier: CUDA)" : " (VRAM tier: not built, no CUDA)"));
   std::string log_level;

@@ -17,6 +17,7 @@
 #include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
+#include "mapping/lock_holder.hpp"
 #include "mapping/metadata_store.hpp"
 
 namespace tiermem {
@@ -548,6 +549,16 @@ Result<std::unique_ptr<MetadataStore>> open_pmem_metadata(const MetadataOptions&
     if (ec) return Status(ErrorCode::io_error, "renaming " + made + " to " + o.path + ": " + ec.message());
   }
   PMEMobjpool* pool = pmemobj_open(o.path.c_str(), k_layout_name);
+  if (pool == nullptr && errno == EWOULDBLOCK) {
+    // PMDK flocks a pool it opens: another process has this one open.
+    const LockHolder h = flock_holder(o.path);
+    const bool ours = h.command.empty() || h.command == "tiermemd";
+    return Status(ErrorCode::already_exists,
+                  "metadata pool " + o.path + " is in use by another " + (ours ? "tiermemd" : "process") +
+                      (h.pid == 0 ? "" : " (pid " + std::to_string(h.pid) + (ours ? "" : ", " + h.command) + ")") +
+                      "; two daemons must never share one: give each daemon its own metadata.path (left empty, "
+                      "it is metadata.pool in the daemon's own tiers.pmem.path)");
+  }
   if (pool == nullptr) return pool_error("opening metadata pool " + o.path);
   auto store = std::make_unique<PmemMetadata>(pool, o.path);
   TIERMEM_RETURN_IF_ERROR(store->open(o, g));

@@ -88,7 +88,8 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
   expect_error("[control]\nsocket_mode = \"\"\n", "octal mode");
   expect_error("[control]\nsocket_mode = \"1777\"\n", "octal mode");
   expect_error("[control]\nsocket_group = \"no-such-group-here\"\n",
-               "control.socket_group 'no-such-group-here' is not a group on this machine");
+               "bad.toml: control.socket_group = \"no-such-group-here\": is not a group on this machine; expected a "
+               "group's name or number");
   expect_error("[metrics]\nlisten = \"127.0.0.1\"\n", "metrics.listen '127.0.0.1' is not host:port");
   expect_error("[metrics]\nlisten = \"127.0.0.1:99999\"\n", "is not host:port");
   expect_error("[metrics]\nenabled = false\nlisten = \"127.0.0.1:9464\"\n", "metrics.enabled is false");

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -131,6 +132,100 @@ TEST_F(CtlTest, ReadPastTheEndIsRefused) {
   auto r = ctl({"read", gva, "101"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("out_of_range"), std::string::npos) << r.err;
+}
+
+// Numbers out of range used to say CLI11's "Could not convert: --node =
+// 70000"; now each option says its range, as a usage error (exit 2).
+TEST_F(CtlTest, NumericOptionsOutOfRangeSayTheirRange) {
+  const std::string gva = trim(ctl({"alloc", "100"}).out);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--node", "70000", "status"}, "--node: 70000 is out of range: node ids are 1-65535"},
+      {{"--node", "0", "ls"}, "--node: 0 is out of range: node ids are 1-65535"},
+      {{"-N", "99999999999999999999999", "status"}, "--node: 99999999999999999999999 is out of range"},
+      {{"--node", "abc", "status"}, "--node: 'abc' is not a whole number: node ids are 1-65535"},
+      {{"--node", "-1", "status"}, "--node: '-1' is not a whole number: node ids are 1-65535"},
+      {{"migrate", gva, "--tier", "pmem", "--to-node", "70000"}, "--to-node: 70000 is out of range: node ids are 1-65535"},
+      {{"alloc", "1MiB", "--replicas", std::to_string(k_max_replicas + 1)},
+       "--replicas: " + std::to_string(k_max_replicas + 1) + " is out of range: replicas are 0-" +
+           std::to_string(k_max_replicas)},
+  };
+  for (const auto& [args, said] : cases) {
+    auto r = ctl(args);
+    EXPECT_EQ(r.exit_code, 2) << args[1];
+    EXPECT_NE(r.err.find(said), std::string::npos) << r.err;
+  }
+  auto json = ctl({"--json", "--node", "70000", "status"});
+  EXPECT_EQ(json.exit_code, 2);
+  EXPECT_EQ(nlohmann::json::parse(json.out)["error"]["message"], "--node: 70000 is out of range: node ids are 1-65535")
+      << json.out;
+  EXPECT_EQ(ctl({"--node", "1", "status"}).exit_code, 0) << "the node's own id is in range";
+}
+
+// read GVA 0 used to print nothing and exit 0, like a read of empty memory.
+TEST_F(CtlTest, ReadingZeroBytesSaysSo) {
+  const std::string gva = trim(ctl({"alloc", "100"}).out);
+  ASSERT_EQ(ctl({"write", gva, "-"}, "abc").exit_code, 0);
+  auto r = ctl({"read", gva, "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "tiermemctl: read " + gva + ": LENGTH is 0: nothing was read\n");
+  auto json = ctl({"--json", "read", gva, "0"});
+  EXPECT_EQ(json.exit_code, 0) << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["length"], 0);
+  EXPECT_EQ(j["data_base64"], "");
+  ASSERT_EQ(ctl({"free", gva}).exit_code, 0);
+  EXPECT_EQ(ctl({"read", gva, "0"}).exit_code, 1) << "zero bytes of a freed allocation is still an error";
+}
+
+// ls --tier DRAM listed nothing (parse_tier took it, the filter compared
+// "dram" with "DRAM"), and --tier auto always nothing.
+TEST_F(CtlTest, TierFiltersTakeAnyCaseAndRefuseAuto) {
+  ASSERT_EQ(ctl({"alloc", "64KiB", "--tier", "dram", "--name", "upper"}).exit_code, 0);
+  auto upper = nlohmann::json::parse(ctl({"--json", "ls", "--tier", "DRAM"}).out);
+  ASSERT_EQ(upper.size(), 1u);
+  EXPECT_EQ(upper[0]["name"], "upper");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"ls", "--tier", "auto"}, {"free", "--name-prefix", "up", "--tier", "auto"}}) {
+    auto r = ctl(args);
+    EXPECT_EQ(r.exit_code, 1) << args[0];
+    EXPECT_NE(r.err.find("--tier auto: an allocation is on vram, dram or pmem, never on auto"), std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(nlohmann::json::parse(ctl({"--json", "ls"}).out).size(), 1u) << "nothing was freed";
+}
+
+// A socket path that cannot be tiermemd's used to say "Connection refused"
+// (a regular file) or only "No such file or directory".
+TEST(CtlSocketTest, APathThatIsNoSocketOrMissingSaysSo) {
+  auto file = run_ctl("/etc/passwd", {"status"});
+  EXPECT_EQ(file.exit_code, 1);
+  EXPECT_NE(file.err.find("cannot connect to tiermemd at /etc/passwd (from --socket): /etc/passwd is not a socket "
+                          "(a regular file), so no tiermemd serves there: give tiermemctl the control.socket of "
+                          "tiermemd's configuration"),
+            std::string::npos)
+      << file.err;
+  const std::string dir = test::make_temp_dir("tiermem-nosock");
+  auto directory = run_ctl(dir, {"status"});
+  EXPECT_EQ(directory.exit_code, 1);
+  EXPECT_NE(directory.err.find(dir + " is not a socket (a directory)"), std::string::npos) << directory.err;
+  auto missing = run_ctl(dir + "/none.sock", {"status"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("cannot connect to tiermemd at " + dir + "/none.sock (from --socket): it does not "
+                             "exist: is tiermemd running, and with control.socket = \"" + dir + "/none.sock\"?"),
+            std::string::npos)
+      << missing.err;
+  ::setenv("TIERMEM_SOCKET", "/etc/passwd", 1);
+  auto env = test::run_command({test::tiermemctl_path(), "--json", "status"});
+  ::unsetenv("TIERMEM_SOCKET");
+  EXPECT_EQ(env.exit_code, 1);
+  const auto e = nlohmann::json::parse(env.out);
+  EXPECT_EQ(e["error"]["code"], "connection_failed");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("/etc/passwd (from $TIERMEM_SOCKET): /etc/passwd is not a "
+                                                          "socket"),
+            std::string::npos)
+      << env.out;
+  std::filesystem::remove_all(dir);
 }
 
 // The operator's commands (O3): lookup, filtered ls, bulk free by name

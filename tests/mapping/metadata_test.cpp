@@ -5,6 +5,8 @@
 // bytes included.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -138,6 +140,27 @@ std::unique_ptr<AddressSpace> durable_space(const std::string& dir) {
   auto space = AddressSpace::create(o, std::move(tiers));
   EXPECT_TRUE(space.ok()) << space.status().to_string();
   return space.ok() ? std::move(space).value() : nullptr;
+}
+
+// Two daemons configured with one metadata.path: PMDK's lock on the pool
+// used to come out raw ("flock ...: Resource temporarily unavailable"). A
+// second open (here of the same process: flock is per open file) says who
+// holds the pool and which key to change.
+TEST_F(MetadataTest, APoolInUseSaysByWhomAndWhichKeyToChange) {
+  auto first = open_pmem_metadata(options(), geometry());
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  auto second = open_pmem_metadata(options(), geometry());
+  ASSERT_FALSE(second.ok()) << "one pool opened twice at once";
+  EXPECT_EQ(second.status().code(), ErrorCode::already_exists);
+  const std::string m = second.status().message();
+  EXPECT_NE(m.find("metadata pool " + options().path + " is in use by another process (pid " +
+                   std::to_string(::getpid()) + ", metadata_test)"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("two daemons must never share one: give each daemon its own metadata.path"), std::string::npos)
+      << m;
+  first->reset();
+  EXPECT_TRUE(open_pmem_metadata(options(), geometry()).ok()) << "free again once the holder closed it";
 }
 
 TEST_F(MetadataTest, ARebuiltSpaceKeepsWhatFitsAndDropsTheRest) {

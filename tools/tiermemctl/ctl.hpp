@@ -40,6 +40,10 @@ struct Filter {
   std::string tier;
   bool any() const { return !name_prefix.empty() || !tenant.empty() || !tier.empty(); }
   bool matches(const AllocationInfo& a) const;
+  // Makes `tier` the tier's own name ("DRAM" matched nothing). Errors:
+  // invalid_argument for an unknown tier, and for auto, which no
+  // allocation is on (the filter would take none, silently).
+  Status normalise();
 };
 
 // Connects, or prints why not; null on failure.
@@ -77,11 +81,11 @@ std::string version_text(const PageInfo& page);  // "3.12 (locked)"
 
 // Subcommands (one file each).
 int cmd_status(const Context& ctx);
-int cmd_ls(const Context& ctx, const Filter& filter);
+int cmd_ls(const Context& ctx, Filter filter);
 int cmd_lookup(const Context& ctx, const std::string& name);
 int cmd_stats(const Context& ctx, const std::string& prefix, bool buckets);
 // free by filter; `dry_run`: only say what would go.
-int cmd_free_matching(const Context& ctx, const Filter& filter, bool dry_run);
+int cmd_free_matching(const Context& ctx, Filter filter, bool dry_run);
 int cmd_alloc(const Context& ctx, const std::string& size, const std::string& tier,
               const std::string& name, bool strict, bool coherent, uint32_t replicas, const std::string& qos);
 int cmd_free(const Context& ctx, const std::string& gva);

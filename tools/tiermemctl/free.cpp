@@ -24,8 +24,8 @@ int cmd_free(const Context& ctx, const std::string& gva_text) {
 
 // Every allocation the filter takes, freed one by one: a mapped one (or one
 // another call frees first) fails alone and the rest go on.
-int cmd_free_matching(const Context& ctx, const Filter& filter, bool dry_run) {
-  if (!filter.tier.empty() && !parse_tier(filter.tier).ok()) return fail("free", parse_tier(filter.tier).status());
+int cmd_free_matching(const Context& ctx, Filter filter, bool dry_run) {
+  if (Status s = filter.normalise(); !s.ok()) return fail("free", s);
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
   auto all = client->list(ctx.node);

@@ -15,8 +15,20 @@ bool Filter::matches(const AllocationInfo& a) const {
   return true;
 }
 
-int cmd_ls(const Context& ctx, const Filter& filter) {
-  if (!filter.tier.empty() && !parse_tier(filter.tier).ok()) return fail("ls", parse_tier(filter.tier).status());
+Status Filter::normalise() {
+  if (tier.empty()) return Status();
+  auto parsed = parse_tier(tier);
+  if (!parsed.ok()) return parsed.status();
+  if (*parsed == Tier::automatic) {
+    return Status(ErrorCode::invalid_argument,
+                  "--tier auto: an allocation is on vram, dram or pmem, never on auto; name one of them");
+  }
+  tier = std::string(tier_name(*parsed));
+  return Status();
+}
+
+int cmd_ls(const Context& ctx, Filter filter) {
+  if (Status s = filter.normalise(); !s.ok()) return fail("ls", s);
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
   auto all = client->list(ctx.node);

@@ -1,5 +1,6 @@
 // tiermemctl: operator's command line for tiermem.
 #include <algorithm>
+#include <charconv>
 #include <string_view>
 #include <vector>
 
@@ -52,6 +53,26 @@ std::string unknown_subcommand(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+// A whole number from `min` to `max`, checked before CLI11 converts it (its
+// own message for 70000 as a uint16_t is "Could not convert"): CLI11 prints
+// "--node: 70000 is out of range: node ids are 1-65535".
+CLI::Validator in_range(uint64_t min, uint64_t max, const std::string& what) {
+  const std::string range = std::to_string(min) + "-" + std::to_string(max);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        uint64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || end != text.data() + text.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+          return "'" + text + "' is not a whole number: " + what + " are " + range;
+        }
+        if (ec == std::errc::result_out_of_range || value < min || value > max) {
+          return text + " is out of range: " + what + " are " + range;
+        }
+        return "";
+      },
+      range);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,7 +83,8 @@ int main(int argc, char** argv) {
   Context ctx;
   app.add_option("-s,--socket", ctx.socket, "tiermemd control socket (default: $TIERMEM_SOCKET, else /run/tiermem/tiermemd.sock)");
   app.add_flag("--json", ctx.json, "print JSON for machines instead of tables");
-  app.add_option("-N,--node", ctx.node, "node that status, ls, dump and alloc are about (default: the local one)");
+  app.add_option("-N,--node", ctx.node, "node that status, ls, dump and alloc are about (default: the local one)")
+      ->check(in_range(1, 0xffff, "node ids"));
 
   int rc = k_exit_ok;
   app.add_subcommand("status", "node, tiers and their use")->callback([&] { rc = cmd_status(ctx); });
@@ -99,7 +121,7 @@ int main(int argc, char** argv) {
   alloc->add_flag("--coherent", coherent, "holds atomic words: never migrated");
   alloc->add_option("--replicas", replicas, "copies on other nodes (written with every write, read when the home "
                                             "is down)")
-      ->check(CLI::Range(0u, tiermem::k_max_replicas));
+      ->check(in_range(0, tiermem::k_max_replicas, "replicas"));
   alloc->add_option("--qos", qos, "default QoS class of calls on it: standard, strict, best_effort, "
                                   "graceful_degrade");
   alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent, replicas, qos); });
@@ -147,7 +169,8 @@ int main(int argc, char** argv) {
   auto* migrate = app.add_subcommand("migrate", "move an allocation to another tier and/or node");
   migrate->add_option("GVA", gva, "NNNN:OOOOOOOOOOOOOOOO")->required();
   migrate->add_option("-t,--tier", tier, "vram, dram or pmem")->required();
-  migrate->add_option("-n,--to-node", ctx.node, "node to move to (default: the allocation's home)");
+  migrate->add_option("-n,--to-node", ctx.node, "node to move to (default: the allocation's home)")
+      ->check(in_range(1, 0xffff, "node ids"));
   migrate->callback([&] { rc = cmd_migrate(ctx, gva, tier); });
 
   for (int i = 1; i < argc; ++i) {

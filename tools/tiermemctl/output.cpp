@@ -1,14 +1,49 @@
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <utility>
 
+#include "common/file_kind.hpp"
 #include "tools/tiermemctl/ctl.hpp"
 
 namespace tiermem::ctl {
 
 namespace {
+
 bool g_json_errors = false;
+
+// The client library's default (include/tiermem/client.h).
+constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
+
+// The socket the client library will connect to, and what chose it.
+std::pair<std::string, std::string> socket_of(const Context& ctx) {
+  if (!ctx.socket.empty()) return {ctx.socket, "from --socket"};
+  if (const char* env = std::getenv("TIERMEM_SOCKET"); env != nullptr && *env != '\0') {
+    return {env, "from $TIERMEM_SOCKET"};
+  }
+  return {k_default_socket, "the default"};
+}
+
+// Why no tiermemd can be at `path`, or "" when one may be. Said before
+// connecting: connect(2) says "Connection refused" to a regular file.
+std::string no_daemon_at(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT && errno != ENOTDIR) return "";  // connect says (permission denied, ...)
+    return "it does not exist: is tiermemd running, and with control.socket = \"" + path +
+           "\"? (systemctl status tiermemd; its log names the socket it serves on)";
+  }
+  if (S_ISSOCK(st.st_mode)) return "";
+  return path + " is not a socket (" + file_kind(st.st_mode) +
+         "), so no tiermemd serves there: give tiermemctl the control.socket of tiermemd's configuration (--socket "
+         "or $TIERMEM_SOCKET; default " + k_default_socket + ")";
+}
+
 }  // namespace
 
 void set_json_errors(bool json) { g_json_errors = json; }
@@ -33,6 +68,12 @@ int usage_error(const std::string& message) {
 }
 
 std::unique_ptr<Client> connect(const Context& ctx) {
+  const auto [path, origin] = socket_of(ctx);
+  if (const std::string why = no_daemon_at(path); !why.empty()) {
+    fail("connect", Status(ErrorCode::connection_failed,
+                           "cannot connect to tiermemd at " + path + " (" + origin + "): " + why));
+    return nullptr;
+  }
   auto client = Client::connect({.socket_path = ctx.socket, .client_name = "tiermemctl"});
   if (!client.ok()) {
     fail("connect", client.status());

@@ -50,6 +50,11 @@ int cmd_read(const Context& ctx, const std::string& gva_text, const std::string&
                                                     format_size(*room) + " lie between " + gva->to_string() +
                                                     " and the end of its allocation"));
   }
+  if (*length == 0 && !ctx.json) {
+    // Nothing failed, but an empty stdout alone would read as empty memory.
+    std::fprintf(stderr, "tiermemctl: read %s: LENGTH is 0: nothing was read\n", gva_text.c_str());
+    return k_exit_ok;
+  }
   if (ctx.json) {
     if (*length > k_json_limit) {
       return fail("read " + gva_text, Status(ErrorCode::invalid_argument,
