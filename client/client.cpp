@@ -125,6 +125,7 @@ Client::Client(std::shared_ptr<ClientCore> core, const ClientOptions& options, u
       m_mapped(std::make_shared<detail::MappedSet>(options.on_mapping_revoked)),
       m_link(std::make_shared<detail::ClientLink>()) {
   m_link->client = this;
+  m_current.store(m_core.get(), std::memory_order_release);
   m_mapped->set_core(m_core);
   if (m_options.reconnect_timeout.count() > 0) {
     m_keeper = std::make_unique<Keeper>();
@@ -161,7 +162,9 @@ void Client::watch(const std::shared_ptr<ClientCore>& core) {
 }
 
 void Client::daemon_lost(const ClientCore* lost) {
-  if (core().get() != lost) return;  // an older connection's
+  // An older connection's? (Not through core(): this runs on a watcher,
+  // maybe inside a reconnect that holds m_core_mutex.)
+  if (m_current.load(std::memory_order_acquire) != lost) return;
   const bool died = lost->daemon_died();
   if (died) {
     // Session allocations end with their daemon: nothing of theirs comes back.
@@ -227,6 +230,7 @@ Status Client::reconnect(const ClientCore* lost) {
       repin(*m_mapped, *next, mapped);
       m_mapped->set_core(next);
       m_core = std::move(next);
+      m_current.store(m_core.get(), std::memory_order_release);
       watch(m_core);
       return Status();
     }

@@ -15,6 +15,7 @@
 // lost to a migration.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -273,6 +274,7 @@ class TIERMEM_EXPORT Client {
   uint64_t m_client_id = 0;  // random: the daemon keeps this client's leases by it
   mutable std::mutex m_core_mutex;
   std::shared_ptr<detail::ClientCore> m_core;
+  std::atomic<const detail::ClientCore*> m_current{nullptr};  // m_core, read without its mutex
   AccessCounters m_earlier;  // of connections before this one
   std::shared_ptr<detail::MappedSet> m_mapped;
   std::shared_ptr<detail::ClientLink> m_link;
