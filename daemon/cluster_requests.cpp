@@ -77,6 +77,8 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request, const 
   relayed.set_is_operator(who.is_operator);
   relayed.set_uid(who.uid);
   Reply reply;
+  // A migration takes no slot: it is long, and clients ask few at once.
+  if (relayed.body_case() != proto::Request::kMigrate) reply.peer = node;
   reply.deferred = [this, node, relayed]() {
     // A migration moves page after page, each waiting out its writers.
     const auto timeout = relayed.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
