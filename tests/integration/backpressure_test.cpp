@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -111,6 +112,9 @@ TEST(FrameMemoryTest, AnnouncedFramesCommitNoMemoryAndOthersAreServedMeanwhile) 
 
   // 200 x 16 MiB announced: a bound of 64 MiB is 2 % of it (the client's
   // 12 MiB of DRAM pages and its 8 MiB frames included).
+  std::fprintf(stderr, "VmRSS: %llu KiB before, %llu during the flood, %llu with the client's 6 MiB too\n",
+               static_cast<unsigned long long>(before), static_cast<unsigned long long>(during),
+               static_cast<unsigned long long>(with_client));
   EXPECT_LT(during, before + 64 * 1024) << "VmRSS went from " << before << " to " << during << " KiB";
   EXPECT_LT(with_client, before + 64 * 1024) << "VmRSS went from " << before << " to " << with_client << " KiB";
 
