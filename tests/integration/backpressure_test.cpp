@@ -11,8 +11,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -110,11 +110,11 @@ TEST(FrameMemoryTest, AnnouncedFramesCommitNoMemoryAndOthersAreServedMeanwhile) 
   EXPECT_EQ(back, data);
   const uint64_t with_client = status_kib(daemon.pid(), "VmRSS");
 
-  // 200 x 16 MiB announced: a bound of 64 MiB is 2 % of it (the client's
-  // 12 MiB of DRAM pages and its 8 MiB frames included).
   std::fprintf(stderr, "VmRSS: %llu KiB before, %llu during the flood, %llu with the client's 6 MiB too\n",
                static_cast<unsigned long long>(before), static_cast<unsigned long long>(during),
                static_cast<unsigned long long>(with_client));
+  // 200 x 16 MiB announced: a bound of 64 MiB is 2 % of it (the client's
+  // 12 MiB of DRAM pages and its 8 MiB frames included).
   EXPECT_LT(during, before + 64 * 1024) << "VmRSS went from " << before << " to " << during << " KiB";
   EXPECT_LT(with_client, before + 64 * 1024) << "VmRSS went from " << before << " to " << with_client << " KiB";
 
@@ -345,6 +345,10 @@ TEST(PeerBackpressureTest, RequestsToAStoppedPeerWaitForTheirDeadlineWhileOthers
     EXPECT_NE(o.status.message().find("node 3"), std::string::npos) << o.status.to_string();
     EXPECT_GE(o.seconds, k_deadline_ms / 1000.0 - 0.2) << "failed before its deadline: " << o.status.to_string();
     EXPECT_LT(o.seconds, k_deadline_ms / 1000.0 + 1.0) << "failed long after its deadline: " << o.status.to_string();
+    // Refused after waiting for a slot, or given one and timed out in the
+    // call; nothing else.
+    EXPECT_TRUE(o.status.code() == ErrorCode::unavailable || o.status.code() == ErrorCode::timeout)
+        << o.status.to_string();
     if (o.status.code() == ErrorCode::unavailable) {
       ++waited_for_a_slot;
       EXPECT_NE(o.status.message().find("8 requests outstanding"), std::string::npos) << o.status.to_string();
@@ -352,7 +356,11 @@ TEST(PeerBackpressureTest, RequestsToAStoppedPeerWaitForTheirDeadlineWhileOthers
       EXPECT_NE(o.status.message().find("deadline of 1500 ms"), std::string::npos) << o.status.to_string();
     }
   }
-  EXPECT_GE(waited_for_a_slot, k_requests - 8 - 4) << "most requests over the limit waited for a slot";
+  // The askers start a little apart: a slot freed at the first deadlines
+  // goes to a waiter that then times out in its call. Each of the 8 slots
+  // is handed on at most once before the later deadlines pass, so at least
+  // 24 - 2 x 8 requests waited until their deadline without one.
+  EXPECT_GE(waited_for_a_slot, k_requests - 2 * 8) << "requests over the limit waited for a slot";
   EXPECT_TRUE(other_error.empty()) << other_error;
   ASSERT_GE(latencies.size(), 10u);
   std::sort(latencies.begin(), latencies.end());
