@@ -77,15 +77,20 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request, const 
   relayed.set_is_operator(who.is_operator);
   relayed.set_uid(who.uid);
   Reply reply;
-  reply.deferred = [this, node, relayed]() {
+  // A migration takes no slot: it is long, and clients ask few at once.
+  if (request.body_case() != proto::Request::kMigrate) reply.peer = node;
+  // Runs once: the request moves on to the call (a write's data is not
+  // copied once more; the frame budget counts on it).
+  reply.deferred = [this, node, relayed = std::move(relayed)]() mutable {
     // A migration moves page after page, each waiting out its writers.
     const auto timeout = relayed.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
                                                                          : std::chrono::milliseconds(0);
-    auto response = m_peers->call(node, relayed, timeout);
-    if (!response.ok()) return error_reply(relayed.id(), response.status(), false);
+    const uint64_t id = relayed.id();
+    auto response = m_peers->call(node, std::move(relayed), timeout);
+    if (!response.ok()) return error_reply(id, response.status(), false);
     Reply out;
     out.response = std::move(response).value();
-    out.response.set_id(relayed.id());
+    out.response.set_id(id);
     return out;
   };
   return reply;

@@ -272,6 +272,14 @@ Status check(const DaemonConfig& c, std::string_view source) {
   if (c.max_inline_bytes + 4096 > c.max_frame_bytes) {
     return bad("control.max_inline_bytes must be at least 4 KiB below control.max_frame_bytes");
   }
+  for (const auto& [key, value] : {std::pair{"control.frame_budget_bytes", c.frame_budget_bytes},
+                                   std::pair{"control.frame_budget_per_uid_bytes", c.frame_budget_per_uid_bytes}}) {
+    if (value < c.max_frame_bytes) {
+      return bad(std::string(key) + " " + format_size(value) + " is less than control.max_frame_bytes (" +
+                 format_size(c.max_frame_bytes) + "): a frame that large could never be read; raise it to at least " +
+                 "that");
+    }
+  }
   if (c.dram_enabled && c.dram_capacity < c.page_size) return bad("tiers.dram.capacity is smaller than one page");
   if (c.pmem_enabled && c.pmem_capacity < c.page_size) return bad("tiers.pmem.capacity is smaller than one page");
   if (c.pmem_enabled && c.pmem_path.empty()) return bad("tiers.pmem.path must name the pool directory");
@@ -344,6 +352,8 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("control.frame_timeout_ms", &c.frame_timeout_ms, 10, 3600000);
   r.integer("control.max_connections", &c.max_connections, 1, 1 << 20);
   r.integer("control.max_connections_per_uid", &c.max_connections_per_uid, 1, 1 << 20);
+  r.size("control.frame_budget_bytes", &c.frame_budget_bytes);
+  r.size("control.frame_budget_per_uid_bytes", &c.frame_budget_per_uid_bytes);
   r.size("mapping.page_size", &c.page_size);
   r.integer("mapping.pages_per_tenant", &c.pages_per_tenant, 0, int64_t{1} << 36);
   r.size("mapping.sub_page_max", &c.sub_page_max);

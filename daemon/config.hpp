@@ -34,6 +34,12 @@ struct DaemonConfig {
   uint64_t frame_timeout_ms = 10000;       // a started frame (or the first one) must arrive within
   uint64_t max_connections = 1024;         // sessions at once, clients and peers
   uint64_t max_connections_per_uid = 256;  // client sessions of one uid at once
+  // Bytes of frames being read or handled at once (and of the replies of
+  // reads), in all and of one uid's sessions; a frame that does not fit
+  // waits for room (within frame_timeout_ms). Each is at least
+  // max_frame_bytes. Authenticated peers are not counted (ARCHITECTURE.md).
+  uint64_t frame_budget_bytes = uint64_t{256} << 20;
+  uint64_t frame_budget_per_uid_bytes = uint64_t{64} << 20;
 
   uint64_t page_size = 2 << 20;
   uint64_t pages_per_tenant = 0;  // virtual pages of each tenant's range; 0: 16x the frames

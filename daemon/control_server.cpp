@@ -23,6 +23,8 @@
 
 #include "common/frame.hpp"
 #include "common/unique_fd.hpp"
+#include "daemon/frame_budget.hpp"
+#include "daemon/peer_slots.hpp"
 #include "daemon/request_checks.hpp"
 #include "daemon/tcp_listener.hpp"
 #include "daemon/tenants.hpp"
@@ -43,10 +45,78 @@ bool someone_listens(const std::string& path) {
   return ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
 }
 
+using Clock = std::chrono::steady_clock;
+
 // Runs blocking work as a coroutine. A named function, not a lambda: its
 // parameter lives in the coroutine frame (Boost 1.74's co_spawn destroys a
 // coroutine lambda's captures too early).
 asio::awaitable<Reply> run_deferred(std::function<Reply()> work) { co_return work(); }
+
+// What a coroutine waits for without holding a thread, until a deadline:
+// room in the frame budget, a peer's slot. notify() comes from any thread;
+// the timer is touched only under the mutex, so a notify() never races the
+// start of the wait (it then completes at once).
+class Wakeup {
+ public:
+  explicit Wakeup(const asio::any_io_executor& executor) : m_timer(executor) {}
+
+  // True when notified before `until`.
+  asio::awaitable<bool> wait_until(Clock::time_point until) {
+    boost::system::error_code ec;
+    auto token = asio::redirect_error(asio::use_awaitable, ec);
+    co_await asio::async_initiate<decltype(token), void(boost::system::error_code)>(
+        [this, until](auto handler) {
+          std::lock_guard lock(m_mutex);
+          m_timer.expires_at(m_notified ? Clock::now() : until);
+          m_timer.async_wait(std::move(handler));
+        },
+        token);
+    std::lock_guard lock(m_mutex);
+    co_return m_notified;
+  }
+
+  void notify() {
+    std::lock_guard lock(m_mutex);
+    m_notified = true;
+    m_timer.cancel();
+  }
+
+ private:
+  std::mutex m_mutex;
+  bool m_notified = false;
+  asio::steady_timer m_timer;
+};
+
+// The bytes of one frame as they arrive. Its capacity is exactly what it
+// was grown to (std::string and std::vector round growth up themselves).
+class FrameBuffer {
+ public:
+  char* data() { return m_data.get(); }
+  uint64_t capacity() const { return m_capacity; }
+  // Grows to `capacity`, keeping the first `keep` bytes.
+  void grow(uint64_t capacity, uint64_t keep) {
+    auto bigger = std::make_unique_for_overwrite<char[]>(capacity);
+    if (keep > 0) std::memcpy(bigger.get(), m_data.get(), keep);
+    m_data = std::move(bigger);
+    m_capacity = capacity;
+  }
+  // After a frame: a large buffer is given back, a small one kept for the next.
+  void trim() {
+    if (m_capacity > k_kept_bytes) {
+      m_data.reset();
+      m_capacity = 0;
+    }
+  }
+
+ private:
+  static constexpr uint64_t k_kept_bytes = 16 << 10;
+  std::unique_ptr<char[]> m_data;
+  uint64_t m_capacity = 0;
+};
+
+// The budget's name for a session's uid; TCP connections that have not
+// authenticated share one of their own.
+constexpr uid_t k_unauthenticated = static_cast<uid_t>(-1);
 
 class SessionBase {
  public:
@@ -59,15 +129,20 @@ class SessionBase {
 // One connection: reads framed requests, answers each in turn. Every read
 // that has begun (a frame's header arrived, or the session has not said
 // hello yet) has a deadline, so a client that declares more than it sends, or
-// connects and says nothing, costs a connection for that long only.
+// connects and says nothing, costs a connection for that long only; so does
+// every reply the client is slow to take. A frame's buffer grows with the
+// bytes that arrive; a large one claims its size from the frame budget
+// first, and while it waits its socket is not read (the sender is slowed
+// by the kernel's buffers filling up, not refused).
 template <typename Protocol>
 class Session final : public SessionBase, public std::enable_shared_from_this<Session<Protocol>> {
  public:
   using Socket = typename Protocol::socket;
 
-  Session(Socket socket, RequestHandler& handler, const DaemonConfig& config, asio::thread_pool& pool, uint64_t id)
-      : m_socket(std::move(socket)), m_handler(handler), m_config(config), m_pool(pool),
-        m_deadline(m_socket.get_executor()) {
+  Session(Socket socket, RequestHandler& handler, const DaemonConfig& config, asio::thread_pool& pool,
+          std::shared_ptr<FrameBudget> budget, PeerSlots* slots, uint64_t id)
+      : m_socket(std::move(socket)), m_handler(handler), m_config(config), m_pool(pool), m_budget(std::move(budget)),
+        m_slots(slots), m_deadline(m_socket.get_executor()) {
     m_state.id = id;
     if constexpr (std::is_same_v<Protocol, stream_protocol>) {
       ucred cred{};
@@ -85,20 +160,20 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     }
     boost::system::error_code ec;
     m_socket.native_non_blocking(true, ec);
-    // Synchronous reads (read_request takes what is already there) return
+    // Synchronous reads and writes (what the socket takes at once) return
     // would_block instead of waiting.
     m_socket.non_blocking(true, ec);
   }
+  ~Session() override { release_claims(); }
 
   uid_t uid() const override { return m_state.uid; }
   bool remote() const override { return m_state.remote; }
 
   asio::awaitable<void> run() {
     spdlog::debug("session {} opened by pid {} uid {}", m_state.id, m_state.pid, m_state.uid);
-    std::string body;
     for (;;) {
       proto::Request request;
-      const Status got = co_await read_request(&request, &body);
+      const Status got = co_await read_request(&request);
       if (!got.ok()) {
         if (got.code() != ErrorCode::connection_closed) {
           spdlog::warn("session {} ({}): {}; closing", m_state.id, who(), got.message());
@@ -106,16 +181,13 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         }
         break;
       }
-      Reply reply = m_handler.handle(request, m_state);
-      if (reply.deferred) {
-        // Blocking work (a peer's answer, a migration, one-sided copies) runs
-        // on the pool; this coroutine resumes on its own executor after.
-        reply = co_await asio::co_spawn(m_pool, run_deferred(std::move(reply.deferred)), asio::use_awaitable);
-      }
+      Reply reply = co_await answer(request);
       if (reply.close_after) {
         spdlog::warn("session {} ({}): {}; closing", m_state.id, who(), reply.response.status().message());
       }
-      if (!co_await send(reply) || reply.close_after) break;
+      const bool sent = co_await send(reply);
+      release_claims();  // the frame and its reply are gone
+      if (!sent || reply.close_after) break;
     }
     m_deadline.cancel();
     m_handler.end_session(m_state);
@@ -140,8 +212,93 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     return m_state.remote ? std::string("tcp") : "pid " + std::to_string(m_state.pid);
   }
 
-  // Closes the socket when `ms` pass before disarm() (a pending read then
-  // fails): the session's own timer, which never outlives it.
+  // The reply to a decoded request: room for a read's data first, then the
+  // handler; blocking work goes to the pool, with a slot of the peer it
+  // calls taken first.
+  asio::awaitable<Reply> answer(const proto::Request& request) {
+    const uint64_t reply_bytes = request.has_read() ? std::min(request.read().length(), m_config.max_inline_bytes) : 0;
+    if (reply_bytes > k_unclaimed_frame_bytes) {
+      // The session may hold its frame's claim while it waits here: only a
+      // read request padded past 64 KiB does, and it waits at most
+      // frame_timeout_ms like any claim.
+      if (Status s = co_await claim(reply_bytes, "a read's reply"); !s.ok()) {
+        co_return RequestHandler::error_reply(request.id(), s, false);
+      }
+    }
+    Reply reply = m_handler.handle(request, m_state);
+    if (!reply.deferred) co_return reply;
+    if (reply.peer != 0 && m_slots != nullptr) reply.deferred = co_await with_peer_slot(reply, request);
+    // Blocking work (a peer's answer, a migration, one-sided copies) runs on
+    // the pool; this coroutine resumes on its own executor after.
+    co_return co_await asio::co_spawn(m_pool, run_deferred(std::move(reply.deferred)), asio::use_awaitable);
+  }
+
+  // Waits, without a thread, for a slot of the peer `reply`'s work calls,
+  // until the request's deadline (else the peer timeout). The work then
+  // calls with that slot, or fails as the wait did: by its own error path.
+  asio::awaitable<std::function<Reply()>> with_peer_slot(Reply& reply, const proto::Request& request) {
+    const auto now = Clock::now();
+    const uint64_t ms = request.deadline_ms() > 0 ? request.deadline_ms() : m_config.peer_timeout_ms;
+    PeerSlots::Deadline deadline{now + std::chrono::milliseconds(ms),
+                                 request.deadline_ms() > 0 ? "the request's deadline of " + std::to_string(ms) + " ms"
+                                                           : "cluster.peer_timeout_ms (" + std::to_string(ms) + " ms)"};
+    auto wakeup = std::make_shared<Wakeup>(m_socket.get_executor());
+    PeerSlots::Wait wait = m_slots->wait(reply.peer, deadline, [wakeup] { wakeup->notify(); });
+    if (!wait.ready()) co_await wakeup->wait_until(deadline.until);
+    auto slot = wait.take();
+    const NodeId node = reply.peer;
+    if (!slot.ok()) {
+      co_return [work = std::move(reply.deferred), node, refused = slot.status()]() {
+        PeerSlots::Use use(node, refused);
+        return work();
+      };
+    }
+    auto held = std::make_shared<PeerSlots::Slot>(std::move(slot).value());
+    co_return [work = std::move(reply.deferred), held]() {
+      Reply out;
+      {
+        PeerSlots::Use use(*held);
+        out = work();
+      }
+      *held = PeerSlots::Slot();  // the next request to the peer may go
+      return out;
+    };
+  }
+
+  // Peer daemons, once authenticated, are not counted (ARCHITECTURE.md,
+  // "Control plane"); unauthenticated TCP connections share one account.
+  bool counted() const { return !m_state.peer; }
+  uid_t account() const { return m_state.remote ? k_unauthenticated : m_state.uid; }
+  std::string account_name() const {
+    return m_state.remote ? std::string("unauthenticated TCP connections") : "uid " + std::to_string(m_state.uid);
+  }
+
+  // Claims `bytes` of the frame budget, waiting up to frame_timeout_ms.
+  // Errors: busy (saying which budget and its figures).
+  asio::awaitable<Status> claim(uint64_t bytes, const char* what) {
+    if (!counted()) co_return Status();
+    auto wakeup = std::make_shared<Wakeup>(m_socket.get_executor());
+    auto claimed = m_budget->claim(account(), account_name(), bytes, [wakeup] { wakeup->notify(); });
+    if (!claimed->granted()) {
+      spdlog::debug("session {} ({}): {} of {} bytes is waiting for the frame budget", m_state.id, who(), what, bytes);
+      co_await wakeup->wait_until(Clock::now() + std::chrono::milliseconds(m_config.frame_timeout_ms));
+    }
+    Status s = m_budget->settle(claimed);
+    if (s.ok()) {
+      m_claimed += bytes;
+      m_claimed_by = account();
+    }
+    co_return s;
+  }
+
+  void release_claims() {
+    if (m_claimed == 0) return;
+    m_budget->release(m_claimed_by, m_claimed);
+    m_claimed = 0;
+  }
+
+  // Closes the socket when `ms` pass before disarm() (a pending read or
+  // write then fails): the session's own timer, which never outlives it.
   void arm(uint64_t ms) {
     m_deadline.expires_after(std::chrono::milliseconds(ms));
     std::weak_ptr<Session> self = this->shared_from_this();
@@ -156,8 +313,9 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   void disarm() { m_deadline.cancel(); }
 
   // One request. Errors: connection_closed (the peer went, or a deadline
-  // closed it: then timeout), frame_too_large, malformed_frame.
-  asio::awaitable<Status> read_request(proto::Request* request, std::string* body) {
+  // closed it: then timeout), frame_too_large, malformed_frame, busy (no
+  // room in the frame budget within frame_timeout_ms).
+  asio::awaitable<Status> read_request(proto::Request* request) {
     boost::system::error_code ec;
     std::array<unsigned char, wire::k_frame_header_bytes> header{};
     if (!m_state.greeted) arm(m_config.frame_timeout_ms);  // say who you are in time
@@ -168,28 +326,48 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       disarm();
       co_return s;
     }
-    body->resize(length);
-    // Most frames are in the socket already: take what is there without a
-    // timer (arming one per frame cost the round trip more than the rest).
-    size_t have = 0;
+    Status got = co_await read_body(length);
+    disarm();
+    if (got.ok()) got = parse_request(std::string_view(m_body.data(), length), request);
+    m_body.trim();
+    co_return got;
+  }
+
+  // The `length` bytes of a frame's body into m_body. Most frames are in
+  // the socket already: what is there is taken without a timer (arming one
+  // per frame cost the round trip more than the rest). The rest of the
+  // frame must arrive within frame_timeout_ms; the time it waits for the
+  // budget is the daemon's, not counted.
+  asio::awaitable<Status> read_body(uint32_t length) {
+    boost::system::error_code ec;
+    bool armed = !m_state.greeted;
+    uint64_t have = 0;
     while (have < length) {
-      const size_t n = m_socket.read_some(asio::buffer(body->data() + have, length - have), ec);
+      if (have == m_body.capacity()) {
+        const uint64_t next = next_frame_capacity(have, m_socket.available(ec), length);
+        if (next > k_unclaimed_frame_bytes && m_claimed == 0) {
+          if (armed && m_state.greeted) disarm();
+          if (Status s = co_await claim(length, "a frame"); !s.ok()) co_return s;
+          if (armed && m_state.greeted) arm(m_config.frame_timeout_ms);
+        }
+        m_body.grow(next, have);
+      }
+      const size_t n = m_socket.read_some(asio::buffer(m_body.data() + have, std::min(m_body.capacity(), uint64_t{length}) - have), ec);
+      if (!ec) {
+        have += n;
+        continue;
+      }
+      if (ec != asio::error::would_block && ec != asio::error::try_again) break;
+      if (!armed) arm(m_config.frame_timeout_ms);
+      armed = true;
+      ec.clear();
+      co_await m_socket.async_wait(Socket::wait_read, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) break;
-      have += n;
-    }
-    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-      disarm();
-      co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
     }
     if (have < length) {
-      ec.clear();
-      if (m_state.greeted) arm(m_config.frame_timeout_ms);  // the rest of the frame, in time
-      co_await asio::async_read(m_socket, asio::buffer(body->data() + have, length - have),
-                                asio::redirect_error(asio::use_awaitable, ec));
+      co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
     }
-    disarm();
-    if (ec) co_return timed_out_or_closed("in the middle of a frame of " + std::to_string(length) + " bytes");
-    co_return parse_request(*body, request);
+    co_return Status();
   }
 
   Status timed_out_or_closed(const std::string& where) const {
@@ -198,12 +376,15 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
                                           where + " (control.frame_timeout_ms)");
   }
 
+  // Sends one reply. What the socket does not take at once must be taken
+  // within frame_timeout_ms (a client that stops reading holds its
+  // reply's bytes that long at most).
   asio::awaitable<bool> send(const Reply& reply) {
-    std::string payload;
-    reply.response.SerializeToString(&payload);
-    const auto header = wire::encode_frame_header(static_cast<uint32_t>(payload.size()));
-    std::string frame(reinterpret_cast<const char*>(header.data()), header.size());
-    frame += payload;
+    const size_t size = reply.response.ByteSizeLong();
+    std::string frame(wire::k_frame_header_bytes + size, '\0');
+    const auto header = wire::encode_frame_header(static_cast<uint32_t>(size));
+    std::memcpy(frame.data(), header.data(), header.size());
+    reply.response.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame.data() + header.size()));
     boost::system::error_code ec;
     size_t sent = 0;
     if (!reply.fds.empty()) {
@@ -219,8 +400,18 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
         if (ec) co_return false;
       }
     }
+    while (sent < frame.size()) {
+      const size_t n = m_socket.write_some(asio::buffer(frame.data() + sent, frame.size() - sent), ec);
+      if (ec) break;
+      sent += n;
+    }
+    if (sent == frame.size()) co_return true;
+    if (ec != asio::error::would_block && ec != asio::error::try_again) co_return false;
+    arm(m_config.frame_timeout_ms);
+    ec.clear();
     co_await asio::async_write(m_socket, asio::buffer(frame.data() + sent, frame.size() - sent),
                                asio::redirect_error(asio::use_awaitable, ec));
+    disarm();
     co_return !ec;
   }
 
@@ -228,8 +419,13 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   RequestHandler& m_handler;
   const DaemonConfig& m_config;
   asio::thread_pool& m_pool;
+  std::shared_ptr<FrameBudget> m_budget;
+  PeerSlots* m_slots;  // null: no peers
   asio::steady_timer m_deadline;
   bool m_timed_out = false;
+  FrameBuffer m_body;
+  uint64_t m_claimed = 0;  // bytes of the frame budget the current request holds
+  uid_t m_claimed_by = 0;
   SessionState m_state;
 };
 
@@ -238,8 +434,10 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 class ControlServer::Impl {
  public:
   Impl(asio::io_context& io, asio::thread_pool& pool, RequestHandler& handler, const DaemonConfig& config,
-       std::string tcp_listen)
+       std::string tcp_listen, PeerSlots* slots)
       : m_io(io), m_pool(pool), m_handler(handler), m_config(config), m_tcp_listen(std::move(tcp_listen)),
+        m_slots(slots),
+        m_budget(std::make_shared<FrameBudget>(config.frame_budget_bytes, config.frame_budget_per_uid_bytes)),
         m_unix(io), m_tcp(io) {}
 
   Status listen() {
@@ -257,6 +455,7 @@ class ControlServer::Impl {
     boost::system::error_code ec;
     m_unix.close(ec);
     m_tcp.close(ec);
+    m_budget->close();
     std::lock_guard lock(m_mutex);
     for (const auto& s : m_sessions) s->close();
     ::unlink(m_config.socket_path.c_str());
@@ -328,7 +527,8 @@ class ControlServer::Impl {
         co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
         continue;
       }
-      auto session = std::make_shared<Session<Protocol>>(std::move(socket), m_handler, m_config, m_pool, ++m_next_id);
+      auto session = std::make_shared<Session<Protocol>>(std::move(socket), m_handler, m_config, m_pool, m_budget,
+                                                         m_slots, ++m_next_id);
       if (Status full = admit(session); !full.ok()) {
         // A flood is told each time, the log once in a while.
         ++refusals;
@@ -386,6 +586,8 @@ class ControlServer::Impl {
   RequestHandler& m_handler;
   const DaemonConfig& m_config;
   std::string m_tcp_listen;
+  PeerSlots* m_slots;
+  std::shared_ptr<FrameBudget> m_budget;  // shared with the sessions, which may outlive this
   stream_protocol::acceptor m_unix;
   tcp::acceptor m_tcp;
   std::mutex m_mutex;
@@ -395,8 +597,8 @@ class ControlServer::Impl {
 };
 
 ControlServer::ControlServer(asio::io_context& io, asio::thread_pool& pool, RequestHandler& handler,
-                             const DaemonConfig& config, std::string tcp_listen)
-    : m_impl(std::make_unique<Impl>(io, pool, handler, config, std::move(tcp_listen))) {}
+                             const DaemonConfig& config, std::string tcp_listen, PeerSlots* slots)
+    : m_impl(std::make_unique<Impl>(io, pool, handler, config, std::move(tcp_listen), slots)) {}
 ControlServer::~ControlServer() = default;
 Status ControlServer::listen() { return m_impl->listen(); }
 void ControlServer::start() { m_impl->start(); }

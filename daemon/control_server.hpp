@@ -1,7 +1,10 @@
 // The control server: a Unix-domain stream socket for clients on this node and,
 // in a cluster, a TCP listener for peer daemons, served with Boost.Asio
 // coroutines, one per connection. Blocking work (Reply::deferred) runs on a
-// thread pool so the control threads keep serving.
+// thread pool so the control threads keep serving. What the sessions hold
+// is bounded: frames claim room in a frame budget (daemon/frame_budget.hpp)
+// and requests to a peer a slot of it (daemon/peer_slots.hpp), and both
+// wait for it without holding a thread.
 #pragma once
 
 #include <memory>
@@ -18,11 +21,14 @@ class thread_pool;
 
 namespace tiermem {
 
+class PeerSlots;
+
 class ControlServer {
  public:
-  // `tcp_listen` is host:port for peers, or empty for none.
+  // `tcp_listen` is host:port for peers, or empty for none; `slots` are the
+  // peers' (null without peers), which forwarded requests wait for.
   ControlServer(boost::asio::io_context& io, boost::asio::thread_pool& pool, RequestHandler& handler,
-                const DaemonConfig& config, std::string tcp_listen);
+                const DaemonConfig& config, std::string tcp_listen, PeerSlots* slots = nullptr);
   ~ControlServer();
 
   // Binds the socket (removing a stale one left by a crashed daemon), sets its

@@ -29,6 +29,7 @@ PeerManager::PeerManager(PeerOptions options, std::function<proto::NodeInfo()> s
       m_transport(transport),
       m_secret(std::move(secret)),
       m_on_memory(std::move(on_memory)),
+      m_slots(m_options.max_in_flight, m_options.max_blocked_waiters),
       m_self_since_ms(now_unix_ms()) {
   for (const ClusterMember& m : m_options.members) {
     if (m.id == m_options.self) continue;
@@ -37,6 +38,7 @@ PeerManager::PeerManager(PeerOptions options, std::function<proto::NodeInfo()> s
     p.info.set_node_id(m.id);
     p.info.set_control_address(m.control);
     p.since_ms = now_unix_ms();
+    m_slots.set_down(m.id, not_connected(p));
     m_peers.emplace(m.id, std::move(p));
   }
   if (m_transport != nullptr) {
@@ -106,6 +108,12 @@ void PeerManager::reap() {
   }
 }
 
+Status PeerManager::not_connected(const Peer& p) {
+  return Status(ErrorCode::connection_failed, "node " + std::to_string(p.member.id) + " (" + p.member.control +
+                                                  ") is " + std::string(node_state_name(p.state)) +
+                                                  (p.last_error.empty() ? "" : ": " + p.last_error));
+}
+
 PeerManager::Peer* PeerManager::find(NodeId node) {
   auto it = m_peers.find(node);
   return it == m_peers.end() ? nullptr : &it->second;
@@ -133,6 +141,13 @@ void PeerManager::mark(Peer& peer, NodeState state, const std::string& error, Gr
   }
   peer.state = state;
   peer.last_error = error;
+  // Requests waiting for the peer go on waiting while it is connected, and
+  // fail now when it is not.
+  if (state == NodeState::connected) {
+    m_slots.set_up(peer.member.id);
+  } else {
+    m_slots.set_down(peer.member.id, not_connected(peer));
+  }
   if (state != NodeState::connected) {
     graveyard->dead.push_back(std::move(peer.connection));
     graveyard->dead.push_back(std::move(peer.remote));
@@ -400,7 +415,6 @@ void PeerManager::put_back(NodeId node, uint64_t incarnation, std::shared_ptr<Rp
   std::shared_ptr<RpcConnection> dropped;
   std::lock_guard lock(m_mutex);
   Peer& p = *find(node);
-  --p.in_flight;
   constexpr size_t k_max_idle = 8;
   if (conn && !conn->broken() && p.state == NodeState::connected && p.info.incarnation() == incarnation &&
       p.idle.size() < k_max_idle) {
@@ -410,7 +424,22 @@ void PeerManager::put_back(NodeId node, uint64_t incarnation, std::shared_ptr<Rp
   }
 }
 
+PeerSlots::Deadline PeerManager::slot_deadline(std::chrono::milliseconds timeout) const {
+  const auto now = std::chrono::steady_clock::now();
+  if (ScopedDeadline::active() && ScopedDeadline::at() < now + timeout) {
+    return {ScopedDeadline::at(), "the caller's deadline of " +
+                                      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                         ScopedDeadline::at() - now)
+                                                         .count()) +
+                                      " ms"};
+  }
+  return {now + timeout, "the call's timeout of " + std::to_string(timeout.count()) + " ms" +
+                             (timeout == m_options.timeout ? " (cluster.peer_timeout_ms)" : "")};
+}
+
 Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, std::chrono::milliseconds timeout) {
+  const PeerSlots::Use* use = PeerSlots::Use::of(node);
+  if (use != nullptr && !use->refused().ok()) return use->refused();
   std::string address;
   uint64_t incarnation = 0;
   {
@@ -419,27 +448,28 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, s
     if (p == nullptr) {
       return Status(ErrorCode::bad_gva, "node " + std::to_string(node) + " is not in the cluster file");
     }
-    if (p->state != NodeState::connected) {
-      return Status(ErrorCode::connection_failed,
-                    "node " + std::to_string(node) + " (" + p->member.control + ") is " +
-                        std::string(node_state_name(p->state)) +
-                        (p->last_error.empty() ? "" : ": " + p->last_error));
-    }
-    if (p->in_flight >= m_options.max_in_flight && request.body_case() != proto::Request::kMigrate) {
-      return Status(ErrorCode::unavailable, "node " + std::to_string(node) + " has " + std::to_string(p->in_flight) +
-                                                " requests outstanding that it has not answered (it may be "
-                                                "stopped or overloaded); try again");
-    }
-    ++p->in_flight;
+    if (p->state != NodeState::connected) return not_connected(*p);
     address = p->member.control;
     incarnation = p->info.incarnation();
   }
-  auto conn = take_connection(node, incarnation, address);
-  if (!conn.ok()) {
-    put_back(node, incarnation, nullptr);
-    return conn.status();
+  timeout = timeout.count() > 0 ? timeout : m_options.timeout;
+  // One slot per outstanding request: the session's, taken before this
+  // work reached the pool, or one taken here (waiting on this thread).
+  PeerSlots::Slot own;
+  const PeerSlots::Slot* slot = use != nullptr ? use->slot() : nullptr;
+  if (slot == nullptr && request.body_case() != proto::Request::kMigrate) {
+    TIERMEM_ASSIGN_OR_RETURN(own, m_slots.acquire(node, slot_deadline(timeout)));
+    slot = &own;
   }
-  timeout = ScopedDeadline::bound(timeout.count() > 0 ? timeout : m_options.timeout);
+  if (slot != nullptr) {
+    // What waiting for the slot left of the caller's deadline.
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(slot->until() -
+                                                                            std::chrono::steady_clock::now());
+    timeout = std::min(timeout, std::max(left, std::chrono::milliseconds(1)));
+  }
+  auto conn = take_connection(node, incarnation, address);
+  if (!conn.ok()) return conn.status();
+  timeout = ScopedDeadline::bound(timeout);
   (*conn)->set_timeout(timeout);
   request.set_node(node);
   request.set_forwarded(true);

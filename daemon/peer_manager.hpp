@@ -7,9 +7,9 @@
 // tenants get domains: a ping says when, and the keys are fetched.
 //
 // A slow or stopped peer costs only the requests that go to it: each peer
-// has a bounded number of requests in flight (more fail at once with
-// unavailable), and nothing slow (closing endpoints, connecting) is done
-// while the manager's lock is held.
+// has a bounded number of requests in flight (more wait for one of them,
+// within their caller's deadline: daemon/peer_slots.hpp), and nothing slow
+// (closing endpoints, connecting) is done while the manager's lock is held.
 #pragma once
 
 #include <chrono>
@@ -27,6 +27,7 @@
 #include "control.pb.h"
 #include "daemon/cluster_file.hpp"
 #include "daemon/peer_auth.hpp"
+#include "daemon/peer_slots.hpp"
 #include "rpc_connection.hpp"
 
 namespace tiermem {
@@ -38,6 +39,9 @@ struct PeerOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds timeout{5000};
   size_t max_in_flight = 2;  // requests to one peer at once (the control threads are few)
+  // Callers blocking a thread while they wait for one of those (the others
+  // wait without one: PeerSlots); more are refused at once.
+  size_t max_blocked_waiters = 1;
   // Health (H1): heartbeats unanswered in a row that make a peer DEGRADED,
   // and the time without an answer that makes it UNREACHABLE.
   uint64_t degraded_after_missed = 2;
@@ -68,11 +72,18 @@ class PeerManager {
 
   // A blocking request to `node`, which executes it, on a connection of its
   // own (so a long request, a migration say, never holds up short ones).
-  // `timeout` 0: the configured peer timeout. Errors: bad_gva (not in the
-  // cluster), connection_failed (down), unavailable (too many requests to it
-  // outstanding: it may be stopped), timeout, or the peer's answer.
+  // `timeout` 0: the configured peer timeout. It takes one of the peer's
+  // slots (waiting for one until the caller's deadline: the thread's
+  // ScopedDeadline, else `timeout`), unless the thread holds one for `node`
+  // already (PeerSlots::Use; the call then ends by that slot's deadline);
+  // migrations take none (they are long, and few). Errors: bad_gva (not in
+  // the cluster), connection_failed (down, also while waiting), unavailable
+  // (too many requests to it outstanding until the deadline: it may be
+  // stopped), timeout, or the peer's answer.
   Result<proto::Response> call(NodeId node, proto::Request request,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // The peers' slots, for callers that wait for one without a thread.
+  PeerSlots& slots() { return m_slots; }
 
   // This node first, then every peer in cluster-file order.
   std::vector<proto::NodeInfo> nodes() const;
@@ -102,7 +113,6 @@ class PeerManager {
     std::shared_ptr<RemoteNode> remote;
     std::string last_error;
     uint64_t since_ms = 0;
-    size_t in_flight = 0;
     std::chrono::steady_clock::time_point next_check{};
     // Health (H1): the edge from this daemon to the peer.
     NodeHealth health = NodeHealth::unknown;
@@ -143,10 +153,14 @@ class PeerManager {
   // `rtt`, or not (`refused`: nothing listens on the peer's address, the
   // process is gone): updates the peer's health, logging each change once.
   void beat(NodeId node, bool answered, std::chrono::microseconds rtt, bool refused, const std::string& error);
+  // Why a request to a peer that is not connected fails.
+  static Status not_connected(const Peer& peer);
   Peer* find(NodeId node);
   const Peer* find(NodeId node) const;
   Result<std::shared_ptr<RpcConnection>> take_connection(NodeId node, uint64_t incarnation, const std::string& address);
   void put_back(NodeId node, uint64_t incarnation, std::shared_ptr<RpcConnection> conn);
+  // The deadline of a call that takes a slot itself.
+  PeerSlots::Deadline slot_deadline(std::chrono::milliseconds timeout) const;
 
   PeerOptions m_options;
   std::function<proto::NodeInfo()> m_self;
@@ -156,6 +170,7 @@ class PeerManager {
   mutable std::mutex m_mutex;
   std::condition_variable m_wake;
   std::map<NodeId, Peer> m_peers;
+  PeerSlots m_slots;
   bool m_stop = false;
   std::thread m_thread;
   uint64_t m_self_since_ms = 0;

@@ -1,5 +1,7 @@
 #include "daemon/request_checks.hpp"
 
+#include <limits>
+
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
@@ -73,8 +75,11 @@ Status check_frame_length(uint64_t length, bool greeted, uint64_t max_frame_byte
                                                 " bytes" + (greeted ? " (control.max_frame_bytes)" : " for frames before hello"));
 }
 
-Status parse_request(const std::string& body, proto::Request* out) {
-  if (out->ParseFromString(body)) return Status();
+Status parse_request(std::string_view body, proto::Request* out) {
+  if (body.size() <= static_cast<size_t>(std::numeric_limits<int>::max()) &&
+      out->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return Status();
+  }
   return Status(ErrorCode::malformed_frame,
                 "frame of " + std::to_string(body.size()) + " bytes is not a valid tiermem request");
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <tiermem/status.h>
 
@@ -30,7 +31,7 @@ inline constexpr uint32_t k_greeting_frame_bytes = 256 << 10;
 // frame_too_large, saying which limit.
 Status check_frame_length(uint64_t length, bool greeted, uint64_t max_frame_bytes);
 // Decodes a frame's body. Errors: malformed_frame.
-Status parse_request(const std::string& body, proto::Request* out);
+Status parse_request(std::string_view body, proto::Request* out);
 
 // Errors: invalid_argument naming the field ("alloc.tier") and the value.
 Status check_request_fields(const google::protobuf::Message& request);

@@ -72,6 +72,10 @@ struct Reply {
   std::vector<int> fds;           // sent with the response (SCM_RIGHTS); not owned
   bool close_after = false;       // protocol error: end the session after replying
   std::function<Reply()> deferred;  // when set: run it (it may block) and send its reply instead
+  // The peer `deferred` makes its one request of (0: none, or several):
+  // the server takes a slot of that peer (PeerSlots) before the work goes
+  // to the pool, waiting without a thread, and the work's call uses it.
+  NodeId peer = 0;
 };
 
 class RequestHandler {

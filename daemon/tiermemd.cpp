@@ -48,8 +48,10 @@ namespace asio = boost::asio;
 constexpr const char* k_default_config = "/etc/tiermem/tiermemd.toml";
 constexpr unsigned k_io_threads = 2;
 // Blocking work (forwarded requests, remote copies, migrations) runs here.
-// A peer gets at most a quarter of the threads at once, so a stopped peer
-// leaves the rest to requests that go elsewhere.
+// A peer gets at most a quarter of the threads at once for its requests,
+// and an eighth more for callers on the pool waiting for one of those
+// (forwarded requests wait without a thread), so a stopped peer leaves the
+// rest to requests that go elsewhere.
 constexpr unsigned k_pool_threads = 32;
 
 uint64_t random_incarnation() {
@@ -227,6 +229,7 @@ Status open_cluster(const DaemonConfig& c, Node* node) {
   po.degraded_after_missed = c.health_degraded_after_missed;
   po.unreachable_after = std::chrono::milliseconds(c.health_unreachable_after_ms);
   po.max_in_flight = k_pool_threads / 4;
+  po.max_blocked_waiters = k_pool_threads / 8;
   DataPlane* dp = node->data_plane.get();
   AddressSpace* space = node->space.get();
   node->peers = std::make_unique<PeerManager>(
@@ -426,7 +429,8 @@ int serve(const DaemonConfig& config) {
     RequestHandler handler(*node.space, config, *node.tenants, node.data_plane.get(), node.peers.get(), node.secret,
                            node.incarnation);
     ControlServer server(io, pool, handler, config,
-                         node.members.empty() ? "" : (config.cluster_listen.empty() ? node.control : config.cluster_listen));
+                         node.members.empty() ? "" : (config.cluster_listen.empty() ? node.control : config.cluster_listen),
+                         node.peers ? &node.peers->slots() : nullptr);
     rc = run(config, node, server, io, handler);
     pool.join();
   }

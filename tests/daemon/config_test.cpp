@@ -17,6 +17,8 @@ TEST(ConfigTest, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_EQ(c->socket_path, "/run/tiermem/tiermemd.sock");
   EXPECT_EQ(c->socket_mode, 0660u);
   EXPECT_EQ(c->sub_page_bytes(), 256u << 10) << "an eighth of a page";
+  EXPECT_EQ(c->frame_budget_bytes, 256u << 20);
+  EXPECT_EQ(c->frame_budget_per_uid_bytes, 64u << 20);
   auto small_pages = parse_config("[mapping]\npage_size = \"64KiB\"\n", "small.toml");
   ASSERT_TRUE(small_pages.ok());
   EXPECT_EQ(small_pages->sub_page_bytes(), 8u << 10) << "follows the page size when left out";
@@ -98,6 +100,11 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
                "mapping.sub_page_max 64 KiB is more than half a page (64 KiB)");
   // Accepted once, then every request failed (the client cut it to 32 bits).
   expect_error("[control]\nmax_frame_bytes = \"8GiB\"\n", "control.max_frame_bytes 8 GiB is more than a frame can be");
+  // A frame budget smaller than a frame: that frame could never be read.
+  expect_error("[control]\nmax_frame_bytes = \"32MiB\"\nframe_budget_bytes = \"16MiB\"\n",
+               "control.frame_budget_bytes 16 MiB is less than control.max_frame_bytes (32 MiB)");
+  expect_error("[control]\nmax_frame_bytes = \"128MiB\"\nframe_budget_bytes = \"1GiB\"\n",
+               "control.frame_budget_per_uid_bytes 64 MiB is less than control.max_frame_bytes (128 MiB)");
   // Accepted once, and 5.7 GB of /dev/shm filled in 1.5 s.
   expect_error("[tiers.dram]\ncapacity = \"100000GiB\"\n", "is more than this machine's memory");
 }
