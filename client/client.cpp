@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <map>
 #include <new>
-#include <random>
 #include <thread>
 
 #include <tiermem/client.h>
@@ -17,6 +16,7 @@
 #include "client/client_core.hpp"
 #include "client/device_buffers.hpp"
 #include "client/mapped_set.hpp"
+#include "common/random.hpp"
 #include "convert.hpp"
 
 namespace tiermem {
@@ -114,8 +114,7 @@ struct detail::ClientLink {
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   // Its daemon keeps its mappings' pins and session allocations by this
   // (with its pid) across its connections.
-  std::random_device rd;
-  const uint64_t id = (uint64_t{rd()} << 32 | rd()) | 1;
+  const uint64_t id = random_nonzero();
   TIERMEM_ASSIGN_OR_RETURN(auto core, ClientCore::connect(options, id));
   return std::unique_ptr<Client>(new Client(std::move(core), options, id));
 }

@@ -13,7 +13,6 @@
 
 #include <chrono>
 #include <filesystem>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -25,6 +24,7 @@
 #include <tiermem/units.h>
 
 #include "common/log.hpp"
+#include "common/random.hpp"
 #include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
 #include "daemon/config_checks.hpp"
@@ -53,13 +53,6 @@ constexpr unsigned k_io_threads = 2;
 // (forwarded requests wait without a thread), so a stopped peer leaves the
 // rest to requests that go elsewhere.
 constexpr unsigned k_pool_threads = 32;
-
-uint64_t random_incarnation() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) v = (uint64_t{rd()} << 32) | rd();
-  return v;
-}
 
 // This node's control address in the cluster file, and every member.
 Result<std::vector<ClusterMember>> load_members(const DaemonConfig& config, std::string* control) {
@@ -100,7 +93,7 @@ struct Node {
   const DaemonConfig& config;
   std::string control;  // this node's address for peers ("" alone)
   std::vector<ClusterMember> members;
-  uint64_t incarnation = random_incarnation();
+  uint64_t incarnation = random_nonzero();
   DirectoryLock dram_lock, pmem_lock;
   std::unique_ptr<DataPlane> data_plane;
   std::unique_ptr<AddressSpace> space;

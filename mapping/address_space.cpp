@@ -7,11 +7,11 @@
 #include <bit>
 #include <chrono>
 #include <mutex>
-#include <random>
 
 #include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
+#include "common/random.hpp"
 #include "mapping/placement.hpp"
 #include "mapping/version.hpp"
 
@@ -25,13 +25,6 @@ uint64_t now_unix_ms() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
-}
-
-uint64_t random_nonzero() {
-  std::random_device rd;
-  uint64_t g = 0;
-  while (g == 0) g = (uint64_t{rd()} << 32) | rd();
-  return g;
 }
 
 Status check_tiers(const TierSet& tiers, uint64_t page_size, uint32_t domains, uint64_t* frames) {

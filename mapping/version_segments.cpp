@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <random>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -16,6 +15,8 @@
 #include <thread>
 
 #include <tiermem/status_macros.h>
+
+#include "common/random.hpp"
 
 namespace tiermem {
 namespace {
@@ -26,13 +27,6 @@ std::string header_path(const std::string& dir, uint32_t domain) { return dir + 
 // Layout 1 (before the header had a file of its own): the header in the
 // first page of versions.<k>, its words after it.
 constexpr uint64_t k_legacy_layout = 1;
-
-uint64_t random_nonzero() {
-  std::random_device rd;
-  uint64_t g = 0;
-  while (g == 0) g = (uint64_t{rd()} << 32) | rd();
-  return g;
-}
 
 // Waits until no word in `words` is odd (locked) or the deadline passes;
 // returns how many are still locked.
