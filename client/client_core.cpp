@@ -206,16 +206,8 @@ void ClientCore::tell_lost() {
 }
 
 bool ClientCore::daemon_died() const {
-  // The headers of the domains this client mapped (regions are opened once;
-  // nothing maps them without them).
-  for (const auto& [domain, region] : m_headers) {
-    const auto* h = reinterpret_cast<const SegmentHeader*>(region.data());
-    if (owner_died(std::atomic_ref<const uint32_t>(*alive_word(*h)).load(std::memory_order_seq_cst)) ||
-        std::atomic_ref<const uint64_t>(h->incarnation).load(std::memory_order_seq_cst) != m_hello.incarnation()) {
-      return true;
-    }
-  }
-  return false;
+  const NodeRegions* r = m_regions_mapped.load(std::memory_order_acquire);
+  return r != nullptr && r->daemon_died();
 }
 
 Status ClientCore::daemon_gone() const {
@@ -236,55 +228,6 @@ Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<Un
     m_daemon_lost.store(true, std::memory_order_seq_cst);
   }
   return response;
-}
-
-Status DomainVersionWords::check_owner() {
-  // seq_cst, after the page locks were taken (their CAS is seq_cst too): a
-  // daemon that retires the segment first and then looks for locks either
-  // sees ours or we see its retirement.
-  const uint64_t incarnation = std::atomic_ref<const uint64_t>(*m_incarnation).load(std::memory_order_seq_cst);
-  // The kernel marks the daemon's liveness word as its process exits
-  // (SegmentHeader::alive), earlier than the watcher sees the socket close.
-  if (m_daemon_lost->load(std::memory_order_seq_cst) ||
-      owner_died(std::atomic_ref<const uint32_t>(*m_alive).load(std::memory_order_seq_cst))) {
-    return Status(ErrorCode::unavailable, "tiermemd at " + m_socket + " is gone; nothing was written");
-  }
-  if (incarnation != m_expected) {
-    return Status(ErrorCode::unavailable, "the memory this client mapped is no longer served by the tiermemd at " +
-                                              m_socket + " it connected to (the daemon restarted, or the segment "
-                                              "was cut short or overwritten); nothing was written: connect again");
-  }
-  return Status();
-}
-
-DomainFrameData::File* DomainFrameData::file_of(uint64_t frame_offset, size_t length, uint64_t* in_file) {
-  // The file starting last at or before the offset (the frames then must lie
-  // in it: MappedFrameData checks its length).
-  File* best = nullptr;
-  for (File& f : m_files) {
-    if (frame_offset >= f.first && (best == nullptr || f.first > best->first)) best = &f;
-  }
-  if (best != nullptr) *in_file = frame_offset - best->first;
-  (void)length;
-  return best;
-}
-
-Status DomainFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
-  uint64_t at = 0;
-  File* f = file_of(frame_offset, length, &at);
-  return f == nullptr ? stale_translation() : f->frames.read(at, dst, length);
-}
-
-Status DomainFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
-  uint64_t at = 0;
-  File* f = file_of(frame_offset, length, &at);
-  return f == nullptr ? stale_translation() : f->frames.write(at, src, length);
-}
-
-Status DomainFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) {
-  uint64_t at = 0;
-  File* f = file_of(frame_offset, 8, &at);
-  return f == nullptr ? stale_translation() : f->frames.atomic(at, op, operand, compare, old);
 }
 
 // --- other nodes ---------------------------------------------------------------------

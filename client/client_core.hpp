@@ -25,6 +25,7 @@
 
 #include "access/remote_memory.hpp"
 #include "client/device_frames.hpp"
+#include "client/node_regions.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
 #include "mapping/lock_intents.hpp"
@@ -51,59 +52,6 @@ struct CachedAllocation {
   uint64_t home_incarnation = 0;  // of the daemon that translated
   std::vector<Extent> extents;
   std::vector<uint64_t> page_versions;
-};
-
-// Version words of one mapped domain, which also answer whether the daemon
-// that serves them is still the one this client connected to.
-class DomainVersionWords final : public LocalVersionWords {
- public:
-  DomainVersionWords(uint64_t* words, size_t count, uint64_t* l3, uint64_t page_size, uint64_t first,
-                     const uint64_t* incarnation_word, const uint32_t* alive_word, uint64_t expected,
-                     const std::atomic<bool>* daemon_lost, std::string socket)
-      : LocalVersionWords(words, count, l3, page_size, first), m_incarnation(incarnation_word), m_alive(alive_word),
-        m_expected(expected), m_daemon_lost(daemon_lost), m_socket(std::move(socket)) {}
-  Status check_owner() override;
-
- private:
-  const uint64_t* m_incarnation;
-  const uint32_t* m_alive;  // SegmentHeader::alive's futex word
-  uint64_t m_expected;
-  const std::atomic<bool>* m_daemon_lost;
-  std::string m_socket;
-};
-
-// The frames of one tier in the domain files this client mapped.
-class DomainFrameData final : public FrameData {
- public:
-  explicit DomainFrameData(bool persistent) : m_persistent(persistent) {}
-  void add(uint64_t first, std::byte* base, size_t length) { m_files.push_back({first, {base, length, m_persistent}}); }
-  Status read(uint64_t frame_offset, void* dst, size_t length) override;
-  Status write(uint64_t frame_offset, const void* src, size_t length) override;
-  Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) override;
-  bool persistent() const override { return m_persistent; }
-
- private:
-  struct File {
-    uint64_t first;  // frame offset of the file's first byte
-    MappedFrameData frames;
-  };
-  // The file holding the frames, and the offset in it.
-  File* file_of(uint64_t frame_offset, size_t length, uint64_t* in_file);
-  bool m_persistent;
-  std::vector<File> m_files;
-};
-
-struct MappedDomain {
-  uint32_t domain = 0;
-  MappedRegion versions;  // words, L3 (its header is in m_headers)
-  std::optional<DomainVersionWords> words;
-};
-
-struct TierFile {
-  uint32_t domain = 0;
-  uint64_t first = 0;
-  UniqueFd fd;
-  MappedRegion map;
 };
 
 // What reaches one other node one-sided; replaced when the node restarts.
@@ -185,7 +133,6 @@ class ClientCore {
   Status open_regions();
   // This client's VRAM frames (imported on first use).
   Result<DeviceFrameData*> device_frames();
-  Status map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds);
   Result<std::shared_ptr<const CachedAllocation>> cached(Gva gva, bool refresh);
   // What copy_through_layout needs of a cached translation.
   LayoutView layout_of(const CachedAllocation& a) const;
@@ -233,15 +180,10 @@ class ClientCore {
 
   std::once_flag m_regions_once;
   Status m_regions_status;
-  std::vector<MappedDomain> m_domains;
-  std::vector<std::pair<uint32_t, MappedRegion>> m_headers;  // (domain, its segment header, read-only)
-  std::vector<TierFile> m_files[4];  // by Tier
-  std::optional<DomainFrameData> m_local_frames[4];
-  MappedRegion m_intents_map;
-  // VRAM of this client's domains (OpenRegions), reached by DeviceFrameData.
-  std::string m_device_uuid;
-  uint64_t m_device_chunk = 0;
-  std::vector<DeviceWindow> m_device_windows;
+  std::unique_ptr<NodeRegions> m_regions;  // this node's, once open_regions() mapped them
+  // The same, for threads that did not go through open_regions() (the
+  // watcher): null until they are mapped.
+  std::atomic<const NodeRegions*> m_regions_mapped{nullptr};
   std::once_flag m_device_once;
   Status m_device_status;
   std::unique_ptr<DeviceFrameData> m_device_frames;

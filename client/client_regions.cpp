@@ -10,77 +10,10 @@
 
 #include "client/client_core.hpp"
 #include "convert.hpp"
-#include "mapping/version_segments.hpp"
 
 namespace tiermem::detail {
 
 // --- local memory --------------------------------------------------------------------
-
-Status ClientCore::map_regions(const proto::OpenRegionsResponse& regions, std::vector<UniqueFd>& fds) {
-  size_t next_fd = 0;
-  const uint64_t per_domain = m_hello.pages_per_domain();
-  for (const proto::Region& r : regions.regions()) {
-    if (r.kind() == proto::Region::TIER && wire::from_proto(r.tier()) == Tier::vram && !r.has_fd()) {
-      // Device memory: imported chunk by chunk when first touched.
-      m_device_uuid = r.device_uuid();
-      m_device_chunk = r.chunk_bytes();
-      m_device_windows.push_back({r.first(), r.length()});
-      continue;
-    }
-    if (!r.has_fd()) continue;
-    if (next_fd >= fds.size()) return Status(ErrorCode::internal, "tiermemd sent fewer descriptors than regions");
-    UniqueFd fd = std::move(fds[next_fd++]);
-    if (r.kind() == proto::Region::HEADER) {
-      if (r.length() != k_segment_header_bytes) {
-        return Status(ErrorCode::malformed_frame, "tiermemd sent a segment header of the wrong size");
-      }
-      TIERMEM_ASSIGN_OR_RETURN(auto header, MappedRegion::map_read_only(fd.get(), r.length()));
-      m_headers.emplace_back(r.domain(), std::move(header));
-      continue;
-    }
-    TIERMEM_ASSIGN_OR_RETURN(auto map, MappedRegion::map(fd.get(), r.length()));
-    if (r.kind() == proto::Region::INTENTS) {
-      if (r.length() != k_intent_log_bytes) {
-        return Status(ErrorCode::malformed_frame, "tiermemd sent a lock log of the wrong size");
-      }
-      m_intents_map = std::move(map);
-      continue;
-    }
-    if (r.kind() == proto::Region::VERSIONS) {
-      if (per_domain == 0 || r.length() < 3 * per_domain * sizeof(uint64_t)) {
-        return Status(ErrorCode::malformed_frame, "tiermemd sent a version segment of the wrong size");
-      }
-      const SegmentHeader* header = nullptr;
-      for (const auto& [domain, h] : m_headers) {
-        if (domain == r.domain()) header = reinterpret_cast<const SegmentHeader*>(h.data());
-      }
-      if (header == nullptr) {
-        return Status(ErrorCode::malformed_frame, "tiermemd sent version words without their segment header");
-      }
-      if (std::atomic_ref<const uint64_t>(header->magic).load(std::memory_order_acquire) != SegmentHeader::k_magic ||
-          std::atomic_ref<const uint64_t>(header->incarnation).load(std::memory_order_acquire) !=
-              m_hello.incarnation()) {
-        // Not (or no longer) the serving daemon's: the domain's memory is
-        // reached through the daemon instead.
-        continue;
-      }
-      MappedDomain& d = m_domains.emplace_back();
-      d.domain = r.domain();
-      d.versions = std::move(map);
-      auto* base = d.versions.data();
-      auto* words = reinterpret_cast<uint64_t*>(base);
-      d.words.emplace(words, per_domain, words + per_domain, page_size(), r.first(), &header->incarnation,
-                      alive_word(*header), m_hello.incarnation(), &m_daemon_lost, m_socket);
-      continue;
-    }
-    const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));
-    if (tier == 0 || tier >= 4) return Status(ErrorCode::malformed_frame, "tiermemd sent a region of no tier");
-    if (!m_local_frames[tier]) m_local_frames[tier].emplace(r.persistent());
-    m_local_frames[tier]->add(r.first(), map.data(), map.size());
-    m_files[tier].push_back({r.domain(), r.first(), std::move(fd), std::move(map)});
-  }
-  return Status();
-}
 
 Status ClientCore::open_regions() {
   std::call_once(m_regions_once, [this] {
@@ -88,7 +21,15 @@ Status ClientCore::open_regions() {
     request.mutable_open_regions();
     std::vector<UniqueFd> fds;
     auto response = call(request, &fds);
-    m_regions_status = response.ok() ? map_regions(response->open_regions(), fds) : response.status();
+    if (!response.ok()) {
+      m_regions_status = response.status();
+      return;
+    }
+    auto regions = std::make_unique<NodeRegions>(m_hello, m_socket, &m_daemon_lost);
+    m_regions_status = regions->map(response->open_regions(), fds);
+    if (!m_regions_status.ok()) return;
+    m_regions = std::move(regions);
+    m_regions_mapped.store(m_regions.get(), std::memory_order_release);
   });
   return m_regions_status;
 }
@@ -96,27 +37,19 @@ Status ClientCore::open_regions() {
 Result<VersionWords*> ClientCore::local_versions(uint64_t first_page) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
   TIERMEM_RETURN_IF_ERROR(open_regions());
-  const uint64_t per_domain = m_hello.pages_per_domain();
-  for (MappedDomain& d : m_domains) {
-    if (per_domain != 0 && first_page / per_domain == d.domain) return static_cast<VersionWords*>(&*d.words);
-  }
-  return Status(ErrorCode::not_supported, "page " + std::to_string(first_page) +
-                                              " is of another tenant's domain: not mapped here");
+  return m_regions->versions(first_page);
 }
 
 Result<IntentLog> ClientCore::intents() {
   TIERMEM_RETURN_IF_ERROR(open_regions());
-  if (m_intents_map.data() == nullptr) {
-    return Status(ErrorCode::not_supported, "tiermemd gave this session no lock log: locks go through it");
-  }
-  return IntentLog(m_intents_map.data());
+  return m_regions->intents();
 }
 
 Result<DeviceFrameData*> ClientCore::device_frames() {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
   TIERMEM_RETURN_IF_ERROR(open_regions());
   std::call_once(m_device_once, [this] {
-    if (m_device_windows.empty()) {
+    if (!m_regions || m_regions->device_windows().empty()) {
       m_device_status = Status(ErrorCode::not_supported, "tiermemd shares no VRAM with this client");
       return;
     }
@@ -136,7 +69,8 @@ Result<DeviceFrameData*> ClientCore::device_frames() {
       for (int i = 0; i < offsets.size(); ++i) out.emplace_back(offsets[i], std::move(fds[static_cast<size_t>(i)]));
       return out;
     };
-    auto f = DeviceFrameData::open(m_device_uuid, m_device_chunk, m_device_windows, std::move(fetch));
+    auto f = DeviceFrameData::open(m_regions->device_uuid(), m_regions->device_chunk(), m_regions->device_windows(),
+                                   std::move(fetch));
     if (f.ok()) {
       m_device_frames = std::move(f).value();
     } else {
@@ -172,29 +106,17 @@ Result<FrameData*> ClientCore::local_frames(Tier tier) {
     return static_cast<FrameData*>(f);
   }
   TIERMEM_RETURN_IF_ERROR(open_regions());
-  auto& f = m_local_frames[static_cast<size_t>(tier)];
-  if (!f) {
-    return Status(ErrorCode::not_supported,
-                  "the " + std::string(tier_name(tier)) + " tier cannot be mapped into a client");
-  }
-  return static_cast<FrameData*>(&*f);
+  return m_regions->frames(tier);
 }
 
 Result<std::pair<int, uint64_t>> ClientCore::tier_file(Tier tier, uint64_t frame_offset, uint64_t length) {
   TIERMEM_RETURN_IF_ERROR(open_regions());
-  for (const TierFile& f : m_files[static_cast<size_t>(tier)]) {
-    if (frame_offset >= f.first && frame_offset - f.first + length <= f.map.size()) {
-      return std::pair<int, uint64_t>(f.fd.get(), frame_offset - f.first);
-    }
-  }
-  return Status(ErrorCode::not_supported,
-                "the " + std::string(tier_name(tier)) + " frames at " + std::to_string(frame_offset) +
-                    " are not in a file this client may map");
+  return m_regions->tier_file(tier, frame_offset, length);
 }
 
 bool ClientCore::region_persistent(Tier tier) const {
-  const auto& f = m_local_frames[static_cast<size_t>(tier)];
-  return f && f->persistent();
+  const NodeRegions* r = m_regions_mapped.load(std::memory_order_acquire);
+  return r != nullptr && r->persistent(tier);
 }
 
 }  // namespace tiermem::detail

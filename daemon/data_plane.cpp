@@ -4,6 +4,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "common/host_id.hpp"
 #include "convert.hpp"
 
 namespace tiermem {
@@ -51,6 +52,8 @@ Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, cons
     m_self.set_page_size(space.page_size());
     m_self.set_incarnation(incarnation);
     m_self.set_pages_per_domain(space.pages_per_domain());
+    m_self.set_socket_path(config.socket_path);
+    m_self.set_host_id(host_id());
     m_self.set_transport_address(m_transport->address());
     VersionSegments& v = space.versions();
     for (uint32_t d = 0; d < v.domains(); ++d) {

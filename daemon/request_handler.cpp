@@ -8,6 +8,7 @@
 
 #include "convert.hpp"
 #include "common/deadline.hpp"
+#include "common/host_id.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/peer_manager.hpp"
@@ -105,6 +106,8 @@ proto::NodeInfo RequestHandler::self() const {
   n.set_state(proto::NodeInfo::SELF);
   n.set_incarnation(m_incarnation);
   n.set_page_size(m_space.page_size());
+  n.set_socket_path(m_config.socket_path);
+  n.set_host_id(host_id());
   return n;
 }
 
@@ -397,6 +400,7 @@ Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, prot
   out->set_max_inline_bytes(m_config.max_inline_bytes);
   out->set_incarnation(m_incarnation);
   out->set_pages_per_domain(m_space.pages_per_domain());
+  out->set_host_id(host_id());
   out->set_tenant(s.who.tenant);
   out->set_is_operator(s.who.is_operator);
   for (const TierStat& t : m_space.tier_stats()) wire::to_proto(t, out->add_tiers());
