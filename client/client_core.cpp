@@ -38,26 +38,36 @@ class ClientAccess final : public MemoryAccess {
   // `device_only`: the buffer is CUDA device memory, which only the copy
   // engines may touch: any frames but this node's VRAM are not_supported.
   explicit ClientAccess(ClientCore& core, bool device_only = false) : m_core(core), m_device_only(device_only) {}
-  // Whether the operation reached another node's memory.
-  bool went_remote() const { return !m_held.empty(); }
-  // Every lock taken through these words is recorded in the session's lock
-  // log first, so the daemon can break it if this process dies holding it.
+  // Whether the operation reached another node's memory (mapped from a
+  // daemon of this host, or through the data plane).
+  bool went_remote() const { return m_went_remote; }
+  // Every lock taken through these words is recorded in a session's lock log
+  // first, so a daemon can break it if this process dies holding it: the
+  // session of the words' own daemon where this client maps them, else this
+  // client's daemon's (which has the home break it).
   Result<VersionWords*> versions(NodeId home, uint64_t first_page) override {
     VersionWords* inner = nullptr;
+    std::optional<IntentLog> log;
     if (home == m_core.node()) {
       TIERMEM_ASSIGN_OR_RETURN(inner, m_core.local_versions(first_page));
+    } else if (auto s = sibling(home)) {
+      TIERMEM_ASSIGN_OR_RETURN(inner, s->regions->versions(first_page));
+      TIERMEM_ASSIGN_OR_RETURN(log, s->regions->intents());
     } else {
       TIERMEM_ASSIGN_OR_RETURN(auto r, remote(home));
       inner = r->words.get();
     }
-    TIERMEM_ASSIGN_OR_RETURN(const IntentLog log, m_core.intents());
-    return static_cast<VersionWords*>(&m_recorded.emplace_back(*inner, log, home));
+    if (!log) {
+      TIERMEM_ASSIGN_OR_RETURN(log, m_core.intents());
+    }
+    return static_cast<VersionWords*>(&m_recorded.emplace_back(*inner, *log, home));
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
     if (m_device_only && (node != m_core.node() || tier != Tier::vram)) {
       return Status(ErrorCode::not_supported, "a device buffer goes straight only to this node's VRAM");
     }
     if (node == m_core.node()) return m_core.local_frames(tier);
+    if (auto s = sibling(node); s && tier != Tier::vram) return s->regions->frames(tier);
     TIERMEM_ASSIGN_OR_RETURN(auto r, remote(node));
     RemoteFrameData* f = r->frames[static_cast<size_t>(tier)].get();
     if (f == nullptr) {
@@ -70,12 +80,26 @@ class ClientAccess final : public MemoryAccess {
  private:
   Result<std::shared_ptr<RemoteState>> remote(NodeId node) {
     auto r = m_core.remote(node);
-    if (r.ok()) m_held.push_back(*r);
+    if (r.ok()) {
+      m_held.push_back(*r);
+      m_went_remote = true;
+    }
     return r;
+  }
+  // The node's mapped memory, when its daemon runs on this host (kept alive
+  // until the copy is done).
+  SiblingNode* sibling(NodeId node) {
+    auto s = m_core.sibling(node);
+    if (!s.ok()) return nullptr;
+    m_siblings.push_back(*s);
+    m_went_remote = true;
+    return s->get();
   }
   ClientCore& m_core;
   bool m_device_only;
+  bool m_went_remote = false;
   std::vector<std::shared_ptr<RemoteState>> m_held;
+  std::vector<std::shared_ptr<SiblingNode>> m_siblings;
   std::deque<RecordedVersionWords> m_recorded;
 };
 
@@ -138,6 +162,12 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   auto core = std::shared_ptr<ClientCore>(
       new ClientCore(std::move(connection), response.hello(), options.direct_access, path, checkin));
   if (options.lock_timeout.count() > 0) core->m_lock_timeout = options.lock_timeout;
+  core->m_map_same_host = options.map_same_host;
+  if (const char* env = std::getenv("TIERMEM_MAP_SAME_HOST"); env != nullptr && std::string_view(env) == "0") {
+    core->m_map_same_host = false;
+  }
+  core->m_client_id = client_id;
+  core->m_client_name = options.client_name;
   core->m_qos = options.qos;
   if (options.timeout.count() > 0) core->m_remote_timeout = std::min(options.timeout, k_timeout);
   return core;
@@ -311,8 +341,73 @@ Status ClientCore::still_reachable(const Endpoint& ep) {
 }
 
 void ClientCore::drop_remote(NodeId node) {
+  {
+    std::lock_guard lock(m_sibling_mutex);
+    m_siblings.erase(node);
+  }
   std::lock_guard lock(m_remote_mutex);
   m_remote.erase(node);
+}
+
+// --- daemons of this host ------------------------------------------------------------
+
+Result<std::shared_ptr<SiblingNode>> ClientCore::sibling(NodeId node) {
+  if (!m_direct || !m_map_same_host || m_hello.host_id().empty()) {
+    return Status(ErrorCode::not_supported, "same-host mapping is off");
+  }
+  std::lock_guard lock(m_sibling_mutex);
+  if (auto it = m_siblings.find(node); it != m_siblings.end()) {
+    const std::shared_ptr<SiblingNode>& s = it->second;
+    if (!s->on_host) return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is on another host");
+    if (!s->lost.load(std::memory_order_acquire) && !s->regions->daemon_died()) return s;
+    m_siblings.erase(it);  // its daemon went: ask again
+  }
+  proto::Request request;
+  request.mutable_nodes()->set_node(node);
+  TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
+  for (const proto::NodeInfo& n : response.nodes().nodes()) {
+    if (n.node_id() != node) continue;
+    if (n.host_id() != m_hello.host_id() || n.socket_path().empty()) {
+      auto elsewhere = std::make_shared<SiblingNode>();
+      elsewhere->node = node;
+      m_siblings[node] = elsewhere;
+      return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is on another host");
+    }
+    auto s = open_sibling(n);
+    // Not cached when it fails (a daemon restarting, a socket this user may
+    // not open): the data plane serves meanwhile, and the next translation
+    // tries again.
+    if (s.ok()) m_siblings[node] = *s;
+    return s;
+  }
+  return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is not in this daemon's cluster");
+}
+
+Result<std::shared_ptr<SiblingNode>> ClientCore::open_sibling(const proto::NodeInfo& info) {
+  auto s = std::make_shared<SiblingNode>();
+  s->node = static_cast<NodeId>(info.node_id());
+  s->on_host = true;
+  TIERMEM_ASSIGN_OR_RETURN(s->connection, RpcConnection::connect_unix(info.socket_path()));
+  s->connection->set_timeout(m_remote_timeout);
+  proto::Request hello;
+  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
+  hello.mutable_hello()->set_client_name(m_client_name + " (maps node " + std::to_string(info.node_id()) + ")");
+  hello.mutable_hello()->set_client_id(m_client_id);
+  TIERMEM_ASSIGN_OR_RETURN(auto said, s->connection->call(hello));
+  s->hello = said.hello();
+  // The socket must be that node's, serving the incarnation its peers know.
+  if (s->hello.node_id() != info.node_id() || s->hello.incarnation() != info.incarnation() ||
+      s->hello.host_id() != m_hello.host_id()) {
+    return Status(ErrorCode::not_supported, "the daemon at " + info.socket_path() + " is not node " +
+                                                std::to_string(info.node_id()) + " as its peers know it");
+  }
+  proto::Request open;
+  open.mutable_open_regions();
+  std::vector<UniqueFd> fds;
+  TIERMEM_ASSIGN_OR_RETURN(auto regions, s->connection->call(open, &fds));
+  s->regions = std::make_unique<NodeRegions>(s->hello, info.socket_path(), &s->lost, /*sibling=*/true);
+  TIERMEM_RETURN_IF_ERROR(s->regions->map(regions.open_regions(), fds));
+  return s;
 }
 
 Status ClientCore::persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length) {
@@ -440,6 +535,12 @@ Status ClientCore::read_copy(Gva gva, std::byte* buf, size_t length, const Statu
 
 Status ClientCore::check_remote_extents(const CachedAllocation& a) {
   if (a.base.node != node()) {
+    if (auto s = sibling(a.base.node); s.ok()) {
+      // Mapped from its daemon on this host: the translation must be of the
+      // daemon that handed the memory over (its headers say when it goes).
+      if ((*s)->hello.incarnation() != a.home_incarnation) return stale_translation();
+      return check_lent_extents(a);
+    }
     auto home = remote(a.base.node);
     if (home.ok() && (*home)->node->incarnation != a.home_incarnation) {
       // What we know of the home may be the older one (it restarted since):
@@ -449,6 +550,10 @@ Status ClientCore::check_remote_extents(const CachedAllocation& a) {
       if (home.ok() && (*home)->node->incarnation != a.home_incarnation) return stale_translation();
     }
   }
+  return check_lent_extents(a);
+}
+
+Status ClientCore::check_lent_extents(const CachedAllocation& a) {
   // Frames lent by a node whose domain holding them is not what it was when
   // it lent them (it came back with that domain's memory made anew) are
   // never touched: the home will say they are lost.
@@ -458,6 +563,11 @@ Status ClientCore::check_remote_extents(const CachedAllocation& a) {
   };
   for (const Extent& x : a.extents) {
     if (x.node == a.base.node || x.node == node()) continue;
+    if (auto s = sibling(x.node); s.ok()) {
+      const uint64_t now = (*s)->regions->memory_generation(x.tier, x.frame_offset);
+      if (now != 0 && now != x.memory_generation) return stale_translation();
+      continue;
+    }
     auto lender = remote(x.node);
     if (lender.ok() && changed(*(*lender)->node, x)) {
       lender = remote(x.node, true);  // unless what we know of it is old

@@ -54,6 +54,20 @@ struct CachedAllocation {
   std::vector<uint64_t> page_versions;
 };
 
+// A daemon of another node on this host (its NodeInfo's host id is this
+// client's daemon's): the client maps that node's memory of its tenant, as
+// its daemon hands it over, instead of reaching it through the fabric.
+// `on_host` false: the node was found to be elsewhere (kept, so it is not
+// asked again until the node is dropped).
+struct SiblingNode {
+  NodeId node = 0;
+  bool on_host = false;
+  std::unique_ptr<RpcConnection> connection;
+  proto::HelloResponse hello;
+  std::atomic<bool> lost{false};
+  std::unique_ptr<NodeRegions> regions;
+};
+
 // What reaches one other node one-sided; replaced when the node restarts.
 struct RemoteState {
   std::shared_ptr<RemoteNode> node;
@@ -122,6 +136,10 @@ class ClientCore {
   // `refresh`: ask the node for its regions first (a domain is newer than
   // our keys).
   Result<std::shared_ptr<RemoteState>> remote(NodeId node, bool refresh = false);
+  // The mapped memory of `node` when its daemon runs on this host.
+  // Errors: not_supported (another host, same-host mapping off, direct
+  // access off), or why it could not be mapped.
+  Result<std::shared_ptr<SiblingNode>> sibling(NodeId node);
   // Forgets how to reach `node` (after a transport failure); the next access
   // asks the daemon again.
   void drop_remote(NodeId node);
@@ -129,6 +147,8 @@ class ClientCore {
  private:
   ClientCore(std::unique_ptr<RpcConnection> connection, proto::HelloResponse hello, bool direct, std::string socket,
              std::chrono::milliseconds checkin_interval);
+  // Connects to node `info`'s daemon on this host and maps what it hands.
+  Result<std::shared_ptr<SiblingNode>> open_sibling(const proto::NodeInfo& info);
 
   Status open_regions();
   // This client's VRAM frames (imported on first use).
@@ -139,6 +159,8 @@ class ClientCore {
   // Frames the translation places on other nodes are of the memory (and
   // daemon) it was made for: else the translation is stale.
   Status check_remote_extents(const CachedAllocation& a);
+  // The same for frames other nodes lent it.
+  Status check_lent_extents(const CachedAllocation& a);
   void forget_node(NodeId node);
   // The transport's wait check: transport_error when the daemon sees the
   // node of `ep` UNREACHABLE.
@@ -187,6 +209,12 @@ class ClientCore {
   std::once_flag m_device_once;
   Status m_device_status;
   std::unique_ptr<DeviceFrameData> m_device_frames;
+
+  bool m_map_same_host = true;  // ClientOptions::map_same_host
+  uint64_t m_client_id = 0;
+  std::string m_client_name;
+  std::mutex m_sibling_mutex;
+  std::map<NodeId, std::shared_ptr<SiblingNode>> m_siblings;
 
   std::mutex m_remote_mutex;
   std::unique_ptr<Transport> m_transport;

@@ -17,10 +17,10 @@ Status DomainVersionWords::check_owner() {
   // (SegmentHeader::alive), earlier than the watcher sees the socket close.
   if (m_daemon_lost->load(std::memory_order_seq_cst) ||
       owner_died(std::atomic_ref<const uint32_t>(*m_alive).load(std::memory_order_seq_cst))) {
-    return Status(ErrorCode::unavailable, "tiermemd at " + m_socket + " is gone; nothing was written");
+    return Status(m_gone, "tiermemd at " + m_socket + " is gone; nothing was written");
   }
   if (incarnation != m_expected) {
-    return Status(ErrorCode::unavailable, "the memory this client mapped is no longer served by the tiermemd at " +
+    return Status(m_gone, "the memory this client mapped is no longer served by the tiermemd at " +
                                               m_socket + " it connected to (the daemon restarted, or the segment "
                                               "was retired); nothing was written: connect again");
   }
@@ -108,7 +108,8 @@ Status NodeRegions::map(const proto::OpenRegionsResponse& regions, std::vector<U
       d.versions = std::move(map);
       auto* words = reinterpret_cast<uint64_t*>(d.versions.data());
       d.words.emplace(words, per_domain, words + per_domain, m_hello.page_size(), r.first(), &header->incarnation,
-                      alive_word(*header), m_hello.incarnation(), m_daemon_lost, m_socket);
+                      alive_word(*header), m_hello.incarnation(), m_daemon_lost, m_socket,
+                      m_sibling ? ErrorCode::transport_error : ErrorCode::unavailable);
       continue;
     }
     const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));

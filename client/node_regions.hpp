@@ -37,9 +37,9 @@ class DomainVersionWords final : public LocalVersionWords {
  public:
   DomainVersionWords(uint64_t* words, size_t count, uint64_t* l3, uint64_t page_size, uint64_t first,
                      const uint64_t* incarnation_word, const uint32_t* alive_word, uint64_t expected,
-                     const std::atomic<bool>* daemon_lost, std::string socket)
+                     const std::atomic<bool>* daemon_lost, std::string socket, ErrorCode gone)
       : LocalVersionWords(words, count, l3, page_size, first), m_incarnation(incarnation_word), m_alive(alive_word),
-        m_expected(expected), m_daemon_lost(daemon_lost), m_socket(std::move(socket)) {}
+        m_expected(expected), m_daemon_lost(daemon_lost), m_socket(std::move(socket)), m_gone(gone) {}
   Status check_owner() override;
 
  private:
@@ -48,6 +48,7 @@ class DomainVersionWords final : public LocalVersionWords {
   uint64_t m_expected;
   const std::atomic<bool>* m_daemon_lost;
   std::string m_socket;
+  ErrorCode m_gone;  // what a gone daemon is to the caller
 };
 
 // The frames of one tier in the domain files this client mapped.
@@ -74,9 +75,12 @@ class DomainFrameData final : public FrameData {
 class NodeRegions {
  public:
   // Of the daemon at `socket` that said `hello`; `daemon_lost` is set (by
-  // the owner) once its connection closed.
-  NodeRegions(const proto::HelloResponse& hello, std::string socket, const std::atomic<bool>* daemon_lost)
-      : m_hello(hello), m_socket(std::move(socket)), m_daemon_lost(daemon_lost) {}
+  // the owner) once its connection closed. `sibling`: another node's daemon
+  // on this host, whose going away is a transport_error of that node (the
+  // caller reaches it again), not unavailable (this client's own daemon).
+  NodeRegions(const proto::HelloResponse& hello, std::string socket, const std::atomic<bool>* daemon_lost,
+              bool sibling = false)
+      : m_hello(hello), m_socket(std::move(socket)), m_daemon_lost(daemon_lost), m_sibling(sibling) {}
   NodeRegions(const NodeRegions&) = delete;
   NodeRegions& operator=(const NodeRegions&) = delete;
 
@@ -125,6 +129,7 @@ class NodeRegions {
   proto::HelloResponse m_hello;
   std::string m_socket;
   const std::atomic<bool>* m_daemon_lost;
+  bool m_sibling;
   std::vector<std::pair<uint32_t, MappedRegion>> m_headers;  // (domain, its segment header, read-only)
   std::vector<MappedDomain> m_domains;
   std::vector<TierFile> m_files[4];  // by Tier

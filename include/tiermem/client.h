@@ -51,6 +51,12 @@ struct ClientOptions {
   // Map DRAM/PMEM tiers into this process to copy directly (zero-copy path).
   // When false every read and write goes through the daemon.
   bool direct_access = true;
+  // Memory homed on another node whose daemon runs on this host (several
+  // daemons per host: one per GPU or NUMA node) is mapped from the files
+  // that daemon hands this client after checking who it is, and copied
+  // directly, as this node's is. False (or $TIERMEM_MAP_SAME_HOST=0): such
+  // memory is reached through the data plane like any other node's.
+  bool map_same_host = true;
   // How long one request to the daemon may take before the call fails with
   // timeout (and the connection is closed); 0: wait as long as it takes.
   // It also bounds each one-sided operation on another node's memory (to
