@@ -33,8 +33,13 @@ test::DaemonOptions options(const std::string& tls) {
 
 class ClusterTest : public ::testing::TestWithParam<std::string> {
  protected:
+  // "tcp": the nodes stand for hosts of their own, and clients reach other
+  // nodes' memory through the data plane (UCX over TCP). "sm": daemons of one
+  // host (UCX's shared memory between them), whose clients map the memory of
+  // every daemon of the host from the files each hands them.
   void SetUp() override {
-    ::setenv("UCX_TLS", GetParam().c_str(), 1);  // the clients' data plane, like the daemons'
+    ::setenv("UCX_TLS", GetParam().c_str(), 1);
+    if (GetParam() == "tcp") ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
     m_cluster = std::make_unique<test::TestCluster>(3, options(GetParam()));
     ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
     ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
@@ -43,6 +48,7 @@ class ClusterTest : public ::testing::TestWithParam<std::string> {
     if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
     m_cluster.reset();
     ::unsetenv("UCX_TLS");
+    ::unsetenv("TIERMEM_MAP_SAME_HOST");
   }
   std::unique_ptr<test::TestCluster> m_cluster;
 };
@@ -171,15 +177,9 @@ TEST_P(ClusterTest, ConcurrentFetchAddsFromSeveralProcessesSumExactly) {
 // emulation of one-sided operations aborts the answering daemon here; run
 // with TIERMEM_RMA_EMULATION=ucx to see it.)
 TEST_P(ClusterTest, ClientsKilledMidOperationLeaveTheHomeDaemonServing) {
-  if (GetParam() == "sm") {
-    // UCX's shared-memory transport (mm) cannot survive this: a sender
-    // killed between claiming a slot of the receiver's FIFO (an atomic on
-    // its head) and filling it leaves the slot unowned forever, and the
-    // daemon's worker receives nothing after it (CI: the survivor's hello
-    // "being sent" for 10 s). Only daemons of one host configured with
-    // transport.tls = sm are exposed; docs/ARCHITECTURE.md says so.
-    GTEST_SKIP() << "a client killed mid-send wedges UCX mm's receive FIFO (known; see ARCHITECTURE.md)";
-  }
+  // Over "sm" the clients map the home's memory (no UCX between a client and
+  // a daemon, so no receive FIFO of the daemon's for a killed sender to
+  // wedge); page locks a killed client held are the home's to break.
   auto owner = m_cluster->node(2).connect("owner");
   auto block = owner->alloc(2 << 20, {.tier = Tier::dram});
   auto counter = owner->alloc(4096, {.tier = Tier::dram, .coherent = true});

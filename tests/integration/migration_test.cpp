@@ -28,6 +28,9 @@ class MigrationTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     ::setenv("UCX_TLS", GetParam().c_str(), 1);
+    // "tcp": clients reach other nodes through the data plane, as from other
+    // hosts; "sm": they map the memory of the daemons of their host.
+    if (GetParam() == "tcp") ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
     test::DaemonOptions o;
     o.tls = GetParam();
     o.page_size = "64KiB";
@@ -41,6 +44,7 @@ class MigrationTest : public ::testing::TestWithParam<std::string> {
     if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
     m_cluster.reset();
     ::unsetenv("UCX_TLS");
+    ::unsetenv("TIERMEM_MAP_SAME_HOST");
   }
   std::unique_ptr<test::TestCluster> m_cluster;
 };

@@ -28,8 +28,17 @@ constexpr size_t k_size = 64 << 10;
 
 class QosTest : public ::testing::Test {
  protected:
-  void SetUp() override { ::setenv("UCX_TLS", "tcp", 1); }  // the clients' data plane, like the daemons'
-  void TearDown() override { ::unsetenv("UCX_TLS"); }
+  // The clients' data plane, like the daemons': the nodes stand for hosts
+  // of their own, so memory of another node is not mapped from its daemon
+  // here (a stopped daemon of this host would not stop that).
+  void SetUp() override {
+    ::setenv("UCX_TLS", "tcp", 1);
+    ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
+  }
+  void TearDown() override {
+    ::unsetenv("UCX_TLS");
+    ::unsetenv("TIERMEM_MAP_SAME_HOST");
+  }
 };
 
 test::DaemonOptions tcp_cluster() {
