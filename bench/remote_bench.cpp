@@ -51,6 +51,9 @@ Result<std::unique_ptr<RemoteFrameData>> bare_transport(const std::string& socke
 int main(int argc, char** argv) {
   const std::string tls = argc > 1 ? argv[1] : "";
   if (!tls.empty()) ::setenv("UCX_TLS", tls.c_str(), 1);
+  // The data plane, as between hosts: memory of another daemon of this host
+  // is not mapped here (bench/same_host_bench measures that).
+  ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
   test::DaemonOptions o;
   o.tls = tls;
   o.dram = "512MiB";

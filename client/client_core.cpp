@@ -8,7 +8,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
+#include <list>
+#include <optional>
 
 #include <tiermem/status_macros.h>
 
@@ -60,7 +61,7 @@ class ClientAccess final : public MemoryAccess {
     if (!log) {
       TIERMEM_ASSIGN_OR_RETURN(log, m_core.intents());
     }
-    return static_cast<VersionWords*>(&m_recorded.emplace_back(*inner, *log, home));
+    return record(*inner, *log, home);
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
     if (m_device_only && (node != m_core.node() || tier != Tier::vram)) {
@@ -100,7 +101,15 @@ class ClientAccess final : public MemoryAccess {
   bool m_went_remote = false;
   std::vector<std::shared_ptr<RemoteState>> m_held;
   std::vector<std::shared_ptr<SiblingNode>> m_siblings;
-  std::deque<RecordedVersionWords> m_recorded;
+  // The words handed out (a copy asks once or twice: no allocation then).
+  VersionWords* record(VersionWords& inner, IntentLog log, NodeId home) {
+    for (auto& slot : m_recorded) {
+      if (!slot) return &slot.emplace(inner, log, home);
+    }
+    return &m_more.emplace_back(inner, log, home);
+  }
+  std::optional<RecordedVersionWords> m_recorded[2];
+  std::list<RecordedVersionWords> m_more;
 };
 
 // Translations that keep changing are tried again this long, or until the

@@ -16,6 +16,8 @@ namespace tiermem::detail {
 // --- local memory --------------------------------------------------------------------
 
 Status ClientCore::open_regions() {
+  // Mapped already (every call after the first): one load.
+  if (m_regions_mapped.load(std::memory_order_acquire) != nullptr) return Status();
   std::call_once(m_regions_once, [this] {
     proto::Request request;
     request.mutable_open_regions();
