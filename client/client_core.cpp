@@ -42,6 +42,8 @@ class ClientAccess final : public MemoryAccess {
   // Whether the operation reached another node's memory (mapped from a
   // daemon of this host, or through the data plane).
   bool went_remote() const { return m_went_remote; }
+  // Whether it went through the data plane (whose keys may be stale).
+  bool used_fabric() const { return !m_held.empty(); }
   // Every lock taken through these words is recorded in a session's lock log
   // first, so a daemon can break it if this process dies holding it: the
   // session of the words' own daemon where this client maps them, else this
@@ -68,7 +70,14 @@ class ClientAccess final : public MemoryAccess {
       return Status(ErrorCode::not_supported, "a device buffer goes straight only to this node's VRAM");
     }
     if (node == m_core.node()) return m_core.local_frames(tier);
-    if (auto s = sibling(node); s && tier != Tier::vram) return s->regions->frames(tier);
+    if (auto s = sibling(node)) {
+      // A daemon of this host: its files, or (VRAM, not shared as files
+      // with other nodes' clients) through that daemon.
+      if (tier == Tier::vram) {
+        return Status(ErrorCode::not_supported, "node " + std::to_string(node) + "'s VRAM goes through its daemon");
+      }
+      return s->regions->frames(tier);
+    }
     TIERMEM_ASSIGN_OR_RETURN(auto r, remote(node));
     RemoteFrameData* f = r->frames[static_cast<size_t>(tier)].get();
     if (f == nullptr) {
@@ -636,14 +645,15 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
       last = s;        // copied before are copied again, which is harmless.
       continue;
     }
-    if (s.code() == ErrorCode::not_supported && access.went_remote() && !refreshed) {
+    if (s.code() == ErrorCode::not_supported && access.used_fabric() && !refreshed) {
       // A domain newer than the keys we hold (a tenant's memory placed on a
       // node where it had none): ask for the nodes' regions once.
       refreshed = true;
+      const auto through_fabric = [&](NodeId n) { return n != node() && !sibling(n).ok(); };
       for (const Extent& x : alloc.extents) {
-        if (x.node != node()) (void)remote(x.node, true);
+        if (through_fabric(x.node)) (void)remote(x.node, true);
       }
-      if (alloc.base.node != node()) (void)remote(alloc.base.node, true);
+      if (through_fabric(alloc.base.node)) (void)remote(alloc.base.node, true);
       continue;
     }
     if (s.code() == ErrorCode::not_supported) return copy_rpc(gva, buf, length, to_memory);
