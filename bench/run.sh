@@ -2,8 +2,9 @@
 # Runs every benchmark and prints its figures: `name value unit` per figure,
 # `name_ratio value` per ratio against the baseline named in the comments
 # (lines starting with #). Usage: bench/run.sh BUILD_DIR [NAME...]
-#   names: translate local_copy control_plane sub_page partition exec_vs_torch remote same_host python
-#   (remote is bench/remote.sh: UCX over TCP and shared memory vs ucx_perftest)
+#   names: translate local_copy control_plane sub_page partition pmem exec_vs_torch remote same_host python
+#   (remote is bench/remote.sh: UCX over TCP and shared memory vs ucx_perftest;
+#   pmem: a client's durable writes and reads of its node's PMEM vs raw libpmem2)
 #   compare: bench/compare.sh, this build against the parent commit (or
 #   COMPARE_REV) in the same run, for translate, local_copy, control_plane
 set -euo pipefail
@@ -12,7 +13,7 @@ shift
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export TIERMEMD=$build/daemon/tiermemd
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(translate local_copy control_plane sub_page partition exec_vs_torch same_host python)
+[ ${#names[@]} -gt 0 ] || names=(translate local_copy control_plane sub_page partition pmem exec_vs_torch same_host python)
 for name in "${names[@]}"; do
   echo "# --- $name"
   case $name in

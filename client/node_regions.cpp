@@ -80,6 +80,10 @@ Status NodeRegions::map(const proto::OpenRegionsResponse& regions, std::vector<U
       m_headers.emplace_back(r.domain(), std::move(header));
       continue;
     }
+    if (r.kind() == proto::Region::TIER && r.persistent()) {
+      map_persistent_tier(r, std::move(fd));
+      continue;
+    }
     TIERMEM_ASSIGN_OR_RETURN(auto map, MappedRegion::map(fd.get(), r.length()));
     if (r.kind() == proto::Region::INTENTS) {
       if (r.length() != k_intent_log_bytes) {
@@ -119,6 +123,26 @@ Status NodeRegions::map(const proto::OpenRegionsResponse& regions, std::vector<U
     m_files[tier].push_back({r.domain(), r.first(), std::move(fd), std::move(map)});
   }
   return Status();
+}
+
+void NodeRegions::map_persistent_tier(const proto::Region& r, UniqueFd fd) {
+  const auto tier = static_cast<size_t>(wire::from_proto(r.tier()));
+  if (tier == 0 || tier >= 4) return;
+  // Mapped with libpmem2, as the daemon maps it: stores become durable the
+  // way libpmem2 chooses for the file (cache flushes on DAX, msync
+  // elsewhere), and a DAX file is mapped at an address that takes huge pages.
+  // A file it cannot map here (cut short by the tenant meanwhile) is left
+  // out: its frames are then reached through the daemon.
+  auto pmem = PmemMap::map(fd.get(), r.length(), "the PMEM file of domain " + std::to_string(r.domain()));
+  if (!pmem.ok()) return;
+  if (!m_frames[tier]) m_frames[tier].emplace(true);
+  m_frames[tier]->add(r.first(), pmem->data(), pmem->size(), pmem->durability());
+  TierFile& f = m_files[tier].emplace_back();
+  f.domain = r.domain();
+  f.first = r.first();
+  f.fd = std::move(fd);
+  f.map = MappedRegion(pmem->data(), pmem->size(), false);
+  f.pmem = std::move(pmem).value();
 }
 
 const SegmentHeader* NodeRegions::header_of(uint32_t domain) const {

@@ -55,7 +55,9 @@ class DomainVersionWords final : public LocalVersionWords {
 class DomainFrameData final : public FrameData {
  public:
   explicit DomainFrameData(bool persistent) : m_persistent(persistent) {}
-  void add(uint64_t first, std::byte* base, size_t length) { m_files.push_back({first, {base, length, m_persistent}}); }
+  void add(uint64_t first, std::byte* base, size_t length, Durability durability = {}) {
+    m_files.push_back({first, {base, length, m_persistent, durability}});
+  }
   Status read(uint64_t frame_offset, void* dst, size_t length) override;
   Status write(uint64_t frame_offset, const void* src, size_t length) override;
   Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) override;
@@ -122,9 +124,12 @@ class NodeRegions {
     uint32_t domain = 0;
     uint64_t first = 0;
     UniqueFd fd;
-    MappedRegion map;
+    MappedRegion map;  // of `pmem` when set (not owned then)
+    PmemMap pmem;      // a persistent tier's file, mapped with libpmem2
   };
   const SegmentHeader* header_of(uint32_t domain) const;
+  // A persistent tier's file (PMEM), mapped with libpmem2.
+  void map_persistent_tier(const proto::Region& r, UniqueFd fd);
 
   proto::HelloResponse m_hello;
   std::string m_socket;

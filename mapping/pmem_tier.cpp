@@ -1,8 +1,10 @@
 // PMEM tier: one pool file per domain (<dir>/pmem.<k>), mapped with libpmem2
-// side by side inside one libpmem2 address reservation. On a DAX file system
-// stores are made durable with cache flushes; on an ordinary file libpmem2
-// falls back to msync (page store granularity is accepted, so both work with
-// the same code).
+// (PmemMap) side by side inside one libpmem2 address reservation. On a DAX
+// file system stores are made durable with cache flushes; on an ordinary file
+// libpmem2 falls back to msync (page store granularity is accepted, so both
+// work with the same code). A co-located client maps the same files the same
+// way (client/client_regions.cpp), so its stores become durable as the
+// daemon's do.
 #include <libpmem2.h>
 
 #include <cstring>
@@ -15,6 +17,7 @@
 
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
+#include "mapping/pmem_map.hpp"
 #include "mapping/segment_file.hpp"
 #include "mapping/tier_backend.hpp"
 
@@ -25,35 +28,10 @@ Status pmem2_error(const std::string& what) { return Status(ErrorCode::io_error,
 
 struct PmemDomain {
   UniqueFd fd;
-  pmem2_map* map = nullptr;
+  PmemMap map;
   uint64_t bytes = 0;
-  pmem2_persist_fn persist = nullptr;
-  pmem2_memcpy_fn memcpy = nullptr;
   TruncationGuard guard;  // while mapped
 };
-
-// Maps `fd` (`bytes` long) at `offset` in the reservation.
-Result<pmem2_map*> map_domain(int fd, uint64_t bytes, pmem2_vm_reservation* rsv, uint64_t offset,
-                              const std::string& path) {
-  pmem2_source* source = nullptr;
-  pmem2_config* config = nullptr;
-  pmem2_map* map = nullptr;
-  Status status;
-  if (pmem2_source_from_fd(&source, fd) != 0) {
-    status = pmem2_error("PMEM pool " + path);
-  } else if (pmem2_config_new(&config) != 0 ||
-             pmem2_config_set_required_store_granularity(config, PMEM2_GRANULARITY_PAGE) != 0 ||
-             pmem2_config_set_length(config, bytes) != 0 ||
-             pmem2_config_set_vm_reservation(config, rsv, offset) != 0) {
-    status = pmem2_error("configuring the mapping of " + path);
-  } else if (pmem2_map_new(&map, config, source) != 0) {
-    status = pmem2_error("mapping PMEM pool " + path);
-  }
-  if (config != nullptr) pmem2_config_delete(&config);
-  if (source != nullptr) pmem2_source_delete(&source);
-  if (!status.ok()) return status;
-  return map;
-}
 
 class PmemTier final : public TierBackend {
  public:
@@ -63,7 +41,7 @@ class PmemTier final : public TierBackend {
   ~PmemTier() override {
     for (PmemDomain& d : m_domains) {
       d.guard = TruncationGuard();
-      if (d.map != nullptr) pmem2_map_delete(&d.map);
+      d.map = PmemMap();  // every mapping goes before the reservation can
     }
     pmem2_vm_reservation_delete(&m_rsv);
   }
@@ -95,10 +73,8 @@ class PmemTier final : public TierBackend {
     PmemDomain& dom = m_domains[d];
     const std::string path = m_dir + "/pmem." + std::to_string(d);
     TIERMEM_ASSIGN_OR_RETURN(dom.fd, open_segment(path, bytes));
-    TIERMEM_ASSIGN_OR_RETURN(dom.map, map_domain(dom.fd.get(), bytes, m_rsv, uint64_t{d} * m_span, path));
+    TIERMEM_ASSIGN_OR_RETURN(dom.map, PmemMap::map(dom.fd.get(), bytes, "PMEM pool " + path, m_rsv, uint64_t{d} * m_span));
     TIERMEM_ASSIGN_OR_RETURN(dom.guard, TruncationGuard::watch(m_base + uint64_t{d} * m_span, bytes, dom.fd.get(), 0));
-    dom.persist = pmem2_get_persist_fn(dom.map);
-    dom.memcpy = pmem2_get_memcpy_fn(dom.map);
     dom.bytes = bytes;
     return Status();
   }
@@ -110,7 +86,7 @@ class PmemTier final : public TierBackend {
   }
 
   Status write(uint64_t offset, const void* src, size_t length) override {
-    domain(offset).memcpy(m_base + offset, src, length, 0);  // flags 0: copy, then persist
+    domain(offset).map.copy_durable(m_base + offset, src, length);
     return Status();
   }
   Status read(uint64_t offset, void* dst, size_t length) const override {
@@ -118,7 +94,7 @@ class PmemTier final : public TierBackend {
     return Status();
   }
   Status persist(uint64_t offset, size_t length) override {
-    domain(offset).persist(m_base + offset, length);
+    domain(offset).map.persist(m_base + offset, length);
     return Status();
   }
   Status discard(uint64_t offset, size_t length) override {

@@ -332,13 +332,7 @@ Status MappedFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operan
                                uint64_t* old) {
   if (frame_offset % 8 != 0 || frame_offset + 8 > m_length) return stale_translation();
   *old = host_atomic(m_base + frame_offset, op, operand, compare);
-  if (!m_persistent) return Status();
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto start = reinterpret_cast<uintptr_t>(m_base + frame_offset) & ~(page - 1);
-  if (::msync(reinterpret_cast<void*>(start), page, MS_SYNC) != 0) {
-    return Status(ErrorCode::io_error, std::string("msync of PMEM word: ") + std::strerror(errno));
-  }
-  return Status();
+  return m_persistent ? persist(m_base + frame_offset, 8) : Status();
 }
 
 Status MappedFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
@@ -349,13 +343,37 @@ Status MappedFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
 
 Status MappedFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
   if (frame_offset + length > m_length) return stale_translation();
-  std::memcpy(m_base + frame_offset, src, length);
-  if (!m_persistent) return Status();
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto start = reinterpret_cast<uintptr_t>(m_base + frame_offset) & ~(page - 1);
-  const auto end = reinterpret_cast<uintptr_t>(m_base + frame_offset + length);
-  if (::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC) != 0) {
-    return Status(ErrorCode::io_error, std::string("msync of PMEM range: ") + std::strerror(errno));
+  std::byte* at = m_base + frame_offset;
+  if (m_persistent && m_durability.copy != nullptr) {
+    // libpmem2 stores (non-temporal where that pays) and flushes: durable
+    // when it returns, with no call into the kernel.
+    m_durability.copy(at, src, length, 0);
+    return Status();
+  }
+  std::memcpy(at, src, length);
+  return m_persistent ? persist(at, length) : Status();
+}
+
+Status MappedFrameData::persist(const std::byte* at, size_t length) const {
+  if (m_durability.persist != nullptr) {
+    m_durability.persist(at, length);
+    return Status();
+  }
+  // What libpmem2's persist function does for a file it cannot flush from
+  // user space (the pages written, msync'ed), except that a failure is
+  // reported to the caller instead of ending the process.
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<uintptr_t>(at) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(at + length);
+  int r = 0;
+  do {
+    r = ::msync(reinterpret_cast<void*>(start), end - start, MS_SYNC);
+  } while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    return Status(ErrorCode::io_error, "msync of " + std::to_string(length) + " bytes of PMEM frames at offset " +
+                                           std::to_string(at - m_base) + ": " + std::strerror(errno) +
+                                           " (the bytes are written but may not be durable; check the file "
+                                           "system of the PMEM directory)");
   }
   return Status();
 }

@@ -25,6 +25,8 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
+#include "mapping/pmem_map.hpp"
+
 
 namespace tiermem {
 
@@ -148,11 +150,14 @@ class LocalVersionWords : public VersionWords {
   uint64_t m_first;
 };
 
-// Frames in memory mapped into this process; a persistent tier is msync'ed.
+// Frames in memory mapped into this process. On a persistent tier a write or
+// atomic returns once its bytes are durable, made so as `durability` says
+// (PmemMap::durability(): libpmem2's functions where it flushes from user
+// space, else msync of the pages touched, whose failure is io_error).
 class MappedFrameData final : public FrameData {
  public:
-  MappedFrameData(std::byte* base, size_t length, bool persistent)
-      : m_base(base), m_length(length), m_persistent(persistent) {}
+  MappedFrameData(std::byte* base, size_t length, bool persistent, Durability durability = {})
+      : m_base(base), m_length(length), m_persistent(persistent), m_durability(durability) {}
   Status read(uint64_t frame_offset, void* dst, size_t length) override;
   Status write(uint64_t frame_offset, const void* src, size_t length) override;
   Status atomic(uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
@@ -160,9 +165,13 @@ class MappedFrameData final : public FrameData {
   bool persistent() const override { return m_persistent; }
 
  private:
+  // Makes [at, at + length) of the frames durable.
+  Status persist(const std::byte* at, size_t length) const;
+
   std::byte* m_base;
   size_t m_length;
   bool m_persistent;
+  Durability m_durability;
 };
 
 // Where an allocation's pages are, as a client or daemon caches it.

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -335,6 +336,91 @@ TEST(MetadataTest, APoolOfAnotherGeometryIsRefused) {
   std::ofstream(daemon.config_path()) << original;
   ASSERT_TRUE(daemon.restart()) << daemon.log();
   EXPECT_TRUE(daemon.connect()->lookup("precious").ok());
+}
+
+// A write to PMEM is acknowledged once durable: the bytes a client wrote
+// straight into its own node's PMEM (its libpmem2 mapping of the pool file)
+// are in the pool file when the call returns, even when the writer is
+// SIGKILLed right after; read back through a descriptor of the file itself,
+// then through a daemon restarted after a SIGKILL. Writes at odd offsets, one
+// across a page boundary, a 1 MiB one, and an atomic on a PMEM word.
+TEST(PmemWriteTest, AnAcknowledgedWriteIsInThePoolFileWhenItsWriterIsKilledRightAfter) {
+  test::TestDaemon daemon(small_pages());
+  ASSERT_TRUE(daemon.ready()) << daemon.log();
+  auto c = daemon.connect();
+  auto a = c->alloc(2 << 20, {.tier = Tier::pmem, .strict = true, .name = "journal"});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  struct Piece {
+    uint64_t offset;
+    std::vector<unsigned char> bytes;
+  };
+  const std::vector<Piece> pieces = {{100, test::pattern(4096, 1)},
+                                     {(64 << 10) - 3000, test::pattern(64 << 10, 2)},  // across a page boundary
+                                     {(1 << 20) - 1, test::pattern(1 << 20, 3)}};
+  constexpr uint64_t k_word = 8 << 10;  // an 8-byte word fetch_add'ed from 41 to 42
+  int report[2];
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // The writer: every call acknowledged, how many went straight to memory
+    // (not through the daemon) told, then killed at once.
+    auto w = Client::connect({.socket_path = daemon.socket()});
+    bool ok = w.ok();
+    for (const Piece& p : pieces) ok = ok && (*w)->write(a->gva.plus(p.offset), p.bytes.data(), p.bytes.size()).ok();
+    ok = ok && (*w)->fetch_add(a->gva.plus(k_word), 41).ok() && (*w)->fetch_add(a->gva.plus(k_word), 1).ok();
+    const uint64_t direct = ok ? (*w)->access_counters().direct_local : 0;
+    (void)!::write(report[1], &direct, sizeof direct);
+    ::raise(SIGKILL);
+    ::_exit(1);
+  }
+  ::close(report[1]);
+  uint64_t direct = 0;
+  ASSERT_EQ(::read(report[0], &direct, sizeof direct), static_cast<ssize_t>(sizeof direct));
+  ::close(report[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(direct, pieces.size() + 2) << "every call went straight into the client's mapping of the pool";
+
+  // The pool file through a descriptor of its own: one tenant, domain 0,
+  // whose file starts at frame offset 0.
+  auto t = c->translate(a->gva);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::string pool = daemon.pmem_dir() + "/pmem.0";
+  std::ifstream file(pool, std::ios::binary);
+  ASSERT_TRUE(file) << pool;
+  const auto in_file = [&](uint64_t offset, size_t n) {
+    std::vector<unsigned char> out(n);
+    for (size_t done = 0; done < n;) {
+      const uint64_t at = offset + done;
+      const Extent* x = nullptr;
+      for (const Extent& e : t->extents) {
+        if (at >= e.gva_offset && at < e.gva_offset + e.length) x = &e;
+      }
+      if (x == nullptr || x->tier != Tier::pmem) {
+        ADD_FAILURE() << "no PMEM extent holds byte " << at;
+        return std::vector<unsigned char>();
+      }
+      const size_t run = std::min<uint64_t>(n - done, x->gva_offset + x->length - at);
+      file.seekg(static_cast<std::streamoff>(x->frame_offset + (at - x->gva_offset)));
+      file.read(reinterpret_cast<char*>(out.data() + done), static_cast<std::streamsize>(run));
+      if (!file) return std::vector<unsigned char>();
+      done += run;
+    }
+    return out;
+  };
+  for (const Piece& p : pieces) EXPECT_EQ(in_file(p.offset, p.bytes.size()), p.bytes) << "at " << p.offset;
+  std::vector<unsigned char> word(8);
+  const uint64_t forty_two = 42;
+  std::memcpy(word.data(), &forty_two, 8);
+  EXPECT_EQ(in_file(k_word, 8), word);
+
+  c.reset();
+  daemon.kill();
+  ASSERT_TRUE(daemon.restart()) << daemon.log();
+  c = daemon.connect();
+  for (const Piece& p : pieces) EXPECT_EQ(read_all(*c, a->gva.plus(p.offset), p.bytes.size()), p.bytes);
+  EXPECT_EQ(read_all(*c, a->gva.plus(k_word), 8), word);
 }
 
 // metadata.enabled = false: the daemon forgets everything when it stops, as
