@@ -213,6 +213,35 @@ Status RemoteVersionWords::locked_copy(const PageRange& range, std::span<const C
   return Status(ErrorCode::internal, "a locked copy was stopped by none of its pages");
 }
 
+Status RemoteVersionWords::locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
+                                         WordOp op, uint64_t operand, uint64_t compare, uint64_t* old,
+                                         uint64_t* seen) {
+  auto* frames = dynamic_cast<RemoteFrameData*>(&data);
+  if (frames == nullptr || frames->node().endpoint != m_node->endpoint || !frames->messages(frame_offset, 8)) {
+    return Status(ErrorCode::not_supported, "frames elsewhere or one-sided");
+  }
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(page, 1));
+  if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
+  constexpr uint64_t k_epoch_bits = ~version::k_sequence_mask;
+  const WordCondition writable{k_epoch_bits | version::k_exclusive_pending | 1, cached & k_epoch_bits};
+  uint64_t taken = writable.value;
+  uint64_t released = 0;
+  uint64_t before = 0;
+  auto batch = m_transport.batch();
+  Endpoint& ep = *m_node->endpoint;
+  Status s = m_transport.add_if(*batch, ep, writable, 1, 1, address(*r, page), *r->key, &taken);
+  if (s.ok()) s = frames->issue_atomic(*batch, frame_offset, op, operand, compare, &before);
+  if (s.ok()) s = m_transport.atomic(*batch, ep, AtomicOp::fetch_add, 1, 0, address(*r, page), *r->key, &released);
+  if (!s.ok()) return s;  // nothing was sent
+  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
+  if (w.ok()) {
+    *old = before;
+    return w;
+  }
+  if (w.code() == ErrorCode::failed_precondition) *seen = taken;
+  return w;
+}
+
 // --- frames ------------------------------------------------------------------------
 
 bool RemoteFrameData::persistent() const {
@@ -281,6 +310,20 @@ Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t len
   // target before the caller releases the page lock.
   TIERMEM_RETURN_IF_ERROR(m_transport.flush(*m_node->endpoint, ScopedDeadline::bound(m_timeout)));
   if (r->persistent && m_persist) return m_persist(m_tier, frame_offset, length);
+  return Status();
+}
+
+Status RemoteFrameData::issue_atomic(Batch& batch, uint64_t frame_offset, WordOp op, uint64_t operand,
+                                     uint64_t compare, uint64_t* old) {
+  if (frame_offset % 8 != 0) return Status(ErrorCode::invalid_argument, "atomic on an unaligned word");
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, 8));
+  const uint64_t address = r->base + (frame_offset - r->first);
+  TIERMEM_RETURN_IF_ERROR(m_transport.atomic(batch, *m_node->endpoint,
+                                             op == WordOp::fetch_add ? AtomicOp::fetch_add : AtomicOp::compare_swap,
+                                             operand, compare, address, *r->key, old));
+  if (r->persistent && !m_transport.one_sided(*r->key)) {
+    return m_transport.persist(batch, *m_node->endpoint, address, 8, *r->key);
+  }
   return Status();
 }
 

@@ -103,6 +103,10 @@ class RemoteVersionWords final : public VersionWords {
   // (one-sided keys, segments on other nodes).
   Status locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
                      uint64_t* blocked, uint64_t* seen) override;
+  // Likewise: take the page, the atomic (and its persist), the release, in
+  // one message.
+  Status locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset, WordOp op,
+                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen) override;
 
  private:
   // The segments' frames when all are on this node's endpoint, else nullptr.
@@ -135,6 +139,10 @@ class RemoteFrameData final : public FrameData {
   // persistent tier, a persist of them (wait() then returns once they are
   // durable). Elsewhere the caller flushes and persists after waiting.
   Status issue_write(Batch& batch, uint64_t frame_offset, const void* src, size_t length);
+  // Issues the atomic (and on the message path and a persistent tier, its
+  // persist) into `batch`.
+  Status issue_atomic(Batch& batch, uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                      uint64_t* old);
   // Whether [frame_offset, +length) travels as messages (not one-sided).
   bool messages(uint64_t frame_offset, size_t length) const;
   const RemoteNode& node() const { return *m_node; }

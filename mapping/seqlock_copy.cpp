@@ -306,8 +306,21 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
     TIERMEM_RETURN_IF_ERROR(words.check_owner());
     return data.atomic(frame_offset, op, operand, compare, old);
   }
-  uint64_t expected = cached;
   version::SpinWait wait(timeout);
+  // The home takes the page, runs the atomic and lets go in one request
+  // where it can.
+  PageRange one;
+  one.first_page = page;
+  one.count = 1;
+  one.cached = &cached;
+  for (;;) {
+    uint64_t seen = 0;
+    Status s = words.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, &seen);
+    if (s.code() == ErrorCode::not_supported) break;
+    if (s.code() != ErrorCode::failed_precondition) return s;
+    TIERMEM_RETURN_IF_ERROR(wait_for_page(words, one, 0, wait, &seen));
+  }
+  uint64_t expected = cached;
   for (;;) {
     if (version::epoch_of(expected) != version::epoch_of(cached)) return stale_translation();
     if (version::writable(expected)) {

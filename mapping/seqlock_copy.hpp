@@ -37,6 +37,8 @@ namespace tiermem {
 
 struct PageRange;
 struct CopySegment;
+class FrameData;
+enum class WordOp;
 
 // The version words of one home node.
 class VersionWords {
@@ -74,6 +76,16 @@ class VersionWords {
   virtual Status locked_copy(const PageRange& /*range*/, std::span<const CopySegment> /*segments*/,
                              bool /*to_memory*/, uint64_t* /*blocked*/, uint64_t* /*seen*/) {
     return Status(ErrorCode::not_supported, "no locked copy at the home");
+  }
+  // The same for an atomic on one data word of page `page` (cached word
+  // `cached`) in `data`: take the page, run the atomic (*old: the data word
+  // before), make it durable where the tier is persistent, release; in one
+  // request. Errors: not_supported; failed_precondition (*seen: the page's
+  // word; nothing ran and nothing stays locked); others as the atomic.
+  virtual Status locked_atomic(uint64_t /*page*/, uint64_t /*cached*/, FrameData& /*data*/,
+                               uint64_t /*frame_offset*/, WordOp /*op*/, uint64_t /*operand*/,
+                               uint64_t /*compare*/, uint64_t* /*old*/, uint64_t* /*seen*/) {
+    return Status(ErrorCode::not_supported, "no locked atomic at the home");
   }
   // Records a write in the page's L3 bits, where the words live with them.
   virtual void mark_written(uint64_t /*page*/, uint64_t /*offset*/, uint64_t /*length*/, bool /*dirty*/) {}

@@ -14,7 +14,7 @@ using sequence::OpKind;
 ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                       const ucp_am_recv_param_t* param) {
   auto& self = *static_cast<UcxTransport*>(arg);
-  if (header_length != sizeof(MessageRequest)) return UCS_OK;  // not ours
+  if (header_length < sizeof(MessageRequest)) return UCS_OK;  // not ours
   MessageRequest h;
   std::memcpy(&h, header, sizeof h);
   if (h.magic != k_message_magic) return UCS_OK;
@@ -26,7 +26,7 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
   r.id = h.id;
   if (h.kind == MessageKind::hello) {
     ucp_ep_h ep = on_reply_ep ? param->reply_ep : rndv ? nullptr : self.open_answer_ep(h.origin, data);
-    if (ep != nullptr) self.send_reply(ep, r, nullptr, 0, !on_reply_ep);
+    if (ep != nullptr) self.send_reply(ep, r, StagingBuffer(), 0, !on_reply_ep);
     return UCS_OK;
   }
   ucp_ep_h ep = on_reply_ep ? param->reply_ep : self.answer_ep(h.origin);
@@ -34,18 +34,28 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
   const bool shared = !on_reply_ep;
   // Refused before anything is staged: nothing of the message runs, and a
   // rendezvous payload is never fetched.
+  const bool in_header = (h.flags & k_ops_in_header) != 0;
+  const size_t ops_bytes = h.ops * sizeof(Op);
   Refusal refusal = Refusal::none;
-  if (h.kind != MessageKind::sequence || h.ops == 0 || length < h.ops * sizeof(Op)) refusal = Refusal::malformed;
+  if (h.kind != MessageKind::sequence || h.ops == 0) refusal = Refusal::malformed;
   if (h.ops > sequence::k_max_ops || length > sequence::k_max_ops * sizeof(Op) + sequence::k_max_bytes) {
     refusal = Refusal::too_large;
+  } else if (in_header ? header_length != sizeof h + ops_bytes : header_length != sizeof h || length < ops_bytes) {
+    refusal = Refusal::malformed;
   }
   if (refusal != Refusal::none) {
     r.refusal = refusal;
-    self.send_reply(ep, r, nullptr, 0, shared);
+    self.send_reply(ep, r, StagingBuffer(), 0, shared);
     return UCS_OK;
   }
+  std::vector<Op> ops(h.ops);
+  // Neither the header nor the payload need be aligned for Op.
+  if (in_header) std::memcpy(ops.data(), static_cast<const std::byte*>(header) + sizeof h, ops_bytes);
   if (!rndv) {
-    self.run_message(ep, h, static_cast<const std::byte*>(data), length, shared);
+    const auto* bytes = static_cast<const std::byte*>(data);
+    if (!in_header) std::memcpy(ops.data(), bytes, ops_bytes);
+    const size_t skip = in_header ? 0 : ops_bytes;
+    self.run_message(ep, h, std::move(ops), bytes + skip, length - skip, shared);
     return UCS_OK;
   }
   // A large message: stage all of it, then run it (an asker that dies
@@ -53,15 +63,15 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
   if (self.m_staged.fetch_add(length) + length > k_staging_limit) {
     self.m_staged.fetch_sub(length);
     r.refusal = Refusal::busy;
-    self.send_reply(ep, r, nullptr, 0, shared);
+    self.send_reply(ep, r, StagingBuffer(), 0, shared);
     return UCS_OK;
   }
-  auto* landing = new Landing{&self, ep, h, std::unique_ptr<std::byte[]>(new std::byte[length]), length, shared};
+  auto* landing = new Landing{&self, ep, h, std::move(ops), self.m_pool.take(length), shared};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.recv_am = &UcxTransport::on_request_landed;
   p.user_data = landing;
-  void* request = ucp_am_recv_data_nbx(self.m_worker, data, landing->bytes.get(), length, &p);
+  void* request = ucp_am_recv_data_nbx(self.m_worker, data, landing->bytes.data(), length, &p);
   if (request == nullptr) {
     on_request_landed(nullptr, UCS_OK, length, landing);
   } else if (UCS_PTR_IS_ERR(request)) {
@@ -73,28 +83,32 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
 
 void UcxTransport::on_request_landed(void* request, ucs_status_t status, size_t, void* user_data) {
   std::unique_ptr<Landing> landing(static_cast<Landing*>(user_data));
+  UcxTransport& self = *landing->self;
+  const size_t length = landing->bytes.size();
   // A failed receive means the asker is gone: nothing runs, nobody to answer.
   if (status == UCS_OK) {
-    landing->self->run_message(landing->ep, landing->header, landing->bytes.get(), landing->length, landing->shared);
+    const bool in_header = (landing->header.flags & k_ops_in_header) != 0;
+    const std::byte* bytes = landing->bytes.data();
+    const size_t skip = in_header ? 0 : landing->ops.size() * sizeof(Op);
+    if (!in_header) std::memcpy(landing->ops.data(), bytes, skip);
+    self.run_message(landing->ep, landing->header, std::move(landing->ops), bytes + skip, length - skip,
+                     landing->shared);
   }
-  landing->self->m_staged.fetch_sub(landing->length);
+  landing.reset();
+  self.m_staged.fetch_sub(length);
   if (request != nullptr) ucp_request_free(request);
 }
 
-void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, const std::byte* data, size_t length,
-                               bool shared) {
+void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, std::vector<Op> ops, const std::byte* puts,
+                               size_t length, bool shared) {
   MessageReply r;
   r.origin = h.origin;
   r.id = h.id;
-  // The payload need not be aligned for Op.
-  std::vector<Op> ops(h.ops);
-  std::memcpy(ops.data(), data, ops.size() * sizeof(Op));
-  const size_t payload = length - ops.size() * sizeof(Op);
-  const sequence::Verdict verdict = sequence::check(ops, payload, m_regions);
+  const sequence::Verdict verdict = sequence::check(ops, length, m_regions);
   if (verdict.refusal != Refusal::none) {
     r.refusal = verdict.refusal;
     r.refused_op = static_cast<uint32_t>(verdict.op);
-    send_reply(ep, r, nullptr, 0, shared);
+    send_reply(ep, r, StagingBuffer(), 0, shared);
     return;
   }
   bool effects = false;
@@ -112,24 +126,24 @@ void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, const std::
       // mixes gets with effects asks again from the start.
       if (done->has_gets) {
         r.refusal = Refusal::repeated;
-        send_reply(ep, r, nullptr, 0, shared);
+        send_reply(ep, r, StagingBuffer(), 0, shared);
         return;
       }
       r.ran = done->ran;
       r.flags = done->aborted ? k_reply_aborted : 0;
-      std::unique_ptr<std::byte[]> answer(new std::byte[words]);
-      std::memcpy(answer.get(), done->words.data(), words);
+      StagingBuffer answer = m_pool.take(words);
+      std::memcpy(answer.data(), done->words.data(), words);
       send_reply(ep, r, std::move(answer), words, shared);
       return;
     }
   }
-  std::unique_ptr<std::byte[]> answer(new std::byte[sequence::answer_bytes(ops)]);
-  const sequence::Outcome out = sequence::run(ops, data + ops.size() * sizeof(Op), answer.get());
+  StagingBuffer answer = m_pool.take(sequence::answer_bytes(ops));
+  const sequence::Outcome out = sequence::run(ops, puts, answer.data());
   r.ran = static_cast<uint32_t>(out.ran);
   r.flags = out.aborted ? k_reply_aborted : 0;
   if (effects) {
     Record record{r.ran, out.aborted, gets, std::vector<uint64_t>(ops.size())};
-    std::memcpy(record.words.data(), answer.get(), words);
+    std::memcpy(record.words.data(), answer.data(), words);
     std::lock_guard lock(m_records_lock);
     remember(h.origin, h.id, std::move(record));
   }
@@ -155,11 +169,11 @@ void UcxTransport::remember(uint64_t origin, uint64_t id, Record record) {
   }
 }
 
-void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, std::unique_ptr<std::byte[]> answer,
-                              size_t length, bool shared) {
+void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, StagingBuffer answer, size_t length,
+                              bool shared) {
   struct Sending {
     MessageReply header;
-    std::unique_ptr<std::byte[]> answer;
+    StagingBuffer answer;
   };
   auto* sending = new Sending{reply, std::move(answer)};
   ucp_request_param_t p{};
@@ -172,7 +186,7 @@ void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, std::uniqu
   };
   p.user_data = sending;
   void* request =
-      ucp_am_send_nbx(ep, k_reply_id, &sending->header, sizeof sending->header, sending->answer.get(), length, &p);
+      ucp_am_send_nbx(ep, k_reply_id, &sending->header, sizeof sending->header, sending->answer.data(), length, &p);
   if (request == nullptr || UCS_PTR_IS_ERR(request)) delete sending;
 }
 

@@ -23,6 +23,7 @@
 #include <ucp/api/ucp.h>
 
 #include "transport/message_sequence.hpp"
+#include "transport/staging_pool.hpp"
 #include "transport/transport.hpp"
 #include "transport/wait_policy.hpp"
 
@@ -90,11 +91,16 @@ constexpr uint16_t k_request_id = 41;
 constexpr uint16_t k_reply_id = 42;
 constexpr uint32_t k_message_magic = 0x544d5252;  // "RRMT"
 constexpr uint16_t k_answer_on_reply_ep = 1;      // MessageRequest::flags
+constexpr uint16_t k_ops_in_header = 2;           // MessageRequest::flags: the operations follow the header
 constexpr uint16_t k_reply_aborted = 1;           // MessageReply::flags
 
 // hello: the first request on a connection; its payload is the asking
 // worker's address, to which the target connects to answer. sequence: the
-// operations of a batch (message_sequence.hpp).
+// operations of a batch (message_sequence.hpp): in UCX's header after ours
+// when they fit (k_ops_in_header; the payload is then the puts' bytes alone,
+// one contiguous buffer for a single put, which a rendezvous sends without a
+// copy; UCX 1.13 sends a scattered buffer by rendezvous at a third of the
+// speed), else at the start of the payload.
 enum class MessageKind : uint8_t { hello = 4, sequence = 5 };
 
 using sequence::Refusal;
@@ -124,10 +130,11 @@ struct MessageReply {
 // shared with the progress callbacks under UcxTransport::m_ops_lock.
 struct MessageOp {
   MessageRequest header;
+  std::vector<std::byte> head;         // what goes as UCX's header: ours, and the operations when they fit
   UcxEndpoint* ep = nullptr;
   Waiter* waiter = nullptr;            // the thread waiting for it
   std::vector<sequence::Op> ops;
-  std::vector<ucp_dt_iov_t> payload;   // the operations, then each put's bytes
+  std::vector<ucp_dt_iov_t> payload;   // the operations unless in the header, then each put's bytes
   size_t put_bytes = 0;
   size_t get_bytes = 0;
   std::vector<void*> dst;              // per operation: a get's destination
@@ -321,24 +328,25 @@ class UcxTransport final : public Transport {
   // A request from a peer: check it, run it on our memory, answer.
   static ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                  const ucp_am_recv_param_t* param);
-  // Checks and runs a whole message whose payload is in `data`, and answers.
-  void run_message(ucp_ep_h ep, const MessageRequest& h, const std::byte* data, size_t length, bool shared);
+  // Checks and runs a whole message (its operations, the puts' bytes), and
+  // answers.
+  void run_message(ucp_ep_h ep, const MessageRequest& h, std::vector<sequence::Op> ops, const std::byte* puts,
+                   size_t length, bool shared);
 
   // A large request's payload landing in a staging buffer.
   struct Landing {
     UcxTransport* self;
     ucp_ep_h ep;
     MessageRequest header;
-    std::unique_ptr<std::byte[]> bytes;
-    size_t length;
+    std::vector<sequence::Op> ops;  // from the header; else at the start of `bytes`
+    StagingBuffer bytes;
     bool shared;
   };
   static void on_request_landed(void* request, ucs_status_t status, size_t, void* user_data);
 
   // Answers on `ep`; a dead peer only fails the send, which is dropped.
-  // `answer` (results, then the gets' bytes) is freed once sent.
-  void send_reply(ucp_ep_h ep, const MessageReply& reply, std::unique_ptr<std::byte[]> answer, size_t length,
-                  bool shared);
+  // `answer` (results, then the gets' bytes) goes back to the pool once sent.
+  void send_reply(ucp_ep_h ep, const MessageReply& reply, StagingBuffer answer, size_t length, bool shared);
 
   // An answer to one of our requests.
   static ucs_status_t on_reply(void* arg, const void* header, size_t header_length, void* data, size_t length,
@@ -416,6 +424,8 @@ class UcxTransport final : public Transport {
   // round trip more); at 1 MiB rendezvous was the faster (285 us against
   // 305-335), its bytes landing in the asker's buffer without a copy.
   static constexpr size_t k_eager_limit = 128 << 10;
+  StagingPool m_pool;
+  size_t m_max_header = sizeof(MessageRequest);  // UCX's limit on an active message's header
   int m_wake_fd = -1;
   int m_efd = -1;  // the worker's event fd
   SpinPolicy m_spin;       // waiting threads

@@ -213,9 +213,15 @@ Status UcxTransport::issue(UcxBatch& b, UcxEndpoint& ep, std::unique_ptr<Message
 }
 
 void UcxTransport::send_message(MessageOp& op) {
+  const size_t ops_bytes = op.ops.size() * sizeof(Op);
+  const bool in_header = op.header.kind == MessageKind::sequence && sizeof(MessageRequest) + ops_bytes <= m_max_header;
   if (op.header.kind == MessageKind::sequence) {
     op.header.ops = op.ops.size();
-    op.payload.insert(op.payload.begin(), {op.ops.data(), op.ops.size() * sizeof(Op)});
+    if (in_header) {
+      op.header.flags |= k_ops_in_header;
+    } else {
+      op.payload.insert(op.payload.begin(), {op.ops.data(), ops_bytes});
+    }
     op.words.assign(op.ops.size(), 0);
   }
   {
@@ -224,6 +230,10 @@ void UcxTransport::send_message(MessageOp& op) {
     m_ops.emplace(op.header.id, &op);
   }
   op.header.origin = m_origin;
+  if (op.ep->m_messages) op.header.flags |= k_answer_on_reply_ep;  // over TCP: on the connection it came by
+  op.head.resize(sizeof(MessageRequest) + (in_header ? ops_bytes : 0));
+  std::memcpy(op.head.data(), &op.header, sizeof op.header);
+  if (in_header) std::memcpy(op.head.data() + sizeof op.header, op.ops.data(), ops_bytes);
   op.sent = true;
   post_request(op);
 }
@@ -234,18 +244,19 @@ void UcxTransport::post_request(MessageOp& op) {
   for (const ucp_dt_iov_t& v : op.payload) bytes += v.length;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
-  p.datatype = ucp_dt_make_iov();
+  // One buffer goes as it is (a rendezvous then sends it without a copy);
+  // UCX takes no empty scatter list.
+  const bool contiguous = op.payload.size() <= 1;
+  p.datatype = contiguous ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
+  const void* buffer = contiguous ? (op.payload.empty() ? nullptr : op.payload[0].buffer) : op.payload.data();
+  const size_t count = contiguous ? (op.payload.empty() ? 0 : op.payload[0].length) : op.payload.size();
   // Small ones inline; large ones by rendezvous over TCP (see
   // ucx_internal.hpp: eager always over shared memory).
   p.flags = bytes <= k_eager_limit || !op.ep->m_messages ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
-  if (op.ep->m_messages) {
-    // Over TCP the answer comes back on the connection the request came by.
-    op.header.flags |= k_answer_on_reply_ep;
-    p.flags |= UCP_AM_SEND_FLAG_REPLY;
-  }
+  if (op.ep->m_messages) p.flags |= UCP_AM_SEND_FLAG_REPLY;
   void* request = op.ep->m_ep == nullptr ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
-                                         : ucp_am_send_nbx(op.ep->m_ep, k_request_id, &op.header, sizeof op.header,
-                                                           op.payload.data(), op.payload.size(), &p);
+                                         : ucp_am_send_nbx(op.ep->m_ep, k_request_id, op.head.data(), op.head.size(),
+                                                           buffer, count, &p);
   if (UCS_PTR_IS_ERR(request)) {
     std::lock_guard lock(m_ops_lock);
     op.status = UCS_PTR_STATUS(request);

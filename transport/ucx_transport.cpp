@@ -148,6 +148,13 @@ Status UcxTransport::init(const UcxOptions& options) {
   if (st != UCS_OK) return ucx_error("ucp_worker_get_address", st);
   m_address.assign(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(m_worker, address);
+  ucp_worker_attr_t worker_attr{};
+  worker_attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(m_worker, &worker_attr) == UCS_OK) {
+    // Operations in the header up to 64 (a 31-page locked copy); more go in
+    // the payload.
+    m_max_header = std::min(worker_attr.max_am_header, sizeof(MessageRequest) + 64 * sizeof(sequence::Op));
+  }
   st = ucp_worker_get_efd(m_worker, &m_efd);
   if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
   m_use_messages = options.emulation != "ucx";

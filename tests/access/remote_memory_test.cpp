@@ -291,6 +291,30 @@ TEST_P(RemoteMemoryTest, AReaderThatKeepsFindingThePageTakenLocksTheRangeLikeAWr
   }
 }
 
+TEST_P(RemoteMemoryTest, AnAtomicOnAPageThatMayMoveLocksItAroundTheAtomicInOneMessage) {
+  const std::vector<uint64_t> cached = m_words;
+  uint64_t value = 40;
+  std::memcpy(m_frames.data() + 2 * k_page + 8, &value, 8);
+  m_words[2] += 1;  // another writer holds page 2 for the first two messages
+  m_client.before_running([&](size_t nth) {
+    if (nth == 1) m_words[2] += 1;
+  });
+  uint64_t old = 0;
+  Status s = seqlocked_atomic(*m_remote_words, *m_remote_frames, 2, cached[2], false, 2 * k_page + 8,
+                              WordOp::fetch_add, 2, 0, &old, k_timeout);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  EXPECT_EQ(old, 40u);
+  std::memcpy(&value, m_frames.data() + 2 * k_page + 8, 8);
+  EXPECT_EQ(value, 42u);
+  EXPECT_TRUE(none_locked());
+  if (!one_sided()) {
+    // Refused once (page taken), a load that finds it free, then take, add
+    // and release in one message.
+    EXPECT_EQ(m_client.messages(), 3u);
+    EXPECT_EQ(m_words[2], k_stable + 2 + 2);
+  }
+}
+
 // Writers through the data plane and on the home itself, and readers through
 // the data plane, on the same four pages: every read is one writer's whole
 // write, and the last acknowledged write is what stays.
