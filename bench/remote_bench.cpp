@@ -15,6 +15,7 @@
 //   every core; -1: one per core); every figure is then named busy_<name>.
 // bench/remote.sh runs it several times, idle and busy, and prints medians,
 // spreads and the goals.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -52,6 +53,47 @@ double seconds_per_call(int n, const std::function<void()>& fn) {
     ++done;
   }
   return (bench::now_seconds() - start) / done;
+}
+
+// CPU seconds a process has used (all its threads), and its context
+// switches (wake-ups), from /proc.
+struct ProcessTimes {
+  double cpu = 0;
+  uint64_t switches = 0;
+};
+ProcessTimes process_times(pid_t pid) {
+  ProcessTimes t;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return t;
+  const double tick = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    if (FILE* f = std::fopen((dir + "/" + e->d_name + "/stat").c_str(), "r")) {
+      char line[1024] = {};
+      const size_t n = std::fread(line, 1, sizeof line - 1, f);
+      std::fclose(f);
+      const char* rest = std::strrchr(line, ')');  // fields after the command name
+      unsigned long utime = 0, stime = 0;
+      if (n > 0 && rest != nullptr &&
+          std::sscanf(rest + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) == 2) {
+        t.cpu += static_cast<double>(utime + stime) / tick;
+      }
+    }
+    if (FILE* f = std::fopen((dir + "/" + e->d_name + "/status").c_str(), "r")) {
+      char line[256];
+      while (std::fgets(line, sizeof line, f) != nullptr) {
+        unsigned long long v = 0;
+        if (std::sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+            std::sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1) {
+          t.switches += v;
+        }
+      }
+      std::fclose(f);
+    }
+  }
+  ::closedir(d);
+  return t;
 }
 
 std::string size_name(size_t size) { return size < 1024 ? std::to_string(size) + "B" : std::to_string(size >> 10) + "KiB"; }
@@ -191,5 +233,17 @@ int main(int argc, char** argv) {
     lat.push_back(bench::now_seconds() - t0);
   }
   bench::figure(p + "transport_get_8B_latency_p50", bench::percentile(lat, 0.5) * 1e6, "us");
+  if (busy == 0) {
+    // What the home daemon costs while its remote clients are connected and
+    // quiet (heartbeats to its peer go on: 300 ms here).
+    const pid_t home = cluster.node(2).pid();
+    const ProcessTimes before = process_times(home);
+    const double start = bench::now_seconds();
+    ::sleep(5);
+    const ProcessTimes after = process_times(home);
+    const double s = bench::now_seconds() - start;
+    bench::figure("daemon_idle_cpu", (after.cpu - before.cpu) / s * 1e3, "ms/s");
+    bench::figure("daemon_idle_wakeups", static_cast<double>(after.switches - before.switches) / s, "/s");
+  }
   return 0;
 }
