@@ -574,14 +574,16 @@ ucs_status_t UcxTransport::on_reply(void* arg, const void* header, size_t header
 void UcxTransport::on_reply_landed(void* request, ucs_status_t status, size_t, void* user_data) {
   auto& op = *static_cast<MessageOp*>(user_data);
   {
+    // The waiter is told under the lock: once it sees `replied` it may free
+    // the operation.
     std::lock_guard lock(op.ep->m_owner.m_ops_lock);
     if (status != UCS_OK && op.status == UCS_OK) op.status = status;
     if (status == UCS_OK) deliver_words(op);
     op.replied = true;
     op.recv_request = nullptr;
+    op.waiter->wake();
   }
   ucp_request_free(request);
-  op.waiter->wake();
 }
 
 }  // namespace tiermem::ucx_detail

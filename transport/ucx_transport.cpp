@@ -35,14 +35,37 @@ void Waiter::drain() {
   (void)::read(fd, &n, sizeof n);
 }
 
-Waiter& Waiter::of_this_thread() {
-  thread_local Waiter waiter;
-  if (waiter.fd < 0) waiter.fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  return waiter;
-}
+namespace {
 
-Waiter::~Waiter() {
-  if (fd >= 0) ::close(fd);
+std::mutex g_waiters_lock;
+std::vector<Waiter*> g_free_waiters;
+
+// A thread's lease on a waiter, given back when the thread ends.
+struct WaiterLease {
+  Waiter* waiter = nullptr;
+  ~WaiterLease() {
+    if (waiter == nullptr) return;
+    waiter->sleeping.store(false);
+    std::lock_guard lock(g_waiters_lock);
+    g_free_waiters.push_back(waiter);
+  }
+};
+
+}  // namespace
+
+Waiter& Waiter::of_this_thread() {
+  thread_local WaiterLease lease;
+  if (lease.waiter == nullptr) {
+    std::lock_guard lock(g_waiters_lock);
+    if (!g_free_waiters.empty()) {
+      lease.waiter = g_free_waiters.back();
+      g_free_waiters.pop_back();
+    } else {
+      lease.waiter = new Waiter;
+      lease.waiter->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
+  }
+  return *lease.waiter;
 }
 
 namespace {

@@ -67,7 +67,10 @@ class SpinPolicy {
 };
 
 // A thread's own wake fd (an eventfd), for answers another thread runs the
-// callback of while this one sleeps. One per thread, made on first use.
+// callback of while this one sleeps. One per thread while it lives, made on
+// first use; a thread that ends hands its waiter to the next thread that asks
+// (never freed, its fd never closed: a completion that arrives late wakes a
+// waiter that then only looks and sleeps again, never a closed or reused fd).
 struct Waiter {
   int fd = -1;
   std::atomic<bool> sleeping{false};
@@ -76,7 +79,6 @@ struct Waiter {
   // Reads what wake() wrote, so the next sleep sleeps.
   void drain();
   static Waiter& of_this_thread();
-  ~Waiter();
 };
 
 }  // namespace tiermem::ucx_detail
