@@ -5,6 +5,7 @@
 #include <tiermem/status_macros.h>
 
 #include "common/deadline.hpp"
+#include "mapping/version.hpp"
 
 namespace tiermem {
 namespace {
@@ -119,16 +120,30 @@ Status RemoteVersionWords::release(std::span<const uint64_t> pages) {
   return m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
 }
 
+Status RemoteVersionWords::compare_swap_all(uint64_t first, size_t count, const uint64_t* expected, uint64_t* old) {
+  if (count == 0) return Status();
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(first, count));
+  auto batch = m_transport.batch();
+  for (size_t i = 0; i < count; ++i) {
+    TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint, AtomicOp::compare_swap, expected[i] + 1,
+                                               expected[i], address(*r, first + i), *r->key, &old[i]));
+  }
+  return m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
+}
+
+bool RemoteVersionWords::same_node(std::span<const CopySegment> segments, std::vector<RemoteFrameData*>* frames) const {
+  for (const CopySegment& seg : segments) {
+    auto* f = dynamic_cast<RemoteFrameData*>(seg.frames);
+    if (f == nullptr || f->node().endpoint != m_node->endpoint) return false;
+    frames->push_back(f);
+  }
+  return true;
+}
+
 Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<const CopySegment> segments,
                                     uint64_t* before, uint64_t* after) {
   std::vector<RemoteFrameData*> frames;
-  for (const CopySegment& seg : segments) {
-    auto* f = dynamic_cast<RemoteFrameData*>(seg.frames);
-    if (f == nullptr || f->node().endpoint != m_node->endpoint) {
-      return Status(ErrorCode::not_supported, "segments on other nodes");
-    }
-    frames.push_back(f);
-  }
+  if (!same_node(segments, &frames)) return Status(ErrorCode::not_supported, "segments on other nodes");
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(first, count));
   const uint64_t addr = address(*r, first);
   auto batch = m_transport.batch();
@@ -141,6 +156,90 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
   if (s.ok()) s = m_transport.get(*batch, *m_node->endpoint, after, count * sizeof(uint64_t), addr, *r->key);
   Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
   return s.ok() ? w : s;
+}
+
+Status RemoteVersionWords::locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
+                                       uint64_t* blocked, uint64_t* seen) {
+  std::vector<RemoteFrameData*> frames;
+  if (!same_node(segments, &frames)) return Status(ErrorCode::not_supported, "segments on other nodes");
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(range.first_page, range.count));
+  if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
+  size_t bytes = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (!frames[i]->messages(segments[i].frame_offset, segments[i].length)) {
+      return Status(ErrorCode::not_supported, "one-sided frames");
+    }
+    bytes += segments[i].length;
+  }
+  // It must travel as one message to be one request (the transport splits
+  // larger batches).
+  if (bytes > k_message_max_bytes || 2 * range.count + 2 * segments.size() > k_message_max_ops) {
+    return Status(ErrorCode::not_supported, "too large for one message");
+  }
+  // Takes a page only while unlocked, not wanted exclusively (migration,
+  // free) and of the epoch the caller translated with; undone by a release.
+  constexpr uint64_t k_epoch_bits = ~version::k_sequence_mask;
+  const WordCondition writable{k_epoch_bits | version::k_exclusive_pending | 1, 0};
+  std::vector<uint64_t> olds(range.count);
+  std::vector<uint64_t> released(range.count);
+  auto batch = m_transport.batch();
+  Endpoint& ep = *m_node->endpoint;
+  Status s;
+  for (uint64_t i = 0; i < range.count && s.ok(); ++i) {
+    WordCondition c = writable;
+    c.value = range.cached[i] & k_epoch_bits;
+    olds[i] = c.value;  // meets the condition: only a word seen stopping the message does not
+    s = m_transport.add_if(*batch, ep, c, 1, 1, address(*r, range.first_page + i), *r->key, &olds[i]);
+  }
+  for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
+    s = to_memory ? frames[i]->issue_write(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length)
+                  : frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
+  }
+  for (uint64_t i = 0; i < range.count && s.ok(); ++i) {
+    s = m_transport.atomic(*batch, ep, AtomicOp::fetch_add, 1, 0, address(*r, range.first_page + i), *r->key,
+                           &released[i]);
+  }
+  // Nothing was sent yet (a message goes at wait()): a message that could
+  // not be built whole is dropped, never sent without its releases.
+  if (!s.ok()) return s;
+  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
+  if (w.code() != ErrorCode::failed_precondition) return w;
+  for (uint64_t i = 0; i < range.count; ++i) {
+    if ((olds[i] & writable.mask) == (range.cached[i] & k_epoch_bits)) continue;
+    *blocked = i;
+    *seen = olds[i];
+    return w;
+  }
+  return Status(ErrorCode::internal, "a locked copy was stopped by none of its pages");
+}
+
+Status RemoteVersionWords::locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
+                                         WordOp op, uint64_t operand, uint64_t compare, uint64_t* old,
+                                         uint64_t* seen) {
+  auto* frames = dynamic_cast<RemoteFrameData*>(&data);
+  if (frames == nullptr || frames->node().endpoint != m_node->endpoint || !frames->messages(frame_offset, 8)) {
+    return Status(ErrorCode::not_supported, "frames elsewhere or one-sided");
+  }
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(page, 1));
+  if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
+  constexpr uint64_t k_epoch_bits = ~version::k_sequence_mask;
+  const WordCondition writable{k_epoch_bits | version::k_exclusive_pending | 1, cached & k_epoch_bits};
+  uint64_t taken = writable.value;
+  uint64_t released = 0;
+  uint64_t before = 0;
+  auto batch = m_transport.batch();
+  Endpoint& ep = *m_node->endpoint;
+  Status s = m_transport.add_if(*batch, ep, writable, 1, 1, address(*r, page), *r->key, &taken);
+  if (s.ok()) s = frames->issue_atomic(*batch, frame_offset, op, operand, compare, &before);
+  if (s.ok()) s = m_transport.atomic(*batch, ep, AtomicOp::fetch_add, 1, 0, address(*r, page), *r->key, &released);
+  if (!s.ok()) return s;  // nothing was sent
+  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
+  if (w.ok()) {
+    *old = before;
+    return w;
+  }
+  if (w.code() == ErrorCode::failed_precondition) *seen = taken;
+  return w;
 }
 
 // --- frames ------------------------------------------------------------------------
@@ -160,14 +259,34 @@ Result<const RemoteRegion*> RemoteFrameData::region(uint64_t frame_offset, size_
   return unreachable(m_node->node, std::string(tier_name(m_tier)) + " frames at offset " + std::to_string(frame_offset));
 }
 
+bool RemoteFrameData::messages(uint64_t frame_offset, size_t length) const {
+  const RemoteRegion* r = m_node->frame_region(m_tier, frame_offset, length);
+  return r != nullptr && r->key && !m_transport.one_sided(*r->key);
+}
+
 Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length) {
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
   auto* out = static_cast<std::byte*>(dst);
   const uint64_t base = r->base + (frame_offset - r->first);
-  for (size_t done = 0; done < length; done += k_remote_chunk) {
-    const size_t n = std::min(k_remote_chunk, length - done);
+  const size_t chunk = m_transport.one_sided(*r->key) ? k_remote_chunk : k_message_max_bytes;
+  for (size_t done = 0; done < length; done += chunk) {
+    const size_t n = std::min(chunk, length - done);
     TIERMEM_RETURN_IF_ERROR(m_transport.get(batch, *m_node->endpoint, out + done, n, base + done, *r->key));
   }
+  return Status();
+}
+
+Status RemoteFrameData::issue_write(Batch& batch, uint64_t frame_offset, const void* src, size_t length) {
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
+  const auto* in = static_cast<const std::byte*>(src);
+  const uint64_t base = r->base + (frame_offset - r->first);
+  const bool one_sided = m_transport.one_sided(*r->key);
+  const size_t chunk = one_sided ? k_remote_chunk : k_message_max_bytes;
+  for (size_t done = 0; done < length; done += chunk) {
+    const size_t n = std::min(chunk, length - done);
+    TIERMEM_RETURN_IF_ERROR(m_transport.put(batch, *m_node->endpoint, in + done, n, base + done, *r->key));
+  }
+  if (!one_sided && r->persistent) return m_transport.persist(batch, *m_node->endpoint, base, length, *r->key);
   return Status();
 }
 
@@ -181,21 +300,30 @@ Status RemoteFrameData::read(uint64_t frame_offset, void* dst, size_t length) {
 Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t length) {
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
   auto batch = m_transport.batch();
-  const auto* in = static_cast<const std::byte*>(src);
-  const uint64_t base = r->base + (frame_offset - r->first);
-  for (size_t done = 0; done < length; done += k_remote_chunk) {
-    const size_t n = std::min(k_remote_chunk, length - done);
-    Status s = m_transport.put(*batch, *m_node->endpoint, in + done, n, base + done, *r->key);
-    if (!s.ok()) {
-      (void)m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
-      return s;
-    }
-  }
-  TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, ScopedDeadline::bound(m_timeout)));
+  Status s = issue_write(*batch, frame_offset, src, length);
+  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
+  TIERMEM_RETURN_IF_ERROR(s);
+  TIERMEM_RETURN_IF_ERROR(w);
+  // A message is answered once the target ran it (persist included).
+  if (!m_transport.one_sided(*r->key)) return Status();
   // Completion of a put is local; the flush makes the bytes visible at the
   // target before the caller releases the page lock.
   TIERMEM_RETURN_IF_ERROR(m_transport.flush(*m_node->endpoint, ScopedDeadline::bound(m_timeout)));
   if (r->persistent && m_persist) return m_persist(m_tier, frame_offset, length);
+  return Status();
+}
+
+Status RemoteFrameData::issue_atomic(Batch& batch, uint64_t frame_offset, WordOp op, uint64_t operand,
+                                     uint64_t compare, uint64_t* old) {
+  if (frame_offset % 8 != 0) return Status(ErrorCode::invalid_argument, "atomic on an unaligned word");
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, 8));
+  const uint64_t address = r->base + (frame_offset - r->first);
+  TIERMEM_RETURN_IF_ERROR(m_transport.atomic(batch, *m_node->endpoint,
+                                             op == WordOp::fetch_add ? AtomicOp::fetch_add : AtomicOp::compare_swap,
+                                             operand, compare, address, *r->key, old));
+  if (r->persistent && !m_transport.one_sided(*r->key)) {
+    return m_transport.persist(batch, *m_node->endpoint, address, 8, *r->key);
+  }
   return Status();
 }
 
@@ -204,11 +332,15 @@ Status RemoteFrameData::atomic(uint64_t frame_offset, WordOp op, uint64_t operan
   if (frame_offset % 8 != 0) return Status(ErrorCode::invalid_argument, "atomic on an unaligned word");
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, 8));
   auto batch = m_transport.batch();
+  const uint64_t address = r->base + (frame_offset - r->first);
   TIERMEM_RETURN_IF_ERROR(m_transport.atomic(*batch, *m_node->endpoint,
                                              op == WordOp::fetch_add ? AtomicOp::fetch_add : AtomicOp::compare_swap,
-                                             operand, compare, r->base + (frame_offset - r->first), *r->key, old));
+                                             operand, compare, address, *r->key, old));
+  // On the message path the persist travels in the same message.
+  const bool in_message = r->persistent && !m_transport.one_sided(*r->key);
+  if (in_message) TIERMEM_RETURN_IF_ERROR(m_transport.persist(*batch, *m_node->endpoint, address, 8, *r->key));
   Status s = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
-  if (s.ok() && r->persistent && m_persist) return m_persist(m_tier, frame_offset, 8);
+  if (s.ok() && r->persistent && !in_message && m_persist) return m_persist(m_tier, frame_offset, 8);
   return s;
 }
 

@@ -86,12 +86,31 @@ class RemoteVersionWords final : public VersionWords {
   Status load(uint64_t first, size_t count, uint64_t* out) override;
   Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) override;
   Status release(std::span<const uint64_t> pages) override;
+  // One batch of CASes: one message, or one-sided operations in flight together.
+  bool batches_locks() const override { return true; }
+  Status compare_swap_all(uint64_t first, size_t count, const uint64_t* expected, uint64_t* old) override;
   // Words, data and words again in one batch, ordered by fences, when every
-  // segment is on this same node: one round trip instead of three.
+  // segment is on this same node: one round trip instead of three (on the
+  // message path one message, which the home runs in that order).
   Status snapshot(uint64_t first, size_t count, std::span<const CopySegment> segments, uint64_t* before,
                   uint64_t* after) override;
+  // On the message path, when every segment is on this same node and the
+  // whole copy fits in one message: one message of conditional adds that lock
+  // the pages (each only while unlocked, not wanted exclusively and of its
+  // cached epoch: a failing one stops the message and releases those before
+  // it), the puts or gets, a persist on a persistent tier, and the releases.
+  // One round trip, whatever the number of pages. not_supported elsewhere
+  // (one-sided keys, segments on other nodes).
+  Status locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
+                     uint64_t* blocked, uint64_t* seen) override;
+  // Likewise: take the page, the atomic (and its persist), the release, in
+  // one message.
+  Status locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset, WordOp op,
+                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen) override;
 
  private:
+  // The segments' frames when all are on this node's endpoint, else nullptr.
+  bool same_node(std::span<const CopySegment> segments, std::vector<class RemoteFrameData*>* frames) const;
   Result<const RemoteRegion*> region(uint64_t first, size_t count) const;
   static uint64_t address(const RemoteRegion& r, uint64_t page);
   Transport& m_transport;
@@ -116,6 +135,16 @@ class RemoteFrameData final : public FrameData {
   bool persistent() const override;
   // Issues the gets of a read into `batch` without waiting.
   Status issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length);
+  // Issues the puts of a write into `batch`, then, on the message path and a
+  // persistent tier, a persist of them (wait() then returns once they are
+  // durable). Elsewhere the caller flushes and persists after waiting.
+  Status issue_write(Batch& batch, uint64_t frame_offset, const void* src, size_t length);
+  // Issues the atomic (and on the message path and a persistent tier, its
+  // persist) into `batch`.
+  Status issue_atomic(Batch& batch, uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                      uint64_t* old);
+  // Whether [frame_offset, +length) travels as messages (not one-sided).
+  bool messages(uint64_t frame_offset, size_t length) const;
   const RemoteNode& node() const { return *m_node; }
 
  private:
@@ -127,8 +156,8 @@ class RemoteFrameData final : public FrameData {
   Persist m_persist;
 };
 
-// Pieces a large get or put is split into, so several are in flight (over TCP
-// UCX emulates gets with messages; one large one would be one long round trip).
+// Pieces a large one-sided get or put is split into, so several are in
+// flight. On the message path a whole message's worth goes as one.
 inline constexpr size_t k_remote_chunk = 256 << 10;
 
 }  // namespace tiermem

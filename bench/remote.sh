@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
-# The data plane against ucx_perftest on the same transport, side by side:
-# for each of TCP and shared memory, ucx_perftest (server and client on this
-# machine) then remote_bench (two tiermemd, a client on one reading and
-# writing memory homed on the other), and the ratios ours / perftest.
-# Usage: bench/remote.sh BUILD_DIR [TLS...]   (default: tcp sm)
+# The remote data plane against physical anchors measured in the same run:
+# remote_bench (two tiermemd, a client on one reading and writing memory
+# homed on the other) with a TCP loopback request/reply of the same sizes in
+# the same process (bench/loopback_anchor.hpp), ROUNDS times with nothing
+# beside it and ROUNDS times with a busy loop on every core (a trainer
+# computing). Prints, per figure, the median over the rounds and the spread
+# between rounds (max / min), then the goals of issue 29, met or missed.
+# Over shared memory it also prints ucx_perftest's figures as the ceiling.
+# With UCX_TLS=rc (InfiniBand) the same figures print; the anchor stays TCP.
+# Usage: bench/remote.sh BUILD_DIR [--rounds N] [TLS...]   (default: tcp)
 set -euo pipefail
-build=${1:?usage: bench/remote.sh BUILD_DIR [TLS...]}
+build=${1:?usage: bench/remote.sh BUILD_DIR [--rounds N] [TLS...]}
 shift
-tls_list=("$@")
-[ ${#tls_list[@]} -gt 0 ] || tls_list=(tcp sm)
+rounds=3
+tls_list=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    *) tls_list+=("$1"); shift ;;
+  esac
+done
+[ ${#tls_list[@]} -gt 0 ] || tls_list=(tcp)
 export TIERMEMD=$build/daemon/tiermemd
-command -v ucx_perftest >/dev/null || { echo "ucx_perftest missing (Debian package ucx-utils)" >&2; exit 1; }
+cores=$(nproc)
 
 port=$((20000 + RANDOM % 20000))
-# perftest TEST SIZE ITERS [extra...] -> prints "latency_us bandwidth_MBps rate" of its Final line
+# perftest TLS TEST SIZE ITERS [extra...] -> "latency_us bandwidth_MBps rate" of its Final line
 perftest() {
   local tls=$1 test=$2 size=$3 iters=$4
   shift 4
@@ -28,40 +40,84 @@ perftest() {
   echo "$line" | awk '{printf "%s %.2f %s\n", $3, $7 * 1.048576, $9}'
 }
 
-value() { grep "^$1 " "$2" | awk '{print $2}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.3f", a / b; else print "n/a" }'; }
-
 for tls in "${tls_list[@]}"; do
   out=$(mktemp)
-  echo "# === UCX_TLS=$tls"
-  "$build/bench/remote_bench" "$tls" | tee "$out"
-  for size in 4096 65536 1048576 16777216; do
-    iters=$(( size >= 1048576 ? 500 : 5000 ))
-    name=$((size / 1024))KiB
-    read -r _ put_bw _ < <(perftest "$tls" ucp_put_bw "$size" "$iters")
-    read -r _ get_bw _ < <(perftest "$tls" ucp_get "$size" "$iters")
-    echo "perftest_put_bw_$name $put_bw MB/s"
-    echo "perftest_get_bw_$name $get_bw MB/s"
-    echo "${tls}_client_put_bw_${name}_vs_perftest_ratio $(ratio "$(value client_put_bw_$name "$out")" "$put_bw")"
-    echo "${tls}_client_get_bw_${name}_vs_perftest_ratio $(ratio "$(value client_get_bw_$name "$out")" "$get_bw")"
-    echo "${tls}_transport_get_bw_${name}_vs_perftest_ratio $(ratio "$(value transport_get_bw_$name "$out")" "$get_bw")"
+  echo "# === UCX_TLS=$tls: $rounds round(s) idle and with $cores busy loop(s), alternating"
+  for ((r = 1; r <= rounds; r++)); do
+    echo "# round $r/$rounds" >&2
+    "$build/bench/remote_bench" "$tls" | grep -v '^#' >> "$out" || echo "# remote_bench $tls failed" >&2
+    "$build/bench/remote_bench" "$tls" --busy "$cores" | grep -v '^#' >> "$out" ||
+      echo "# remote_bench $tls --busy failed" >&2
   done
-  # perftest's ucp_get keeps many gets in flight, so its "latency" is the cost
-  # per get in a stream; ucp_put_lat is its ping-pong latency (one way). Both
-  # are printed; a read of ours is a full round trip (three, with the page
-  # versions), the bare transport's one.
-  read -r lat _ _ < <(perftest "$tls" ucp_get 8 5000)
-  read -r putlat _ _ < <(perftest "$tls" ucp_put_lat 8 5000)
-  echo "perftest_get_8B_per_op $lat us"
-  echo "perftest_put_lat_8B_one_way $putlat us"
-  echo "${tls}_client_get_8B_latency_vs_perftest_get_ratio $(ratio "$(value client_get_8B_latency_p50 "$out")" "$lat")"
-  echo "${tls}_client_get_8B_latency_vs_perftest_put_lat_ratio $(ratio "$(value client_get_8B_latency_p50 "$out")" "$putlat")"
-  echo "${tls}_transport_get_8B_latency_vs_perftest_put_lat_ratio $(ratio "$(value transport_get_8B_latency_p50 "$out")" "$putlat")"
-  read -r _ _ rate < <(perftest "$tls" ucp_fadd 8 20000)
-  read -r _ _ rate1 < <(perftest "$tls" ucp_fadd 8 20000 -O 1)
-  echo "perftest_fadd_rate $rate ops/s"
-  echo "perftest_fadd_rate_one_outstanding $rate1 ops/s"
-  echo "${tls}_client_fadd_coherent_vs_perftest_ratio $(ratio "$(value client_fadd_rate_coherent "$out")" "$rate")"
-  echo "${tls}_client_fadd_coherent_vs_perftest_one_outstanding_ratio $(ratio "$(value client_fadd_rate_coherent "$out")" "$rate1")"
+  python3 - "$out" "$tls" "$rounds" <<'EOF'
+import statistics, sys
+path, tls, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+values, units, order = {}, {}, []
+for line in open(path):
+    parts = line.split()
+    if len(parts) < 2:
+        continue
+    name, value, unit = parts[0], parts[1], (parts[2] if len(parts) > 2 else "")
+    try:
+        v = float(value)
+    except ValueError:
+        continue
+    if name not in order:
+        order.append(name)
+    values.setdefault(name, []).append(v)
+    units[name] = unit
+med = {}
+for name in order:
+    vs = values[name]
+    m = statistics.median(vs)
+    med[name] = m
+    unit = (" " + units[name]) if units[name] else ""
+    print(f"{tls}_{name} {m:.4g}{unit}")
+    if len(vs) > 1 and min(vs) > 0 and not name.endswith("_ratio"):
+        print(f"{tls}_{name}_spread_ratio {max(vs) / min(vs):.2f}")
+# The goals of issue 29 (TCP path), on the medians.
+goals = [
+    ("client_get_8B_latency_vs_loopback_ratio", "<=", 1.5),
+    ("client_put_bw_64KiB_vs_loopback_ratio", ">=", 0.6),
+    ("client_get_bw_64KiB_vs_loopback_ratio", ">=", 0.6),
+    ("client_put_bw_1024KiB_vs_loopback_ratio", ">=", 0.8),
+    ("client_get_bw_1024KiB_vs_loopback_ratio", ">=", 0.8),
+    ("client_put_bw_16384KiB_vs_loopback_ratio", ">=", 0.8),
+    ("client_get_bw_16384KiB_vs_loopback_ratio", ">=", 0.8),
+    ("client_fadd_rate_coherent_vs_loopback_ratio", ">=", 0.7),
+    ("busy_client_put_bw_4KiB_vs_loopback_ratio", ">=", 0.3),
+    ("busy_client_get_bw_4KiB_vs_loopback_ratio", ">=", 0.3),
+    ("busy_client_put_bw_64KiB_vs_loopback_ratio", ">=", 0.3),
+    ("busy_client_get_bw_64KiB_vs_loopback_ratio", ">=", 0.3),
+]
+for name, op, bound in goals:
+    if name not in med:
+        print(f"# goal {tls}_{name} {op} {bound}: not measured")
+        continue
+    v = med[name]
+    met = v <= bound if op == "<=" else v >= bound
+    print(f"# goal {tls}_{name} {op} {bound}: {'met' if met else 'MISSED'} ({v:.3f})")
+spreads = [(name, max(values[name]) / min(values[name])) for name in order
+           if not name.endswith("_ratio") and len(values[name]) > 1 and min(values[name]) > 0
+           and (name.startswith("client_") or name.startswith("busy_client_"))]
+worst = max(spreads, key=lambda x: x[1]) if spreads else None
+if worst:
+    verdict = "met" if worst[1] <= 2 else "MISSED"
+    print(f"# goal {tls} spread between runs of our figures <= 2x: {verdict} (widest: {worst[0]} {worst[1]:.2f}x)")
+EOF
   rm -f "$out"
+  if [ "$tls" = sm ] && command -v ucx_perftest >/dev/null; then
+    # The ceiling of shared memory: UCX's own one-sided operations.
+    for size in 4096 65536 1048576; do
+      iters=$(( size >= 1048576 ? 500 : 5000 ))
+      read -r _ put_bw _ < <(perftest sm ucp_put_bw "$size" "$iters")
+      read -r _ get_bw _ < <(perftest sm ucp_get "$size" "$iters")
+      echo "sm_perftest_put_bw_$((size / 1024))KiB $put_bw MB/s"
+      echo "sm_perftest_get_bw_$((size / 1024))KiB $get_bw MB/s"
+    done
+    read -r putlat _ _ < <(perftest sm ucp_put_lat 8 5000)
+    read -r _ _ rate < <(perftest sm ucp_fadd 8 20000)
+    echo "sm_perftest_put_lat_8B_one_way $putlat us"
+    echo "sm_perftest_fadd_rate $rate ops/s"
+  fi
 done

@@ -63,6 +63,33 @@ Status RecordedVersionWords::compare_swap(uint64_t page, uint64_t expected, uint
   return s;
 }
 
+Status RecordedVersionWords::compare_swap_all(uint64_t first, size_t count, const uint64_t* expected,
+                                              uint64_t* old) {
+  std::vector<size_t> entries;
+  entries.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    Result<size_t> entry = m_log.add(m_home, first + i, expected[i] + 1);
+    if (!entry.ok()) {
+      for (size_t e : entries) m_log.remove(e);
+      return entry.status();
+    }
+    entries.push_back(*entry);
+  }
+  Status s = m_inner.compare_swap_all(first, count, expected, old);
+  // On an error which were taken is unknown: the records stay, for the
+  // daemon to deal with if we die (a record of a value the word never had
+  // breaks nothing).
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < count; ++i) {
+    if (old[i] == expected[i]) {
+      m_held.emplace_back(first + i, entries[i]);
+    } else {
+      m_log.remove(entries[i]);
+    }
+  }
+  return s;
+}
+
 Status RecordedVersionWords::release(std::span<const uint64_t> pages) {
   Status s = m_inner.release(pages);
   // Forgotten once released; when the release failed (a peer went away)

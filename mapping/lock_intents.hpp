@@ -77,6 +77,19 @@ class RecordedVersionWords final : public VersionWords {
   Status load(uint64_t first, size_t count, uint64_t* out) override { return m_inner.load(first, count, out); }
   Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) override;
   Status release(std::span<const uint64_t> pages) override;
+  bool batches_locks() const override { return m_inner.batches_locks(); }
+  // Each lock is recorded before the batch can take it, like compare_swap.
+  Status compare_swap_all(uint64_t first, size_t count, const uint64_t* expected, uint64_t* old) override;
+  // Not recorded: the home takes and lets go of the locks within the one
+  // request; this process holds none of them at any time.
+  Status locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
+                     uint64_t* blocked, uint64_t* seen) override {
+    return m_inner.locked_copy(range, segments, to_memory, blocked, seen);
+  }
+  Status locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset, WordOp op,
+                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen) override {
+    return m_inner.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, seen);
+  }
   void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) override {
     m_inner.mark_written(page, offset, length, dirty);
   }

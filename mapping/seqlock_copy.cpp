@@ -63,13 +63,67 @@ bool is_stale(const Status& s) { return s.code() == ErrorCode::stale_translation
 
 namespace {
 
-// Locks the pages of `range` in ascending order into *held. It never waits
-// while holding a lock: when a page is taken (or wanted exclusively by the
+// Waits, holding nothing, until page `index` of `range` (whose word was
+// `seen`) may be taken: writable, or of another epoch (stale). *seen gets the
+// word it ended with.
+Status wait_for_page(VersionWords& words, const PageRange& range, uint64_t index, version::SpinWait& wait,
+                     uint64_t* seen) {
+  for (;;) {
+    if (version::epoch_of(*seen) != version::epoch_of(range.cached[index])) return stale_translation();
+    if (version::writable(*seen)) return Status();
+    if (!wait.again()) return busy(range.first_page + index);
+    TIERMEM_RETURN_IF_ERROR(words.load(range.first_page + index, 1, seen));
+  }
+}
+
+// Batched rounds before lock_pages goes page by page.
+constexpr int k_batched_rounds = 4;
+
+// Locks every page of `range` at once where the words take a batch of CASes
+// in one go (remote and one-sided: one round trip): CAS them all from what
+// we know of them, and when some failed let go of the rest, wait for any
+// page that is taken and start over from the words seen. Holding nothing
+// while waiting, it cannot deadlock. not_supported (holding nothing): lock
+// page by page.
+Status lock_pages_batched(VersionWords& words, const PageRange& range, version::SpinWait& wait,
+                          std::vector<uint64_t>* held) {
+  if (!words.batches_locks()) return Status(ErrorCode::not_supported, "words lock page by page");
+  WordBuffer known(range.count), old(range.count);
+  for (uint64_t i = 0; i < range.count; ++i) known[i] = range.cached[i];
+  for (int round = 0; round < k_batched_rounds; ++round) {
+    // A CAS from a locked value would unlock another writer's page: wait
+    // (holding nothing) until each page may be taken.
+    for (uint64_t i = 0; i < range.count; ++i) {
+      if (!version::writable(known[i]) || version::epoch_of(known[i]) != version::epoch_of(range.cached[i])) {
+        TIERMEM_RETURN_IF_ERROR(wait_for_page(words, range, i, wait, &known[i]));
+      }
+    }
+    TIERMEM_RETURN_IF_ERROR(words.compare_swap_all(range.first_page, range.count, known.data(), old.data()));
+    held->clear();
+    for (uint64_t i = 0; i < range.count; ++i) {
+      if (old[i] == known[i]) held->push_back(range.first_page + i);
+    }
+    if (held->size() == range.count) return Status();
+    // Some had moved on (or were taken): let go of ours and try again from
+    // what is there.
+    if (!held->empty()) TIERMEM_RETURN_IF_ERROR(words.release(*held));
+    for (uint64_t i = 0; i < range.count; ++i) known[i] = old[i] == known[i] ? old[i] + 2 : old[i];
+    held->clear();
+  }
+  // Others keep getting in between: page by page, ascending.
+  return Status(ErrorCode::not_supported, "batched locks keep failing");
+}
+
+// Locks the pages of `range` into *held: at once where the words take a
+// batch (lock_pages_batched), else in ascending order. It never waits while
+// holding a lock: when a page is taken (or wanted exclusively by the
 // daemon), it lets go of what it holds, waits for that page, and starts over.
 // Holding some pages while waiting for others would let one slow writer keep
 // a migration, and everyone behind it, waiting.
 Status lock_pages(VersionWords& words, const PageRange& range, version::SpinWait& wait,
                   std::vector<uint64_t>* held) {
+  if (Status s = lock_pages_batched(words, range, wait, held); s.code() != ErrorCode::not_supported) return s;
+  held->clear();
   WordBuffer known(range.count);
   for (uint64_t i = 0; i < range.count; ++i) known[i] = range.cached[i];
   for (;;) {
@@ -120,6 +174,21 @@ Status lock_pages(VersionWords& words, const PageRange& range, version::SpinWait
   }
 }
 
+// The home runs the whole locked copy where it can (one request): retried
+// while a page is taken, waiting for it holding nothing. not_supported: the
+// caller locks the pages itself.
+Status locked_copy_at_home(VersionWords& words, const PageRange& range, std::span<const CopySegment> segments,
+                           bool to_memory, version::SpinWait& wait) {
+  for (;;) {
+    uint64_t blocked = 0;
+    uint64_t seen = 0;
+    Status s = words.locked_copy(range, segments, to_memory, &blocked, &seen);
+    if (s.code() != ErrorCode::failed_precondition) return s;
+    if (blocked >= range.count) return Status(ErrorCode::internal, "a locked copy blamed a page outside its range");
+    TIERMEM_RETURN_IF_ERROR(wait_for_page(words, range, blocked, wait, &seen));
+  }
+}
+
 Status copy_segments(std::span<const CopySegment> segments, bool to_memory) {
   for (const CopySegment& seg : segments) {
     Status s = to_memory ? seg.frames->write(seg.frame_offset, seg.buffer, seg.length)
@@ -137,6 +206,9 @@ constexpr int k_optimistic_reads = 8;
 Status seqlocked_write(VersionWords& words, const PageRange& range, std::span<const CopySegment> segments,
                        std::chrono::milliseconds timeout) {
   version::SpinWait wait(timeout);
+  if (Status s = locked_copy_at_home(words, range, segments, true, wait); s.code() != ErrorCode::not_supported) {
+    return s;
+  }
   std::vector<uint64_t> held;
   held.reserve(range.count);
   TIERMEM_RETURN_IF_ERROR(lock_pages(words, range, wait, &held));
@@ -207,6 +279,9 @@ Status seqlocked_read(VersionWords& words, const PageRange& range, std::span<con
     if (!wait.again()) return busy(locked_page);
   }
   // Writers keep getting in: take the pages like a writer, copy, let go.
+  if (Status s = locked_copy_at_home(words, range, segments, false, wait); s.code() != ErrorCode::not_supported) {
+    return s.ok() ? words.check_owner() : s;
+  }
   std::vector<uint64_t> held;
   held.reserve(range.count);
   TIERMEM_RETURN_IF_ERROR(lock_pages(words, range, wait, &held));
@@ -231,8 +306,21 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
     TIERMEM_RETURN_IF_ERROR(words.check_owner());
     return data.atomic(frame_offset, op, operand, compare, old);
   }
-  uint64_t expected = cached;
   version::SpinWait wait(timeout);
+  // The home takes the page, runs the atomic and lets go in one request
+  // where it can.
+  PageRange one;
+  one.first_page = page;
+  one.count = 1;
+  one.cached = &cached;
+  for (;;) {
+    uint64_t seen = 0;
+    Status s = words.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, &seen);
+    if (s.code() == ErrorCode::not_supported) break;
+    if (s.code() != ErrorCode::failed_precondition) return s;
+    TIERMEM_RETURN_IF_ERROR(wait_for_page(words, one, 0, wait, &seen));
+  }
+  uint64_t expected = cached;
   for (;;) {
     if (version::epoch_of(expected) != version::epoch_of(cached)) return stale_translation();
     if (version::writable(expected)) {

@@ -1,16 +1,23 @@
 // Seqlocked copies of a range of an allocation, independent of where the
 // version words and the frames are: local memory (atomics and memcpy) or a
-// peer's (one-sided transport operations). The client and the daemon both copy
+// peer's (transport operations). The client and the daemon both copy
 // through these, so the protocol exists once.
 //
-// Write: lock every page of the range in ascending page order (CAS even v ->
-//   v+1, only while the page's epoch is the cached one and no exclusive lock
-//   is pending), copy every segment, make the data durable and visible
-//   (FrameData::write returns only then), unlock (v+2). The write is
-//   acknowledged when the unlock is done.
+// Write: lock every page of the range (CAS even v -> v+1, only while the
+//   page's epoch is the cached one and no exclusive lock is pending), copy
+//   every segment, make the data durable and visible (FrameData::write returns
+//   only then), unlock (v+2). The write is acknowledged when the unlock is
+//   done. Where the words' home runs messages (VersionWords::locked_copy) it
+//   does all of that in one request: it locks the pages in ascending order,
+//   and on the first it cannot take lets go of those it took, copies nothing
+//   and says which page and word stopped it. Elsewhere the caller locks the
+//   pages itself: all at once where the words are remote and one-sided
+//   (compare_swap_all: one round trip), else in ascending page order; in both
+//   it never waits for a page while holding another.
 // Read: load the words of the range (retry while any is locked), copy every
 //   segment, load again; accept when nothing changed. The whole range is one
-//   snapshot, also when its pages live on different nodes. After a few
+//   snapshot, also when its pages live on different nodes (VersionWords::
+//   snapshot does the three steps as one request where it can). After a few
 //   attempts that writers keep spoiling, the reader locks the pages like a
 //   writer (so a busy range cannot starve it).
 // A word of another epoch than the cached one means the translation is stale
@@ -30,6 +37,11 @@
 
 namespace tiermem {
 
+struct PageRange;
+struct CopySegment;
+class FrameData;
+enum class WordOp;
+
 // The version words of one home node.
 class VersionWords {
  public:
@@ -41,13 +53,49 @@ class VersionWords {
   virtual Status compare_swap(uint64_t page, uint64_t expected, uint64_t desired, uint64_t* old) = 0;
   // Adds 1 to each listed word (unlocks words this caller locked).
   virtual Status release(std::span<const uint64_t> pages) = 0;
+  // Whether compare_swap_all costs about what one compare_swap does (remote
+  // words: one round trip for all); the protocol then locks a range at once.
+  virtual bool batches_locks() const { return false; }
+  // Tries to lock pages [first, first + count) at once: word i by a CAS from
+  // expected[i] to expected[i] + 1; old[i] receives the value seen (==
+  // expected[i]: this caller holds that page now, and releases it). On an
+  // error which pages were taken is unknown (the transport failed).
+  virtual Status compare_swap_all(uint64_t first, size_t count, const uint64_t* expected, uint64_t* old) {
+    for (size_t i = 0; i < count; ++i) {
+      Status s = compare_swap(first + i, expected[i], expected[i] + 1, &old[i]);
+      if (!s.ok()) return s;
+    }
+    return Status();
+  }
+  // A whole locked copy in one request, where the words' home can run it (it
+  // holds every segment's frames too): locks every page of `range` in
+  // ascending order (each only while writable and of its cached epoch),
+  // copies `segments` (into the frames when `to_memory`), makes them durable
+  // where the tier is persistent, releases the pages. Errors: not_supported
+  // (the caller takes the locks itself); failed_precondition: page
+  // range.first_page + *blocked could not be taken (*seen: its word; nothing
+  // was copied and no page stays locked); others as load and the copy.
+  virtual Status locked_copy(const PageRange& /*range*/, std::span<const CopySegment> /*segments*/,
+                             bool /*to_memory*/, uint64_t* /*blocked*/, uint64_t* /*seen*/) {
+    return Status(ErrorCode::not_supported, "no locked copy at the home");
+  }
+  // The same for an atomic on one data word of page `page` (cached word
+  // `cached`) in `data`: take the page, run the atomic (*old: the data word
+  // before), make it durable where the tier is persistent, release; in one
+  // request. Errors: not_supported; failed_precondition (*seen: the page's
+  // word; nothing ran and nothing stays locked); others as the atomic.
+  virtual Status locked_atomic(uint64_t /*page*/, uint64_t /*cached*/, FrameData& /*data*/,
+                               uint64_t /*frame_offset*/, WordOp /*op*/, uint64_t /*operand*/,
+                               uint64_t /*compare*/, uint64_t* /*old*/, uint64_t* /*seen*/) {
+    return Status(ErrorCode::not_supported, "no locked atomic at the home");
+  }
   // Records a write in the page's L3 bits, where the words live with them.
   virtual void mark_written(uint64_t /*page*/, uint64_t /*offset*/, uint64_t /*length*/, bool /*dirty*/) {}
   // One optimistic read attempt in one go where that is cheaper than three
   // (words, data, words again as separate round trips): loads the words into
   // `before`, copies `segments`, loads the words into `after`, in that order
   // at the target. not_supported: the caller does the three steps itself.
-  virtual Status snapshot(uint64_t /*first*/, size_t /*count*/, std::span<const struct CopySegment> /*segments*/,
+  virtual Status snapshot(uint64_t /*first*/, size_t /*count*/, std::span<const CopySegment> /*segments*/,
                           uint64_t* /*before*/, uint64_t* /*after*/) {
     return Status(ErrorCode::not_supported, "no snapshot");
   }

@@ -1,25 +1,23 @@
-// The one-sided data plane (C1): register memory, connect to peers, and move
-// bytes and 64-bit atomics to and from their registered memory without their
-// CPU in the data path where the fabric allows (RDMA, shared memory).
+// The data plane (C1): register memory, connect to peers, and move bytes and
+// 64-bit atomics to and from their registered memory.
 //
-// Over TCP there is no one-sided access: the peer's progress thread must
-// answer. UCX 1.13 emulates gets, puts and atomics itself there (and over
-// shared memory for memory it did not allocate), but aborts the answering
-// process when the asking one dies with an operation in flight, does not order
-// that emulation with its fences, and over shared memory sometimes answers to
-// the wrong peer. This transport therefore sends its own request/reply active
-// messages on such endpoints and regions (the target checks the range against
-// the region its key names and runs a repeated atomic only once; it answers
-// on UCX's reply endpoint over TCP, and over shared memory on an endpoint it
-// opened to the asker, see ucx_internal.hpp). Where the fabric is one-sided
-// (InfiniBand, RoCE) operations are UCX's own.
+// Two ways an operation reaches a peer's memory, chosen per key (one_sided()):
+// - one-sided (InfiniBand, RoCE): UCX's own operations; the NIC runs them and
+//   checks the key, the peer's CPU is not involved;
+// - as messages (TCP, and shared memory for memory UCX did not allocate): the
+//   operations of a batch to one endpoint travel as ONE request that the
+//   peer's progress thread checks whole (message_sequence.hpp) and then runs
+//   in issue order, answering once. A batch of any length costs one round
+//   trip, fences within it cost nothing, and a conditional add (add_if) can
+//   stop the rest of its message, undoing the conditional adds before it.
+//   UCX 1.13's own emulation of one-sided operations there aborts the
+//   answering process when the asking one dies mid-operation and does not
+//   order its fences, which is why these are our own messages.
+// Small messages and answers go eager (inline); large ones by rendezvous,
+// landing straight in the asker's buffers (see ucx_internal.hpp).
 //
 // The fabric only: bytes and 64-bit words at addresses of registered memory.
 // Pages, versions and the seqlock protocol are above it (access/).
-//
-// Operations are issued into a Batch and complete together in wait(), so
-// several can be in flight at once (over TCP a single outstanding get costs a
-// full round trip of the emulation; overlapping them is most of the speed).
 //
 // Thread-safe: every method may be called from any thread. A Batch belongs to
 // one thread at a time.
@@ -72,7 +70,20 @@ class RemoteKey {
 
 enum class AtomicOp { fetch_add, compare_swap, swap };
 
-// Operations issued together; wait() completes them.
+// What one message may carry: a batch with more operations, or more bytes of
+// puts or of gets, to one endpoint is split into several messages (and an
+// add_if then stops only the rest of its own).
+inline constexpr size_t k_message_max_ops = 4096;
+inline constexpr size_t k_message_max_bytes = 16 << 20;
+
+// Holds for a word when (word & mask) == value.
+struct WordCondition {
+  uint64_t mask = ~uint64_t{0};
+  uint64_t value = 0;
+};
+
+// Operations issued together; wait() completes them. Operations on message
+// keys are sent when the batch is waited for, one message per endpoint.
 class Batch {
  public:
   virtual ~Batch() = default;
@@ -98,6 +109,10 @@ class Transport {
   virtual Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint,
                                                     std::string_view packed_key, uint64_t base) = 0;
 
+  // Whether operations with `key` are one-sided (the fabric runs them without
+  // the peer's CPU); else they travel as messages its progress thread runs.
+  virtual bool one_sided(const RemoteKey& key) const = 0;
+
   virtual std::unique_ptr<Batch> batch() = 0;
   // Copies `length` bytes from the peer's `remote_addr` into `dst`.
   virtual Status get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
@@ -109,13 +124,36 @@ class Transport {
   virtual Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand,
                         uint64_t compare, uint64_t remote_addr, RemoteKey& key,
                         uint64_t* result) = 0;
+  // A conditional add, on message keys only (not_supported on one-sided
+  // ones): when `condition` holds for the peer's word at `remote_addr` it gets
+  // `add` added, atomically. When it does not, nothing issued after it in its
+  // message runs, each add_if before it in its message gets its own `undo`
+  // added (latest first), and wait() returns
+  // failed_precondition. *old receives the word as the peer saw it (for those
+  // that ran). A compare-and-swap that must succeed for the rest to run is
+  // compare_swap_or_abort() below.
+  virtual Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+                        uint64_t remote_addr, RemoteKey& key, uint64_t* old) = 0;
+  // Makes [remote_addr, remote_addr + length), written by the puts issued
+  // before it, durable at the peer (msync of a file mapping) before what is
+  // issued after it runs. Message keys only (not_supported on one-sided ones).
+  virtual Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) = 0;
+  Status compare_swap_or_abort(Batch& batch, Endpoint& ep, uint64_t expected, uint64_t desired,
+                               uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
+    return add_if(batch, ep, {~uint64_t{0}, expected}, desired - expected, expected - desired, remote_addr, key, old);
+  }
   // Orders the batch's operations: those issued before complete at their
-  // target before those issued after (on the same endpoint). May wait for
-  // earlier operations (up to `timeout`; then as wait() on timeout).
+  // target before those issued after (on the same endpoint). Free on message
+  // keys (the target runs a message in order); on one-sided ones the fabric's
+  // fence.
   virtual Status fence(Batch& batch, std::chrono::milliseconds timeout) = 0;
-  // Completes every operation of the batch, driving progress. Errors:
+  // Sends the batch's messages and completes every operation of the batch,
+  // driving progress; the calling thread sleeps while nothing happens and is
+  // woken by the answer itself (see UcxTransport::drive). Errors:
   // transport_error (a peer failed), timeout (then the endpoints of the
-  // unfinished operations are closed, so no buffer is written later).
+  // unfinished operations are closed, so no buffer is written later),
+  // failed_precondition (an add_if stopped its message), a refusal by the
+  // peer (out_of_range, invalid_argument: nothing of that message ran).
   virtual Status wait(Batch& batch, std::chrono::milliseconds timeout) = 0;
   // Remote completion of everything issued on `ep` so far.
   virtual Status flush(Endpoint& ep, std::chrono::milliseconds timeout) = 0;
@@ -150,8 +188,14 @@ struct UcxOptions {
   // environment's.
   std::string devices;
   // Start a thread that answers peers (the daemon needs one; clients progress
-  // while they wait).
+  // while they wait). It polls while requests come and sleeps on the
+  // worker's event fd, without a timeout, once none came for a while.
   bool progress_thread = false;
+  // How long a waiting thread, or the progress thread after its last request,
+  // polls before it sleeps: at most this long, and only while answers (or
+  // requests) have been coming sooner than that (see SpinPolicy). 0: sleep at
+  // once. Negative: the default (30 us; $TIERMEM_SPIN_US overrides it).
+  int spin_us = -1;
   // How operations reach peers without one-sided hardware (TCP): "messages"
   // (our request/reply, the default) or "ucx" (UCX's own emulation, which
   // aborts the target if the initiator dies mid-operation; for comparison).

@@ -1,126 +1,193 @@
-// The target side of the UCX transport's messages: a request is checked
-// against the registered regions, run on our memory (an atomic once, however
-// often it is asked) and answered on the asker's answer endpoint. See
-// ucx_internal.hpp.
+// The target side of the UCX transport's messages: a request is checked whole
+// against the registered regions, run on our memory in order (a message with
+// effects once, however often it is asked) and answered on the asker's answer
+// endpoint. See ucx_internal.hpp and message_sequence.hpp.
 #include <cstring>
 
 #include "transport/ucx_internal.hpp"
 
 namespace tiermem::ucx_detail {
 
-uint64_t cpu_atomic(uint64_t* word, AtomicOp op, uint64_t operand, uint64_t compare) {
-  switch (op) {
-    case AtomicOp::fetch_add: return __atomic_fetch_add(word, operand, __ATOMIC_SEQ_CST);
-    case AtomicOp::swap: return __atomic_exchange_n(word, operand, __ATOMIC_SEQ_CST);
-    case AtomicOp::compare_swap: {
-      uint64_t expected = compare;
-      __atomic_compare_exchange_n(word, &expected, operand, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-      return expected;
-    }
-  }
-  return 0;
-}
+using sequence::Op;
+using sequence::OpKind;
 
 ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                       const ucp_am_recv_param_t* param) {
   auto& self = *static_cast<UcxTransport*>(arg);
-  if (header_length != sizeof(MessageRequest)) return UCS_OK;  // not ours
+  if (header_length < sizeof(MessageRequest)) return UCS_OK;  // not ours
   MessageRequest h;
   std::memcpy(&h, header, sizeof h);
   if (h.magic != k_message_magic) return UCS_OK;
-  MessageReply r;
-  r.origin = h.origin;
-  r.id = h.id;
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   const bool on_reply_ep =
       (h.flags & k_answer_on_reply_ep) != 0 && (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0;
+  MessageReply r;
+  r.origin = h.origin;
+  r.id = h.id;
   if (h.kind == MessageKind::hello) {
     ucp_ep_h ep = on_reply_ep ? param->reply_ep : rndv ? nullptr : self.open_answer_ep(h.origin, data);
-    if (ep != nullptr) self.send_reply(ep, r, nullptr, 0);
+    if (ep != nullptr) self.send_reply(ep, r, StagingBuffer(), 0, !on_reply_ep);
     return UCS_OK;
   }
   ucp_ep_h ep = on_reply_ep ? param->reply_ep : self.answer_ep(h.origin);
   if (ep == nullptr) return UCS_OK;  // no hello from it: nowhere to answer
-  Refusal refusal = self.m_regions.check(h.address, h.length, h.token);
-  if (h.kind == MessageKind::atomic && (h.address % 8 != 0 || h.length != 8)) refusal = Refusal::unaligned;
-  if (h.kind == MessageKind::put && length != h.length) refusal = Refusal::malformed;
-  if (h.kind != MessageKind::get && h.kind != MessageKind::put && h.kind != MessageKind::atomic) {
+  const bool shared = !on_reply_ep;
+  // Refused before anything is staged: nothing of the message runs, and a
+  // rendezvous payload is never fetched.
+  const bool in_header = (h.flags & k_ops_in_header) != 0;
+  const size_t ops_bytes = h.ops * sizeof(Op);
+  Refusal refusal = Refusal::none;
+  if (h.kind != MessageKind::sequence || h.ops == 0) refusal = Refusal::malformed;
+  if (h.ops > sequence::k_max_ops || length > sequence::k_max_ops * sizeof(Op) + sequence::k_max_bytes) {
+    refusal = Refusal::too_large;
+  } else if (in_header ? header_length != sizeof h + ops_bytes : header_length != sizeof h || length < ops_bytes) {
     refusal = Refusal::malformed;
   }
   if (refusal != Refusal::none) {
     r.refusal = refusal;
-    self.send_reply(ep, r, nullptr, 0);
-    return UCS_OK;  // a rendezvous payload is dropped
+    self.send_reply(ep, r, StagingBuffer(), 0, shared);
+    return UCS_OK;
   }
-  auto* target = reinterpret_cast<void*>(h.address);
-  switch (h.kind) {
-    case MessageKind::get:
-      self.send_reply(ep, r, target, h.length);
-      break;
-    case MessageKind::put:
-      if (rndv) {
-        auto* landing = new PutLanding{&self, ep, r};
-        ucp_request_param_t p{};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-        p.cb.recv_am = &UcxTransport::on_put_landed;
-        p.user_data = landing;
-        void* request = ucp_am_recv_data_nbx(self.m_worker, data, target, length, &p);
-        if (request == nullptr) {
-          self.send_reply(ep, r, nullptr, 0);
-          delete landing;
-        } else if (UCS_PTR_IS_ERR(request)) {
-          delete landing;  // the peer's send fails; it sees that
-        }
-      } else {
-        std::memcpy(target, data, length);
-        self.send_reply(ep, r, nullptr, 0);
-      }
-      break;
-    case MessageKind::atomic: {
-      // An atomic asked again (its answer was lost) is answered from the
-      // record of its first run, not run twice.
-      std::lock_guard lock(self.m_atomics_lock);
-      const std::pair<uint64_t, uint64_t> key{h.origin, h.id};
-      if (auto it = self.m_atomics_done.find(key); it != self.m_atomics_done.end()) {
-        r.value = it->second;
-      } else {
-        r.value = cpu_atomic(static_cast<uint64_t*>(target), static_cast<AtomicOp>(h.op), h.operand, h.compare);
-        self.m_atomics_done.emplace(key, r.value);
-        self.m_atomics_order.push_back(key);
-        if (self.m_atomics_order.size() > k_atomics_remembered) {
-          self.m_atomics_done.erase(self.m_atomics_order.front());
-          self.m_atomics_order.pop_front();
-        }
-      }
-      self.send_reply(ep, r, nullptr, 0);
-      break;
-    }
-    case MessageKind::hello:
-      break;  // answered above
+  std::vector<Op> ops(h.ops);
+  // Neither the header nor the payload need be aligned for Op.
+  if (in_header) std::memcpy(ops.data(), static_cast<const std::byte*>(header) + sizeof h, ops_bytes);
+  if (!rndv) {
+    const auto* bytes = static_cast<const std::byte*>(data);
+    if (!in_header) std::memcpy(ops.data(), bytes, ops_bytes);
+    const size_t skip = in_header ? 0 : ops_bytes;
+    self.run_message(ep, h, std::move(ops), bytes + skip, length - skip, shared);
+    return UCS_OK;
+  }
+  // A large message: stage all of it, then run it (an asker that dies
+  // mid-send leaves nothing half-done), within the staging limit.
+  if (self.m_staged.fetch_add(length) + length > k_staging_limit) {
+    self.m_staged.fetch_sub(length);
+    r.refusal = Refusal::busy;
+    self.send_reply(ep, r, StagingBuffer(), 0, shared);
+    return UCS_OK;
+  }
+  auto* landing = new Landing{&self, ep, h, std::move(ops), self.m_pool.take(length), shared};
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &UcxTransport::on_request_landed;
+  p.user_data = landing;
+  void* request = ucp_am_recv_data_nbx(self.m_worker, data, landing->bytes.data(), length, &p);
+  if (request == nullptr) {
+    on_request_landed(nullptr, UCS_OK, length, landing);
+  } else if (UCS_PTR_IS_ERR(request)) {
+    self.m_staged.fetch_sub(length);
+    delete landing;  // the peer's send fails; it sees that
   }
   return UCS_OK;
 }
 
-void UcxTransport::on_put_landed(void* request, ucs_status_t status, size_t, void* user_data) {
-  auto* landing = static_cast<PutLanding*>(user_data);
-  // A failed receive means the peer is gone: nobody to answer.
-  if (status == UCS_OK) landing->self->send_reply(landing->ep, landing->reply, nullptr, 0);
-  delete landing;
-  ucp_request_free(request);
+void UcxTransport::on_request_landed(void* request, ucs_status_t status, size_t, void* user_data) {
+  std::unique_ptr<Landing> landing(static_cast<Landing*>(user_data));
+  UcxTransport& self = *landing->self;
+  const size_t length = landing->bytes.size();
+  // A failed receive means the asker is gone: nothing runs, nobody to answer.
+  if (status == UCS_OK) {
+    const bool in_header = (landing->header.flags & k_ops_in_header) != 0;
+    const std::byte* bytes = landing->bytes.data();
+    const size_t skip = in_header ? 0 : landing->ops.size() * sizeof(Op);
+    if (!in_header) std::memcpy(landing->ops.data(), bytes, skip);
+    self.run_message(landing->ep, landing->header, std::move(landing->ops), bytes + skip, length - skip,
+                     landing->shared);
+  }
+  landing.reset();
+  self.m_staged.fetch_sub(length);
+  if (request != nullptr) ucp_request_free(request);
 }
 
-void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, const void* data, size_t length) {
-  auto* header = new MessageReply(reply);
+void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, std::vector<Op> ops, const std::byte* puts,
+                               size_t length, bool shared) {
+  MessageReply r;
+  r.origin = h.origin;
+  r.id = h.id;
+  const sequence::Verdict verdict = sequence::check(ops, length, m_regions);
+  if (verdict.refusal != Refusal::none) {
+    r.refusal = verdict.refusal;
+    r.refused_op = static_cast<uint32_t>(verdict.op);
+    send_reply(ep, r, StagingBuffer(), 0, shared);
+    return;
+  }
+  bool effects = false;
+  bool gets = false;
+  for (const Op& op : ops) {
+    effects = effects || op.kind != OpKind::get;
+    gets = gets || op.kind == OpKind::get;
+  }
+  const size_t words = ops.size() * sizeof(uint64_t);
+  if (effects) {
+    std::lock_guard lock(m_records_lock);
+    if (const Record* done = find_record(h.origin, h.id)) {
+      // Asked again (its answer was lost): answered from the record, not run
+      // twice. Its gets cannot be read again as they were; an asker that
+      // mixes gets with effects asks again from the start.
+      if (done->has_gets) {
+        r.refusal = Refusal::repeated;
+        send_reply(ep, r, StagingBuffer(), 0, shared);
+        return;
+      }
+      r.ran = done->ran;
+      r.flags = done->aborted ? k_reply_aborted : 0;
+      StagingBuffer answer = m_pool.take(words);
+      std::memcpy(answer.data(), done->words.data(), words);
+      send_reply(ep, r, std::move(answer), words, shared);
+      return;
+    }
+  }
+  StagingBuffer answer = m_pool.take(sequence::answer_bytes(ops));
+  const sequence::Outcome out = sequence::run(ops, puts, answer.data());
+  r.ran = static_cast<uint32_t>(out.ran);
+  r.flags = out.aborted ? k_reply_aborted : 0;
+  if (effects) {
+    Record record{r.ran, out.aborted, gets, std::vector<uint64_t>(ops.size())};
+    std::memcpy(record.words.data(), answer.data(), words);
+    std::lock_guard lock(m_records_lock);
+    remember(h.origin, h.id, std::move(record));
+  }
+  send_reply(ep, r, std::move(answer), words + sequence::get_bytes(ops, out.ran), shared);
+}
+
+const UcxTransport::Record* UcxTransport::find_record(uint64_t origin, uint64_t id) {
+  auto it = m_records.find({origin, id});
+  return it == m_records.end() ? nullptr : &it->second;
+}
+
+void UcxTransport::remember(uint64_t origin, uint64_t id, Record record) {
+  m_records_words += record.words.size();
+  m_records.emplace(std::pair{origin, id}, std::move(record));
+  m_records_order.push_back({origin, id});
+  while (m_records_words > k_records_words && m_records_order.size() > 1) {
+    auto it = m_records.find(m_records_order.front());
+    if (it != m_records.end()) {
+      m_records_words -= it->second.words.size();
+      m_records.erase(it);
+    }
+    m_records_order.pop_front();
+  }
+}
+
+void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, StagingBuffer answer, size_t length,
+                              bool shared) {
+  struct Sending {
+    MessageReply header;
+    StagingBuffer answer;
+  };
+  auto* sending = new Sending{reply, std::move(answer)};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_EAGER;  // see send_message()
+  // See post_request(): inline when small, and always over shared memory.
+  p.flags = length <= k_eager_limit || shared ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
   p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete static_cast<MessageReply*>(user_data);
+    delete static_cast<Sending*>(user_data);
     ucp_request_free(request);
   };
-  p.user_data = header;
-  void* request = ucp_am_send_nbx(ep, k_reply_id, header, sizeof *header, data, length, &p);
-  if (request == nullptr || UCS_PTR_IS_ERR(request)) delete header;
+  p.user_data = sending;
+  void* request =
+      ucp_am_send_nbx(ep, k_reply_id, &sending->header, sizeof sending->header, sending->answer.data(), length, &p);
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) delete sending;
 }
 
 }  // namespace tiermem::ucx_detail

@@ -7,6 +7,7 @@
 // Nothing here is part of the transport's interface (transport.hpp).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -21,7 +22,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include "transport/message_sequence.hpp"
+#include "transport/staging_pool.hpp"
 #include "transport/transport.hpp"
+#include "transport/wait_policy.hpp"
 
 namespace tiermem::ucx_detail {
 
@@ -58,14 +62,26 @@ class UcxEndpoint final : public Endpoint {
 
 // --- request/reply messages --------------------------------------------------
 //
-// A request names an address in one of the target's registered regions; the
-// target checks it, runs the operation on its memory and replies with the
+// A request carries the operations of a batch to one endpoint
+// (message_sequence.hpp): the target checks them all against its registered
+// regions, runs them in order on its memory and answers once, with the
 // request's id. Both sides run the same code, so headers are in host order.
+// Small requests and answers go eager; large ones by rendezvous over TCP (the
+// receiver's buffers are posted first, and the bytes land in them: a large
+// get's straight in the asker's buffer, a large put's in a staging buffer at
+// the target, which runs the message only once all of it has arrived, so an
+// asker that dies mid-send leaves nothing half-done). The target copies the
+// bytes of a message's gets out of its memory while it runs the message, not
+// when they are sent, so a read of words, bytes and words again is one
+// snapshot.
 // Over shared memory, answers go on an endpoint the target itself opened to
 // the asking worker (whose address came in the connection's hello), not on
 // UCX's reply endpoint: UCX 1.13 over shared memory sometimes resolves that to
-// an endpoint to another peer, and the answer lands in the wrong process.
-// Over TCP they go on the reply endpoint (k_answer_on_reply_ep): an endpoint
+// an endpoint to another peer, and the answer lands in the wrong process; and
+// everything goes eager there (a rendezvous would have the target pull the
+// bytes from the asker's buffer with process_vm_readv, which UCX treats as
+// fatal when the buffer went away after a timeout).
+// Over TCP answers go on the reply endpoint (k_answer_on_reply_ep): an endpoint
 // the target opens itself means a new TCP connection to the asker, and when
 // the asker has just died, UCX 1.13 fails that connection's wire-up with an
 // assertion that aborts the target (ucp_request_send_state_ff, "got REP
@@ -73,28 +89,30 @@ class UcxEndpoint final : public Endpoint {
 
 constexpr uint16_t k_request_id = 41;
 constexpr uint16_t k_reply_id = 42;
-constexpr uint32_t k_message_magic = 0x544d5251;  // "QRMT"
+constexpr uint32_t k_message_magic = 0x544d5252;  // "RRMT"
 constexpr uint16_t k_answer_on_reply_ep = 1;      // MessageRequest::flags
+constexpr uint16_t k_ops_in_header = 2;           // MessageRequest::flags: the operations follow the header
+constexpr uint16_t k_reply_aborted = 1;           // MessageReply::flags
 
 // hello: the first request on a connection; its payload is the asking
-// worker's address, to which the target connects to answer.
-enum class MessageKind : uint8_t { get = 1, put = 2, atomic = 3, hello = 4 };
+// worker's address, to which the target connects to answer. sequence: the
+// operations of a batch (message_sequence.hpp): in UCX's header after ours
+// when they fit (k_ops_in_header; the payload is then the puts' bytes alone,
+// one contiguous buffer for a single put, which a rendezvous sends without a
+// copy; UCX 1.13 sends a scattered buffer by rendezvous at a third of the
+// speed), else at the start of the payload.
+enum class MessageKind : uint8_t { hello = 4, sequence = 5 };
 
-// Why the target refused.
-enum class Refusal : int32_t { none = 0, unregistered = 1, unaligned = 2, not_host = 3, malformed = 4 };
+using sequence::Refusal;
 
 struct MessageRequest {
   uint32_t magic = k_message_magic;
-  MessageKind kind = MessageKind::get;
-  uint8_t op = 0;  // AtomicOp
-  uint16_t flags = 0;  // k_answer_on_reply_ep
+  MessageKind kind = MessageKind::sequence;
+  uint8_t reserved = 0;
+  uint16_t flags = 0;   // k_answer_on_reply_ep
   uint64_t id = 0;
-  uint64_t address = 0;
-  uint64_t length = 0;
-  uint64_t operand = 0;
-  uint64_t compare = 0;
-  uint64_t origin = 0;  // the asking transport (random): with id, names an atomic for de-duplication
-  uint64_t token = 0;   // of the region the asker was given the key of: the address must lie in it
+  uint64_t ops = 0;     // operations at the start of the payload
+  uint64_t origin = 0;  // the asking transport (random): with id, names a message for de-duplication
 };
 
 struct MessageReply {
@@ -102,31 +120,39 @@ struct MessageReply {
   Refusal refusal = Refusal::none;
   uint64_t origin = 0;  // echoed: an answer meant for another transport is dropped
   uint64_t id = 0;
-  uint64_t value = 0;  // an atomic's old value
+  uint32_t ran = 0;          // operations run
+  uint32_t refused_op = 0;   // the operation a refusal names
+  uint16_t flags = 0;        // k_reply_aborted: operation `ran` stopped the message
+  uint16_t reserved[3] = {};
 };
 
-// One operation in flight as messages. Owned by its batch; the fields after
-// `sent` are shared with the progress callbacks under UcxTransport::m_ops_lock.
+// One message in flight. Owned by its batch; the fields after `sent` are
+// shared with the progress callbacks under UcxTransport::m_ops_lock.
 struct MessageOp {
   MessageRequest header;
+  std::vector<std::byte> head;         // what goes as UCX's header: ours, and the operations when they fit
   UcxEndpoint* ep = nullptr;
-  const void* src = nullptr;  // payload (put, hello)
-  size_t payload = 0;
-  void* dst = nullptr;        // get destination
-  uint64_t* result = nullptr;
+  Waiter* waiter = nullptr;            // the thread waiting for it
+  std::vector<sequence::Op> ops;
+  std::vector<ucp_dt_iov_t> payload;   // the operations unless in the header, then each put's bytes
+  size_t put_bytes = 0;
+  size_t get_bytes = 0;
+  std::vector<void*> dst;              // per operation: a get's destination
+  std::vector<uint64_t*> result;       // per operation: where its old value goes
+  std::vector<uint64_t> words;         // the answer's words land here
+  std::vector<ucp_dt_iov_t> landing;   // a rendezvous answer: words, then each get's destination
   bool sent = false;
   std::chrono::steady_clock::time_point sent_at;
   int resends = 0;
   void* send_request = nullptr;
-  void* recv_request = nullptr;  // a rendezvous reply landing in dst
+  void* recv_request = nullptr;  // a rendezvous answer landing
   bool replied = false;
   ucs_status_t status = UCS_OK;
   Refusal refusal = Refusal::none;
+  uint32_t refused_op = 0;
+  uint32_t ran = 0;
+  bool aborted = false;
 };
-
-std::unique_ptr<MessageOp> message(MessageKind kind, uint64_t address, uint64_t length);
-
-Status refusal_error(Refusal r, const MessageRequest& h);
 
 // A packed key on the wire: our region token, then UCX's packed rkey.
 inline constexpr size_t k_token_bytes = sizeof(uint64_t);
@@ -143,47 +169,10 @@ class UcxRemoteKey final : public RemoteKey {
   bool m_messages = false;
 };
 
-uint64_t cpu_atomic(uint64_t* word, AtomicOp op, uint64_t operand, uint64_t compare);
-
-// Registered regions by base address, for checking message requests: the
-// range must lie inside the region whose token the request carries (the
-// token came with the key, so holding a key to one region gives nothing of
-// another).
-class RegionTable {
- public:
-  void add(uint64_t base, uint64_t length, MemoryKind kind, uint64_t token) {
-    std::lock_guard lock(m_lock);
-    m_regions[base] = {length, kind, token};
-  }
-  void remove(uint64_t base) {
-    std::lock_guard lock(m_lock);
-    m_regions.erase(base);
-  }
-  Refusal check(uint64_t address, uint64_t length, uint64_t token) const {
-    std::lock_guard lock(m_lock);
-    auto it = m_regions.upper_bound(address);
-    if (it == m_regions.begin()) return Refusal::unregistered;
-    --it;
-    if (address + length < address || address + length > it->first + it->second.length) return Refusal::unregistered;
-    if (it->second.token != token) return Refusal::unregistered;
-    if (it->second.kind != MemoryKind::host) return Refusal::not_host;
-    return Refusal::none;
-  }
-
- private:
-  struct Entry {
-    uint64_t length;
-    MemoryKind kind;
-    uint64_t token;
-  };
-  mutable std::mutex m_lock;
-  std::map<uint64_t, Entry> m_regions;
-};
-
 class UcxRegion final : public RegisteredRegion {
  public:
   UcxRegion(ucp_context_h context, ucp_mem_h memh, std::string key, uint64_t base, uint64_t length,
-            RegionTable& table, MemoryKind kind, uint64_t token)
+            sequence::RegionTable& table, MemoryKind kind, uint64_t token)
       : m_context(context), m_memh(memh), m_key(std::move(key)), m_base(base), m_length(length), m_table(table) {
     m_table.add(base, length, kind, token);
   }
@@ -201,34 +190,46 @@ class UcxRegion final : public RegisteredRegion {
   std::string m_key;
   uint64_t m_base;
   uint64_t m_length;
-  RegionTable& m_table;
+  sequence::RegionTable& m_table;
 };
 
 class UcxBatch final : public Batch {
  public:
-  size_t pending() const override { return m_requests.size() + (m_messages.size() - m_done); }
+  // Operations not completed yet.
+  size_t pending() const override {
+    size_t n = m_requests.size();
+    for (size_t i = 0; i < m_messages.size(); ++i) {
+      if (!m_is_done[i]) n += std::max<size_t>(1, m_messages[i]->ops.size());
+    }
+    return n;
+  }
   struct Pending {
     void* request;
     UcxEndpoint* ep;
   };
   std::vector<Pending> m_requests;
   std::deque<uint64_t> m_operands;  // atomic operands live until completion
-  // Message operations in issue order; a fence waits until all are answered.
+  // Messages in issue order: sent ones, and per endpoint the one still open
+  // (collecting operations until wait()).
   std::vector<std::unique_ptr<MessageOp>> m_messages;
   std::vector<bool> m_is_done;
+  std::unordered_map<UcxEndpoint*, MessageOp*> m_open;
   size_t m_done = 0;  // how many are done
-  Status m_error;     // the first failure seen by a fence, reported by wait()
+  bool m_retry_soon = false;  // a message refused `busy` waits to be sent again
   void clear() {
     m_requests.clear();
     m_operands.clear();
     m_messages.clear();
     m_is_done.clear();
+    m_open.clear();
     m_done = 0;
+    m_retry_soon = false;
   }
 };
 
 class UcxTransport final : public Transport {
  public:
+  UcxTransport() : m_spin(std::chrono::microseconds(50)), m_idle_spin(std::chrono::microseconds(50)) {}
   ~UcxTransport() override;
   Status init(const UcxOptions& options);
   std::string name() const override { return "ucx"; }
@@ -239,6 +240,7 @@ class UcxTransport final : public Transport {
   Result<std::shared_ptr<Endpoint>> connect(std::string_view address) override;
   Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint, std::string_view packed,
                                             uint64_t base) override;
+  bool one_sided(const RemoteKey& key) const override { return !static_cast<const UcxRemoteKey&>(key).m_messages; }
   std::unique_ptr<Batch> batch() override { return std::make_unique<UcxBatch>(); }
 
   Status get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
@@ -247,6 +249,9 @@ class UcxTransport final : public Transport {
              RemoteKey& key) override;
   Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
                 uint64_t remote_addr, RemoteKey& key, uint64_t* result) override;
+  Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+                uint64_t remote_addr, RemoteKey& key, uint64_t* old) override;
+  Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
   Status fence(Batch& batch, std::chrono::milliseconds timeout) override;
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
@@ -255,7 +260,7 @@ class UcxTransport final : public Transport {
     m_wait_check = std::move(check);
     m_check_interval = interval;
   }
-    void on_failure(FailureHandler handler) override {
+  void on_failure(FailureHandler handler) override {
     std::lock_guard lock(m_failure_mutex);  // waits out a handler running now
     m_on_failure = std::move(handler);
   }
@@ -272,10 +277,17 @@ class UcxTransport final : public Transport {
   }
 
   Status track(Batch& batch, UcxEndpoint& ep, ucs_status_ptr_t request, const char* what);
+  // The request parameters of a one-sided operation: its completion wakes
+  // the waiting thread.
+  static ucp_request_param_t one_sided_param();
 
-  // Progresses until the batch's operations (only its messages, or all)
-  // are done; failures go to b.m_error. On timeout the batch is abandoned.
-  Status drive(UcxBatch& b, std::chrono::milliseconds timeout, bool messages_only);
+  // Progresses until the batch's operations are done (polling, then sleeping
+  // until the fabric or another thread wakes this one; see wait_policy.hpp);
+  // failures go to *error. On timeout the batch is abandoned.
+  Status drive(UcxBatch& b, std::chrono::milliseconds timeout, Status* error);
+  // Sleeps until the worker has news or this thread is woken, at most until
+  // `until`; false when the batch turned out to be done first.
+  bool sleep(UcxBatch& b, Waiter& waiter, std::chrono::steady_clock::time_point until, Status* error);
   Status hello(UcxEndpoint& ep);
 
   // The endpoint answers to `origin` go on, opened on its hello.
@@ -291,11 +303,18 @@ class UcxTransport final : public Transport {
   // Frees the batch's completed UCX requests; true while some are left.
   bool reap_requests(UcxBatch& b, Status& result);
 
-  // Collects the batch's answered message operations and sends those a fence
-  // held back once everything before it is done; true while some are left.
+  // Collects the batch's answered messages (sending again those unanswered
+  // for long); true while some are left.
   bool reap_messages(UcxBatch& b, Status& result);
-  Status issue(Batch& batch, UcxEndpoint& ep, std::unique_ptr<MessageOp> op);
+  // The open message of `ep` in `b` that still has room for an operation of
+  // `put`/`get` bytes (a new one when the open one is full).
+  MessageOp& open_message(UcxBatch& b, UcxEndpoint& ep, size_t put, size_t get);
+  // Adds an operation to the open message of `ep`.
+  Status add_op(Batch& batch, UcxEndpoint& ep, const sequence::Op& op, const void* src, void* dst, uint64_t* result);
+  // Sends every open message of the batch.
+  void send_open(UcxBatch& b);
   void send_message(MessageOp& op);
+  Status issue(UcxBatch& b, UcxEndpoint& ep, std::unique_ptr<MessageOp> op);
 
   // Sends (or sends again) a request; the answer is matched by its id.
   void post_request(MessageOp& op);
@@ -309,29 +328,51 @@ class UcxTransport final : public Transport {
   // A request from a peer: check it, run it on our memory, answer.
   static ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                  const ucp_am_recv_param_t* param);
+  // Checks and runs a whole message (its operations, the puts' bytes), and
+  // answers.
+  void run_message(ucp_ep_h ep, const MessageRequest& h, std::vector<sequence::Op> ops, const std::byte* puts,
+                   size_t length, bool shared);
 
-  struct PutLanding {
+  // A large request's payload landing in a staging buffer.
+  struct Landing {
     UcxTransport* self;
     ucp_ep_h ep;
-    MessageReply reply;
+    MessageRequest header;
+    std::vector<sequence::Op> ops;  // from the header; else at the start of `bytes`
+    StagingBuffer bytes;
+    bool shared;
   };
-  static void on_put_landed(void* request, ucs_status_t status, size_t, void* user_data);
+  static void on_request_landed(void* request, ucs_status_t status, size_t, void* user_data);
 
   // Answers on `ep`; a dead peer only fails the send, which is dropped.
-  void send_reply(ucp_ep_h ep, const MessageReply& reply, const void* data, size_t length);
+  // `answer` (results, then the gets' bytes) goes back to the pool once sent.
+  void send_reply(ucp_ep_h ep, const MessageReply& reply, StagingBuffer answer, size_t length, bool shared);
 
   // An answer to one of our requests.
   static ucs_status_t on_reply(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                const ucp_am_recv_param_t* param);
   static void on_reply_landed(void* request, ucs_status_t status, size_t, void* user_data);
+  // Hands an answer's words to the operations' result pointers.
+  static void deliver_words(MessageOp& op);
+
+  // A message with effects (puts, atomics, conditional adds, persists) is run
+  // once, however often it is asked: its answer's words are kept by (origin,
+  // id), the oldest forgotten beyond k_records_words words in all.
+  struct Record {
+    uint32_t ran = 0;
+    bool aborted = false;
+    bool has_gets = false;
+    std::vector<uint64_t> words;
+  };
+  const Record* find_record(uint64_t origin, uint64_t id);
+  void remember(uint64_t origin, uint64_t id, Record record);
 
   // Closes answer endpoints replaced or forgotten since the last call (not
   // from inside a callback, where they are replaced), and frees the closes
   // that finished.
   void close_replaced_answer_eps();
-  // Answers peers: progress while there is work, otherwise sleep on the
-  // worker's event fd. A short spin before sleeping keeps request/response
-  // latency low without burning a core when idle.
+  // Answers peers: progress while requests come, sleep on the worker's event
+  // fd without a timeout once none came for a while (m_idle_spin).
   void progress_loop(int efd);
 
   ucp_context_h m_context = nullptr;
@@ -347,7 +388,7 @@ class UcxTransport final : public Transport {
   // Runs m_wait_check on the endpoints `b` waits on; its first error.
   Status check_waiting(UcxBatch& b);
   bool m_use_messages = true;
-  RegionTable m_regions;
+  sequence::RegionTable m_regions;
   // Message operations awaiting their answer, by id. Recursive: UCX may call
   // back into us from inside a call we make while holding it.
   std::recursive_mutex m_ops_lock;
@@ -363,20 +404,32 @@ class UcxTransport final : public Transport {
   std::vector<void*> m_close_requests;  // progress thread only
   static constexpr size_t k_origins_remembered = 4096;
   static constexpr std::chrono::milliseconds k_resend_after{500};
-  // Atomics run for peers, by (origin, id), so a request asked again is not
-  // run twice; the oldest are forgotten.
+  // After a `busy` refusal (the target's staging memory was in use).
+  static constexpr std::chrono::milliseconds k_busy_retry{2};
   struct PairHash {
     size_t operator()(const std::pair<uint64_t, uint64_t>& p) const { return p.first ^ (p.second * 0x9e3779b97f4a7c15ull); }
   };
-  std::mutex m_atomics_lock;
-  std::unordered_map<std::pair<uint64_t, uint64_t>, uint64_t, PairHash> m_atomics_done;
-  std::deque<std::pair<uint64_t, uint64_t>> m_atomics_order;
-  static constexpr size_t k_atomics_remembered = 1 << 16;
+  std::mutex m_records_lock;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, Record, PairHash> m_records;
+  std::deque<std::pair<uint64_t, uint64_t>> m_records_order;
+  size_t m_records_words = 0;
+  static constexpr size_t k_records_words = 1 << 17;
+  // Staging memory for large requests' payloads, in all: a request beyond it
+  // is refused `busy` (the asker asks again shortly).
+  std::atomic<size_t> m_staged{0};
+  static constexpr size_t k_staging_limit = 256 << 20;
+  // Messages (and answers) up to this many bytes go eager; larger ones by
+  // rendezvous, except over shared memory. Over TCP on one host a 64 KiB
+  // answer took 35 us eager and 50 us by rendezvous (whose handshake is a
+  // round trip more); at 1 MiB rendezvous was the faster (285 us against
+  // 305-335), its bytes landing in the asker's buffer without a copy.
+  static constexpr size_t k_eager_limit = 128 << 10;
+  StagingPool m_pool;
+  size_t m_max_header = sizeof(MessageRequest);  // UCX's limit on an active message's header
   int m_wake_fd = -1;
   int m_efd = -1;  // the worker's event fd
-  // Empty progress calls before wait() sleeps on the event fd: a few
-  // microseconds, so round trips on a fast fabric never sleep.
-  static constexpr unsigned k_spins_before_sleep = 256;
+  SpinPolicy m_spin;       // waiting threads
+  SpinPolicy m_idle_spin;  // the progress thread between requests
 };
 
 }  // namespace tiermem::ucx_detail

@@ -1,11 +1,10 @@
 // The asking side of the UCX transport: get, put and atomics issued as
-// native UCX operations or as request/reply messages; fences, waits and what
-// a timeout leaves behind. See ucx_internal.hpp.
+// native UCX operations or collected into messages (one per endpoint and
+// batch); waits that poll, then sleep until the answer wakes them; what a
+// timeout leaves behind. See ucx_internal.hpp and wait_policy.hpp.
 #include <poll.h>
 
 #include <algorithm>
-
-#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -13,42 +12,39 @@
 
 namespace tiermem::ucx_detail {
 
-std::unique_ptr<MessageOp> message(MessageKind kind, uint64_t address, uint64_t length) {
-  auto op = std::make_unique<MessageOp>();
-  op->header.kind = kind;
-  op->header.address = address;
-  op->header.length = length;
+namespace {
+
+using sequence::Op;
+using sequence::OpKind;
+
+Op make_op(OpKind kind, uint64_t address, uint64_t length, uint64_t token) {
+  Op op;
+  op.kind = kind;
+  op.address = address;
+  op.length = length;
+  op.token = token;
   return op;
 }
 
-Status refusal_error(Refusal r, const MessageRequest& h) {
-  std::string what;
-  switch (r) {
-    case Refusal::unregistered: what = "the range is not in the registered region of the key used"; break;
-    case Refusal::unaligned: what = "the atomic word is not 8-byte aligned"; break;
-    case Refusal::not_host: what = "the region is device memory, which messages cannot reach"; break;
-    default: what = "malformed request"; break;
-  }
-  char where[64];
-  std::snprintf(where, sizeof where, "0x%llx+%llu", static_cast<unsigned long long>(h.address),
-                static_cast<unsigned long long>(h.length));
-  return Status(ErrorCode::out_of_range, std::string("peer refused remote access to ") + where + ": " + what);
+void wake_waiter(void*, ucs_status_t, void* user_data) { static_cast<Waiter*>(user_data)->wake(); }
+
+}  // namespace
+
+ucp_request_param_t UcxTransport::one_sided_param() {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.send = &wake_waiter;
+  p.user_data = &Waiter::of_this_thread();
+  return p;
 }
 
 Status UcxTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
-  if (k.m_messages) {
-    auto op = message(MessageKind::get, remote_addr, length);
-    op->header.token = k.m_token;
-    op->dst = dst;
-    return issue(batch, e, std::move(op));
-  }
-  ucp_request_param_t p{};
-  return track(batch, e,
-               ucp_get_nbx(e.m_ep, dst, length, remote_addr, static_cast<UcxRemoteKey&>(key).m_key, &p),
-               "get");
+  if (k.m_messages) return add_op(batch, e, make_op(OpKind::get, remote_addr, length, k.m_token), nullptr, dst, nullptr);
+  ucp_request_param_t p = one_sided_param();
+  return track(batch, e, ucp_get_nbx(e.m_ep, dst, length, remote_addr, k.m_key, &p), "get");
 }
 
 Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
@@ -56,17 +52,9 @@ Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t len
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
-  if (k.m_messages) {
-    auto op = message(MessageKind::put, remote_addr, length);
-    op->header.token = k.m_token;
-    op->src = src;
-    op->payload = length;
-    return issue(batch, e, std::move(op));
-  }
-  ucp_request_param_t p{};
-  return track(batch, e,
-               ucp_put_nbx(e.m_ep, src, length, remote_addr, static_cast<UcxRemoteKey&>(key).m_key, &p),
-               "put");
+  if (k.m_messages) return add_op(batch, e, make_op(OpKind::put, remote_addr, length, k.m_token), src, nullptr, nullptr);
+  ucp_request_param_t p = one_sided_param();
+  return track(batch, e, ucp_put_nbx(e.m_ep, src, length, remote_addr, k.m_key, &p), "put");
 }
 
 Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
@@ -75,17 +63,15 @@ Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t op
   if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
   if (k.m_messages) {
-    auto m = message(MessageKind::atomic, remote_addr, sizeof(uint64_t));
-    m->header.token = k.m_token;
-    m->header.op = static_cast<uint8_t>(op);
-    m->header.operand = operand;
-    m->header.compare = compare;
-    m->result = result;
-    return issue(batch, e, std::move(m));
+    Op m = make_op(OpKind::atomic, remote_addr, sizeof(uint64_t), k.m_token);
+    m.atomic_op = static_cast<uint8_t>(op);
+    m.operand = operand;
+    m.compare = compare;
+    return add_op(batch, e, m, nullptr, nullptr, result);
   }
   auto& b = static_cast<UcxBatch&>(batch);
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+  ucp_request_param_t p = one_sided_param();
+  p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
   p.datatype = ucp_dt_make_contig(8);
   p.reply_buffer = result;
   ucp_atomic_op_t opcode = UCP_ATOMIC_OP_ADD;
@@ -98,32 +84,48 @@ Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t op
     opcode = op == AtomicOp::swap ? UCP_ATOMIC_OP_SWAP : UCP_ATOMIC_OP_ADD;
     b.m_operands.push_back(operand);
   }
-  return track(batch, e,
-               ucp_atomic_op_nbx(e.m_ep, opcode, &b.m_operands.back(), 1, remote_addr,
-                                 static_cast<UcxRemoteKey&>(key).m_key, &p),
+  return track(batch, e, ucp_atomic_op_nbx(e.m_ep, opcode, &b.m_operands.back(), 1, remote_addr, k.m_key, &p),
                "atomic");
 }
 
-Status UcxTransport::fence(Batch& batch, std::chrono::milliseconds timeout) {
-  auto& b = static_cast<UcxBatch&>(batch);
-  // Message operations are ordered by waiting for their answers: the
-  // target has run them then.
-  if (b.m_done < b.m_messages.size()) {
-    Status s = drive(b, timeout, true);
-    if (!s.ok()) return s;
+Status UcxTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+                            uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
+  auto& e = static_cast<UcxEndpoint&>(ep);
+  if (e.failed()) return peer_failed();
+  auto& k = static_cast<UcxRemoteKey&>(key);
+  if (!k.m_messages) {
+    return Status(ErrorCode::not_supported, "a conditional add needs the message path; this key is one-sided");
   }
+  Op m = make_op(OpKind::add_if, remote_addr, sizeof(uint64_t), k.m_token);
+  m.operand = add;
+  m.compare = condition.mask;
+  m.value = condition.value;
+  m.undo = undo;
+  return add_op(batch, e, m, nullptr, nullptr, old);
+}
+
+Status UcxTransport::persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) {
+  auto& e = static_cast<UcxEndpoint&>(ep);
+  if (e.failed()) return peer_failed();
+  auto& k = static_cast<UcxRemoteKey&>(key);
+  if (!k.m_messages) return Status(ErrorCode::not_supported, "a persist needs the message path; this key is one-sided");
+  return add_op(batch, e, make_op(OpKind::persist, remote_addr, length, k.m_token), nullptr, nullptr, nullptr);
+}
+
+Status UcxTransport::fence(Batch& batch, std::chrono::milliseconds) {
+  // A message runs in order at its target: nothing to do for those.
+  if (static_cast<UcxBatch&>(batch).m_requests.empty()) return Status();
   const ucs_status_t st = ucp_worker_fence(m_worker);
   return st == UCS_OK ? Status() : ucx_error("fence", st);
 }
 
 Status UcxTransport::wait(Batch& batch, std::chrono::milliseconds timeout) {
   auto& b = static_cast<UcxBatch&>(batch);
-  Status s = drive(b, timeout, false);
-  if (!s.ok()) return s;
-  s = std::move(b.m_error);
-  b.m_error = Status();
+  send_open(b);
+  Status error;
+  Status s = drive(b, timeout, &error);
   b.clear();
-  return s;
+  return s.ok() ? error : s;
 }
 
 Status UcxTransport::flush(Endpoint& ep, std::chrono::milliseconds timeout) {
@@ -131,7 +133,7 @@ Status UcxTransport::flush(Endpoint& ep, std::chrono::milliseconds timeout) {
   if (e.failed()) return peer_failed();
   // A message operation completes only when the target has answered.
   if (e.m_messages) return Status();
-  ucp_request_param_t p{};
+  ucp_request_param_t p = one_sided_param();
   UcxBatch b;
   Status s = track(b, e, ucp_ep_flush_nbx(e.m_ep, &p), "flush");
   if (!s.ok()) return s;
@@ -144,6 +146,127 @@ Status UcxTransport::track(Batch& batch, UcxEndpoint& ep, ucs_status_ptr_t reque
   static_cast<UcxBatch&>(batch).m_requests.push_back({request, &ep});
   return Status();
 }
+
+// --- messages ----------------------------------------------------------------------
+
+MessageOp& UcxTransport::open_message(UcxBatch& b, UcxEndpoint& ep, size_t put, size_t get) {
+  auto it = b.m_open.find(&ep);
+  if (it != b.m_open.end()) {
+    MessageOp& m = *it->second;
+    if (m.ops.size() < sequence::k_max_ops && m.put_bytes + put <= sequence::k_max_bytes &&
+        m.get_bytes + get <= sequence::k_max_bytes) {
+      return m;
+    }
+    // Full: it goes now, and a new one collects what follows.
+    send_message(m);
+    b.m_open.erase(it);
+  }
+  auto op = std::make_unique<MessageOp>();
+  op->ep = &ep;
+  op->header.kind = MessageKind::sequence;
+  op->waiter = &Waiter::of_this_thread();
+  MessageOp& m = *op;
+  b.m_messages.push_back(std::move(op));
+  b.m_is_done.push_back(false);
+  b.m_open.emplace(&ep, &m);
+  return m;
+}
+
+Status UcxTransport::add_op(Batch& batch, UcxEndpoint& ep, const Op& op, const void* src, void* dst,
+                            uint64_t* result) {
+  if (op.length > sequence::k_max_bytes && (op.kind == OpKind::get || op.kind == OpKind::put)) {
+    return Status(ErrorCode::invalid_argument, "a get or put of " + std::to_string(op.length) +
+                                                   " bytes; one message carries at most " +
+                                                   std::to_string(sequence::k_max_bytes) + " (split it)");
+  }
+  auto& b = static_cast<UcxBatch&>(batch);
+  const size_t put = op.kind == OpKind::put ? op.length : 0;
+  const size_t get = op.kind == OpKind::get ? op.length : 0;
+  MessageOp& m = open_message(b, ep, put, get);
+  m.ops.push_back(op);
+  m.dst.push_back(dst);
+  m.result.push_back(result);
+  m.put_bytes += put;
+  m.get_bytes += get;
+  if (put > 0) m.payload.push_back({const_cast<void*>(src), put});
+  return Status();
+}
+
+void UcxTransport::send_open(UcxBatch& b) {
+  // In issue order of the messages, so the first to one endpoint goes first.
+  for (size_t i = 0; i < b.m_messages.size() && !b.m_open.empty(); ++i) {
+    MessageOp& m = *b.m_messages[i];
+    auto it = b.m_open.find(m.ep);
+    if (it == b.m_open.end() || it->second != &m) continue;
+    send_message(m);
+    b.m_open.erase(it);
+  }
+}
+
+Status UcxTransport::issue(UcxBatch& b, UcxEndpoint& ep, std::unique_ptr<MessageOp> op) {
+  op->ep = &ep;
+  op->waiter = &Waiter::of_this_thread();
+  b.m_messages.push_back(std::move(op));
+  b.m_is_done.push_back(false);
+  send_message(*b.m_messages.back());
+  return Status();
+}
+
+void UcxTransport::send_message(MessageOp& op) {
+  const size_t ops_bytes = op.ops.size() * sizeof(Op);
+  const bool in_header = op.header.kind == MessageKind::sequence && sizeof(MessageRequest) + ops_bytes <= m_max_header;
+  if (op.header.kind == MessageKind::sequence) {
+    op.header.ops = op.ops.size();
+    if (in_header) {
+      op.header.flags |= k_ops_in_header;
+    } else {
+      op.payload.insert(op.payload.begin(), {op.ops.data(), ops_bytes});
+    }
+    op.words.assign(op.ops.size(), 0);
+  }
+  {
+    std::lock_guard lock(m_ops_lock);
+    op.header.id = ++m_next_op;
+    m_ops.emplace(op.header.id, &op);
+  }
+  op.header.origin = m_origin;
+  if (op.ep->m_messages) op.header.flags |= k_answer_on_reply_ep;  // over TCP: on the connection it came by
+  op.head.resize(sizeof(MessageRequest) + (in_header ? ops_bytes : 0));
+  std::memcpy(op.head.data(), &op.header, sizeof op.header);
+  if (in_header) std::memcpy(op.head.data() + sizeof op.header, op.ops.data(), ops_bytes);
+  op.sent = true;
+  post_request(op);
+}
+
+void UcxTransport::post_request(MessageOp& op) {
+  op.sent_at = std::chrono::steady_clock::now();
+  size_t bytes = 0;
+  for (const ucp_dt_iov_t& v : op.payload) bytes += v.length;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+  // One buffer goes as it is (a rendezvous then sends it without a copy);
+  // UCX takes no empty scatter list.
+  const bool contiguous = op.payload.size() <= 1;
+  p.datatype = contiguous ? ucp_dt_make_contig(1) : ucp_dt_make_iov();
+  const void* buffer = contiguous ? (op.payload.empty() ? nullptr : op.payload[0].buffer) : op.payload.data();
+  const size_t count = contiguous ? (op.payload.empty() ? 0 : op.payload[0].length) : op.payload.size();
+  // Small ones inline; large ones by rendezvous over TCP (see
+  // ucx_internal.hpp: eager always over shared memory).
+  p.flags = bytes <= k_eager_limit || !op.ep->m_messages ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
+  if (op.ep->m_messages) p.flags |= UCP_AM_SEND_FLAG_REPLY;
+  void* request = op.ep->m_ep == nullptr ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
+                                         : ucp_am_send_nbx(op.ep->m_ep, k_request_id, op.head.data(), op.head.size(),
+                                                           buffer, count, &p);
+  if (UCS_PTR_IS_ERR(request)) {
+    std::lock_guard lock(m_ops_lock);
+    op.status = UCS_PTR_STATUS(request);
+    op.replied = true;
+  } else {
+    op.send_request = request;
+  }
+}
+
+// --- waiting -----------------------------------------------------------------------
 
 Status UcxTransport::check_waiting(UcxBatch& b) {
   std::vector<UcxEndpoint*> eps;
@@ -163,42 +286,70 @@ Status UcxTransport::check_waiting(UcxBatch& b) {
   return Status();
 }
 
-Status UcxTransport::drive(UcxBatch& b, std::chrono::milliseconds timeout, bool messages_only) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto next_check = std::chrono::steady_clock::now() + m_check_interval;
-  unsigned idle = 0;
+Status UcxTransport::drive(UcxBatch& b, std::chrono::milliseconds timeout, Status* error) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = start + timeout;
+  auto next_check = start + m_check_interval;
+  const auto poll_for = m_spin.budget();
+  Waiter& waiter = Waiter::of_this_thread();
+  bool slept = false;
+  auto last_news = start;
   for (;;) {
-    const bool requests_left = !messages_only && reap_requests(b, b.m_error);
-    const bool messages_left = reap_messages(b, b.m_error);
-    if (!requests_left && !messages_left) return Status();
+    const bool requests_left = reap_requests(b, *error);
+    const bool messages_left = reap_messages(b, *error);
+    const auto now = clock::now();
+    if (!requests_left && !messages_left) {
+      m_spin.record(now - start, std::min<clock::duration>(poll_for, now - start), slept);
+      return Status();
+    }
     if (ucp_worker_progress(m_worker) != 0) {
-      idle = 0;
+      last_news = now;
       continue;
     }
-    if (++idle < k_spins_before_sleep) continue;
-    idle = 0;
-    if (m_wait_check && std::chrono::steady_clock::now() > next_check) {
+    // Poll while that pays (SpinPolicy); after a sleep, poll only while the
+    // fabric keeps having news (the rest of a large answer, say).
+    if (!slept ? now - start < poll_for : now - last_news < std::chrono::microseconds(5)) continue;
+    if (m_wait_check && now > next_check) {
       if (Status s = check_waiting(b); !s.ok()) {
         abandon(b);
-        b.m_error = Status();
         return s;
       }
-      next_check = std::chrono::steady_clock::now() + m_check_interval;
+      next_check = clock::now() + m_check_interval;
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (now > deadline) {
       const std::string what = unfinished(b);
       abandon(b);
-      b.m_error = Status();
       return Status(ErrorCode::timeout, "remote operations did not complete within " +
                                             std::to_string(timeout.count()) + " ms (" + what + ")");
     }
-    // Nothing moved for a while: sleep until the fabric has news instead of
-    // burning a core the peer (or its daemon) may need.
-    if (ucp_worker_arm(m_worker) == UCS_OK) {
-      pollfd p{m_efd, POLLIN, 0};
-      (void)::poll(&p, 1, 1);
-    }
+    // Nothing moved: sleep until the fabric has news (the answer's bytes) or
+    // another thread ran our answer's callback, bounded only by what must be
+    // looked at then (the deadline, the reachability check, a message to
+    // send again).
+    auto until = std::min(deadline, now + (b.m_retry_soon ? std::chrono::milliseconds(k_busy_retry) : k_resend_after));
+    if (m_wait_check) until = std::min(until, next_check);
+    if (sleep(b, waiter, until, error)) slept = true;
+    last_news = clock::now();
   }
+}
+
+bool UcxTransport::sleep(UcxBatch& b, Waiter& waiter, std::chrono::steady_clock::time_point until, Status* error) {
+  // Announce the sleep, then look once more: an answer completed by another
+  // thread before this store is seen by the look; one after it sees
+  // `sleeping` and writes our wake fd (both sides seq_cst).
+  waiter.sleeping.store(true, std::memory_order_seq_cst);
+  const bool left = reap_requests(b, *error) | reap_messages(b, *error);
+  if (!left || ucp_worker_arm(m_worker) != UCS_OK) {
+    waiter.sleeping.store(false, std::memory_order_relaxed);
+    return false;
+  }
+  const auto left_ms = std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+  pollfd fds[2] = {{m_efd, POLLIN, 0}, {waiter.fd, POLLIN, 0}};
+  (void)::poll(fds, 2, static_cast<int>(std::max<int64_t>(0, left_ms.count())));
+  waiter.sleeping.store(false, std::memory_order_relaxed);
+  if (fds[1].revents != 0) waiter.drain();
+  return true;
 }
 
 std::string UcxTransport::unfinished(UcxBatch& b) {
@@ -231,9 +382,11 @@ bool UcxTransport::reap_requests(UcxBatch& b, Status& result) {
 }
 
 bool UcxTransport::reap_messages(UcxBatch& b, Status& result) {
+  b.m_retry_soon = false;
   for (size_t i = 0; i < b.m_messages.size(); ++i) {
     if (b.m_is_done[i]) continue;
     MessageOp& op = *b.m_messages[i];
+    if (!op.sent) continue;
     if (op.send_request != nullptr) {
       const ucs_status_t st = ucp_request_check_status(op.send_request);
       if (st == UCS_INPROGRESS) continue;
@@ -252,11 +405,23 @@ bool UcxTransport::reap_messages(UcxBatch& b, Status& result) {
         op.replied = true;
         if (op.status == UCS_OK) op.status = UCS_ERR_CONNECTION_RESET;
       }
+      const auto now = std::chrono::steady_clock::now();
+      if (op.replied && op.refusal == Refusal::busy) {
+        // The target had no room to stage it: ask again shortly.
+        resend = now - op.sent_at > k_busy_retry;
+        if (!resend) {
+          b.m_retry_soon = true;
+          continue;
+        }
+        op.replied = false;
+        op.refusal = Refusal::none;
+      }
       // Unanswered for long: the request or its answer was lost (UCX 1.13
       // over shared memory now and then drops an answer sent on the reply
-      // endpoint). Ask again; the target runs an atomic only once.
-      resend = !op.replied && op.recv_request == nullptr &&
-               std::chrono::steady_clock::now() - op.sent_at > k_resend_after * (1 << std::min(op.resends, 3));
+      // endpoint). Ask again; the target runs a message with effects only
+      // once.
+      resend = resend || (!op.replied && op.recv_request == nullptr &&
+                          now - op.sent_at > k_resend_after * (1 << std::min(op.resends, 3)));
       if (!resend && (!op.replied || op.recv_request != nullptr)) continue;
       if (!resend) m_ops.erase(op.header.id);
     }
@@ -267,57 +432,19 @@ bool UcxTransport::reap_messages(UcxBatch& b, Status& result) {
     }
     b.m_is_done[i] = true;
     ++b.m_done;
-    if (result.ok()) {
-      if (op.refusal != Refusal::none) result = refusal_error(op.refusal, op.header);
-      else if (op.status != UCS_OK) result = ucx_error("remote operation", op.status);
+    if (!result.ok()) continue;
+    if (op.refusal != Refusal::none) {
+      result = op.refused_op < op.ops.size() ? sequence::refusal_error(op.refusal, op.ops[op.refused_op])
+                                             : Status(ErrorCode::invalid_argument, "peer refused a malformed message");
+    } else if (op.status != UCS_OK) {
+      result = ucx_error("remote operation", op.status);
+    } else if (op.aborted) {
+      result = Status(ErrorCode::failed_precondition,
+                      "a conditional add found its word otherwise (operation " + std::to_string(op.ran) + " of " +
+                          std::to_string(op.ops.size()) + " of the message); the rest was not run");
     }
   }
   return b.m_done < b.m_messages.size();
-}
-
-Status UcxTransport::issue(Batch& batch, UcxEndpoint& ep, std::unique_ptr<MessageOp> op) {
-  auto& b = static_cast<UcxBatch&>(batch);
-  op->ep = &ep;
-  b.m_messages.push_back(std::move(op));
-  b.m_is_done.push_back(false);
-  send_message(*b.m_messages.back());
-  return Status();
-}
-
-void UcxTransport::send_message(MessageOp& op) {
-  {
-    std::lock_guard lock(m_ops_lock);
-    op.header.id = ++m_next_op;
-    m_ops.emplace(op.header.id, &op);
-  }
-  op.header.origin = m_origin;
-  op.sent = true;
-  post_request(op);
-}
-
-void UcxTransport::post_request(MessageOp& op) {
-  op.sent_at = std::chrono::steady_clock::now();
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  // Eager only: with rendezvous the target would pull the payload from our
-  // buffer later (over shared memory with process_vm_readv, which UCX
-  // treats as fatal when the buffer is gone after a timeout).
-  p.flags = UCP_AM_SEND_FLAG_EAGER;
-  if (op.ep->m_messages) {
-    // Over TCP the answer comes back on the connection the request came by.
-    op.header.flags |= k_answer_on_reply_ep;
-    p.flags |= UCP_AM_SEND_FLAG_REPLY;
-  }
-  void* request = op.ep->m_ep == nullptr
-                      ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
-                      : ucp_am_send_nbx(op.ep->m_ep, k_request_id, &op.header, sizeof op.header, op.src, op.payload, &p);
-  if (UCS_PTR_IS_ERR(request)) {
-    std::lock_guard lock(m_ops_lock);
-    op.status = UCS_PTR_STATUS(request);
-    op.replied = true;
-  } else {
-    op.send_request = request;
-  }
 }
 
 void UcxTransport::abandon(UcxBatch& b) {
@@ -341,7 +468,7 @@ void UcxTransport::abandon(UcxBatch& b) {
   b.m_requests.clear();
   for (size_t i = 0; i < b.m_messages.size(); ++i) {
     MessageOp& op = *b.m_messages[i];
-    if (b.m_is_done[i]) continue;
+    if (b.m_is_done[i] || !op.sent) continue;
     if (op.send_request != nullptr) {
       while (ucp_request_check_status(op.send_request) == UCS_INPROGRESS &&
              std::chrono::steady_clock::now() < deadline) {
@@ -365,6 +492,16 @@ void UcxTransport::abandon(UcxBatch& b) {
   b.clear();
 }
 
+// --- answers -----------------------------------------------------------------------
+
+void UcxTransport::deliver_words(MessageOp& op) {
+  // The operations that ran, and the one that stopped the message.
+  const size_t n = std::min<size_t>(op.ops.size(), op.ran + (op.aborted ? 1 : 0));
+  for (size_t i = 0; i < n; ++i) {
+    if (op.result[i] != nullptr) *op.result[i] = op.words[i];
+  }
+}
+
 ucs_status_t UcxTransport::on_reply(void* arg, const void* header, size_t header_length, void* data, size_t length,
                                     const ucp_am_recv_param_t* param) {
   auto& self = *static_cast<UcxTransport*>(arg);
@@ -377,50 +514,74 @@ ucs_status_t UcxTransport::on_reply(void* arg, const void* header, size_t header
   auto it = self.m_ops.find(r.id);
   if (it == self.m_ops.end()) return UCS_OK;  // abandoned
   MessageOp& op = *it->second;
-  if (op.replied) return UCS_OK;
+  if (op.replied || op.recv_request != nullptr) return UCS_OK;
+  Waiter* waiter = op.waiter;
+  auto finish = [&] {
+    op.replied = true;
+    waiter->wake();
+    return UCS_OK;
+  };
   if (r.refusal != Refusal::none) {
     op.refusal = r.refusal;
-    op.replied = true;
-    return UCS_OK;
+    op.refused_op = r.refused_op;
+    return finish();
   }
-  if (op.header.kind != MessageKind::get) {
-    if (op.result != nullptr) *op.result = r.value;
-    op.replied = true;
-    return UCS_OK;
-  }
-  if (length != op.header.length) {
+  if (op.header.kind != MessageKind::sequence) return finish();  // hello
+  op.ran = std::min<uint32_t>(r.ran, static_cast<uint32_t>(op.ops.size()));
+  op.aborted = (r.flags & k_reply_aborted) != 0 && op.ran < op.ops.size();
+  const size_t words = op.ops.size() * sizeof(uint64_t);
+  const size_t gets = sequence::get_bytes(op.ops, op.ran);
+  if (length != words + gets) {
     op.status = UCS_ERR_MESSAGE_TRUNCATED;
-    op.replied = true;
-    return UCS_OK;
+    return finish();
   }
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
-    std::memcpy(op.dst, data, length);
-    op.replied = true;
-    return UCS_OK;
+    const auto* in = static_cast<const std::byte*>(data);
+    std::memcpy(op.words.data(), in, words);
+    in += words;
+    for (size_t i = 0; i < op.ran; ++i) {
+      if (op.ops[i].kind != OpKind::get) continue;
+      std::memcpy(op.dst[i], in, op.ops[i].length);
+      in += op.ops[i].length;
+    }
+    deliver_words(op);
+    return finish();
+  }
+  // A large answer lands straight in the gets' buffers.
+  op.landing.clear();
+  op.landing.push_back({op.words.data(), words});
+  for (size_t i = 0; i < op.ran; ++i) {
+    if (op.ops[i].kind == OpKind::get && op.ops[i].length > 0) op.landing.push_back({op.dst[i], op.ops[i].length});
   }
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.cb.recv_am = &UcxTransport::on_reply_landed;
   p.user_data = &op;
-  void* request = ucp_am_recv_data_nbx(self.m_worker, data, op.dst, length, &p);
+  p.datatype = ucp_dt_make_iov();
+  void* request = ucp_am_recv_data_nbx(self.m_worker, data, op.landing.data(), op.landing.size(), &p);
   if (request == nullptr) {
-    op.replied = true;
-  } else if (UCS_PTR_IS_ERR(request)) {
-    op.status = UCS_PTR_STATUS(request);
-    op.replied = true;
-  } else if (!op.replied) {
-    op.recv_request = request;
+    deliver_words(op);
+    return finish();
   }
+  if (UCS_PTR_IS_ERR(request)) {
+    op.status = UCS_PTR_STATUS(request);
+    return finish();
+  }
+  op.recv_request = request;
   return UCS_OK;
 }
 
 void UcxTransport::on_reply_landed(void* request, ucs_status_t status, size_t, void* user_data) {
   auto& op = *static_cast<MessageOp*>(user_data);
   {
+    // The waiter is told under the lock: once it sees `replied` it may free
+    // the operation.
     std::lock_guard lock(op.ep->m_owner.m_ops_lock);
     if (status != UCS_OK && op.status == UCS_OK) op.status = status;
+    if (status == UCS_OK) deliver_words(op);
     op.replied = true;
     op.recv_request = nullptr;
+    op.waiter->wake();
   }
   ucp_request_free(request);
 }

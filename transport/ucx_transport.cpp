@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,50 @@ namespace tiermem {
 namespace ucx_detail {
 
 thread_local bool t_probing_error_mode = false;
+
+void Waiter::wake() {
+  if (!sleeping.load(std::memory_order_seq_cst)) return;
+  const uint64_t one = 1;
+  (void)::write(fd, &one, sizeof one);
+}
+
+void Waiter::drain() {
+  uint64_t n = 0;
+  (void)::read(fd, &n, sizeof n);
+}
+
+namespace {
+
+std::mutex g_waiters_lock;
+std::vector<Waiter*> g_free_waiters;
+
+// A thread's lease on a waiter, given back when the thread ends.
+struct WaiterLease {
+  Waiter* waiter = nullptr;
+  ~WaiterLease() {
+    if (waiter == nullptr) return;
+    waiter->sleeping.store(false);
+    std::lock_guard lock(g_waiters_lock);
+    g_free_waiters.push_back(waiter);
+  }
+};
+
+}  // namespace
+
+Waiter& Waiter::of_this_thread() {
+  thread_local WaiterLease lease;
+  if (lease.waiter == nullptr) {
+    std::lock_guard lock(g_waiters_lock);
+    if (!g_free_waiters.empty()) {
+      lease.waiter = g_free_waiters.back();
+      g_free_waiters.pop_back();
+    } else {
+      lease.waiter = new Waiter;
+      lease.waiter->fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    }
+  }
+  return *lease.waiter;
+}
 
 namespace {
 
@@ -126,9 +171,19 @@ Status UcxTransport::init(const UcxOptions& options) {
   if (st != UCS_OK) return ucx_error("ucp_worker_get_address", st);
   m_address.assign(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(m_worker, address);
+  ucp_worker_attr_t worker_attr{};
+  worker_attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+  if (ucp_worker_query(m_worker, &worker_attr) == UCS_OK) {
+    // Operations in the header up to 64 (a 31-page locked copy); more go in
+    // the payload.
+    m_max_header = std::min(worker_attr.max_am_header, sizeof(MessageRequest) + 64 * sizeof(sequence::Op));
+  }
   st = ucp_worker_get_efd(m_worker, &m_efd);
   if (st != UCS_OK) return ucx_error("ucp_worker_get_efd", st);
   m_use_messages = options.emulation != "ucx";
+  const auto spin = std::chrono::microseconds(options.spin_us < 0 ? 30 : options.spin_us);
+  m_spin.set_limit(spin);
+  m_idle_spin.set_limit(spin);
   // Where only shared-memory transports are allowed, endpoints cannot detect
   // peer failures, and asking for it first (and being refused) leaves UCX
   // 1.13 with an endpoint whose first multi-fragment message never arrives:
@@ -306,13 +361,14 @@ std::string UcxTransport::describe(ucp_ep_h ep) {
 
 Status UcxTransport::hello(UcxEndpoint& ep) {
   UcxBatch b;
-  auto op = message(MessageKind::hello, 0, 0);
-  op->src = m_address.data();
-  op->payload = m_address.size();
+  auto op = std::make_unique<MessageOp>();
+  op->header.kind = MessageKind::hello;
+  op->payload.push_back({const_cast<char*>(m_address.data()), m_address.size()});
+  Status error;
   Status s = issue(b, ep, std::move(op));
   // At most 10 s, or the caller's deadline (QoS).
-  if (s.ok()) s = drive(b, ScopedDeadline::bound(std::chrono::seconds(10)), false);
-  if (s.ok()) s = std::move(b.m_error);
+  if (s.ok()) s = drive(b, ScopedDeadline::bound(std::chrono::seconds(10)), &error);
+  if (s.ok()) s = std::move(error);
   b.clear();
   return s.ok() ? s : s.with_context("the peer did not answer the hello of a new connection");
 }
@@ -385,20 +441,37 @@ void UcxTransport::close_replaced_answer_eps() {
 }
 
 void UcxTransport::progress_loop(int efd) {
-  constexpr int k_idle_spins = 200;
-  int idle = 0;
+  using clock = std::chrono::steady_clock;
+  auto last_news = clock::now();
+  auto budget = m_idle_spin.budget();
+  bool idle = false;  // nothing happened since last_news
   while (!m_stop.load(std::memory_order_relaxed)) {
     if (ucp_worker_progress(m_worker) != 0) {
-      idle = 0;
+      const auto now = clock::now();
+      // News while polling: polling paid for this gap.
+      if (idle) m_idle_spin.record(now - last_news, now - last_news, false);
+      idle = false;
+      last_news = now;
       continue;
     }
-    if (++idle < k_idle_spins) continue;
-    idle = 0;
+    if (!idle) {
+      idle = true;
+      budget = m_idle_spin.budget();
+    }
+    // Poll on while requests have been coming sooner than the poll lasts
+    // (SpinPolicy); a daemon nobody asks sleeps at once.
+    if (clock::now() - last_news < budget) continue;
     close_replaced_answer_eps();
-    const ucs_status_t st = ucp_worker_arm(m_worker);
-    if (st == UCS_ERR_BUSY) continue;
+    if (ucp_worker_arm(m_worker) == UCS_ERR_BUSY) continue;
+    // No timeout: a request (its bytes on a socket, or UCX's own events:
+    // keepalive timer, wire-up) makes the event fd readable, and stopping
+    // writes m_wake_fd. Idle, this thread costs nothing.
     pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
-    (void)::poll(fds, 2, 1000);
+    (void)::poll(fds, 2, -1);
+    const auto now = clock::now();
+    m_idle_spin.record(now - last_news, budget, true);
+    idle = false;
+    last_news = now;
   }
 }
 
@@ -430,6 +503,9 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options)
   auto t = std::make_unique<UcxTransport>();
   UcxOptions o = options;
   if (const char* e = std::getenv("TIERMEM_RMA_EMULATION"); e != nullptr && *e != '\0') o.emulation = e;
+  if (const char* e = std::getenv("TIERMEM_SPIN_US"); e != nullptr && *e != '\0' && o.spin_us < 0) {
+    o.spin_us = std::clamp(std::atoi(e), 0, 10000);
+  }
   Status s = t->init(o);
   if (!s.ok()) return s;
   return std::unique_ptr<Transport>(std::move(t));

@@ -178,6 +178,75 @@ TEST_P(UcxTransportTest, TargetRefusesWhatIsNotRegistered) {
   EXPECT_EQ(after, 77u);
 }
 
+// The operations of a batch to one endpoint are one message the target runs
+// in order: a compare-and-swap that must succeed and does not stops the rest
+// and restores the ones before it.
+TEST_P(UcxTransportTest, ABatchIsOneMessageAndAFailedConditionStopsTheRest) {
+  ASSERT_FALSE(m_transport->one_sided(*m_rkey)) << "TCP and shared memory carry operations as messages";
+  auto batch = m_transport->batch();
+  const uint64_t w = m_base + 1024 * 8;  // words 1024.. hold 1024..
+  uint64_t olds[3] = {7, 7, 7};
+  uint64_t fresh = 555, after = 0;
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 1024, 5000, w, *m_rkey, &olds[0]).ok());
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 1025, 5001, w + 8, *m_rkey, &olds[1]).ok());
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 9999, 5002, w + 16, *m_rkey, &olds[2]).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, &fresh, 8, w + 24, *m_rkey).ok());
+  Status s = m_transport->wait(*batch, 10s);
+  EXPECT_EQ(s.code(), ErrorCode::failed_precondition) << s.to_string();
+  EXPECT_EQ(olds[0], 1024u);
+  EXPECT_EQ(olds[1], 1025u);
+  EXPECT_EQ(olds[2], 1026u) << "the word that failed the condition, as the target saw it";
+  std::vector<uint64_t> now(4);
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, now.data(), 32, w, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(now, (std::vector<uint64_t>{1024, 1025, 1026, 1027})) << "restored, untouched, never written";
+  // The same with every condition met: all of it runs.
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 1024, 5000, w, *m_rkey, &olds[0]).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, &fresh, 8, w + 24, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &after, 8, w + 24, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(after, 555u) << "the get after the put in the same message sees it";
+}
+
+// Large payloads go by rendezvous: a put staged whole at the target, an
+// answer landing in the asker's buffers, scattered over several gets.
+TEST_P(UcxTransportTest, LargePutsAndGetsInOneMessageArriveWhole) {
+  auto batch = m_transport->batch();
+  std::vector<uint64_t> out(512 << 10), other(1024), back(512 << 10), back_other(1024);
+  std::iota(out.begin(), out.end(), uint64_t{1} << 40);
+  std::iota(other.begin(), other.end(), uint64_t{7} << 40);
+  const uint64_t at = m_base + (2 << 20);
+  uint64_t before = 0, word = 0;
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::fetch_add, 0, 0, m_base + 16, *m_rkey, &word).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &before, 8, at, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, out.data(), out.size() * 8, at, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, other.data(), other.size() * 8, at + (5 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(before, (2u << 20) / 8) << "read before the put of the same message";
+  EXPECT_EQ(word, 2u);
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, back_other.data(), back_other.size() * 8, at + (5 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, back.data(), back.size() * 8, at, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(back, out);
+  EXPECT_EQ(back_other, other);
+}
+
+// One operation the target must refuse refuses the whole message: the put
+// before it in the same batch never runs.
+TEST_P(UcxTransportTest, AMessageWithOneBadOperationIsRefusedWhole) {
+  auto batch = m_transport->batch();
+  const uint64_t w = m_base + 2048 * 8;
+  uint64_t fresh = 9, word = 0;
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, &fresh, 8, w, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 16, m_base + k_region - 8, *m_rkey).ok());
+  Status s = m_transport->wait(*batch, 10s);
+  EXPECT_EQ(s.code(), ErrorCode::out_of_range) << s.to_string();
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 8, w, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->persist(*batch, *m_ep, w, 8, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(word, 2048u) << "the put of the refused message did not run";
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
                          [](const auto& info) { return info.param; });
 

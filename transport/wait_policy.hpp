@@ -1,0 +1,84 @@
+// How a thread waits for the fabric without a timer tick in a round trip.
+//
+// A thread that waits first polls (a round trip on an idle host is shorter
+// than a sleep and a wake-up), then sleeps in poll() on the worker's event fd
+// and on a wake fd of its own, with no timeout but the caller's deadline. The
+// answer itself wakes it: either its bytes make the worker's event fd
+// readable, or another thread that progressed the worker and ran the answer's
+// callback writes the sleeper's wake fd (Waiter::wake).
+//
+// Polling pays only while answers come sooner than the poll lasts; on a busy
+// host (a trainer computing on every core) a poller takes the CPU the peer it
+// waits for needs, and every round trip becomes a scheduler time slice.
+// SpinPolicy learns which case holds from the waits themselves.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace tiermem::ucx_detail {
+
+// Whether, and how long, to poll before sleeping. Shared by the threads of a
+// transport; lock-free.
+class SpinPolicy {
+ public:
+  explicit SpinPolicy(std::chrono::nanoseconds limit) : m_limit(limit.count()) {}
+  // Before any thread uses it.
+  void set_limit(std::chrono::nanoseconds limit) { m_limit = limit.count(); }
+
+  // How long the next wait polls before it sleeps: the limit while polling
+  // has been paying, else 0 (and the limit once in k_probe_every waits, to
+  // notice that the host became idle again).
+  std::chrono::nanoseconds budget() {
+    if (m_limit == 0) return std::chrono::nanoseconds(0);
+    if (m_score.load(std::memory_order_relaxed) > 0) return std::chrono::nanoseconds(m_limit);
+    const uint32_t n = m_waits.fetch_add(1, std::memory_order_relaxed);
+    return std::chrono::nanoseconds(n % k_probe_every == 0 ? m_limit : 0);
+  }
+
+  // A wait ended after `took`, having polled for `polled` of it; `slept`
+  // whether it had to sleep. A wait that polled and still slept says polling
+  // did not pay; one that slept at once but would have been caught by polling
+  // (took less than the limit) says it would have.
+  void record(std::chrono::nanoseconds took, std::chrono::nanoseconds polled, bool slept) {
+    if (m_limit == 0) return;
+    int delta = 0;
+    if (!slept) delta = polled.count() > 0 ? 1 : 0;
+    else if (polled.count() > 0) delta = -2;
+    else if (took.count() < m_limit) delta = 1;
+    if (delta == 0) return;
+    int s = m_score.load(std::memory_order_relaxed);
+    int next;
+    do {
+      next = s + delta;
+      next = next < -k_score_limit ? -k_score_limit : next > k_score_limit ? k_score_limit : next;
+    } while (!m_score.compare_exchange_weak(s, next, std::memory_order_relaxed));
+  }
+
+  std::chrono::nanoseconds limit() const { return std::chrono::nanoseconds(m_limit); }
+
+ private:
+  static constexpr int k_score_limit = 8;
+  static constexpr uint32_t k_probe_every = 32;
+  int64_t m_limit;
+  std::atomic<int> m_score{1};
+  std::atomic<uint32_t> m_waits{0};
+};
+
+// A thread's own wake fd (an eventfd), for answers another thread runs the
+// callback of while this one sleeps. One per thread while it lives, made on
+// first use; a thread that ends hands its waiter to the next thread that asks
+// (never freed, its fd never closed: a completion that arrives late wakes a
+// waiter that then only looks and sleeps again, never a closed or reused fd).
+struct Waiter {
+  int fd = -1;
+  std::atomic<bool> sleeping{false};
+  // Wakes the thread if it sleeps (callers hold no lock it could need).
+  void wake();
+  // Reads what wake() wrote, so the next sleep sleeps.
+  void drain();
+  static Waiter& of_this_thread();
+};
+
+}  // namespace tiermem::ucx_detail
