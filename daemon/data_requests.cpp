@@ -149,7 +149,15 @@ Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (Status s = guard_copy(*info, who, "free"); !s.ok()) return error_reply(request.id(), s, false);
   std::vector<Extent> remote_frames;
-  Status s = m_space.free(checked(wire::from_proto(request.free().gva()), *info), &remote_frames);
+  const Gva gva = checked(wire::from_proto(request.free().gva()), *info);
+  Status s = m_space.free(gva, &remote_frames);
+  if (s.code() == ErrorCode::failed_precondition) {
+    // Pinned: perhaps only by a process that exited since the last sweep
+    // (its pidfd turns readable after its connection closed); let those go
+    // and ask once more.
+    sweep_leases();
+    s = m_space.free(gva, &remote_frames);
+  }
   if (!s.ok()) return error_reply(request.id(), s, false);
   Reply reply = ok_reply(request);
   reply.response.mutable_free();

@@ -178,6 +178,11 @@ Status refusal_error(Refusal refusal, const Op& op) {
       what = "the peer's memory for large messages is in use; ask again later";
       code = ErrorCode::busy;
       break;
+    case Refusal::unadmitted:
+      what = "the connection did not present this node's admission token for its tenant (connect through the "
+             "address your daemon hands out)";
+      code = ErrorCode::permission_denied;
+      break;
     case Refusal::repeated:
       what = "its answer was lost; it ran once (its changes stand) and is not run twice; read again";
       code = ErrorCode::transport_error;

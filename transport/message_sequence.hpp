@@ -54,6 +54,7 @@ enum class Refusal : int32_t {
   busy = 6,          // the target's staging memory for large messages is used up: ask again later
   repeated = 7,      // asked again after its answer was lost, and it read as well as changed memory:
                      // it ran once, and what it read then is gone
+  unadmitted = 8,    // the request did not carry the admission token of the listener it came through
 };
 
 // What one message may carry (the asker splits a batch into messages by

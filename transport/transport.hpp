@@ -204,7 +204,20 @@ struct UcxOptions {
   // a peer that stops answering at the fabric's level is reported failed.
   // 0: UCX's default (20 s); an explicit $UCX_KEEPALIVE_INTERVAL wins.
   uint32_t keepalive_interval_ms = 0;
+  // Accept connections on a UCX listener at this IP address (any free port),
+  // and only those: address() is then the listener's address and a random
+  // admission token, every request must carry the token (a peer that does
+  // not present it is refused and its endpoint closed), and no worker
+  // address is handed out for anyone to dial. Empty: no listener; address()
+  // is the worker's address (peers of one host over shared memory, which UCX
+  // 1.13 cannot reach through a listener). Errors at start when UCX has no
+  // connection manager for it (see listening()).
+  std::string listen_ip;
 };
+
+// Whether `address` is a listener's address (UcxOptions::listen_ip), which
+// connect() reaches through UCX's connection manager, presenting its token.
+bool is_listener_address(std::string_view address);
 
 // Errors: transport_error (UCX could not start).
 Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options);

@@ -24,6 +24,18 @@ ucs_status_t UcxTransport::on_request(void* arg, const void* header, size_t head
   MessageReply r;
   r.origin = h.origin;
   r.id = h.id;
+  if (self.m_admission != 0) {
+    // Through our listener only, with its token (ucx_listener.cpp). A
+    // request without it runs nothing; its connection, never admitted, is
+    // closed when its admission window ends.
+    if (!on_reply_ep) return UCS_OK;
+    if (h.admission != self.m_admission) {
+      r.refusal = Refusal::unadmitted;
+      self.send_reply(param->reply_ep, r, StagingBuffer(), 0, false);
+      return UCS_OK;
+    }
+    if (h.kind == MessageKind::hello) self.admit(param->reply_ep);
+  }
   if (h.kind == MessageKind::hello) {
     ucp_ep_h ep = on_reply_ep ? param->reply_ep : rndv ? nullptr : self.open_answer_ep(h.origin, data);
     if (ep != nullptr) self.send_reply(ep, r, StagingBuffer(), 0, !on_reply_ep);

@@ -58,6 +58,12 @@ class UcxEndpoint final : public Endpoint {
   // would mix its emulation with cross-memory copies its fences do not
   // order), answered on an endpoint the target opens; see unpack().
   bool m_shared = false;
+  // Connected through a peer's listener (UcxOptions::listen_ip): answers
+  // come on the reply endpoint, every request carries m_admission, and keys
+  // are one-sided only when every lane is RDMA (m_rdma).
+  bool m_listener = false;
+  bool m_rdma = false;
+  uint64_t m_admission = 0;
 };
 
 // --- request/reply messages --------------------------------------------------
@@ -113,6 +119,7 @@ struct MessageRequest {
   uint64_t id = 0;
   uint64_t ops = 0;     // operations at the start of the payload
   uint64_t origin = 0;  // the asking transport (random): with id, names a message for de-duplication
+  uint64_t admission = 0;  // the token of the target's listener (0: reached by worker address)
 };
 
 struct MessageReply {
@@ -272,6 +279,21 @@ class UcxTransport final : public Transport {
   std::string describe(ucp_ep_h ep);
 
  private:
+  // --- the listener (UcxOptions::listen_ip) ------------------------------------
+  Status listen(const std::string& ip);
+  Result<std::shared_ptr<Endpoint>> connect_listener(std::string_view address);
+  // A connection request: queued here, accepted by the progress thread.
+  static void on_conn_request(ucp_conn_request_h request, void* arg);
+  void accept_pending();
+  // An accepted endpoint's peer failed, or it presented a wrong token, or it
+  // said nothing for k_admission_window: closed (from the progress thread).
+  static void on_accepted_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  void drop_accepted(ucp_ep_h ep);
+  void admit(ucp_ep_h ep);
+  // Closes accepted endpoints that did not say hello in time; true while
+  // some wait for theirs.
+  bool expire_unadmitted();
+
   static Status peer_failed() {
     return Status(ErrorCode::transport_error, "the peer's endpoint failed (peer down or unreachable)");
   }
@@ -377,7 +399,20 @@ class UcxTransport final : public Transport {
 
   ucp_context_h m_context = nullptr;
   ucp_worker_h m_worker = nullptr;
-  std::string m_address;
+  std::string m_address;         // what peers connect to: the listener's or the worker's
+  std::string m_worker_address;  // for answer endpoints over shared memory (hello)
+  ucp_listener_h m_listener = nullptr;
+  uint64_t m_admission = 0;  // 0: no listener, requests need no token
+  struct Accepted {
+    std::chrono::steady_clock::time_point since;
+    bool admitted = false;
+  };
+  std::mutex m_accept_lock;
+  std::vector<ucp_conn_request_h> m_conn_requests;      // waiting to be accepted
+  std::unordered_map<ucp_ep_h, Accepted> m_accepted;     // endpoints made from them
+  std::atomic<size_t> m_unadmitted{0};
+  static constexpr std::chrono::milliseconds k_admission_window{2000};
+  static constexpr size_t k_max_unadmitted = 1024;
   std::thread m_progress;
   std::atomic<bool> m_stop{false};
   std::atomic<bool> m_peer_errors{true};  // endpoints with peer failure detection

@@ -230,6 +230,7 @@ void UcxTransport::send_message(MessageOp& op) {
     m_ops.emplace(op.header.id, &op);
   }
   op.header.origin = m_origin;
+  op.header.admission = op.ep->m_admission;
   if (op.ep->m_messages) op.header.flags |= k_answer_on_reply_ep;  // over TCP: on the connection it came by
   op.head.resize(sizeof(MessageRequest) + (in_header ? ops_bytes : 0));
   std::memcpy(op.head.data(), &op.header, sizeof op.header);
@@ -435,7 +436,11 @@ bool UcxTransport::reap_messages(UcxBatch& b, Status& result) {
     if (!result.ok()) continue;
     if (op.refusal != Refusal::none) {
       result = op.refused_op < op.ops.size() ? sequence::refusal_error(op.refusal, op.ops[op.refused_op])
-                                             : Status(ErrorCode::invalid_argument, "peer refused a malformed message");
+               : op.refusal == Refusal::unadmitted
+                   ? Status(ErrorCode::permission_denied,
+                            "the peer's listener refused this connection: it did not present the admission token "
+                            "of the address the peer hands out")
+                   : Status(ErrorCode::invalid_argument, "peer refused a malformed message");
     } else if (op.status != UCS_OK) {
       result = ucx_error("remote operation", op.status);
     } else if (op.aborted) {

@@ -111,6 +111,9 @@ UcxTransport::~UcxTransport() {
     m_progress.join();
   }
   if (m_wake_fd >= 0) ::close(m_wake_fd);
+  if (m_listener != nullptr) ucp_listener_destroy(m_listener);
+  for (ucp_conn_request_h request : m_conn_requests) (void)ucp_listener_reject(m_listener, request);
+  for (auto& [ep, accepted] : m_accepted) m_closing.push_back(ep);
   for (auto& [origin, ep] : m_origin_eps) m_closing.push_back(ep);
   for (ucp_ep_h ep : m_closing) close_endpoint(ep, true);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -169,7 +172,8 @@ Status UcxTransport::init(const UcxOptions& options) {
   size_t length = 0;
   st = ucp_worker_get_address(m_worker, &address, &length);
   if (st != UCS_OK) return ucx_error("ucp_worker_get_address", st);
-  m_address.assign(reinterpret_cast<const char*>(address), length);
+  m_worker_address.assign(reinterpret_cast<const char*>(address), length);
+  m_address = m_worker_address;
   ucp_worker_release_address(m_worker, address);
   ucp_worker_attr_t worker_attr{};
   worker_attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
@@ -204,10 +208,9 @@ Status UcxTransport::init(const UcxOptions& options) {
     st = ucp_worker_set_am_recv_handler(m_worker, &hp);
     if (st != UCS_OK) return ucx_error("ucp_worker_set_am_recv_handler", st);
   }
-  if (options.progress_thread) {
-    m_wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    m_progress = std::thread([this] { progress_loop(m_efd); });
-  }
+  m_wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (!options.listen_ip.empty()) TIERMEM_RETURN_IF_ERROR(listen(options.listen_ip));
+  if (options.progress_thread) m_progress = std::thread([this] { progress_loop(m_efd); });
   return Status();
 }
 
@@ -251,6 +254,7 @@ Result<std::unique_ptr<RegisteredRegion>> UcxTransport::register_region(void* ba
 }
 
 Result<std::shared_ptr<Endpoint>> UcxTransport::connect(std::string_view address) {
+  if (is_listener_address(address)) return connect_listener(address);
   auto ep = std::make_shared<UcxEndpoint>(*this);
   ucp_ep_params_t p{};
   p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -312,7 +316,7 @@ Result<std::shared_ptr<RemoteKey>> UcxTransport::unpack(const std::shared_ptr<En
   // fences do not order (a read validated by version words could be torn),
   // which can assert on a closing endpoint, and whose process_vm_readv fails
   // when a buffer went away.
-  out->m_messages = ep.m_messages || ep.m_shared;
+  out->m_messages = ep.m_listener ? !ep.m_rdma : ep.m_messages || ep.m_shared;
   return std::shared_ptr<RemoteKey>(std::move(out));
 }
 
@@ -363,7 +367,9 @@ Status UcxTransport::hello(UcxEndpoint& ep) {
   UcxBatch b;
   auto op = std::make_unique<MessageOp>();
   op->header.kind = MessageKind::hello;
-  op->payload.push_back({const_cast<char*>(m_address.data()), m_address.size()});
+  // Where to answer it over shared memory; through a listener the reply
+  // endpoint, and the header's admission token is what counts.
+  if (!ep.m_listener) op->payload.push_back({const_cast<char*>(m_worker_address.data()), m_worker_address.size()});
   Status error;
   Status s = issue(b, ep, std::move(op));
   // At most 10 s, or the caller's deadline (QoS).
@@ -461,13 +467,21 @@ void UcxTransport::progress_loop(int efd) {
     // Poll on while requests have been coming sooner than the poll lasts
     // (SpinPolicy); a daemon nobody asks sleeps at once.
     if (clock::now() - last_news < budget) continue;
+    accept_pending();
+    const bool waiting_for_hellos = expire_unadmitted();
     close_replaced_answer_eps();
     if (ucp_worker_arm(m_worker) == UCS_ERR_BUSY) continue;
     // No timeout: a request (its bytes on a socket, or UCX's own events:
-    // keepalive timer, wire-up) makes the event fd readable, and stopping
-    // writes m_wake_fd. Idle, this thread costs nothing.
+    // keepalive timer, wire-up) makes the event fd readable, and stopping or
+    // a connection request writes m_wake_fd. Idle, this thread costs nothing
+    // (but while accepted connections have yet to say hello: then it looks
+    // every 100 ms to close those past their window).
     pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
-    (void)::poll(fds, 2, -1);
+    (void)::poll(fds, 2, waiting_for_hellos ? 100 : -1);
+    if ((fds[1].revents & POLLIN) != 0) {
+      uint64_t n = 0;
+      (void)::read(m_wake_fd, &n, sizeof n);
+    }
     const auto now = clock::now();
     m_idle_spin.record(now - last_news, budget, true);
     idle = false;

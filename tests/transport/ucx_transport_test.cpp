@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "common/frame.hpp"
@@ -22,9 +23,14 @@ using namespace std::chrono_literals;
 
 constexpr size_t k_region = 8 << 20;
 
+// "listener": over TCP, connected through the target's listener with its
+// admission token (as daemons and clients are), not by worker address.
+std::string tls_of(const std::string& param) { return param == "listener" ? "tcp" : param; }
+
 // Runs in the child: serves a region until the parent closes the socket.
-[[noreturn]] void serve(int sock, const std::string& tls) {
-  auto t = make_ucx_transport({.tls = tls, .progress_thread = true});
+[[noreturn]] void serve(int sock, const std::string& param) {
+  auto t = make_ucx_transport(
+      {.tls = tls_of(param), .progress_thread = true, .listen_ip = param == "listener" ? "127.0.0.1" : ""});
   if (!t.ok()) ::_exit(2);
   auto memory = SharedMemory::create("transport-test", k_region);
   auto* words = reinterpret_cast<uint64_t*>(memory->data());
@@ -64,7 +70,7 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
     m_address = msg.substr(4, alen);
     std::memcpy(&m_base, msg.data() + 4 + alen, 8);
     m_key = msg.substr(4 + alen + 8);
-    auto t = make_ucx_transport({.tls = GetParam()});
+    auto t = make_ucx_transport({.tls = tls_of(GetParam())});
     ASSERT_TRUE(t.ok()) << t.status().to_string();
     m_transport = std::move(t).value();
     auto ep = m_transport->connect(m_address);
@@ -247,7 +253,31 @@ TEST_P(UcxTransportTest, AMessageWithOneBadOperationIsRefusedWhole) {
   EXPECT_EQ(word, 2048u) << "the put of the refused message did not run";
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
+TEST_P(UcxTransportTest, AListenerRefusesAConnectionWithoutItsTokenAndServesOthers) {
+  if (GetParam() != "listener") GTEST_SKIP() << "listeners only";
+  ASSERT_TRUE(is_listener_address(m_address)) << m_address;
+  // The same ip and port, another token: a peer that knows where the
+  // listener is but was never handed its address.
+  std::string guessed = m_address;
+  guessed.replace(guessed.size() - 16, 16, guessed.substr(guessed.size() - 16, 15) == "000000000000000"
+                                               ? "0000000000000002" : "0000000000000001");
+  auto bad = m_transport->connect(guessed);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::permission_denied) << bad.status().to_string();
+  // A malformed one is said to be malformed.
+  auto malformed = m_transport->connect("tmucx-listener 127.0.0.1 notaport");
+  EXPECT_EQ(malformed.status().code(), ErrorCode::invalid_argument) << malformed.status().to_string();
+  // The admitted connection goes on working, past the admission window of
+  // the refused one (which is closed then).
+  std::this_thread::sleep_for(2500ms);
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 8, m_base + 3 * 8, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(word, 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm", "listener"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
