@@ -305,7 +305,13 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refres
   TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
   for (const proto::NodeInfo& n : response.nodes().nodes()) {
     if (n.node_id() != node) continue;
-    if (n.state() != proto::NodeInfo::CONNECTED || n.transport_address().empty()) {
+    if (n.state() == proto::NodeInfo::CONNECTED && n.transport_address().empty()) {
+      // Connected, but no data plane of this tenant there (none yet: its
+      // first domain there is newer than the daemon's view; or none at all).
+      return Status(ErrorCode::not_supported,
+                    "node " + std::to_string(node) + " offers this client's tenant no data plane (yet): through the daemon");
+    }
+    if (n.state() != proto::NodeInfo::CONNECTED) {
       return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is " +
                                                     std::string(node_state_name(static_cast<NodeState>(n.state()))) +
                                                     (n.last_error().empty() ? "" : ": " + n.last_error()));

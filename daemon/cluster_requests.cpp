@@ -174,13 +174,23 @@ void RequestHandler::nodes(const Identity& who, proto::NodesResponse* out) {
     all = m_peers->nodes();
   }
   for (proto::NodeInfo& n : all) {
-    // Keys are capabilities: a client gets those of its tenant's domains.
+    // Keys are capabilities: a client gets those of its tenant's domains,
+    // in its tenant's own plane, and that plane's address only (see
+    // DataPlane). A node without tenant planes offers clients none.
     if (!who.is_operator) {
       auto* regions = n.mutable_regions();
       for (int i = regions->size() - 1; i >= 0; --i) {
         if (!is_domain_region(regions->Get(i), who.tenant)) regions->DeleteSubrange(i, 1);
       }
+      for (proto::RegionKey& k : *regions) k.set_packed_key(k.tenant_packed_key());
+      std::string plane;
+      for (const proto::TenantPlane& p : n.tenant_planes()) {
+        if (p.tenant() == who.tenant) plane = p.transport_address();
+      }
+      n.set_transport_address(plane);
+      n.clear_tenant_planes();
     }
+    for (proto::RegionKey& k : *n.mutable_regions()) k.clear_tenant_packed_key();
     *out->add_nodes() = std::move(n);
   }
   for (proto::ClientEdge& c : m_check_ins.edges()) {

@@ -9,16 +9,49 @@
 
 namespace tiermem {
 
-Result<std::unique_ptr<DataPlane>> DataPlane::start(const DaemonConfig& config) {
-  auto transport = make_ucx_transport(
-      {.tls = config.transport_tls,
-       .devices = config.transport_devices,
-       .progress_thread = true,
-       .keepalive_interval_ms = static_cast<uint32_t>(config.transport_keepalive_interval_ms)});
-  if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
+Result<std::unique_ptr<DataPlane>> DataPlane::start(const DaemonConfig& config, const std::string& listen_ip) {
   auto dp = std::unique_ptr<DataPlane>(new DataPlane);
+  dp->m_options = {.tls = config.transport_tls,
+                   .devices = config.transport_devices,
+                   .progress_thread = true,
+                   .keepalive_interval_ms = static_cast<uint32_t>(config.transport_keepalive_interval_ms),
+                   .listen_ip = listen_ip};
+  auto transport = make_ucx_transport(dp->m_options);
+  if (!transport.ok() && !listen_ip.empty()) {
+    // UCX cannot listen here: its connection manager needs a socket
+    // transport (tcp, rdmacm), and shared memory alone has none.
+    spdlog::warn("data plane: no listener ({}); peers connect by this node's UCX worker address, and clients of "
+                 "other nodes reach its memory through this daemon",
+                 transport.status().message());
+    dp->m_options.listen_ip.clear();
+    transport = make_ucx_transport(dp->m_options);
+  } else {
+    dp->m_planes_enabled = !listen_ip.empty();
+  }
+  if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
   dp->m_transport = std::move(transport).value();
   return dp;
+}
+
+Result<Transport*> DataPlane::plane(const std::string& tenant) {
+  if (auto it = m_planes.find(tenant); it != m_planes.end()) return it->second.get();
+  auto t = make_ucx_transport(m_options);
+  if (!t.ok()) return t.status().with_context("starting tenant " + tenant + "'s data plane (UCX)");
+  proto::TenantPlane* p = m_self.add_tenant_planes();
+  p->set_tenant(tenant);
+  p->set_transport_address((*t)->address());
+  spdlog::info("data plane of tenant {}: its own UCX context, listening", tenant);
+  return (m_planes[tenant] = std::move(t).value()).get();
+}
+
+Status DataPlane::add_to_plane(proto::RegionKey& key, const std::string& tenant) {
+  if (!m_planes_enabled || tenant.empty() || !key.tenant_packed_key().empty()) return Status();
+  TIERMEM_ASSIGN_OR_RETURN(Transport * t, plane(tenant));
+  TIERMEM_ASSIGN_OR_RETURN(auto region,
+                           t->register_region(reinterpret_cast<void*>(key.base()), key.length(), MemoryKind::host));
+  key.set_tenant_packed_key(region->packed_key());
+  m_regions.push_back(std::move(region));
+  return Status();
 }
 
 DataPlane::~DataPlane() {
@@ -40,6 +73,7 @@ Status DataPlane::add(const void* base, size_t length, MemoryKind kind, bool ver
   k->set_tenant(tenant);
   k->set_memory_generation(memory_generation);
   m_regions.push_back(std::move(region));
+  if (kind == MemoryKind::host) return add_to_plane(*k, tenant);
   return Status();
 }
 
@@ -89,7 +123,12 @@ Status DataPlane::register_domain(AddressSpace& space, uint32_t domain) {
     added = true;
   }
   for (proto::RegionKey& k : *m_self.mutable_regions()) {
-    if (k.kind() == proto::Region::VERSIONS && k.domain() == domain) k.set_tenant(tenant);
+    if (k.kind() != proto::Region::VERSIONS || k.domain() != domain) continue;
+    k.set_tenant(tenant);
+    if (k.tenant_packed_key().empty() && m_planes_enabled) {
+      TIERMEM_RETURN_IF_ERROR(add_to_plane(k, tenant));
+      added = true;
+    }
   }
   if (added) m_self.set_regions_version(m_self.regions_version() + 1);
   return Status();

@@ -1,11 +1,25 @@
-// A daemon's data plane: its transport, the registration of its memory with
-// it (the version words of every domain at start, the frames of a domain
+// A daemon's data plane: its transports, the registration of its memory with
+// them (the version words of every domain at start, the frames of a domain
 // when a tenant is given it), and the description of this node that peers
 // and clients reach it by (NodeInfo: incarnation, transport address, one key
 // per registered region, each marked with its domain, tenant and the
 // domain's memory generation).
+//
+// Two kinds of transport (isolation, issue 29):
+//   - the node's own, which its peers (authenticated daemons) connect to: every
+//     region is registered there;
+//   - one per tenant with memory here (a "tenant plane"), made when a domain
+//     is given to the tenant: its own UCX context (on RDMA its own protection
+//     domain, so the NIC refuses another tenant's keys), its own listener and
+//     admission token, and only that tenant's regions (version words and
+//     frames of its domains). A client gets its tenant's plane and keys only.
+// Both listen (UcxOptions::listen_ip, the node's control IP) when the node is
+// in a cluster; where UCX cannot listen (shared memory only) the node's own
+// transport falls back to its worker address and there are no tenant planes:
+// clients of other nodes then go through the daemon.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -25,7 +39,9 @@ namespace tiermem {
 class DataPlane {
  public:
   // Errors: transport_error (UCX could not start).
-  static Result<std::unique_ptr<DataPlane>> start(const DaemonConfig& config);
+  // `listen_ip`: where the transports listen (this node's control IP);
+  // empty: nowhere (a daemon alone).
+  static Result<std::unique_ptr<DataPlane>> start(const DaemonConfig& config, const std::string& listen_ip);
   ~DataPlane();
 
   Transport* transport() const { return m_transport.get(); }
@@ -40,13 +56,22 @@ class DataPlane {
 
   // This node's description now (thread-safe copy).
   proto::NodeInfo self() const;
+  // Whether tenants get planes of their own (the node's transport listens).
+  bool tenant_planes() const { return m_planes_enabled; }
 
  private:
   DataPlane() = default;
   Status add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier, uint32_t domain,
              uint64_t first, bool persistent, const std::string& tenant, uint64_t memory_generation);
+  // Registers the region of `key` in `tenant`'s plane (made on first use)
+  // and sets its tenant_packed_key. Caller holds m_mutex.
+  Status add_to_plane(proto::RegionKey& key, const std::string& tenant);
+  Result<Transport*> plane(const std::string& tenant);
 
+  UcxOptions m_options;
+  bool m_planes_enabled = false;
   std::unique_ptr<Transport> m_transport;
+  std::map<std::string, std::unique_ptr<Transport>> m_planes;  // by tenant
   mutable std::mutex m_mutex;
   proto::NodeInfo m_self;
   std::set<std::pair<int, uint32_t>> m_registered_domains;  // (tier, domain)

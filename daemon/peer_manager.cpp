@@ -518,6 +518,7 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
     if (p->state != NodeState::connected) {
       info.clear_regions();
       info.clear_transport_address();
+      info.clear_tenant_planes();
     }
     out.push_back(std::move(info));
   }

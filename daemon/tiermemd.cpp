@@ -7,6 +7,7 @@
 // stop using it); tiers, address space and data plane; tenants and the
 // cluster secret; peers; the control server. Then serve until SIGTERM.
 #include <utility>  // before Asio (Boost 1.74 with C++20)
+#include <netdb.h>
 
 #include <signal.h>
 #include <systemd/sd-daemon.h>
@@ -41,6 +42,24 @@
 #include "tiermem_config.h"
 
 namespace {
+
+// The IP address of this node's control address (host:port in the cluster
+// file), where its data plane listens too; empty without a cluster or when
+// the name does not resolve (then the data plane does not listen).
+std::string listen_ip_of(const std::string& control) {
+  const size_t colon = control.rfind(':');
+  if (control.empty() || colon == std::string::npos || colon == 0) return "";
+  std::string host = control.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return "";
+  char ip[NI_MAXHOST] = {};
+  const int rc = ::getnameinfo(found->ai_addr, found->ai_addrlen, ip, sizeof ip, nullptr, 0, NI_NUMERICHOST);
+  ::freeaddrinfo(found);
+  return rc == 0 ? ip : "";
+}
 
 using namespace tiermem;
 namespace asio = boost::asio;
@@ -252,7 +271,7 @@ int start(const DaemonConfig& config, Node* node) {
   const ConfigCheck checked = check_config_here(config, peers_of(node->members));
   for (const Status& problem : checked.problems) spdlog::critical("cannot start: {}", problem.to_string());
   if (!checked.problems.empty()) return 2;
-  auto dp = DataPlane::start(config);
+  auto dp = DataPlane::start(config, listen_ip_of(node->control));
   Status s = explain_transport_failure(config, dp.status());
   if (s.ok()) node->data_plane = std::move(dp).value();
   if (s.ok()) s = open_memory(config, node);

@@ -193,8 +193,13 @@ Status UcxTransport::init(const UcxOptions& options) {
   // 1.13 with an endpoint whose first multi-fragment message never arrives:
   // do not ask.
   const char* env_tls = std::getenv("UCX_TLS");
-  if (shared_memory_only(!options.tls.empty() ? options.tls : env_tls != nullptr ? env_tls : "")) {
-    m_peer_errors.store(false);
+  const bool shm_only = shared_memory_only(!options.tls.empty() ? options.tls : env_tls != nullptr ? env_tls : "");
+  if (shm_only) m_peer_errors.store(false);
+  if (shm_only && !options.listen_ip.empty()) {
+    // UCX 1.13 makes the listener, but a connection through it finds no
+    // lane ("Destination is unreachable"): say so now.
+    return Status(ErrorCode::not_supported,
+                  "UCX's transports here are shared memory only, which a listener's connections cannot use");
   }
   m_origin = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}() ^
              static_cast<uint64_t>(::getpid());

@@ -488,5 +488,45 @@ TEST_F(TenantTest, ATenantTouchesOnlyItsOwnMemoryAcrossDaemons) {
   EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
 }
 
+// Each tenant reaches another node's memory through a data plane of its own
+// there (its own UCX context and listener, only its regions registered):
+// bob, holding alice's keys and knowing where her listener is, reaches
+// nothing of hers, neither with her keys through his plane nor through her
+// listener with a guessed token or his own.
+TEST_F(TenantTest, EachTenantHasItsOwnDataPlaneAtANode) {
+  ::setenv("UCX_TLS", "tcp", 1);
+  ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);  // nodes as hosts: clients go through the data plane
+  test::TestCluster cluster(2, {.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"});
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  open_to_users(cluster.node(1));
+  open_to_users(cluster.node(2));
+  std::filesystem::permissions(cluster.dir(), std::filesystem::perms(0755));
+  const std::string sock1 = cluster.node(1).socket();
+  const Outcome hers = as(&*s_alice, sock1, {"alloc", "1048576", "dram", "alice-plane", "2"});
+  const Outcome his = as(&*s_bob, sock1, {"alloc", "1048576", "dram", "bob-plane", "2"});
+  ASSERT_TRUE(hers.ok && his.ok) << hers.text << " / " << his.text;
+  EXPECT_TRUE(as(&*s_alice, sock1, {"--direct", "write", hers.text, "alice"}).ok);
+  // What alice's daemon tells her of node 2: her plane, her keys.
+  const std::string drop = cluster.dir() + "/views";
+  std::filesystem::create_directory(drop);
+  std::filesystem::permissions(drop, std::filesystem::perms(0777));
+  const std::string file = drop + "/alice-view";
+  const Outcome view = as(&*s_alice, sock1, {"keys", "2", file}, std::nullopt, "plane_probe");
+  ASSERT_TRUE(view.ok) << view.text;
+  EXPECT_NE(view.text.find("plane"), std::string::npos) << view.text;
+  const Outcome attack = as(&*s_bob, sock1, {"attack", "2", file}, std::nullopt, "plane_probe");
+  ASSERT_TRUE(attack.ok) << attack.text;
+  EXPECT_NE(attack.text.find("reached=0 "), std::string::npos) << attack.text;
+  EXPECT_NE(attack.text.find("distinct=1"), std::string::npos) << attack.text;
+  EXPECT_EQ(attack.text.find("refused=0 "), std::string::npos) << attack.text;
+  // Her bytes are hers, and still reached through her plane; node 2 serves.
+  const Outcome back = as(&*s_alice, sock1, {"--direct", "read", hers.text, "5"});
+  EXPECT_TRUE(back.ok && back.text == "alice") << back.text;
+  EXPECT_TRUE(as(&*s_bob, sock1, {"--direct", "write", his.text, "bob"}).ok);
+  EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
+  ::unsetenv("UCX_TLS");
+  ::unsetenv("TIERMEM_MAP_SAME_HOST");
+}
+
 }  // namespace
 }  // namespace tiermem

@@ -65,6 +65,10 @@ class TenantTest : public ::testing::Test {
       std::filesystem::copy_file(probe, s_probe_dir + "/tenant_probe");
       std::filesystem::permissions(s_probe_dir + "/tenant_probe", std::filesystem::perms(0755));
     }
+    if (const char* plane = std::getenv("TIERMEM_PLANE_PROBE"); plane != nullptr) {
+      std::filesystem::copy_file(plane, s_probe_dir + "/plane_probe");
+      std::filesystem::permissions(s_probe_dir + "/plane_probe", std::filesystem::perms(0755));
+    }
   }
   static void TearDownTestSuite() {
     std::error_code ec;
@@ -88,14 +92,15 @@ class TenantTest : public ::testing::Test {
 
   // One call as `user` (nullptr: as root, an operator).
   // `group`: a supplementary group it has (else none).
+  // `program`: the probe (tenant_probe, or plane_probe).
   Outcome as(const User* user, const std::string& socket, std::vector<std::string> args,
-             std::optional<gid_t> group = std::nullopt) {
+             std::optional<gid_t> group = std::nullopt, const std::string& program = "tenant_probe") {
     std::vector<std::string> argv;
     if (user != nullptr) {
       argv = {"setpriv", "--reuid=" + std::to_string(user->uid), "--regid=" + std::to_string(user->gid),
               group ? "--groups=" + std::to_string(*group) : "--clear-groups"};
     }
-    argv.push_back(s_probe_dir + "/tenant_probe");
+    argv.push_back(s_probe_dir + "/" + program);
     argv.push_back(socket);
     argv.insert(argv.end(), args.begin(), args.end());
     auto r = run_command(argv);
