@@ -346,22 +346,28 @@ std::string UcxTransport::describe(ucp_ep_h ep) {
   ucp_ep_print_info(ep, stream);
   std::fclose(stream);
   // Lines like "#                 lane[0]:  3:tcp/lo.0 md[1] ... rma_bw#0" name the
-  // transport/device of each lane; collect the distinct ones.
+  // transport/device of each lane; collect the distinct ones. A connection
+  // manager's lane ("lane[0]: cm rdmacm", through a listener) moves no data.
   std::set<std::string> found;
   const std::string all(text, size);
   std::free(text);
-  size_t at = 0;
-  while ((at = all.find("lane[", at)) != std::string::npos) {
-    const size_t colon = all.find(':', all.find(']', at));
-    const size_t start = all.find(':', colon + 1);
-    const size_t end = all.find_first_of(" \n", start + 1);
-    if (start != std::string::npos && end != std::string::npos) {
-      std::string tl = all.substr(start + 1, end - start - 1);
-      const size_t dot = tl.rfind('.');
-      if (dot != std::string::npos) tl.resize(dot);
-      found.insert(tl);
-    }
-    at = end == std::string::npos ? all.size() : end;
+  size_t line = 0;
+  while (line < all.size()) {
+    const size_t eol = std::min(all.find('\n', line), all.size());
+    const std::string l = all.substr(line, eol - line);
+    line = eol + 1;
+    const size_t lane = l.find("lane[");
+    const size_t colon = lane == std::string::npos ? std::string::npos : l.find("]:", lane);
+    if (colon == std::string::npos) continue;
+    size_t at = l.find_first_not_of(' ', colon + 2);
+    if (at == std::string::npos || l.compare(at, 3, "cm ") == 0) continue;
+    const size_t index_end = l.find(':', at);  // " 3:tcp/lo.0"
+    if (index_end == std::string::npos) continue;
+    const size_t end = l.find_first_of(" \t", index_end + 1);
+    std::string tl = l.substr(index_end + 1, end == std::string::npos ? std::string::npos : end - index_end - 1);
+    const size_t dot = tl.rfind('.');
+    if (dot != std::string::npos) tl.resize(dot);
+    if (!tl.empty()) found.insert(tl);
   }
   std::string out;
   for (const auto& t : found) out += (out.empty() ? "" : " ") + t;
