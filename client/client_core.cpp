@@ -295,17 +295,31 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool reconn
   if (!m_transport) {
     return Status(ErrorCode::not_supported, "no data plane here: " + m_transport_status.message());
   }
-  TIERMEM_ASSIGN_OR_RETURN(const proto::NodeInfo n, node_info(node, reconnect));
+  const auto no_plane = [&] {
+    // Up, but no data plane for this tenant there: not a failure, a route.
+    return Status(ErrorCode::not_supported, "node " + std::to_string(node) +
+                                                " offers this client's tenant no data plane (its daemon gave no "
+                                                "transport address): its memory goes through the daemon");
+  };
+  const auto now = std::chrono::steady_clock::now();
+  if (auto it = m_no_plane.find(node); it != m_no_plane.end() && !reconnect) {
+    if (now - it->second < k_forced_refresh) return no_plane();  // asked a moment ago
+    m_no_plane.erase(it);
+  }
+  TIERMEM_ASSIGN_OR_RETURN(proto::NodeInfo n, node_info(node, reconnect));
+  if (n.state() == proto::NodeInfo::CONNECTED && n.transport_address().empty() && !reconnect && may_ask(node)) {
+    // The daemon's description may lag the node's (a data plane made for
+    // this tenant when it got a domain there): ask the node.
+    TIERMEM_ASSIGN_OR_RETURN(n, node_info(node, true));
+  }
   if (n.state() != proto::NodeInfo::CONNECTED) {
     return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is " +
                                                   std::string(node_state_name(static_cast<NodeState>(n.state()))) +
                                                   (n.last_error().empty() ? "" : ": " + n.last_error()));
   }
   if (n.transport_address().empty()) {
-    // Up, but no data plane for this tenant there: not a failure, a route.
-    return Status(ErrorCode::not_supported, "node " + std::to_string(node) +
-                                                " offers this client's tenant no data plane (its daemon gave no "
-                                                "transport address): its memory goes through the daemon");
+    m_no_plane[node] = now;  // not asked again for a while: its memory goes through the daemon
+    return no_plane();
   }
   if (static_cast<NodeHealth>(n.health()) == NodeHealth::unreachable) {
     // Connected as far as TCP knows, but not answering (a partition).
@@ -351,6 +365,14 @@ Result<proto::NodeInfo> ClientCore::node_info(NodeId node, bool ask_node) {
   return Status(ErrorCode::bad_gva, "node " + std::to_string(node) + " is not in the cluster");
 }
 
+bool ClientCore::may_ask(NodeId node) {
+  auto& last = m_forced_refresh[node];
+  const auto now = std::chrono::steady_clock::now();
+  if (last != std::chrono::steady_clock::time_point{} && now - last < k_forced_refresh) return false;
+  last = now;
+  return true;
+}
+
 Status ClientCore::refresh_keys(NodeId node) {
   std::lock_guard lock(m_remote_mutex);
   auto it = m_remote.find(node);
@@ -363,12 +385,7 @@ Status ClientCore::refresh_keys(NodeId node) {
   // the node itself only when that is no newer, and not too often.
   TIERMEM_ASSIGN_OR_RETURN(proto::NodeInfo n, node_info(node, false));
   if (!newer(n)) {
-    auto& last = m_forced_refresh[node];
-    const auto now = std::chrono::steady_clock::now();
-    if (last != std::chrono::steady_clock::time_point{} && now - last < k_forced_refresh) {
-      return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " gave no newer keys");
-    }
-    last = now;
+    if (!may_ask(node)) return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " gave no newer keys");
     TIERMEM_ASSIGN_OR_RETURN(n, node_info(node, true));
     if (!newer(n)) return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " has no newer keys");
   }
@@ -648,8 +665,13 @@ Result<Path> ClientCore::path_to(NodeId node, std::optional<Tier> tier, uint64_t
   }
   auto r = remote(node);
   if (!r.ok()) {
-    if (r.status().code() == ErrorCode::not_supported) return Path::daemon;
-    return r.status();
+    if (r.status().code() != ErrorCode::not_supported) return r.status();
+    // A node that offers this tenant no data plane may offer one later (the
+    // route is decided again then); a client with none of its own never.
+    if (m_transport_status.ok() && std::find(stale->begin(), stale->end(), node) == stale->end()) {
+      stale->push_back(node);
+    }
+    return Path::daemon;
   }
   const RemoteNode& n = *(*r)->node;
   switch (tier ? n.reach_frames(*m_transport, *tier, first, length) : n.reach_words(*m_transport, first, length)) {

@@ -188,6 +188,9 @@ class ClientCore {
   // since), added on the same endpoint; translations are kept. ok: keys were
   // added (routes are decided again); not_supported: the node has none newer.
   Status refresh_keys(NodeId node);
+  // Whether `node` may be asked for its description through the daemon now
+  // (at most once per k_forced_refresh); true notes that it is.
+  bool may_ask(NodeId node);
   // `a` with its routes decided (`a` itself while they are current), put in
   // the cache in its place. `again`: decide even if current (a copy was
   // refused on the route decided).
@@ -275,6 +278,8 @@ class ClientCore {
   // When a node was last asked for newer keys through the daemon
   // (refresh_keys), by node: at most once per k_forced_refresh.
   std::map<NodeId, std::chrono::steady_clock::time_point> m_forced_refresh;
+  // Nodes found to offer this tenant no data plane, and when.
+  std::map<NodeId, std::chrono::steady_clock::time_point> m_no_plane;
   // Goes up whenever keys are added to a node held: routes decided before
   // are decided again.
   std::atomic<uint64_t> m_routes_epoch{0};
