@@ -684,8 +684,7 @@ Result<Path> ClientCore::path_to(NodeId node, std::optional<Tier> tier, uint64_t
   return Path::daemon;
 }
 
-Result<std::shared_ptr<const CachedAllocation>> ClientCore::routed(std::shared_ptr<const CachedAllocation> a,
-                                                                   bool again) {
+std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const CachedAllocation> a, bool again) {
   uint64_t epoch = m_routes_epoch.load(std::memory_order_acquire);
   if (!again && a->routes && a->routes->epoch == epoch &&
       (!a->routes->provisional || std::chrono::steady_clock::now() - a->routes->decided < k_forced_refresh)) {
@@ -697,14 +696,20 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::routed(std::shared_p
     epoch = m_routes_epoch.load(std::memory_order_acquire);
     std::vector<NodeId> stale;
     routes->epoch = epoch;
-    TIERMEM_ASSIGN_OR_RETURN(routes->words,
-                             path_to(a->base.node, std::nullopt, a->first_page, a->page_versions.size(), &stale));
+    routes->failure = Status();
+    // A node that cannot be reached fails the operations that touch it
+    // only (they find out again after dropping it: see copy()).
+    const auto or_failed = [&](Result<Path> p) {
+      if (p.ok()) return *p;
+      if (routes->failure.ok()) routes->failure = p.status();
+      return Path::failed;
+    };
+    routes->words = or_failed(path_to(a->base.node, std::nullopt, a->first_page, a->page_versions.size(), &stale));
     routes->extents.clear();
     for (const Extent& x : a->extents) {
-      TIERMEM_ASSIGN_OR_RETURN(const Path p, path_to(x.node, x.tier, x.frame_offset, x.length, &stale));
-      routes->extents.push_back(p);
+      routes->extents.push_back(or_failed(path_to(x.node, x.tier, x.frame_offset, x.length, &stale)));
     }
-    routes->provisional = !stale.empty();
+    routes->provisional = !stale.empty() || !routes->failure.ok();
     routes->decided = std::chrono::steady_clock::now();
     if (stale.empty() || refreshed) break;
     // No key for a piece: a domain of this tenant newer than the keys held,
@@ -747,6 +752,7 @@ void ClientCore::count(Path path) {
     case Path::one_sided: m_direct_remote.fetch_add(1, std::memory_order_relaxed); break;
     case Path::message: m_message.fetch_add(1, std::memory_order_relaxed); break;
     case Path::daemon: m_through_daemon.fetch_add(1, std::memory_order_relaxed); break;
+    case Path::failed: break;  // never counted: such an operation does not succeed
   }
 }
 
@@ -790,15 +796,10 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
     // The route, decided once per translation: the daemon at once where
     // nothing else reaches a piece of the range.
     Path path = Path::local;
-    std::shared_ptr<const CachedAllocation> routed_alloc;
     if (s.ok()) {
       auto r = routed(*a, std::exchange(route_again, false));
-      if (r.ok()) {
-        routed_alloc = std::move(r).value();
-        path = path_of(*routed_alloc, offset, length);
-      } else {
-        s = r.status();
-      }
+      path = path_of(*r, offset, length);
+      if (path == Path::failed) s = r->routes->failure;
     }
     if (s.ok() && path == Path::daemon) return copy_rpc(gva, buf, length, to_memory);
     ClientAccess access(*this);
@@ -914,11 +915,8 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
     Path path = Path::local;
     if (s.ok()) {
       auto r = routed(a, false);
-      if (r.ok()) {
-        path = std::max((*r)->routes->words, (*r)->routes->extents[static_cast<size_t>(x - alloc.extents.data())]);
-      } else {
-        s = r.status();
-      }
+      path = std::max(r->routes->words, r->routes->extents[static_cast<size_t>(x - alloc.extents.data())]);
+      if (path == Path::failed) s = r->routes->failure;
     }
     if (s.ok() && path == Path::daemon) return atomic_rpc(gva, op, operand, compare);
     ClientAccess access(*this);

@@ -48,6 +48,7 @@ enum class Path : uint8_t {
   one_sided,  // another node's memory through RDMA keys
   message,    // another node's memory through the data plane's checked message path
   daemon,     // no route but the daemon (VRAM of another node, no data plane to the node)
+  failed,     // the node could not be reached when the route was decided (Routes::failure)
 };
 
 // The paths to every piece of one translation, decided once for it
@@ -60,6 +61,7 @@ struct Routes {
   std::chrono::steady_clock::time_point decided;
   Path words = Path::local;
   std::vector<Path> extents;  // one per extent of the translation
+  Status failure;             // why the first piece that failed did
 };
 
 // A translation cached by the client: valid while every page's epoch in the
@@ -193,8 +195,9 @@ class ClientCore {
   bool may_ask(NodeId node);
   // `a` with its routes decided (`a` itself while they are current), put in
   // the cache in its place. `again`: decide even if current (a copy was
-  // refused on the route decided).
-  Result<std::shared_ptr<const CachedAllocation>> routed(std::shared_ptr<const CachedAllocation> a, bool again);
+  // refused on the route decided). A node that cannot be reached makes its
+  // pieces Path::failed (Routes::failure says why).
+  std::shared_ptr<const CachedAllocation> routed(std::shared_ptr<const CachedAllocation> a, bool again);
   // The path to `node`'s version words from `first` (`tier` none) or frames
   // of `tier` at [first, +length); a node whose keys may be stale is added
   // to `stale` (and the path is the daemon's until they are refreshed).
