@@ -10,6 +10,7 @@
 #include <cstring>
 #include <list>
 #include <optional>
+#include <utility>
 
 #include <tiermem/status_macros.h>
 
