@@ -36,6 +36,26 @@ const RemoteRegion* RemoteNode::frame_region(Tier tier, uint64_t offset, uint64_
 
 namespace {
 
+Reach reach_of(const Transport& transport, const RemoteRegion* r) {
+  if (r == nullptr || !r->key) return Reach::stale;
+  return transport.one_sided(*r->key) ? Reach::one_sided : Reach::message;
+}
+
+}  // namespace
+
+Reach RemoteNode::reach_words(const Transport& transport, uint64_t page, uint64_t count) const {
+  return reach_of(transport, version_region(page, count));
+}
+
+Reach RemoteNode::reach_frames(const Transport& transport, Tier tier, uint64_t offset, uint64_t length) const {
+  // VRAM is registered (where the transport can) as one region of no tenant:
+  // a client never holds its key, and asking the node again gives none.
+  if (tier == Tier::vram && tiers[static_cast<size_t>(Tier::vram)].empty()) return Reach::none;
+  return reach_of(transport, frame_region(tier, offset, length));
+}
+
+namespace {
+
 Status add_region(Transport& transport, RemoteNode* remote, const RegionAdvert& r) {
   RemoteRegion region{r.first, r.base, r.length, r.persistent, r.memory_generation, nullptr};
   if (!r.packed_key.empty()) {
@@ -64,6 +84,7 @@ Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, co
   remote->node = advert.node;
   remote->incarnation = advert.incarnation;
   remote->pages_per_domain = advert.pages_per_domain;
+  remote->regions_version = advert.regions_version;
   remote->endpoint = ep;
   for (const RegionAdvert& r : advert.regions) {
     if (Status s = add_region(transport, remote.get(), r); !s.ok()) return s.with_context("node " + std::to_string(advert.node));

@@ -49,8 +49,19 @@ struct NodeAdvert {
   uint64_t incarnation = 0;        // of the daemon: a restart makes a new one
   uint64_t pages_per_domain = 0;
   std::string transport_address;
+  uint64_t regions_version = 0;  // goes up when the node registers a domain's regions
   std::vector<RegionAdvert> regions;
 };
+
+// How a piece of another node's memory is reached with the keys held.
+enum class Reach : uint8_t {
+  one_sided,  // an RDMA key: the NIC checks and runs each operation
+  message,    // the checked message path (TCP): the home's progress thread runs it
+  stale,      // no key, but the node may have given this tenant one since (a newer domain)
+  none,       // never reachable with a key: through the daemon (VRAM: its region is
+              // registered for no tenant, so no client holds its key)
+};
+
 
 // Everything needed to reach one node: an endpoint and its unpacked keys.
 // Bound to one incarnation of the node's daemon (the endpoint is).
@@ -62,18 +73,25 @@ struct RemoteNode {
   std::map<uint32_t, RemoteRegion> versions;            // by domain
   std::array<std::map<uint32_t, RemoteRegion>, 4> tiers;  // [tier][domain]
   std::array<uint64_t, 4> domain_span{};                // frame offsets per domain, by tier
+  uint64_t regions_version = 0;  // of the description the keys came from
 
   // The region holding pages [page, page + count) or frames [offset,
   // offset + length), or nullptr.
   const RemoteRegion* version_region(uint64_t page, uint64_t count) const;
   const RemoteRegion* frame_region(Tier tier, uint64_t offset, uint64_t length) const;
+  // How version words [page, +count) and frames [offset, +length) of `tier`
+  // are reached through `transport` with the keys held (the route a client
+  // decides once per translation).
+  Reach reach_words(const Transport& transport, uint64_t page, uint64_t count) const;
+  Reach reach_frames(const Transport& transport, Tier tier, uint64_t offset, uint64_t length) const;
 };
 
 // Connects to a node's transport address and unpacks its region keys.
 // Errors: transport_error.
 Result<std::shared_ptr<RemoteNode>> connect_remote_node(Transport& transport, const NodeAdvert& advert);
 // A copy of `node`, on the same endpoint, with the keys of `regions` (a
-// domain given to a tenant since) unpacked and added.
+// domain given to a tenant since) unpacked and added. The copy's
+// regions_version is the caller's to set.
 Result<std::shared_ptr<RemoteNode>> with_regions(Transport& transport, const RemoteNode& node,
                                                  const std::vector<RegionAdvert>& regions);
 

@@ -224,6 +224,7 @@ Status Client::reconnect(const ClientCore* lost) {
       const AccessCounters c = m_core->counters();
       m_earlier.direct_local += c.direct_local;
       m_earlier.direct_remote += c.direct_remote;
+      m_earlier.message += c.message;
       m_earlier.through_daemon += c.through_daemon;
       std::shared_ptr<ClientCore> next = std::move(fresh).value();
       repin(*m_mapped, *next, mapped);
@@ -506,6 +507,7 @@ AccessCounters Client::access_counters() const {
   AccessCounters c = m_core->counters();
   c.direct_local += m_earlier.direct_local;
   c.direct_remote += m_earlier.direct_remote;
+  c.message += m_earlier.message;
   c.through_daemon += m_earlier.through_daemon;
   return c;
 }

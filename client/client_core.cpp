@@ -10,6 +10,7 @@
 #include <cstring>
 #include <list>
 #include <optional>
+#include <utility>
 
 #include <tiermem/status_macros.h>
 
@@ -30,6 +31,12 @@ constexpr auto k_retry_time = std::chrono::milliseconds(10000);
 // UNREACHABLE.
 constexpr auto k_reachability_check = std::chrono::milliseconds(100);
 constexpr const char* k_default_socket = "/run/tiermem/tiermemd.sock";
+// A node whose keys lack a piece of this tenant's memory while the local
+// daemon's description of it is no newer than the keys is asked through the
+// daemon at most this often (the daemon's description lags the node's by up
+// to a heartbeat, 1 s by default: asking more often finds nothing newer, and
+// each ask is a round trip between daemons).
+constexpr auto k_forced_refresh = std::chrono::milliseconds(1000);
 
 // Hands copy_through_layout the accessors of this client: its mappings of
 // local memory, and the data plane for other nodes. Keeps the remote states it
@@ -39,11 +46,6 @@ class ClientAccess final : public MemoryAccess {
   // `device_only`: the buffer is CUDA device memory, which only the copy
   // engines may touch: any frames but this node's VRAM are not_supported.
   explicit ClientAccess(ClientCore& core, bool device_only = false) : m_core(core), m_device_only(device_only) {}
-  // Whether the operation reached another node's memory (mapped from a
-  // daemon of this host, or through the data plane).
-  bool went_remote() const { return m_went_remote; }
-  // Whether it went through the data plane (whose keys may be stale).
-  bool used_fabric() const { return !m_held.empty(); }
   // Every lock taken through these words is recorded in a session's lock log
   // first, so a daemon can break it if this process dies holding it: the
   // session of the words' own daemon where this client maps them, else this
@@ -90,10 +92,7 @@ class ClientAccess final : public MemoryAccess {
  private:
   Result<std::shared_ptr<RemoteState>> remote(NodeId node) {
     auto r = m_core.remote(node);
-    if (r.ok()) {
-      m_held.push_back(*r);
-      m_went_remote = true;
-    }
+    if (r.ok()) m_held.push_back(*r);
     return r;
   }
   // The node's mapped memory, when its daemon runs on this host (kept alive
@@ -102,12 +101,10 @@ class ClientAccess final : public MemoryAccess {
     auto s = m_core.sibling(node);
     if (!s.ok()) return nullptr;
     m_siblings.push_back(*s);
-    m_went_remote = true;
     return s->get();
   }
   ClientCore& m_core;
   bool m_device_only;
-  bool m_went_remote = false;
   std::vector<std::shared_ptr<RemoteState>> m_held;
   std::vector<std::shared_ptr<SiblingNode>> m_siblings;
   // The words handed out (a copy asks once or twice: no allocation then).
@@ -280,10 +277,10 @@ Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<Un
 
 // --- other nodes ---------------------------------------------------------------------
 
-Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refresh) {
+Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool reconnect) {
   if (!m_direct) return Status(ErrorCode::not_supported, "direct access is off");
   std::lock_guard lock(m_remote_mutex);
-  if (auto it = m_remote.find(node); it != m_remote.end() && !refresh) return it->second;
+  if (auto it = m_remote.find(node); it != m_remote.end() && !reconnect) return it->second;
   if (!m_transport && m_transport_status.ok()) {
     auto t = make_ucx_transport({});
     if (t.ok()) {
@@ -299,47 +296,105 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool refres
   if (!m_transport) {
     return Status(ErrorCode::not_supported, "no data plane here: " + m_transport_status.message());
   }
+  const auto no_plane = [&] {
+    // Up, but no data plane for this tenant there: not a failure, a route.
+    return Status(ErrorCode::not_supported, "node " + std::to_string(node) +
+                                                " offers this client's tenant no data plane (its daemon gave no "
+                                                "transport address): its memory goes through the daemon");
+  };
+  const auto now = std::chrono::steady_clock::now();
+  if (auto it = m_no_plane.find(node); it != m_no_plane.end() && !reconnect) {
+    if (now - it->second < k_forced_refresh) return no_plane();  // asked a moment ago
+    m_no_plane.erase(it);
+  }
+  TIERMEM_ASSIGN_OR_RETURN(proto::NodeInfo n, node_info(node, reconnect));
+  if (n.state() == proto::NodeInfo::CONNECTED && n.transport_address().empty() && !reconnect && may_ask(node)) {
+    // The daemon's description may lag the node's (a data plane made for
+    // this tenant when it got a domain there): ask the node.
+    TIERMEM_ASSIGN_OR_RETURN(n, node_info(node, true));
+  }
+  if (n.state() != proto::NodeInfo::CONNECTED) {
+    return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is " +
+                                                  std::string(node_state_name(static_cast<NodeState>(n.state()))) +
+                                                  (n.last_error().empty() ? "" : ": " + n.last_error()));
+  }
+  if (n.transport_address().empty()) {
+    m_no_plane[node] = now;  // not asked again for a while: its memory goes through the daemon
+    return no_plane();
+  }
+  if (static_cast<NodeHealth>(n.health()) == NodeHealth::unreachable) {
+    // Connected as far as TCP knows, but not answering (a partition).
+    return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is UNREACHABLE (as node " +
+                                                  std::to_string(this->node()) + " sees it)");
+  }
+  TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, advert_of(n)));
+  {
+    std::lock_guard endpoints(m_endpoint_mutex);
+    m_endpoint_nodes[rn->endpoint.get()] = node;
+  }
+  // Translations from before a restart of the node are void (those of the
+  // incarnation it still runs stay: the first connection drops nothing).
+  auto [known, first] = m_incarnations.try_emplace(node, n.incarnation());
+  if (reconnect || (!first && known->second != n.incarnation())) forget_node(node);
+  known->second = n.incarnation();
+  auto state = remote_state(node, std::move(rn));
+  m_remote[node] = state;
+  return state;
+}
+
+std::shared_ptr<RemoteState> ClientCore::remote_state(NodeId node, std::shared_ptr<RemoteNode> rn) {
+  auto state = std::make_shared<RemoteState>();
+  state->node = std::move(rn);
+  state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, m_remote_timeout);
+  for (Tier t : k_tiers_fastest_first) {
+    if (state->node->tiers[static_cast<size_t>(t)].empty()) continue;
+    state->frames[static_cast<size_t>(t)] = std::make_unique<RemoteFrameData>(
+        *m_transport, state->node, t, m_remote_timeout,
+        [this, node](Tier tier, uint64_t off, uint64_t len) { return persist_remote(node, tier, off, len); });
+  }
+  return state;
+}
+
+Result<proto::NodeInfo> ClientCore::node_info(NodeId node, bool ask_node) {
   proto::Request request;
-  request.mutable_nodes()->set_refresh(refresh);
+  request.mutable_nodes()->set_refresh(ask_node);
   request.mutable_nodes()->set_node(node);
   TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
   for (const proto::NodeInfo& n : response.nodes().nodes()) {
-    if (n.node_id() != node) continue;
-    if (n.state() == proto::NodeInfo::CONNECTED && n.transport_address().empty()) {
-      // Connected, but no data plane of this tenant there (none yet: its
-      // first domain there is newer than the daemon's view; or none at all).
-      return Status(ErrorCode::not_supported,
-                    "node " + std::to_string(node) + " offers this client's tenant no data plane (yet): through the daemon");
-    }
-    if (n.state() != proto::NodeInfo::CONNECTED) {
-      return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is " +
-                                                    std::string(node_state_name(static_cast<NodeState>(n.state()))) +
-                                                    (n.last_error().empty() ? "" : ": " + n.last_error()));
-    }
-    if (static_cast<NodeHealth>(n.health()) == NodeHealth::unreachable) {
-      // Connected as far as TCP knows, but not answering (a partition).
-      return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is UNREACHABLE (as node " +
-                                                    std::to_string(this->node()) + " sees it)");
-    }
-    TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, advert_of(n)));
-    {
-      std::lock_guard endpoints(m_endpoint_mutex);
-      m_endpoint_nodes[rn->endpoint.get()] = node;
-    }
-    forget_node(node);  // translations from before a restart of the node are void
-    auto state = std::make_shared<RemoteState>();
-    state->node = rn;
-    state->words = std::make_unique<RemoteVersionWords>(*m_transport, state->node, m_remote_timeout);
-    for (Tier t : k_tiers_fastest_first) {
-      if (state->node->tiers[static_cast<size_t>(t)].empty()) continue;
-      state->frames[static_cast<size_t>(t)] = std::make_unique<RemoteFrameData>(
-          *m_transport, state->node, t, m_remote_timeout,
-          [this, node](Tier tier, uint64_t off, uint64_t len) { return persist_remote(node, tier, off, len); });
-    }
-    m_remote[node] = state;
-    return state;
+    if (n.node_id() == node) return n;
   }
   return Status(ErrorCode::bad_gva, "node " + std::to_string(node) + " is not in the cluster");
+}
+
+bool ClientCore::may_ask(NodeId node) {
+  auto& last = m_forced_refresh[node];
+  const auto now = std::chrono::steady_clock::now();
+  if (last != std::chrono::steady_clock::time_point{} && now - last < k_forced_refresh) return false;
+  last = now;
+  return true;
+}
+
+Status ClientCore::refresh_keys(NodeId node) {
+  std::lock_guard lock(m_remote_mutex);
+  auto it = m_remote.find(node);
+  if (it == m_remote.end() || !m_transport) return Status(ErrorCode::not_supported, "not connected");
+  const std::shared_ptr<RemoteNode> held = it->second->node;
+  const auto newer = [&](const proto::NodeInfo& n) {
+    return n.incarnation() == held->incarnation && n.regions_version() > held->regions_version;
+  };
+  // The local daemon's description first (a request it answers itself);
+  // the node itself only when that is no newer, and not too often.
+  TIERMEM_ASSIGN_OR_RETURN(proto::NodeInfo n, node_info(node, false));
+  if (!newer(n)) {
+    if (!may_ask(node)) return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " gave no newer keys");
+    TIERMEM_ASSIGN_OR_RETURN(n, node_info(node, true));
+    if (!newer(n)) return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " has no newer keys");
+  }
+  TIERMEM_ASSIGN_OR_RETURN(auto fresh, with_regions(*m_transport, *held, advert_of(n).regions));
+  fresh->regions_version = n.regions_version();
+  it->second = remote_state(node, std::move(fresh));
+  m_routes_epoch.fetch_add(1, std::memory_order_acq_rel);
+  return Status();
 }
 
 Status ClientCore::still_reachable(const Endpoint& ep) {
@@ -504,6 +559,7 @@ AccessCounters ClientCore::counters() const {
   AccessCounters c;
   c.direct_local = m_direct_local.load(std::memory_order_relaxed);
   c.direct_remote = m_direct_remote.load(std::memory_order_relaxed);
+  c.message = m_message.load(std::memory_order_relaxed);
   c.through_daemon = m_through_daemon.load(std::memory_order_relaxed);
   return c;
 }
@@ -601,6 +657,106 @@ Status ClientCore::check_lent_extents(const CachedAllocation& a) {
   return Status();
 }
 
+Result<Path> ClientCore::path_to(NodeId node, std::optional<Tier> tier, uint64_t first, uint64_t length,
+                                 std::vector<NodeId>* stale) {
+  if (node == this->node()) return Path::local;
+  if (sibling(node).ok()) {
+    // Another node's VRAM is not handed over as files: through its daemon.
+    return tier == Tier::vram ? Path::daemon : Path::mapped;
+  }
+  auto r = remote(node);
+  if (!r.ok()) {
+    if (r.status().code() != ErrorCode::not_supported) return r.status();
+    // A node that offers this tenant no data plane may offer one later (the
+    // route is decided again then); a client with none of its own never.
+    if (m_transport_status.ok() && std::find(stale->begin(), stale->end(), node) == stale->end()) {
+      stale->push_back(node);
+    }
+    return Path::daemon;
+  }
+  const RemoteNode& n = *(*r)->node;
+  switch (tier ? n.reach_frames(*m_transport, *tier, first, length) : n.reach_words(*m_transport, first, length)) {
+    case Reach::one_sided: return Path::one_sided;
+    case Reach::message: return Path::message;
+    case Reach::none: return Path::daemon;
+    case Reach::stale: break;
+  }
+  if (std::find(stale->begin(), stale->end(), node) == stale->end()) stale->push_back(node);
+  return Path::daemon;
+}
+
+std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const CachedAllocation> a, bool again) {
+  uint64_t epoch = m_routes_epoch.load(std::memory_order_acquire);
+  if (!again && a->routes && a->routes->epoch == epoch &&
+      (!a->routes->provisional || std::chrono::steady_clock::now() - a->routes->decided < k_forced_refresh)) {
+    return a;
+  }
+  auto routes = std::make_shared<Routes>();
+  for (bool refreshed = false;; refreshed = true) {
+    // Read before deciding: keys added meanwhile make the next call decide again.
+    epoch = m_routes_epoch.load(std::memory_order_acquire);
+    std::vector<NodeId> stale;
+    routes->epoch = epoch;
+    routes->failure = Status();
+    // A node that cannot be reached fails the operations that touch it
+    // only (they find out again after dropping it: see copy()).
+    const auto or_failed = [&](Result<Path> p) {
+      if (p.ok()) return *p;
+      if (routes->failure.ok()) routes->failure = p.status();
+      return Path::failed;
+    };
+    routes->words = or_failed(path_to(a->base.node, std::nullopt, a->first_page, a->page_versions.size(), &stale));
+    routes->extents.clear();
+    for (const Extent& x : a->extents) {
+      routes->extents.push_back(or_failed(path_to(x.node, x.tier, x.frame_offset, x.length, &stale)));
+    }
+    routes->provisional = !stale.empty() || !routes->failure.ok();
+    routes->decided = std::chrono::steady_clock::now();
+    if (stale.empty() || refreshed) break;
+    // No key for a piece: a domain of this tenant newer than the keys held,
+    // or none at all. Keys are asked for once; without newer ones the piece
+    // goes through the daemon (for this translation).
+    bool added = false;
+    for (NodeId n : stale) added = refresh_keys(n).ok() || added;
+    if (!added) break;
+  }
+  auto with = std::make_shared<CachedAllocation>(*a);
+  with->routes = std::move(routes);
+  std::shared_ptr<const CachedAllocation> out = std::move(with);
+  std::unique_lock lock(m_cache_mutex);
+  auto it = m_cache.find({a->base.node, a->base.offset});
+  if (it != m_cache.end() && it->second == a) it->second = out;
+  return out;
+}
+
+namespace {
+
+// The path of an operation on bytes [offset, +length) of `a`: the slowest of
+// the pieces it touches (the home's words, and the extents of the range).
+Path path_of(const CachedAllocation& a, uint64_t offset, uint64_t length) {
+  Path path = a.routes->words;
+  auto it = std::upper_bound(a.extents.begin(), a.extents.end(), offset,
+                             [](uint64_t o, const Extent& x) { return o < x.gva_offset; });
+  if (it != a.extents.begin()) --it;
+  for (; it != a.extents.end() && it->gva_offset < offset + length; ++it) {
+    if (offset < it->gva_offset + it->length) path = std::max(path, a.routes->extents[it - a.extents.begin()]);
+  }
+  return path;
+}
+
+}  // namespace
+
+void ClientCore::count(Path path) {
+  switch (path) {
+    case Path::local: m_direct_local.fetch_add(1, std::memory_order_relaxed); break;
+    case Path::mapped:
+    case Path::one_sided: m_direct_remote.fetch_add(1, std::memory_order_relaxed); break;
+    case Path::message: m_message.fetch_add(1, std::memory_order_relaxed); break;
+    case Path::daemon: m_through_daemon.fetch_add(1, std::memory_order_relaxed); break;
+    case Path::failed: break;  // never counted: such an operation does not succeed
+  }
+}
+
 Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, bool fallback) {
   if (length == 0) return Status();
   // A read the home could not serve goes to a copy (when asked to).
@@ -614,7 +770,8 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
   if (m_daemon_lost.load(std::memory_order_relaxed)) return daemon_gone();
   bool refresh = false;
   bool retried_transport = false;
-  bool refreshed = false;
+  bool route_again = false;  // decide the routes anew (a copy was refused on them)
+  bool rerouted = false;
   Status last;  // why the last attempt did not go through, for the final error
   bool plain = false;  // the allocation has no copies to read from
   const auto give_up = retry_until();
@@ -637,13 +794,22 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
                         std::to_string(alloc.size) + " bytes");
     }
     Status s = check_remote_extents(alloc);
+    // The route, decided once per translation: the daemon at once where
+    // nothing else reaches a piece of the range.
+    Path path = Path::local;
+    if (s.ok()) {
+      auto r = routed(*a, std::exchange(route_again, false));
+      path = path_of(*r, offset, length);
+      if (path == Path::failed) s = r->routes->failure;
+    }
+    if (s.ok() && path == Path::daemon) return copy_rpc(gva, buf, length, to_memory);
     ClientAccess access(*this);
     if (s.ok()) {
       s = copy_through_layout(layout_of(alloc), access, offset, buf, length, to_memory,
                               ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
-      (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
+      count(path);
       return s;
     }
     if (is_stale(s)) {
@@ -651,15 +817,10 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
       last = s;        // copied before are copied again, which is harmless.
       continue;
     }
-    if (s.code() == ErrorCode::not_supported && access.used_fabric() && !refreshed) {
-      // A domain newer than the keys we hold (a tenant's memory placed on a
-      // node where it had none): ask for the nodes' regions once.
-      refreshed = true;
-      const auto through_fabric = [&](NodeId n) { return n != node() && !sibling(n).ok(); };
-      for (const Extent& x : alloc.extents) {
-        if (through_fabric(x.node)) (void)remote(x.node, true);
-      }
-      if (through_fabric(alloc.base.node)) (void)remote(alloc.base.node, true);
+    if (s.code() == ErrorCode::not_supported && path != Path::local && !rerouted) {
+      // Refused on the route decided (what reaches the node changed since):
+      // decide it once more, then the daemon.
+      rerouted = route_again = true;
       continue;
     }
     if (s.code() == ErrorCode::not_supported) return copy_rpc(gva, buf, length, to_memory);
@@ -751,8 +912,15 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
       refresh = true;
       continue;
     }
-    ClientAccess access(*this);
     Status s = check_remote_extents(alloc);
+    Path path = Path::local;
+    if (s.ok()) {
+      auto r = routed(a, false);
+      path = std::max(r->routes->words, r->routes->extents[static_cast<size_t>(x - alloc.extents.data())]);
+      if (path == Path::failed) s = r->routes->failure;
+    }
+    if (s.ok() && path == Path::daemon) return atomic_rpc(gva, op, operand, compare);
+    ClientAccess access(*this);
     auto words = s.ok() ? access.versions(alloc.base.node, alloc.first_page) : Result<VersionWords*>(s);
     auto frames = words.ok() ? access.frames(x->node, x->tier) : Result<FrameData*>(words.status());
     s = frames.status();
@@ -764,7 +932,7 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
                            compare, &old, ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
-      (access.went_remote() ? m_direct_remote : m_direct_local).fetch_add(1, std::memory_order_relaxed);
+      count(path);
       return old;
     }
     if (is_stale(s)) {

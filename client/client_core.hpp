@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -38,6 +39,31 @@ namespace tiermem::detail {
 // the bytes), so that a copy may serve a read instead.
 bool home_unreachable(const Status& s);
 
+// How an operation reaches a piece of an allocation (the home's version
+// words, or an extent), slowest last: an operation takes the slowest path of
+// the pieces it touches.
+enum class Path : uint8_t {
+  local,      // this node's memory, mapped (or VRAM imported)
+  mapped,     // a daemon of this host's memory, mapped from the files it handed over
+  one_sided,  // another node's memory through RDMA keys
+  message,    // another node's memory through the data plane's checked message path
+  daemon,     // no route but the daemon (VRAM of another node, no data plane to the node)
+  failed,     // the node could not be reached when the route was decided (Routes::failure)
+};
+
+// The paths to every piece of one translation, decided once for it
+// (ClientCore::routed) and again when keys were added since.
+struct Routes {
+  uint64_t epoch = 0;  // ClientCore's key epoch they were decided at
+  // A piece goes through the daemon for want of a key the node may give
+  // later: decided again after a while (k_forced_refresh).
+  bool provisional = false;
+  std::chrono::steady_clock::time_point decided;
+  Path words = Path::local;
+  std::vector<Path> extents;  // one per extent of the translation
+  Status failure;             // why the first piece that failed did
+};
+
 // A translation cached by the client: valid while every page's epoch in the
 // home node's version array still equals the one recorded here.
 struct CachedAllocation {
@@ -52,6 +78,7 @@ struct CachedAllocation {
   uint64_t home_incarnation = 0;  // of the daemon that translated
   std::vector<Extent> extents;
   std::vector<uint64_t> page_versions;
+  std::shared_ptr<const Routes> routes;  // null until a copy decided them
 };
 
 // A daemon of another node on this host (its NodeInfo's host id is this
@@ -133,9 +160,13 @@ class ClientCore {
   // Accessors for copy_through_layout (see ClientAccess in the .cpp).
   Result<VersionWords*> local_versions(uint64_t first_page);
   Result<FrameData*> local_frames(Tier tier);
-  // `refresh`: ask the node for its regions first (a domain is newer than
-  // our keys).
-  Result<std::shared_ptr<RemoteState>> remote(NodeId node, bool refresh = false);
+  // How this client reaches `node` through the data plane. `reconnect`: the
+  // node restarted (or its memory was made anew): ask it for its
+  // description, connect a new endpoint and drop the node's translations.
+  // Errors: not_supported when there is no route but the daemon (no data
+  // plane here, or the node offers this client's tenant none),
+  // transport_error when the node is down.
+  Result<std::shared_ptr<RemoteState>> remote(NodeId node, bool reconnect = false);
   // The mapped memory of `node` when its daemon runs on this host.
   // Errors: not_supported (another host, same-host mapping off, direct
   // access off), or why it could not be mapped.
@@ -149,6 +180,31 @@ class ClientCore {
              std::chrono::milliseconds checkin_interval);
   // Connects to node `info`'s daemon on this host and maps what it hands.
   Result<std::shared_ptr<SiblingNode>> open_sibling(const proto::NodeInfo& info);
+
+  // The state that reaches `node` through `rn` (its words and each tier's frames).
+  std::shared_ptr<RemoteState> remote_state(NodeId node, std::shared_ptr<RemoteNode> rn);
+  // `node`'s description as this client's daemon has it (`ask_node`: after
+  // asking the node for it). Errors: bad_gva when it is no member.
+  Result<proto::NodeInfo> node_info(NodeId node, bool ask_node);
+  // Keys of `node` newer than those held (a domain this tenant got there
+  // since), added on the same endpoint; translations are kept. ok: keys were
+  // added (routes are decided again); not_supported: the node has none newer.
+  Status refresh_keys(NodeId node);
+  // Whether `node` may be asked for its description through the daemon now
+  // (at most once per k_forced_refresh); true notes that it is.
+  bool may_ask(NodeId node);
+  // `a` with its routes decided (`a` itself while they are current), put in
+  // the cache in its place. `again`: decide even if current (a copy was
+  // refused on the route decided). A node that cannot be reached makes its
+  // pieces Path::failed (Routes::failure says why).
+  std::shared_ptr<const CachedAllocation> routed(std::shared_ptr<const CachedAllocation> a, bool again);
+  // The path to `node`'s version words from `first` (`tier` none) or frames
+  // of `tier` at [first, +length); a node whose keys may be stale is added
+  // to `stale` (and the path is the daemon's until they are refreshed).
+  Result<Path> path_to(NodeId node, std::optional<Tier> tier, uint64_t first, uint64_t length,
+                       std::vector<NodeId>* stale);
+  // Counts a successful direct operation on `path`.
+  void count(Path path);
 
   Status open_regions();
   // This client's VRAM frames (imported on first use).
@@ -220,13 +276,23 @@ class ClientCore {
   std::unique_ptr<Transport> m_transport;
   Status m_transport_status;
   std::map<NodeId, std::shared_ptr<RemoteState>> m_remote;
+  // The incarnation of each node this client last connected to.
+  std::map<NodeId, uint64_t> m_incarnations;
+  // When a node was last asked for newer keys through the daemon
+  // (refresh_keys), by node: at most once per k_forced_refresh.
+  std::map<NodeId, std::chrono::steady_clock::time_point> m_forced_refresh;
+  // Nodes found to offer this tenant no data plane, and when.
+  std::map<NodeId, std::chrono::steady_clock::time_point> m_no_plane;
+  // Goes up whenever keys are added to a node held: routes decided before
+  // are decided again.
+  std::atomic<uint64_t> m_routes_epoch{0};
   // Which node each endpoint of m_remote reaches (for still_reachable,
   // which runs inside waits that may hold m_remote_mutex).
   std::mutex m_endpoint_mutex;
   std::map<const Endpoint*, NodeId> m_endpoint_nodes;
 
   // Successful operations by path (access_counters()).
-  std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_through_daemon{0};
+  std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_message{0}, m_through_daemon{0};
 
   std::mutex m_lost_mutex;
   std::function<void(ClientCore*)> m_on_lost;

@@ -86,9 +86,10 @@ Status Trainer::run() {
     // one node nothing should need the daemon to carry it.
     const AccessCounters a = m_client->access_counters();
     std::fprintf(stderr,
-                 "rank %d: tiermem calls: %" PRIu64 " direct on this node, %" PRIu64 " one-sided to other nodes, %" PRIu64
+                 "rank %d: tiermem calls: %" PRIu64 " direct on this node, %" PRIu64
+                 " direct to other nodes (mapped or one-sided), %" PRIu64 " as checked messages to other nodes, %" PRIu64
                  " through the daemon\n",
-                 m_env.rank, a.direct_local, a.direct_remote, a.through_daemon);
+                 m_env.rank, a.direct_local, a.direct_remote, a.message, a.through_daemon);
   }
   TIERMEM_RETURN_IF_ERROR(write_trace());
   return finish();

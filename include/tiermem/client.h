@@ -94,8 +94,13 @@ struct ClientOptions {
 // promised zero-copy access to really was reached directly.
 struct AccessCounters {
   uint64_t direct_local = 0;    // memcpy / CPU atomics / copy engines on this node's tiers, mapped here
-  uint64_t direct_remote = 0;   // one-sided through the data plane to another node's memory
+  // Another node's memory reached directly: mapped from the files its daemon
+  // handed over (a daemon of this host), or one-sided with RDMA keys.
+  uint64_t direct_remote = 0;
   uint64_t through_daemon = 0;  // carried by the local daemon (VRAM atomics, or direct access off)
+  // Another node's memory through the data plane's checked message path
+  // (TCP: the home's progress thread checks and runs each operation).
+  uint64_t message = 0;
 };
 
 namespace detail {

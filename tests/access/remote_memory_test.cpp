@@ -374,6 +374,45 @@ TEST_P(RemoteMemoryTest, ConcurrentRemoteAndLocalWritersNeverTearAReadNorLoseAWr
   EXPECT_TRUE(none_locked());
 }
 
+// What a client decides its route from: per piece, a key of the transport's
+// kind (one-sided or message), none that a newer description may bring
+// (stale), or none ever (VRAM, registered for no tenant). Keys of a domain
+// added later go on the same endpoint and make the piece reachable.
+TEST_P(RemoteMemoryTest, ReachSaysPerPieceWhetherOneSidedMessageStaleOrNever) {
+  const Reach keyed = one_sided() ? Reach::one_sided : Reach::message;
+  EXPECT_EQ(m_node->reach_words(m_client, 0, k_pages), keyed);
+  EXPECT_EQ(m_node->reach_frames(m_client, Tier::dram, 0, k_pages * k_page), keyed);
+  EXPECT_EQ(m_node->reach_words(m_client, k_pages, 1), Reach::stale) << "domain 1's words: no key yet";
+  EXPECT_EQ(m_node->reach_frames(m_client, Tier::dram, k_pages * k_page, k_page), Reach::stale);
+  EXPECT_EQ(m_node->reach_frames(m_client, Tier::pmem, 0, k_page), Reach::stale);
+  EXPECT_EQ(m_node->reach_frames(m_client, Tier::vram, 0, k_page), Reach::none);
+
+  // Domain 1 given to the tenant since: its keys, added on the same endpoint.
+  std::vector<uint64_t> words1(k_pages, k_stable);
+  std::vector<std::byte> frames1(k_pages * k_page);
+  auto w = m_home.register_region(words1.data(), words1.size() * 8, MemoryKind::host);
+  auto f = m_home.register_region(frames1.data(), frames1.size(), MemoryKind::host);
+  ASSERT_TRUE(w.ok() && f.ok());
+  const std::vector<RegionAdvert> added = {
+      {true, Tier::automatic, 1, k_pages, (*w)->base(), (*w)->length(), (*w)->packed_key(), false, 1},
+      {false, Tier::dram, 1, k_pages * k_page, (*f)->base(), (*f)->length(), (*f)->packed_key(), false, 1}};
+  auto fresh = with_regions(m_client, *m_node, added);
+  ASSERT_TRUE(fresh.ok()) << fresh.status().to_string();
+  EXPECT_EQ((*fresh)->endpoint, m_node->endpoint) << "the keys were added on the endpoint held";
+  EXPECT_EQ((*fresh)->reach_words(m_client, k_pages, 1), keyed);
+  EXPECT_EQ((*fresh)->reach_frames(m_client, Tier::dram, k_pages * k_page, k_page), keyed);
+  EXPECT_EQ((*fresh)->reach_frames(m_client, Tier::dram, 0, k_page), keyed) << "domain 0's keys are kept";
+  // Through the new keys, domain 1's frames are written and read back.
+  RemoteFrameData frames((m_client), *fresh, Tier::dram, k_timeout, nullptr);
+  const uint64_t word = 0x1234'5678'9abc'def0;
+  ASSERT_TRUE(frames.write(k_pages * k_page + 64, &word, sizeof word).ok());
+  uint64_t back = 0;
+  ASSERT_TRUE(frames.read(k_pages * k_page + 64, &back, sizeof back).ok());
+  EXPECT_EQ(back, word);
+  m_regions.push_back(std::move(*w));
+  m_regions.push_back(std::move(*f));
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, RemoteMemoryTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "one_sided" : "messages"; });
 

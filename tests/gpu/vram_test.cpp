@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <regex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -324,6 +326,57 @@ TEST(VramClusterTest, RemoteVramIsReadableAndWritableFromAnotherNode) {
   ASSERT_TRUE(s.ok()) << s.to_string();
   EXPECT_TRUE(std::equal(other.begin(), other.end() - 1, in.begin())) << "a device buffer written from node 2";
   cudaFree(device);
+}
+
+// Requests of `type` that `c`'s daemon (`node`) answered (tiermem_requests_total).
+uint64_t requests(Client& c, NodeId node, const std::string& type) {
+  auto text = c.metrics(node);
+  EXPECT_TRUE(text.ok()) << text.status().to_string();
+  if (!text.ok()) return 0;
+  const std::regex sample("\ntiermem_requests_total\\{node=\"" + std::to_string(node) + "\",type=\"" + type +
+                          "\",[^}]*\\} ([0-9]+)");
+  uint64_t sum = 0;
+  for (std::sregex_iterator it(text->begin(), text->end(), sample), end; it != end; ++it) {
+    sum += std::stoull((*it)[1].str());
+  }
+  return sum;
+}
+
+// Another node's VRAM has no route but its daemon (over TCP, same-host
+// mapping off; no client holds a VRAM key): decided once per translation,
+// so calls go to the daemon at once, without asking node 1 about node 2 or
+// translating again on each call (they used to reconnect to node 2 and drop
+// its translations every time).
+TEST(VramClusterTest, RemoteVramGoesThroughTheDaemonWithoutReconnectingPerCall) {
+  ::setenv("UCX_TLS", "tcp", 1);
+  ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
+  test::TestCluster cluster(2, {.vram = true, .vram_capacity = "256MiB", .tls = "tcp"});
+  ASSERT_TRUE(cluster.ready()) << cluster.logs();
+  ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
+  auto client = cluster.node(1).connect("far");
+  auto admin = cluster.node(1).connect("metrics");
+  ASSERT_TRUE(client && admin);
+  auto a = client->alloc(1 << 20, {.tier = Tier::vram, .strict = true, .node = 2});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const std::vector<unsigned char> data = test::pattern(1 << 20, 5);
+  Status s = client->write(a->gva, data.data(), data.size());
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  const uint64_t translates = requests(*admin, 1, "translate");
+  const uint64_t nodes = requests(*admin, 1, "nodes");
+  constexpr int k_calls = 20;
+  std::vector<unsigned char> in(data.size());
+  for (int i = 0; i < k_calls; ++i) {
+    ASSERT_TRUE(client->write(a->gva, data.data(), data.size()).ok());
+    ASSERT_TRUE(client->read(a->gva, in.data(), in.size()).ok());
+  }
+  EXPECT_EQ(in, data);
+  const AccessCounters c = client->access_counters();
+  EXPECT_EQ(c.through_daemon, 1u + 2 * k_calls);
+  EXPECT_EQ(c.message + c.direct_remote, 0u);
+  EXPECT_EQ(requests(*admin, 1, "translate"), translates) << "calls translated again";
+  EXPECT_EQ(requests(*admin, 1, "nodes"), nodes) << "calls asked node 1 about node 2 again";
+  ::unsetenv("UCX_TLS");
+  ::unsetenv("TIERMEM_MAP_SAME_HOST");
 }
 
 // CUDA device buffers (and pinned and pageable host buffers) as the source

@@ -47,6 +47,7 @@ TEST_P(ClientTest, AllocWriteReadFreeRoundTrip) {
   const AccessCounters c = client->access_counters();
   EXPECT_EQ(c.direct_local, 3u);
   EXPECT_EQ(c.direct_remote, 0u);
+  EXPECT_EQ(c.message, 0u);
   EXPECT_EQ(c.through_daemon, 0u);
   ASSERT_TRUE(client->free(a->gva).ok());
   EXPECT_EQ(client->read(a->gva, back.data(), 1).code(), ErrorCode::not_allocated);

@@ -140,7 +140,9 @@ def test_atomics_and_the_control_calls(client):
     assert stat["node"] == client.node and {t["tier"] for t in stat["tiers"]} >= {"dram", "pmem"}
     assert client.nodes()[0]["node"] == client.node
     assert client.health()["nodes"][0]["state"] == "self"
-    assert client.access_counters()["direct_local"] > 0
+    counters = client.access_counters()
+    assert set(counters) == {"direct_local", "direct_remote", "message", "through_daemon"}
+    assert counters["direct_local"] > 0 and counters["message"] == counters["direct_remote"] == 0
     client.free(a.gva)
     with pytest.raises(tiermem.RequestError) as e:
         client.lookup("ctl-calls")

@@ -243,6 +243,7 @@ void bind_client(pyb::module_& m) {
             pyb::dict d;
             d["direct_local"] = a.direct_local;
             d["direct_remote"] = a.direct_remote;
+            d["message"] = a.message;
             d["through_daemon"] = a.through_daemon;
             return d;
           },
