@@ -2,7 +2,7 @@
 # Runs every benchmark and prints its figures: `name value unit` per figure,
 # `name_ratio value` per ratio against the baseline named in the comments
 # (lines starting with #). Usage: bench/run.sh BUILD_DIR [NAME...]
-#   names: translate local_copy control_plane sub_page partition pmem exec_vs_torch remote same_host python
+#   names: translate local_copy control_plane sub_page partition pmem exec_vs_torch remote same_host batch python
 #   (remote is bench/remote.sh: UCX over TCP and shared memory vs ucx_perftest;
 #   pmem: a client's durable writes and reads of its node's PMEM vs raw libpmem2)
 #   compare: bench/compare.sh, this build against the parent commit (or

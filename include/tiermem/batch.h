@@ -9,11 +9,15 @@
 //   uint64_t before = b.value(n);    // b.status(i): each operation's own
 //
 // Operations start as soon as they are posted (those after a fence once
-// every operation before it has completed) and run concurrently, on a pool
-// of the library's threads (TIERMEM_BATCH_THREADS, default 8, shared by the
-// process's clients): round trips to other nodes overlap. Each is the same
-// operation as the synchronous call (Client::read, ...), with the same
-// guarantees and errors; no order holds between operations but at fences.
+// every operation before it has completed) and run on a pool of the
+// library's threads shared by the process's clients (TIERMEM_BATCH_THREADS,
+// default 1). Each is the same operation as the synchronous call
+// (Client::read, ...), with the same guarantees and errors; no order holds
+// between operations but at fences. Not faster yet: with more than one
+// thread, concurrent waits on the client's UCX worker over TCP collapse (8
+// threads: 1/25 of one at a time, bench/batch_bench), so the default runs
+// a batch's operations one after another, beside the caller; one message per
+// node for a batch's operations is the work that makes batches pay (issue 31).
 // The buffers given must stay valid, and untouched by the caller, until the
 // batch has completed (wait() returned, or test() said so); destroying a
 // batch waits for its operations.
