@@ -188,7 +188,7 @@ TEST_F(PackageTest, SharedLibraryExportsOnlyThePublicApi) {
       "seqlocked_");
   // The public names (and a private constructor of a public class).
   const std::regex public_api(
-      "tiermem::(Client|Mapping|Status|Gva|detail::abort_on_error_value|error_code_name|tier_name|parse_tier|"
+      "tiermem::(Client|Mapping|Batch|Status|Gva|detail::abort_on_error_value|error_code_name|tier_name|parse_tier|"
       "page_flags_text|node_state_name|node_health_name|replica_state_name|qos_class_name|parse_qos_class|parse_size|format_size|format_rate)\\b");
   std::istringstream lines(nm.out);
   std::string line;
