@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <ucp/api/ucp.h>
@@ -410,6 +411,7 @@ class UcxTransport final : public Transport {
   std::mutex m_accept_lock;
   std::vector<ucp_conn_request_h> m_conn_requests;      // waiting to be accepted
   std::unordered_map<ucp_ep_h, Accepted> m_accepted;     // endpoints made from them
+  std::unordered_set<ucp_ep_h> m_admitted_early;         // said hello before they were listed
   std::atomic<size_t> m_unadmitted{0};
   static constexpr std::chrono::milliseconds k_admission_window{2000};
   static constexpr size_t k_max_unadmitted = 1024;

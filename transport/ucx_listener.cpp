@@ -115,16 +115,20 @@ Status UcxTransport::listen(const std::string& ip) {
   return Status();
 }
 
+// No UCX call is made under m_accept_lock: UCX may call back into us (a
+// connection request, an endpoint's error) from inside any of its calls.
 void UcxTransport::on_conn_request(ucp_conn_request_h request, void* arg) {
   auto& self = *static_cast<UcxTransport*>(arg);
+  bool full = false;
   {
     std::lock_guard lock(self.m_accept_lock);
-    if (self.m_conn_requests.size() + self.m_unadmitted.load() >= k_max_unadmitted) {
-      // Too many connections that have not proven anything yet.
-      (void)ucp_listener_reject(self.m_listener, request);
-      return;
-    }
-    self.m_conn_requests.push_back(request);
+    // Too many connections that have not proven anything yet?
+    full = self.m_conn_requests.size() + self.m_unadmitted.load() >= k_max_unadmitted;
+    if (!full) self.m_conn_requests.push_back(request);
+  }
+  if (full) {
+    (void)ucp_listener_reject(self.m_listener, request);
+    return;
   }
   // Accepted by the progress thread, outside UCX's callback.
   const uint64_t one = 1;
@@ -147,12 +151,15 @@ void UcxTransport::accept_pending() {
     p.err_handler.cb = &UcxTransport::on_accepted_error;
     p.err_handler.arg = this;
     ucp_ep_h ep = nullptr;
-    // The endpoint is made under the lock: its error callback, from another
-    // thread's progress, finds it then.
-    std::lock_guard lock(m_accept_lock);
+    // Listed once made (outside the lock, see on_conn_request): an error
+    // reported before it is listed finds nothing to drop, and the endpoint,
+    // never admitted, is closed when its window ends.
     if (ucp_ep_create(m_worker, &p, &ep) != UCS_OK) continue;
-    m_accepted[ep] = Accepted{std::chrono::steady_clock::now(), false};
-    m_unadmitted.fetch_add(1);
+    std::lock_guard lock(m_accept_lock);
+    // Its hello may have been run by another thread's progress already.
+    const bool admitted = m_admitted_early.erase(ep) != 0;
+    m_accepted[ep] = Accepted{std::chrono::steady_clock::now(), admitted};
+    if (!admitted) m_unadmitted.fetch_add(1);
   }
 }
 
@@ -175,7 +182,13 @@ void UcxTransport::drop_accepted(ucp_ep_h ep) {
 void UcxTransport::admit(ucp_ep_h ep) {
   std::lock_guard lock(m_accept_lock);
   auto it = m_accepted.find(ep);
-  if (it == m_accepted.end() || it->second.admitted) return;
+  if (it == m_accepted.end()) {
+    // Not listed yet (accept_pending lists it after ucp_ep_create returned);
+    // bounded: only endpoints this transport just accepted say hello.
+    if (m_admitted_early.size() < k_max_unadmitted) m_admitted_early.insert(ep);
+    return;
+  }
+  if (it->second.admitted) return;
   it->second.admitted = true;
   m_unadmitted.fetch_sub(1);
 }
