@@ -4,10 +4,9 @@
 //
 // Why threads and not one message per node: the page protocol's remote
 // operations (access/) wait for their answer inside the call, so threads
-// were the way to overlap them without changing that layer. Measured, they
-// do not overlap: several threads waiting on the client's one UCX worker over
-// TCP make each operation slower by more than their number (batch.h), so the
-// pool has one thread by default. Amortising the page protocol over a batch
+// were the way to overlap them without changing that layer. Measured on two
+// cores they do not pay (TCP round trips are CPU-bound there; batch.h), so
+// the pool has one thread by default. Amortising the page protocol over a batch
 // (one message per node for all its operations) is the next step (issue 31);
 // this is the interface it will run behind, with its semantics tested.
 #include <tiermem/batch.h>

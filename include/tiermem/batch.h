@@ -13,10 +13,10 @@
 // library's threads shared by the process's clients (TIERMEM_BATCH_THREADS,
 // default 1). Each is the same operation as the synchronous call
 // (Client::read, ...), with the same guarantees and errors; no order holds
-// between operations but at fences. Not faster yet: with more than one
-// thread, concurrent waits on the client's UCX worker over TCP collapse (8
-// threads: 1/25 of one at a time, bench/batch_bench), so the default runs
-// a batch's operations one after another, beside the caller; one message per
+// between operations but at fences. Not faster yet: on the two-core machine
+// it was measured on, TCP round trips are CPU-bound, and 8 threads got
+// 0.55-0.76 of one call at a time (bench/batch_bench); the default runs a
+// batch's operations one after another, beside the caller. One message per
 // node for a batch's operations is the work that makes batches pay (issue 31).
 // The buffers given must stay valid, and untouched by the caller, until the
 // batch has completed (wait() returned, or test() said so); destroying a
