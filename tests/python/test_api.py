@@ -306,3 +306,39 @@ def test_a_mapping_whose_allocation_did_not_survive_a_restart_is_revoked():
         c.close()
     finally:
         d.close()
+
+
+def test_a_batch_holds_its_buffers_and_reports_each_operation(client):
+    import gc
+    a = client.alloc(64 * 1024, tier="dram")
+    counter = client.alloc(64, tier="dram", coherent=True)
+    target = bytearray(4096)
+    with client.batch() as b:
+        # The data objects are dropped here at once: the batch holds them.
+        for i in range(8):
+            b.write(a.gva + i * 4096, bytes([i + 1]) * 4096)
+        gc.collect()
+        b.fence()
+        reads = [b.read(a, 4096)]
+        into = b.read_into(a, target)
+        adds = [b.fetch_add(counter, 1) for _ in range(5)]
+        missing = b.read(a, 128 * 1024)  # runs past the end: its own error
+    assert len(b) == 8 + 1 + 1 + 5 + 1
+    assert bytes(b.result(reads[0])) == bytes([1]) * 4096
+    assert b.result(into) is target and bytes(target) == bytes([1]) * 4096
+    assert sorted(b.value(i) for i in adds) == [0, 1, 2, 3, 4]
+    code, message = b.status(missing)
+    assert code == "out_of_range", message
+    assert b.status(reads[0]) is None
+    with pytest.raises(tiermem.RequestError):
+        b.result(missing)
+    with pytest.raises(tiermem.RequestError):
+        b.write(a, b"late")  # the with-block ended
+    b2 = client.batch()
+    b2.read(a, 4096)
+    b2.read(a, 128 * 1024)
+    with pytest.raises(tiermem.RequestError) as e:
+        b2.wait()
+    assert "operation 1 of the batch" in str(e.value)
+    client.free(a)
+    client.free(counter)

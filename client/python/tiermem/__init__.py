@@ -21,6 +21,7 @@ and commits steps atomically.
 from ._tiermem import (  # noqa: F401
     AddressError,
     Allocation,
+    Batch,
     Client,
     ConfigError,
     Error,
@@ -36,6 +37,7 @@ from ._tiermem import (  # noqa: F401
 __all__ = [
     "AddressError",
     "Allocation",
+    "Batch",
     "Client",
     "ConfigError",
     "Error",

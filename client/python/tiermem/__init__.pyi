@@ -1,6 +1,7 @@
 from ._tiermem import (
     AddressError as AddressError,
     Allocation as Allocation,
+    Batch as Batch,
     Client as Client,
     ConfigError as ConfigError,
     Error as Error,

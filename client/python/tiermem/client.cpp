@@ -187,6 +187,11 @@ void bind_client(pyb::module_& m) {
           "Stores `desired` when the word at `gva` equals `expected`; returns the word before (== expected "
           "when it was stored).")
       .def(
+          "batch",
+          [](pyb::handle self, std::optional<std::string> qos) { return batch_object(me(self).get(), qos_of(qos)); },
+          arg("qos") = pyb::none(),
+          "A tiermem.Batch: post reads, writes and atomics, then wait() (or leave its with-block).")
+      .def(
           "map",
           [](pyb::handle self, pyb::handle gva) {
             const Gva g = as_gva(gva);

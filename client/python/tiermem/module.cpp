@@ -7,6 +7,7 @@ PYBIND11_MODULE(_tiermem, m) {
   tiermem::py::bind_errors(m);
   tiermem::py::bind_gva(m);
   tiermem::py::bind_mapping(m);
+  tiermem::py::bind_batch(m);
   tiermem::py::bind_client(m);
   m.attr("__version__") = TIERMEM_VERSION;
 }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <tiermem/client.h>
@@ -62,6 +63,9 @@ class HostBuffer {
 void bind_gva(pyb::module_& m);      // types.cpp: Gva, AllocationInfo
 void bind_client(pyb::module_& m);   // client.cpp: Client, connect()
 void bind_mapping(pyb::module_& m);  // mapping.cpp: Mapping (buffer protocol, DLPack)
+void bind_batch(pyb::module_& m);    // batch.cpp: Batch
+// A tiermem.Batch on `client` (batch.cpp).
+pyb::object batch_object(std::shared_ptr<Client> client, std::optional<QosClass> qos);
 
 // From a Gva, an Allocation (its start) or the text form.
 Gva as_gva(pyb::handle object);
