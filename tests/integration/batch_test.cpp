@@ -12,33 +12,22 @@
 
 #include <tiermem/batch.h>
 
-#include "tests/support/test_daemon.hpp"
+#include "tests/support/cluster_fixture.hpp"
 
 namespace tiermem {
 namespace {
 
 using namespace std::chrono_literals;
 
-class BatchTest : public ::testing::Test {
+class BatchTest : public ::testing::Test, protected test::ClusterFixture {
  protected:
   void SetUp() override {
-    ::setenv("UCX_TLS", "tcp", 1);
-    ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
     test::DaemonOptions o;
-    o.tls = "tcp";
     o.dram = "32MiB";
     o.pmem = "16MiB";
-    m_cluster = std::make_unique<test::TestCluster>(3, o);
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+    ASSERT_TRUE(start_cluster("tcp", 3, o));
   }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-    m_cluster.reset();
-    ::unsetenv("UCX_TLS");
-    ::unsetenv("TIERMEM_MAP_SAME_HOST");
-  }
-  std::unique_ptr<test::TestCluster> m_cluster;
+  void TearDown() override { stop_cluster(); }
 };
 
 TEST_F(BatchTest, MixedOperationsToSeveralNodesWithFences) {

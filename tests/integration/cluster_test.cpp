@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/support/test_daemon.hpp"
+#include "tests/support/cluster_fixture.hpp"
 
 namespace tiermem {
 namespace {
@@ -35,26 +35,14 @@ test::DaemonOptions options(const std::string& tls) {
   return o;
 }
 
-class ClusterTest : public ::testing::TestWithParam<std::string> {
+// "tcp": the nodes stand for hosts of their own, and clients reach other
+// nodes' memory through the data plane (UCX over TCP). "sm": daemons of one
+// host (UCX's shared memory between them), whose clients map the memory of
+// every daemon of the host from the files each hands them.
+class ClusterTest : public ::testing::TestWithParam<std::string>, protected test::ClusterFixture {
  protected:
-  // "tcp": the nodes stand for hosts of their own, and clients reach other
-  // nodes' memory through the data plane (UCX over TCP). "sm": daemons of one
-  // host (UCX's shared memory between them), whose clients map the memory of
-  // every daemon of the host from the files each hands them.
-  void SetUp() override {
-    ::setenv("UCX_TLS", GetParam().c_str(), 1);
-    if (GetParam() == "tcp") ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
-    m_cluster = std::make_unique<test::TestCluster>(3, options(GetParam()));
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-    m_cluster.reset();
-    ::unsetenv("UCX_TLS");
-    ::unsetenv("TIERMEM_MAP_SAME_HOST");
-  }
-  std::unique_ptr<test::TestCluster> m_cluster;
+  void SetUp() override { ASSERT_TRUE(start_cluster(GetParam(), 3, options(GetParam()))); }
+  void TearDown() override { stop_cluster(); }
 };
 
 TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/support/test_daemon.hpp"
+#include "tests/support/cluster_fixture.hpp"
 
 namespace tiermem {
 namespace {
@@ -24,29 +24,18 @@ constexpr size_t k_words = k_slice / 8;
 
 uint64_t word_of(int writer, uint64_t counter) { return (uint64_t(writer + 1) << 56) | counter; }
 
-class MigrationTest : public ::testing::TestWithParam<std::string> {
+// "tcp": clients reach other nodes through the data plane, as from other
+// hosts; "sm": they map the memory of the daemons of their host.
+class MigrationTest : public ::testing::TestWithParam<std::string>, protected test::ClusterFixture {
  protected:
   void SetUp() override {
-    ::setenv("UCX_TLS", GetParam().c_str(), 1);
-    // "tcp": clients reach other nodes through the data plane, as from other
-    // hosts; "sm": they map the memory of the daemons of their host.
-    if (GetParam() == "tcp") ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
     test::DaemonOptions o;
-    o.tls = GetParam();
     o.page_size = "64KiB";
     o.dram = "16MiB";
     o.pmem = "16MiB";
-    m_cluster = std::make_unique<test::TestCluster>(3, o);
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+    ASSERT_TRUE(start_cluster(GetParam(), 3, o));
   }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-    m_cluster.reset();
-    ::unsetenv("UCX_TLS");
-    ::unsetenv("TIERMEM_MAP_SAME_HOST");
-  }
-  std::unique_ptr<test::TestCluster> m_cluster;
+  void TearDown() override { stop_cluster(); }
 };
 
 TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
