@@ -51,6 +51,14 @@ enum class Path : uint8_t {
   failed,     // the node could not be reached when the route was decided (Routes::failure)
 };
 
+// A node whose keys lack a piece of this tenant's memory while the local
+// daemon's description of it is no newer than the keys is asked through the
+// daemon at most this often, and a provisional route decided again after it
+// (the daemon's description lags the node's by up to a heartbeat, 1 s by
+// default: asking more often finds nothing newer, and each ask is a round
+// trip between daemons).
+inline constexpr auto k_forced_refresh = std::chrono::milliseconds(1000);
+
 // The paths to every piece of one translation, decided once for it
 // (ClientCore::routed) and again when keys were added since.
 struct Routes {
