@@ -101,8 +101,10 @@ constexpr uint16_t k_answer_on_reply_ep = 1;      // MessageRequest::flags
 constexpr uint16_t k_ops_in_header = 2;           // MessageRequest::flags: the operations follow the header
 constexpr uint16_t k_reply_aborted = 1;           // MessageReply::flags
 
-// hello: the first request on a connection; its payload is the asking
-// worker's address, to which the target connects to answer. sequence: the
+// hello: the first request on a connection; by worker address its payload
+// is the asking worker's address, to which the target connects to answer
+// over shared memory; through a listener it has none (answers go on the
+// reply endpoint) and it admits the connection (its header's token). sequence: the
 // operations of a batch (message_sequence.hpp): in UCX's header after ours
 // when they fit (k_ops_in_header; the payload is then the puts' bytes alone,
 // one contiguous buffer for a single put, which a rendezvous sends without a
@@ -289,7 +291,9 @@ class UcxTransport final : public Transport {
   // An accepted endpoint's peer failed, or it presented a wrong token, or it
   // said nothing for k_admission_window: closed (from the progress thread).
   static void on_accepted_error(void* arg, ucp_ep_h ep, ucs_status_t status);
-  void drop_accepted(ucp_ep_h ep);
+  // `tell_peer`: a live peer's connection (past its window), closed so that
+  // it hears; else a failed one, closed at once.
+  void drop_accepted(ucp_ep_h ep, bool tell_peer);
   void admit(ucp_ep_h ep);
   // Closes accepted endpoints that did not say hello in time; true while
   // some wait for theirs.
@@ -438,6 +442,7 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, ucp_ep_h> m_origin_eps;
   std::deque<uint64_t> m_origin_order;
   std::vector<ucp_ep_h> m_closing;
+  std::vector<ucp_ep_h> m_disconnecting;  // closed telling the peer (listener connections past their window)
   std::vector<void*> m_close_requests;  // progress thread only
   static constexpr size_t k_origins_remembered = 4096;
   static constexpr std::chrono::milliseconds k_resend_after{500};

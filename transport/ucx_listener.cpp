@@ -164,10 +164,10 @@ void UcxTransport::accept_pending() {
 }
 
 void UcxTransport::on_accepted_error(void* arg, ucp_ep_h ep, ucs_status_t) {
-  static_cast<UcxTransport*>(arg)->drop_accepted(ep);
+  static_cast<UcxTransport*>(arg)->drop_accepted(ep, false);
 }
 
-void UcxTransport::drop_accepted(ucp_ep_h ep) {
+void UcxTransport::drop_accepted(ucp_ep_h ep, bool tell_peer) {
   {
     std::lock_guard lock(m_accept_lock);
     auto it = m_accepted.find(ep);
@@ -176,7 +176,7 @@ void UcxTransport::drop_accepted(ucp_ep_h ep) {
     m_accepted.erase(it);
   }
   std::lock_guard lock(m_origins_lock);
-  m_closing.push_back(ep);  // closed by the progress thread
+  (tell_peer ? m_disconnecting : m_closing).push_back(ep);  // closed by the progress thread
 }
 
 void UcxTransport::admit(ucp_ep_h ep) {
@@ -203,7 +203,7 @@ bool UcxTransport::expire_unadmitted() {
       if (!a.admitted && now - a.since > k_admission_window) late.push_back(ep);
     }
   }
-  for (ucp_ep_h ep : late) drop_accepted(ep);
+  for (ucp_ep_h ep : late) drop_accepted(ep, true);
   return m_unadmitted.load() > 0;
 }
 

@@ -111,10 +111,12 @@ UcxTransport::~UcxTransport() {
     m_progress.join();
   }
   if (m_wake_fd >= 0) ::close(m_wake_fd);
-  if (m_listener != nullptr) ucp_listener_destroy(m_listener);
+  // Requests not accepted are rejected while their listener still exists.
   for (ucp_conn_request_h request : m_conn_requests) (void)ucp_listener_reject(m_listener, request);
+  if (m_listener != nullptr) ucp_listener_destroy(m_listener);
   for (auto& [ep, accepted] : m_accepted) m_closing.push_back(ep);
   for (auto& [origin, ep] : m_origin_eps) m_closing.push_back(ep);
+  for (ucp_ep_h ep : m_disconnecting) m_closing.push_back(ep);
   for (ucp_ep_h ep : m_closing) close_endpoint(ep, true);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (void* request : m_close_requests) {
@@ -442,10 +444,18 @@ ucp_ep_h UcxTransport::open_answer_ep(uint64_t origin, const void* address) {
 }
 
 void UcxTransport::close_replaced_answer_eps() {
-  std::vector<ucp_ep_h> closing;
+  std::vector<ucp_ep_h> closing, disconnecting;
   {
     std::lock_guard lock(m_origins_lock);
     closing.swap(m_closing);
+    disconnecting.swap(m_disconnecting);
+  }
+  for (ucp_ep_h ep : disconnecting) {
+    // Its peer lives: a close that tells it (a forced one would leave its
+    // side of the connection up until its keepalive).
+    ucp_request_param_t p{};
+    void* request = ucp_ep_close_nbx(ep, &p);
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) m_close_requests.push_back(request);
   }
   for (ucp_ep_h ep : closing) {
     ucp_request_param_t p{};

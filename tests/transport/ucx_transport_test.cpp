@@ -1,12 +1,16 @@
 // UcxTransport between two real processes: a target that registers a memfd
 // region (as tiermemd does) and an initiator that gets, puts and runs atomics
 // on it one-sided. Run once per UCX transport set.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -15,6 +19,8 @@
 #include "common/frame.hpp"
 #include "common/shared_memory.hpp"
 #include "transport/transport.hpp"
+
+#include <ucp/api/ucp.h>
 
 namespace tiermem {
 namespace {
@@ -275,6 +281,67 @@ TEST_P(UcxTransportTest, AListenerRefusesAConnectionWithoutItsTokenAndServesOthe
   ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 8, m_base + 3 * 8, *m_rkey).ok());
   ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
   EXPECT_EQ(word, 3u);
+}
+
+// A connection through the listener that never presents the token (raw
+// UCX: no hello at all) is closed by the target when its admission window
+// (2 s) ends; the admitted one goes on.
+TEST_P(UcxTransportTest, AListenerClosesAConnectionThatNeverSaysHello) {
+  if (GetParam() != "listener") GTEST_SKIP() << "listeners only";
+  char ip[64] = {};
+  unsigned port = 0;
+  ASSERT_EQ(std::sscanf(m_address.c_str(), "tmucx-listener %63s %u", ip, &port), 2) << m_address;
+  ucp_config_t* config = nullptr;
+  ASSERT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_AM;
+  ucp_context_h context = nullptr;
+  ASSERT_EQ(ucp_init(&params, config, &context), UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  ucp_worker_h worker = nullptr;
+  ASSERT_EQ(ucp_worker_create(context, &wp, &worker), UCS_OK);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::inet_pton(AF_INET, ip, &addr.sin_addr), 1);
+  std::atomic<bool> closed{false};
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  ep_params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  ep_params.sockaddr.addrlen = sizeof addr;
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep_params.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) { static_cast<std::atomic<bool>*>(arg)->store(true); };
+  ep_params.err_handler.arg = &closed;
+  ucp_ep_h ep = nullptr;
+  ASSERT_EQ(ucp_ep_create(worker, &ep_params, &ep), UCS_OK);
+  const auto start = std::chrono::steady_clock::now();
+  while (!closed.load() && std::chrono::steady_clock::now() - start < 8s) {
+    ucp_worker_progress(worker);
+    std::this_thread::sleep_for(1ms);
+  }
+  const auto after = std::chrono::steady_clock::now() - start;
+  EXPECT_TRUE(closed.load()) << "the target kept a connection that never presented its token for 8 s";
+  EXPECT_GE(after, 1500ms) << "closed before its admission window ended";
+  ucp_request_param_t close_params{};
+  close_params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  close_params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* request = ucp_ep_close_nbx(ep, &close_params);
+  if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    ucp_request_free(request);
+  }
+  ucp_worker_destroy(worker);
+  ucp_cleanup(context);
+  // The admitted connection is served still.
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 8, m_base + 5 * 8, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(word, 5u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm", "listener"),

@@ -29,8 +29,8 @@ class PyBatch {
     return i;
   }
   size_t read(pyb::handle gva, size_t length) {
-    pyb::bytearray out(nullptr, 0);
-    out = pyb::reinterpret_steal<pyb::bytearray>(PyByteArray_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(length)));
+    auto out = pyb::reinterpret_steal<pyb::bytearray>(
+        PyByteArray_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(length)));
     if (!out) throw pyb::error_already_set();
     const size_t i = open().read(as_gva(gva), PyByteArray_AS_STRING(out.ptr()), length);
     keep(i, nullptr, out);
@@ -81,6 +81,7 @@ class PyBatch {
       (void)m_batch->wait(std::chrono::hours(24));
     }
     m_done = std::move(m_batch);
+    for (Held& h : m_held) h.buffer.reset();  // with the GIL: releases the Python buffers
   }
 
  private:
