@@ -179,88 +179,136 @@ Status RemoteVersionWords::snapshot(uint64_t first, size_t count, std::span<cons
   return s.ok() ? w : s;
 }
 
-Status RemoteVersionWords::locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
-                                       uint64_t* blocked, uint64_t* seen) {
+namespace {
+
+// Locks a page only while unlocked, not wanted exclusively (migration, free)
+// and of the epoch the caller translated with; undone by a release.
+constexpr uint64_t k_epoch_bits = ~version::k_sequence_mask;
+WordCondition writable_at(uint64_t cached) {
+  return {k_epoch_bits | version::k_exclusive_pending | 1, cached & k_epoch_bits};
+}
+
+}  // namespace
+
+Status RemoteVersionWords::issue_snapshot(Batch& batch, uint64_t first, size_t count,
+                                          std::span<const CopySegment> segments, uint64_t* before, uint64_t* after) {
   std::vector<RemoteFrameData*> frames;
   if (!same_node(segments, &frames)) return Status(ErrorCode::not_supported, "segments on other nodes");
-  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(range.first_page, range.count));
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(first, count));
   if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
-  size_t bytes = 0;
+  size_t bytes = 2 * count * sizeof(uint64_t);
   for (size_t i = 0; i < segments.size(); ++i) {
     if (!frames[i]->messages(segments[i].frame_offset, segments[i].length)) {
       return Status(ErrorCode::not_supported, "one-sided frames");
     }
     bytes += segments[i].length;
   }
-  // It must travel as one message to be one request (the transport splits
-  // larger batches).
-  if (bytes > k_message_max_bytes || 2 * range.count + 2 * segments.size() > k_message_max_ops) {
-    return Status(ErrorCode::not_supported, "too large for one message");
-  }
-  // Takes a page only while unlocked, not wanted exclusively (migration,
-  // free) and of the epoch the caller translated with; undone by a release.
-  constexpr uint64_t k_epoch_bits = ~version::k_sequence_mask;
-  const WordCondition writable{k_epoch_bits | version::k_exclusive_pending | 1, 0};
-  std::vector<uint64_t> olds(range.count);
-  std::vector<uint64_t> released(range.count);
-  auto batch = m_transport.batch();
+  if (bytes > k_message_max_bytes) return Status(ErrorCode::not_supported, "too large for one message");
   Endpoint& ep = *m_node->endpoint;
-  Status s;
-  for (uint64_t i = 0; i < range.count && s.ok(); ++i) {
-    WordCondition c = writable;
-    c.value = range.cached[i] & k_epoch_bits;
-    olds[i] = c.value;  // meets the condition: only a word seen stopping the message does not
-    s = m_transport.add_if(*batch, ep, c, 1, 1, address(*r, range.first_page + i), *r->key, &olds[i]);
+  TIERMEM_RETURN_IF_ERROR(m_transport.reserve(batch, ep, 2 + segments.size(), 0, bytes));
+  const uint64_t addr = address(*r, first);
+  TIERMEM_RETURN_IF_ERROR(m_transport.get(batch, ep, before, count * sizeof(uint64_t), addr, *r->key));
+  for (size_t i = 0; i < segments.size(); ++i) {
+    TIERMEM_RETURN_IF_ERROR(
+        frames[i]->issue_read(batch, segments[i].frame_offset, segments[i].buffer, segments[i].length));
   }
-  for (size_t i = 0; i < segments.size() && s.ok(); ++i) {
-    s = to_memory ? frames[i]->issue_write(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length)
-                  : frames[i]->issue_read(*batch, segments[i].frame_offset, segments[i].buffer, segments[i].length);
-  }
-  for (uint64_t i = 0; i < range.count && s.ok(); ++i) {
-    s = m_transport.atomic(*batch, ep, AtomicOp::fetch_add, 1, 0, address(*r, range.first_page + i), *r->key,
-                           &released[i]);
-  }
-  // Nothing was sent yet (a message goes at wait()): a message that could
-  // not be built whole is dropped, never sent without its releases.
-  if (!s.ok()) return s;
-  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
-  if (w.code() != ErrorCode::failed_precondition) return w;
-  for (uint64_t i = 0; i < range.count; ++i) {
-    if ((olds[i] & writable.mask) == (range.cached[i] & k_epoch_bits)) continue;
-    *blocked = i;
-    *seen = olds[i];
-    return w;
-  }
-  return Status(ErrorCode::internal, "a locked copy was stopped by none of its pages");
+  return m_transport.get(batch, ep, after, count * sizeof(uint64_t), addr, *r->key);
 }
 
-Status RemoteVersionWords::locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
-                                         WordOp op, uint64_t operand, uint64_t compare, uint64_t* old,
-                                         uint64_t* seen) {
+Status RemoteVersionWords::issue_locked_copy(Batch& batch, const PageRange& range,
+                                             std::span<const CopySegment> segments, bool to_memory, uint64_t* olds,
+                                             uint64_t* releases, uint64_t* stopped) {
+  std::vector<RemoteFrameData*> frames;
+  if (!same_node(segments, &frames)) return Status(ErrorCode::not_supported, "segments on other nodes");
+  TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(range.first_page, range.count));
+  if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
+  size_t bytes = 0;
+  size_t ops = 2 * range.count + 1;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (!frames[i]->messages(segments[i].frame_offset, segments[i].length)) {
+      return Status(ErrorCode::not_supported, "one-sided frames");
+    }
+    bytes += segments[i].length;
+    ops += 2;  // the put (or get), and a persist
+  }
+  // It must travel as one message to be one request.
+  if (bytes > k_message_max_bytes || ops > k_message_max_ops) {
+    return Status(ErrorCode::not_supported, "too large for one message");
+  }
+  Endpoint& ep = *m_node->endpoint;
+  TIERMEM_RETURN_IF_ERROR(m_transport.reserve(batch, ep, ops, to_memory ? bytes : 0, to_memory ? 0 : bytes));
+  for (uint64_t i = 0; i < range.count; ++i) {
+    const WordCondition c = writable_at(range.cached[i]);
+    olds[i] = c.value;  // meets the condition: only a word seen stopping the group does not
+    TIERMEM_RETURN_IF_ERROR(
+        m_transport.add_if(batch, ep, c, 1, 1, address(*r, range.first_page + i), *r->key, &olds[i]));
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    TIERMEM_RETURN_IF_ERROR(
+        to_memory ? frames[i]->issue_write(batch, segments[i].frame_offset, segments[i].buffer, segments[i].length)
+                  : frames[i]->issue_read(batch, segments[i].frame_offset, segments[i].buffer, segments[i].length));
+  }
+  for (uint64_t i = 0; i < range.count; ++i) {
+    TIERMEM_RETURN_IF_ERROR(m_transport.atomic(batch, ep, AtomicOp::fetch_add, 1, 0,
+                                               address(*r, range.first_page + i), *r->key, &releases[i]));
+  }
+  return m_transport.end_group(batch, ep, stopped);
+}
+
+Status RemoteVersionWords::locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
+                                       uint64_t* blocked, uint64_t* seen) {
+  std::vector<uint64_t> olds(range.count);
+  std::vector<uint64_t> released(range.count);
+  uint64_t stopped = 0;
+  auto batch = m_transport.batch();
+  // Nothing was sent yet (a message goes at wait()): a message that could
+  // not be built whole is dropped, never sent without its releases.
+  TIERMEM_RETURN_IF_ERROR(
+      issue_locked_copy(*batch, range, segments, to_memory, olds.data(), released.data(), &stopped));
+  TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, ScopedDeadline::bound(m_timeout)));
+  if (stopped == 0) return Status();
+  const uint64_t i = stopped - 1;  // the add_if that stopped it: page i
+  if (i >= range.count) return Status(ErrorCode::internal, "a locked copy was stopped by none of its pages");
+  *blocked = i;
+  *seen = olds[i];
+  return Status(ErrorCode::failed_precondition, "page " + std::to_string(range.first_page + i) + " was taken");
+}
+
+Status RemoteVersionWords::issue_locked_atomic(Batch& batch, uint64_t page, uint64_t cached, FrameData& data,
+                                               uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+                                               uint64_t* taken, uint64_t* old, uint64_t* released,
+                                               uint64_t* stopped) {
   auto* frames = dynamic_cast<RemoteFrameData*>(&data);
   if (frames == nullptr || frames->node().endpoint != m_node->endpoint || !frames->messages(frame_offset, 8)) {
     return Status(ErrorCode::not_supported, "frames elsewhere or one-sided");
   }
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(page, 1));
   if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
-  constexpr uint64_t k_epoch_bits = ~version::k_sequence_mask;
-  const WordCondition writable{k_epoch_bits | version::k_exclusive_pending | 1, cached & k_epoch_bits};
-  uint64_t taken = writable.value;
-  uint64_t released = 0;
-  uint64_t before = 0;
-  auto batch = m_transport.batch();
   Endpoint& ep = *m_node->endpoint;
-  Status s = m_transport.add_if(*batch, ep, writable, 1, 1, address(*r, page), *r->key, &taken);
-  if (s.ok()) s = frames->issue_atomic(*batch, frame_offset, op, operand, compare, &before);
-  if (s.ok()) s = m_transport.atomic(*batch, ep, AtomicOp::fetch_add, 1, 0, address(*r, page), *r->key, &released);
-  if (!s.ok()) return s;  // nothing was sent
-  Status w = m_transport.wait(*batch, ScopedDeadline::bound(m_timeout));
-  if (w.ok()) {
+  TIERMEM_RETURN_IF_ERROR(m_transport.reserve(batch, ep, 5, 0, 0));
+  const WordCondition writable = writable_at(cached);
+  *taken = writable.value;
+  TIERMEM_RETURN_IF_ERROR(m_transport.add_if(batch, ep, writable, 1, 1, address(*r, page), *r->key, taken));
+  TIERMEM_RETURN_IF_ERROR(frames->issue_atomic(batch, frame_offset, op, operand, compare, old));
+  TIERMEM_RETURN_IF_ERROR(
+      m_transport.atomic(batch, ep, AtomicOp::fetch_add, 1, 0, address(*r, page), *r->key, released));
+  return m_transport.end_group(batch, ep, stopped);
+}
+
+Status RemoteVersionWords::locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
+                                         WordOp op, uint64_t operand, uint64_t compare, uint64_t* old,
+                                         uint64_t* seen) {
+  uint64_t taken = 0, before = 0, released = 0, stopped = 0;
+  auto batch = m_transport.batch();
+  TIERMEM_RETURN_IF_ERROR(issue_locked_atomic(*batch, page, cached, data, frame_offset, op, operand, compare, &taken,
+                                              &before, &released, &stopped));  // nothing was sent
+  TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, ScopedDeadline::bound(m_timeout)));
+  if (stopped == 0) {
     *old = before;
-    return w;
+    return Status();
   }
-  if (w.code() == ErrorCode::failed_precondition) *seen = taken;
-  return w;
+  *seen = taken;
+  return Status(ErrorCode::failed_precondition, "page " + std::to_string(page) + " was taken");
 }
 
 // --- frames ------------------------------------------------------------------------

@@ -126,6 +126,30 @@ class RemoteVersionWords final : public VersionWords {
   Status locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset, WordOp op,
                        uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen) override;
 
+  // The same three as one group each of `batch` (Transport::end_group),
+  // issued and not waited for: many operations to this node share one
+  // message (a client Batch's), and each judges its own outcome once the
+  // batch completed. Each reserves room for the whole group in one message;
+  // not_supported where the one-request forms above are (one-sided keys,
+  // segments on other nodes, too large for a message). *stopped: 0 when
+  // the group ran whole.
+  // - snapshot: the words into before[0, count), the segments, the words
+  //   into after[0, count) (a consistent read when they are equal, even and
+  //   of the cached epochs).
+  Status issue_snapshot(Batch& batch, uint64_t first, size_t count, std::span<const CopySegment> segments,
+                        uint64_t* before, uint64_t* after);
+  // - locked copy: olds[i] and releases[i] (range.count words each) receive
+  //   the page words seen; stopped: a page could not be taken (the one
+  //   whose olds[i] does not match its cached epoch, or is locked), nothing
+  //   was copied and nothing stays locked.
+  Status issue_locked_copy(Batch& batch, const PageRange& range, std::span<const CopySegment> segments,
+                           bool to_memory, uint64_t* olds, uint64_t* releases, uint64_t* stopped);
+  // - locked atomic: *taken the page word seen, *old the data word before.
+  Status issue_locked_atomic(Batch& batch, uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
+                             WordOp op, uint64_t operand, uint64_t compare, uint64_t* taken, uint64_t* old,
+                             uint64_t* released, uint64_t* stopped);
+  const RemoteNode& node() const { return *m_node; }
+
  private:
   // The segments' frames when all are on this node's endpoint, else nullptr.
   bool same_node(std::span<const CopySegment> segments, std::vector<class RemoteFrameData*>* frames) const;

@@ -1,14 +1,10 @@
-// Batches (include/tiermem/batch.h): operations posted into a batch run on a
-// pool of library threads shared by the process, each as its synchronous
-// call; fences hold back what follows until what precedes has completed.
-//
-// Why threads and not one message per node: the page protocol's remote
-// operations (access/) wait for their answer inside the call, so threads
-// were the way to overlap them without changing that layer. Measured on two
-// cores they do not pay (TCP round trips are CPU-bound there; batch.h), so
-// the pool has one thread by default. Amortising the page protocol over a batch
-// (one message per node for all its operations) is the next step (issue 31);
-// this is the interface it will run behind, with its semantics tested.
+// Batches (include/tiermem/batch.h): the operations posted between fences
+// go to Client::run_batch together, which sends those on the message path
+// to other nodes as one message per node (client_batch.cpp) and runs the
+// rest as their synchronous calls; an epoch starts once the one before it
+// has completed. They run on the thread that waits (no hand-off), or, once
+// submit() was called, on a pool of library threads shared by the process
+// (TIERMEM_BATCH_THREADS, default 1) while the caller goes on.
 #include <tiermem/batch.h>
 
 #include <condition_variable>
@@ -18,6 +14,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "client/batch_item.hpp"
 
 namespace tiermem {
 namespace detail {
@@ -69,80 +67,62 @@ class BatchPool {
 }  // namespace
 
 struct BatchOp {
-  enum Kind { read, write, fetch_add, compare_swap } kind;
-  Gva gva;
-  void* dst = nullptr;
-  const void* src = nullptr;
-  size_t length = 0;
-  uint64_t a = 0, b = 0;
+  BatchItem item;
   size_t epoch = 0;  // fences before it
   bool done = false;
-  Status status = Status(ErrorCode::busy, "still running");
-  uint64_t value = 0;
 };
 
 struct BatchState : std::enable_shared_from_this<BatchState> {
   Client* client = nullptr;
   BatchOptions options;
   mutable std::mutex mutex;
-  std::condition_variable all_done;
-  std::deque<BatchOp> ops;      // stable addresses while more are posted
-  std::vector<size_t> pending;  // per epoch: posted, not yet done
-  size_t epoch = 0;             // of the next operation posted
-  size_t started = 0;           // ops[0, started) were handed to the pool
-  size_t done = 0;
+  std::condition_variable changed;
+  std::deque<BatchOp> ops;  // stable addresses while more are posted
+  size_t epoch = 0;         // of the next operation posted
+  size_t sent = 0;          // ops[0, sent) were submitted
+  size_t done = 0;          // ops[0, done) completed (they run in order of epochs)
+  bool running = false;     // a thread runs the submitted ones
 
-  // Hands the pool every operation whose earlier epochs have all completed.
-  // Caller holds `mutex`.
-  void start_ready() {
-    while (started < ops.size()) {
-      const size_t e = ops[started].epoch;
-      for (size_t earlier = 0; earlier < e; ++earlier) {
-        if (pending[earlier] != 0) return;
-      }
-      BatchOp* op = &ops[started++];
-      BatchPool::instance().submit([self = shared_from_this(), op] { self->run(*op); });
+  // Runs what was submitted, an epoch at a time (at most what one call to
+  // Client::run_batch takes), until nothing submitted is left. The caller set
+  // `running`.
+  void run_submitted() {
+    std::unique_lock lock(mutex);
+    while (done < sent) {
+      size_t end = done;
+      while (end < sent && ops[end].epoch == ops[done].epoch) ++end;
+      std::vector<BatchItem*> items;
+      for (size_t i = done; i < end; ++i) items.push_back(&ops[i].item);
+      lock.unlock();
+      client->run_batch(items);
+      lock.lock();
+      for (size_t i = done; i < end; ++i) ops[i].done = true;
+      done = end;
+      changed.notify_all();
     }
+    running = false;
+    changed.notify_all();
   }
 
-  void run(BatchOp& op) {
-    Status s;
-    uint64_t value = 0;
-    Client& c = *client;
-    const auto atomic = [&](Result<uint64_t> r) {
-      s = r.status();
-      if (r.ok()) value = *r;
-    };
-    switch (op.kind) {
-      case BatchOp::read:
-        s = options.qos ? c.read(op.gva, op.dst, op.length, *options.qos) : c.read(op.gva, op.dst, op.length);
-        break;
-      case BatchOp::write:
-        s = options.qos ? c.write(op.gva, op.src, op.length, *options.qos) : c.write(op.gva, op.src, op.length);
-        break;
-      case BatchOp::fetch_add:
-        atomic(options.qos ? c.fetch_add(op.gva, op.a, *options.qos) : c.fetch_add(op.gva, op.a));
-        break;
-      case BatchOp::compare_swap:
-        atomic(options.qos ? c.compare_swap(op.gva, op.a, op.b, *options.qos) : c.compare_swap(op.gva, op.a, op.b));
-        break;
+  // Submits every operation posted; with `here`, runs them on this thread
+  // when no other runs this batch's operations. Caller holds `lock`.
+  void submit(std::unique_lock<std::mutex>& lock, bool here) {
+    sent = ops.size();
+    if (running || done == sent) return;
+    running = true;
+    if (!here) {
+      BatchPool::instance().submit([self = shared_from_this()] { self->run_submitted(); });
+      return;
     }
-    std::lock_guard lock(mutex);
-    op.status = std::move(s);
-    op.value = value;
-    op.done = true;
-    ++done;
-    if (--pending[op.epoch] == 0) start_ready();
-    if (done == ops.size()) all_done.notify_all();
+    lock.unlock();
+    run_submitted();
+    lock.lock();
   }
 
-  size_t post(BatchOp op) {
+  size_t post(BatchItem item) {
+    item.qos = options.qos;
     std::lock_guard lock(mutex);
-    op.epoch = epoch;
-    if (pending.size() <= epoch) pending.resize(epoch + 1, 0);
-    ++pending[epoch];
-    ops.push_back(std::move(op));
-    start_ready();
+    ops.push_back({std::move(item), epoch, false});
     return ops.size() - 1;
   }
 };
@@ -169,19 +149,21 @@ Batch& Batch::operator=(Batch&& other) noexcept {
 }
 
 size_t Batch::read(Gva gva, void* data, size_t length) {
-  return m_state->post({.kind = detail::BatchOp::read, .gva = gva, .dst = data, .length = length});
+  return m_state->post({.kind = detail::BatchItem::Kind::read, .gva = gva,
+                        .buffer = static_cast<std::byte*>(data), .length = length});
 }
 
 size_t Batch::write(Gva gva, const void* data, size_t length) {
-  return m_state->post({.kind = detail::BatchOp::write, .gva = gva, .src = data, .length = length});
+  return m_state->post({.kind = detail::BatchItem::Kind::write, .gva = gva,
+                        .buffer = static_cast<std::byte*>(const_cast<void*>(data)), .length = length});
 }
 
 size_t Batch::fetch_add(Gva gva, uint64_t value) {
-  return m_state->post({.kind = detail::BatchOp::fetch_add, .gva = gva, .a = value});
+  return m_state->post({.kind = detail::BatchItem::Kind::fetch_add, .gva = gva, .a = value});
 }
 
 size_t Batch::compare_swap(Gva gva, uint64_t expected, uint64_t desired) {
-  return m_state->post({.kind = detail::BatchOp::compare_swap, .gva = gva, .a = expected, .b = desired});
+  return m_state->post({.kind = detail::BatchItem::Kind::compare_swap, .gva = gva, .a = expected, .b = desired});
 }
 
 void Batch::fence() {
@@ -190,25 +172,32 @@ void Batch::fence() {
   if (!m_state->ops.empty() && m_state->ops.back().epoch == m_state->epoch) ++m_state->epoch;
 }
 
+void Batch::submit() {
+  std::unique_lock lock(m_state->mutex);
+  m_state->submit(lock, false);
+}
+
 Status Batch::wait(std::chrono::milliseconds timeout) {
   detail::BatchState& b = *m_state;
   std::unique_lock lock(b.mutex);
-  if (!b.all_done.wait_for(lock, timeout, [&] { return b.done == b.ops.size(); })) {
+  b.submit(lock, true);
+  if (!b.changed.wait_for(lock, timeout, [&] { return b.done == b.ops.size(); })) {
     return Status(ErrorCode::timeout, std::to_string(b.ops.size() - b.done) + " of " + std::to_string(b.ops.size()) +
                                           " operations of the batch had not completed after " +
                                           std::to_string(timeout.count()) + " ms");
   }
   for (size_t i = 0; i < b.ops.size(); ++i) {
-    if (!b.ops[i].status.ok()) {
-      return b.ops[i].status.with_context("operation " + std::to_string(i) + " of the batch (" +
-                                          b.ops[i].gva.to_string() + ")");
+    if (!b.ops[i].item.status.ok()) {
+      return b.ops[i].item.status.with_context("operation " + std::to_string(i) + " of the batch (" +
+                                               b.ops[i].item.gva.to_string() + ")");
     }
   }
   return Status();
 }
 
-bool Batch::test() const {
-  std::lock_guard lock(m_state->mutex);
+bool Batch::test() {
+  std::unique_lock lock(m_state->mutex);
+  m_state->submit(lock, false);
   return m_state->done == m_state->ops.size();
 }
 
@@ -223,12 +212,13 @@ Status Batch::status(size_t index) const {
     return Status(ErrorCode::out_of_range, "operation " + std::to_string(index) + " of a batch of " +
                                                std::to_string(m_state->ops.size()));
   }
-  return m_state->ops[index].status;
+  const detail::BatchOp& op = m_state->ops[index];
+  return op.done ? op.item.status : Status(ErrorCode::busy, index < m_state->sent ? "still running" : "not submitted yet");
 }
 
 uint64_t Batch::value(size_t index) const {
   std::lock_guard lock(m_state->mutex);
-  return index < m_state->ops.size() && m_state->ops[index].done ? m_state->ops[index].value : 0;
+  return index < m_state->ops.size() && m_state->ops[index].done ? m_state->ops[index].item.value : 0;
 }
 
 }  // namespace tiermem

@@ -415,6 +415,51 @@ Status on_host(void* data, size_t length, bool to_memory, F&& copy, D&& direct) 
 
 }  // namespace
 
+void Client::run_batch(std::span<detail::BatchItem*> items) {
+  using Kind = detail::BatchItem::Kind;
+  const auto synchronous = [&](detail::BatchItem& item) {
+    const auto atomic = [&](Result<uint64_t> r) {
+      item.status = r.status();
+      item.value = r.ok() ? *r : 0;
+    };
+    switch (item.kind) {
+      case Kind::read:
+        item.status = item.qos ? read(item.gva, item.buffer, item.length, *item.qos)
+                               : read(item.gva, item.buffer, item.length);
+        break;
+      case Kind::write:
+        item.status = item.qos ? write(item.gva, item.buffer, item.length, *item.qos)
+                               : write(item.gva, item.buffer, item.length);
+        break;
+      case Kind::fetch_add:
+        atomic(item.qos ? fetch_add(item.gva, item.a, *item.qos) : fetch_add(item.gva, item.a));
+        break;
+      case Kind::compare_swap:
+        atomic(item.qos ? compare_swap(item.gva, item.a, item.b, *item.qos) : compare_swap(item.gva, item.a, item.b));
+        break;
+    }
+    item.handled = true;
+  };
+  // Device buffers go by their calls (the copy engines, or staged).
+  std::vector<detail::BatchItem*> direct;
+  for (detail::BatchItem* item : items) {
+    const bool bytes = item->kind == Kind::read || item->kind == Kind::write;
+    auto kind = bytes ? detail::classify_buffer(item->buffer) : Result<detail::BufferKind>(detail::BufferKind::host);
+    if (kind.ok() && *kind == detail::BufferKind::host) direct.push_back(item);
+  }
+  std::shared_ptr<ClientCore> c = core();
+  if (c->lost()) direct.clear();  // the calls connect again
+  auto flight = c->start_batch(direct);
+  // What is not on its way runs meanwhile (this node's memory, the daemon's path).
+  for (detail::BatchItem* item : items) {
+    if (!item->in_flight && !item->handled) synchronous(*item);
+  }
+  c->finish_batch(*flight);
+  for (detail::BatchItem* item : items) {
+    if (!item->handled) synchronous(*item);
+  }
+}
+
 Status Client::copy_device(Gva gva, void* data, size_t length, bool to_memory) {
   return run(to_memory ? "write" : "read", true, [&](detail::ClientCore& c) {
     return c.copy_device(gva, static_cast<std::byte*>(data), length, to_memory);

@@ -120,7 +120,8 @@ bool is_transport_failure(const Status& s) {
   return s.code() == ErrorCode::transport_error || s.code() == ErrorCode::timeout;
 }
 
-// The extent holding byte `offset` of the allocation.
+}  // namespace
+
 const Extent* extent_at(const CachedAllocation& a, uint64_t offset) {
   auto it = std::upper_bound(a.extents.begin(), a.extents.end(), offset,
                              [](uint64_t o, const Extent& x) { return o < x.gva_offset; });
@@ -128,8 +129,6 @@ const Extent* extent_at(const CachedAllocation& a, uint64_t offset) {
   --it;
   return offset < it->gva_offset + it->length ? &*it : nullptr;
 }
-
-}  // namespace
 
 namespace {
 
@@ -328,6 +327,8 @@ AccessCounters ClientCore::counters() const {
   c.direct_remote = m_direct_remote.load(std::memory_order_relaxed);
   c.message = m_message.load(std::memory_order_relaxed);
   c.through_daemon = m_through_daemon.load(std::memory_order_relaxed);
+  std::lock_guard lock(m_remote_mutex);
+  c.requests_sent = m_transport ? m_transport->requests_sent() : 0;
   return c;
 }
 
@@ -496,10 +497,6 @@ std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const
   return out;
 }
 
-namespace {
-
-// The path of an operation on bytes [offset, +length) of `a`: the slowest of
-// the pieces it touches (the home's words, and the extents of the range).
 Path path_of(const CachedAllocation& a, uint64_t offset, uint64_t length) {
   Path path = a.routes->words;
   auto it = std::upper_bound(a.extents.begin(), a.extents.end(), offset,
@@ -511,7 +508,6 @@ Path path_of(const CachedAllocation& a, uint64_t offset, uint64_t length) {
   return path;
 }
 
-}  // namespace
 
 void ClientCore::count(Path path) {
   switch (path) {

@@ -19,12 +19,14 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
 #include <tiermem/client.h>
 
 #include "access/remote_memory.hpp"
+#include "client/batch_item.hpp"
 #include "client/device_frames.hpp"
 #include "client/node_regions.hpp"
 #include "common/shared_memory.hpp"
@@ -71,6 +73,14 @@ struct Routes {
   std::vector<Path> extents;  // one per extent of the translation
   Status failure;             // why the first piece that failed did
 };
+
+// The path of an operation on bytes [offset, +length) of `a` (its routes
+// decided): the slowest of the pieces it touches (the home's words, and the
+// extents of the range).
+struct CachedAllocation;
+Path path_of(const CachedAllocation& a, uint64_t offset, uint64_t length);
+// The extent holding byte `offset` of `a`, or nullptr.
+const Extent* extent_at(const CachedAllocation& a, uint64_t offset);
 
 // A translation cached by the client: valid while every page's epoch in the
 // home node's version array still equals the one recorded here.
@@ -142,6 +152,22 @@ class ClientCore {
   Status read(Gva gva, void* dst, size_t length, std::optional<QosClass> qos = std::nullopt);
   Result<uint64_t> atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
                           std::optional<QosClass> qos = std::nullopt);
+  // A client Batch's operations (no order holds among them) on the message
+  // path to other nodes, as one message per node (each operation its own
+  // group: Transport::end_group): start_batch posts those it can (marking
+  // them in_flight) and sends every node's message; finish_batch waits for
+  // them all and settles each that went through (`handled`: status and
+  // value final). The caller runs every other one as its synchronous call,
+  // between the two (this node's memory, a mapped one of this host, the
+  // daemon's path, another QoS class) or after finish_batch (a write whose
+  // page was taken, a read a writer spoiled, a stale translation, a node
+  // that failed: the synchronous call then waits, refreshes or reconnects,
+  // and names what failed). An atomic whose node failed mid-batch is
+  // settled with its error: it may have run, and is never repeated.
+  // finish_batch must follow every start_batch.
+  struct BatchFlight;
+  std::shared_ptr<BatchFlight> start_batch(std::span<BatchItem*> items);
+  void finish_batch(BatchFlight& flight);
   // A copy between `gva` and a CUDA device buffer through the copy engines
   // alone: not_supported unless every byte is this node's VRAM that this
   // client may import (the caller then stages through host memory).
@@ -247,6 +273,9 @@ class ClientCore {
   Status exceeded(QosClass qos, const char* what, Gva gva, std::chrono::steady_clock::time_point start,
                   const std::string& tried);
   Status persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length);
+  // Posts `item` into `flight` (client_batch.cpp); not_supported (nothing
+  // posted) when it does not go by the message path.
+  Status post_batch_item(BatchItem& item, BatchFlight& flight);
   Status daemon_gone() const;
   void watch_daemon();
 
@@ -280,7 +309,7 @@ class ClientCore {
   std::mutex m_sibling_mutex;
   std::map<NodeId, std::shared_ptr<SiblingNode>> m_siblings;
 
-  std::mutex m_remote_mutex;
+  mutable std::mutex m_remote_mutex;
   std::unique_ptr<Transport> m_transport;
   Status m_transport_status;
   std::map<NodeId, std::shared_ptr<RemoteState>> m_remote;

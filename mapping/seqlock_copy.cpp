@@ -342,28 +342,26 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
   return s.ok() ? r : s;
 }
 
-Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint64_t offset,
-                           std::byte* buffer, size_t length, bool to_memory,
-                           std::chrono::milliseconds timeout) {
+Status plan_copy(const LayoutView& layout, MemoryAccess& access, uint64_t offset, std::byte* buffer, size_t length,
+                 CopyPlan* plan) {
   if (offset > layout.size || length > layout.size - offset) {
     return Status(ErrorCode::out_of_range, "range of " + std::to_string(length) + " bytes at offset " +
                                                std::to_string(offset) + " runs past the end of an allocation of " +
                                                std::to_string(layout.size) + " bytes");
   }
-  if (length == 0) return Status();
-  TIERMEM_ASSIGN_OR_RETURN(auto versions, access.versions(layout.home, layout.first_page));
+  TIERMEM_ASSIGN_OR_RETURN(plan->words, access.versions(layout.home, layout.first_page));
   // A sub-page allocation starts inside its page (and never leaves it).
   const uint64_t first_index = (layout.page_offset + offset) / layout.page_size;
   const uint64_t last_index = (layout.page_offset + offset + length - 1) / layout.page_size;
   if (last_index >= layout.page_versions.size()) return stale_translation();
-  PageRange range;
+  PageRange& range = plan->range;
   range.first_page = layout.first_page + first_index;
   range.count = last_index - first_index + 1;
   range.cached = layout.page_versions.data() + first_index;
   range.page_size = layout.page_size;
   range.offset = (layout.page_offset + offset) % layout.page_size;
 
-  std::vector<CopySegment> segments;
+  plan->segments.clear();
   uint64_t at = offset;
   size_t x = 0;
   while (at < offset + length) {
@@ -379,11 +377,20 @@ Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint6
     seg.buffer = buffer + seg.range_offset;
     seg.length = std::min<uint64_t>(offset + length - at, e.length - in_extent);
     TIERMEM_RETURN_IF_ERROR(frames->prepare(seg.frame_offset, seg.length));
-    segments.push_back(seg);
+    plan->segments.push_back(seg);
     at += seg.length;
   }
-  return to_memory ? seqlocked_write(*versions, range, segments, timeout)
-                   : seqlocked_read(*versions, range, segments, timeout);
+  return Status();
+}
+
+Status copy_through_layout(const LayoutView& layout, MemoryAccess& access, uint64_t offset,
+                           std::byte* buffer, size_t length, bool to_memory,
+                           std::chrono::milliseconds timeout) {
+  if (length == 0 && offset <= layout.size) return Status();
+  CopyPlan plan;
+  TIERMEM_RETURN_IF_ERROR(plan_copy(layout, access, offset, buffer, length, &plan));
+  return to_memory ? seqlocked_write(*plan.words, plan.range, plan.segments, timeout)
+                   : seqlocked_read(*plan.words, plan.range, plan.segments, timeout);
 }
 
 Status LocalVersionWords::load(uint64_t first, size_t count, uint64_t* out) {

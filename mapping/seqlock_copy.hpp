@@ -28,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include <tiermem/status.h>
 #include <tiermem/types.h>
@@ -244,6 +245,18 @@ class MemoryAccess {
   virtual Result<VersionWords*> versions(NodeId home, uint64_t first_page) = 0;
   virtual Result<FrameData*> frames(NodeId node, Tier tier) = 0;
 };
+
+// A copy of [offset, offset+length) of an allocation, laid out: the home's
+// words, the pages it touches and one segment per extent it covers (frames
+// prepared). Errors: out_of_range (outside the allocation), stale (the
+// layout does not cover it), and the accessors'.
+struct CopyPlan {
+  VersionWords* words = nullptr;
+  PageRange range;
+  std::vector<CopySegment> segments;
+};
+Status plan_copy(const LayoutView& layout, MemoryAccess& access, uint64_t offset, std::byte* buffer, size_t length,
+                 CopyPlan* plan);
 
 // Copies [offset, offset+length) of an allocation as one seqlocked range (one
 // segment per extent it covers). Errors as seqlocked_write/read; out_of_range

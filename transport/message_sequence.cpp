@@ -47,6 +47,9 @@ Refusal check_one(const Op& op, const RegionTable& regions) {
       if (op.length != sizeof(uint64_t)) return Refusal::malformed;
       if (op.address % sizeof(uint64_t) != 0) return Refusal::unaligned;
       break;
+    case OpKind::group_end:
+      // Touches no memory.
+      return op.length == 0 && op.address == 0 ? Refusal::none : Refusal::malformed;
     default:
       return Refusal::malformed;
   }
@@ -104,11 +107,22 @@ size_t get_bytes(std::span<const Op> ops, size_t count) {
 
 size_t answer_bytes(std::span<const Op> ops) { return ops.size() * sizeof(uint64_t) + get_bytes(ops, ops.size()); }
 
+namespace {
+
+// The first group_end at or after `from`, or ops.size().
+size_t group_end_at(std::span<const Op> ops, size_t from) {
+  while (from < ops.size() && ops[from].kind != OpKind::group_end) ++from;
+  return from;
+}
+
+}  // namespace
+
 Outcome run(std::span<const Op> ops, const std::byte* payload, std::byte* answer) {
   auto* results = reinterpret_cast<uint64_t*>(answer);
   std::byte* gets = answer + ops.size() * sizeof(uint64_t);
   std::memset(results, 0, ops.size() * sizeof(uint64_t));
   Outcome out;
+  size_t group = 0;  // the first operation of the current group
   for (; out.ran < ops.size(); ++out.ran) {
     const Op& op = ops[out.ran];
     auto* target = reinterpret_cast<std::byte*>(op.address);
@@ -127,19 +141,37 @@ Outcome run(std::span<const Op> ops, const std::byte* payload, std::byte* answer
         break;
       case OpKind::add_if:
         if (!add_if(reinterpret_cast<uint64_t*>(target), op, &results[out.ran])) {
-          out.aborted = true;
           // Undone latest first, each by its own amount (a lock is released,
           // not restored: words only ever move forward).
-          for (size_t i = out.ran; i-- > 0;) {
+          for (size_t i = out.ran; i-- > group;) {
             if (ops[i].kind != OpKind::add_if) continue;
             std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(ops[i].address))
                 .fetch_add(ops[i].undo, std::memory_order_seq_cst);
           }
-          return out;
+          const size_t end = group_end_at(ops, out.ran);
+          if (end == ops.size()) {
+            out.aborted = true;
+            return out;
+          }
+          // The rest of the group is skipped: its puts' bytes passed over,
+          // its gets answered with zeros.
+          for (size_t i = out.ran + 1; i < end; ++i) {
+            if (ops[i].kind == OpKind::put) payload += ops[i].length;
+            if (ops[i].kind == OpKind::get) {
+              std::memset(gets, 0, ops[i].length);
+              gets += ops[i].length;
+            }
+          }
+          results[end] = 1 + (out.ran - group);
+          out.ran = end;
+          group = end + 1;
         }
         break;
       case OpKind::persist:
         persist(op);
+        break;
+      case OpKind::group_end:
+        group = out.ran + 1;
         break;
     }
     // Each operation completes before the next starts: a message reading

@@ -26,7 +26,9 @@
 
 namespace tiermem::sequence {
 
-enum class OpKind : uint8_t { get = 1, put = 2, atomic = 3, add_if = 4, persist = 5 };
+// group_end closes a group: a failing add_if stops the rest of its group only
+// (see run()). A message without one is one group.
+enum class OpKind : uint8_t { get = 1, put = 2, atomic = 3, add_if = 4, persist = 5, group_end = 6 };
 
 struct Op {
   OpKind kind = OpKind::get;
@@ -105,9 +107,13 @@ struct Outcome {
 // Runs checked `ops` in order on this process's memory. Puts take their
 // bytes from `payload` in order; `answer` (answer_bytes long) receives one
 // word per operation, then the gets' bytes. A conditional add whose
-// condition fails stops the message: its word's value goes to its result,
-// nothing after it runs, and each conditional add that ran before it gets its
-// `undo` added (latest first). Each operation completes before the next
+// condition fails stops its group: its word's value goes to its result,
+// nothing after it in the group runs (skipped gets answer zeros), and each
+// conditional add of the group that ran before it gets its `undo` added
+// (latest first). The group's group_end answers 1 + the index in the group
+// of the add_if that stopped it (0: the group ran whole), and what follows
+// it runs. With no group_end after the failing add_if, the message stops
+// there (Outcome::aborted). Each operation completes before the next
 // starts (full fences between them), so a message may read words, bytes and
 // words again and compare the two.
 Outcome run(std::span<const Op> ops, const std::byte* payload, std::byte* answer);

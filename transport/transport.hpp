@@ -127,9 +127,9 @@ class Transport {
   // A conditional add, on message keys only (not_supported on one-sided
   // ones): when `condition` holds for the peer's word at `remote_addr` it gets
   // `add` added, atomically. When it does not, nothing issued after it in its
-  // message runs, each add_if before it in its message gets its own `undo`
-  // added (latest first), and wait() returns
-  // failed_precondition. *old receives the word as the peer saw it (for those
+  // message (its group: end_group) runs, each add_if before it in its
+  // message (group) gets its own `undo` added (latest first), and wait()
+  // returns failed_precondition (not for a group). *old receives the word as the peer saw it (for those
   // that ran). A compare-and-swap that must succeed for the rest to run is
   // compare_swap_or_abort() below.
   virtual Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
@@ -138,6 +138,24 @@ class Transport {
   // before it, durable at the peer (msync of a file mapping) before what is
   // issued after it runs. Message keys only (not_supported on one-sided ones).
   virtual Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) = 0;
+  // Groups (message keys only; not_supported on one-sided endpoints): closes
+  // the group of the operations issued on `ep` since the last end_group (or
+  // the batch's start). An add_if that fails then stops the rest of its
+  // group only, undoing the add_ifs of its group before it; what follows the
+  // group runs, and wait() does not fail for it. *stopped receives 0 when
+  // the group ran whole, else 1 + the index in the group of the add_if that
+  // stopped it. Many independent operations (a client Batch's) share one
+  // message this way, each its own group.
+  virtual Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) = 0;
+  // The next `ops` operations on `ep`, with `put_bytes` of puts and
+  // `get_bytes` of gets, travel in one message (the message collected so
+  // far goes now if they would not fit in it). invalid_argument when they
+  // cannot fit in any message; nothing to do on one-sided endpoints.
+  virtual Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) = 0;
+  // Sends the messages collected so far without waiting (wait() still
+  // completes them): the batches of several endpoints go out together, then
+  // each is waited for.
+  virtual void send(Batch& batch) = 0;
   Status compare_swap_or_abort(Batch& batch, Endpoint& ep, uint64_t expected, uint64_t desired,
                                uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
     return add_if(batch, ep, {~uint64_t{0}, expected}, desired - expected, expected - desired, remote_addr, key, old);
@@ -157,6 +175,9 @@ class Transport {
   virtual Status wait(Batch& batch, std::chrono::milliseconds timeout) = 0;
   // Remote completion of everything issued on `ep` so far.
   virtual Status flush(Endpoint& ep, std::chrono::milliseconds timeout) = 0;
+
+  // Requests sent to peers as messages (resends not counted).
+  virtual uint64_t requests_sent() const { return 0; }
 
   // Drives progress once; true when something happened.
   virtual bool progress() = 0;

@@ -145,6 +145,7 @@ struct MessageOp {
   Waiter* waiter = nullptr;            // the thread waiting for it
   std::vector<sequence::Op> ops;
   std::vector<ucp_dt_iov_t> payload;   // the operations unless in the header, then each put's bytes
+  std::vector<std::byte> gathered;     // the payload in one piece, when it was many small ones
   size_t put_bytes = 0;
   size_t get_bytes = 0;
   std::vector<void*> dst;              // per operation: a get's destination
@@ -262,10 +263,14 @@ class UcxTransport final : public Transport {
   Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                 uint64_t remote_addr, RemoteKey& key, uint64_t* old) override;
   Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
+  Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
+  void send(Batch& batch) override;
   Status fence(Batch& batch, std::chrono::milliseconds timeout) override;
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return ucp_worker_progress(m_worker) != 0; }
+  uint64_t requests_sent() const override { return m_requests_sent.load(std::memory_order_relaxed); }
   void check_while_waiting(WaitCheck check, std::chrono::milliseconds interval) override {
     m_wait_check = std::move(check);
     m_check_interval = interval;
@@ -345,6 +350,11 @@ class UcxTransport final : public Transport {
 
   // Sends (or sends again) a request; the answer is matched by its id.
   void post_request(MessageOp& op);
+  // Copies a payload of many small pieces into one (MessageOp::gathered).
+  static void gather(MessageOp& op);
+  static constexpr size_t k_gather_pieces = 8;
+  static constexpr size_t k_gather_bytes = 4 << 20;
+  static constexpr size_t k_gather_piece_bytes = 64 << 10;
 
   // Closes the endpoints of unfinished operations so UCX completes (cancels)
   // them and never writes the caller's buffers after wait() returns.
@@ -435,6 +445,7 @@ class UcxTransport final : public Transport {
   std::recursive_mutex m_ops_lock;
   std::unordered_map<uint64_t, MessageOp*> m_ops;
   uint64_t m_next_op = 0;
+  std::atomic<uint64_t> m_requests_sent{0};
   uint64_t m_origin = 0;  // random, names this transport in requests
   // Endpoints to the workers that said hello, by origin; the oldest are
   // closed beyond k_origins_remembered (m_closing, from the progress side).

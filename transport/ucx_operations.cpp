@@ -40,9 +40,11 @@ ucp_request_param_t UcxTransport::one_sided_param() {
 
 Status UcxTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
-  if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
+  // Collecting a message cannot fail once its operations were checked
+  // (a group is never sent in part): a failed endpoint fails it at send.
   if (k.m_messages) return add_op(batch, e, make_op(OpKind::get, remote_addr, length, k.m_token), nullptr, dst, nullptr);
+  if (e.failed()) return peer_failed();
   ucp_request_param_t p = one_sided_param();
   return track(batch, e, ucp_get_nbx(e.m_ep, dst, length, remote_addr, k.m_key, &p), "get");
 }
@@ -50,9 +52,9 @@ Status UcxTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, u
 Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
                          RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
-  if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
   if (k.m_messages) return add_op(batch, e, make_op(OpKind::put, remote_addr, length, k.m_token), src, nullptr, nullptr);
+  if (e.failed()) return peer_failed();
   ucp_request_param_t p = one_sided_param();
   return track(batch, e, ucp_put_nbx(e.m_ep, src, length, remote_addr, k.m_key, &p), "put");
 }
@@ -60,7 +62,6 @@ Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t len
 Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
                             uint64_t remote_addr, RemoteKey& key, uint64_t* result) {
   auto& e = static_cast<UcxEndpoint&>(ep);
-  if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
   if (k.m_messages) {
     Op m = make_op(OpKind::atomic, remote_addr, sizeof(uint64_t), k.m_token);
@@ -69,6 +70,7 @@ Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t op
     m.compare = compare;
     return add_op(batch, e, m, nullptr, nullptr, result);
   }
+  if (e.failed()) return peer_failed();
   auto& b = static_cast<UcxBatch&>(batch);
   ucp_request_param_t p = one_sided_param();
   p.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FIELD_REPLY_BUFFER;
@@ -91,7 +93,6 @@ Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t op
 Status UcxTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                             uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
   auto& e = static_cast<UcxEndpoint&>(ep);
-  if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
   if (!k.m_messages) {
     return Status(ErrorCode::not_supported, "a conditional add needs the message path; this key is one-sided");
@@ -106,11 +107,38 @@ Status UcxTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition,
 
 Status UcxTransport::persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
-  if (e.failed()) return peer_failed();
   auto& k = static_cast<UcxRemoteKey&>(key);
   if (!k.m_messages) return Status(ErrorCode::not_supported, "a persist needs the message path; this key is one-sided");
   return add_op(batch, e, make_op(OpKind::persist, remote_addr, length, k.m_token), nullptr, nullptr, nullptr);
 }
+
+Status UcxTransport::end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+  auto& e = static_cast<UcxEndpoint&>(ep);
+  if (!e.m_messages && !e.m_shared) return Status(ErrorCode::not_supported, "groups need the message path");
+  return add_op(batch, e, make_op(OpKind::group_end, 0, 0, 0), nullptr, nullptr, stopped);
+}
+
+Status UcxTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) {
+  if (ops > sequence::k_max_ops || put_bytes > sequence::k_max_bytes || get_bytes > sequence::k_max_bytes) {
+    return Status(ErrorCode::invalid_argument, std::to_string(ops) + " operations of " + std::to_string(put_bytes) +
+                                                   " + " + std::to_string(get_bytes) +
+                                                   " bytes do not fit in one message");
+  }
+  auto& b = static_cast<UcxBatch&>(batch);
+  auto& e = static_cast<UcxEndpoint&>(ep);
+  auto it = b.m_open.find(&e);
+  if (it == b.m_open.end()) return Status();
+  const MessageOp& m = *it->second;
+  if (m.ops.size() + ops <= sequence::k_max_ops && m.put_bytes + put_bytes <= sequence::k_max_bytes &&
+      m.get_bytes + get_bytes <= sequence::k_max_bytes) {
+    return Status();
+  }
+  send_message(*it->second);
+  b.m_open.erase(it);
+  return Status();
+}
+
+void UcxTransport::send(Batch& batch) { send_open(static_cast<UcxBatch&>(batch)); }
 
 Status UcxTransport::fence(Batch& batch, std::chrono::milliseconds) {
   // A message runs in order at its target: nothing to do for those.
@@ -223,6 +251,7 @@ void UcxTransport::send_message(MessageOp& op) {
       op.payload.insert(op.payload.begin(), {op.ops.data(), ops_bytes});
     }
     op.words.assign(op.ops.size(), 0);
+    gather(op);
   }
   {
     std::lock_guard lock(m_ops_lock);
@@ -236,7 +265,25 @@ void UcxTransport::send_message(MessageOp& op) {
   std::memcpy(op.head.data(), &op.header, sizeof op.header);
   if (in_header) std::memcpy(op.head.data() + sizeof op.header, op.ops.data(), ops_bytes);
   op.sent = true;
+  m_requests_sent.fetch_add(1, std::memory_order_relaxed);
   post_request(op);
+}
+
+void UcxTransport::gather(MessageOp& op) {
+  // Many small puts (a client Batch's writes) go as one buffer: UCX 1.13
+  // sends a long scatter list over TCP several times slower than one piece
+  // (bench/batch_bench), and copying them costs less than that.
+  if (op.payload.size() <= k_gather_pieces) return;
+  size_t bytes = 0;
+  for (const ucp_dt_iov_t& v : op.payload) bytes += v.length;
+  if (bytes > k_gather_bytes || bytes / op.payload.size() > k_gather_piece_bytes) return;
+  op.gathered.resize(bytes);
+  std::byte* at = op.gathered.data();
+  for (const ucp_dt_iov_t& v : op.payload) {
+    std::memcpy(at, v.buffer, v.length);
+    at += v.length;
+  }
+  op.payload.assign(1, {op.gathered.data(), bytes});
 }
 
 void UcxTransport::post_request(MessageOp& op) {
@@ -255,7 +302,9 @@ void UcxTransport::post_request(MessageOp& op) {
   // ucx_internal.hpp: eager always over shared memory).
   p.flags = bytes <= k_eager_limit || !op.ep->m_messages ? UCP_AM_SEND_FLAG_EAGER : UCP_AM_SEND_FLAG_RNDV;
   if (op.ep->m_messages) p.flags |= UCP_AM_SEND_FLAG_REPLY;
-  void* request = op.ep->m_ep == nullptr ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
+  // A failed endpoint sends nothing more (not the rest of a message begun
+  // before it failed).
+  void* request = op.ep->m_ep == nullptr || op.ep->failed() ? UCS_STATUS_PTR(UCS_ERR_CONNECTION_RESET)
                                          : ucp_am_send_nbx(op.ep->m_ep, k_request_id, op.head.data(), op.head.size(),
                                                            buffer, count, &p);
   if (UCS_PTR_IS_ERR(request)) {

@@ -5,22 +5,27 @@
 //   for (int i = 0; i < 64; ++i) b.read(shard[i], buffers[i], 4096);
 //   b.fence();                       // what follows starts once all before is done
 //   size_t n = b.fetch_add(counter, 1);
+//   b.submit();                      // on their way; the caller goes on
+//   ...                              // compute
 //   Status s = b.wait();             // the first error, or OK
 //   uint64_t before = b.value(n);    // b.status(i): each operation's own
 //
-// Operations start as soon as they are posted (those after a fence once
-// every operation before it has completed) and run on a pool of the
-// library's threads shared by the process's clients (TIERMEM_BATCH_THREADS,
-// default 1). Each is the same operation as the synchronous call
-// (Client::read, ...), with the same guarantees and errors; no order holds
-// between operations but at fences. Not faster yet: on the two-core machine
-// it was measured on, TCP round trips are CPU-bound, and 8 threads got
-// 0.55-0.76 of one call at a time (bench/batch_bench); the default runs a
-// batch's operations one after another, beside the caller. One message per
-// node for a batch's operations is the work that makes batches pay (issue 31).
+// Operations posted are sent at submit() (or test(), or wait()): those
+// between two fences on another node's memory reached by messages (TCP,
+// shared memory between daemons) travel as ONE message per node, each
+// operation its own group there (a page held by someone else stops its
+// operation only, which then runs again by itself); the others run as the
+// synchronous call (Client::read, ...) would, with the same guarantees and
+// errors. No order holds between operations but at fences: an epoch starts
+// once every operation before the fence has completed (whatever its
+// outcome). After submit() they run on a pool of the library's threads
+// (TIERMEM_BATCH_THREADS, default 1) while the caller goes on; wait()
+// without submit() runs them on the calling thread (no hand-off). A node
+// that fails mid-batch fails only its own operations, naming it; an atomic
+// that may have run there is failed, never repeated.
 // The buffers given must stay valid, and untouched by the caller, until the
 // batch has completed (wait() returned, or test() said so); destroying a
-// batch waits for its operations.
+// batch runs and waits for what was posted.
 //
 // Thread-compatible: one thread posts into and waits on a batch at a time.
 #pragma once
@@ -68,16 +73,21 @@ class TIERMEM_EXPORT Batch {
   // completed (whatever its outcome).
   void fence();
 
-  // Waits until every operation posted has completed; returns the first
-  // error in posting order (its index and message), or OK. timeout after
-  // `timeout` (the operations go on; wait again, or destroy the batch,
-  // which waits).
+  // Sends what was posted since, to run on the library's threads while the
+  // caller goes on.
+  void submit();
+  // Submits what was posted and waits until every operation has completed
+  // (running them on this thread when no library thread does); returns the
+  // first error in posting order (its index and message), or OK. timeout
+  // after `timeout` (the operations go on; wait again, or destroy the
+  // batch, which waits).
   Status wait(std::chrono::milliseconds timeout = std::chrono::minutes(10));
-  // Whether every operation posted has completed (does not block).
-  bool test() const;
+  // Submits what was posted; whether every operation has completed (does
+  // not block).
+  bool test();
 
   size_t size() const;
-  // Operation `index`'s outcome: OK, its error, or busy while it runs.
+  // Operation `index`'s outcome: OK, its error, or busy until it completed.
   Status status(size_t index) const;
   // The value before an atomic (0 for reads and writes, and until done).
   uint64_t value(size_t index) const;

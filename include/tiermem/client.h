@@ -101,12 +101,18 @@ struct AccessCounters {
   // Another node's memory through the data plane's checked message path
   // (TCP: the home's progress thread checks and runs each operation).
   uint64_t message = 0;
+  // Data-plane requests this client sent to other nodes: one per message
+  // operation, and one per node for the operations of a Batch between two
+  // fences that go by messages.
+  uint64_t requests_sent = 0;
 };
 
 namespace detail {
 class ClientCore;
 class MappedSet;
 struct ClientLink;
+struct BatchItem;
+struct BatchState;
 }
 
 // Memory of one allocation mapped into this process. The bytes are the tier's
@@ -259,6 +265,10 @@ class TIERMEM_EXPORT Client {
   Result<std::string> metrics(NodeId node = 0);
 
  private:
+  friend struct detail::BatchState;
+  // A Batch's operations of one epoch (client/batch.cpp): those on the
+  // message path as one message per node, the others as their calls.
+  TIERMEM_NO_EXPORT void run_batch(std::span<detail::BatchItem*> items);
   TIERMEM_NO_EXPORT Client(std::shared_ptr<detail::ClientCore> core, const ClientOptions& options,
                            uint64_t client_id);
   TIERMEM_NO_EXPORT std::shared_ptr<detail::ClientCore> core() const;

@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include <tiermem/batch.h>
+
 #include "tests/support/cluster_fixture.hpp"
 
 namespace tiermem {
@@ -43,6 +45,13 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
   auto a = owner->alloc(k_size, {.tier = Tier::dram});
   ASSERT_TRUE(a.ok());
   const Gva base = a->gva;
+  // A second allocation, moved with the first, that a batch user on node 3
+  // writes and reads back in mixed batches with fences, and a counter it
+  // adds to in the same batches.
+  auto batched = owner->alloc(k_size, {.tier = Tier::dram, .node = 2});
+  auto counter = owner->alloc(4096, {.tier = Tier::dram, .node = 1, .coherent = true});
+  ASSERT_TRUE(batched.ok() && counter.ok());
+  std::atomic<int> batch_errors{0}, batch_mismatches{0}, batch_rounds{0};
 
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> acked[k_writers] = {};
@@ -109,6 +118,28 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
       }
     });
   }
+  threads.emplace_back([&] {
+    auto c = m_cluster->node(3).connect("batcher");
+    constexpr size_t k_chunk = 4096, k_chunks = k_size / k_chunk;
+    std::vector<uint64_t> out(k_size / 8), back(k_size / 8);
+    for (uint64_t n = 1; !stop.load(); ++n) {
+      std::fill(out.begin(), out.end(), word_of(7, n));
+      std::fill(back.begin(), back.end(), 0);
+      Batch b(*c);
+      for (size_t i = 0; i < k_chunks; ++i) b.write(batched->gva.plus(i * k_chunk), out.data() + i * k_chunk / 8, k_chunk);
+      b.fetch_add(counter->gva, 1);
+      b.fence();
+      for (size_t i = 0; i < k_chunks; ++i) b.read(batched->gva.plus(i * k_chunk), back.data() + i * k_chunk / 8, k_chunk);
+      b.fetch_add(counter->gva, 1);
+      if (Status s = b.wait(60s); !s.ok()) {
+        ++batch_errors;
+        note_error(s);
+        return;
+      }
+      if (back != out) ++batch_mismatches;
+      ++batch_rounds;
+    }
+  });
   struct Target {
     Tier tier;
     NodeId node;
@@ -127,6 +158,8 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
        ++i) {
     const Target& t = targets[i % std::size(targets)];
     auto m = mover->migrate(base, t.tier, t.node);
+    auto mb = mover->migrate(batched->gva, t.tier, t.node);
+    EXPECT_TRUE(mb.ok()) << mb.status().to_string();
     EXPECT_TRUE(m.ok()) << "migration " << i << " to " << tier_name(t.tier) << " on node " << t.node << ": "
                         << m.status().to_string();
     auto tr = mover->translate(base);
@@ -147,6 +180,13 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
   EXPECT_EQ(backwards.load(), 0) << "a read went back in time";
   EXPECT_GT(reads.load(), 10);
   EXPECT_GE(migrations, 6);
+  EXPECT_EQ(batch_errors.load(), 0) << first_error;
+  EXPECT_EQ(batch_mismatches.load(), 0) << "a read after a fence did not see the batch's own writes";
+  EXPECT_GT(batch_rounds.load(), 0);
+  uint64_t adds = 0;
+  ASSERT_TRUE(owner->read(counter->gva, &adds, 8).ok());
+  EXPECT_GE(adds, 2u * static_cast<uint64_t>(batch_rounds.load())) << "every acknowledged fetch-add is there";
+  EXPECT_LE(adds, 2u * static_cast<uint64_t>(batch_rounds.load()) + 2);
   std::vector<uint64_t> final(k_size / 8);
   ASSERT_TRUE(owner->read(base, final.data(), k_size).ok());
   for (int w = 0; w < k_writers; ++w) {
@@ -156,7 +196,8 @@ TEST_P(MigrationTest, NoTornReadAndNoLostAcknowledgedWriteWhilePagesMove) {
           << "writer " << w << " word " << i << ": the last acknowledged write is not there";
     }
   }
-  std::printf("%d migrations, %d full reads, writes acknowledged: %llu %llu %llu\n", migrations, reads.load(),
+  std::printf("%d migrations, %d full reads, %d batch rounds, writes acknowledged: %llu %llu %llu\n", migrations,
+              reads.load(), batch_rounds.load(),
               static_cast<unsigned long long>(acked[0].load()), static_cast<unsigned long long>(acked[1].load()),
               static_cast<unsigned long long>(acked[2].load()));
 }

@@ -141,7 +141,7 @@ def test_atomics_and_the_control_calls(client):
     assert client.nodes()[0]["node"] == client.node
     assert client.health()["nodes"][0]["state"] == "self"
     counters = client.access_counters()
-    assert set(counters) == {"direct_local", "direct_remote", "message", "through_daemon"}
+    assert set(counters) == {"direct_local", "direct_remote", "message", "through_daemon", "requests_sent"}
     assert counters["direct_local"] > 0 and counters["message"] == counters["direct_remote"] == 0
     client.free(a.gva)
     with pytest.raises(tiermem.RequestError) as e:
@@ -342,3 +342,21 @@ def test_a_batch_holds_its_buffers_and_reports_each_operation(client):
     assert "operation 1 of the batch" in str(e.value)
     client.free(a)
     client.free(counter)
+
+
+def test_a_submitted_batch_runs_while_python_goes_on(client):
+    import time
+    a = client.alloc(64 * 1024, tier="dram")
+    client.write(a, bytes(range(256)) * 256)
+    b = client.batch()
+    reads = [b.read(a.gva + i * 4096, 4096) for i in range(16)]
+    assert b.status(reads[0]) == ("busy", "not submitted yet")
+    b.submit()
+    deadline = time.monotonic() + 30
+    while not b.done and time.monotonic() < deadline:
+        time.sleep(0.001)  # the GIL is free: the library's thread does the work
+    assert b.done
+    for i, r in enumerate(reads):
+        assert bytes(b.result(r)) == (bytes(range(256)) * 256)[i * 4096:(i + 1) * 4096]
+    b.wait()
+    client.free(a)

@@ -181,6 +181,20 @@ Status FakeTransport::persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, 
   return add(batch, ep, make_op(OpKind::persist, remote_addr, length, key), nullptr, nullptr, nullptr);
 }
 
+Status FakeTransport::end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+  if (m_one_sided) return Status(ErrorCode::not_supported, "fake: one-sided keys take no groups");
+  return add(batch, ep, Op{.kind = OpKind::group_end}, nullptr, nullptr, stopped);
+}
+
+Status FakeTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t, size_t) {
+  if (ops > sequence::k_max_ops) return Status(ErrorCode::invalid_argument, "fake: too many operations for a message");
+  auto& b = static_cast<FakeBatch&>(batch);
+  auto it = b.m_open.find(&static_cast<FakeEndpoint&>(ep));
+  // The fake splits by operations only.
+  if (it != b.m_open.end() && it->second->ops.size() + ops > sequence::k_max_ops) b.m_open.erase(it);
+  return Status();
+}
+
 Status FakeTransport::flush(Endpoint& ep, std::chrono::milliseconds) {
   return ep.failed() ? Status(ErrorCode::transport_error, "fake: the peer's endpoint failed") : Status();
 }

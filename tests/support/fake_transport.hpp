@@ -65,6 +65,9 @@ class FakeTransport final : public Transport {
   Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                 uint64_t remote_addr, RemoteKey& key, uint64_t* old) override;
   Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
+  Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
+  void send(Batch&) override {}  // messages run at wait()
   Status fence(Batch&, std::chrono::milliseconds) override { return Status(); }
   Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;

@@ -85,6 +85,39 @@ TEST_F(MessageSequenceTest, AFailingConditionStopsTheMessageAndUndoesTheConditio
   EXPECT_EQ(m_memory[3], 3u) << "nor the add after it";
 }
 
+TEST_F(MessageSequenceTest, AFailingConditionStopsOnlyItsGroupAndWhatFollowsTheGroupRuns) {
+  // Group 1: take word 1 (add 1 while odd), put 99 into word 5, take word 2
+  // (fails: it is 2, asked to be 3), get word 5, add to word 1 again.
+  // Group 2: take word 7, get it, put 42 into word 8, add to word 7 again.
+  const uint64_t puts[2] = {99, 42};
+  std::vector<Op> ops = {add_if(1, 1, 1, 1, 1),         op(OpKind::put, word(5), 8), add_if(2, ~uint64_t{0}, 3, 1, 1),
+                         op(OpKind::get, word(5), 8),   add_if(1, 0, 0, 1, 1),      Op{.kind = OpKind::group_end},
+                         add_if(7, 0, 0, 1, 1),         op(OpKind::get, word(7), 8), op(OpKind::put, word(8), 8),
+                         add_if(7, 0, 0, 1, 1),         Op{.kind = OpKind::group_end}};
+  ASSERT_EQ(check(ops, sizeof puts, m_regions).refusal, Refusal::none);
+  std::vector<std::byte> answer(answer_bytes(ops));
+  std::memset(answer.data(), 0xff, answer.size());
+  const Outcome out = run(ops, reinterpret_cast<const std::byte*>(puts), answer.data());
+  EXPECT_EQ(out.ran, ops.size()) << "every group was gone through";
+  EXPECT_FALSE(out.aborted) << "a stopped group does not stop the message";
+  std::vector<uint64_t> words(ops.size() + 2);
+  std::memcpy(words.data(), answer.data(), words.size() * 8);
+  EXPECT_EQ(words[2], 2u) << "the word that stopped the group, as seen";
+  EXPECT_EQ(words[5], 3u) << "group 1 stopped at its 3rd operation (1 + index 2)";
+  EXPECT_EQ(words[10], 0u) << "group 2 ran whole";
+  EXPECT_EQ(words[11], 0u) << "group 1's skipped get answers zeros, not memory";
+  EXPECT_EQ(words[12], 8u) << "group 2's get read word 7 after it was taken";
+  EXPECT_EQ(m_memory[1], 3u) << "group 1's take of word 1 was undone by its undo (forward), its last add skipped";
+  EXPECT_EQ(m_memory[5], 99u) << "group 1's put ran before the failing condition";
+  EXPECT_EQ(m_memory[7], 9u) << "group 2 took and released word 7";
+  EXPECT_EQ(m_memory[8], 42u) << "group 2's put took the second payload, past group 1's";
+}
+
+TEST_F(MessageSequenceTest, AGroupEndThatTouchesMemoryIsRefused) {
+  std::vector<Op> ops = {Op{.kind = OpKind::group_end, .address = word(1)}};
+  EXPECT_EQ(check(ops, 0, m_regions).refusal, Refusal::malformed);
+}
+
 TEST_F(MessageSequenceTest, ACompareSwapThatMustSucceedIsRestoredExactlyWhenALaterOneFails) {
   // What Transport::compare_swap_or_abort sends: add the difference, undo by
   // subtracting it.

@@ -47,6 +47,7 @@ class PyBatch {
     return hold_nothing(open().compare_swap(as_gva(gva), expected, desired));
   }
   void fence() { open().fence(); }
+  void submit() { open().submit(); }
 
   // Waits for every operation; raises the first error.
   void wait(double timeout_s) {
@@ -135,6 +136,8 @@ void bind_batch(pyb::module_& m) {
       .def("fetch_add", &PyBatch::fetch_add, arg("gva"), arg("value"))
       .def("compare_swap", &PyBatch::compare_swap, arg("gva"), arg("expected"), arg("desired"))
       .def("fence", &PyBatch::fence, "What is posted after starts once all posted before has completed.")
+      .def("submit", &PyBatch::submit,
+           "Sends what was posted: it runs on a library thread while Python goes on (wait() or done to finish).")
       .def("wait", &PyBatch::wait, arg("timeout") = 600.0)
       .def_property_readonly("done", &PyBatch::done)
       .def("__len__", &PyBatch::size)

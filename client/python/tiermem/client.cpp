@@ -250,6 +250,7 @@ void bind_client(pyb::module_& m) {
             d["direct_remote"] = a.direct_remote;
             d["message"] = a.message;
             d["through_daemon"] = a.through_daemon;
+            d["requests_sent"] = a.requests_sent;
             return d;
           },
           "How this client's reads, writes and atomics travelled.")

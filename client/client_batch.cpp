@@ -1,0 +1,217 @@
+// A client Batch's operations on other nodes' memory as one message per node
+// (ClientCore::run_batch; include/tiermem/batch.h).
+//
+// Each operation becomes one group of its node's message (Transport::
+// end_group), built by the same compounds the synchronous calls send alone
+// (access/remote_memory.hpp): a read is the words, the bytes and the words
+// again; a write takes its pages, puts, persists and lets go; an atomic
+// takes its page, runs and lets go. The node runs the groups in order; a
+// page it cannot take stops that group only. The messages of every node go
+// out together, then are waited for. Whatever did not settle that way (a
+// page taken, a read a writer spoiled, a stale translation, a node that
+// failed) goes back to the caller, which runs its synchronous call: the
+// one place that waits for pages, refreshes translations and reconnects.
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "access/remote_memory.hpp"
+#include "client/client_core.hpp"
+#include "common/deadline.hpp"
+#include "mapping/version.hpp"
+
+namespace tiermem::detail {
+namespace {
+
+// Another node's words and frames as one RemoteState reaches them, and
+// nothing else.
+class RemoteOnlyAccess final : public MemoryAccess {
+ public:
+  explicit RemoteOnlyAccess(RemoteState& state) : m_state(state) {}
+  Result<VersionWords*> versions(NodeId home, uint64_t) override {
+    if (home != m_state.node->node || !m_state.words) return Status(ErrorCode::not_supported, "another node");
+    return static_cast<VersionWords*>(m_state.words.get());
+  }
+  Result<FrameData*> frames(NodeId node, Tier tier) override {
+    RemoteFrameData* f = node == m_state.node->node ? m_state.frames[static_cast<size_t>(tier)].get() : nullptr;
+    if (f == nullptr) return Status(ErrorCode::not_supported, "frames elsewhere");
+    return static_cast<FrameData*>(f);
+  }
+
+ private:
+  RemoteState& m_state;
+};
+
+// One operation in a node's message, and what its answer fills in.
+struct Posted {
+  BatchItem* item = nullptr;
+  std::shared_ptr<const CachedAllocation> alloc;  // its page words are the range's cached ones
+  std::shared_ptr<RemoteState> state;
+  CopyPlan plan;
+  std::vector<uint64_t> first, second;  // a read's words before and after; a write's taken and released
+  uint64_t stopped = 0, taken = 0, old = 0, released = 0;
+  bool coherent = false;  // an atomic straight to its word
+};
+
+bool is_atomic(const BatchItem& item) {
+  return item.kind == BatchItem::Kind::fetch_add || item.kind == BatchItem::Kind::compare_swap;
+}
+
+// Whether the words a read saw before and after its bytes make them one
+// consistent snapshot of the translation it was planned with.
+bool consistent(const Posted& p) {
+  const PageRange& range = p.plan.range;
+  for (uint64_t i = 0; i < range.count; ++i) {
+    if (version::epoch_of(p.first[i]) != version::epoch_of(range.cached[i])) return false;
+    if (version::is_locked(p.first[i])) return false;
+  }
+  return std::memcmp(p.first.data(), p.second.data(), range.count * sizeof(uint64_t)) == 0;
+}
+
+}  // namespace
+
+struct ClientCore::BatchFlight {
+  std::deque<Posted> posted;  // stable addresses: answers land in them
+  std::map<Endpoint*, std::unique_ptr<Batch>> batches;
+  // Reads and writes of memory mapped here (this node's, or a daemon's of
+  // this host): copied while the messages travel.
+  std::vector<BatchItem*> mapped;
+};
+
+Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight) {
+  const Status no(ErrorCode::not_supported, "not on the message path");
+  const bool atomic = is_atomic(item);
+  if (atomic ? item.gva.offset % 8 != 0 : item.length == 0) return no;
+  if (class_of(item.gva, item.qos) != QosClass::standard) return no;
+  auto a = cached(item.gva, false);
+  if (!a.ok() || (*a)->replicated || (*a)->copy) return no;
+  const CachedAllocation& alloc = **a;
+  const uint64_t offset = item.gva.offset - alloc.base.offset;
+  const uint64_t length = atomic ? 8 : item.length;
+  if (offset > alloc.size || length > alloc.size - offset || !check_remote_extents(alloc).ok()) return no;
+  auto routed_alloc = routed(*a, false);
+  const Extent* x = extent_at(alloc, offset);
+  if (x == nullptr) return no;
+  const Path path = atomic ? std::max(routed_alloc->routes->words, routed_alloc->routes->extents[x - alloc.extents.data()])
+                           : path_of(*routed_alloc, offset, length);
+  if (path == Path::local || path == Path::mapped) {
+    flight.mapped.push_back(&item);
+    return Status();
+  }
+  if (path != Path::message) return no;
+  auto state = remote(alloc.base.node);
+  if (!state.ok() || !(*state)->words) return no;
+
+  Posted& p = flight.posted.emplace_back();
+  p.item = &item;
+  p.alloc = routed_alloc;
+  p.state = *state;
+  RemoteVersionWords& words = *p.state->words;
+  auto& batch = flight.batches[p.state->node->endpoint.get()];
+  if (!batch) batch = m_transport->batch();
+  RemoteOnlyAccess access(*p.state);
+  Status s;
+  if (!atomic) {
+    s = plan_copy(layout_of(*p.alloc), access, offset, item.buffer, item.length, &p.plan);
+    p.first.resize(p.plan.range.count);
+    p.second.resize(p.plan.range.count);
+    if (s.ok() && item.kind == BatchItem::Kind::read) {
+      s = words.issue_snapshot(*batch, p.plan.range.first_page, p.plan.range.count, p.plan.segments,
+                               p.first.data(), p.second.data());
+    } else if (s.ok()) {
+      s = words.issue_locked_copy(*batch, p.plan.range, p.plan.segments, true, p.first.data(), p.second.data(),
+                                  &p.stopped);
+    }
+  } else {
+    auto frames = access.frames(x->node, x->tier);
+    const uint64_t index = offset / page_size();  // as the synchronous call's
+    const uint64_t frame_offset = x->frame_offset + (offset - x->gva_offset);
+    const WordOp op = item.kind == BatchItem::Kind::fetch_add ? WordOp::fetch_add : WordOp::compare_swap;
+    // compare_swap: a the expected word, b the one stored.
+    const uint64_t operand = op == WordOp::fetch_add ? item.a : item.b;
+    auto* remote_frames = frames.ok() ? static_cast<RemoteFrameData*>(*frames) : nullptr;
+    s = frames.status();
+    if (s.ok() && index >= alloc.page_versions.size()) s = no;
+    p.coherent = alloc.coherent;
+    if (s.ok() && alloc.coherent) {
+      // A coherent page is never migrated: the atomic goes straight to its
+      // word, as the synchronous call's does.
+      s = m_transport->reserve(*batch, *p.state->node->endpoint, 2, 0, 0);
+      if (s.ok()) s = remote_frames->issue_atomic(*batch, frame_offset, op, operand, item.a, &p.old);
+    } else if (s.ok()) {
+      s = words.issue_locked_atomic(*batch, alloc.first_page + index, alloc.page_versions[index], *remote_frames,
+                                    frame_offset, op, operand, item.a, &p.taken, &p.old, &p.released, &p.stopped);
+    }
+  }
+  // The compounds check everything before they add an operation: one that
+  // failed added none (its synchronous call says why).
+  if (!s.ok()) flight.posted.pop_back();
+  return s;
+}
+
+std::shared_ptr<ClientCore::BatchFlight> ClientCore::start_batch(std::span<BatchItem*> items) {
+  auto flight = std::make_shared<BatchFlight>();
+  if (!m_direct || m_daemon_lost.load(std::memory_order_relaxed)) return flight;
+  for (BatchItem* item : items) {
+    if (!item->handled) item->in_flight = post_batch_item(*item, *flight).ok();
+  }
+  for (auto& [ep, batch] : flight->batches) m_transport->send(*batch);
+  for (BatchItem* item : flight->mapped) {
+    item->in_flight = false;
+    if (is_atomic(*item)) {
+      // Settled whatever the outcome: an atomic is never run twice.
+      const bool add = item->kind == BatchItem::Kind::fetch_add;
+      auto r = add ? atomic(item->gva, WordOp::fetch_add, item->a, 0)
+                   : atomic(item->gva, WordOp::compare_swap, item->b, item->a);
+      item->status = r.status();
+      item->value = r.ok() ? *r : 0;
+      item->handled = true;
+      continue;
+    }
+    // Settled only when it went through: else its synchronous call (which
+    // connects again when the daemon went away) runs it.
+    if (copy(item->gva, item->buffer, item->length, item->kind == BatchItem::Kind::write).ok()) {
+      item->status = Status();
+      item->handled = true;
+    }
+  }
+  return flight;
+}
+
+void ClientCore::finish_batch(BatchFlight& flight) {
+  std::map<Endpoint*, Status> outcome;
+  for (auto& [ep, batch] : flight.batches) {
+    outcome[ep] = m_transport->wait(*batch, ScopedDeadline::bound(m_remote_timeout));
+  }
+  for (Posted& p : flight.posted) {
+    BatchItem& item = *p.item;
+    item.in_flight = false;
+    Endpoint* ep = p.state->node->endpoint.get();
+    const Status& w = outcome[ep];
+    if (!w.ok()) {
+      const bool unknown = w.code() == ErrorCode::transport_error || w.code() == ErrorCode::timeout;
+      if (is_atomic(item) && unknown) {
+        // It may have run: an atomic is never applied twice.
+        item.status = w.with_context("atomic on " + item.gva.to_string() + " in a batch, at node " +
+                                     std::to_string(p.state->node->node) + " (its outcome is unknown)");
+        item.handled = true;
+      }
+      if (ep->failed()) drop_remote(p.state->node->node);
+      continue;  // reads and writes go again, synchronously (which reconnects)
+    }
+    bool settled = false;
+    switch (item.kind) {
+      case BatchItem::Kind::read: settled = consistent(p); break;
+      case BatchItem::Kind::write: settled = p.stopped == 0; break;
+      default: settled = p.coherent || p.stopped == 0; break;
+    }
+    if (!settled) continue;  // a page taken or spoiled, or the translation stale: synchronously
+    item.status = Status();
+    item.value = is_atomic(item) ? p.old : 0;
+    item.handled = true;
+    count(Path::message);
+  }
+}
+
+}  // namespace tiermem::detail
