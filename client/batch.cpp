@@ -7,6 +7,7 @@
 // (TIERMEM_BATCH_THREADS, default 1) while the caller goes on.
 #include <tiermem/batch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -68,7 +69,6 @@ class BatchPool {
 
 struct BatchOp {
   BatchItem item;
-  size_t epoch = 0;  // fences before it
   bool done = false;
 };
 
@@ -83,21 +83,19 @@ struct BatchState : std::enable_shared_from_this<BatchState> {
   size_t done = 0;          // ops[0, done) completed (they run in order of epochs)
   bool running = false;     // a thread runs the submitted ones
 
-  // Runs what was submitted, an epoch at a time (at most what one call to
-  // Client::run_batch takes), until nothing submitted is left. The caller set
+  // Runs what was submitted (an epoch, or several chained in one message:
+  // Client::run_batch), until nothing submitted is left. The caller set
   // `running`.
   void run_submitted() {
     std::unique_lock lock(mutex);
     while (done < sent) {
-      size_t end = done;
-      while (end < sent && ops[end].epoch == ops[done].epoch) ++end;
       std::vector<BatchItem*> items;
-      for (size_t i = done; i < end; ++i) items.push_back(&ops[i].item);
+      for (size_t i = done; i < sent; ++i) items.push_back(&ops[i].item);
       lock.unlock();
-      client->run_batch(items);
+      const size_t n = std::max<size_t>(1, client->run_batch(items));
       lock.lock();
-      for (size_t i = done; i < end; ++i) ops[i].done = true;
-      done = end;
+      for (size_t i = done; i < done + n; ++i) ops[i].done = true;
+      done += n;
       changed.notify_all();
     }
     running = false;
@@ -122,7 +120,8 @@ struct BatchState : std::enable_shared_from_this<BatchState> {
   size_t post(BatchItem item) {
     item.qos = options.qos;
     std::lock_guard lock(mutex);
-    ops.push_back({std::move(item), epoch, false});
+    item.epoch = epoch;
+    ops.push_back({std::move(item), false});
     return ops.size() - 1;
   }
 };
@@ -169,7 +168,7 @@ size_t Batch::compare_swap(Gva gva, uint64_t expected, uint64_t desired) {
 void Batch::fence() {
   std::lock_guard lock(m_state->mutex);
   // A fence with nothing after it before the next one is one fence.
-  if (!m_state->ops.empty() && m_state->ops.back().epoch == m_state->epoch) ++m_state->epoch;
+  if (!m_state->ops.empty() && m_state->ops.back().item.epoch == m_state->epoch) ++m_state->epoch;
 }
 
 void Batch::submit() {

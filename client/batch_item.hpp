@@ -20,6 +20,7 @@ struct BatchItem {
   size_t length = 0;
   uint64_t a = 0, b = 0;        // fetch_add: a; compare_swap: expected a, desired b
   std::optional<QosClass> qos;
+  size_t epoch = 0;             // fences posted before it
   bool in_flight = false;       // posted by ClientCore::start_batch
   bool handled = false;         // status and value are final
   Status status;

@@ -415,7 +415,7 @@ Status on_host(void* data, size_t length, bool to_memory, F&& copy, D&& direct) 
 
 }  // namespace
 
-void Client::run_batch(std::span<detail::BatchItem*> items) {
+size_t Client::run_batch(std::span<detail::BatchItem*> items) {
   using Kind = detail::BatchItem::Kind;
   const auto synchronous = [&](detail::BatchItem& item) {
     const auto atomic = [&](Result<uint64_t> r) {
@@ -441,23 +441,42 @@ void Client::run_batch(std::span<detail::BatchItem*> items) {
     item.handled = true;
   };
   // Device buffers go by their calls (the copy engines, or staged).
-  std::vector<detail::BatchItem*> direct;
-  for (detail::BatchItem* item : items) {
-    const bool bytes = item->kind == Kind::read || item->kind == Kind::write;
-    auto kind = bytes ? detail::classify_buffer(item->buffer) : Result<detail::BufferKind>(detail::BufferKind::host);
-    if (kind.ok() && *kind == detail::BufferKind::host) direct.push_back(item);
-  }
+  const auto on_host = [](const detail::BatchItem& item) {
+    if (item.kind != Kind::read && item.kind != Kind::write) return true;
+    auto kind = detail::classify_buffer(item.buffer);
+    return kind.ok() && *kind == detail::BufferKind::host;
+  };
   std::shared_ptr<ClientCore> c = core();
-  if (c->lost()) direct.clear();  // the calls connect again
+  const bool lost = c->lost();  // the calls connect again
+  // Several epochs to one node by messages: one message, barriers for fences.
+  if (!lost && items.size() > 1 && items.front()->epoch != items.back()->epoch &&
+      std::all_of(items.begin(), items.end(), [&](const detail::BatchItem* i) { return on_host(*i); })) {
+    if (auto flight = c->start_chain(items)) {
+      c->finish_batch(*flight);
+      // What did not go through, in posting order: epoch after epoch.
+      for (detail::BatchItem* item : items) {
+        if (!item->handled) synchronous(*item);
+      }
+      return items.size();
+    }
+  }
+  size_t n = 0;
+  while (n < items.size() && items[n]->epoch == items.front()->epoch) ++n;
+  std::span<detail::BatchItem*> epoch = items.first(n);
+  std::vector<detail::BatchItem*> direct;
+  for (detail::BatchItem* item : epoch) {
+    if (!lost && on_host(*item)) direct.push_back(item);
+  }
   auto flight = c->start_batch(direct);
-  // What is not on its way runs meanwhile (this node's memory, the daemon's path).
-  for (detail::BatchItem* item : items) {
+  // What is not on its way runs meanwhile (the daemon's path, another class).
+  for (detail::BatchItem* item : epoch) {
     if (!item->in_flight && !item->handled) synchronous(*item);
   }
   c->finish_batch(*flight);
-  for (detail::BatchItem* item : items) {
+  for (detail::BatchItem* item : epoch) {
     if (!item->handled) synchronous(*item);
   }
+  return n;
 }
 
 Status Client::copy_device(Gva gva, void* data, size_t length, bool to_memory) {

@@ -52,7 +52,12 @@ struct Posted {
   std::vector<uint64_t> first, second;  // a read's words before and after; a write's taken and released
   uint64_t stopped = 0, taken = 0, old = 0, released = 0;
   bool coherent = false;  // an atomic straight to its word
+  bool locked = false;    // a read that took its pages (a chain's)
+  size_t barriers = 0;    // of the flight's, issued before it (a chain's)
 };
+
+// Operations chained in one message at most (ClientCore::start_chain).
+constexpr size_t k_chain_items = 512;
 
 bool is_atomic(const BatchItem& item) {
   return item.kind == BatchItem::Kind::fetch_add || item.kind == BatchItem::Kind::compare_swap;
@@ -77,9 +82,10 @@ struct ClientCore::BatchFlight {
   // Reads and writes of memory mapped here (this node's, or a daemon's of
   // this host): copied while the messages travel.
   std::vector<BatchItem*> mapped;
+  std::deque<uint64_t> barriers;  // a chain's, one per fence: 1 when it stopped the message
 };
 
-Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight) {
+Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight, bool locked_reads) {
   const Status no(ErrorCode::not_supported, "not on the message path");
   const bool atomic = is_atomic(item);
   if (atomic ? item.gva.offset % 8 != 0 : item.length == 0) return no;
@@ -105,6 +111,7 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight) {
 
   Posted& p = flight.posted.emplace_back();
   p.item = &item;
+  p.barriers = flight.barriers.size();
   p.alloc = routed_alloc;
   p.state = *state;
   RemoteVersionWords& words = *p.state->words;
@@ -116,12 +123,13 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight) {
     s = plan_copy(layout_of(*p.alloc), access, offset, item.buffer, item.length, &p.plan);
     p.first.resize(p.plan.range.count);
     p.second.resize(p.plan.range.count);
-    if (s.ok() && item.kind == BatchItem::Kind::read) {
+    p.locked = locked_reads && item.kind == BatchItem::Kind::read;
+    if (s.ok() && item.kind == BatchItem::Kind::read && !p.locked) {
       s = words.issue_snapshot(*batch, p.plan.range.first_page, p.plan.range.count, p.plan.segments,
                                p.first.data(), p.second.data());
     } else if (s.ok()) {
-      s = words.issue_locked_copy(*batch, p.plan.range, p.plan.segments, true, p.first.data(), p.second.data(),
-                                  &p.stopped);
+      s = words.issue_locked_copy(*batch, p.plan.range, p.plan.segments, item.kind == BatchItem::Kind::write,
+                                  p.first.data(), p.second.data(), &p.stopped);
     }
   } else {
     auto frames = access.frames(x->node, x->tier);
@@ -179,6 +187,39 @@ std::shared_ptr<ClientCore::BatchFlight> ClientCore::start_batch(std::span<Batch
   return flight;
 }
 
+std::shared_ptr<ClientCore::BatchFlight> ClientCore::start_chain(std::span<BatchItem*> items) {
+  if (!m_direct || m_daemon_lost.load(std::memory_order_relaxed) || items.size() > k_chain_items) return nullptr;
+  // All of it in one message (so that reserve() never sends part of it):
+  // a bound on its operations and bytes before anything is posted.
+  size_t ops = 0, bytes = 0;
+  for (const BatchItem* item : items) {
+    const size_t pages = item->length / page_size() + 2;
+    ops += 4 * pages + 6;
+    bytes += item->length;
+  }
+  if (ops + items.size() > k_message_max_ops || bytes > k_message_max_bytes / 2) return nullptr;
+  auto flight = std::make_shared<BatchFlight>();
+  Endpoint* endpoint = nullptr;
+  for (size_t i = 0; i < items.size(); ++i) {
+    BatchItem& item = *items[i];
+    if (i > 0 && item.epoch != items[i - 1]->epoch) {
+      // Everything so far went to `endpoint`'s message.
+      if (!m_transport->barrier(*flight->batches.begin()->second, *endpoint, &flight->barriers.emplace_back()).ok()) {
+        return nullptr;
+      }
+    }
+    // Not posted, or not by messages to the one node: no chain (the batch
+    // was never sent, and is dropped).
+    if (!post_batch_item(item, *flight, true).ok() || !flight->mapped.empty() || flight->batches.size() != 1) {
+      return nullptr;
+    }
+    endpoint = flight->batches.begin()->first;
+  }
+  for (BatchItem* item : items) item->in_flight = true;
+  m_transport->send(*flight->batches.begin()->second);
+  return flight;
+}
+
 void ClientCore::finish_batch(BatchFlight& flight) {
   std::map<Endpoint*, Status> outcome;
   for (auto& [ep, batch] : flight.batches) {
@@ -189,6 +230,11 @@ void ClientCore::finish_batch(BatchFlight& flight) {
     item.in_flight = false;
     Endpoint* ep = p.state->node->endpoint.get();
     const Status& w = outcome[ep];
+    // A barrier before it stopped the message: it did not run.
+    if (w.ok() && std::any_of(flight.barriers.begin(), flight.barriers.begin() + static_cast<ptrdiff_t>(p.barriers),
+                              [](uint64_t b) { return b != 0; })) {
+      continue;
+    }
     if (!w.ok()) {
       const bool unknown = w.code() == ErrorCode::transport_error || w.code() == ErrorCode::timeout;
       if (is_atomic(item) && unknown) {
@@ -202,7 +248,7 @@ void ClientCore::finish_batch(BatchFlight& flight) {
     }
     bool settled = false;
     switch (item.kind) {
-      case BatchItem::Kind::read: settled = consistent(p); break;
+      case BatchItem::Kind::read: settled = p.locked ? p.stopped == 0 : consistent(p); break;
       case BatchItem::Kind::write: settled = p.stopped == 0; break;
       default: settled = p.coherent || p.stopped == 0; break;
     }

@@ -167,6 +167,14 @@ class ClientCore {
   // finish_batch must follow every start_batch.
   struct BatchFlight;
   std::shared_ptr<BatchFlight> start_batch(std::span<BatchItem*> items);
+  // Several epochs (items in posting order) as ONE message with a barrier
+  // (Transport::barrier) at each fence, when every item goes by messages
+  // to the same node and all fit in one message: reads then take their
+  // pages like writes (a group that can stop, so that nothing after a fence
+  // runs past a read that did not go through). nullptr (nothing sent) when
+  // they do not qualify. finish_batch then settles what went through; the
+  // caller runs the rest in posting order.
+  std::shared_ptr<BatchFlight> start_chain(std::span<BatchItem*> items);
   void finish_batch(BatchFlight& flight);
   // A copy between `gva` and a CUDA device buffer through the copy engines
   // alone: not_supported unless every byte is this node's VRAM that this
@@ -275,7 +283,8 @@ class ClientCore {
   Status persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length);
   // Posts `item` into `flight` (client_batch.cpp); not_supported (nothing
   // posted) when it does not go by the message path.
-  Status post_batch_item(BatchItem& item, BatchFlight& flight);
+  // `locked_reads`: a read takes its pages (start_chain).
+  Status post_batch_item(BatchItem& item, BatchFlight& flight, bool locked_reads = false);
   Status daemon_gone() const;
   void watch_daemon();
 

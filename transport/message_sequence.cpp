@@ -48,6 +48,7 @@ Refusal check_one(const Op& op, const RegionTable& regions) {
       if (op.address % sizeof(uint64_t) != 0) return Refusal::unaligned;
       break;
     case OpKind::group_end:
+    case OpKind::barrier:
       // Touches no memory.
       return op.length == 0 && op.address == 0 ? Refusal::none : Refusal::malformed;
     default:
@@ -122,7 +123,8 @@ Outcome run(std::span<const Op> ops, const std::byte* payload, std::byte* answer
   std::byte* gets = answer + ops.size() * sizeof(uint64_t);
   std::memset(results, 0, ops.size() * sizeof(uint64_t));
   Outcome out;
-  size_t group = 0;  // the first operation of the current group
+  size_t group = 0;       // the first operation of the current group
+  bool stopped = false;   // a group since the last barrier was stopped
   for (; out.ran < ops.size(); ++out.ran) {
     const Op& op = ops[out.ran];
     auto* target = reinterpret_cast<std::byte*>(op.address);
@@ -165,12 +167,21 @@ Outcome run(std::span<const Op> ops, const std::byte* payload, std::byte* answer
           results[end] = 1 + (out.ran - group);
           out.ran = end;
           group = end + 1;
+          stopped = true;
         }
         break;
       case OpKind::persist:
         persist(op);
         break;
       case OpKind::group_end:
+        group = out.ran + 1;
+        break;
+      case OpKind::barrier:
+        if (stopped) {
+          results[out.ran] = 1;
+          ++out.ran;
+          return out;
+        }
         group = out.ran + 1;
         break;
     }

@@ -27,8 +27,9 @@
 namespace tiermem::sequence {
 
 // group_end closes a group: a failing add_if stops the rest of its group only
-// (see run()). A message without one is one group.
-enum class OpKind : uint8_t { get = 1, put = 2, atomic = 3, add_if = 4, persist = 5, group_end = 6 };
+// (see run()). A message without one is one group. barrier: when a group
+// since the previous barrier was stopped, nothing after it runs.
+enum class OpKind : uint8_t { get = 1, put = 2, atomic = 3, add_if = 4, persist = 5, group_end = 6, barrier = 7 };
 
 struct Op {
   OpKind kind = OpKind::get;
@@ -113,7 +114,9 @@ struct Outcome {
 // (latest first). The group's group_end answers 1 + the index in the group
 // of the add_if that stopped it (0: the group ran whole), and what follows
 // it runs. With no group_end after the failing add_if, the message stops
-// there (Outcome::aborted). Each operation completes before the next
+// there (Outcome::aborted). A barrier after a stopped group answers 1 and
+// stops the message there (Outcome::ran is past it, not aborted); else it
+// answers 0. Each operation completes before the next
 // starts (full fences between them), so a message may read words, bytes and
 // words again and compare the two.
 Outcome run(std::span<const Op> ops, const std::byte* payload, std::byte* answer);

@@ -147,6 +147,12 @@ class Transport {
   // stopped it. Many independent operations (a client Batch's) share one
   // message this way, each its own group.
   virtual Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) = 0;
+  // A fence that costs nothing within one message (message keys only): when
+  // a group issued on `ep` since the previous barrier was stopped, nothing
+  // issued after it in its message runs and *stopped receives 1 (wait()
+  // does not fail for it; what did not run answers nothing). The caller
+  // keeps what must be ordered in one message (reserve()).
+  virtual Status barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) = 0;
   // The next `ops` operations on `ep`, with `put_bytes` of puts and
   // `get_bytes` of gets, travel in one message (the message collected so
   // far goes now if they would not fit in it). invalid_argument when they

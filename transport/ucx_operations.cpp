@@ -118,6 +118,12 @@ Status UcxTransport::end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) {
   return add_op(batch, e, make_op(OpKind::group_end, 0, 0, 0), nullptr, nullptr, stopped);
 }
 
+Status UcxTransport::barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+  auto& e = static_cast<UcxEndpoint&>(ep);
+  if (!e.m_messages && !e.m_shared) return Status(ErrorCode::not_supported, "barriers need the message path");
+  return add_op(batch, e, make_op(OpKind::barrier, 0, 0, 0), nullptr, nullptr, stopped);
+}
+
 Status UcxTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) {
   if (ops > sequence::k_max_ops || put_bytes > sequence::k_max_bytes || get_bytes > sequence::k_max_bytes) {
     return Status(ErrorCode::invalid_argument, std::to_string(ops) + " operations of " + std::to_string(put_bytes) +

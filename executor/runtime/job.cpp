@@ -12,20 +12,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Spin, yield, then sleep a little longer each time (up to 1 ms).
+// Spins a little, yields, then sleeps up to `max_sleep_us` between looks.
 class Backoff {
  public:
+  explicit Backoff(int64_t max_sleep_us = 1000) : m_max_sleep_us(max_sleep_us) {}
   void pause() {
     if (++m_rounds < 64) return;
     if (m_rounds < 256) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(std::min<int64_t>(1000, m_rounds - 250)));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min<int64_t>(m_max_sleep_us, m_rounds - 250)));
   }
 
  private:
+  int64_t m_max_sleep_us;
   int64_t m_rounds = 0;
 };
+
+// A word of this process's memory costs nothing to look at: waits on one
+// sleep at most this long between looks (a boundary message is seen within
+// it), without spinning a core.
+constexpr int64_t k_local_wait_sleep_us = 100;
 
 }  // namespace
 
@@ -227,7 +235,7 @@ Status JobDirectory::wait_at_least(Gva word, uint64_t value, const std::string& 
 
 Status wait_local(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout, const std::string& what) {
   const auto deadline = Clock::now() + timeout;
-  Backoff backoff;
+  Backoff backoff(k_local_wait_sleep_us);
   while (load_local(word) < value) {
     if (Clock::now() > deadline) {
       return Status(ErrorCode::timeout, "waited " + std::to_string(timeout.count() / 1000) + " s for " + what);

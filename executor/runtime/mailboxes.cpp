@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include <tiermem/batch.h>
 #include <tiermem/status_macros.h>
 
 namespace tiermem::exec {
@@ -116,10 +117,20 @@ Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bo
     s = m_dir.write(at, &h, sizeof h);
     if (s.ok()) s = m_dir.write(at.plus(k_header_bytes), data, static_cast<size_t>(t.bytes()));
   } else {
-    m_staging.resize(static_cast<size_t>(k_header_bytes + t.bytes()));
-    std::memcpy(m_staging.data(), &h, sizeof h);
-    std::memcpy(m_staging.data() + k_header_bytes, data, static_cast<size_t>(t.bytes()));
-    s = m_dir.write(at, m_staging.data(), m_staging.size());
+    // Header and payload from where they are, a fence, the sequence word
+    // up by one: one batch, which goes as one message with a barrier when
+    // the receiver's mailbox and control words are on another node.
+    const Gva word = m_peers.ctl_word(receiver, sequence_word(c, eval));
+    Batch b(m_client);
+    b.write(at, &h, sizeof h);
+    b.write(at.plus(k_header_bytes), data, static_cast<size_t>(t.bytes()));
+    b.fence();
+    const size_t bump = b.compare_swap(word, sequence - 1, sequence);
+    if (b.wait().ok() && b.value(bump) >= sequence - 1) return Status();
+    // Moved memory, a node restarting, a word behind (a restart): the
+    // directory's calls follow and wait; the word goes up to `sequence`.
+    s = m_dir.write(at, &h, sizeof h);
+    if (s.ok()) s = m_dir.write(at.plus(k_header_bytes), data, static_cast<size_t>(t.bytes()));
   }
   if (!s.ok()) return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
   return m_dir.raise(m_peers.ctl_word(receiver, sequence_word(c, eval)), sequence);

@@ -88,7 +88,6 @@ class Mailboxes {
   const Arenas& m_arenas;
   const RankPeers& m_peers;
   Trace& m_trace;
-  std::vector<std::byte> m_staging;
 };
 
 }  // namespace tiermem::exec

@@ -266,9 +266,12 @@ class TIERMEM_EXPORT Client {
 
  private:
   friend struct detail::BatchState;
-  // A Batch's operations of one epoch (client/batch.cpp): those on the
-  // message path as one message per node, the others as their calls.
-  TIERMEM_NO_EXPORT void run_batch(std::span<detail::BatchItem*> items);
+  // A Batch's submitted operations, in posting order (client/batch.cpp):
+  // runs the first epoch (those on the message path as one message per
+  // node, the others as their calls), or every epoch as one message with
+  // barriers when all go to one node by messages; returns how many of
+  // `items` it completed.
+  TIERMEM_NO_EXPORT size_t run_batch(std::span<detail::BatchItem*> items);
   TIERMEM_NO_EXPORT Client(std::shared_ptr<detail::ClientCore> core, const ClientOptions& options,
                            uint64_t client_id);
   TIERMEM_NO_EXPORT std::shared_ptr<detail::ClientCore> core() const;

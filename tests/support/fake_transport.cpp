@@ -186,6 +186,11 @@ Status FakeTransport::end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) {
   return add(batch, ep, Op{.kind = OpKind::group_end}, nullptr, nullptr, stopped);
 }
 
+Status FakeTransport::barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+  if (m_one_sided) return Status(ErrorCode::not_supported, "fake: one-sided keys take no barriers");
+  return add(batch, ep, Op{.kind = OpKind::barrier}, nullptr, nullptr, stopped);
+}
+
 Status FakeTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t, size_t) {
   if (ops > sequence::k_max_ops) return Status(ErrorCode::invalid_argument, "fake: too many operations for a message");
   auto& b = static_cast<FakeBatch&>(batch);

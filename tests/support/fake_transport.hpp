@@ -66,6 +66,7 @@ class FakeTransport final : public Transport {
                 uint64_t remote_addr, RemoteKey& key, uint64_t* old) override;
   Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
   Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
   Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
   void send(Batch&) override {}  // messages run at wait()
   Status fence(Batch&, std::chrono::milliseconds) override { return Status(); }

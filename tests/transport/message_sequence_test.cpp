@@ -113,6 +113,29 @@ TEST_F(MessageSequenceTest, AFailingConditionStopsOnlyItsGroupAndWhatFollowsTheG
   EXPECT_EQ(m_memory[8], 42u) << "group 2's put took the second payload, past group 1's";
 }
 
+TEST_F(MessageSequenceTest, ABarrierAfterAStoppedGroupStopsTheMessageAndOnlyThen) {
+  // Group 1 runs; barrier (passes); group 2 stops; group 3 runs; barrier
+  // (stops the message); group 4 never runs.
+  std::vector<Op> ops = {add_if(1, 0, 0, 1, 1),             Op{.kind = OpKind::group_end}, Op{.kind = OpKind::barrier},
+                         add_if(2, ~uint64_t{0}, 99, 1, 1), Op{.kind = OpKind::group_end}, add_if(3, 0, 0, 1, 1),
+                         Op{.kind = OpKind::group_end},     Op{.kind = OpKind::barrier},   add_if(4, 0, 0, 1, 1),
+                         Op{.kind = OpKind::group_end}};
+  ASSERT_EQ(check(ops, 0, m_regions).refusal, Refusal::none);
+  std::vector<std::byte> answer(answer_bytes(ops));
+  const Outcome out = run(ops, nullptr, answer.data());
+  EXPECT_EQ(out.ran, 8u) << "up to and with the second barrier";
+  EXPECT_FALSE(out.aborted);
+  std::vector<uint64_t> words(ops.size());
+  std::memcpy(words.data(), answer.data(), words.size() * 8);
+  EXPECT_EQ(words[2], 0u) << "the first barrier let the message go on";
+  EXPECT_EQ(words[4], 1u) << "group 2 was stopped by its first operation";
+  EXPECT_EQ(words[7], 1u) << "the second barrier stopped the message";
+  EXPECT_EQ(m_memory[1], 2u);
+  EXPECT_EQ(m_memory[2], 2u) << "group 2 took nothing";
+  EXPECT_EQ(m_memory[3], 4u) << "group 3, after the stopped group but before the barrier, ran";
+  EXPECT_EQ(m_memory[4], 4u) << "group 4, after the barrier, did not";
+}
+
 TEST_F(MessageSequenceTest, AGroupEndThatTouchesMemoryIsRefused) {
   std::vector<Op> ops = {Op{.kind = OpKind::group_end, .address = word(1)}};
   EXPECT_EQ(check(ops, 0, m_regions).refusal, Refusal::malformed);
