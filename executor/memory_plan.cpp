@@ -114,6 +114,30 @@ std::map<std::pair<int, int>, Placement> lifetimes(const Graph& g, const StageOp
   return live;
 }
 
+// Tensors this stage sends to another (what runtime/channels.cpp makes
+// channels of): an activation read there, a gradient of an activation
+// produced there.
+std::vector<bool> sent_elsewhere(const Graph& g, const Partition& partition, int part) {
+  std::vector<bool> sent(g.tensors.size(), false);
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (op.phase == Phase::update || partition.of_op[i] == part) continue;
+    for (int t : op.in) {
+      const int producer = g.tensors[t].producer;
+      if (g.tensors[t].role == Role::activation && producer >= 0 && partition.of_op[producer] == part) sent[t] = true;
+    }
+  }
+  for (const Tensor& a : g.tensors) {
+    if (a.grad < 0 || a.producer < 0 || partition.of_op[a.producer] == part || g.tensors[a.grad].of_param) continue;
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const Op& op = g.ops[i];
+      if (partition.of_op[i] != part || op.phase != Phase::backward) continue;
+      if (std::find(op.out.begin(), op.out.end(), a.grad) != op.out.end()) sent[a.grad] = true;
+    }
+  }
+  return sent;
+}
+
 // Biggest first, each at the lowest offset free over its lifetime.
 void place_work(const std::map<std::pair<int, int>, Placement>& live, MemoryPlan* plan) {
   std::vector<Placement> order;
@@ -169,7 +193,17 @@ MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int
   plan.micro_batches = micro_batches;
   const StageOps ops = ops_of(g, partition, part);
   schedule(ops, micro_batches, &plan);
-  place_work(lifetimes(g, ops, &plan), &plan);
+  auto live = lifetimes(g, ops, &plan);
+  if (!vram) {
+    // On the CPU a boundary message is sent while the next ops run
+    // (Mailboxes::send): what it sends stays until the step's end.
+    const std::vector<bool> sent = sent_elsewhere(g, partition, part);
+    const int end = static_cast<int>(plan.schedule.size()) - 1;
+    for (auto& [key, p] : live) {
+      if (sent[static_cast<size_t>(p.tensor)]) p.last = std::max(p.last, end);
+    }
+  }
+  place_work(live, &plan);
   place_per_step(g, ops, vram, &plan);
   return plan;
 }

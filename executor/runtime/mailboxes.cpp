@@ -91,6 +91,40 @@ Status Mailboxes::receive(const Channel& c, uint64_t sequence, bool eval) {
   return check_header(h, t, c.from, sequence);
 }
 
+// A boundary message on its way: its batch, and what sending it again needs.
+struct Mailboxes::InFlight {
+  explicit InFlight(Client& client) : batch(client) {}
+  Batch batch;
+  BoundaryHeader header;
+  Gva at, word;
+  const void* data = nullptr;
+  size_t bytes = 0;
+  uint64_t sequence = 0;
+  size_t bump = 0;  // the compare-and-swap's index in the batch
+  std::string what;
+};
+
+Mailboxes::Mailboxes(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
+                     const Arenas& arenas, const RankPeers& peers, Trace& trace)
+    : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_peers(peers),
+      m_trace(trace) {}
+
+Mailboxes::~Mailboxes() = default;  // a batch on its way is waited for
+
+Status Mailboxes::drain() {
+  if (!m_in_flight) return Status();
+  std::unique_ptr<InFlight> m = std::move(m_in_flight);
+  static const std::string k_send_wait = "send-wait";  // outlives the trace
+  auto span = m_trace.span(SpanKind::comm, k_send_wait);
+  if (m->batch.wait().ok() && m->batch.value(m->bump) >= m->sequence - 1) return Status();
+  // Moved memory, a node restarting, a word behind (a restart): the
+  // directory's calls follow and wait; the word goes up to `sequence`.
+  Status s = m_dir.write(m->at, &m->header, sizeof m->header);
+  if (s.ok()) s = m_dir.write(m->at.plus(k_header_bytes), m->data, m->bytes);
+  if (s.ok()) s = m_dir.raise(m->word, m->sequence);
+  return s.ok() ? s : s.with_context(m->what);
+}
+
 Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bool eval) {
   const Tensor& t = m_job.graph.tensors[c.tensor];
   auto span = m_trace.span(SpanKind::comm, t.name);
@@ -119,18 +153,24 @@ Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bo
   } else {
     // Header and payload from where they are, a fence, the sequence word
     // up by one: one batch, which goes as one message with a barrier when
-    // the receiver's mailbox and control words are on another node.
-    const Gva word = m_peers.ctl_word(receiver, sequence_word(c, eval));
-    Batch b(m_client);
-    b.write(at, &h, sizeof h);
-    b.write(at.plus(k_header_bytes), data, static_cast<size_t>(t.bytes()));
-    b.fence();
-    const size_t bump = b.compare_swap(word, sequence - 1, sequence);
-    if (b.wait().ok() && b.value(bump) >= sequence - 1) return Status();
-    // Moved memory, a node restarting, a word behind (a restart): the
-    // directory's calls follow and wait; the word goes up to `sequence`.
-    s = m_dir.write(at, &h, sizeof h);
-    if (s.ok()) s = m_dir.write(at.plus(k_header_bytes), data, static_cast<size_t>(t.bytes()));
+    // the receiver's mailbox and control words are on another node. It
+    // goes while the caller computes; the one before it is done first.
+    TIERMEM_RETURN_IF_ERROR(drain());
+    auto m = std::make_unique<InFlight>(m_client);
+    m->header = h;
+    m->at = at;
+    m->word = m_peers.ctl_word(receiver, sequence_word(c, eval));
+    m->data = data;
+    m->bytes = static_cast<size_t>(t.bytes());
+    m->sequence = sequence;
+    m->what = "sending '" + t.name + "' to rank " + std::to_string(receiver);
+    m->batch.write(at, &m->header, sizeof m->header);
+    m->batch.write(at.plus(k_header_bytes), data, m->bytes);
+    m->batch.fence();
+    m->bump = m->batch.compare_swap(m->word, sequence - 1, sequence);
+    m->batch.submit();
+    m_in_flight = std::move(m);
+    return Status();
   }
   if (!s.ok()) return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
   return m_dir.raise(m_peers.ctl_word(receiver, sequence_word(c, eval)), sequence);

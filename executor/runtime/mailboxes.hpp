@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include <tiermem/client.h>
@@ -38,9 +39,8 @@ Result<RankPeers> find_peers(JobDirectory& dir, const JobPlan& job, const Arenas
 class Mailboxes {
  public:
   Mailboxes(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, const Arenas& arenas,
-            const RankPeers& peers, Trace& trace)
-      : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_peers(peers),
-        m_trace(trace) {}
+            const RankPeers& peers, Trace& trace);
+  ~Mailboxes();
 
   // Bytes of this stage's mailbox: every channel into it.
   static int64_t bytes(const JobPlan& job);
@@ -58,8 +58,16 @@ class Mailboxes {
   const std::byte* payload(const Channel& c, uint64_t sequence, bool eval) const;
   // Sends `data` (the channel's tensor, in device memory where
   // in_device_memory(), complete: no kernel may still be writing it) as
-  // message `sequence`.
+  // message `sequence`. On the CPU it returns once the message is on its
+  // way (one batch on a library thread) and the caller computes meanwhile:
+  // `data` must stay as it is until drain() (the memory plan keeps sent
+  // tensors to the step's end); the message before it is drained first, so
+  // one is in flight at a time and they land in order.
   Status send(const Channel& c, const void* data, uint64_t sequence, bool eval);
+  // Waits for the message on its way, if any; when its batch failed (moved
+  // memory, a node restarting) sends it again through the directory, which
+  // follows and waits.
+  Status drain();
   // The mailboxes are VRAM (a GPU job: the tensors are device memory too).
   bool in_device_memory() const { return m_arenas.mbox().mapping.device() >= 0; }
 
@@ -88,6 +96,8 @@ class Mailboxes {
   const Arenas& m_arenas;
   const RankPeers& m_peers;
   Trace& m_trace;
+  struct InFlight;
+  std::unique_ptr<InFlight> m_in_flight;
 };
 
 }  // namespace tiermem::exec

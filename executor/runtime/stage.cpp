@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include <tiermem/batch.h>
 #include <tiermem/status_macros.h>
 
 #include "executor/interpreter.hpp"
@@ -240,24 +241,46 @@ Status StageRunner::all_reduce(int64_t step) {
   m_compute.copy(mine, m_arenas.grads().data(), bytes);
   std::atomic_ref<uint64_t>(m_arenas.ctl()[k_published]).store(static_cast<uint64_t>(step + 1));
   const size_t n = bytes / 4;
-  std::vector<float> sum(n, 0.0f), theirs(n);
+  std::vector<float> sum(n, 0.0f);
+  std::vector<std::vector<float>> theirs(static_cast<size_t>(m_job.topo.replicas));
+  // Every replica's gradients in one batch once all are published (one
+  // request per node); again one by one, following a peer that moved
+  // (its rank was replaced on another node, --replicas), when it fails.
+  const uint64_t moves = m_dir.moves();
+  bool batched = true;
+  {
+    Batch b(m_client);
+    for (int d = 0; d < m_job.topo.replicas && batched; ++d) {
+      const int r = m_job.topo.rank_of(m_job.topo.stage(), d);
+      if (r == m_job.topo.rank) continue;
+      Status published = m_dir.wait_at_least(m_peers.ctl_word(r, k_published), static_cast<uint64_t>(step + 1),
+                                             "rank " + std::to_string(r) + "'s gradients of step " +
+                                                 std::to_string(step));
+      if (!published.ok() && m_dir.moves() == moves) return published;
+      auto publish = published.ok() ? m_dir.peer(r, "publish") : Result<Gva>(published);
+      batched = publish.ok();
+      if (!batched) break;
+      theirs[static_cast<size_t>(d)].resize(n);
+      b.read(publish->plus(static_cast<uint64_t>(half) * bytes), theirs[static_cast<size_t>(d)].data(), bytes);
+    }
+    batched = b.wait().ok() && batched && m_dir.moves() == moves;
+  }
   for (int d = 0; d < m_job.topo.replicas; ++d) {
     const int r = m_job.topo.rank_of(m_job.topo.stage(), d);
     const float* src = reinterpret_cast<const float*>(mine);
     if (r != m_job.topo.rank) {
-      // Again when the peer moved meanwhile (its rank was replaced on another
-      // node, --replicas): its new arena holds the gradients only once its
-      // new control word says so.
-      for (uint64_t moves = ~uint64_t{0}; moves != m_dir.moves();) {
-        moves = m_dir.moves();
+      std::vector<float>& in = theirs[static_cast<size_t>(d)];
+      in.resize(n);
+      for (uint64_t seen = batched ? m_dir.moves() : ~uint64_t{0}; seen != m_dir.moves();) {
+        seen = m_dir.moves();
         TIERMEM_RETURN_IF_ERROR(m_dir.wait_at_least(m_peers.ctl_word(r, k_published),
                                                     static_cast<uint64_t>(step + 1),
                                                     "rank " + std::to_string(r) + "'s gradients of step " +
                                                         std::to_string(step)));
         TIERMEM_ASSIGN_OR_RETURN(auto publish, m_dir.peer(r, "publish"));
-        TIERMEM_RETURN_IF_ERROR(m_dir.read(publish.plus(static_cast<uint64_t>(half) * bytes), theirs.data(), bytes));
+        TIERMEM_RETURN_IF_ERROR(m_dir.read(publish.plus(static_cast<uint64_t>(half) * bytes), in.data(), bytes));
       }
-      src = theirs.data();
+      src = in.data();
     }
     // Every replica adds in replica order: all end with the same bits.
     for (size_t i = 0; i < n; ++i) sum[i] += src[i];
@@ -304,6 +327,8 @@ Status StageRunner::compute_step(int64_t step) {
     const auto [op, mb] = m_job.plan.schedule[pos];
     TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
   }
+  // The last message on its way: what it sends is reused next step.
+  TIERMEM_RETURN_IF_ERROR(m_mail.drain());
   if (!m_capturing) {
     TIERMEM_RETURN_IF_ERROR(m_compute.sync());
     TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
@@ -403,8 +428,10 @@ Status StageRunner::evaluate(int64_t committed, double* accuracy) {
       status = run_scheduled(op, 0, -1, true, sequence, b);
       if (!status.ok()) break;
     }
-    // Consumed once the kernels reading the slot in place are done: the
+    // The message on its way (its tensor is the next batch's memory), and
+    // consumed once the kernels reading the slot in place are done: the
     // slot can take the next batch.
+    if (status.ok()) status = m_mail.drain();
     if (status.ok()) status = m_compute.sync();
     if (status.ok()) status = m_mail.consumed_eval(sequence);
   }

@@ -1,7 +1,8 @@
 // The schedule of one pipeline stage (X5, X7): a training step is the GPipe
 // schedule of the stage's ops (forward of every micro-batch, then backward in
 // reverse), with the boundary messages each op receives before and sends
-// after; then the all-reduce of parameter gradients across replicas, the
+// after (on the CPU a message travels while the next ops compute:
+// Mailboxes::send); then the all-reduce of parameter gradients across replicas, the
 // optimizer writing the next copy of parameters and state, the commit, and a
 // barrier. Evaluation runs the forward ops on the test set through the same
 // stages with messages of its own.

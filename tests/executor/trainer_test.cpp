@@ -155,6 +155,18 @@ TEST_F(TrainerTest, DeterministicAndTheSameWithOrWithoutAPipeline) {
   run(1, {model("ffn_block_digits"), "--job", "d2", "--steps", "30", "--losses", b, "-q"});
   run(2, {model("ffn_block_digits"), "--job", "d3", "--steps", "30", "--losses", c, "-q"});
   run(1, {model("ffn_block_digits"), "--job", "d4", "--steps", "30", "--losses", d, "--seed", "2", "-q"});
+  // The same pipeline with the nodes as hosts: boundary messages go as
+  // batches through the data plane (one request each, sent while the next
+  // ops compute).
+  const std::string e = m_dir + "/e.losses";
+  ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);
+  const std::string over_tcp = run(2, {model("ffn_block_digits"), "--job", "d5", "--steps", "30", "--losses", e});
+  ::unsetenv("TIERMEM_MAP_SAME_HOST");
+  std::smatch calls;
+  ASSERT_TRUE(std::regex_search(over_tcp, calls, std::regex("rank 0: tiermem calls: .* ([0-9]+) as checked messages")))
+      << over_tcp;
+  EXPECT_GT(std::stoll(calls[1]), 0) << "the boundary messages went through the data plane: " << over_tcp;
+  EXPECT_EQ(slurp(a), slurp(e)) << "split over two stages, messages through the data plane: the same bits";
   const std::string first = slurp(a);
   ASSERT_FALSE(first.empty());
   EXPECT_EQ(std::count(first.begin(), first.end(), '\n'), 30);
