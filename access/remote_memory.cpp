@@ -190,7 +190,7 @@ WordCondition writable_at(uint64_t cached) {
 
 }  // namespace
 
-Status RemoteVersionWords::issue_snapshot(Batch& batch, uint64_t first, size_t count,
+Status RemoteVersionWords::issue_snapshot(TransportBatch& batch, uint64_t first, size_t count,
                                           std::span<const CopySegment> segments, uint64_t* before, uint64_t* after) {
   std::vector<RemoteFrameData*> frames;
   if (!same_node(segments, &frames)) return Status(ErrorCode::not_supported, "segments on other nodes");
@@ -215,7 +215,7 @@ Status RemoteVersionWords::issue_snapshot(Batch& batch, uint64_t first, size_t c
   return m_transport.get(batch, ep, after, count * sizeof(uint64_t), addr, *r->key);
 }
 
-Status RemoteVersionWords::issue_locked_copy(Batch& batch, const PageRange& range,
+Status RemoteVersionWords::issue_locked_copy(TransportBatch& batch, const PageRange& range,
                                              std::span<const CopySegment> segments, bool to_memory, uint64_t* olds,
                                              uint64_t* releases, uint64_t* stopped) {
   std::vector<RemoteFrameData*> frames;
@@ -274,7 +274,7 @@ Status RemoteVersionWords::locked_copy(const PageRange& range, std::span<const C
   return Status(ErrorCode::failed_precondition, "page " + std::to_string(range.first_page + i) + " was taken");
 }
 
-Status RemoteVersionWords::issue_locked_atomic(Batch& batch, uint64_t page, uint64_t cached, FrameData& data,
+Status RemoteVersionWords::issue_locked_atomic(TransportBatch& batch, uint64_t page, uint64_t cached, FrameData& data,
                                                uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
                                                uint64_t* taken, uint64_t* old, uint64_t* released,
                                                uint64_t* stopped) {
@@ -333,7 +333,7 @@ bool RemoteFrameData::messages(uint64_t frame_offset, size_t length) const {
   return r != nullptr && r->key && !m_transport.one_sided(*r->key);
 }
 
-Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length) {
+Status RemoteFrameData::issue_read(TransportBatch& batch, uint64_t frame_offset, void* dst, size_t length) {
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
   auto* out = static_cast<std::byte*>(dst);
   const uint64_t base = r->base + (frame_offset - r->first);
@@ -345,7 +345,7 @@ Status RemoteFrameData::issue_read(Batch& batch, uint64_t frame_offset, void* ds
   return Status();
 }
 
-Status RemoteFrameData::issue_write(Batch& batch, uint64_t frame_offset, const void* src, size_t length) {
+Status RemoteFrameData::issue_write(TransportBatch& batch, uint64_t frame_offset, const void* src, size_t length) {
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, length));
   const auto* in = static_cast<const std::byte*>(src);
   const uint64_t base = r->base + (frame_offset - r->first);
@@ -382,7 +382,7 @@ Status RemoteFrameData::write(uint64_t frame_offset, const void* src, size_t len
   return Status();
 }
 
-Status RemoteFrameData::issue_atomic(Batch& batch, uint64_t frame_offset, WordOp op, uint64_t operand,
+Status RemoteFrameData::issue_atomic(TransportBatch& batch, uint64_t frame_offset, WordOp op, uint64_t operand,
                                      uint64_t compare, uint64_t* old) {
   if (frame_offset % 8 != 0) return Status(ErrorCode::invalid_argument, "atomic on an unaligned word");
   TIERMEM_ASSIGN_OR_RETURN(const RemoteRegion* r, region(frame_offset, 8));

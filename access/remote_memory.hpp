@@ -136,16 +136,16 @@ class RemoteVersionWords final : public VersionWords {
   // - snapshot: the words into before[0, count), the segments, the words
   //   into after[0, count) (a consistent read when they are equal, even and
   //   of the cached epochs).
-  Status issue_snapshot(Batch& batch, uint64_t first, size_t count, std::span<const CopySegment> segments,
+  Status issue_snapshot(TransportBatch& batch, uint64_t first, size_t count, std::span<const CopySegment> segments,
                         uint64_t* before, uint64_t* after);
   // - locked copy: olds[i] and releases[i] (range.count words each) receive
   //   the page words seen; stopped: a page could not be taken (the one
   //   whose olds[i] does not match its cached epoch, or is locked), nothing
   //   was copied and nothing stays locked.
-  Status issue_locked_copy(Batch& batch, const PageRange& range, std::span<const CopySegment> segments,
+  Status issue_locked_copy(TransportBatch& batch, const PageRange& range, std::span<const CopySegment> segments,
                            bool to_memory, uint64_t* olds, uint64_t* releases, uint64_t* stopped);
   // - locked atomic: *taken the page word seen, *old the data word before.
-  Status issue_locked_atomic(Batch& batch, uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
+  Status issue_locked_atomic(TransportBatch& batch, uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
                              WordOp op, uint64_t operand, uint64_t compare, uint64_t* taken, uint64_t* old,
                              uint64_t* released, uint64_t* stopped);
   const RemoteNode& node() const { return *m_node; }
@@ -176,14 +176,14 @@ class RemoteFrameData final : public FrameData {
                 uint64_t* old) override;
   bool persistent() const override;
   // Issues the gets of a read into `batch` without waiting.
-  Status issue_read(Batch& batch, uint64_t frame_offset, void* dst, size_t length);
+  Status issue_read(TransportBatch& batch, uint64_t frame_offset, void* dst, size_t length);
   // Issues the puts of a write into `batch`, then, on the message path and a
   // persistent tier, a persist of them (wait() then returns once they are
   // durable). Elsewhere the caller flushes and persists after waiting.
-  Status issue_write(Batch& batch, uint64_t frame_offset, const void* src, size_t length);
+  Status issue_write(TransportBatch& batch, uint64_t frame_offset, const void* src, size_t length);
   // Issues the atomic (and on the message path and a persistent tier, its
   // persist) into `batch`.
-  Status issue_atomic(Batch& batch, uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
+  Status issue_atomic(TransportBatch& batch, uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
                       uint64_t* old);
   // Whether [frame_offset, +length) travels as messages (not one-sided).
   bool messages(uint64_t frame_offset, size_t length) const;

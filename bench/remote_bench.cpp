@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include <tiermem/batch.h>
 #include <tiermem/client.h>
 #include <tiermem/status_macros.h>
 
@@ -236,6 +237,44 @@ int main(int argc, char** argv) {
     lat.push_back(bench::now_seconds() - t0);
   }
   bench::figure(p + "transport_get_8B_latency_p50", bench::percentile(lat, 0.5) * 1e6, "us");
+
+  // A boundary message as tiermem-exec sends one (Mailboxes::send): a
+  // 128-byte header and the payload, a fence, the receiver's sequence word
+  // from n to n + 1, as one Batch; against a bare put of the same bytes and
+  // a fetch-add in one transport batch (no page protocol). The receiver
+  // sees the word in its own memory (a load), not counted.
+  auto word_translation = client->translate(counter->gva);
+  const uint64_t word_frame = word_translation->extents.front().frame_offset;
+  // Alternating rounds, medians: the two share the machine's noise.
+  for (size_t size : {size_t{4} << 10, size_t{64} << 10, size_t{1} << 20}) {
+    const int n = std::max(8, iterations(size) / 4);
+    std::vector<double> bare_rounds, our_rounds;
+    for (int round = 0; round < 7; ++round) {
+      bare_rounds.push_back(seconds_per_call(n, [&] {
+        auto b = (*transport)->batch();
+        uint64_t old = 0;
+        (void)(*frames)->issue_write(*b, frame, buf.data(), 128 + size);
+        (void)(*frames)->issue_atomic(*b, word_frame, WordOp::fetch_add, 1, 0, &old);
+        (void)(*transport)->wait(*b, std::chrono::seconds(30));
+      }));
+      uint64_t sequence = 0;
+      (void)client->read(counter->gva, &sequence, 8);
+      our_rounds.push_back(seconds_per_call(n, [&] {
+        Batch b(*client);
+        b.write(region->gva, buf.data(), 128);
+        b.write(region->gva.plus(128), buf.data() + 128, size);
+        b.fence();
+        b.compare_swap(counter->gva, sequence, sequence + 1);
+        ++sequence;
+        (void)b.wait();
+      }));
+    }
+    const double bare = bench::median(bare_rounds), ours = bench::median(our_rounds);
+    const std::string s = size_name(size);
+    bench::figure(p + "boundary_send_" + s, ours * 1e6, "us");
+    bench::figure(p + "bare_put_fadd_" + s, bare * 1e6, "us");
+    bench::ratio(p + "boundary_send_" + s + "_vs_bare_put_fadd", ours / bare);
+  }
   if (busy == 0) {
     // What the home daemon costs while its remote clients are connected and
     // quiet (heartbeats to its peer go on: 300 ms here).

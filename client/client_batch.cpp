@@ -78,7 +78,7 @@ bool consistent(const Posted& p) {
 
 struct ClientCore::BatchFlight {
   std::deque<Posted> posted;  // stable addresses: answers land in them
-  std::map<Endpoint*, std::unique_ptr<Batch>> batches;
+  std::map<Endpoint*, std::unique_ptr<TransportBatch>> batches;
   // Reads and writes of memory mapped here (this node's, or a daemon's of
   // this host): copied while the messages travel.
   std::vector<BatchItem*> mapped;

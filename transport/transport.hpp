@@ -19,7 +19,7 @@
 // The fabric only: bytes and 64-bit words at addresses of registered memory.
 // Pages, versions and the seqlock protocol are above it (access/).
 //
-// Thread-safe: every method may be called from any thread. A Batch belongs to
+// Thread-safe: every method may be called from any thread. A TransportBatch belongs to
 // one thread at a time.
 #pragma once
 
@@ -84,9 +84,9 @@ struct WordCondition {
 
 // Operations issued together; wait() completes them. Operations on message
 // keys are sent when the batch is waited for, one message per endpoint.
-class Batch {
+class TransportBatch {
  public:
-  virtual ~Batch() = default;
+  virtual ~TransportBatch() = default;
   virtual size_t pending() const = 0;
 };
 
@@ -113,15 +113,15 @@ class Transport {
   // the peer's CPU); else they travel as messages its progress thread runs.
   virtual bool one_sided(const RemoteKey& key) const = 0;
 
-  virtual std::unique_ptr<Batch> batch() = 0;
+  virtual std::unique_ptr<TransportBatch> batch() = 0;
   // Copies `length` bytes from the peer's `remote_addr` into `dst`.
-  virtual Status get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
+  virtual Status get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
                      RemoteKey& key) = 0;
-  virtual Status put(Batch& batch, Endpoint& ep, const void* src, size_t length,
+  virtual Status put(TransportBatch& batch, Endpoint& ep, const void* src, size_t length,
                      uint64_t remote_addr, RemoteKey& key) = 0;
   // 64-bit atomic on the peer's word at `remote_addr`; *result receives the
   // old value. compare_swap stores `operand` when the word equals `compare`.
-  virtual Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand,
+  virtual Status atomic(TransportBatch& batch, Endpoint& ep, AtomicOp op, uint64_t operand,
                         uint64_t compare, uint64_t remote_addr, RemoteKey& key,
                         uint64_t* result) = 0;
   // A conditional add, on message keys only (not_supported on one-sided
@@ -132,12 +132,12 @@ class Transport {
   // returns failed_precondition (not for a group). *old receives the word as the peer saw it (for those
   // that ran). A compare-and-swap that must succeed for the rest to run is
   // compare_swap_or_abort() below.
-  virtual Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+  virtual Status add_if(TransportBatch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                         uint64_t remote_addr, RemoteKey& key, uint64_t* old) = 0;
   // Makes [remote_addr, remote_addr + length), written by the puts issued
   // before it, durable at the peer (msync of a file mapping) before what is
   // issued after it runs. Message keys only (not_supported on one-sided ones).
-  virtual Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) = 0;
+  virtual Status persist(TransportBatch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) = 0;
   // Groups (message keys only; not_supported on one-sided endpoints): closes
   // the group of the operations issued on `ep` since the last end_group (or
   // the batch's start). An add_if that fails then stops the rest of its
@@ -146,23 +146,23 @@ class Transport {
   // the group ran whole, else 1 + the index in the group of the add_if that
   // stopped it. Many independent operations (a client Batch's) share one
   // message this way, each its own group.
-  virtual Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) = 0;
+  virtual Status end_group(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) = 0;
   // A fence that costs nothing within one message (message keys only): when
   // a group issued on `ep` since the previous barrier was stopped, nothing
   // issued after it in its message runs and *stopped receives 1 (wait()
   // does not fail for it; what did not run answers nothing). The caller
   // keeps what must be ordered in one message (reserve()).
-  virtual Status barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) = 0;
+  virtual Status barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) = 0;
   // The next `ops` operations on `ep`, with `put_bytes` of puts and
   // `get_bytes` of gets, travel in one message (the message collected so
   // far goes now if they would not fit in it). invalid_argument when they
   // cannot fit in any message; nothing to do on one-sided endpoints.
-  virtual Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) = 0;
+  virtual Status reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) = 0;
   // Sends the messages collected so far without waiting (wait() still
   // completes them): the batches of several endpoints go out together, then
   // each is waited for.
-  virtual void send(Batch& batch) = 0;
-  Status compare_swap_or_abort(Batch& batch, Endpoint& ep, uint64_t expected, uint64_t desired,
+  virtual void send(TransportBatch& batch) = 0;
+  Status compare_swap_or_abort(TransportBatch& batch, Endpoint& ep, uint64_t expected, uint64_t desired,
                                uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
     return add_if(batch, ep, {~uint64_t{0}, expected}, desired - expected, expected - desired, remote_addr, key, old);
   }
@@ -170,7 +170,7 @@ class Transport {
   // target before those issued after (on the same endpoint). Free on message
   // keys (the target runs a message in order); on one-sided ones the fabric's
   // fence.
-  virtual Status fence(Batch& batch, std::chrono::milliseconds timeout) = 0;
+  virtual Status fence(TransportBatch& batch, std::chrono::milliseconds timeout) = 0;
   // Sends the batch's messages and completes every operation of the batch,
   // driving progress; the calling thread sleeps while nothing happens and is
   // woken by the answer itself (see UcxTransport::drive). Errors:
@@ -178,7 +178,7 @@ class Transport {
   // unfinished operations are closed, so no buffer is written later),
   // failed_precondition (an add_if stopped its message), a refusal by the
   // peer (out_of_range, invalid_argument: nothing of that message ran).
-  virtual Status wait(Batch& batch, std::chrono::milliseconds timeout) = 0;
+  virtual Status wait(TransportBatch& batch, std::chrono::milliseconds timeout) = 0;
   // Remote completion of everything issued on `ep` so far.
   virtual Status flush(Endpoint& ep, std::chrono::milliseconds timeout) = 0;
 

@@ -204,7 +204,7 @@ class UcxRegion final : public RegisteredRegion {
   sequence::RegionTable& m_table;
 };
 
-class UcxBatch final : public Batch {
+class UcxBatch final : public TransportBatch {
  public:
   // Operations not completed yet.
   size_t pending() const override {
@@ -252,23 +252,23 @@ class UcxTransport final : public Transport {
   Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint, std::string_view packed,
                                             uint64_t base) override;
   bool one_sided(const RemoteKey& key) const override { return !static_cast<const UcxRemoteKey&>(key).m_messages; }
-  std::unique_ptr<Batch> batch() override { return std::make_unique<UcxBatch>(); }
+  std::unique_ptr<TransportBatch> batch() override { return std::make_unique<UcxBatch>(); }
 
-  Status get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
+  Status get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
              RemoteKey& key) override;
-  Status put(Batch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
+  Status put(TransportBatch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
              RemoteKey& key) override;
-  Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
+  Status atomic(TransportBatch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
                 uint64_t remote_addr, RemoteKey& key, uint64_t* result) override;
-  Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+  Status add_if(TransportBatch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                 uint64_t remote_addr, RemoteKey& key, uint64_t* old) override;
-  Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
-  Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
-  Status barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
-  Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
-  void send(Batch& batch) override;
-  Status fence(Batch& batch, std::chrono::milliseconds timeout) override;
-  Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
+  Status persist(TransportBatch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
+  Status end_group(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
+  void send(TransportBatch& batch) override;
+  Status fence(TransportBatch& batch, std::chrono::milliseconds timeout) override;
+  Status wait(TransportBatch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return ucp_worker_progress(m_worker) != 0; }
   uint64_t requests_sent() const override { return m_requests_sent.load(std::memory_order_relaxed); }
@@ -309,7 +309,7 @@ class UcxTransport final : public Transport {
     return Status(ErrorCode::transport_error, "the peer's endpoint failed (peer down or unreachable)");
   }
 
-  Status track(Batch& batch, UcxEndpoint& ep, ucs_status_ptr_t request, const char* what);
+  Status track(TransportBatch& batch, UcxEndpoint& ep, ucs_status_ptr_t request, const char* what);
   // The request parameters of a one-sided operation: its completion wakes
   // the waiting thread.
   static ucp_request_param_t one_sided_param();
@@ -343,7 +343,7 @@ class UcxTransport final : public Transport {
   // `put`/`get` bytes (a new one when the open one is full).
   MessageOp& open_message(UcxBatch& b, UcxEndpoint& ep, size_t put, size_t get);
   // Adds an operation to the open message of `ep`.
-  Status add_op(Batch& batch, UcxEndpoint& ep, const sequence::Op& op, const void* src, void* dst, uint64_t* result);
+  Status add_op(TransportBatch& batch, UcxEndpoint& ep, const sequence::Op& op, const void* src, void* dst, uint64_t* result);
   // Sends every open message of the batch.
   void send_open(UcxBatch& b);
   void send_message(MessageOp& op);
@@ -351,11 +351,9 @@ class UcxTransport final : public Transport {
 
   // Sends (or sends again) a request; the answer is matched by its id.
   void post_request(MessageOp& op);
-  // Copies a payload of many small pieces into one (MessageOp::gathered).
+  // Copies a payload of several pieces into one (MessageOp::gathered).
   static void gather(MessageOp& op);
-  static constexpr size_t k_gather_pieces = 8;
   static constexpr size_t k_gather_bytes = 4 << 20;
-  static constexpr size_t k_gather_piece_bytes = 64 << 10;
 
   // Closes the endpoints of unfinished operations so UCX completes (cancels)
   // them and never writes the caller's buffers after wait() returns.

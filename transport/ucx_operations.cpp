@@ -38,7 +38,7 @@ ucp_request_param_t UcxTransport::one_sided_param() {
   return p;
 }
 
-Status UcxTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
+Status UcxTransport::get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   auto& k = static_cast<UcxRemoteKey&>(key);
   // Collecting a message cannot fail once its operations were checked
@@ -49,7 +49,7 @@ Status UcxTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, u
   return track(batch, e, ucp_get_nbx(e.m_ep, dst, length, remote_addr, k.m_key, &p), "get");
 }
 
-Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
+Status UcxTransport::put(TransportBatch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
                          RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   auto& k = static_cast<UcxRemoteKey&>(key);
@@ -59,7 +59,7 @@ Status UcxTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t len
   return track(batch, e, ucp_put_nbx(e.m_ep, src, length, remote_addr, k.m_key, &p), "put");
 }
 
-Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
+Status UcxTransport::atomic(TransportBatch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
                             uint64_t remote_addr, RemoteKey& key, uint64_t* result) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   auto& k = static_cast<UcxRemoteKey&>(key);
@@ -90,7 +90,7 @@ Status UcxTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t op
                "atomic");
 }
 
-Status UcxTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+Status UcxTransport::add_if(TransportBatch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                             uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   auto& k = static_cast<UcxRemoteKey&>(key);
@@ -105,26 +105,26 @@ Status UcxTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition,
   return add_op(batch, e, m, nullptr, nullptr, old);
 }
 
-Status UcxTransport::persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) {
+Status UcxTransport::persist(TransportBatch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   auto& k = static_cast<UcxRemoteKey&>(key);
   if (!k.m_messages) return Status(ErrorCode::not_supported, "a persist needs the message path; this key is one-sided");
   return add_op(batch, e, make_op(OpKind::persist, remote_addr, length, k.m_token), nullptr, nullptr, nullptr);
 }
 
-Status UcxTransport::end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+Status UcxTransport::end_group(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (!e.m_messages && !e.m_shared) return Status(ErrorCode::not_supported, "groups need the message path");
   return add_op(batch, e, make_op(OpKind::group_end, 0, 0, 0), nullptr, nullptr, stopped);
 }
 
-Status UcxTransport::barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+Status UcxTransport::barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) {
   auto& e = static_cast<UcxEndpoint&>(ep);
   if (!e.m_messages && !e.m_shared) return Status(ErrorCode::not_supported, "barriers need the message path");
   return add_op(batch, e, make_op(OpKind::barrier, 0, 0, 0), nullptr, nullptr, stopped);
 }
 
-Status UcxTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) {
+Status UcxTransport::reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) {
   if (ops > sequence::k_max_ops || put_bytes > sequence::k_max_bytes || get_bytes > sequence::k_max_bytes) {
     return Status(ErrorCode::invalid_argument, std::to_string(ops) + " operations of " + std::to_string(put_bytes) +
                                                    " + " + std::to_string(get_bytes) +
@@ -144,16 +144,16 @@ Status UcxTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_
   return Status();
 }
 
-void UcxTransport::send(Batch& batch) { send_open(static_cast<UcxBatch&>(batch)); }
+void UcxTransport::send(TransportBatch& batch) { send_open(static_cast<UcxBatch&>(batch)); }
 
-Status UcxTransport::fence(Batch& batch, std::chrono::milliseconds) {
+Status UcxTransport::fence(TransportBatch& batch, std::chrono::milliseconds) {
   // A message runs in order at its target: nothing to do for those.
   if (static_cast<UcxBatch&>(batch).m_requests.empty()) return Status();
   const ucs_status_t st = ucp_worker_fence(m_worker);
   return st == UCS_OK ? Status() : ucx_error("fence", st);
 }
 
-Status UcxTransport::wait(Batch& batch, std::chrono::milliseconds timeout) {
+Status UcxTransport::wait(TransportBatch& batch, std::chrono::milliseconds timeout) {
   auto& b = static_cast<UcxBatch&>(batch);
   send_open(b);
   Status error;
@@ -174,7 +174,7 @@ Status UcxTransport::flush(Endpoint& ep, std::chrono::milliseconds timeout) {
   return wait(b, timeout);
 }
 
-Status UcxTransport::track(Batch& batch, UcxEndpoint& ep, ucs_status_ptr_t request, const char* what) {
+Status UcxTransport::track(TransportBatch& batch, UcxEndpoint& ep, ucs_status_ptr_t request, const char* what) {
   if (request == nullptr) return Status();
   if (UCS_PTR_IS_ERR(request)) return ucx_error(std::string("issuing ") + what, UCS_PTR_STATUS(request));
   static_cast<UcxBatch&>(batch).m_requests.push_back({request, &ep});
@@ -206,7 +206,7 @@ MessageOp& UcxTransport::open_message(UcxBatch& b, UcxEndpoint& ep, size_t put, 
   return m;
 }
 
-Status UcxTransport::add_op(Batch& batch, UcxEndpoint& ep, const Op& op, const void* src, void* dst,
+Status UcxTransport::add_op(TransportBatch& batch, UcxEndpoint& ep, const Op& op, const void* src, void* dst,
                             uint64_t* result) {
   if (op.length > sequence::k_max_bytes && (op.kind == OpKind::get || op.kind == OpKind::put)) {
     return Status(ErrorCode::invalid_argument, "a get or put of " + std::to_string(op.length) +
@@ -276,13 +276,16 @@ void UcxTransport::send_message(MessageOp& op) {
 }
 
 void UcxTransport::gather(MessageOp& op) {
-  // Many small puts (a client Batch's writes) go as one buffer: UCX 1.13
-  // sends a long scatter list over TCP several times slower than one piece
-  // (bench/batch_bench), and copying them costs less than that.
-  if (op.payload.size() <= k_gather_pieces) return;
+  // Several puts (a client Batch's writes; a boundary message's header and
+  // payload) go as one buffer up to 4 MiB: UCX 1.13 sends a scatter list
+  // over TCP several times slower than one piece (64 writes of 4 KiB: 0.44
+  // of a TCP stream as a list, 0.67 gathered; a 128-byte header and 1 MiB:
+  // 743 us as two pieces, 489 us gathered; bench/batch_bench,
+  // bench/remote_bench), and the copy costs less than that.
+  if (op.payload.size() <= 1) return;
   size_t bytes = 0;
   for (const ucp_dt_iov_t& v : op.payload) bytes += v.length;
-  if (bytes > k_gather_bytes || bytes / op.payload.size() > k_gather_piece_bytes) return;
+  if (bytes > k_gather_bytes) return;
   op.gathered.resize(bytes);
   std::byte* at = op.gathered.data();
   for (const ucp_dt_iov_t& v : op.payload) {

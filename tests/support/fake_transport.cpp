@@ -65,7 +65,7 @@ struct FakeTransport::Message {
   std::vector<uint64_t*> result;
 };
 
-class FakeTransport::FakeBatch final : public Batch {
+class FakeTransport::FakeBatch final : public TransportBatch {
  public:
   size_t pending() const override {
     size_t n = 0;
@@ -124,9 +124,9 @@ Result<std::shared_ptr<RemoteKey>> FakeTransport::unpack(const std::shared_ptr<E
   return std::shared_ptr<RemoteKey>(std::make_shared<FakeKey>(token));
 }
 
-std::unique_ptr<Batch> FakeTransport::batch() { return std::make_unique<FakeBatch>(); }
+std::unique_ptr<TransportBatch> FakeTransport::batch() { return std::make_unique<FakeBatch>(); }
 
-Status FakeTransport::add(Batch& batch, Endpoint& ep, const Op& op, const void* src, void* dst, uint64_t* result) {
+Status FakeTransport::add(TransportBatch& batch, Endpoint& ep, const Op& op, const void* src, void* dst, uint64_t* result) {
   auto& e = static_cast<FakeEndpoint&>(ep);
   if (e.failed()) return Status(ErrorCode::transport_error, "fake: the peer's endpoint failed");
   auto& b = static_cast<FakeBatch&>(batch);
@@ -147,16 +147,16 @@ Status FakeTransport::add(Batch& batch, Endpoint& ep, const Op& op, const void* 
   return Status();
 }
 
-Status FakeTransport::get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
+Status FakeTransport::get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) {
   return add(batch, ep, make_op(OpKind::get, remote_addr, length, key), nullptr, dst, nullptr);
 }
 
-Status FakeTransport::put(Batch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
+Status FakeTransport::put(TransportBatch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
                           RemoteKey& key) {
   return add(batch, ep, make_op(OpKind::put, remote_addr, length, key), src, nullptr, nullptr);
 }
 
-Status FakeTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
+Status FakeTransport::atomic(TransportBatch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
                              uint64_t remote_addr, RemoteKey& key, uint64_t* result) {
   Op o = make_op(OpKind::atomic, remote_addr, sizeof(uint64_t), key);
   o.atomic_op = static_cast<uint8_t>(op);
@@ -165,7 +165,7 @@ Status FakeTransport::atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t o
   return add(batch, ep, o, nullptr, nullptr, result);
 }
 
-Status FakeTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add_value, uint64_t undo,
+Status FakeTransport::add_if(TransportBatch& batch, Endpoint& ep, WordCondition condition, uint64_t add_value, uint64_t undo,
                              uint64_t remote_addr, RemoteKey& key, uint64_t* old) {
   if (m_one_sided) return Status(ErrorCode::not_supported, "fake: one-sided keys take no conditional adds");
   Op o = make_op(OpKind::add_if, remote_addr, sizeof(uint64_t), key);
@@ -176,22 +176,22 @@ Status FakeTransport::add_if(Batch& batch, Endpoint& ep, WordCondition condition
   return add(batch, ep, o, nullptr, nullptr, old);
 }
 
-Status FakeTransport::persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) {
+Status FakeTransport::persist(TransportBatch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) {
   if (m_one_sided) return Status(ErrorCode::not_supported, "fake: one-sided keys take no persists");
   return add(batch, ep, make_op(OpKind::persist, remote_addr, length, key), nullptr, nullptr, nullptr);
 }
 
-Status FakeTransport::end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+Status FakeTransport::end_group(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) {
   if (m_one_sided) return Status(ErrorCode::not_supported, "fake: one-sided keys take no groups");
   return add(batch, ep, Op{.kind = OpKind::group_end}, nullptr, nullptr, stopped);
 }
 
-Status FakeTransport::barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) {
+Status FakeTransport::barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) {
   if (m_one_sided) return Status(ErrorCode::not_supported, "fake: one-sided keys take no barriers");
   return add(batch, ep, Op{.kind = OpKind::barrier}, nullptr, nullptr, stopped);
 }
 
-Status FakeTransport::reserve(Batch& batch, Endpoint& ep, size_t ops, size_t, size_t) {
+Status FakeTransport::reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t, size_t) {
   if (ops > sequence::k_max_ops) return Status(ErrorCode::invalid_argument, "fake: too many operations for a message");
   auto& b = static_cast<FakeBatch&>(batch);
   auto it = b.m_open.find(&static_cast<FakeEndpoint&>(ep));
@@ -204,7 +204,7 @@ Status FakeTransport::flush(Endpoint& ep, std::chrono::milliseconds) {
   return ep.failed() ? Status(ErrorCode::transport_error, "fake: the peer's endpoint failed") : Status();
 }
 
-Status FakeTransport::wait(Batch& batch, std::chrono::milliseconds) {
+Status FakeTransport::wait(TransportBatch& batch, std::chrono::milliseconds) {
   auto& b = static_cast<FakeBatch&>(batch);
   Status first;
   for (auto& m : b.m_messages) {

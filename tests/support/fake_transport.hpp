@@ -56,21 +56,21 @@ class FakeTransport final : public Transport {
   Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint, std::string_view packed_key,
                                             uint64_t base) override;
   bool one_sided(const RemoteKey&) const override { return m_one_sided; }
-  std::unique_ptr<Batch> batch() override;
-  Status get(Batch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) override;
-  Status put(Batch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
+  std::unique_ptr<TransportBatch> batch() override;
+  Status get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr, RemoteKey& key) override;
+  Status put(TransportBatch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
              RemoteKey& key) override;
-  Status atomic(Batch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare, uint64_t remote_addr,
+  Status atomic(TransportBatch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare, uint64_t remote_addr,
                 RemoteKey& key, uint64_t* result) override;
-  Status add_if(Batch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
+  Status add_if(TransportBatch& batch, Endpoint& ep, WordCondition condition, uint64_t add, uint64_t undo,
                 uint64_t remote_addr, RemoteKey& key, uint64_t* old) override;
-  Status persist(Batch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
-  Status end_group(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
-  Status barrier(Batch& batch, Endpoint& ep, uint64_t* stopped) override;
-  Status reserve(Batch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
-  void send(Batch&) override {}  // messages run at wait()
-  Status fence(Batch&, std::chrono::milliseconds) override { return Status(); }
-  Status wait(Batch& batch, std::chrono::milliseconds timeout) override;
+  Status persist(TransportBatch& batch, Endpoint& ep, uint64_t remote_addr, size_t length, RemoteKey& key) override;
+  Status end_group(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) override;
+  Status reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
+  void send(TransportBatch&) override {}  // messages run at wait()
+  Status fence(TransportBatch&, std::chrono::milliseconds) override { return Status(); }
+  Status wait(TransportBatch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return false; }
   void on_failure(FailureHandler) override {}
@@ -80,7 +80,7 @@ class FakeTransport final : public Transport {
   struct Message;
   class FakeBatch;
   class FakeEndpoint;
-  Status add(Batch& batch, Endpoint& ep, const sequence::Op& op, const void* src, void* dst, uint64_t* result);
+  Status add(TransportBatch& batch, Endpoint& ep, const sequence::Op& op, const void* src, void* dst, uint64_t* result);
   // Runs one message at its peer, with the faults asked for.
   Status deliver(Message& m);
   // The first `count` operations of `m`, one by one, as a NIC runs them.
