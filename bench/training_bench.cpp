@@ -136,7 +136,11 @@ Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill, 
     ranks.push_back(std::make_unique<test::ExecRank>(r, k_world, cluster.node(r + 1).socket(), args(job, true),
                                                      dir + "/" + job + std::to_string(r) + ".log", wrapper(r + 1)));
   }
-  if (!wait_until([&] { return last_step(ranks[0]->log()) >= k_kill_after; })) return t;
+  if (!wait_until([&] { return last_step(ranks[0]->log()) >= k_kill_after; })) {
+    std::fprintf(stderr, "rank 0 did not reach step %lld:\n%s\n%s\n", static_cast<long long>(k_kill_after),
+                 ranks[0]->log().c_str(), ranks[1]->log().c_str());
+    return t;
+  }
   ranks[1]->signal(SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // what was in flight lands
   int64_t least = INT64_MAX;
@@ -188,7 +192,11 @@ Trial kill_trial(test::TestCluster& cluster, const std::string& job, Kill kill, 
   const int64_t from = std::stoll(m[1]);
   t.rpo_steps = least - from;
   const int64_t target = std::max(last + 1, from + 1);
-  if (!wait_until([&] { return last_step(ranks[0]->log()) >= target; })) return t;
+  if (!wait_until([&] { return last_step(ranks[0]->log()) >= target; })) {
+    std::fprintf(stderr, "rank 0 did not go past step %lld after the replacement resumed:\n%s\n%s\n",
+                 static_cast<long long>(target), ranks[0]->log().c_str(), again.log().c_str());
+    return t;
+  }
   t.rto_ms = ms_since(killed);
   int worst = again.wait();
   for (int r : {0, 2}) worst = std::max(worst, ranks[static_cast<size_t>(r)]->wait());

@@ -1,7 +1,12 @@
 #include "executor/runtime/stage.hpp"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -63,6 +68,7 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
   bool exchanges = job.topo.replicas > 1;
   for (const Channel& c : job.channels) exchanges = exchanges || c.to == job.topo.stage() || c.from == job.topo.stage();
   m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty();
+  if (const char* e = std::getenv("TIERMEM_EXEC_STOP_AFTER_COMMIT")) m_stop_after_commit = std::atoll(e);
   m_test_order.resize(static_cast<size_t>(job.data.test.rows));
   std::iota(m_test_order.begin(), m_test_order.end(), 0);
 }
@@ -386,10 +392,21 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
   m_compute.take_stats(&m_stats.loss_sum, &m_stats.correct);
   m_stats.rows = m_loss_rows;
   TIERMEM_RETURN_IF_ERROR(m_compute.sync());
-  m_arenas.commit(step + 1);
+  // The step counts as committed once its snapshot (when one is due) is
+  // whole: a rank that dies while writing it resumes from the step before
+  // on its node too, as a replacement elsewhere does from the snapshot, so
+  // no rank is ever committed past what it could be restored to.
   if (m_arenas.snapshot_every() > 0 && (step + 1) % m_arenas.snapshot_every() == 0) {
     auto span = m_trace.span(SpanKind::comm, k_snapshot);
     TIERMEM_RETURN_IF_ERROR(m_arenas.snapshot(m_dir, step + 1));
+  }
+  m_arenas.commit(step + 1);
+  if (step + 1 == m_stop_after_commit) {
+    // Fault injection for tests (TIERMEM_EXEC_STOP_AFTER_COMMIT): a real
+    // SIGSTOP where a death is hardest to resume from, the step committed
+    // and its barrier not raised.
+    std::fprintf(stderr, "rank %d: stopping after committing step %" PRId64 "\n", m_job.topo.rank, step + 1);
+    ::raise(SIGSTOP);
   }
   *stats = m_stats;
   return barrier(static_cast<uint64_t>(step + 1));

@@ -87,6 +87,7 @@ class StageRunner {
   Trace& m_trace;
   Compute& m_compute;
   bool m_eval_resume;  // the first evaluation after a restart skips what is done
+  int64_t m_stop_after_commit = -1;  // TIERMEM_EXEC_STOP_AFTER_COMMIT (tests)
   bool m_replay = false;
   bool m_capturing = false;
   int64_t m_prefilled = -1;  // the step whose batches are in their staging already

@@ -1,4 +1,5 @@
 // Trainer: puts a rank together and runs it (see trainer_impl.hpp).
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 
@@ -50,6 +51,14 @@ Status Trainer::set_up() {
 
 Status Trainer::train_steps() {
   const int64_t first = m_arenas.resumed() ? m_arenas.committed() : 0;
+  if (m_arenas.resumed()) {
+    // Every step before `first` is finished here: a rank that died between
+    // committing a step and raising its barrier word for it would else
+    // leave the others waiting at that barrier while it waits for their
+    // gradients of the next step.
+    std::atomic_ref<uint64_t> barrier(m_arenas.ctl()[k_barrier]);
+    if (barrier.load() < static_cast<uint64_t>(first)) barrier.store(static_cast<uint64_t>(first));
+  }
   StageRunner stage(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, m_arenas.resumed(),
                     *m_compute);
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());

@@ -216,6 +216,39 @@ TEST_F(TrainerTest, AKilledRankResumesFromTheCommittedStep) {
   });
 }
 
+// Rank 1 stops itself (a real SIGSTOP, TIERMEM_EXEC_STOP_AFTER_COMMIT) right
+// after committing step 80, before raising its barrier word for it, and is
+// killed there: rank 0 waits at that barrier. The replacement resumes at
+// step 80 and must count as past that barrier, or each waits for the other.
+TEST_F(TrainerTest, ARankKilledBetweenCommittingAStepAndItsBarrierResumesWithoutADeadlock) {
+  const std::vector<std::string> common{model("mlp_digits"), "--stages", "1", "--steps", "150", "--log-every", "1",
+                                        "--timeout", "20"};
+  auto args = [&](const std::string& name, const std::string& losses) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), {"--job", name, "--losses", losses});
+    return a;
+  };
+  const std::string reference = m_dir + "/gap-ref.losses", resumed = m_dir + "/gap.losses";
+  run(2, args("gap-ref", reference));
+  Rank r0(0, 2, socket(1), args("gap", resumed), m_dir + "/gap0.log");
+  ::setenv("TIERMEM_EXEC_STOP_AFTER_COMMIT", "80", 1);
+  Rank r1(1, 2, socket(2), args("gap", resumed), m_dir + "/gap1.log");
+  ::unsetenv("TIERMEM_EXEC_STOP_AFTER_COMMIT");
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (r1.log().find("stopping after committing step 80") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_NE(r1.log().find("stopping after committing step 80"), std::string::npos) << r1.log();
+  std::this_thread::sleep_for(200ms);  // rank 0 reaches the barrier of step 80
+  r1.kill();
+  Rank again(1, 2, socket(2), args("gap", resumed), m_dir + "/gap1b.log");
+  EXPECT_EQ(again.wait(), 0) << again.log();
+  EXPECT_EQ(r0.wait(), 0) << r0.log();
+  EXPECT_NE(again.log().find("resumed at step 80"), std::string::npos) << again.log();
+  EXPECT_EQ(slurp(resumed), slurp(reference)) << "every loss is the undisturbed run's";
+}
+
 // The daemon of rank 1's node is SIGKILLed with rank 1 and started again:
 // its memory (the job's parameters, optimizer state and committed step, in
 // DRAM) comes back from the durable metadata and the shared memory it took
