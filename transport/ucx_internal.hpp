@@ -145,7 +145,7 @@ struct MessageOp {
   Waiter* waiter = nullptr;            // the thread waiting for it
   std::vector<sequence::Op> ops;
   std::vector<ucp_dt_iov_t> payload;   // the operations unless in the header, then each put's bytes
-  std::vector<std::byte> gathered;     // the payload in one piece, when it was many small ones
+  std::vector<std::byte> gathered;     // the payload in one piece, when it was several (UcxTransport::gather)
   size_t put_bytes = 0;
   size_t get_bytes = 0;
   std::vector<void*> dst;              // per operation: a get's destination

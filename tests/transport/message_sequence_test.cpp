@@ -136,9 +136,16 @@ TEST_F(MessageSequenceTest, ABarrierAfterAStoppedGroupStopsTheMessageAndOnlyThen
   EXPECT_EQ(m_memory[4], 4u) << "group 4, after the barrier, did not";
 }
 
-TEST_F(MessageSequenceTest, AGroupEndThatTouchesMemoryIsRefused) {
-  std::vector<Op> ops = {Op{.kind = OpKind::group_end, .address = word(1)}};
-  EXPECT_EQ(check(ops, 0, m_regions).refusal, Refusal::malformed);
+TEST_F(MessageSequenceTest, AGroupEndOrBarrierThatTouchesMemoryIsRefused) {
+  for (OpKind kind : {OpKind::group_end, OpKind::barrier}) {
+    std::vector<Op> ops = {op(OpKind::get, word(0), 8), Op{.kind = kind, .address = word(1)}};
+    EXPECT_EQ(check(ops, 0, m_regions).refusal, Refusal::malformed);
+    EXPECT_EQ(check(ops, 0, m_regions).op, 1u) << "the refusal names the operation";
+    ops[1] = Op{.kind = kind, .length = 8};
+    EXPECT_EQ(check(ops, 0, m_regions).refusal, Refusal::malformed);
+    ops[1] = Op{.kind = kind};
+    EXPECT_EQ(check(ops, 0, m_regions).refusal, Refusal::none);
+  }
 }
 
 TEST_F(MessageSequenceTest, ACompareSwapThatMustSucceedIsRestoredExactlyWhenALaterOneFails) {
