@@ -334,20 +334,27 @@ AccessCounters ClientCore::counters() const {
 
 Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory, bool from_replica) {
   const uint64_t chunk = std::max<uint64_t>(4096, m_hello.max_inline_bytes());
+  // The bytes of a write go into a string of this thread's kept from call
+  // to call (fresh memory would take a page fault per page).
+  thread_local std::unique_ptr<std::string> t_data;
   while (length > 0) {
     const size_t n = std::min<uint64_t>(length, chunk);
     proto::Request request;
     if (to_memory) {
       wire::to_proto(gva, request.mutable_write()->mutable_gva());
-      request.mutable_write()->set_data(buf, n);
+      if (!t_data) t_data = std::make_unique<std::string>();
+      t_data->assign(reinterpret_cast<const char*>(buf), n);
+      request.mutable_write()->set_allocated_data(t_data.release());
     } else {
       wire::to_proto(gva, request.mutable_read()->mutable_gva());
       request.mutable_read()->set_length(n);
       request.mutable_read()->set_from_replica(from_replica);
     }
-    TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
+    auto response = call(request);
+    if (to_memory) t_data.reset(request.mutable_write()->release_data());
+    if (!response.ok()) return response.status();
     if (!to_memory) {
-      const std::string& data = response.read().data();
+      const std::string& data = response->read().data();
       if (data.size() != n) return Status(ErrorCode::internal, "tiermemd returned a short read");
       std::memcpy(buf, data.data(), n);
     }

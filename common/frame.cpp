@@ -121,6 +121,12 @@ Status send_frame(int sock, std::string_view payload, std::span<const int> fds) 
   return send_all(sock, buf.data() + sent, buf.size() - sent);
 }
 
+Status send_framed(int sock, std::string& frame) {
+  const auto header = encode_frame_header(static_cast<uint32_t>(frame.size() - k_frame_header_bytes));
+  std::memcpy(frame.data(), header.data(), header.size());
+  return send_all(sock, frame.data(), frame.size());
+}
+
 Status recv_frame(int sock, uint32_t max_payload, std::string* payload, std::vector<UniqueFd>* fds) {
   unsigned char header[k_frame_header_bytes];
   Status s = recv_exact(sock, header, sizeof header, fds);

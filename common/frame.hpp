@@ -28,6 +28,10 @@ uint32_t decode_frame_header(const unsigned char* header);
 
 // Writes one frame. Errors: connection_closed (peer gone), io_error.
 Status send_frame(int sock, std::string_view payload, std::span<const int> fds = {});
+// Writes one frame built in place: the first k_frame_header_bytes of `frame`
+// are room for the header (filled here), the rest is the payload, which is
+// not copied again. Errors: those of send_frame.
+Status send_framed(int sock, std::string& frame);
 
 // Sends raw bytes with `fds` attached to the first one (used for the frame
 // header by the daemon too). Returns the number of bytes sent by the first

@@ -25,6 +25,7 @@
 #include <tiermem/units.h>
 
 #include "common/log.hpp"
+#include "common/malloc_tuning.hpp"
 #include "common/random.hpp"
 #include "daemon/cluster_file.hpp"
 #include "daemon/config.hpp"
@@ -475,6 +476,7 @@ int check_config(const DaemonConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_memory_for_reuse();
   CLI::App app{"tiermemd: tiered memory daemon (VRAM, DRAM, PMEM) of a tiermem node"};
   std::string config_path;
   bool check_only = false;

@@ -14,6 +14,7 @@
 #include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
+#include "common/malloc_tuning.hpp"
 #include "executor/graph.hpp"
 #include "executor/memory_plan.hpp"
 #include "executor/partitioner.hpp"
@@ -96,6 +97,7 @@ int compare_partitions(const std::string& model, int parts, int micro_batches, b
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_memory_for_reuse();  // the snapshot's writes through the daemon (--replicas)
   // Element-wise kernels run on OpenMP threads and GEMMs on OpenBLAS's own.
   // With libgomp's default (active) waiting its idle threads spin for a while
   // after each parallel region and take the cores OpenBLAS needs next: a step

@@ -50,6 +50,10 @@ class RpcConnection {
   std::string m_address;
   uint64_t m_next_id = 1;
   uint32_t m_max_frame = 64u << 20;
+  // The last request's frame and response, kept for the next call (up to
+  // k_kept_buffer_bytes each).
+  static constexpr size_t k_kept_buffer_bytes = 16u << 20;
+  std::string m_send, m_reply;
   std::chrono::milliseconds m_timeout{0};
 };
 

@@ -50,58 +50,8 @@ Status Arenas::own(JobDirectory& dir, OwnRegion* out, const std::string& what, i
   return Status();
 }
 
-int64_t Arenas::snapshot_slot_bytes() const {
-  return (k_snapshot_header + m_params_bytes + m_optimizer_bytes + m_published_bytes + 63) / 64 * 64;
-}
-
-std::pair<Gva, int64_t> Arenas::newest_snapshot(JobDirectory& dir, const std::vector<Gva>& candidates) const {
-  std::pair<Gva, int64_t> best{Gva{}, 0};
-  for (const Gva& g : candidates) {
-    for (int64_t slot = 0; slot < 2; ++slot) {
-      const Gva at = g.plus(static_cast<uint64_t>(slot * snapshot_slot_bytes()));
-      uint64_t header[5] = {};
-      Status s = dir.read(at, header, sizeof header);
-      if (!s.ok()) {
-        std::fprintf(stderr, "rank snapshot %s unreadable: %s\n", at.to_string().c_str(), s.to_string().c_str());
-        continue;
-      }
-      if (header[0] != k_snapshot_magic || header[2] != static_cast<uint64_t>(m_params_bytes) ||
-          header[3] != static_cast<uint64_t>(m_optimizer_bytes) || header[4] != static_cast<uint64_t>(m_published_bytes)) {
-        continue;
-      }
-      if (static_cast<int64_t>(header[1]) > best.second) best = {at, static_cast<int64_t>(header[1])};
-    }
-  }
-  return best;
-}
-
-Status Arenas::restore(JobDirectory& dir, Gva slot, int64_t step) {
-  const int64_t parity = step % 2;
-  TIERMEM_RETURN_IF_ERROR(dir.read(slot.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
-                                   static_cast<size_t>(m_params_bytes)));
-  TIERMEM_RETURN_IF_ERROR(dir.read(slot.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes)),
-                                   m_optimizer.data() + parity * m_optimizer_bytes,
-                                   static_cast<size_t>(m_optimizer_bytes)));
-  if (m_published_bytes > 0 && step > 0) {
-    // The gradients this rank published for step - 1: a rank still reading
-    // them when the old rank died reads them here now.
-    TIERMEM_RETURN_IF_ERROR(
-        dir.read(slot.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes + m_optimizer_bytes)),
-                 m_publish.data() + ((step - 1) % 2) * m_published_bytes, static_cast<size_t>(m_published_bytes)));
-  }
-  // Where a rank that finished `step` stands: committed, past the barrier,
-  // its gradients of the step before published (the other ranks have read
-  // them, or read them again from this rank's new arena).
-  for (const CtlWord w : {k_committed, k_barrier, k_published}) {
-    std::atomic_ref<uint64_t>(ctl()[w]).store(static_cast<uint64_t>(step));
-  }
-  m_resumed = true;
-  m_restored_from = slot;
-  return Status();
-}
-
 Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes,
-                        const Compute& compute) {
+                        Compute& compute) {
   const int64_t ctl_bytes = ((k_channels + 4 * static_cast<int64_t>(job.channels.size())) * 8 + 4095) / 4096 * 4096;
   m_params_bytes = job.arena_bytes("params");
   m_optimizer_bytes = job.arena_bytes("optimizer");
@@ -168,14 +118,7 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   }
   m_resumed = m_ctl.existed && committed() > 0;
   if (m_ctl.existed || options.replicas == 0) return Status();
-  // New on this node: a first start, or the replacement of a rank whose node
-  // died. Its snapshot elsewhere (a copy, if its home died with the rank)
-  // says which.
-  const auto [slot, step] = newest_snapshot(dir, dir.elsewhere("snapshot", m_snapshot.gva));
-  if (step == 0) return Status();
-  TIERMEM_RETURN_IF_ERROR(restore(dir, slot, step));
-  // Our own snapshot holds the step before we go on.
-  return snapshot(dir, step);
+  return resume_elsewhere(dir, compute);
 }
 
 std::string Arenas::placement(const Compute& compute) const {
@@ -229,39 +172,6 @@ void* Arenas::memory(const JobPlan& job, int t, int mb, int64_t parity) const {
   }
   const Placement* p = job.plan.find(t, mb);
   return p ? m_work.data() + p->offset : nullptr;
-}
-
-Status Arenas::snapshot(JobDirectory& dir, int64_t committed) const {
-  // Into slot (committed / every) % 2, the other one holding the snapshot
-  // before: header cleared, the committed parameters and optimizer state,
-  // then the header (magic, step, sizes), written through the client (a
-  // write to PMEM is persisted, and one to a replicated allocation is on
-  // every copy, before it is acknowledged). A write a copy did not take
-  // (its node died, and is not dropped yet) is tried again.
-  const int64_t parity = committed % 2;
-  const Gva base = m_snapshot.gva.plus(
-      static_cast<uint64_t>(((committed / std::max<int64_t>(m_snapshot_every, 1)) % 2) * snapshot_slot_bytes()));
-  uint64_t header[5] = {};
-  Status s = dir.write(base, header, sizeof header);
-  if (s.ok()) {
-    s = dir.write(base.plus(k_snapshot_header), m_params.data() + parity * m_params_bytes,
-                     static_cast<size_t>(m_params_bytes));
-  }
-  if (s.ok()) {
-    s = dir.write(base.plus(k_snapshot_header + static_cast<uint64_t>(m_params_bytes)),
-                     m_optimizer.data() + parity * m_optimizer_bytes, static_cast<size_t>(m_optimizer_bytes));
-  }
-  if (s.ok() && m_published_bytes > 0 && committed > 0) {
-    s = dir.write(base.plus(static_cast<uint64_t>(k_snapshot_header + m_params_bytes + m_optimizer_bytes)),
-                  m_publish.data() + ((committed - 1) % 2) * m_published_bytes, static_cast<size_t>(m_published_bytes));
-  }
-  header[0] = k_snapshot_magic;
-  header[1] = static_cast<uint64_t>(committed);
-  header[2] = static_cast<uint64_t>(m_params_bytes);
-  header[3] = static_cast<uint64_t>(m_optimizer_bytes);
-  header[4] = static_cast<uint64_t>(m_published_bytes);
-  if (s.ok()) s = dir.write(base, header, sizeof header);
-  return s.ok() ? s : s.with_context("snapshot of step " + std::to_string(committed));
 }
 
 std::vector<Gva> Arenas::release() {

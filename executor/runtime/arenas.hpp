@@ -20,6 +20,7 @@
 // replacement of a rank whose node died, at the last committed step.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -53,13 +54,24 @@ inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
 
 // The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.
 // A slot: words magic, committed step, parameter bytes, optimizer bytes,
-// published-gradient bytes; from k_snapshot_header on the committed
-// parameters, the optimizer state, then (--replicas, data parallel) the
-// gradients this rank published for the step before: a rank still reading
-// them when this one died reads them from its replacement. The header is cleared before the slot is written and set after it,
-// so a slot whose writer died is never taken for whole.
-inline constexpr uint64_t k_snapshot_magic = 0x31305041'4e534d54;  // "TMSNAP01"
+// published-gradient bytes, XXH3 checksum of the rest of the slot; from
+// k_snapshot_header on the committed parameters, the optimizer state, then
+// (--replicas, data parallel) the gradients this rank published for the step
+// before: a rank still reading them when this one died reads them from its
+// replacement. A slot is written in one write of all of it, staged in host
+// memory (SnapshotImage); one whose writer died part way (its node, its
+// daemon) fails its checksum and is never taken for whole: the other slot,
+// the snapshot before, is whole then, as the next is written only once the
+// last one is.
+inline constexpr uint64_t k_snapshot_magic = 0x32305041'4e534d54;  // "TMSNAP02"
 inline constexpr int64_t k_snapshot_header = 64;
+
+// A snapshot slot as it is written: header and state, in host memory.
+struct SnapshotImage {
+  Gva at;  // the slot
+  int64_t step = 0;
+  std::vector<std::byte> bytes;
+};
 
 class Arenas {
  public:
@@ -73,7 +85,7 @@ class Arenas {
   // control words stay in DRAM. Errors: also failed_precondition when arenas
   // found again are in another device's memory than `compute`'s.
   Status allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes,
-                  const Compute& compute);
+                  Compute& compute);
   // A fresh job: parameters as their init says, optimizer state zero (and
   // the initial parameters dumped when asked). A resumed one: checks that the
   // committed copies survived. Errors: failed_precondition.
@@ -96,8 +108,13 @@ class Arenas {
   // (micro-batch `mb`'s) work tensor; copy `parity` (0, 1) of the
   // double-buffered ones. nullptr: nothing planned for it here.
   void* memory(const JobPlan& job, int tensor, int mb, int64_t parity) const;
-  // Copies the committed state into the PMEM snapshot (persisted on ack).
-  Status snapshot(JobDirectory& dir, int64_t committed) const;
+  // The committed state of step `committed` as its snapshot slot is to hold
+  // it (*image's buffer is reused). The state must be computed (synced).
+  void stage_snapshot(int64_t committed, Compute& compute, SnapshotImage* image) const;
+  // Stages and writes the snapshot of step `committed` (persisted, and on
+  // every copy, on ack); a write a copy did not take (its node died, and is
+  // not dropped yet) is tried again.
+  Status snapshot(JobDirectory& dir, int64_t committed, Compute& compute) const;
   // Steps between snapshots (0: none); 1 with --replicas.
   int64_t snapshot_every() const { return m_snapshot_every; }
   // Bytes of one snapshot slot.
@@ -116,11 +133,16 @@ class Arenas {
  private:
   Status own(JobDirectory& dir, OwnRegion* out, const std::string& what, int64_t bytes, bool coherent,
              Tier tier = Tier::dram, uint32_t replicas = 0);
-  // The newest whole snapshot slot among `candidates`: (GVA of the slot,
-  // step); step 0 when there is none.
-  std::pair<Gva, int64_t> newest_snapshot(JobDirectory& dir, const std::vector<Gva>& candidates) const;
+  // The snapshot slots among `candidates` whose header is this job's:
+  // (GVA of the slot, step), newest first.
+  std::vector<std::pair<Gva, int64_t>> snapshots(JobDirectory& dir, const std::vector<Gva>& candidates) const;
   // Takes the committed state of `step` from the snapshot slot at `slot`.
-  Status restore(JobDirectory& dir, Gva slot, int64_t step);
+  // Errors: data_lost when the slot fails its checksum (torn); those of the
+  // read.
+  Status restore(JobDirectory& dir, Gva slot, int64_t step, Compute& compute);
+  // With --replicas, a rank new on this node: resumes from the newest whole
+  // snapshot of it elsewhere, if there is one.
+  Status resume_elsewhere(JobDirectory& dir, Compute& compute);
 
   OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
   int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_grads_bytes = 0, m_snapshot_every = 0;

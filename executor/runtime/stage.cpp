@@ -24,6 +24,7 @@ const std::string k_all_reduce = "all-reduce";
 const std::string k_barrier_name = "barrier";
 const std::string k_update = "optimizer";
 const std::string k_snapshot = "snapshot";
+const std::string k_snapshot_wait = "snapshot wait";
 
 }  // namespace
 
@@ -69,6 +70,7 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
   for (const Channel& c : job.channels) exchanges = exchanges || c.to == job.topo.stage() || c.from == job.topo.stage();
   m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty();
   if (const char* e = std::getenv("TIERMEM_EXEC_STOP_AFTER_COMMIT")) m_stop_after_commit = std::atoll(e);
+  if (const char* e = std::getenv("TIERMEM_EXEC_STOP_IN_SNAPSHOT")) m_stop_in_snapshot = std::atoll(e);
   m_test_order.resize(static_cast<size_t>(job.data.test.rows));
   std::iota(m_test_order.begin(), m_test_order.end(), 0);
 }
@@ -339,12 +341,15 @@ Status StageRunner::compute_step(int64_t step) {
     TIERMEM_RETURN_IF_ERROR(m_compute.sync());
     TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
     TIERMEM_RETURN_IF_ERROR(all_reduce(step));
+    // The step before committed before its parameters are written over.
+    TIERMEM_RETURN_IF_ERROR(settle_snapshot());
   }
   update();
   return Status();
 }
 
 Status StageRunner::replay_step() {
+  TIERMEM_RETURN_IF_ERROR(settle_snapshot());
   const int slot = static_cast<int>(m_step % 2);
   if (!m_compute.captured(slot)) {
     TIERMEM_RETURN_IF_ERROR(m_compute.begin_capture());
@@ -395,21 +400,65 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
   // The step counts as committed once its snapshot (when one is due) is
   // whole: a rank that dies while writing it resumes from the step before
   // on its node too, as a replacement elsewhere does from the snapshot, so
-  // no rank is ever committed past what it could be restored to.
-  if (m_arenas.snapshot_every() > 0 && (step + 1) % m_arenas.snapshot_every() == 0) {
-    auto span = m_trace.span(SpanKind::comm, k_snapshot);
-    TIERMEM_RETURN_IF_ERROR(m_arenas.snapshot(m_dir, step + 1));
-  }
-  m_arenas.commit(step + 1);
-  if (step + 1 == m_stop_after_commit) {
-    // Fault injection for tests (TIERMEM_EXEC_STOP_AFTER_COMMIT): a real
-    // SIGSTOP where a death is hardest to resume from, the step committed
-    // and its barrier not raised.
-    std::fprintf(stderr, "rank %d: stopping after committing step %" PRId64 "\n", m_job.topo.rank, step + 1);
-    ::raise(SIGSTOP);
+  // no rank is ever committed past what it could be restored to. With
+  // --replicas (data parallel) the snapshot travels while the next step
+  // computes, and the step is committed before that one's optimizer writes
+  // over the copy of the parameters a restart before the commit takes.
+  // Meanwhile the others may pass this step's barrier: a replacement that
+  // resumes at the step before finds their gradients of it still published
+  // (they cannot pass the next barrier without this rank).
+  const bool due = m_arenas.snapshot_every() > 0 && (step + 1) % m_arenas.snapshot_every() == 0;
+  if (due && m_options.replicas > 0) {
+    post_snapshot(step + 1);
+  } else {
+    if (due) {
+      auto span = m_trace.span(SpanKind::comm, k_snapshot);
+      TIERMEM_RETURN_IF_ERROR(m_arenas.snapshot(m_dir, step + 1, m_compute));
+    }
+    commit(step + 1);
   }
   *stats = m_stats;
   return barrier(static_cast<uint64_t>(step + 1));
+}
+
+void StageRunner::commit(int64_t steps) {
+  m_arenas.commit(steps);
+  if (steps == m_stop_after_commit) {
+    // Fault injection for tests (TIERMEM_EXEC_STOP_AFTER_COMMIT): a real
+    // SIGSTOP where a death is hardest to resume from, the step committed
+    // and its barrier not raised.
+    std::fprintf(stderr, "rank %d: stopping after committing step %" PRId64 "\n", m_job.topo.rank, steps);
+    ::raise(SIGSTOP);
+  }
+}
+
+void StageRunner::post_snapshot(int64_t steps) {
+  auto span = m_trace.span(SpanKind::comm, k_snapshot);
+  m_arenas.stage_snapshot(steps, m_compute, &m_image);
+  m_pending.emplace(m_client);
+  m_pending->write(m_image.at, m_image.bytes.data(), m_image.bytes.size());
+  m_pending->submit();
+}
+
+Status StageRunner::settle_snapshot() {
+  if (!m_pending) return Status();
+  if (m_image.step == m_stop_in_snapshot) {
+    // Fault injection for tests (TIERMEM_EXEC_STOP_IN_SNAPSHOT): a real
+    // SIGSTOP with the step's barrier raised (the others go on) and the step
+    // not committed, its snapshot sent but not known whole.
+    std::fprintf(stderr, "rank %d: stopping with the snapshot of step %" PRId64 " unsettled\n", m_job.topo.rank,
+                 m_image.step);
+    ::raise(SIGSTOP);
+  }
+  auto span = m_trace.span(SpanKind::sync, k_snapshot_wait);
+  Status s = m_pending->wait();
+  m_pending.reset();
+  // A write a copy did not take (its node died, and is not dropped yet):
+  // again, through the directory, which tries until the job's timeout.
+  if (!s.ok()) s = m_dir.write(m_image.at, m_image.bytes.data(), m_image.bytes.size());
+  if (!s.ok()) return s.with_context("snapshot of step " + std::to_string(m_image.step));
+  commit(m_image.step);
+  return Status();
 }
 
 Status StageRunner::evaluate(int64_t committed, double* accuracy) {

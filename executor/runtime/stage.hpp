@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
+#include <tiermem/batch.h>
 #include <tiermem/client.h>
 
 #include "executor/compute.hpp"
@@ -40,9 +42,13 @@ class StageRunner {
   // that exchanges no messages and has no replicas).
   bool replays() const { return m_replay; }
 
-  // Runs training step `step` and commits it. Errors: those of the messages,
-  // the all-reduce and the barrier (timeouts name the rank awaited).
+  // Runs training step `step` and commits it: at once, or (--replicas) once
+  // its snapshot, written while the next step computes, is whole on every
+  // copy (finish() for the last). Errors: those of the messages, the
+  // all-reduce, the snapshot and the barrier (timeouts name the rank awaited).
   Status run_step(int64_t step, StepStats* stats);
+  // Commits the last step run once its snapshot is whole.
+  Status finish() { return settle_snapshot(); }
   // Test accuracy with the parameters committed after `committed` steps
   // (the evaluation of epoch committed / steps_per_epoch); *accuracy is left
   // alone on a stage without the loss.
@@ -73,6 +79,13 @@ class StageRunner {
   Status all_reduce(int64_t step);
   void update();
   Status barrier(uint64_t value);
+  // Raises the committed step (and stops there when a test asked).
+  void commit(int64_t steps);
+  // --replicas: the snapshot of `steps` staged and on its way, on the
+  // library's thread; settle_snapshot() waits for it (writing it again
+  // through the job directory if a copy did not take it) and commits.
+  void post_snapshot(int64_t steps);
+  Status settle_snapshot();
   // The memory of a tensor for the op being run; nullptr for tensors that
   // arrive in the mailbox (see gather_inputs) and what is not planned here.
   void* memory(int tensor, int mb, bool next_params) const;
@@ -88,6 +101,9 @@ class StageRunner {
   Compute& m_compute;
   bool m_eval_resume;  // the first evaluation after a restart skips what is done
   int64_t m_stop_after_commit = -1;  // TIERMEM_EXEC_STOP_AFTER_COMMIT (tests)
+  int64_t m_stop_in_snapshot = -1;   // TIERMEM_EXEC_STOP_IN_SNAPSHOT (tests)
+  SnapshotImage m_image;             // the snapshot on its way (--replicas)
+  std::optional<Batch> m_pending;
   bool m_replay = false;
   bool m_capturing = false;
   int64_t m_prefilled = -1;  // the step whose batches are in their staging already

@@ -77,6 +77,7 @@ Status Trainer::train_steps() {
     if ((step + 1) % m_job.steps_per_epoch == 0 && evaluates) TIERMEM_RETURN_IF_ERROR(stage.evaluate(step + 1, &accuracy));
     progress.step_done(step, stats, seconds, accuracy);
   }
+  if (Status s = stage.finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
   progress.finish(m_job.total_steps - first, accuracy);
   return Status();
 }

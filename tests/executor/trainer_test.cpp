@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
@@ -313,7 +314,7 @@ TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
   ASSERT_EQ(header.size(), 32u);
   uint64_t words[4];
   std::memcpy(words, header.data(), sizeof words);
-  EXPECT_EQ(words[0], 0x313050414e534d54u) << "magic TMSNAP01";
+  EXPECT_EQ(words[0], 0x323050414e534d54u) << "magic TMSNAP02";
   EXPECT_EQ(words[1], 20u) << "the last snapshot is of step 20";
   // The one before (step 10) stays whole in the other slot until the next.
   const uint64_t slot = (64 + words[2] + words[3] + 63) / 64 * 64;
@@ -329,6 +330,12 @@ TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
       test::run_ctl(sock, {"read", by_name["snap_b.r0.params"]["gva"].get<std::string>(), bytes}).out;
   ASSERT_EQ(snapped.size(), words[2]);
   EXPECT_TRUE(snapped == committed) << "snapshot parameters differ from the committed ones of step 20";
+  // Word 5: the XXH3 of the rest of the slot (what a reader checks).
+  const std::string whole = test::run_ctl(sock, {"read", snapshot.to_string(), std::to_string(slot)}).out;
+  ASSERT_EQ(whole.size(), slot);
+  uint64_t sum = 0;
+  std::memcpy(&sum, whole.data() + 40, 8);
+  EXPECT_EQ(sum, XXH3_64bits(whole.data() + 64, whole.size() - 64));
 }
 
 TEST_F(TrainerTest, GradientTopologyMismatchIsCaughtAtStart) {
@@ -412,98 +419,6 @@ optimizer { type: ADAM learning_rate: 0.01 beta1: 0.9 beta2: 0.999 epsilon: 1e-8
   logs = run(1, {m_dir + "/bad_synthetic.pbtxt", "--job", "bad-syn"}, &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(logs.find("synthetic:COLS:CLASSES with COLS in 1..65536 and CLASSES in 2..1024"), std::string::npos) << logs;
-}
-
-// The committed parameters (the first or second half of the params arena,
-// by the parity of the step) of every allocation named `<job>.r<rank>.params`
-// on `socket`'s node, by name.
-std::map<std::string, std::string> committed_params(const std::string& socket, int64_t steps) {
-  std::map<std::string, std::string> out;
-  for (const auto& a : nlohmann::json::parse(test::run_ctl(socket, {"--json", "ls"}).out)) {
-    const std::string name = a["name"].get<std::string>();
-    if (name.size() < 7 || name.compare(name.size() - 7, 7, ".params") != 0 || a.contains("replica_of")) continue;
-    const uint64_t half = a["size"].get<uint64_t>() / 2;
-    auto gva = Gva::parse(a["gva"].get<std::string>());
-    if (!gva.ok()) continue;
-    out[name] = test::run_ctl(socket, {"read", gva->plus(steps % 2 * half).to_string(), std::to_string(half)}).out;
-  }
-  return out;
-}
-
-// Three daemons, three data-parallel ranks (one per node) with --replicas 1.
-// Node 2 (its daemon and rank 1) is SIGKILLed mid-run and stays dead; a
-// replacement rank 1 on node 3 resumes from the copy of rank 1's snapshot at
-// the last committed step, ranks 0 and 2 follow it to its new memory, and the
-// job ends with every rank's parameters bit for bit those of an undisturbed
-// run of the same steps: RPO 0 steps.
-TEST(ReplicatedTrainingTest, ARankWhoseNodeDiedResumesOnAnotherNodeAtTheCommittedStep) {
-  test::DaemonOptions o{.dram = "64MiB", .pmem = "16MiB", .page_size = "64KiB"};
-  o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10\npeer_timeout_ms = 200\n";
-  o.extra_toml = "[health]\nunreachable_after_ms = 100\n[replication]\nrepair_interval_ms = 50\n";
-  test::TestCluster cluster(3, o);
-  ASSERT_TRUE(cluster.ready()) << cluster.logs();
-  ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
-  const std::string dir = cluster.dir();
-  constexpr int64_t k_steps = 150;
-  auto args = [&](const std::string& job) {
-    return std::vector<std::string>{model("mlp_digits"), "--stages", "1", "--steps", std::to_string(k_steps),
-                                    "--replicas", "1", "--log-every", "1", "--timeout", "60",
-                                    "--job", job, "--losses", dir + "/" + job + ".losses", "--keep"};
-  };
-  {
-    std::vector<std::unique_ptr<Rank>> ref;
-    for (int r = 0; r < 3; ++r) {
-      ref.push_back(std::make_unique<Rank>(r, 3, cluster.node(r + 1).socket(), args("ref"),
-                                           dir + "/ref" + std::to_string(r) + ".log"));
-    }
-    for (auto& r : ref) ASSERT_EQ(r->wait(), 0) << r->log();
-  }
-
-  Rank r0(0, 3, cluster.node(1).socket(), args("moved"), dir + "/moved0.log");
-  Rank r1(1, 3, cluster.node(2).socket(), args("moved"), dir + "/moved1.log");
-  Rank r2(2, 3, cluster.node(3).socket(), args("moved"), dir + "/moved2.log");
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (r0.log().find("step 50 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_NE(r0.log().find("step 50 "), std::string::npos) << r0.log() << r1.log();
-  const auto killed = std::chrono::steady_clock::now();
-  cluster.node(2).kill();
-  r1.kill();
-  // An orchestrator starts the replacement once the node is known dead.
-  auto watcher = cluster.node(3).connect("watcher");
-  ASSERT_NE(watcher, nullptr);
-  while (test::health_of(*watcher, 2) != NodeHealth::unreachable && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(5ms);
-  }
-  Rank again(1, 3, cluster.node(3).socket(), args("moved"), dir + "/moved1b.log");
-  EXPECT_EQ(again.wait(), 0) << again.log() << cluster.logs();
-  EXPECT_EQ(r0.wait(), 0) << r0.log();
-  EXPECT_EQ(r2.wait(), 0) << r2.log();
-  std::printf("replacement done %.2f s after the kill\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count());
-
-  const std::string log = again.log();
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+) on node 3, restored from the replicated "
-                                                   "snapshot"))) << log;
-  EXPECT_GE(std::stoi(m[1]), 50);
-  EXPECT_NE(r0.log().find("moved.r1.ctl moved from"), std::string::npos) << "rank 0 never followed rank 1\n" << r0.log();
-  // Every loss (rank 0's, which sums every rank's gradients) as undisturbed.
-  EXPECT_EQ(slurp(dir + "/moved.losses"), slurp(dir + "/ref.losses"));
-  // And the parameters every rank committed at the end.
-  auto on1 = committed_params(cluster.node(1).socket(), k_steps), on3 = committed_params(cluster.node(3).socket(), k_steps);
-  ASSERT_EQ(on1.count("ref.r0.params"), 1u);
-  const std::string& reference = on1["ref.r0.params"];
-  EXPECT_FALSE(reference.empty());
-  EXPECT_TRUE(on1["moved.r0.params"] == reference) << "rank 0 ended elsewhere";
-  ASSERT_EQ(on3.count("moved.r1.params"), 1u) << "the replacement's parameters are not on node 3";
-  EXPECT_TRUE(on3["moved.r1.params"] == reference) << "the replacement ended elsewhere";
-  EXPECT_TRUE(on3["moved.r2.params"] == reference) << "rank 2 ended elsewhere";
-  if (::testing::Test::HasFailure()) {
-    std::fprintf(stderr, "--- replacement\n%s\n--- rank 0\n%s\n--- rank 2\n%s\n", again.log().c_str(),
-                 r0.log().c_str(), r2.log().c_str());
-  }
 }
 
 bool torch_available() {
