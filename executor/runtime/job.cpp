@@ -146,24 +146,43 @@ Gva JobDirectory::current(Gva at) const {
 
 bool JobDirectory::follow(Gva at, const Status& s) {
   if (!maybe_moved(s)) return false;
-  // A lookup on every node is not free: at most every 50 ms.
-  if (Clock::now() - m_last_follow < std::chrono::milliseconds(50)) return false;
+  // A lookup on every node is not free: at most every 10 ms (it is made
+  // only while a peer's memory fails, and a moved rank is waited for).
+  if (Clock::now() - m_last_follow < std::chrono::milliseconds(10)) return false;
   m_last_follow = Clock::now();
+  std::string moved_name;
   for (auto& [n, gva] : m_found) {
     if (gva.node != at.node || gva.generation != at.generation) continue;
-    auto fresh = find(n);
-    if (!fresh.ok() || *fresh == gva) return false;
-    std::fprintf(stderr, "rank %d: %s moved from %s to %s (%s); following it\n", m_rank, n.c_str(),
-                 gva.to_string().c_str(), fresh->to_string().c_str(), s.to_string().c_str());
-    for (auto& [key, moved] : m_moved) {
-      if (moved.second == gva) moved.second = *fresh;  // moved again
-    }
-    m_moved[{gva.node, gva.generation}] = {gva, *fresh};
-    gva = *fresh;
-    ++m_moves;
-    return true;
+    if (!move_to_fresh(n, gva, s)) return false;
+    moved_name = n;
+    break;
   }
-  return false;
+  if (moved_name.empty()) return false;
+  // The rank's other allocations on that node went with it (a replacement
+  // makes all of them before it goes on): followed now, not each after its
+  // own failure and the wait between lookups.
+  const std::string rank_prefix = moved_name.substr(0, moved_name.rfind('.') + 1);
+  for (auto& [n, gva] : m_found) {
+    if (n != moved_name && n.compare(0, rank_prefix.size(), rank_prefix) == 0 && gva.node == at.node &&
+        m_moved.count({gva.node, gva.generation}) == 0) {
+      (void)move_to_fresh(n, gva, s);
+    }
+  }
+  return true;
+}
+
+bool JobDirectory::move_to_fresh(const std::string& name, Gva& gva, const Status& why) {
+  auto fresh = find(name);
+  if (!fresh.ok() || *fresh == gva) return false;
+  std::fprintf(stderr, "rank %d: %s moved from %s to %s (%s); following it\n", m_rank, name.c_str(),
+               gva.to_string().c_str(), fresh->to_string().c_str(), why.to_string().c_str());
+  for (auto& [key, moved] : m_moved) {
+    if (moved.second == gva) moved.second = *fresh;  // moved again
+  }
+  m_moved[{gva.node, gva.generation}] = {gva, *fresh};
+  gva = *fresh;
+  ++m_moves;
+  return true;
 }
 
 Status JobDirectory::on_peer(Gva at, const std::function<Status(Gva)>& op) {

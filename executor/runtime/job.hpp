@@ -77,6 +77,10 @@ class JobDirectory {
   // `at` failed with `s`: if it is a peer's allocation whose name now
   // names another one (its rank was replaced), follows it and returns true.
   bool follow(Gva at, const Status& s);
+  // Looks `name` up again; when it names another allocation than `gva`
+  // now, records the move (`why`: the error that made us look) and sets
+  // `gva` to it.
+  bool move_to_fresh(const std::string& name, Gva& gva, const Status& why);
   // Runs `op` on `at` (as it is now) again while its node is down, and
   // after following it when it moved, until the job's timeout.
   Status on_peer(Gva at, const std::function<Status(Gva)>& op);

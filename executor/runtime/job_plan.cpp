@@ -46,7 +46,7 @@ int64_t JobPlan::arena_bytes(const std::string& name) const {
   return 0;
 }
 
-Result<JobPlan> plan_job(const TrainOptions& options, const RankEnv& env) {
+Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   JobPlan job;
   TIERMEM_ASSIGN_OR_RETURN(job.graph, load_model(options.model));
   job.topo.stages = options.stages > 0 ? options.stages : env.world;
@@ -72,16 +72,20 @@ Result<JobPlan> plan_job(const TrainOptions& options, const RankEnv& env) {
   }
   job.micro_batches = options.micro_batches;
   TIERMEM_RETURN_IF_ERROR(plan_graph(options, &job));
-
-  // Data: every rank runs the same schedule of batches, so every rank knows
-  // how many steps an epoch has; only stages that read inputs or labels load
-  // the rows themselves.
-  TIERMEM_ASSIGN_OR_RETURN(job.data, load_dataset(job.graph.dataset, options.data, options.seed));
-  TIERMEM_RETURN_IF_ERROR(check_dataset(job.graph, job.data));
-  job.steps_per_epoch = std::max<int64_t>(1, job.data.train.rows / job.rows_per_step());
-  job.total_steps = options.steps > 0 ? options.steps : options.epochs * job.steps_per_epoch;
-  job.eval_batches = (job.data.test.rows + job.graph.micro_batch - 1) / job.graph.micro_batch;
   return job;
 }
+
+Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job) {
+  // Every rank runs the same schedule of batches, so every rank knows how
+  // many steps an epoch has.
+  if (!data.ok()) return data.status();
+  job->data = std::move(*data);
+  TIERMEM_RETURN_IF_ERROR(check_dataset(job->graph, job->data));
+  job->steps_per_epoch = std::max<int64_t>(1, job->data.train.rows / job->rows_per_step());
+  job->total_steps = options.steps > 0 ? options.steps : options.epochs * job->steps_per_epoch;
+  job->eval_batches = (job->data.test.rows + job->graph.micro_batch - 1) / job->graph.micro_batch;
+  return Status();
+}
+
 
 }  // namespace tiermem::exec

@@ -43,9 +43,14 @@ struct JobPlan {
   int64_t arena_bytes(const std::string& name) const;
 };
 
-// Errors: those of loading the model and the dataset; invalid_argument for
-// a world that the stages do not divide, a bad --micro-batches, a model whose
-// inputs do not match the dataset.
-Result<JobPlan> plan_job(const TrainOptions& options, const RankEnv& env);
+// The plan in two parts, so that a rank loads its dataset while it does
+// other things: all but the dataset (data and step counts left out)...
+// Errors: those of loading the model; invalid_argument for a world that the
+// stages do not divide, a bad --micro-batches.
+Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env);
+// ... then the dataset (load_dataset's result) and the step counts. Errors:
+// those of loading it; invalid_argument for a model whose inputs do not
+// match it.
+Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job);
 
 }  // namespace tiermem::exec

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <future>
 
 #include <tiermem/status_macros.h>
 
@@ -13,7 +14,12 @@
 namespace tiermem::exec {
 
 Status Trainer::set_up() {
-  TIERMEM_ASSIGN_OR_RETURN(m_job, plan_job(m_opt, m_env));
+  TIERMEM_ASSIGN_OR_RETURN(m_job, plan_model(m_opt, m_env));
+  // The dataset loads while this rank connects and finds (or restores) its
+  // memory: a replacement rank's RTO.
+  auto data = std::async(std::launch::async, [name = m_job.graph.dataset, path = m_opt.data, seed = m_opt.seed] {
+    return load_dataset(name, path, seed);
+  });
   TIERMEM_ASSIGN_OR_RETURN(m_compute, make_compute(m_opt.device));
   TIERMEM_ASSIGN_OR_RETURN(
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
@@ -21,6 +27,14 @@ Status Trainer::set_up() {
   if (m_opt.restart) TIERMEM_RETURN_IF_ERROR(forget_earlier_run());
   TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job), *m_compute));
   TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt, *m_compute));
+  if (Status s = attach_data(data.get(), m_opt, &m_job); !s.ok()) {
+    // A dataset that does not load: what was made for the job just now goes
+    // again (a resumed job's memory stays).
+    if (!m_arenas.resumed()) {
+      for (const Gva g : m_arenas.release()) (void)m_client->free(g);
+    }
+    return s;
+  }
   if (!m_opt.quiet && m_compute->memory_is_device()) {
     std::printf("rank %d: computing on %s; %s\n", m_env.rank, m_compute->name().c_str(),
                 m_arenas.placement(*m_compute).c_str());

@@ -419,6 +419,28 @@ optimizer { type: ADAM learning_rate: 0.01 beta1: 0.9 beta2: 0.999 epsilon: 1e-8
   logs = run(1, {m_dir + "/bad_synthetic.pbtxt", "--job", "bad-syn"}, &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(logs.find("synthetic:COLS:CLASSES with COLS in 1..65536 and CLASSES in 2..1024"), std::string::npos) << logs;
+  // Refused without leaving memory behind (the dataset loads while the rank
+  // makes its arenas; they go again).
+  const std::string ls = test::run_ctl(socket(1), {"ls"}).out;
+  EXPECT_EQ(ls.find("bad-syn."), std::string::npos) << ls;
+}
+
+// The kernels' OpenMP threads sleep when idle (they spun, and took the
+// cores OpenBLAS needs): OMP_WAIT_POLICY is passive unless the environment
+// says otherwise, set before libgomp reads it (the executable's preinit
+// array), in one start of the process.
+TEST(TiermemExecTest, KernelThreadsWaitPassivelyUnlessTheEnvironmentSaysOtherwise) {
+  ::unsetenv("OMP_WAIT_POLICY");
+  ::setenv("OMP_DISPLAY_ENV", "TRUE", 1);
+  auto plain = test::run_command({test::exec_path(), "--version"});
+  ::setenv("OMP_WAIT_POLICY", "active", 1);
+  auto asked = test::run_command({test::exec_path(), "--version"});
+  ::unsetenv("OMP_WAIT_POLICY");
+  ::unsetenv("OMP_DISPLAY_ENV");
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_NE(plain.err.find("OMP_WAIT_POLICY = 'PASSIVE'"), std::string::npos) << plain.err;
+  EXPECT_NE(asked.err.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << asked.err;
+  EXPECT_NE(plain.out.find("tiermem-exec "), std::string::npos) << plain.out;
 }
 
 bool torch_available() {
