@@ -249,6 +249,11 @@ Status PeerManager::handshake(NodeId node) {
   graveyard.dead.push_back(std::move(p.remote));
   p.info = std::move(info);
   p.connection = std::shared_ptr<RpcConnection>(std::move(conn));
+  // Heartbeats (this link's calls) wait no longer than a peer may stay
+  // silent before it counts as UNREACHABLE: in a partition nothing fails and
+  // a ping just waits, and the peer was found UNREACHABLE only once the ping
+  // timed out (cluster.peer_timeout_ms), not after unreachable_after_ms.
+  p.connection->set_timeout(std::min(m_options.timeout, m_options.unreachable_after));
   p.remote = std::move(remote);
   mark(p, NodeState::connected, "", &graveyard);
   return Status();
