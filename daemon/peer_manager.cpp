@@ -330,7 +330,13 @@ void PeerManager::check(NodeId node) {
   if (conn) {
     proto::Request ping;
     ping.mutable_ping();
+    const auto pinging = [&](bool on) {
+      std::lock_guard lock(m_mutex);
+      find(node)->pinging = on;
+    };
+    pinging(true);
     auto response = conn->call(ping);
+    pinging(false);
     if (response.ok() && response->ping().incarnation() == incarnation) {
       beat(node, true, elapsed(), false, "");
       if (response->ping().regions_version() != regions_version) (void)refresh_regions(node, conn);
@@ -500,6 +506,23 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, s
   return response;
 }
 
+std::pair<NodeHealth, uint64_t> PeerManager::seen_health(const Peer& p) const {
+  // A heartbeat to a cut-off peer (a partition: nothing fails, the ping just
+  // waits) ends only at its timeout (cluster.peer_timeout_ms), and only then
+  // would the peer count as UNREACHABLE. Its silence says so first: a peer
+  // connected but unanswered for unreachable_after_ms (and one heartbeat
+  // interval, for the answer on its way) is UNREACHABLE from then on.
+  if (!p.pinging || p.health == NodeHealth::unreachable || p.state != NodeState::connected ||
+      p.last_heartbeat_ms == 0) {
+    return {p.health, p.health_since_ms};
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const auto silent_from = p.last_answer + m_options.unreachable_after + m_options.heartbeat_interval;
+  if (now < silent_from) return {p.health, p.health_since_ms};
+  const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - silent_from).count();
+  return {NodeHealth::unreachable, now_unix_ms() - static_cast<uint64_t>(ago)};
+}
+
 std::vector<proto::NodeInfo> PeerManager::nodes() const {
   proto::NodeInfo self = m_self();
   self.set_state(proto::NodeInfo::SELF);
@@ -515,8 +538,9 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
     info.set_state(static_cast<proto::NodeInfo::State>(p->state));
     info.set_last_error(p->last_error);
     info.set_state_since_ms(p->since_ms);
-    info.set_health(static_cast<proto::NodeInfo::Health>(p->health));
-    info.set_health_since_ms(p->health_since_ms);
+    const auto [health, since] = seen_health(*p);
+    info.set_health(static_cast<proto::NodeInfo::Health>(health));
+    info.set_health_since_ms(since);
     info.set_last_heartbeat_ms(p->last_heartbeat_ms);
     info.set_missed_heartbeats(p->missed);
     info.set_heartbeat_rtt_us(p->rtt_us);
@@ -535,7 +559,9 @@ std::vector<PeerHealth> PeerManager::health() const {
   std::vector<PeerHealth> out;
   for (const ClusterMember& m : m_options.members) {
     const Peer* p = find(m.id);
-    if (p != nullptr) out.push_back({m.id, p->health, p->health_since_ms});
+    if (p == nullptr) continue;
+    const auto [health, since] = seen_health(*p);
+    out.push_back({m.id, health, since});
   }
   return out;
 }

@@ -119,10 +119,17 @@ class PeerManager {
     uint64_t health_since_ms = 0;
     uint64_t last_heartbeat_ms = 0;  // unix ms of the last answered one
     std::chrono::steady_clock::time_point last_answer{};  // steady: for the timeout
+    bool pinging = false;  // a heartbeat to it waits for its answer now
     uint32_t missed = 0;
     uint64_t rtt_us = 0;
     std::string fabric_failure;  // the data plane reported the peer failed (handled by the next check)
   };
+  // The peer's health as the daemon reports and acts on it, and since when
+  // (unix ms): its recorded health, or UNREACHABLE once it has been silent
+  // too long while a heartbeat to it still waits (only then: a heartbeat
+  // that waits holds up the others', whose peers are not silent). Under
+  // m_mutex.
+  std::pair<NodeHealth, uint64_t> seen_health(const Peer& p) const;
   // What a state change takes away: handed to the reaper thread when the
   // graveyard goes (after the lock is let go), since closing a UCX endpoint
   // to a stopped peer waits for it (seconds), and heartbeats of the others

@@ -118,7 +118,13 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   }
   m_resumed = m_ctl.existed && committed() > 0;
   if (m_ctl.existed || options.replicas == 0) return Status();
-  return resume_elsewhere(dir, compute);
+  Status s = resume_elsewhere(dir, compute);
+  if (!s.ok()) {
+    // Made just now, and not to be found by a later start as a rank of this
+    // job at step 0: given back.
+    for (const Gva g : release()) (void)dir.client().free(g);
+  }
+  return s;
 }
 
 std::string Arenas::placement(const Compute& compute) const {

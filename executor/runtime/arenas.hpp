@@ -134,8 +134,10 @@ class Arenas {
   Status own(JobDirectory& dir, OwnRegion* out, const std::string& what, int64_t bytes, bool coherent,
              Tier tier = Tier::dram, uint32_t replicas = 0);
   // The snapshot slots among `candidates` whose header is this job's:
-  // (GVA of the slot, step), newest first.
-  std::vector<std::pair<Gva, int64_t>> snapshots(JobDirectory& dir, const std::vector<Gva>& candidates) const;
+  // (GVA of the slot, step), newest first. *older counts the slots in the
+  // format before (not taken).
+  std::vector<std::pair<Gva, int64_t>> snapshots(JobDirectory& dir, const std::vector<Gva>& candidates,
+                                                 int* older) const;
   // Takes the committed state of `step` from the snapshot slot at `slot`.
   // Errors: data_lost when the slot fails its checksum (torn); those of the
   // read.

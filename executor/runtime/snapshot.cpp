@@ -16,6 +16,9 @@ namespace tiermem::exec {
 namespace {
 
 constexpr size_t k_header_words = 6;
+// The format before (four ordered writes, no checksum): recognised only to
+// refuse it by name.
+constexpr uint64_t k_snapshot_magic_v1 = 0x31305041'4e534d54;  // "TMSNAP01"
 
 // XXH3 (64 bits) of everything in the slot after its header: at memory
 // speed (zlib's CRC-32 took a third of a small model's step).
@@ -67,7 +70,8 @@ Status Arenas::snapshot(JobDirectory& dir, int64_t committed, Compute& compute) 
   return s.ok() ? s : s.with_context("snapshot of step " + std::to_string(committed));
 }
 
-std::vector<std::pair<Gva, int64_t>> Arenas::snapshots(JobDirectory& dir, const std::vector<Gva>& candidates) const {
+std::vector<std::pair<Gva, int64_t>> Arenas::snapshots(JobDirectory& dir, const std::vector<Gva>& candidates,
+                                                       int* older) const {
   std::vector<std::pair<Gva, int64_t>> out;
   for (const Gva& g : candidates) {
     for (int64_t slot = 0; slot < 2; ++slot) {
@@ -78,6 +82,7 @@ std::vector<std::pair<Gva, int64_t>> Arenas::snapshots(JobDirectory& dir, const 
         std::fprintf(stderr, "rank snapshot %s unreadable: %s\n", at.to_string().c_str(), s.to_string().c_str());
         continue;
       }
+      if (header[0] == k_snapshot_magic_v1 && header[1] != 0) ++*older;
       if (header[0] != k_snapshot_magic || header[1] == 0 || header[2] != static_cast<uint64_t>(m_params_bytes) ||
           header[3] != static_cast<uint64_t>(m_optimizer_bytes) || header[4] != static_cast<uint64_t>(m_published_bytes)) {
         continue;
@@ -126,11 +131,19 @@ Status Arenas::resume_elsewhere(JobDirectory& dir, Compute& compute) {
   // New on this node: a first start, or the replacement of a rank whose node
   // died. Its snapshot elsewhere (a copy, if its home died with the rank)
   // says which: the newest whole one.
-  const auto found = snapshots(dir, dir.elsewhere("snapshot", m_snapshot.gva));
+  int older = 0;
+  const auto found = snapshots(dir, dir.elsewhere("snapshot", m_snapshot.gva), &older);
   for (const auto& [slot, step] : found) {
     Status s = restore(dir, slot, step, compute);
     if (s.ok()) return snapshot(dir, step, compute);  // our own snapshot holds it before we go on
     std::fprintf(stderr, "rank snapshot of step %" PRId64 " not taken: %s\n", step, s.to_string().c_str());
+  }
+  if (found.empty() && older > 0) {
+    // Starting the rank from step 0 while the others are far on would
+    // diverge the job: refused.
+    return Status(ErrorCode::failed_precondition,
+                  "this rank's snapshots elsewhere are of an older format (TMSNAP01, before the checksummed "
+                  "one-write slots): this tiermem-exec cannot resume from them; train the job again (--restart)");
   }
   if (found.empty()) return Status();
   return Status(ErrorCode::data_lost, "every snapshot of this rank elsewhere (" + std::to_string(found.size()) +

@@ -196,5 +196,42 @@ TEST_F(ReplicatedTrainingTest, ATornSnapshotIsRefusedAndTheReplacementResumesFro
   }
 }
 
+// A replacement that finds only snapshots of the format before (TMSNAP01,
+// four ordered writes without a checksum) must refuse to resume, by name:
+// starting the rank from step 0 while the others are at step 60 would
+// diverge the job.
+TEST_F(ReplicatedTrainingTest, SnapshotsOfTheOlderFormatAreRefusedNotTakenForAFreshStart) {
+  Rank r0(0, 3, socket(1), args("older"), m_dir + "/older0.log");
+  ::setenv("TIERMEM_EXEC_STOP_IN_SNAPSHOT", "60", 1);
+  Rank r1(1, 3, socket(2), args("older"), m_dir + "/older1.log");
+  ::unsetenv("TIERMEM_EXEC_STOP_IN_SNAPSHOT");
+  Rank r2(2, 3, socket(3), args("older"), m_dir + "/older2.log");
+  ASSERT_TRUE(wait_for([&] { return r1.log().find("stopping with the snapshot of step 60 unsettled") != std::string::npos; }))
+      << r1.log();
+  std::this_thread::sleep_for(300ms);
+  const auto found = nlohmann::json::parse(test::run_ctl(socket(2), {"--json", "lookup", "older.r1.snapshot"}).out);
+  auto gva = Gva::parse(found["gva"].get<std::string>());
+  ASSERT_TRUE(gva.ok()) << found.dump();
+  const uint64_t slot = found["size"].get<uint64_t>() / 2;
+  const std::string magic = m_dir + "/magic";
+  std::ofstream(magic) << "TMSNAP01";
+  for (uint64_t at : {uint64_t{0}, slot}) {
+    auto wrote = test::run_ctl(socket(2), {"write", gva->plus(at).to_string(), magic});
+    ASSERT_EQ(wrote.exit_code, 0) << wrote.err;
+  }
+  auto again = replace_rank1(r1, "older");
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again->wait(), 0) << again->log();
+  EXPECT_NE(again->log().find("snapshots elsewhere are of an older format (TMSNAP01"), std::string::npos)
+      << again->log();
+  EXPECT_EQ(again->log().find("resumed at step"), std::string::npos) << again->log();
+  // And nothing of it left on node 3 for a later start to take as a rank at
+  // step 0.
+  const std::string ls = test::run_ctl(socket(3), {"ls"}).out;
+  EXPECT_EQ(ls.find("older.r1.ctl"), std::string::npos) << ls;
+  r0.kill();
+  r2.kill();
+}
+
 }  // namespace
 }  // namespace tiermem
