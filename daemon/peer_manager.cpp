@@ -332,7 +332,7 @@ void PeerManager::check(NodeId node) {
     ping.mutable_ping();
     const auto pinging = [&](bool on) {
       std::lock_guard lock(m_mutex);
-      find(node)->pinging = on;
+      find(node)->ping_since = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     };
     pinging(true);
     auto response = conn->call(ping);
@@ -510,14 +510,14 @@ std::pair<NodeHealth, uint64_t> PeerManager::seen_health(const Peer& p) const {
   // A heartbeat to a cut-off peer (a partition: nothing fails, the ping just
   // waits) ends only at its timeout (cluster.peer_timeout_ms), and only then
   // would the peer count as UNREACHABLE. Its silence says so first: a peer
-  // connected but unanswered for unreachable_after_ms (and one heartbeat
-  // interval, for the answer on its way) is UNREACHABLE from then on.
-  if (!p.pinging || p.health == NodeHealth::unreachable || p.state != NodeState::connected ||
-      p.last_heartbeat_ms == 0) {
+  // whose heartbeat has waited unreachable_after_ms for its answer is
+  // UNREACHABLE from then on.
+  if (p.ping_since == std::chrono::steady_clock::time_point{} || p.health == NodeHealth::unreachable ||
+      p.state != NodeState::connected) {
     return {p.health, p.health_since_ms};
   }
   const auto now = std::chrono::steady_clock::now();
-  const auto silent_from = p.last_answer + m_options.unreachable_after + m_options.heartbeat_interval;
+  const auto silent_from = p.ping_since + m_options.unreachable_after;
   if (now < silent_from) return {p.health, p.health_since_ms};
   const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - silent_from).count();
   return {NodeHealth::unreachable, now_unix_ms() - static_cast<uint64_t>(ago)};
