@@ -132,6 +132,25 @@ class Differentiator {
         }
         break;
       }
+      case OpKind::embedding:
+        if (needs(1)) {
+          emit(op.name + ".grad", OpKind::embedding_grad, {op.in[0], m_g.tensors[y].grad}, {op.in[1]}, index, n);
+        }
+        break;
+      case OpKind::position_embedding: {
+        const int dy = m_g.tensors[y].grad;
+        if (needs(0)) emit(op.name + ".grad_x", OpKind::pass_grad, {dy}, {op.in[0]}, index, n);
+        if (needs(1)) emit(op.name + ".grad_table", OpKind::position_embedding_grad, {dy}, {op.in[1]}, index, n);
+        break;
+      }
+      case OpKind::attention:
+        if (needs(0)) {
+          emit(op.name + ".grad", OpKind::attention_grad, {op.in[0], op.out[1], m_g.tensors[y].grad}, {op.in[0]},
+               index, 2 * op.flops);
+          m_g.ops.back().heads = op.heads;
+          m_g.ops.back().context = op.context;
+        }
+        break;
       default:
         break;
     }
@@ -184,6 +203,9 @@ Status add_training(Graph& graph, float grad_scale) {
       op.flops = n;  // a copy
     } else if (op.kind == OpKind::softmax_xent) {
       op.flops = 5.0 * static_cast<double>(graph.tensors[op.in[0]].elements());
+    } else if (op.kind == OpKind::attention) {
+      // q k^T and p v over every sequence and head (the masked half too).
+      op.flops = 4.0 * n * static_cast<double>(op.context);
     } else {
       op.flops = (op.kind == OpKind::gelu ? 20.0 : op.kind == OpKind::layer_norm ? 8.0 : 1.0) * n;
     }

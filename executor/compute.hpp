@@ -60,6 +60,16 @@ class Compute {
   virtual void softmax_xent(const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c) = 0;
   virtual void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
                                  float scale, bool accumulate) = 0;
+  // Sequences (kernels.hpp: rows are tokens; attention_grad overwrites probs).
+  virtual void embedding(const int32_t* ids, const float* table, float* y, int64_t m, int64_t d) = 0;
+  virtual void embedding_grad(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d, int64_t vocab,
+                              bool accumulate) = 0;
+  virtual void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) = 0;
+  virtual void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
+                                       bool accumulate) = 0;
+  virtual void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) = 0;
+  virtual void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
+                              int64_t heads, int64_t t, bool accumulate) = 0;
   // The optimizers read parameter and state from the `*_in` arrays and write
   // the updated values to the others (kernels::sgd/adam): the trainer's next
   // copy from its committed one in one pass, or in place.

@@ -37,6 +37,26 @@ class CpuCompute final : public Compute {
                           bool acc) override {
     k::slice_columns_grad(dy, dx, m, n, dy_cols, column, acc);
   }
+  void embedding(const int32_t* ids, const float* table, float* y, int64_t m, int64_t d) override {
+    k::embedding(ids, table, y, m, d);
+  }
+  void embedding_grad(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d, int64_t vocab,
+                      bool acc) override {
+    k::embedding_grad(ids, dy, dtable, m, d, vocab, acc);
+  }
+  void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) override {
+    k::position_embedding(x, table, y, m, d, t);
+  }
+  void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool acc) override {
+    k::position_embedding_grad(dy, dtable, m, d, t, acc);
+  }
+  void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) override {
+    k::attention(qkv, y, probs, m, d, heads, t);
+  }
+  void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
+                      int64_t heads, int64_t t, bool acc) override {
+    k::attention_grad(qkv, probs, dy, dqkv, m, d, heads, t, acc);
+  }
   void relu(const float* x, float* y, int64_t count) override { k::relu(x, y, count); }
   void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
     k::relu_grad(x, dy, dx, count, acc);

@@ -8,6 +8,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <tuple>
+#include <iterator>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -162,9 +165,59 @@ Result<Split> synthetic(const std::string& name, uint64_t seed) {
   return split;
 }
 
+// "text:WHERE": bytes as tokens (see data.hpp).
+Result<Split> load_text(const std::string& where, int64_t sequence) {
+  if (sequence < 1) return Status(ErrorCode::invalid_argument, "a text dataset needs sequences of at least one token");
+  std::vector<std::filesystem::path> files;
+  std::error_code ec;
+  if (std::filesystem::is_directory(where, ec)) {
+    for (const auto& e : std::filesystem::directory_iterator(where, ec)) {
+      const std::string ext = e.path().extension().string();
+      if (e.is_regular_file() && ext != ".dat" && ext != ".u8") files.push_back(e.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else if (std::filesystem::is_regular_file(where, ec)) {
+    files.push_back(where);
+  }
+  if (files.empty()) {
+    return where == k_fortunes_dir ? missing(where, "fortunes")
+                                   : Status(ErrorCode::not_found, "text dataset " + where + ": no such file or directory of files");
+  }
+  std::string text;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return Status(ErrorCode::io_error, "text dataset: cannot read " + f.string());
+    text.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const int64_t windows = (static_cast<int64_t>(text.size()) - 1) / sequence;
+  if (windows < 10) {
+    return Status(ErrorCode::invalid_argument, "text dataset " + where + " has " + std::to_string(text.size()) +
+                                                   " bytes: fewer than 10 windows of " + std::to_string(sequence));
+  }
+  Split split;
+  split.name = "text:" + where;
+  const int64_t train_rows = windows - windows / 10;
+  for (auto [d, first, rows] : {std::tuple{&split.train, int64_t{0}, train_rows},
+                                std::tuple{&split.test, train_rows, windows - train_rows}}) {
+    d->rows = rows;
+    d->cols = d->label_cols = sequence;
+    d->classes = 256;
+    d->ids.resize(static_cast<size_t>(rows * sequence));
+    d->labels.resize(d->ids.size());
+    const auto* bytes = reinterpret_cast<const unsigned char*>(text.data()) + first * sequence;
+    for (size_t i = 0; i < d->ids.size(); ++i) {
+      d->ids[i] = bytes[i];
+      d->labels[i] = bytes[i + 1];
+    }
+  }
+  return split;
+}
+
 }  // namespace
 
-Result<Split> load_dataset(const std::string& name, const std::string& path, uint64_t seed) {
+Result<Split> load_dataset(const std::string& name, const std::string& path, uint64_t seed, int64_t sequence) {
+  if (name == "text:fortunes") return load_text(path.empty() ? k_fortunes_dir : path, sequence);
+  if (name.rfind("text:", 0) == 0) return load_text(path.empty() ? name.substr(5) : path, sequence);
   if (name == "digits") return load_digits(path.empty() ? k_digits_path : path, seed);
   if (name == "fashion-mnist") {
     Split split;
@@ -176,16 +229,24 @@ Result<Split> load_dataset(const std::string& name, const std::string& path, uin
   }
   if (name.rfind("synthetic:", 0) == 0) return synthetic(name, seed);
   return Status(ErrorCode::invalid_argument,
-                "unknown dataset '" + name + "' (digits, fashion-mnist or synthetic:COLS:CLASSES)");
+                "unknown dataset '" + name + "' (digits, fashion-mnist, synthetic:COLS:CLASSES, text:PATH or text:fortunes)");
 }
 
-void fill_batch(const Dataset& data, const std::vector<int64_t>& order, int64_t start, int64_t rows, float* x,
+void fill_batch(const Dataset& data, const std::vector<int64_t>& order, int64_t start, int64_t rows, void* x,
                 int32_t* y) {
   const auto n = static_cast<int64_t>(order.size());
+  const bool tokens = !data.ids.empty();
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t r = order[static_cast<size_t>((start + i) % n)];
-    if (x != nullptr) std::memcpy(x + i * data.cols, data.features.data() + r * data.cols, sizeof(float) * data.cols);
-    if (y != nullptr) y[i] = data.labels[static_cast<size_t>(r)];
+    if (x != nullptr) {
+      const void* from = tokens ? static_cast<const void*>(data.ids.data() + r * data.cols)
+                                : static_cast<const void*>(data.features.data() + r * data.cols);
+      std::memcpy(static_cast<char*>(x) + i * data.cols * 4, from, static_cast<size_t>(data.cols) * 4);
+    }
+    if (y != nullptr) {
+      std::memcpy(y + i * data.label_cols, data.labels.data() + r * data.label_cols,
+                  static_cast<size_t>(data.label_cols) * 4);
+    }
   }
 }
 

@@ -38,6 +38,9 @@ constexpr Rule k_rules[] = {
     {proto::ADD, OpKind::add, 2, "ADD"},
     {proto::SOFTMAX_CROSS_ENTROPY, OpKind::softmax_xent, 2, "SOFTMAX_CROSS_ENTROPY"},
     {proto::CONCAT, OpKind::concat, 0, "CONCAT"},  // 0: two or more
+    {proto::EMBEDDING, OpKind::embedding, 2, "EMBEDDING"},
+    {proto::POSITION_EMBEDDING, OpKind::position_embedding, 2, "POSITION_EMBEDDING"},
+    {proto::CAUSAL_ATTENTION, OpKind::attention, 1, "CAUSAL_ATTENTION"},
 };
 
 class Builder {
@@ -90,12 +93,17 @@ class Builder {
       return fail("tensor '" + t.name() + "' is " + std::string(role_name(tensor.role)) +
                   ": those are derived, not declared");
     }
-    if ((tensor.role == Role::input || tensor.role == Role::label) && tensor.shape[0] != m_graph.micro_batch) {
+    // A micro-batch is micro_batch samples; a sample is one row (features,
+    // a class), or a sequence of rows (tokens).
+    if ((tensor.role == Role::input || tensor.role == Role::label) && tensor.shape[0] % m_graph.micro_batch != 0) {
       return fail("tensor '" + t.name() + "' is " + shape_text(tensor.shape) + ", but a micro-batch has " +
-                  std::to_string(m_graph.micro_batch) + " rows");
+                  std::to_string(m_graph.micro_batch) + " samples (rows, or sequences of rows)");
     }
-    if ((tensor.role == Role::label) != (tensor.dtype == DType::i32)) {
-      return fail("tensor '" + t.name() + "': labels, and only labels, are I32");
+    if (tensor.role == Role::label && tensor.dtype != DType::i32) {
+      return fail("tensor '" + t.name() + "': labels are I32");
+    }
+    if (tensor.dtype == DType::i32 && tensor.role != Role::label && tensor.role != Role::input) {
+      return fail("tensor '" + t.name() + "': only labels and inputs (token ids) are I32");
     }
     m_graph.tensors.push_back(std::move(tensor));
     return Status();
@@ -151,9 +159,13 @@ class Builder {
     };
     for (size_t i = 0; i < in.size(); ++i) {
       const bool labels = kind == OpKind::softmax_xent && i == 1;
-      if ((m_graph.tensors[in[i]].dtype == DType::i32) != labels) {
-        return mismatch(name(i) + (labels ? " must be I32 labels" : " must be F32"));
+      const bool ids = kind == OpKind::embedding && i == 0;
+      if ((m_graph.tensors[in[i]].dtype == DType::i32) != (labels || ids)) {
+        return mismatch(name(i) + (labels ? " must be I32 labels" : ids ? " must be I32 token ids" : " must be F32"));
       }
+    }
+    if (kind != OpKind::attention && (op.heads() != 0 || op.context() != 0)) {
+      return mismatch("only CAUSAL_ATTENTION takes heads and context");
     }
     switch (kind) {
       case OpKind::matmul:
@@ -194,6 +206,31 @@ class Builder {
         }
         return std::vector<int64_t>{shape(0)[0], columns};
       }
+      case OpKind::embedding:
+        if (shape(0).size() != 1 || shape(1).size() != 2) {
+          return mismatch("ids " + name(0) + " must be a vector and the table " + name(1) + " a matrix");
+        }
+        return std::vector<int64_t>{shape(0)[0], shape(1)[1]};
+      case OpKind::position_embedding:
+        if (shape(0).size() != 2 || shape(1).size() != 2 || shape(1)[1] != shape(0)[1] ||
+            shape(0)[0] % shape(1)[0] != 0) {
+          return mismatch("the table " + name(1) + " must have the columns of " + name(0) +
+                          " and a number of rows (the context) that divides its rows");
+        }
+        return shape(0);
+      case OpKind::attention: {
+        if (shape(0).size() != 2 || shape(0)[1] % 3 != 0) {
+          return mismatch(name(0) + " must be a matrix of queries, keys and values side by side (3 x D columns)");
+        }
+        const int64_t d = shape(0)[1] / 3;
+        if (op.heads() <= 0 || d % op.heads() != 0) {
+          return mismatch("heads (" + std::to_string(op.heads()) + ") must divide the width " + std::to_string(d));
+        }
+        if (op.context() <= 0 || shape(0)[0] % op.context() != 0) {
+          return mismatch("context (" + std::to_string(op.context()) + ") must divide the rows of " + name(0));
+        }
+        return std::vector<int64_t>{shape(0)[0], d};
+      }
       default:
         return mismatch("not a forward op");
     }
@@ -230,6 +267,8 @@ class Builder {
     op.name = def.name();
     op.kind = rule->kind;
     op.phase = Phase::forward;
+    op.heads = def.heads();
+    op.context = def.context();
     for (const std::string& in : def.input()) {
       const int t = m_graph.find(in);
       if (t < 0 || (m_graph.tensors[t].role == Role::activation && m_graph.tensors[t].producer < 0)) {
@@ -257,6 +296,10 @@ class Builder {
       op.out.push_back(output(def.name() + ".mean", {shape.at(0)}, id, Role::activation));
       op.out.push_back(output(def.name() + ".rstd", {shape.at(0)}, id, Role::activation));
     }
+    if (rule->kind == OpKind::attention) {
+      // Saved for the backward pass: every head's softmax, row by row.
+      op.out.push_back(output(def.name() + ".probs", {shape.at(0) * op.heads, op.context}, id, Role::activation));
+    }
     op.accumulate.assign(op.out.size(), false);
     m_graph.ops.push_back(std::move(op));
     return Status();
@@ -279,7 +322,13 @@ std::string_view op_kind_name(OpKind kind) {
     case OpKind::add: return "add";
     case OpKind::softmax_xent: return "softmax_xent";
     case OpKind::concat: return "concat";
+    case OpKind::embedding: return "embedding";
+    case OpKind::position_embedding: return "position_embedding";
+    case OpKind::attention: return "attention";
     case OpKind::slice_grad: return "slice_grad";
+    case OpKind::embedding_grad: return "embedding_grad";
+    case OpKind::position_embedding_grad: return "position_embedding_grad";
+    case OpKind::attention_grad: return "attention_grad";
     case OpKind::matmul_grad_a: return "matmul_grad_a";
     case OpKind::matmul_grad_b: return "matmul_grad_b";
     case OpKind::bias_grad: return "bias_grad";

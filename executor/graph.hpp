@@ -22,6 +22,9 @@ enum class OpKind : uint8_t {
   // forward (model files)
   matmul, bias_add, relu, gelu, layer_norm, add, softmax_xent,
   concat,             // along columns; in: X0 [M,N0], X1 [M,N1], ...   out: Y [M,sum N]
+  embedding,          // in: ids [M] (I32), table [V,D]   out: Y [M,D]
+  position_embedding, // in: X [M,D], table [T,D]          out: Y = X + table[row mod T]
+  attention,          // in: QKV [M,3D]   out: Y [M,D], P [M*heads, context] (softmax, for backward)
   // backward (autodiff)
   matmul_grad_a,      // dA (+)= dY . B^T             in: dY, B        out: dA
   matmul_grad_b,      // dB (+)= A^T . dY             in: A, dY        out: dB
@@ -32,6 +35,9 @@ enum class OpKind : uint8_t {
   layer_norm_grad,    // in: X, gamma, mean, rstd, dY   out: dX, dgamma, dbeta
   softmax_xent_grad,  // dL = (softmax(L) - onehot(y)) * scale   in: L, y   out: dL
   slice_grad,         // dX (+)= dY[:, column : column + cols(dX)]  in: dY  out: dX
+  embedding_grad,     // dtable[ids[i]] += dY[i]           in: ids, dY    out: dtable
+  position_embedding_grad,  // dtable[i mod T] += dY[i]    in: dY         out: dtable
+  attention_grad,     // dQKV (+)= ...                     in: QKV, P, dY out: dQKV
   // update (optimizer)
   sgd,                // in: param, grad, velocity  (param and velocity updated in place)
   adam,               // in: param, grad, m, v
@@ -75,6 +81,8 @@ struct Op {
   std::vector<bool> accumulate;  // per output: add into it instead of overwriting
   int origin = -1;               // backward/update ops: the forward op (or param) they come from
   int64_t column = 0;            // slice_grad: the first column of dY it takes
+  int64_t heads = 0;             // attention (and its gradient): heads
+  int64_t context = 0;           // attention: rows per sequence
   double flops = 0;
 };
 

@@ -59,6 +59,33 @@ void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, b
       }
       break;
     }
+    case OpKind::embedding:
+      k.embedding(labels(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0],
+                  shape(op.in[1])[1]);
+      break;
+    case OpKind::position_embedding:
+      k.position_embedding(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0],
+                           shape(op.in[0])[1], shape(op.in[1])[0]);
+      break;
+    case OpKind::attention:
+      k.attention(f(mem, op.in[0]), f(mem, op.out[0]), f(mem, op.out[1]), shape(op.in[0])[0], shape(op.out[0])[1],
+                  op.heads, op.context);
+      break;
+    case OpKind::embedding_grad: {  // in: ids, dY; out: dtable
+      const auto& table = shape(op.out[0]);
+      k.embedding_grad(labels(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], table[1],
+                       table[0], acc(0));
+      break;
+    }
+    case OpKind::position_embedding_grad: {  // in: dY; out: dtable
+      const auto& table = shape(op.out[0]);
+      k.position_embedding_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], table[1], table[0], acc(0));
+      break;
+    }
+    case OpKind::attention_grad:  // in: QKV, P, dY; out: dQKV
+      k.attention_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.out[0]), shape(op.in[0])[0],
+                       shape(op.in[2])[1], op.heads, op.context, acc(0));
+      break;
     case OpKind::slice_grad: {
       const auto& dy = shape(op.in[0]);
       k.slice_columns_grad(f(mem, op.in[0]), f(mem, op.out[0]), dy[0], shape(op.out[0])[1], dy[1], op.column, acc(0));

@@ -44,6 +44,25 @@ float softmax_xent(const float* logits, const int32_t* labels, int64_t m, int64_
 void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
                        float scale, bool accumulate);
 
+// ---- sequences (kernels_seq.cpp): rows are tokens, `context` rows a sequence ----
+// y[i] = table[ids[i]] (every id in [0, vocab): the caller checks).
+void embedding(const int32_t* ids, const float* table, float* y, int64_t m, int64_t d);
+// dtable (+)= sum over rows i with ids[i] = v of dy[i], for each row v of
+// the table (`vocab` rows).
+void embedding_grad(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d, int64_t vocab,
+                    bool accumulate);
+// y[i] = x[i] + table[i mod t]
+void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t);
+// dtable[r] (+)= sum over rows i with i mod t = r of dy[i]
+void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool accumulate);
+// Causal multi-head self-attention: qkv [m, 3d] (queries, keys, values),
+// y [m, d], probs [m * heads, t] (row (s * heads + h) * t + i: the softmax
+// of query i of sequence s, head h, over keys 0..i; zero past i).
+void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t);
+// dqkv (+)= the gradient of the above; `probs` is overwritten (its last use).
+void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
+                    int64_t heads, int64_t t, bool accumulate);
+
 // PyTorch's SGD (dampening 0) and Adam, weight decay as L2 on the gradient.
 // Each reads the parameter and its state from the `*_in` arrays and writes
 // the updated ones to `param`/`velocity`/`m`/`v`: the same arrays update in

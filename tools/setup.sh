@@ -22,7 +22,7 @@ packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libmetis-dev libopenblas-dev libsystemd-dev
-  libtomlplusplus-dev libcli11-dev libxxhash-dev
+  libtomlplusplus-dev libcli11-dev libxxhash-dev fortunes
   iproute2 procps python3-torch python3-sklearn dataset-fashion-mnist
   python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest prometheus systemd
   hipcc libamdhip64-dev

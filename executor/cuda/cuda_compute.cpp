@@ -109,6 +109,26 @@ class CudaCompute final : public Compute {
                           bool acc) override {
     kc::slice_columns_grad(m_stream, dy, dx, m, n, dy_cols, column, acc);
   }
+  void embedding(const int32_t* ids, const float* table, float* y, int64_t m, int64_t d) override {
+    kc::embedding(m_stream, ids, table, y, m, d);
+  }
+  void embedding_grad(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d, int64_t vocab,
+                      bool acc) override {
+    kc::embedding_grad(m_stream, ids, dy, dtable, m, d, vocab, acc);
+  }
+  void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) override {
+    kc::position_embedding(m_stream, x, table, y, m, d, t);
+  }
+  void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool acc) override {
+    kc::position_embedding_grad(m_stream, dy, dtable, m, d, t, acc);
+  }
+  void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) override {
+    kc::attention(m_stream, qkv, y, probs, m, d, heads, t);
+  }
+  void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
+                      int64_t heads, int64_t t, bool acc) override {
+    kc::attention_grad(m_stream, qkv, probs, dy, dqkv, m, d, heads, t, acc);
+  }
   void relu(const float* x, float* y, int64_t count) override { kc::relu(m_stream, x, y, count); }
   void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
     kc::relu_grad(m_stream, x, dy, dx, count, acc);

@@ -325,3 +325,194 @@ void adam(cudaStream_t s, const float* param_in, float* param, const float* grad
 }
 
 }  // namespace tiermem::exec::cuda
+
+// ---- sequences --------------------------------------------------------------
+namespace tiermem::exec::cuda {
+namespace {
+
+constexpr int k_seq_threads = 128;
+
+// The sum (max) of `v` over the block (k_seq_threads threads), to every
+// thread.
+__device__ float seq_block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) v += TIERMEM_SHFL_XOR(v, o);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < k_seq_threads / 32; ++w) total += scratch[w];
+  __syncthreads();
+  return total;
+}
+
+__device__ float seq_block_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, TIERMEM_SHFL_XOR(v, o));
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  float top = scratch[0];
+  for (int w = 1; w < k_seq_threads / 32; ++w) top = fmaxf(top, scratch[w]);
+  __syncthreads();
+  return top;
+}
+
+__global__ void embedding_k(const int32_t* ids, const float* table, float* y, int64_t m, int64_t d) {
+  TIERMEM_FOR_EACH(i, m * d) y[i] = table[static_cast<int64_t>(ids[i / d]) * d + i % d];
+}
+
+__global__ void embedding_grad_k(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
+                                 int64_t vocab, bool accumulate) {
+  TIERMEM_FOR_EACH(e, vocab * d) {
+    const int64_t v = e / d, c = e % d;
+    float sum = 0;
+    for (int64_t i = 0; i < m; ++i) {
+      if (ids[i] == v) sum += dy[i * d + c];
+    }
+    dtable[e] = accumulate ? dtable[e] + sum : sum;
+  }
+}
+
+__global__ void position_embedding_k(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) {
+  TIERMEM_FOR_EACH(i, m * d) y[i] = x[i] + table[((i / d) % t) * d + i % d];
+}
+
+__global__ void position_embedding_grad_k(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
+                                          bool accumulate) {
+  TIERMEM_FOR_EACH(e, t * d) {
+    const int64_t r = e / d, c = e % d;
+    float sum = 0;
+    for (int64_t i = r; i < m; i += t) sum += dy[i * d + c];
+    dtable[e] = accumulate ? dtable[e] + sum : sum;
+  }
+}
+
+// One block per (query row i, head h, sequence s): the scores of keys 0..i
+// in shared memory (t floats), their softmax into probs, then y.
+__global__ void attention_k(const float* qkv, float* y, float* probs, int64_t d, int64_t heads, int64_t t) {
+  extern __shared__ float row[];
+  __shared__ float scratch[k_seq_threads / 32];
+  const int64_t i = blockIdx.x, h = blockIdx.y, s = blockIdx.z, dh = d / heads, ld = 3 * d;
+  const float scale = rsqrtf(static_cast<float>(dh));
+  const float* q = qkv + (s * t + i) * ld + h * dh;
+  const float* k0 = qkv + s * t * ld + d + h * dh;
+  float top = -3.4e38f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    const float* k = k0 + j * ld;
+    float dot = 0;
+    for (int64_t c = 0; c < dh; ++c) dot += q[c] * k[c];
+    row[j] = dot * scale;
+    top = fmaxf(top, row[j]);
+  }
+  top = seq_block_max(top, scratch);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    row[j] = expf(row[j] - top);
+    sum += row[j];
+  }
+  const float inv = 1.0f / seq_block_sum(sum, scratch);
+  float* p = probs + ((s * heads + h) * t + i) * t;
+  for (int64_t j = threadIdx.x; j < t; j += blockDim.x) {
+    if (j <= i) row[j] *= inv;
+    p[j] = j <= i ? row[j] : 0.0f;
+  }
+  __syncthreads();
+  const float* v0 = qkv + s * t * ld + 2 * d + h * dh;
+  for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
+    float acc = 0;
+    for (int64_t j = 0; j <= i; ++j) acc += row[j] * v0[j * ld + c];
+    y[(s * t + i) * d + h * dh + c] = acc;
+  }
+}
+
+// Per key row j (block (j, h, s)): dV_j (+)= sum over i >= j of P[i][j] dY_i
+// (kind 0), or dK_j (+)= scale * sum over i >= j of dS[i][j] Q_i (kind 1,
+// with dS in probs' place).
+__global__ void attention_keys_k(const float* qkv, const float* probs, const float* dy, float* dqkv, int64_t d,
+                                 int64_t heads, int64_t t, bool accumulate, int kind) {
+  const int64_t j = blockIdx.x, h = blockIdx.y, s = blockIdx.z, dh = d / heads, ld = 3 * d;
+  const float scale = kind == 0 ? 1.0f : rsqrtf(static_cast<float>(dh));
+  const float* p = probs + (s * heads + h) * t * t;
+  float* out = dqkv + (s * t + j) * ld + (kind == 0 ? 2 * d : d) + h * dh;
+  for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
+    float acc = 0;
+    for (int64_t i = j; i < t; ++i) {
+      const float other = kind == 0 ? dy[(s * t + i) * d + h * dh + c] : qkv[(s * t + i) * ld + h * dh + c];
+      acc += p[i * t + j] * other;
+    }
+    acc *= scale;
+    out[c] = accumulate ? out[c] + acc : acc;
+  }
+}
+
+// Per query row i: dP_j = dY_i . V_j, dS_j = P_j (dP_j - sum P dP) into
+// probs, then dQ_i (+)= scale * sum over j of dS_j K_j.
+__global__ void attention_queries_k(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t d,
+                                    int64_t heads, int64_t t, bool accumulate) {
+  extern __shared__ float row[];
+  __shared__ float scratch[k_seq_threads / 32];
+  const int64_t i = blockIdx.x, h = blockIdx.y, s = blockIdx.z, dh = d / heads, ld = 3 * d;
+  const float scale = rsqrtf(static_cast<float>(dh));
+  const float* g = dy + (s * t + i) * d + h * dh;
+  float* p = probs + ((s * heads + h) * t + i) * t;
+  float partial = 0;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    const float* v = qkv + (s * t + j) * ld + 2 * d + h * dh;
+    float dot = 0;
+    for (int64_t c = 0; c < dh; ++c) dot += g[c] * v[c];
+    row[j] = dot;
+    partial += p[j] * dot;
+  }
+  const float total = seq_block_sum(partial, scratch);
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+    row[j] = p[j] * (row[j] - total);
+    p[j] = row[j];
+  }
+  __syncthreads();
+  float* out = dqkv + (s * t + i) * ld + h * dh;
+  const float* k0 = qkv + s * t * ld + d + h * dh;
+  for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
+    float acc = 0;
+    for (int64_t j = 0; j <= i; ++j) acc += row[j] * k0[j * ld + c];
+    acc *= scale;
+    out[c] = accumulate ? out[c] + acc : acc;
+  }
+}
+
+dim3 rows_grid(int64_t m, int64_t heads, int64_t t) {
+  return dim3(static_cast<unsigned>(t), static_cast<unsigned>(heads), static_cast<unsigned>(m / t));
+}
+
+}  // namespace
+
+void embedding(cudaStream_t s, const int32_t* ids, const float* table, float* y, int64_t m, int64_t d) {
+  embedding_k<<<blocks_for(m * d), k_threads, 0, s>>>(ids, table, y, m, d);
+}
+
+void embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
+                    int64_t vocab, bool accumulate) {
+  embedding_grad_k<<<blocks_for(vocab * d), k_threads, 0, s>>>(ids, dy, dtable, m, d, vocab, accumulate);
+}
+
+void position_embedding(cudaStream_t s, const float* x, const float* table, float* y, int64_t m, int64_t d,
+                        int64_t t) {
+  position_embedding_k<<<blocks_for(m * d), k_threads, 0, s>>>(x, table, y, m, d, t);
+}
+
+void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
+                             bool accumulate) {
+  position_embedding_grad_k<<<blocks_for(t * d), k_threads, 0, s>>>(dy, dtable, m, d, t, accumulate);
+}
+
+void attention(cudaStream_t s, const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
+               int64_t t) {
+  attention_k<<<rows_grid(m, heads, t), k_seq_threads, static_cast<size_t>(t) * 4, s>>>(qkv, y, probs, d, heads, t);
+}
+
+void attention_grad(cudaStream_t s, const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m,
+                    int64_t d, int64_t heads, int64_t t, bool accumulate) {
+  // dV from P first; then dS takes P's place (and gives dQ); then dK from dS.
+  attention_keys_k<<<rows_grid(m, heads, t), k_seq_threads, 0, s>>>(qkv, probs, dy, dqkv, d, heads, t, accumulate, 0);
+  attention_queries_k<<<rows_grid(m, heads, t), k_seq_threads, static_cast<size_t>(t) * 4, s>>>(qkv, probs, dy, dqkv,
+                                                                                               d, heads, t, accumulate);
+  attention_keys_k<<<rows_grid(m, heads, t), k_seq_threads, 0, s>>>(qkv, probs, dy, dqkv, d, heads, t, accumulate, 1);
+}
+
+}  // namespace tiermem::exec::cuda

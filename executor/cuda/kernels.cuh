@@ -42,4 +42,19 @@ void adam(cudaStream_t s, const float* param_in, float* param, const float* grad
           const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
           float weight_decay, const int64_t* step);
 
+// Sequences (kernels::embedding ... attention_grad, same contracts).
+// embedding_grad sums each table row's tokens in row order (no atomics: the
+// same bits every run); attention_grad overwrites `probs`.
+void embedding(cudaStream_t s, const int32_t* ids, const float* table, float* y, int64_t m, int64_t d);
+void embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
+                    int64_t vocab, bool accumulate);
+void position_embedding(cudaStream_t s, const float* x, const float* table, float* y, int64_t m, int64_t d,
+                        int64_t t);
+void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
+                             bool accumulate);
+void attention(cudaStream_t s, const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
+               int64_t t);
+void attention_grad(cudaStream_t s, const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m,
+                    int64_t d, int64_t heads, int64_t t, bool accumulate);
+
 }  // namespace tiermem::exec::cuda

@@ -10,11 +10,36 @@ namespace tiermem::exec {
 namespace {
 
 Status check_dataset(const Graph& graph, const Split& data) {
+  const bool tokens = !data.train.ids.empty();
   for (const Tensor& tensor : graph.tensors) {
-    if (tensor.role == Role::input && tensor.shape[1] != data.train.cols) {
-      return Status(ErrorCode::invalid_argument, "input '" + tensor.name + "' has " + std::to_string(tensor.shape[1]) +
-                                                     " features, dataset " + data.name + " has " +
-                                                     std::to_string(data.train.cols));
+    const int64_t per_sample = tensor.elements() / graph.micro_batch;
+    if (tensor.role == Role::input) {
+      if ((tensor.dtype == DType::i32) != tokens) {
+        return Status(ErrorCode::invalid_argument, "input '" + tensor.name + "' is " +
+                                                       (tokens ? "F32 features, but dataset " + data.name + " has token ids"
+                                                               : "I32 token ids, but dataset " + data.name +
+                                                                     " has features (a text:... dataset has tokens)"));
+      }
+      if (per_sample != data.train.cols) {
+        return Status(ErrorCode::invalid_argument, "input '" + tensor.name + "' has " + std::to_string(per_sample) +
+                                                       (tokens ? " tokens" : " features") + " per sample, dataset " +
+                                                       data.name + " has " + std::to_string(data.train.cols));
+      }
+    }
+    if (tensor.role == Role::label && per_sample != data.train.label_cols) {
+      return Status(ErrorCode::invalid_argument, "label '" + tensor.name + "' has " + std::to_string(per_sample) +
+                                                     " per sample, dataset " + data.name + " has " +
+                                                     std::to_string(data.train.label_cols));
+    }
+  }
+  // Every token id a table is indexed by must be one of its rows.
+  for (const Op& op : graph.ops) {
+    if (op.kind != OpKind::embedding || graph.tensors[op.in[0]].role != Role::input) continue;
+    const int64_t rows = graph.tensors[op.in[1]].shape[0];
+    if (rows < data.train.classes) {
+      return Status(ErrorCode::invalid_argument, "op '" + op.name + "': the table has " + std::to_string(rows) +
+                                                     " rows, but dataset " + data.name + "'s tokens go up to " +
+                                                     std::to_string(data.train.classes - 1));
     }
   }
   return Status();
@@ -73,6 +98,13 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   job.micro_batches = options.micro_batches;
   TIERMEM_RETURN_IF_ERROR(plan_graph(options, &job));
   return job;
+}
+
+int64_t sample_rows(const Graph& graph) {
+  for (const Tensor& t : graph.tensors) {
+    if (t.role == Role::input) return t.elements() / graph.micro_batch;
+  }
+  return 1;
 }
 
 Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job) {

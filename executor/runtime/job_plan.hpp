@@ -52,5 +52,8 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env);
 // those of loading it; invalid_argument for a model whose inputs do not
 // match it.
 Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job);
+// Elements of an INPUT per sample: the tokens of a sequence, for a text
+// dataset (load_dataset's `sequence`).
+int64_t sample_rows(const Graph& graph);
 
 }  // namespace tiermem::exec

@@ -52,7 +52,8 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
     for (int t : job.graph.ops[i].out) m_last_writer[t] = static_cast<int>(i);
   }
   for (const auto& [op, mb] : plan.schedule) {
-    if (job.graph.ops[op].kind == OpKind::softmax_xent) m_loss_rows += job.graph.micro_batch;
+    const Op& o = job.graph.ops[op];
+    if (o.kind == OpKind::softmax_xent) m_loss_rows += job.graph.tensors[o.in[0]].shape[0];  // samples, or tokens
   }
   std::set<int> updated;
   for (size_t i = 0; i < job.graph.ops.size(); ++i) {
@@ -112,7 +113,7 @@ const std::vector<int64_t>& StageRunner::epoch_order(int64_t epoch) {
 // memory), and into the --dump directory when asked.
 void StageRunner::fill_rows(const Tensor& tensor, int mb, bool eval, int64_t eval_batch, void* out) {
   const int64_t rows = m_job.graph.micro_batch;
-  float* x = tensor.role == Role::input ? static_cast<float*>(out) : nullptr;
+  void* x = tensor.role == Role::input ? out : nullptr;
   auto* y = tensor.role == Role::label ? static_cast<int32_t*>(out) : nullptr;
   if (eval) {
     fill_batch(m_job.data.test, m_test_order, eval_batch * rows, rows, x, y);
@@ -123,7 +124,7 @@ void StageRunner::fill_rows(const Tensor& tensor, int mb, bool eval, int64_t eva
   fill_batch(m_job.data.train, epoch_order(m_step / m_job.steps_per_epoch), start, rows, x, y);
   if (!m_options.dump.empty() && m_step < m_options.dump_batches) {
     std::ofstream f(m_options.dump + "/batch" + std::to_string(m_step) + "_mb" + std::to_string(mb) + "." +
-                        tensor.name + (x ? ".f32" : ".i32"),
+                        tensor.name + (tensor.dtype == DType::f32 ? ".f32" : ".i32"),
                     std::ios::binary);
     f.write(static_cast<const char*>(out), tensor.bytes());
   }
@@ -164,7 +165,11 @@ void StageRunner::count_correct(const float* logits, const int32_t* labels, cons
     logits = host_logits.data();
     labels = host_labels.data();
   }
-  const int64_t valid = std::min<int64_t>(shape[0], m_job.data.test.rows - eval_batch * shape[0]);
+  // Rows past the test split's end (the last batch wraps) are not counted;
+  // a sample is one row, or a sequence of rows (tokens).
+  const int64_t per_sample = shape[0] / m_job.graph.micro_batch;
+  const int64_t valid =
+      std::min<int64_t>(shape[0], (m_job.data.test.rows - eval_batch * m_job.graph.micro_batch) * per_sample);
   for (int64_t r = 0; r < valid; ++r) {
     const float* row = logits + r * shape[1];
     m_eval_correct += (std::max_element(row, row + shape[1]) - row) == labels[r];

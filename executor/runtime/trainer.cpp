@@ -17,8 +17,9 @@ Status Trainer::set_up() {
   TIERMEM_ASSIGN_OR_RETURN(m_job, plan_model(m_opt, m_env));
   // The dataset loads while this rank connects and finds (or restores) its
   // memory: a replacement rank's RTO.
-  auto data = std::async(std::launch::async, [name = m_job.graph.dataset, path = m_opt.data, seed = m_opt.seed] {
-    return load_dataset(name, path, seed);
+  auto data = std::async(std::launch::async, [name = m_job.graph.dataset, path = m_opt.data, seed = m_opt.seed,
+                                               sequence = sample_rows(m_job.graph)] {
+    return load_dataset(name, path, seed, sequence);
   });
   TIERMEM_ASSIGN_OR_RETURN(m_compute, make_compute(m_opt.device));
   TIERMEM_ASSIGN_OR_RETURN(

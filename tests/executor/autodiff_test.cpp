@@ -29,7 +29,7 @@ Buffers allocate(const Graph& g, uint64_t seed) {
     if (t.role == Role::input || t.role == Role::param) {
       for (auto& x : v) x = u(rng);
     }
-    if (t.role == Role::label) {
+    if (t.role == Role::label || (t.role == Role::input && t.dtype == DType::i32)) {
       const int64_t classes = 5;
       for (auto& x : v) {
         const int32_t label = static_cast<int32_t>(rng() % classes);
@@ -142,6 +142,62 @@ op { name: "act" type: GELU input: "z" output: "a" }
 op { name: "head" type: MATMUL input: ["a", "w2"] output: "logits" }
 op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
 loss: "l" optimizer { type: SGD learning_rate: 0.1 })");
+}
+
+TEST(AutodiffTest, EmbeddingsAndCausalSelfAttention) {
+  // A GPT block on 2 sequences of 4 tokens: token and position embeddings,
+  // layer norm, q/k/v in one matmul, 2 heads of causal attention, the
+  // projection, the residual, a head over a vocabulary of 5.
+  check_gradients(R"(
+name: "gpt" micro_batch: 2
+tensor { name: "ids" shape: [8] role: INPUT dtype: I32 }
+tensor { name: "y" shape: [8] role: LABEL dtype: I32 }
+tensor { name: "tok" shape: [5, 6] role: PARAM }
+tensor { name: "pos" shape: [4, 6] role: PARAM }
+tensor { name: "g1" shape: [6] role: PARAM }
+tensor { name: "b1" shape: [6] role: PARAM }
+tensor { name: "wqkv" shape: [6, 18] role: PARAM }
+tensor { name: "wo" shape: [6, 6] role: PARAM }
+tensor { name: "head" shape: [6, 5] role: PARAM }
+op { name: "emb" type: EMBEDDING input: ["ids", "tok"] output: "e" }
+op { name: "pe" type: POSITION_EMBEDDING input: ["e", "pos"] output: "x" }
+op { name: "ln" type: LAYER_NORM input: ["x", "g1", "b1"] output: "n" }
+op { name: "qkv" type: MATMUL input: ["n", "wqkv"] output: "q" }
+op { name: "att" type: CAUSAL_ATTENTION input: ["q"] output: "a" heads: 2 context: 4 }
+op { name: "proj" type: MATMUL input: ["a", "wo"] output: "o" }
+op { name: "res" type: ADD input: ["x", "o"] output: "r" }
+op { name: "out" type: MATMUL input: ["r", "head"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
+}
+
+TEST(AutodiffTest, SequenceOpsRefuseWhatDoesNotFit) {
+  const std::string head = R"(name: "bad" micro_batch: 2
+tensor { name: "ids" shape: [8] role: INPUT dtype: I32 }
+tensor { name: "y" shape: [8] role: LABEL dtype: I32 }
+tensor { name: "tok" shape: [5, 6] role: PARAM }
+tensor { name: "pos" shape: [3, 6] role: PARAM }
+op { name: "emb" type: EMBEDDING input: ["ids", "tok"] output: "e" }
+)";
+  const std::string tail = R"(op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["z", "y"] output: "l" }
+loss: "l" optimizer { type: SGD learning_rate: 0.1 })";
+  const struct {
+    std::string ops, message;
+  } cases[] = {
+      {R"(op { name: "pe" type: POSITION_EMBEDDING input: ["e", "pos"] output: "z" })",
+       "a number of rows (the context) that divides its rows"},
+      {R"(op { name: "att" type: CAUSAL_ATTENTION input: ["e"] output: "z" heads: 4 context: 4 })",
+       "heads (4) must divide the width 2"},
+      {R"(op { name: "att" type: CAUSAL_ATTENTION input: ["e"] output: "z" heads: 1 context: 3 })",
+       "context (3) must divide the rows"},
+      {R"(op { name: "att" type: RELU input: ["e"] output: "z" heads: 1 })", "only CAUSAL_ATTENTION takes heads"},
+      {R"(op { name: "e2" type: EMBEDDING input: ["e", "tok"] output: "z" })", "must be I32 token ids"},
+  };
+  for (const auto& c : cases) {
+    auto g = parse_model(head + c.ops + "\n" + tail, "bad");
+    ASSERT_FALSE(g.ok()) << c.ops;
+    EXPECT_NE(g.status().message().find(c.message), std::string::npos) << g.status().to_string();
+  }
 }
 
 TEST(AutodiffTest, OptimizersMatchTheirDefinitions) {
