@@ -14,6 +14,10 @@
 #    MLP at batch 128 (launch-bound) and a 4096-wide Adam MLP at batch 1024
 #    (GEMM-bound, with its TFLOP/s against a 4096^3 sgemm alone).
 #    Goals: exec_<model>_vs_torch_graph_ratio <= 1.0.
+# 3. The same for the GPT of config/models/gpt_tiny.pbtxt (2 blocks of 64,
+#    4 heads, context 32, bytes as tokens; 8 sequences a step) in fp32
+#    against the same module in PyTorch (bench/torch_gpt_step.py), on the
+#    repository's docs as its corpus ($TIERMEM_CORPUS overrides).
 set -euo pipefail
 build=${1:?usage: bench/gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
@@ -41,8 +45,10 @@ value() { awk -v k="$1" '$1 == k { print $2 }'; }
 # exec_model TAG MODEL [ARGS]: median step of tiermem-exec, graphs and not.
 exec_model() {
   local tag=$1 model=$top/bench/models/$2.pbtxt data=()
+  [ -e "$model" ] || model=$top/config/models/$2.pbtxt
   shift 2
   grep -q fashion-mnist "$model" && [ -n "${TIERMEM_FASHION:-}" ] && data=(--data "$TIERMEM_FASHION")
+  grep -q '"text:' "$model" && data=(--data "${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}")
   local g l
   g=$("$exec" train "$model" --job "g-$tag" --device cuda --steps "$steps" --micro-batches 1 --log-every 100000 "${data[@]}" "$@" | median)
   l=$("$exec" train "$model" --job "l-$tag" --device cuda --steps "$steps" --micro-batches 1 --log-every 100000 --no-graphs \
@@ -81,3 +87,6 @@ awk -v ms="$g" -v s="$sgemm" 'BEGIN {
   for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 1024 * k * n[i] }
   printf "exec_mlp_4096_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
   printf "exec_mlp_4096_vs_sgemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'
+out=$(exec_model gpt_tiny gpt_tiny; python3 "$top/bench/torch_gpt_step.py" gpt_tiny 8 2 64 4 32 256 0.003 "$steps")
+echo "$out"
+report gpt_tiny "$out"

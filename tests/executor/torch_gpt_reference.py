@@ -13,6 +13,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_torch import Gpt  # noqa: E402 (beside this script)
+
 dump, steps, micro_batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 layers, width, heads, context, mlp = (int(v) for v in sys.argv[4:9])
 lr, beta1, beta2 = (float(v) for v in sys.argv[9:12])
@@ -24,47 +27,7 @@ def load(name, dtype=np.float32, shape=(-1,)):
     return torch.from_numpy(np.fromfile(os.path.join(dump, name), dtype=dtype).reshape(shape))
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = torch.nn.LayerNorm(width)
-        self.qkv = torch.nn.Linear(width, 3 * width)
-        self.proj = torch.nn.Linear(width, width)
-        self.ln2 = torch.nn.LayerNorm(width)
-        self.fc = torch.nn.Linear(width, mlp)
-        self.out = torch.nn.Linear(mlp, width)
-
-    def attention(self, x):
-        b, t, _ = x.shape
-        q, k, v = self.qkv(x).split(width, dim=2)
-        q, k, v = (z.view(b, t, heads, width // heads).transpose(1, 2) for z in (q, k, v))
-        scores = q @ k.transpose(-2, -1) / (width // heads) ** 0.5
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
-        p = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        return self.proj((p @ v).transpose(1, 2).reshape(b, t, width))
-
-    def forward(self, x):
-        x = x + self.attention(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class Gpt(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = torch.nn.Embedding(vocab, width)
-        self.pos = torch.nn.Parameter(torch.zeros(context, width))
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
-        self.lnf = torch.nn.LayerNorm(width)
-        self.head = torch.nn.Linear(width, vocab, bias=False)
-
-    def forward(self, ids):
-        x = self.tok(ids) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.lnf(x))
-
-
-model = Gpt()
+model = Gpt(layers, width, heads, context, mlp)
 with torch.no_grad():
     # tiermem keeps weights as [in, out]; torch.nn.Linear as [out, in].
     model.tok.weight.copy_(load("tok.f32", shape=(vocab, width)))
