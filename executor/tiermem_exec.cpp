@@ -20,6 +20,7 @@
 #include "executor/partitioner.hpp"
 #include "executor/split.hpp"
 #include "executor/runtime/env.hpp"
+#include "executor/runtime/sample.hpp"
 #include "executor/runtime/trainer.hpp"
 #include "tiermem_config.h"
 
@@ -187,6 +188,19 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--device", plan_device, "where the kernels would run (cuda: the tensors in VRAM)")
       ->capture_default_str();
   plan_cmd->callback([&] { rc = plan(model, stages, micro_batches, !no_split, plan_device != "cpu"); });
+
+  SampleOptions sample_opt;
+  auto* sample_cmd = app.add_subcommand("sample", "print text drawn from a model of bytes (a GPT) trained with --keep");
+  sample_cmd->add_option("MODEL", sample_opt.model, "the model file it was trained from")->required()->check(CLI::ExistingFile);
+  sample_cmd->add_option("--job", sample_opt.job, "the kept job (trained with --keep, one stage)")->required();
+  sample_cmd->add_option("-s,--socket", sample_opt.socket, "local tiermemd socket (default $TIERMEM_SOCKET)");
+  sample_cmd->add_option("--prompt", sample_opt.prompt, "text to start from");
+  sample_cmd->add_option("--bytes", sample_opt.bytes, "bytes to draw")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  sample_cmd->add_option("--temperature", sample_opt.temperature, "softmax temperature (0: the most likely byte)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10.0));
+  sample_cmd->add_option("--seed", sample_opt.seed, "seed of the draws")->capture_default_str();
+  sample_cmd->callback([&] { rc = sample(sample_opt); });
 
   auto* part_cmd = app.add_subcommand("partition", "compare METIS, greedy and random partitions");
   part_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);

@@ -499,14 +499,15 @@ TEST_F(TrainerTest, GptLossesMatchPyTorchStepByStep) {
 }
 
 // The GPT learns the corpus: the mean loss of its last 50 of 400 steps is
-// far below a uniform guess over 256 bytes (ln 256 = 5.55; 2.2 measured).
+// far below a uniform guess over 256 bytes (ln 256 = 5.55; 2.2 measured),
+// and `tiermem-exec sample` prints text drawn from what it keeps.
 // Also: a text dataset that is not there is a clear error, and the rank
 // leaves no memory behind.
 TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
   const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md";
   const std::string losses = m_dir + "/learn.losses";
   std::string logs = run(1, {model("gpt_tiny"), "--job", "learn", "--data", corpus, "--steps", "400", "--losses",
-                             losses, "--log-every", "100"});
+                             losses, "--log-every", "100", "--keep"});
   std::istringstream in(slurp(losses));
   std::vector<double> all;
   for (std::string line; std::getline(in, line);) all.push_back(std::strtod(line.c_str(), nullptr));
@@ -515,6 +516,20 @@ TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
   for (size_t i = 350; i < 400; ++i) tail += all[i] / 50;
   std::printf("GPT: mean loss of steps 351-400: %.3f (step 1: %.3f)\n", tail, all[0]);
   EXPECT_LT(tail, 2.6) << logs;
+  // What it learned, as text: the prompt, then 200 bytes drawn from it.
+  auto text = test::run_command({test::exec_path(), "sample", model("gpt_tiny"), "--socket", socket(1), "--job", "learn",
+                                 "--prompt", "The memory ", "--bytes", "200"});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out.rfind("The memory ", 0), 0u) << text.out;
+  EXPECT_EQ(text.out.size(), std::string("The memory ").size() + 200 + 1) << text.out;
+  EXPECT_NE(text.err.find("200 bytes from job learn at step 400"), std::string::npos) << text.err;
+  std::printf("GPT sample: %s\n", text.out.c_str());
+  auto unknown = test::run_command({test::exec_path(), "sample", model("gpt_tiny"), "--socket", socket(1), "--job", "nope"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_NE(unknown.err.find("no kept job 'nope'"), std::string::npos) << unknown.err;
+  auto not_text = test::run_command({test::exec_path(), "sample", model("mlp_digits"), "--socket", socket(1), "--job", "learn"});
+  EXPECT_EQ(not_text.exit_code, 1);
+  EXPECT_NE(not_text.err.find("is not a model of text"), std::string::npos) << not_text.err;
   int rc = 0;
   logs = run(1, {model("gpt_tiny"), "--job", "nocorpus", "--data", m_dir + "/no-such-corpus", "--steps", "1"}, &rc);
   EXPECT_EQ(rc, 1);
