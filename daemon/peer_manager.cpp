@@ -249,11 +249,6 @@ Status PeerManager::handshake(NodeId node) {
   graveyard.dead.push_back(std::move(p.remote));
   p.info = std::move(info);
   p.connection = std::shared_ptr<RpcConnection>(std::move(conn));
-  // Heartbeats (this link's calls) wait no longer than a peer may stay
-  // silent before it counts as UNREACHABLE: in a partition nothing fails and
-  // a ping just waits, and the peer was found UNREACHABLE only once the ping
-  // timed out (cluster.peer_timeout_ms), not after unreachable_after_ms.
-  p.connection->set_timeout(std::min(m_options.timeout, m_options.unreachable_after));
   p.remote = std::move(remote);
   mark(p, NodeState::connected, "", &graveyard);
   return Status();
@@ -330,13 +325,7 @@ void PeerManager::check(NodeId node) {
   if (conn) {
     proto::Request ping;
     ping.mutable_ping();
-    const auto pinging = [&](bool on) {
-      std::lock_guard lock(m_mutex);
-      find(node)->ping_since = on ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    };
-    pinging(true);
     auto response = conn->call(ping);
-    pinging(false);
     if (response.ok() && response->ping().incarnation() == incarnation) {
       beat(node, true, elapsed(), false, "");
       if (response->ping().regions_version() != regions_version) (void)refresh_regions(node, conn);
@@ -506,23 +495,6 @@ Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, s
   return response;
 }
 
-std::pair<NodeHealth, uint64_t> PeerManager::seen_health(const Peer& p) const {
-  // A heartbeat to a cut-off peer (a partition: nothing fails, the ping just
-  // waits) ends only at its timeout (cluster.peer_timeout_ms), and only then
-  // would the peer count as UNREACHABLE. Its silence says so first: a peer
-  // whose heartbeat has waited unreachable_after_ms for its answer is
-  // UNREACHABLE from then on.
-  if (p.ping_since == std::chrono::steady_clock::time_point{} || p.health == NodeHealth::unreachable ||
-      p.state != NodeState::connected) {
-    return {p.health, p.health_since_ms};
-  }
-  const auto now = std::chrono::steady_clock::now();
-  const auto silent_from = p.ping_since + m_options.unreachable_after;
-  if (now < silent_from) return {p.health, p.health_since_ms};
-  const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - silent_from).count();
-  return {NodeHealth::unreachable, now_unix_ms() - static_cast<uint64_t>(ago)};
-}
-
 std::vector<proto::NodeInfo> PeerManager::nodes() const {
   proto::NodeInfo self = m_self();
   self.set_state(proto::NodeInfo::SELF);
@@ -538,9 +510,8 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
     info.set_state(static_cast<proto::NodeInfo::State>(p->state));
     info.set_last_error(p->last_error);
     info.set_state_since_ms(p->since_ms);
-    const auto [health, since] = seen_health(*p);
-    info.set_health(static_cast<proto::NodeInfo::Health>(health));
-    info.set_health_since_ms(since);
+    info.set_health(static_cast<proto::NodeInfo::Health>(p->health));
+    info.set_health_since_ms(p->health_since_ms);
     info.set_last_heartbeat_ms(p->last_heartbeat_ms);
     info.set_missed_heartbeats(p->missed);
     info.set_heartbeat_rtt_us(p->rtt_us);
@@ -559,9 +530,7 @@ std::vector<PeerHealth> PeerManager::health() const {
   std::vector<PeerHealth> out;
   for (const ClusterMember& m : m_options.members) {
     const Peer* p = find(m.id);
-    if (p == nullptr) continue;
-    const auto [health, since] = seen_health(*p);
-    out.push_back({m.id, health, since});
+    if (p != nullptr) out.push_back({m.id, p->health, p->health_since_ms});
   }
   return out;
 }

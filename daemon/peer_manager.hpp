@@ -119,19 +119,10 @@ class PeerManager {
     uint64_t health_since_ms = 0;
     uint64_t last_heartbeat_ms = 0;  // unix ms of the last answered one
     std::chrono::steady_clock::time_point last_answer{};  // steady: for the timeout
-    // When the heartbeat that waits for its answer now was sent (none: {}).
-    std::chrono::steady_clock::time_point ping_since{};
     uint32_t missed = 0;
     uint64_t rtt_us = 0;
     std::string fabric_failure;  // the data plane reported the peer failed (handled by the next check)
   };
-  // The peer's health as the daemon reports and acts on it, and since when
-  // (unix ms): its recorded health, or UNREACHABLE once a heartbeat to it
-  // has waited unreachable_after_ms for its answer. (Counted from the
-  // heartbeat, not from the last answer: one that waits holds up the
-  // others' heartbeats, and their peers are not silent for that.) Under
-  // m_mutex.
-  std::pair<NodeHealth, uint64_t> seen_health(const Peer& p) const;
   // What a state change takes away: handed to the reaper thread when the
   // graveyard goes (after the lock is let go), since closing a UCX endpoint
   // to a stopped peer waits for it (seconds), and heartbeats of the others

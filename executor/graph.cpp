@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <fstream>
+#include <filesystem>
 #include <map>
 #include <sstream>
 
@@ -89,6 +90,7 @@ class Builder {
     tensor.role = static_cast<Role>(t.role());
     tensor.init = t.init();
     tensor.init_fan_in = t.init_fan_in();
+    if (tensor.init == proto::FILE || !t.init_file().empty()) TIERMEM_RETURN_IF_ERROR(init_file(t, &tensor));
     if (tensor.role == Role::grad || tensor.role == Role::optimizer_state) {
       return fail("tensor '" + t.name() + "' is " + std::string(role_name(tensor.role)) +
                   ": those are derived, not declared");
@@ -106,6 +108,26 @@ class Builder {
       return fail("tensor '" + t.name() + "': only labels and inputs (token ids) are I32");
     }
     m_graph.tensors.push_back(std::move(tensor));
+    return Status();
+  }
+
+  // A FILE-initialised tensor's file: found (relative to the model file),
+  // and holding exactly its values.
+  Status init_file(const proto::TensorDef& t, Tensor* tensor) {
+    if (tensor->init != proto::FILE || t.init_file().empty()) {
+      return fail("tensor '" + t.name() + "': init FILE and init_file go together");
+    }
+    std::filesystem::path path(t.init_file());
+    if (path.is_relative()) path = std::filesystem::path(std::string(m_source)).parent_path() / path;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec) return fail("tensor '" + t.name() + "': its initial values " + path.string() + ": " + ec.message());
+    if (size != static_cast<uintmax_t>(tensor->elements() * 4)) {
+      return fail("tensor '" + t.name() + "' " + shape_text(tensor->shape) + " needs " +
+                  std::to_string(tensor->elements() * 4) + " bytes of float32, " + path.string() + " holds " +
+                  std::to_string(size));
+    }
+    tensor->init_file = path.string();
     return Status();
   }
 

@@ -54,6 +54,7 @@ struct Tensor {
   Role role = Role::activation;
   proto::Init init = proto::ZEROS;
   int64_t init_fan_in = 0;
+  std::string init_file;  // FILE: its path (checked to hold elements() floats at load)
   // A PARAM split off a larger one (split_for_balance): initialised as the
   // columns [init_column, init_column + cols) of `init_name` with shape
   // `init_shape` would have been, so a split model starts where the whole one does.

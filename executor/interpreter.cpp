@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <vector>
@@ -163,6 +165,18 @@ void init_param(const Tensor& t, float* data, uint64_t seed) {
     const int64_t cols = t.shape.back(), all_cols = whole.shape.back();
     for (int64_t r = 0; r < rows; ++r) {
       std::copy_n(all.data() + r * all_cols + t.init_column, cols, data + r * cols);
+    }
+    return;
+  }
+  if (t.init == proto::FILE) {
+    // Checked at load to hold exactly the tensor's floats.
+    std::ifstream in(t.init_file, std::ios::binary);
+    in.read(reinterpret_cast<char*>(data), t.bytes());
+    if (!in) {
+      // Gone since the model was loaded (which checked it).
+      std::fprintf(stderr, "tiermem-exec: %s: cannot read %s since the model was loaded; '%s' starts at zero\n",
+                   t.name.c_str(), t.init_file.c_str(), t.name.c_str());
+      std::fill(data, data + t.elements(), 0.0f);
     }
     return;
   }

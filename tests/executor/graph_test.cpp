@@ -62,8 +62,8 @@ TEST(GraphTest, BadModelsGetClearErrors) {
                "writes 'b', which is PARAM");
   expect_error(replace(k_mlp, "loss: \"l\"", "loss: \"logits\""), "must be a scalar");
   expect_error(replace(k_mlp, "input: [\"x\", \"w\"]", "input: [\"x\"]"), "takes 2 input(s)");
-  expect_error(replace(k_mlp, "dtype: I32", ""), "labels, and only labels, are I32");
-  expect_error(replace(k_mlp, "shape: [4, 3] role: INPUT", "shape: [8, 3] role: INPUT"), "a micro-batch has 4 rows");
+  expect_error(replace(k_mlp, "dtype: I32", ""), "labels are I32");
+  expect_error(replace(k_mlp, "shape: [4, 3] role: INPUT", "shape: [6, 3] role: INPUT"), "a micro-batch has 4 samples");
   expect_error(std::string(k_mlp) + "tensor { name: \"x\" shape: [1] }", "declared twice");
   expect_error("name: \"t\" micro_batch: 1 op { name: \"a\" type: RELU input: \"z\" output: \"q\" }", "reads 'z'");
   expect_error("garbage {", "bad.pbtxt:1:");

@@ -34,7 +34,7 @@ with torch.no_grad():
     model.pos.copy_(load("pos.f32", shape=(context, width)))
     for i, block in enumerate(model.blocks):
         p = f"b{i}."
-        for name, linear in (("qkv", block.qkv), ("proj", block.proj), ("fc", block.fc), ("out", block.out)):
+        for name, linear in (("qkv", block.attn.qkv), ("proj", block.attn.proj), ("fc", block.fc), ("out", block.out)):
             linear.weight.copy_(load(p + name + ".w.f32", shape=(linear.in_features, linear.out_features)).t())
             linear.bias.copy_(load(p + name + ".b.f32"))
         for name, norm in (("ln1", block.ln1), ("ln2", block.ln2)):

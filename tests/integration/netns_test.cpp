@@ -23,15 +23,6 @@ using namespace std::chrono_literals;
 
 using test::Network;
 
-// Whether `done` holds within `limit` (looked at every 20 ms).
-bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds limit) {
-  for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
-    if (done()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return done();
-}
-
 class NetnsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,9 +31,8 @@ class NetnsTest : public ::testing::Test {
     m_dir = test::make_temp_dir("tiermem-netns");
   }
   // Three daemons, one per namespace; `fast`: heartbeats every 20 ms and
-  // UNREACHABLE after 300 ms (replication's drop after 600 ms), requests to
-  // peers timing out after `peer_timeout_ms`.
-  void start(bool fast, int peer_timeout_ms = 200) {
+  // UNREACHABLE after 300 ms (replication's drop after 600 ms).
+  void start(bool fast) {
     const std::string file = m_dir + "/cluster.toml";
     {
       std::ofstream out(file);
@@ -59,8 +49,7 @@ class NetnsTest : public ::testing::Test {
       o.dram = "16MiB";
       o.pmem = "8MiB";
       if (fast) {
-        o.cluster_timing = "reconnect_interval_ms = 20\nheartbeat_interval_ms = 20\npeer_timeout_ms = " +
-                           std::to_string(peer_timeout_ms) + "\n";
+        o.cluster_timing = "reconnect_interval_ms = 20\nheartbeat_interval_ms = 20\npeer_timeout_ms = 200\n";
         o.extra_toml = "[health]\nunreachable_after_ms = 300\n[replication]\nrepair_interval_ms = 50\n"
                        "orphan_min_age_ms = 500\n";
       }
@@ -193,25 +182,6 @@ TEST_F(NetnsTest, AWaitOnACutOffNodeEndsWhenItsDaemonSeesItUnreachable) {
   EXPECT_EQ(back, out);
 }
 
-// In a partition nothing fails: a heartbeat to the cut-off node just waits.
-// It is UNREACHABLE once it has been silent for health.unreachable_after_ms
-// (300 ms), not once a heartbeat timed out after cluster.peer_timeout_ms
-// (5 s here): a heartbeat waits no longer than the first.
-TEST_F(NetnsTest, ACutOffNodeIsUnreachableAfterUnreachableAfterNotThePeerTimeout) {
-  start(true, 5000);
-  auto client = m_daemons[0]->connect("watcher");
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(wait_state(*client, 3, NodeState::connected, 20s));
-  ASSERT_TRUE(m_net->link(3, false));
-  const auto cut = std::chrono::steady_clock::now();
-  ASSERT_TRUE(wait_for([&] { return test::health_of(*client, 3) == NodeHealth::unreachable; }, 10s));
-  const double seen = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
-  std::printf("node 3 UNREACHABLE %.0f ms after the cut\n", seen * 1e3);
-  EXPECT_LT(seen, 2.0) << "the cut-off node was found only when a heartbeat timed out (peer_timeout_ms)";
-  ASSERT_TRUE(m_net->link(3, true));
-  EXPECT_TRUE(wait_for([&] { return test::health_of(*client, 3) == NodeHealth::healthy; }, 30s));
-}
-
 // Replicated memory across a real partition (docs/ARCHITECTURE.md,
 // "Replicated memory"). The node holding the copy is cut off: the home's
 // side (a majority) writes on once the copy is dropped and makes a new one,
@@ -223,6 +193,13 @@ TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) 
   start(true);
   constexpr size_t k_size = 64 << 10;
   auto filled = [](uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); };
+  auto wait_for = [](const std::function<bool()>& done, std::chrono::milliseconds limit) {
+    for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
+      if (done()) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return done();
+  };
   // A client that reaches memory only through `node`'s daemon: it is on that
   // side of the partition (this process itself reaches every namespace).
   auto through = [&](int node) {
