@@ -26,19 +26,6 @@
 
 namespace {
 
-// Element-wise kernels run on OpenMP threads and GEMMs on OpenBLAS's own.
-// With libgomp's default (active) waiting its idle threads spin for a while
-// after each parallel region and take the cores OpenBLAS needs next: a step
-// of the Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy in
-// its constructor, when it loads, before main: so it is set here, from the
-// executable's preinit array, which runs before every library's
-// initialisation. (It was set in main, which then started the program again:
-// a second start cost a replacement rank 30-45 ms of its RTO.) A policy the
-// environment gives is kept.
-void passive_omp_wait(int, char**, char**) {
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) ::setenv("OMP_WAIT_POLICY", "passive", 1);
-}
-[[gnu::used, gnu::section(".preinit_array")]] void (*const k_preinit)(int, char**, char**) = &passive_omp_wait;
 
 using namespace tiermem;
 using namespace tiermem::exec;
@@ -112,6 +99,18 @@ int compare_partitions(const std::string& model, int parts, int micro_batches, b
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Element-wise kernels run on OpenMP threads and GEMMs on OpenBLAS's own.
+  // With libgomp's default (active) waiting its idle threads spin for a while
+  // after each parallel region and take the cores OpenBLAS needs next: a step
+  // of the Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy when
+  // it loads, before main, so set it and start again (once). (Setting it from
+  // the executable's preinit array, before libgomp's constructor, is not
+  // enough: libgomp then shows the policy passive but keeps spinning,
+  // GOMP_SPINCOUNT 300000, and the step took 12 ms instead of 2.4.)
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    ::setenv("OMP_WAIT_POLICY", "passive", 1);
+    ::execv("/proc/self/exe", argv);  // on failure, carry on as we are
+  }
   keep_freed_memory_for_reuse();  // the snapshot's writes through the daemon (--replicas)
   // Progress lines as they happen, also into a pipe (ranks of a demo, logs).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
