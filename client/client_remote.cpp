@@ -17,11 +17,8 @@ namespace tiermem::detail {
 namespace {
 
 // How often a wait on another node asks the daemon whether that node is
-// UNREACHABLE: a request to the local daemon (tens of microseconds) made
-// only while an operation has waited this long, against a partition's RTO
-// (100 ms here added 80 ms to it, twice: the replacement's start and the
-// others' waits on the cut-off rank).
-constexpr auto k_reachability_check = std::chrono::milliseconds(20);
+// UNREACHABLE.
+constexpr auto k_reachability_check = std::chrono::milliseconds(100);
 
 }  // namespace
 
