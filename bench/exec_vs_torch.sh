@@ -7,7 +7,10 @@
 # boundary traffic: with the daemons' memory mapped (one host), and over TCP
 # through the data plane (nodes as hosts: UCX_TLS=tcp, mapping off), each
 # pipeline the median of 3 runs. Goals: exec_step_vs_torch_ratio <= 1.0;
-# the two-stage pipeline against one rank <= 1.2 (issue 31).
+# the two-stage pipeline against one rank <= 1.2 (issue 31). Then the GPT of
+# config/models/gpt_tiny.pbtxt (8 sequences of 32 bytes a step) against the
+# same module in PyTorch eager (bench/torch_gpt_step.py --cpu), on the
+# repository's docs: goal exec_gpt_step_vs_torch_ratio <= 1.0 (issue 23).
 # Usage: bench/exec_vs_torch.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: bench/exec_vs_torch.sh BUILD_DIR}
@@ -47,6 +50,12 @@ median3() {  # the median of three runs of pipeline2 JOB [args]
   a=$(pipeline2 "$job-a" "$@"); b=$(pipeline2 "$job-b" "$@"); c=$(pipeline2 "$job-c" "$@")
   printf '%s\n%s\n%s\n' "$a" "$b" "$c" | sort -g | sed -n 2p
 }
+gpt=$top/config/models/gpt_tiny.pbtxt
+echo "# tiermem-exec: $gpt, 1 rank, --micro-batches 1, on docs/ARCHITECTURE.md; PyTorch eager, $threads threads"
+gpt_ours=$(TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/executor/tiermem-exec" train "$gpt" \
+  --job bench5 --data "$top/docs/ARCHITECTURE.md" --micro-batches 1 --steps $steps --log-every 100000 | exec_median)
+gpt_torch=$(/usr/bin/python3 "$top/bench/torch_gpt_step.py" gpt_tiny 8 2 64 4 32 256 0.003 $steps --cpu "$threads" |
+  sed -n 's/^torch_gpt_tiny_eager_step_ms_median \([0-9.e+-]*\) ms/\1/p')
 echo "# tiermem-exec, 2 pipeline stages on 2 daemons (ranks share the $threads cores), fc1/fc2 in column blocks"
 pipeline=$(median3 bench2)
 echo "# the same with every op whole (--no-split: 59 % FLOP imbalance)"
@@ -67,3 +76,6 @@ awk -v a="$pipeline" -v b="$torch" 'BEGIN { printf "exec_pipeline2_step_vs_torch
 awk -v a="$pipeline" -v b="$whole" 'BEGIN { printf "exec_pipeline2_split_vs_whole_ops_ratio %.3f\n", a / b }'
 awk -v a="$pipeline" -v b="$ours" 'BEGIN { printf "exec_pipeline2_vs_one_rank_ratio %.3f\n", a / b }'
 awk -v a="$tcp" -v b="$ours" 'BEGIN { printf "exec_pipeline2_tcp_vs_one_rank_ratio %.3f\n", a / b }'
+echo "exec_gpt_step_ms_median $gpt_ours ms"
+echo "torch_gpt_step_ms_median $gpt_torch ms"
+awk -v a="$gpt_ours" -v b="$gpt_torch" 'BEGIN { printf "exec_gpt_step_vs_torch_ratio %.3f\n", a / b }'

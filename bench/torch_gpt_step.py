@@ -7,7 +7,10 @@ whole step captured once as a CUDA graph and replayed (Adam
 capturable=True). Prints `torch_<tag>_eager_step_ms_median V ms` and
 `torch_<tag>_graph_step_ms_median V ms`.
 
-usage: torch_gpt_step.py TAG SEQUENCES LAYERS WIDTH HEADS CONTEXT MLP LR STEPS
+With --cpu THREADS: on the CPU, eager only (the baseline of
+bench/exec_vs_torch.sh), on that many threads.
+
+usage: torch_gpt_step.py TAG SEQUENCES LAYERS WIDTH HEADS CONTEXT MLP LR STEPS [--cpu THREADS]
 """
 import os
 import statistics
@@ -22,15 +25,20 @@ from gpt_torch import VOCAB, Gpt  # noqa: E402
 tag = sys.argv[1]
 sequences, layers, width, heads, context, mlp = (int(v) for v in sys.argv[2:8])
 lr, steps = float(sys.argv[8]), int(sys.argv[9])
+cpu = len(sys.argv) > 11 and sys.argv[10] == "--cpu"
 torch.backends.cuda.matmul.allow_tf32 = False
-dev = torch.device("cuda")
+dev = torch.device("cpu" if cpu else "cuda")
+if cpu:
+    torch.set_num_threads(int(sys.argv[11]))
 torch.manual_seed(1)
-host = [torch.randint(0, VOCAB, (sequences, context + 1)).pin_memory() for _ in range(4)]
+host = [torch.randint(0, VOCAB, (sequences, context + 1)) for _ in range(4)]
+if not cpu:
+    host = [h.pin_memory() for h in host]
 
 
 def build():
     model = Gpt(layers, width, heads, context, mlp).to(dev)
-    return model, torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.99), capturable=True)
+    return model, torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.99), capturable=not cpu)
 
 
 def loss_of(model, batch):
@@ -90,4 +98,5 @@ def graph():
 
 
 print(f"torch_{tag}_eager_step_ms_median {eager():.4f} ms")
-print(f"torch_{tag}_graph_step_ms_median {graph():.4f} ms")
+if not cpu:
+    print(f"torch_{tag}_graph_step_ms_median {graph():.4f} ms")
