@@ -67,6 +67,20 @@ Status sample_text(const SampleOptions& o) {
   }
   const int64_t context = g.tensors[static_cast<size_t>(ids)].elements() / g.micro_batch;
   const int64_t vocab = g.tensors[static_cast<size_t>(logits)].shape[1];
+  // Its ids are bytes: every table they index must have a row for each, and
+  // every byte drawn must be one (a model file is the caller's, not checked
+  // against a dataset here as training does).
+  if (vocab != 256) {
+    return Status(ErrorCode::invalid_argument, o.model + " draws from " + std::to_string(vocab) +
+                                                   " classes; a model of bytes draws from 256");
+  }
+  for (const Op& op : g.ops) {
+    if (op.kind == OpKind::embedding && op.in[0] == ids && g.tensors[static_cast<size_t>(op.in[1])].shape[0] < 256) {
+      return Status(ErrorCode::invalid_argument, "op '" + op.name + "': its table has " +
+                                                     std::to_string(g.tensors[static_cast<size_t>(op.in[1])].shape[0]) +
+                                                     " rows, fewer than the 256 byte values it is indexed by");
+    }
+  }
 
   TIERMEM_ASSIGN_OR_RETURN(auto client, Client::connect({.socket_path = o.socket, .client_name = "tiermem-exec sample"}));
   const std::string prefix = o.job + ".r0.";

@@ -528,6 +528,15 @@ TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
   auto not_text = test::run_command({test::exec_path(), "sample", model("mlp_digits"), "--socket", socket(1), "--job", "learn"});
   EXPECT_EQ(not_text.exit_code, 1);
   EXPECT_NE(not_text.err.find("is not a model of text"), std::string::npos) << not_text.err;
+  // A model whose token table is smaller than the bytes that index it is
+  // refused before it reads past the table.
+  std::string small = slurp(model("gpt_tiny"));
+  small.replace(small.find("shape: [256, 64] role: PARAM init: XAVIER_UNIFORM"), 16, "shape: [128, 64]");
+  std::ofstream(m_dir + "/small_table.pbtxt") << small;
+  auto small_table = test::run_command(
+      {test::exec_path(), "sample", m_dir + "/small_table.pbtxt", "--socket", socket(1), "--job", "learn"});
+  EXPECT_EQ(small_table.exit_code, 1);
+  EXPECT_NE(small_table.err.find("fewer than the 256 byte values"), std::string::npos) << small_table.err;
   int rc = 0;
   logs = run(1, {model("gpt_tiny"), "--job", "nocorpus", "--data", m_dir + "/no-such-corpus", "--steps", "1"}, &rc);
   EXPECT_EQ(rc, 1);

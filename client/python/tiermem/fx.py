@@ -233,8 +233,8 @@ def export(module, example_input, path, *, dataset, optimizer=None, name=None, d
     if logits is None or isinstance(logits, tuple):
         raise UnsupportedError("the module returns no logits the importer made")
     label_rows = rows if tokens else micro_batch
-    w.tensor("next" if tokens else "y", [label_rows], "LABEL", dtype="I32")
-    loss = w.op("SOFTMAX_CROSS_ENTROPY", [logits, "next" if tokens else "y"], "loss")
+    label = w.tensor(w.unique("next" if tokens else "y"), [label_rows], "LABEL", dtype="I32")
+    loss = w.op("SOFTMAX_CROSS_ENTROPY", [logits, label], "loss")
     opt = {"type": "ADAM", "learning_rate": 1e-3}
     opt.update(optimizer or {})
     fields = " ".join(f"{k}: {v}" for k, v in opt.items())
