@@ -180,25 +180,40 @@ Status Replicator::mark_ready(const ReplicaInfo& copy, const Identity& who) {
 }
 
 Status Replicator::place(const AllocationInfo& info, uint32_t count, const Identity& who) {
-  // Under the allocation's write lock: the background loop, which sees an
-  // allocation with fewer copies than it wants, waits until they are listed.
+  // Under the allocation's write lock, and counting the copies it has: the
+  // allocation is in the space before its copies are placed, so the
+  // background loop may have seen it short of copies and made some already
+  // (a copy made there and then written over here would stay ready but
+  // unlisted: it would serve reads of bytes no write reaches).
   const auto mutex = write_lock(info.gva.offset);
   std::lock_guard serialize(*mutex);
-  std::vector<NodeId> candidates = healthy_others({});
-  if (candidates.size() < count) {
+  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(info.gva));
+  std::vector<ReplicaInfo> copies;
+  std::vector<NodeId> holding;
+  for (const ReplicaInfo& c : t.allocation.replicas) {
+    if (!live(c)) continue;
+    copies.push_back(c);
+    holding.push_back(c.node);
+  }
+  const size_t had = copies.size();
+  std::vector<NodeId> candidates = healthy_others(holding);
+  if (had + candidates.size() < count) {
     const Quorum q = quorum();
-    return Status(ErrorCode::unavailable, std::to_string(count) + " copies of a new allocation need as many healthy "
-                                              "nodes besides node " + std::to_string(m_space.node()) + "; " +
-                                              std::to_string(candidates.size()) + " are" +
-                                              (q.unreachable.empty() ? std::string() : " (" + q.unreachable + ")"));
+    Status s(ErrorCode::unavailable, std::to_string(count) + " copies of a new allocation need as many healthy "
+                                         "nodes besides node " + std::to_string(m_space.node()) + "; " +
+                                         std::to_string(had + candidates.size()) + " are" +
+                                         (q.unreachable.empty() ? std::string() : " (" + q.unreachable + ")"));
+    unplace(info, copies, who);
+    return s;
   }
   // Spread allocations over the nodes: start at one chosen by the address.
-  std::rotate(candidates.begin(), candidates.begin() + (info.gva.offset / m_space.page_size()) % candidates.size(),
-              candidates.end());
-  std::vector<ReplicaInfo> copies;
+  if (!candidates.empty()) {
+    std::rotate(candidates.begin(),
+                candidates.begin() + (info.gva.offset / m_space.page_size()) % candidates.size(), candidates.end());
+  }
   std::string tried;
   for (NodeId node : candidates) {
-    if (copies.size() == count) break;
+    if (copies.size() >= count) break;
     // Not ready until listed: a copy its home never listed serves nothing.
     auto copy = make_copy(info, node, false, who);
     if (copy.ok()) {
@@ -207,16 +222,19 @@ Status Replicator::place(const AllocationInfo& info, uint32_t count, const Ident
       tried += "; node " + std::to_string(node) + ": " + copy.status().message();
     }
   }
-  Status s = copies.size() == count
+  Status s = copies.size() >= count
                  ? m_space.set_replicas(info.gva, copies)
                  : Status(ErrorCode::unavailable, "only " + std::to_string(copies.size()) + " of " +
                                                       std::to_string(count) + " copies could be made" + tried);
-  for (size_t i = 0; s.ok() && i < copies.size(); ++i) s = mark_ready(copies[i], who);
-  if (!s.ok()) {
-    (void)m_space.set_replicas(info.gva, {});
-    for (const ReplicaInfo& c : copies) free_copy(c, who);
-  }
+  for (size_t i = had; s.ok() && i < copies.size(); ++i) s = mark_ready(copies[i], who);
+  if (!s.ok()) unplace(info, copies, who);
   return s;
+}
+
+void Replicator::unplace(const AllocationInfo& info, const std::vector<ReplicaInfo>& copies, const Identity& who) {
+  // The allocation is freed next: none of its copies is left behind.
+  (void)m_space.set_replicas(info.gva, {});
+  for (const ReplicaInfo& c : copies) free_copy(c, who);
 }
 
 void Replicator::freed(const AllocationInfo& info, const Identity& who) {

@@ -73,7 +73,8 @@ class Replicator {
   // Makes the `count` copies of `info`, just allocated here for `who`, on
   // other reachable nodes, and records them. Errors: unavailable (not enough
   // reachable nodes: says which are not), or the copies' nodes' errors; no
-  // copy is left behind on error (the caller frees `info`).
+  // copy is left behind on error (the caller frees `info`). Copies the
+  // background loop made first (it may see `info` before this runs) count.
   Status place(const AllocationInfo& info, uint32_t count, const Identity& who);
 
   // A write of `length` bytes at `gva` of a replicated allocation homed
@@ -120,6 +121,7 @@ class Replicator {
                       const Identity& who);
   Result<ReplicaInfo> make_copy(const AllocationInfo& info, NodeId node, bool ready, const Identity& who);
   void free_copy(const ReplicaInfo& copy, const Identity& who);
+  void unplace(const AllocationInfo& info, const std::vector<ReplicaInfo>& copies, const Identity& who);
   // Tells the copy's node it is filled and listed: it may serve reads.
   Status mark_ready(const ReplicaInfo& copy, const Identity& who);
   // Fills a new copy of `info` on a healthy node (under its write lock).

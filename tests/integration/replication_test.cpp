@@ -374,6 +374,48 @@ TEST(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
 // A home that comes back without its memory (a reboot takes /dev/shm): its
 // DRAM pages are lost, reads are served by the copy meanwhile, and the home
 // writes its pages back from the copy before it serves them again.
+// An allocation is in its home's space a moment before its copies are
+// placed; the background loop, which makes the copies an allocation lacks,
+// may see it first and make one. That copy must count: placed over, it
+// stayed ready but unlisted, so no write reached it and it served zeros to
+// reads while the home was dead (CI, December 2026). With the loop looking
+// every 10 ms, many allocations meet it.
+TEST(ReplicationTest, ACopyTheRepairLoopMadeBeforePlacementIsListedAndWritten) {
+  test::DaemonOptions o = fast_cluster();
+  o.extra_toml = "[health]\ndegraded_after_missed = 2\nunreachable_after_ms = " + std::to_string(k_unreachable_ms) +
+                 "\n[replication]\nrepair_interval_ms = 10\norphan_min_age_ms = 600000\n";
+  test::TestCluster cluster(3, o);
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
+  constexpr int k_allocations = 100;
+  constexpr size_t k_small = 64 << 10;
+  std::vector<Gva> gvas;
+  for (int i = 0; i < k_allocations; ++i) {
+    auto a = c->alloc(k_small, {.tier = Tier::dram, .replicas = 2});
+    ASSERT_TRUE(a.ok()) << a.status().to_string() << cluster.logs();
+    EXPECT_EQ(live_copies(a->replicas), 2u);
+    const std::vector<uint64_t> words(k_small / 8, 1000 + i);
+    ASSERT_TRUE(c->write(a->gva, words.data(), k_small).ok());
+    gvas.push_back(a->gva);
+  }
+  // Every copy on nodes 2 and 3 is one its home lists: none left over.
+  EXPECT_EQ(copies_held(*c, 2) + copies_held(*c, 3), 2u * k_allocations) << cluster.logs();
+  c.reset();
+
+  cluster.node(1).kill();
+  for (int node : {2, 3}) {
+    auto r = cluster.node(node).connect("reader");
+    ASSERT_NE(r, nullptr);
+    std::vector<uint64_t> got(k_small / 8);
+    for (int i = 0; i < k_allocations; ++i) {
+      Status s = r->read(gvas[i], got.data(), k_small);
+      ASSERT_TRUE(s.ok()) << "node " << node << ": " << s.to_string();
+      EXPECT_EQ(one_value(got), 1000u + i) << "node " << node << " read " << gvas[i].to_string()
+                                           << " from a copy its writes never reached";
+    }
+  }
+}
+
 TEST(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
   test::TestCluster cluster(3, fast_cluster());
   auto c = owner_on(cluster);
