@@ -151,6 +151,13 @@ class Differentiator {
           m_g.ops.back().context = op.context;
         }
         break;
+      case OpKind::tp_identity:
+        // The input's gradient is the sum of every rank's part of it.
+        if (needs(0)) emit(op.name + ".grad", OpKind::tp_all_reduce, {m_g.tensors[y].grad}, {op.in[0]}, index, n);
+        break;
+      case OpKind::tp_all_reduce:
+        if (needs(0)) emit(op.name + ".grad", OpKind::pass_grad, {m_g.tensors[y].grad}, {op.in[0]}, index, n);
+        break;
       default:
         break;
     }

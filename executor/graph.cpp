@@ -347,6 +347,8 @@ std::string_view op_kind_name(OpKind kind) {
     case OpKind::embedding: return "embedding";
     case OpKind::position_embedding: return "position_embedding";
     case OpKind::attention: return "attention";
+    case OpKind::tp_identity: return "tp_identity";
+    case OpKind::tp_all_reduce: return "tp_all_reduce";
     case OpKind::slice_grad: return "slice_grad";
     case OpKind::embedding_grad: return "embedding_grad";
     case OpKind::position_embedding_grad: return "position_embedding_grad";
@@ -410,6 +412,34 @@ int64_t Graph::param_elements() const {
   int64_t n = 0;
   for (int p : params()) n += tensors[p].elements();
   return n;
+}
+
+void init_as_part_of(const Tensor& whole, int64_t row, const std::vector<std::pair<int64_t, int64_t>>& columns,
+                     Tensor* part) {
+  const bool nested = !whole.init_name.empty();
+  part->init_name = nested ? whole.init_name : whole.name;
+  part->init_shape = nested ? whole.init_shape : whole.shape;
+  part->init_row = (nested ? whole.init_row : 0) + row;
+  // Columns of `whole` as columns of the largest parameter.
+  std::vector<std::pair<int64_t, int64_t>> base = whole.init_ranges;
+  if (base.empty()) base = {{0, whole.shape.back()}};
+  part->init_ranges.clear();
+  for (auto [first, count] : columns) {
+    int64_t start = 0;  // of the current base range, in whole's columns
+    for (const auto& [b_first, b_count] : base) {
+      const int64_t lo = std::max(first, start), hi = std::min(first + count, start + b_count);
+      if (lo < hi) {
+        const int64_t mapped = b_first + (lo - start);
+        if (!part->init_ranges.empty() &&
+            part->init_ranges.back().first + part->init_ranges.back().second == mapped) {
+          part->init_ranges.back().second += hi - lo;
+        } else {
+          part->init_ranges.emplace_back(mapped, hi - lo);
+        }
+      }
+      start += b_count;
+    }
+  }
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

@@ -25,6 +25,9 @@ enum class OpKind : uint8_t {
   embedding,          // in: ids [M] (I32), table [V,D]   out: Y [M,D]
   position_embedding, // in: X [M,D], table [T,D]          out: Y = X + table[row mod T]
   attention,          // in: QKV [M,3D]   out: Y [M,D], P [M*heads, context] (softmax, for backward)
+  // tensor parallelism (tensor_parallel.hpp; inserted, never in model files)
+  tp_identity,        // Y = X; its gradient is the all-reduce of dY over the group
+  tp_all_reduce,      // Y = the sum of X over the tensor-parallel group (the runtime's)
   // backward (autodiff)
   matmul_grad_a,      // dA (+)= dY . B^T             in: dY, B        out: dA
   matmul_grad_b,      // dB (+)= A^T . dY             in: A, dY        out: dB
@@ -55,12 +58,15 @@ struct Tensor {
   proto::Init init = proto::ZEROS;
   int64_t init_fan_in = 0;
   std::string init_file;  // FILE: its path (checked to hold elements() floats at load)
-  // A PARAM split off a larger one (split_for_balance): initialised as the
-  // columns [init_column, init_column + cols) of `init_name` with shape
-  // `init_shape` would have been, so a split model starts where the whole one does.
+  // A PARAM cut out of a larger one (split_for_balance, tensor parallelism):
+  // initialised as rows [init_row, init_row + rows) and the column ranges
+  // `init_ranges` (in order; empty: all) of `init_name` with shape
+  // `init_shape` would have been, so a split model starts where the whole
+  // one does. A 1-D tensor is one row.
   std::string init_name;
   std::vector<int64_t> init_shape;
-  int64_t init_column = 0;
+  int64_t init_row = 0;
+  std::vector<std::pair<int64_t, int64_t>> init_ranges;  // (first column, columns)
   int producer = -1;   // op writing it first (-1: none, e.g. INPUT, PARAM)
   int grad = -1;       // its gradient tensor, when one exists
 
@@ -108,6 +114,12 @@ struct Graph {
 };
 
 std::string shape_text(const std::vector<int64_t>& shape);
+
+// Makes `part` start as rows [row, row + rows of part) and the column ranges
+// `columns` (first, count; in `whole`'s columns) of `whole` would, which may
+// itself be a part of a larger parameter.
+void init_as_part_of(const Tensor& whole, int64_t row, const std::vector<std::pair<int64_t, int64_t>>& columns,
+                     Tensor* part);
 
 // Parses and validates a model. Errors: config_error naming the file, and the
 // line for syntax errors (an unknown op type is one), the op and tensors for

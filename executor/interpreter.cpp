@@ -106,7 +106,11 @@ void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, b
     case OpKind::bias_grad:
       k.bias_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1], acc(0));
       break;
-    case OpKind::pass_grad: k.pass_grad(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0]), acc(0)); break;
+    case OpKind::pass_grad:
+    // Tensor parallelism: the local part (the runtime adds the group's for
+    // an all-reduce: StageRunner).
+    case OpKind::tp_identity:
+    case OpKind::tp_all_reduce: k.pass_grad(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0]), acc(0)); break;
     case OpKind::relu_grad:
       k.relu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
       break;
@@ -154,17 +158,23 @@ OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bo
 
 void init_param(const Tensor& t, float* data, uint64_t seed) {
   if (!t.init_name.empty()) {
-    // Columns of a larger parameter: initialise that one, keep our columns.
+    // Part of a larger parameter: initialise that one, keep our part.
     Tensor whole = t;
     whole.name = t.init_name;
     whole.shape = t.init_shape;
     whole.init_name.clear();
+    whole.init_ranges.clear();
     std::vector<float> all(static_cast<size_t>(whole.elements()));
     init_param(whole, all.data(), seed);
     const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
-    const int64_t cols = t.shape.back(), all_cols = whole.shape.back();
+    const int64_t all_cols = whole.shape.back();
+    std::vector<std::pair<int64_t, int64_t>> ranges = t.init_ranges;
+    if (ranges.empty()) ranges = {{0, t.shape.back()}};
+    float* out = data;
     for (int64_t r = 0; r < rows; ++r) {
-      std::copy_n(all.data() + r * all_cols + t.init_column, cols, data + r * cols);
+      for (const auto& [first, count] : ranges) {
+        out = std::copy_n(all.data() + (t.init_row + r) * all_cols + first, count, out);
+      }
     }
     return;
   }

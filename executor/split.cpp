@@ -94,9 +94,7 @@ class Rewriter {
       Tensor wj = w;
       wj.name = w.name + suffix;
       wj.shape = {w.shape[0], cols};
-      wj.init_name = w.init_name.empty() ? w.name : w.init_name;
-      wj.init_shape = w.init_name.empty() ? w.shape : w.init_shape;
-      wj.init_column = w.init_column + column;
+      init_as_part_of(w, 0, {{column, cols}}, &wj);
       column += cols;
       Tensor yj = y;
       yj.name = y.name + suffix;

@@ -133,7 +133,14 @@ int main(int argc, char** argv) {
   train_cmd->add_flag("--no-graphs", no_graphs,
                       "on a GPU, launch every kernel of every step instead of replaying the step captured once as a "
                       "CUDA graph");
-  train_cmd->add_option("--stages", opt.stages, "pipeline stages (default: one per rank; the rest are data-parallel replicas)");
+  train_cmd->add_option("--stages", opt.stages,
+                         "pipeline stages (default: one per rank, or per tensor-parallel group; the rest are "
+                         "data-parallel replicas)");
+  train_cmd->add_option("--tensor-parallel", opt.tensor_parallel,
+                        "ranks that split each attention (by heads) and MLP (by columns) between them, Megatron-style, "
+                        "summing their partial results through tiermem (CPU ranks)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   train_cmd->add_option("--micro-batches", opt.micro_batches, "micro-batches per step")->capture_default_str();
   train_cmd->add_option("--epochs", opt.epochs, "epochs to train")->capture_default_str();
   train_cmd->add_option("--steps", opt.steps, "stop after this many steps (instead of --epochs)");

@@ -20,13 +20,23 @@
 
 namespace tiermem::exec {
 
+// rank = (replica * tensor_parallel + tp) * stages + stage: the ranks of a
+// tensor-parallel group are `stages` apart, those of a stage's data-parallel
+// group stages * tensor_parallel apart.
 struct Topology {
   int stages = 1;
   int replicas = 1;
+  int tensor_parallel = 1;
   int rank = 0;
+  int world() const { return stages * tensor_parallel * replicas; }
   int stage() const { return rank % stages; }
-  int replica() const { return rank / stages; }
-  int rank_of(int stage, int replica) const { return replica * stages + stage; }
+  int tp() const { return (rank / stages) % tensor_parallel; }
+  int replica() const { return rank / (stages * tensor_parallel); }
+  // The rank at `stage` and `replica` in this rank's place of its
+  // tensor-parallel group.
+  int rank_of(int stage, int replica) const { return (replica * tensor_parallel + tp()) * stages + stage; }
+  // Rank `t` of this rank's tensor-parallel group.
+  int tp_peer(int t) const { return (replica() * tensor_parallel + t) * stages + stage(); }
 };
 
 struct Channel {

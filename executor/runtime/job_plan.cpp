@@ -5,6 +5,7 @@
 #include <tiermem/status_macros.h>
 
 #include "executor/split.hpp"
+#include "executor/tensor_parallel.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -46,6 +47,10 @@ Status check_dataset(const Graph& graph, const Split& data) {
 }
 
 Status plan_graph(const TrainOptions& options, JobPlan* job) {
+  // Every rank of a tensor-parallel group cuts its own part; the graphs of
+  // the group have one shape, so they partition alike.
+  TIERMEM_ASSIGN_OR_RETURN(job->tp_report,
+                           shard_for_tensor_parallel(job->graph, job->topo.tensor_parallel, job->topo.tp()));
   if (options.split) {
     // Every rank rewrites the same graph the same way: the split is a pure
     // function of the model, the stages and the micro-batches.
@@ -74,13 +79,33 @@ int64_t JobPlan::arena_bytes(const std::string& name) const {
 Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   JobPlan job;
   TIERMEM_ASSIGN_OR_RETURN(job.graph, load_model(options.model));
-  job.topo.stages = options.stages > 0 ? options.stages : env.world;
-  if (env.world % job.topo.stages != 0) {
-    return Status(ErrorCode::invalid_argument, "a world of " + std::to_string(env.world) +
-                                                   " ranks cannot be split into " + std::to_string(job.topo.stages) +
-                                                   " pipeline stages");
+  if (options.tensor_parallel < 1) return Status(ErrorCode::invalid_argument, "--tensor-parallel must be at least 1");
+  if (options.tensor_parallel > 1 && options.device != "cpu") {
+    // The partial sums of a group on GPUs go device to device (NCCL), which
+    // is not built: issue 25.
+    return Status(ErrorCode::invalid_argument, "--tensor-parallel " + std::to_string(options.tensor_parallel) +
+                                                   " runs on CPU ranks only (--device cpu) for now");
   }
-  job.topo.replicas = env.world / job.topo.stages;
+  if (options.tensor_parallel > 1 && options.replicas > 0) {
+    return Status(ErrorCode::invalid_argument, "--replicas cannot go with --tensor-parallel yet: a rank that moved would "
+                                               "need its group's partial sums again");
+  }
+  job.topo.tensor_parallel = options.tensor_parallel;
+  if (env.world % options.tensor_parallel != 0) {
+    return Status(ErrorCode::invalid_argument, "a world of " + std::to_string(env.world) +
+                                                   " ranks cannot be split into tensor-parallel groups of " +
+                                                   std::to_string(options.tensor_parallel));
+  }
+  const int groups = env.world / options.tensor_parallel;
+  job.topo.stages = options.stages > 0 ? options.stages : groups;
+  if (groups % job.topo.stages != 0) {
+    return Status(ErrorCode::invalid_argument,
+                  "a world of " + std::to_string(env.world) + " ranks cannot be split into " +
+                      std::to_string(job.topo.stages) + " pipeline stages" +
+                      (options.tensor_parallel > 1 ? " of " + std::to_string(options.tensor_parallel) + " ranks each"
+                                                   : std::string()));
+  }
+  job.topo.replicas = groups / job.topo.stages;
   job.topo.rank = env.rank;
   if (options.micro_batches < 1) return Status(ErrorCode::invalid_argument, "--micro-batches must be at least 1");
   if (options.replicas > 0 && job.topo.stages > 1) {

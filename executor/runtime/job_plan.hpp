@@ -26,6 +26,7 @@ struct JobPlan {
   Topology topo;
   Partition partition;
   std::vector<std::string> split_report;  // ops split into column blocks for balance
+  std::vector<std::string> tp_report;     // blocks split over the tensor-parallel group
   std::vector<Channel> channels;
   MemoryPlan plan;  // of this rank's stage
   Split data;
@@ -36,7 +37,7 @@ struct JobPlan {
   int64_t eval_batches = 0;
 
   // The rank that prints progress: the loss's stage, first replica.
-  bool reporter() const { return topo.stage() == loss_stage && topo.replica() == 0; }
+  bool reporter() const { return topo.stage() == loss_stage && topo.replica() == 0 && topo.tp() == 0; }
   // Rows one step trains on, over all replicas.
   int64_t rows_per_step() const { return graph.micro_batch * micro_batches * topo.replicas; }
   // Bytes of the arena `name` in the plan (0 when it has none).

@@ -29,6 +29,7 @@ namespace tiermem::exec {
 struct RankPeers {
   std::map<int, Gva> ctl;   // rank -> its ctl allocation (this rank's own too)
   std::map<int, Gva> mbox;  // outgoing channel id -> the receiver's mailbox
+  std::map<int, Gva> tp_mbox;  // rank of this one's tensor-parallel group -> its mailbox
   Gva ctl_word(int rank, size_t word) const { return ctl.at(rank).plus(8 * word); }
 };
 

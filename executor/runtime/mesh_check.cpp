@@ -37,7 +37,7 @@ std::vector<std::pair<std::string, std::string>> parse_boundary(const std::strin
   return out;
 }
 
-int world_of(const JobPlan& job) { return job.topo.stages * job.topo.replicas; }
+int world_of(const JobPlan& job) { return job.topo.world(); }
 
 Result<Gva> info_of(JobDirectory& dir, const JobPlan& job, const Arenas& arenas, int rank) {
   if (rank == job.topo.rank) return arenas.info().gva;

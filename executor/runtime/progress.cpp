@@ -23,10 +23,12 @@ double median(std::vector<double> v) {
 
 void print_header(const JobPlan& job) {
   const MemoryPlan& plan = job.plan;
-  std::printf("training %s on %s: %" PRId64 " train / %" PRId64 " test rows, %d stage(s) x %d replica(s), "
-              "%d micro-batch(es) of %" PRId64 ", %" PRId64 " steps (%" PRId64 " per epoch)\n",
+  std::printf("training %s on %s: %" PRId64 " train / %" PRId64 " test rows, %d stage(s) x %d replica(s)"
+              "%s%d micro-batch(es) of %" PRId64 ", %" PRId64 " steps (%" PRId64 " per epoch)\n",
               job.graph.name.c_str(), job.data.name.c_str(), job.data.train.rows, job.data.test.rows, job.topo.stages,
-              job.topo.replicas, job.micro_batches, job.graph.micro_batch, job.total_steps, job.steps_per_epoch);
+              job.topo.replicas,
+              job.topo.tensor_parallel > 1 ? (" x " + std::to_string(job.topo.tensor_parallel) + " tensor-parallel, ").c_str()
+                                           : ", ", job.micro_batches, job.graph.micro_batch, job.total_steps, job.steps_per_epoch);
   std::printf("stage %d: %s in tiermem (%s work arena, %.1fx reuse); partition cut %s per micro-batch, "
               "imbalance flops %.1f%% memory %.1f%%\n",
               job.topo.stage(), format_size(static_cast<uint64_t>(plan.total_bytes())).c_str(),
@@ -35,6 +37,7 @@ void print_header(const JobPlan& job) {
               format_size(static_cast<uint64_t>(job.partition.cut_bytes)).c_str(), 100 * job.partition.flops_imbalance,
               100 * job.partition.memory_imbalance);
   for (const std::string& line : job.split_report) std::printf("%s\n", line.c_str());
+  for (const std::string& line : job.tp_report) std::printf("tensor parallel: %s\n", line.c_str());
   std::fflush(stdout);
 }
 

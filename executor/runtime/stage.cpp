@@ -29,9 +29,9 @@ const std::string k_snapshot_wait = "snapshot wait";
 }  // namespace
 
 StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
-                         Arenas& arenas, Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed,
+                         Arenas& arenas, Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace, bool resumed,
                          Compute& compute)
-    : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes),
+    : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes), m_tp(tp),
       m_peers(peers), m_trace(trace), m_compute(compute), m_eval_resume(resumed) {
   const MemoryPlan& plan = job.plan;
   m_zero_at.resize(plan.schedule.size() + 1);
@@ -67,7 +67,7 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
       if (updated.count(p.tensor) == 0) m_carried.push_back(p.tensor);
     }
   }
-  bool exchanges = job.topo.replicas > 1;
+  bool exchanges = job.topo.replicas > 1 || job.topo.tensor_parallel > 1;
   for (const Channel& c : job.channels) exchanges = exchanges || c.to == job.topo.stage() || c.from == job.topo.stage();
   m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty();
   if (const char* e = std::getenv("TIERMEM_EXEC_STOP_AFTER_COMMIT")) m_stop_after_commit = std::atoll(e);
@@ -237,7 +237,14 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
       }
     }
   }
-  {
+  if (m_tp.handles(op_id)) {
+    // The group's sum (it times itself, as communication).
+    TIERMEM_RETURN_IF_ERROR(m_tp.all_reduce(op_id, pos, m_step, eval, eval_sequence,
+                                            static_cast<const float*>(resolve(op.in[0])),
+                                            static_cast<float*>(resolve(op.out[0])),
+                                            m_job.graph.tensors[op.in[0]].elements(),
+                                            op.phase == Phase::backward));
+  } else {
     auto span = m_trace.span(SpanKind::compute, op.name);
     run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward);
   }
@@ -322,7 +329,7 @@ Status StageRunner::barrier(uint64_t value) {
   auto span = m_trace.span(SpanKind::sync, k_barrier_name);
   std::atomic_ref<uint64_t> own(m_arenas.ctl()[k_barrier]);
   if (own.load() < value) own.store(value);
-  const int world = m_job.topo.stages * m_job.topo.replicas;
+  const int world = m_job.topo.world();
   for (int r = 0; r < world; ++r) {
     if (r == m_job.topo.rank) continue;
     TIERMEM_RETURN_IF_ERROR(m_dir.wait_at_least(m_peers.ctl_word(r, k_barrier), value,

@@ -22,6 +22,7 @@
 #include "executor/runtime/arenas.hpp"
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
+#include "executor/runtime/tp_exchange.hpp"
 #include "executor/trace.hpp"
 
 namespace tiermem::exec {
@@ -36,7 +37,7 @@ struct StepStats {
 class StageRunner {
  public:
   StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, Arenas& arenas,
-              Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed, Compute& compute);
+              Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace, bool resumed, Compute& compute);
 
   // Whether steps are captured once and replayed (a GPU, --graphs, a stage
   // that exchanges no messages and has no replicas).
@@ -96,6 +97,7 @@ class StageRunner {
   JobDirectory& m_dir;
   Arenas& m_arenas;
   Mailboxes& m_mail;
+  TpExchange& m_tp;
   const RankPeers& m_peers;
   Trace& m_trace;
   Compute& m_compute;

@@ -26,7 +26,7 @@ Status Trainer::set_up() {
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
   if (m_opt.restart) TIERMEM_RETURN_IF_ERROR(forget_earlier_run());
-  TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job), *m_compute));
+  TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job) + TpExchange::bytes(m_job), *m_compute));
   TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt, *m_compute));
   if (Status s = attach_data(data.get(), m_opt, &m_job); !s.ok()) {
     // A dataset that does not load: what was made for the job just now goes
@@ -60,6 +60,7 @@ Status Trainer::set_up() {
   publish_boundary(m_job, m_arenas);
   TIERMEM_ASSIGN_OR_RETURN(m_peers, find_peers(*m_dir, m_job, m_arenas, !m_opt.quiet && !m_arenas.resumed()));
   m_mail.emplace(m_job, m_opt, *m_client, *m_dir, m_arenas, m_peers, m_trace);
+  m_tp.emplace(m_job, m_opt, *m_client, *m_dir, m_arenas, m_peers, m_trace);
   TIERMEM_RETURN_IF_ERROR(check_shapes(*m_client, *m_dir, m_job));
   return validate_mesh(*m_client, *m_dir, m_job, m_arenas, m_peers, m_opt, m_arenas.resumed());
 }
@@ -74,7 +75,7 @@ Status Trainer::train_steps() {
     std::atomic_ref<uint64_t> barrier(m_arenas.ctl()[k_barrier]);
     if (barrier.load() < static_cast<uint64_t>(first)) barrier.store(static_cast<uint64_t>(first));
   }
-  StageRunner stage(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, m_arenas.resumed(),
+  StageRunner stage(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, *m_tp, m_peers, m_trace, m_arenas.resumed(),
                     *m_compute);
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());
   TIERMEM_RETURN_IF_ERROR(progress.start());

@@ -39,7 +39,8 @@ struct TrainOptions {
   std::string socket;            // empty: $TIERMEM_SOCKET or the default
   std::string device = "cpu";    // where the kernels run: cpu, cuda, cuda:N (compute.hpp)
   bool graphs = true;            // on a GPU, capture a step once and replay it (stages without messages)
-  int stages = 0;                // pipeline stages; 0: one per rank
+  int stages = 0;                // pipeline stages; 0: one per rank (per tensor-parallel group)
+  int tensor_parallel = 1;       // ranks sharing each split block (tensor_parallel.hpp)
   int micro_batches = 2;
   int epochs = 3;
   int64_t steps = 0;             // > 0: stop after this many steps instead

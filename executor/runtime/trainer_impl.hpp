@@ -10,6 +10,7 @@
 #include "executor/runtime/arenas.hpp"
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
+#include "executor/runtime/tp_exchange.hpp"
 #include "executor/runtime/trainer.hpp"
 #include "executor/trace.hpp"
 
@@ -42,6 +43,7 @@ class Trainer {
   Arenas m_arenas;
   RankPeers m_peers;
   std::optional<Mailboxes> m_mail;
+  std::optional<TpExchange> m_tp;
 };
 
 }  // namespace tiermem::exec

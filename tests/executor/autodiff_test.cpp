@@ -260,7 +260,9 @@ loss: "l" optimizer { )") + optimizer + " }",
       const int t = update.in[i];
       EXPECT_EQ(committed[t], i == 0 ? committed_w : i == 1 ? grad : committed_state) << optimizer << " input " << i;
       EXPECT_EQ(next[t], in_place[t]) << optimizer << " input " << i;
-      if (i != 1) EXPECT_NE(next[t], committed[t]) << optimizer << " input " << i;
+      if (i != 1) {
+        EXPECT_NE(next[t], committed[t]) << optimizer << " input " << i;
+      }
     }
   }
 }
