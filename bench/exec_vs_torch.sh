@@ -10,7 +10,10 @@
 # the two-stage pipeline against one rank <= 1.2 (issue 31). Then the GPT of
 # config/models/gpt_tiny.pbtxt (8 sequences of 32 bytes a step) against the
 # same module in PyTorch eager (bench/torch_gpt_step.py --cpu), on the
-# repository's docs: goal exec_gpt_step_vs_torch_ratio <= 1.0 (issue 23).
+# repository's docs: goal exec_gpt_step_vs_torch_ratio <= 1.0 (issue 23);
+# and the same GPT on two tensor-parallel ranks (--tensor-parallel 2, one per
+# daemon, sharing the cores) against one rank, with the share of the step
+# its partial sums take (issue 23: reported, no goal).
 # Usage: bench/exec_vs_torch.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: bench/exec_vs_torch.sh BUILD_DIR}
@@ -38,7 +41,7 @@ pipeline2() {
   shift
   for r in 0 1; do
     TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
-      "$build/executor/tiermem-exec" train "$model" --job "$job" --steps $steps --log-every 100000 "$@" \
+      "$build/executor/tiermem-exec" train "${run_model:-$model}" --job "$job" --steps $steps --log-every 100000 "$@" \
       >"$TIERMEM_CLUSTER_DIR/rank$r.log" 2>&1 &
   done
   wait
@@ -56,6 +59,9 @@ gpt_ours=$(TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/execu
   --job bench5 --data "$top/docs/ARCHITECTURE.md" --micro-batches 1 --steps $steps --log-every 100000 | exec_median)
 gpt_torch=$(/usr/bin/python3 "$top/bench/torch_gpt_step.py" gpt_tiny 8 2 64 4 32 256 0.003 $steps --cpu "$threads" |
   sed -n 's/^torch_gpt_tiny_eager_step_ms_median \([0-9.e+-]*\) ms/\1/p')
+echo "# tiermem-exec: the GPT on 2 tensor-parallel ranks, one per daemon, --micro-batches 1"
+gpt_tp=$(run_model=$gpt pipeline2 bench6 --tensor-parallel 2 --data "$top/docs/ARCHITECTURE.md" --micro-batches 1)
+gpt_tp_comm=$(sed -n 's/^summary: .*communication \([0-9]*\)% of step time.*/\1/p' "$TIERMEM_CLUSTER_DIR/rank0.log")
 echo "# tiermem-exec, 2 pipeline stages on 2 daemons (ranks share the $threads cores), fc1/fc2 in column blocks"
 pipeline=$(median3 bench2)
 echo "# the same with every op whole (--no-split: 59 % FLOP imbalance)"
@@ -79,3 +85,6 @@ awk -v a="$tcp" -v b="$ours" 'BEGIN { printf "exec_pipeline2_tcp_vs_one_rank_rat
 echo "exec_gpt_step_ms_median $gpt_ours ms"
 echo "torch_gpt_step_ms_median $gpt_torch ms"
 awk -v a="$gpt_ours" -v b="$gpt_torch" 'BEGIN { printf "exec_gpt_step_vs_torch_ratio %.3f\n", a / b }'
+echo "exec_gpt_tp2_step_ms_median $gpt_tp ms"
+echo "exec_gpt_tp2_communication_share ${gpt_tp_comm:-0} %"
+awk -v a="$gpt_tp" -v b="$gpt_ours" 'BEGIN { printf "exec_gpt_tp2_vs_one_rank_ratio %.3f\n", a / b }'

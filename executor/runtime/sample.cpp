@@ -94,7 +94,7 @@ Status sample_text(const SampleOptions& o) {
   if (params->size != static_cast<uint64_t>(2 * bytes)) {
     return Status(ErrorCode::failed_precondition,
                   "job '" + o.job + "' keeps " + std::to_string(params->size) + " bytes of parameters, this model " +
-                      std::to_string(2 * bytes) + ": it was trained from another model, or in several stages");
+                      std::to_string(2 * bytes) + ": it was trained from another model, or in several stages or tensor-parallel ranks (sample reads one whole rank)");
   }
   uint64_t committed = 0;
   TIERMEM_RETURN_IF_ERROR(client->read(ctl->gva, &committed, sizeof committed));
