@@ -8,9 +8,12 @@ capturable=True). Prints `torch_<tag>_eager_step_ms_median V ms` and
 `torch_<tag>_graph_step_ms_median V ms`.
 
 With --cpu THREADS: on the CPU, eager only (the baseline of
-bench/exec_vs_torch.sh), on that many threads.
+bench/exec_vs_torch.sh), on that many threads. With --bf16: the forward
+pass and the loss under autocast to bf16 (PyTorch's mixed precision: bf16
+GEMMs, fp32 parameters and optimizer), in the graph too (its cast cache off,
+as graph capture needs).
 
-usage: torch_gpt_step.py TAG SEQUENCES LAYERS WIDTH HEADS CONTEXT MLP LR STEPS [--cpu THREADS]
+usage: torch_gpt_step.py TAG SEQUENCES LAYERS WIDTH HEADS CONTEXT MLP LR STEPS [--cpu THREADS] [--bf16]
 """
 import os
 import statistics
@@ -41,9 +44,13 @@ def build():
     return model, torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.99), capturable=not cpu)
 
 
+bf16 = "--bf16" in sys.argv
+
+
 def loss_of(model, batch):
-    logits = model(batch[:, :-1])
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+        logits = model(batch[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 
 
 def timed(run):

@@ -6,9 +6,11 @@ memory every step, the loss read back every step (as tiermem-exec does).
 Eager, and the whole step captured once as a CUDA graph and replayed
 (torch.cuda.graph, Adam capturable=True). Prints the median step times as
 `torch_<tag>_eager_step_ms_median V ms` and `..._graph_step_ms_median`, and
-with --sgemm the TFLOP/s of a 4096^3 sgemm alone.
+with --sgemm the TFLOP/s of a 4096^3 sgemm alone. With --bf16 the forward
+pass and loss run under autocast to bf16 (cast cache off, as graph capture
+needs), and --sgemm measures a bf16 GEMM (fp32 accumulation) instead.
 
-usage: torch_gpu_step.py TAG WIDTHS BATCH sgd|adam LR STEPS [--sgemm]
+usage: torch_gpu_step.py TAG WIDTHS BATCH sgd|adam LR STEPS [--sgemm] [--bf16]
 """
 import statistics
 import sys
@@ -22,6 +24,14 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = torch.device("cuda")
 torch.manual_seed(1)
+
+bf16 = "--bf16" in sys.argv
+
+
+def loss_of(model, x, y):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+        return torch.nn.functional.cross_entropy(model(x), y)
+
 
 host_x = [torch.rand(batch, widths[0]).pin_memory() for _ in range(4)]
 host_y = [torch.randint(0, widths[-1], (batch,)).pin_memory() for _ in range(4)]
@@ -55,7 +65,7 @@ def eager():
         x.copy_(host_x[step % 4], non_blocking=True)
         y.copy_(host_y[step % 4], non_blocking=True)
         opt.zero_grad(set_to_none=False)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss = loss_of(model, x, y)
         loss.backward()
         opt.step()
         loss.item()
@@ -74,13 +84,13 @@ def graph():
     with torch.cuda.stream(side):
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            loss_of(model, x, y).backward()
             opt.step()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(g):
-        static_loss = torch.nn.functional.cross_entropy(model(x), y)
+        static_loss = loss_of(model, x, y)
         static_loss.backward()
         opt.step()
     times = []
@@ -97,8 +107,9 @@ def graph():
 print(f"torch_{tag}_eager_step_ms_median {eager():.4g} ms")
 print(f"torch_{tag}_graph_step_ms_median {graph():.4g} ms")
 if "--sgemm" in sys.argv:
-    a = torch.rand(4096, 4096, device=dev)
-    b = torch.rand(4096, 4096, device=dev)
+    kind = torch.bfloat16 if bf16 else torch.float32
+    a = torch.rand(4096, 4096, device=dev, dtype=kind)
+    b = torch.rand(4096, 4096, device=dev, dtype=kind)
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
@@ -108,4 +119,4 @@ if "--sgemm" in sys.argv:
         a @ b
         torch.cuda.synchronize()
         runs.append(time.perf_counter() - start)
-    print(f"torch_sgemm_4096_tflops {2 * 4096 ** 3 / statistics.median(runs) / 1e12:.4g} TFLOP/s")
+    print(f"torch_{'bf16_gemm' if bf16 else 'sgemm'}_4096_tflops {2 * 4096 ** 3 / statistics.median(runs) / 1e12:.4g} TFLOP/s")

@@ -22,6 +22,11 @@
 
 namespace tiermem::exec {
 
+// What the GEMMs compute in: fp32 throughout, or (GPUs) bf16 operands with
+// fp32 accumulation into fp32 results (mixed precision; parameters,
+// optimizer state, activations and gradients stay fp32 in the tiers).
+enum class Precision { fp32, bf16 };
+
 class Compute {
  public:
   virtual ~Compute() = default;
@@ -81,6 +86,15 @@ class Compute {
                     const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
                     float weight_decay) = 0;
   virtual void set_step(int64_t step) = 0;
+  // The GEMMs from here on; `max_operand` is the most elements a GEMM
+  // operand has (its bf16 copy's room, taken now: none may be allocated
+  // while a step is captured). Errors: not_supported (bf16 on the CPU),
+  // tier_exhausted (no room for the copies).
+  virtual Status set_precision(Precision precision, int64_t max_operand) {
+    (void)max_operand;
+    if (precision == Precision::fp32) return Status();
+    return Status(ErrorCode::not_supported, "--precision bf16 runs on a GPU (cuBLAS bf16 GEMMs); the CPU computes in fp32");
+  }
 
   // ---- statistics of softmax_xent since the last reset ----
   virtual void reset_stats() = 0;

@@ -129,6 +129,11 @@ int main(int argc, char** argv) {
                         "where the kernels run: cpu, cuda (device 0) or cuda:N; on a GPU the tensors live in the "
                         "daemon's VRAM tier")
       ->capture_default_str();
+  train_cmd->add_option("--precision", opt.precision,
+                        "what the GEMMs compute in: fp32, or bf16 (a GPU: operands rounded to bf16, products summed "
+                        "in fp32; parameters, optimizer state and activations stay fp32)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   bool no_graphs = false;
   train_cmd->add_flag("--no-graphs", no_graphs,
                       "on a GPU, launch every kernel of every step instead of replaying the step captured once as a "

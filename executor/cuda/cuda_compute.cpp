@@ -218,6 +218,20 @@ class CudaCompute final : public Compute {
     return Status(ErrorCode::io_error, m_name + ": " + m_error);
   }
 
+  Status set_precision(Precision precision, int64_t max_operand) override {
+    m_precision = precision;
+    if (precision == Precision::fp32 || max_operand <= m_bf16_room) return Status();
+    m_bf16_a = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
+    m_bf16_b = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
+    if (m_bf16_a == nullptr || m_bf16_b == nullptr) {
+      m_bf16_room = 0;
+      return Status(ErrorCode::tier_exhausted, m_name + ": no device memory for the bf16 copies of GEMM operands (2 x " +
+                                                   std::to_string(max_operand * 2) + " bytes)");
+    }
+    m_bf16_room = max_operand;
+    return Status();
+  }
+
   bool can_capture() const override { return true; }
   Status begin_capture() override {
     if (cudaError_t e = cudaStreamBeginCapture(m_stream, cudaStreamCaptureModeRelaxed); e != cudaSuccess) {
@@ -258,6 +272,20 @@ class CudaCompute final : public Compute {
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc) {
     const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+    if (m_precision == Precision::bf16) {
+      // Both operands rounded to bf16 (into the copies' room), the product
+      // accumulated in fp32 into the fp32 result.
+      const int64_t a_count = lda * (ta == CUBLAS_OP_N ? k : m), b_count = ldb * (tb == CUBLAS_OP_N ? n : k);
+      if (a_count > m_bf16_room || b_count > m_bf16_room) return fail("a GEMM operand larger than set_precision said");
+      kc::to_bf16(m_stream, a, m_bf16_a, a_count);
+      kc::to_bf16(m_stream, b, m_bf16_b, b_count);
+      const cublasStatus_t s = cublasGemmEx(m_blas, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                            static_cast<int>(k), &one, m_bf16_a, CUDA_R_16BF, static_cast<int>(lda),
+                                            m_bf16_b, CUDA_R_16BF, static_cast<int>(ldb), &beta, c, CUDA_R_32F,
+                                            static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasGemmEx (bf16): ") + cublasGetStatusString(s));
+      return;
+    }
     const cublasStatus_t s = cublasSgemm(m_blas, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                          &one, a, static_cast<int>(lda), b, static_cast<int>(ldb), &beta, c,
                                          static_cast<int>(ldc));
@@ -287,6 +315,10 @@ class CudaCompute final : public Compute {
   double* m_stats_host = nullptr;  // pinned: where take_stats reads them to
   int64_t* m_step_host = nullptr;  // pinned: Adam's step, set_step's copy source
   int64_t* m_step_device = nullptr;
+  Precision m_precision = Precision::fp32;
+  uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
+  uint16_t* m_bf16_b = nullptr;
+  int64_t m_bf16_room = 0;       // elements each holds
   float* m_rows = nullptr;  // softmax_xent's per-row scratch
   int64_t m_rows_capacity = 0;
   bool m_capturing = false;

@@ -57,6 +57,20 @@ __global__ void column_sums_k(const float* dy, const float* x, const float* mean
 
 __global__ void accumulate_k(const float* dy, float* dx, int64_t count) { TIERMEM_FOR_EACH(i, count) dx[i] += dy[i]; }
 
+// bf16 by its bits (the upper half of a float), rounded to nearest even; a
+// NaN stays a (quiet) NaN. Plain bits: the same source builds for HIP.
+__global__ void to_bf16_k(const float* x, uint16_t* y, int64_t count) {
+  TIERMEM_FOR_EACH(i, count) {
+    uint32_t u = __float_as_uint(x[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      y[i] = static_cast<uint16_t>((u >> 16) | 0x40u);
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);
+      y[i] = static_cast<uint16_t>(u >> 16);
+    }
+  }
+}
+
 __global__ void add_k(const float* a, const float* b, float* y, int64_t count) {
   TIERMEM_FOR_EACH(i, count) y[i] = a[i] + b[i];
 }
@@ -252,6 +266,10 @@ void bias_add(cudaStream_t s, const float* x, const float* bias, float* y, int64
 void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate) {
   column_sums_k<false><<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dy, nullptr, nullptr, nullptr,
                                                                                      dbias, nullptr, m, n, accumulate);
+}
+
+void to_bf16(cudaStream_t s, const float* x, uint16_t* y, int64_t count) {
+  to_bf16_k<<<blocks_for(count), k_threads, 0, s>>>(x, y, count);
 }
 
 void accumulate(cudaStream_t s, const float* dy, float* dx, int64_t count) {

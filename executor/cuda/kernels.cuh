@@ -14,6 +14,9 @@ namespace tiermem::exec::cuda {
 void bias_add(cudaStream_t s, const float* x, const float* bias, float* y, int64_t m, int64_t n);
 void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate);
 void accumulate(cudaStream_t s, const float* dy, float* dx, int64_t count);  // dx += dy
+// y = x rounded to bf16 (nearest even), as its 16 bits: the GEMMs' operands
+// with --precision bf16.
+void to_bf16(cudaStream_t s, const float* x, uint16_t* y, int64_t count);
 void add(cudaStream_t s, const float* a, const float* b, float* y, int64_t count);
 void copy_columns(cudaStream_t s, const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column);
 void slice_columns_grad(cudaStream_t s, const float* dy, float* dx, int64_t m, int64_t n, int64_t dy_cols,

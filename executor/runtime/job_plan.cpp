@@ -125,6 +125,15 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   return job;
 }
 
+int64_t gemm_operand_elements(const Graph& graph) {
+  int64_t most = 0;
+  for (const Op& op : graph.ops) {
+    if (op.kind != OpKind::matmul && op.kind != OpKind::matmul_grad_a && op.kind != OpKind::matmul_grad_b) continue;
+    for (int t : op.in) most = std::max(most, graph.tensors[t].elements());
+  }
+  return most;
+}
+
 int64_t sample_rows(const Graph& graph) {
   for (const Tensor& t : graph.tensors) {
     if (t.role == Role::input) return t.elements() / graph.micro_batch;

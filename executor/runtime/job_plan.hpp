@@ -56,5 +56,7 @@ Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job
 // Elements of an INPUT per sample: the tokens of a sequence, for a text
 // dataset (load_dataset's `sequence`).
 int64_t sample_rows(const Graph& graph);
+// The most elements an operand of the graph's GEMMs has (Compute::set_precision).
+int64_t gemm_operand_elements(const Graph& graph);
 
 }  // namespace tiermem::exec

@@ -22,6 +22,8 @@ Status Trainer::set_up() {
     return load_dataset(name, path, seed, sequence);
   });
   TIERMEM_ASSIGN_OR_RETURN(m_compute, make_compute(m_opt.device));
+  TIERMEM_RETURN_IF_ERROR(m_compute->set_precision(m_opt.precision == "bf16" ? Precision::bf16 : Precision::fp32,
+                                                   gemm_operand_elements(m_job.graph)));
   TIERMEM_ASSIGN_OR_RETURN(
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
@@ -37,7 +39,8 @@ Status Trainer::set_up() {
     return s;
   }
   if (!m_opt.quiet && m_compute->memory_is_device()) {
-    std::printf("rank %d: computing on %s; %s\n", m_env.rank, m_compute->name().c_str(),
+    std::printf("rank %d: computing on %s%s; %s\n", m_env.rank, m_compute->name().c_str(),
+                m_opt.precision == "bf16" ? ", GEMMs in bf16 (fp32 sums)" : "",
                 m_arenas.placement(*m_compute).c_str());
   }
   if (m_arenas.resumed() && m_arenas.committed() >= m_job.total_steps) {

@@ -38,6 +38,7 @@ struct TrainOptions {
   std::string job = "tiermem-job";
   std::string socket;            // empty: $TIERMEM_SOCKET or the default
   std::string device = "cpu";    // where the kernels run: cpu, cuda, cuda:N (compute.hpp)
+  std::string precision = "fp32";  // of the GEMMs: fp32, or bf16 (GPUs; Compute::set_precision)
   bool graphs = true;            // on a GPU, capture a step once and replay it (stages without messages)
   int stages = 0;                // pipeline stages; 0: one per rank (per tensor-parallel group)
   int tensor_parallel = 1;       // ranks sharing each split block (tensor_parallel.hpp)

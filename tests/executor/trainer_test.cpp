@@ -389,6 +389,13 @@ TEST_F(TrainerTest, AnUnknownDeviceAndAMissingGpuAreClearErrors) {
   logs = run(1, {model("mlp_digits"), "--job", "cudax", "--device", "cuda:x", "--steps", "2"}, &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(logs.find("unknown device 'cuda:x'"), std::string::npos) << logs;
+  logs = run(1, {model("mlp_digits"), "--job", "cpubf16", "--precision", "bf16", "--steps", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("--precision bf16 runs on a GPU"), std::string::npos) << logs;
+  EXPECT_EQ(test::run_ctl(socket(1), {"ls"}).out.find("cpubf16."), std::string::npos);
+  logs = run(1, {model("mlp_digits"), "--job", "fp16", "--precision", "fp16", "--steps", "2"}, &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(logs.find("fp16"), std::string::npos) << logs;
   // Without a GPU (CI): the CUDA compute says why it cannot start, and
   // nothing of the job is left behind. With one: tests/gpu covers it.
   if (std::filesystem::exists("/dev/nvidia0")) return;

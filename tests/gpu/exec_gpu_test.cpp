@@ -147,6 +147,26 @@ TEST_F(ExecGpuTest, GptLossesMatchTheCpuAndItsReplayIsDeterministic) {
   EXPECT_EQ(train("gpt_tiny", "cuda", {"--steps", "50", "-q"}), cuda);
 }
 
+// Mixed precision (--precision bf16): every GEMM's operands rounded to bf16
+// (8 significant bits: 2^-9 relative each), products summed in fp32 into
+// fp32 tensors. The losses follow fp32's within 2e-2 relative for 50 steps
+// (the measured worst is printed), are not fp32's bits (the GEMMs did round),
+// and a replayed step gives the bits of a launched one.
+TEST_F(ExecGpuTest, Bf16GptFollowsFp32AndItsReplayIsDeterministic) {
+  const auto fp32 = train("gpt_tiny", "cuda", {"--steps", "50", "-q"});
+  std::string log;
+  const auto bf16 = train("gpt_tiny", "cuda", {"--steps", "50", "--precision", "bf16"}, 1, &log);
+  EXPECT_NE(log.find("GEMMs in bf16"), std::string::npos) << log;
+  expect_close(fp32, bf16, 50, 2e-2, "gpt_tiny bf16 against fp32");
+  double worst = 0;
+  for (size_t i = 0; i < std::min(fp32.size(), bf16.size()); ++i) {
+    worst = std::max(worst, std::fabs(fp32[i] - bf16[i]) / std::fabs(fp32[i]));
+  }
+  std::printf("gpt_tiny bf16 against fp32, 50 steps: largest relative difference %.2e\n", worst);
+  EXPECT_NE(bf16, fp32) << "bf16 gave fp32's bits: the GEMMs did not round";
+  EXPECT_EQ(train("gpt_tiny", "cuda", {"--steps", "50", "-q", "--precision", "bf16", "--no-graphs"}), bf16);
+}
+
 double accuracy(const std::string& log) {
   std::smatch m;
   if (!std::regex_search(log, m, std::regex("summary: .* test accuracy ([0-9.]+)%"))) return -1;
