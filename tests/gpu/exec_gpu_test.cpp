@@ -149,15 +149,15 @@ TEST_F(ExecGpuTest, GptLossesMatchTheCpuAndItsReplayIsDeterministic) {
 
 // Mixed precision (--precision bf16): every GEMM's operands rounded to bf16
 // (8 significant bits: 2^-9 relative each), products summed in fp32 into
-// fp32 tensors. The losses follow fp32's within 2e-2 relative for 50 steps
-// (the measured worst is printed), are not fp32's bits (the GEMMs did round),
+// fp32 tensors. The losses follow fp32's within 2e-3 relative for 50 steps
+// (1.6e-4 measured on the H200; the worst is printed), are not fp32's bits (the GEMMs did round),
 // and a replayed step gives the bits of a launched one.
 TEST_F(ExecGpuTest, Bf16GptFollowsFp32AndItsReplayIsDeterministic) {
   const auto fp32 = train("gpt_tiny", "cuda", {"--steps", "50", "-q"});
   std::string log;
   const auto bf16 = train("gpt_tiny", "cuda", {"--steps", "50", "--precision", "bf16"}, 1, &log);
   EXPECT_NE(log.find("GEMMs in bf16"), std::string::npos) << log;
-  expect_close(fp32, bf16, 50, 2e-2, "gpt_tiny bf16 against fp32");
+  expect_close(fp32, bf16, 50, 2e-3, "gpt_tiny bf16 against fp32");
   double worst = 0;
   for (size_t i = 0; i < std::min(fp32.size(), bf16.size()); ++i) {
     worst = std::max(worst, std::fabs(fp32[i] - bf16[i]) / std::fabs(fp32[i]));
