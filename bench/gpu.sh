@@ -94,7 +94,8 @@ report gpt_tiny "$out"
 # 4. Mixed precision: --precision bf16 (GEMM operands rounded to bf16, the
 #    products summed in fp32; parameters, optimizer state and activations
 #    fp32) against PyTorch autocast to bf16, whole step as a CUDA graph:
-#    the 4096-wide MLP in TFLOP/s against a bf16 GEMM alone (goal >= 0.6),
+#    the 4096-wide MLP in TFLOP/s against a bf16 GEMM alone (goal >= 0.6;
+#    at batch 1024 and 8192),
 #    gpt_tiny and bench/models/gpt_medium.pbtxt (4 x 512, 8 heads, context
 #    128, 16 sequences: GEMM-bound) against the graph replay (goal <= 1.0);
 #    gpt_medium in fp32 as well.
@@ -109,6 +110,18 @@ awk -v ms="$g" -v s="$bgemm" 'BEGIN {
   for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 1024 * k * n[i] }
   printf "exec_mlp_4096_bf16_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
   printf "exec_mlp_4096_bf16_vs_bf16_gemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'
+# The same at batch 8192, where bf16 GEMMs are most of the step.
+out=$(exec_model mlp_4096_b8192_bf16 gpu_mlp_4096_b8192 --precision bf16
+      python3 "$top/bench/torch_gpu_step.py" mlp_4096_b8192_bf16 512,4096,4096,4096,10 8192 adam 0.0001 "$steps" --sgemm --bf16)
+echo "$out"
+report mlp_4096_b8192_bf16 "$out"
+g=$(value exec_mlp_4096_b8192_bf16_graph_step_ms_median <<<"$out")
+bgemm=$(value torch_bf16_gemm_4096_tflops <<<"$out")
+awk -v ms="$g" -v s="$bgemm" 'BEGIN {
+  f = 0; split("4096 4096 4096 10", n, " "); split("512 4096 4096 4096", k, " ")
+  for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 8192 * k[i] * n[i] }
+  printf "exec_mlp_4096_b8192_bf16_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
+  printf "exec_mlp_4096_b8192_bf16_vs_bf16_gemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'
 out=$(exec_model gpt_tiny_bf16 gpt_tiny --precision bf16
       python3 "$top/bench/torch_gpt_step.py" gpt_tiny_bf16 8 2 64 4 32 256 0.003 "$steps" --bf16)
 echo "$out"

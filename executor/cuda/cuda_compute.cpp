@@ -5,6 +5,8 @@
 // so one captured update serves every step; the loss statistics are device
 // words read back by take_stats.
 #include <cublas_v2.h>
+
+#include <cmath>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -122,12 +124,41 @@ class CudaCompute final : public Compute {
   void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool acc) override {
     kc::position_embedding_grad(m_stream, dy, dtable, m, d, t, acc);
   }
+  // Attention as GEMMs batched over (sequence, head) on q, k and v packed
+  // per head ([b, t, dh]): S = scale Q K^T into probs (the masked half
+  // too), the causal softmax in place, O = P V, O to y.
   void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) override {
-    kc::attention(m_stream, qkv, y, probs, m, d, heads, t);
+    float* q = attention_scratch(m * d, 5);
+    if (q == nullptr) return;
+    float *k = q + m * d, *v = k + m * d, *o = v + m * d;
+    pack_qkv(qkv, q, k, v, m, d, heads, t);
+    const int64_t batch = m / t * heads, dh = d / heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    batched(false, true, t, t, dh, scale, q, dh, t * dh, k, dh, t * dh, probs, t, t * t, batch, false);
+    kc::causal_softmax(m_stream, probs, batch * t, t);
+    batched(false, false, t, dh, t, 1.0f, probs, t, t * t, v, dh, t * dh, o, dh, t * dh, batch, false);
+    kc::heads_scatter(m_stream, o, y, d, 0, m, d, heads, t, false);
   }
+  // dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)) into probs' place,
+  // dQ = scale dS K, dK = scale dS^T Q; each to its columns of dqkv.
   void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
                       int64_t heads, int64_t t, bool acc) override {
-    kc::attention_grad(m_stream, qkv, probs, dy, dqkv, m, d, heads, t, acc);
+    const int64_t batch = m / t * heads, dh = d / heads, n = m * d;
+    float* q = attention_scratch(n, 5);
+    float* dp = q == nullptr ? nullptr : attention_probs_scratch(batch * t * t);
+    if (q == nullptr || dp == nullptr) return;
+    float *k = q + n, *v = k + n, *dout = v + n, *grad = dout + n;
+    pack_qkv(qkv, q, k, v, m, d, heads, t);
+    kc::heads_gather(m_stream, dy, d, 0, dout, m, d, heads, t);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+    batched(true, false, t, dh, t, 1.0f, probs, t, t * t, dout, dh, t * dh, grad, dh, t * dh, batch, false);
+    kc::heads_scatter(m_stream, grad, dqkv, 3 * d, 2 * d, m, d, heads, t, acc);
+    batched(false, true, t, t, dh, 1.0f, dout, dh, t * dh, v, dh, t * dh, dp, t, t * t, batch, false);
+    kc::causal_softmax_grad(m_stream, probs, dp, batch * t, t);
+    batched(false, false, t, dh, t, scale, probs, t, t * t, k, dh, t * dh, grad, dh, t * dh, batch, false);
+    kc::heads_scatter(m_stream, grad, dqkv, 3 * d, 0, m, d, heads, t, acc);
+    batched(true, false, t, dh, t, scale, probs, t, t * t, q, dh, t * dh, grad, dh, t * dh, batch, false);
+    kc::heads_scatter(m_stream, grad, dqkv, 3 * d, d, m, d, heads, t, acc);
   }
   void relu(const float* x, float* y, int64_t count) override { kc::relu(m_stream, x, y, count); }
   void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
@@ -291,6 +322,39 @@ class CudaCompute final : public Compute {
                                          static_cast<int>(ldc));
     if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasSgemm: ") + cublasGetStatusString(s));
   }
+  // Row-major C = alpha op(A) op(B) (+ C), op(A) [m, k], for `batch`
+  // matrices `stride_*` floats apart: column-major C^T = op(B)^T op(A)^T.
+  void batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+               int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float* c, int64_t ldc,
+               int64_t stride_c, int64_t batch, bool acc) {
+    const float beta = acc ? 1.0f : 0.0f;
+    const cublasStatus_t s = cublasSgemmStridedBatched(
+        m_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+        static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), stride_b, a, static_cast<int>(lda),
+        stride_a, &beta, c, static_cast<int>(ldc), stride_c, static_cast<int>(batch));
+    if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasSgemmStridedBatched: ") + cublasGetStatusString(s));
+  }
+  void pack_qkv(const float* qkv, float* q, float* k, float* v, int64_t m, int64_t d, int64_t heads, int64_t t) {
+    kc::heads_gather(m_stream, qkv, 3 * d, 0, q, m, d, heads, t);
+    kc::heads_gather(m_stream, qkv, 3 * d, d, k, m, d, heads, t);
+    kc::heads_gather(m_stream, qkv, 3 * d, 2 * d, v, m, d, heads, t);
+  }
+  // Scratch for `count` packed tensors of `elements` floats (one room, grown
+  // as needed; an old one stays for the steps captured with it).
+  float* attention_scratch(int64_t elements, int count) {
+    return grown(&m_attention, &m_attention_room, elements * count, "attention");
+  }
+  float* attention_probs_scratch(int64_t elements) {
+    return grown(&m_attention_dp, &m_attention_dp_room, elements, "attention's dP");
+  }
+  float* grown(float** room, int64_t* capacity, int64_t elements, const char* what) {
+    if (elements > *capacity) {
+      *room = static_cast<float*>(device_buffer(static_cast<size_t>(elements) * 4));
+      *capacity = *room == nullptr ? 0 : elements;
+      if (*room == nullptr) fail(std::string("out of device memory for ") + what);
+    }
+    return *room;
+  }
   static bool pageable(const void* p) {
     cudaPointerAttributes a{};
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -319,6 +383,10 @@ class CudaCompute final : public Compute {
   uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds
+  float* m_attention = nullptr;  // attention's packed q, k, v and outputs
+  int64_t m_attention_room = 0;
+  float* m_attention_dp = nullptr;  // attention_grad's dP
+  int64_t m_attention_dp_room = 0;
   float* m_rows = nullptr;  // softmax_xent's per-row scratch
   int64_t m_rows_capacity = 0;
   bool m_capturing = false;

@@ -402,100 +402,57 @@ __global__ void position_embedding_grad_k(const float* dy, float* dtable, int64_
   }
 }
 
-// One block per (query row i, head h, sequence s): the scores of keys 0..i
-// in shared memory (t floats), their softmax into probs, then y.
-__global__ void attention_k(const float* qkv, float* y, float* probs, int64_t d, int64_t heads, int64_t t) {
-  extern __shared__ float row[];
-  __shared__ float scratch[k_seq_threads / 32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, s = blockIdx.z, dh = d / heads, ld = 3 * d;
-  const float scale = rsqrtf(static_cast<float>(dh));
-  const float* q = qkv + (s * t + i) * ld + h * dh;
-  const float* k0 = qkv + s * t * ld + d + h * dh;
-  float top = -3.4e38f;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    const float* k = k0 + j * ld;
-    float dot = 0;
-    for (int64_t c = 0; c < dh; ++c) dot += q[c] * k[c];
-    row[j] = dot * scale;
-    top = fmaxf(top, row[j]);
+// Attention's heads as a batch (cuda_compute.cpp runs its GEMMs batched
+// over b = sequence x heads + head): gather copies head h of sequence s of a
+// [m, ld] tensor (columns col0 + h dh ...) to rows [b][i][c] of a packed
+// [b, t, dh] one; scatter writes them back (adding when accumulate).
+__global__ void heads_gather_k(const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
+                               int64_t heads, int64_t t) {
+  const int64_t dh = d / heads;
+  TIERMEM_FOR_EACH(e, m * d) {
+    const int64_t c = e % dh, i = (e / dh) % t, b = e / (dh * t);
+    const int64_t s = b / heads, h = b % heads;
+    packed[e] = x[(s * t + i) * ld + col0 + h * dh + c];
   }
+}
+
+__global__ void heads_scatter_k(const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
+                                int64_t heads, int64_t t, bool accumulate) {
+  const int64_t dh = d / heads;
+  TIERMEM_FOR_EACH(e, m * d) {
+    const int64_t c = e % dh, i = (e / dh) % t, b = e / (dh * t);
+    const int64_t s = b / heads, h = b % heads;
+    float& out = x[(s * t + i) * ld + col0 + h * dh + c];
+    out = accumulate ? out + packed[e] : packed[e];
+  }
+}
+
+// One block per score row (row i of a [t, t] block): softmax over keys
+// 0..i, zeros beyond (the causal mask), in place.
+__global__ void causal_softmax_k(float* p, int64_t t) {
+  __shared__ float scratch[k_seq_threads / 32];
+  const int64_t i = blockIdx.x % t;
+  float* row = p + static_cast<int64_t>(blockIdx.x) * t;
+  float top = -3.4e38f;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) top = fmaxf(top, row[j]);
   top = seq_block_max(top, scratch);
   float sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    row[j] = expf(row[j] - top);
-    sum += row[j];
-  }
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) sum += expf(row[j] - top);
   const float inv = 1.0f / seq_block_sum(sum, scratch);
-  float* p = probs + ((s * heads + h) * t + i) * t;
-  for (int64_t j = threadIdx.x; j < t; j += blockDim.x) {
-    if (j <= i) row[j] *= inv;
-    p[j] = j <= i ? row[j] : 0.0f;
-  }
-  __syncthreads();
-  const float* v0 = qkv + s * t * ld + 2 * d + h * dh;
-  for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
-    float acc = 0;
-    for (int64_t j = 0; j <= i; ++j) acc += row[j] * v0[j * ld + c];
-    y[(s * t + i) * d + h * dh + c] = acc;
-  }
+  for (int64_t j = threadIdx.x; j < t; j += blockDim.x) row[j] = j <= i ? expf(row[j] - top) * inv : 0.0f;
 }
 
-// Per key row j (block (j, h, s)): dV_j (+)= sum over i >= j of P[i][j] dY_i
-// (kind 0), or dK_j (+)= scale * sum over i >= j of dS[i][j] Q_i (kind 1,
-// with dS in probs' place).
-__global__ void attention_keys_k(const float* qkv, const float* probs, const float* dy, float* dqkv, int64_t d,
-                                 int64_t heads, int64_t t, bool accumulate, int kind) {
-  const int64_t j = blockIdx.x, h = blockIdx.y, s = blockIdx.z, dh = d / heads, ld = 3 * d;
-  const float scale = kind == 0 ? 1.0f : rsqrtf(static_cast<float>(dh));
-  const float* p = probs + (s * heads + h) * t * t;
-  float* out = dqkv + (s * t + j) * ld + (kind == 0 ? 2 * d : d) + h * dh;
-  for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
-    float acc = 0;
-    for (int64_t i = j; i < t; ++i) {
-      const float other = kind == 0 ? dy[(s * t + i) * d + h * dh + c] : qkv[(s * t + i) * ld + h * dh + c];
-      acc += p[i * t + j] * other;
-    }
-    acc *= scale;
-    out[c] = accumulate ? out[c] + acc : acc;
-  }
-}
-
-// Per query row i: dP_j = dY_i . V_j, dS_j = P_j (dP_j - sum P dP) into
-// probs, then dQ_i (+)= scale * sum over j of dS_j K_j.
-__global__ void attention_queries_k(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t d,
-                                    int64_t heads, int64_t t, bool accumulate) {
-  extern __shared__ float row[];
+// dS = P (dP - sum over the row of P dP), into P's place (dP: the same
+// layout, read only).
+__global__ void causal_softmax_grad_k(float* p, const float* dp, int64_t t) {
   __shared__ float scratch[k_seq_threads / 32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, s = blockIdx.z, dh = d / heads, ld = 3 * d;
-  const float scale = rsqrtf(static_cast<float>(dh));
-  const float* g = dy + (s * t + i) * d + h * dh;
-  float* p = probs + ((s * heads + h) * t + i) * t;
+  const int64_t i = blockIdx.x % t, base = static_cast<int64_t>(blockIdx.x) * t;
   float partial = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    const float* v = qkv + (s * t + j) * ld + 2 * d + h * dh;
-    float dot = 0;
-    for (int64_t c = 0; c < dh; ++c) dot += g[c] * v[c];
-    row[j] = dot;
-    partial += p[j] * dot;
-  }
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) partial += p[base + j] * dp[base + j];
   const float total = seq_block_sum(partial, scratch);
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    row[j] = p[j] * (row[j] - total);
-    p[j] = row[j];
+  for (int64_t j = threadIdx.x; j < t; j += blockDim.x) {
+    p[base + j] = j <= i ? p[base + j] * (dp[base + j] - total) : 0.0f;
   }
-  __syncthreads();
-  float* out = dqkv + (s * t + i) * ld + h * dh;
-  const float* k0 = qkv + s * t * ld + d + h * dh;
-  for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
-    float acc = 0;
-    for (int64_t j = 0; j <= i; ++j) acc += row[j] * k0[j * ld + c];
-    acc *= scale;
-    out[c] = accumulate ? out[c] + acc : acc;
-  }
-}
-
-dim3 rows_grid(int64_t m, int64_t heads, int64_t t) {
-  return dim3(static_cast<unsigned>(t), static_cast<unsigned>(heads), static_cast<unsigned>(m / t));
 }
 
 }  // namespace
@@ -519,18 +476,22 @@ void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int
   position_embedding_grad_k<<<blocks_for(t * d), k_threads, 0, s>>>(dy, dtable, m, d, t, accumulate);
 }
 
-void attention(cudaStream_t s, const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
-               int64_t t) {
-  attention_k<<<rows_grid(m, heads, t), k_seq_threads, static_cast<size_t>(t) * 4, s>>>(qkv, y, probs, d, heads, t);
+void heads_gather(cudaStream_t s, const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
+                  int64_t heads, int64_t t) {
+  heads_gather_k<<<blocks_for(m * d), k_threads, 0, s>>>(x, ld, col0, packed, m, d, heads, t);
 }
 
-void attention_grad(cudaStream_t s, const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m,
-                    int64_t d, int64_t heads, int64_t t, bool accumulate) {
-  // dV from P first; then dS takes P's place (and gives dQ); then dK from dS.
-  attention_keys_k<<<rows_grid(m, heads, t), k_seq_threads, 0, s>>>(qkv, probs, dy, dqkv, d, heads, t, accumulate, 0);
-  attention_queries_k<<<rows_grid(m, heads, t), k_seq_threads, static_cast<size_t>(t) * 4, s>>>(qkv, probs, dy, dqkv,
-                                                                                               d, heads, t, accumulate);
-  attention_keys_k<<<rows_grid(m, heads, t), k_seq_threads, 0, s>>>(qkv, probs, dy, dqkv, d, heads, t, accumulate, 1);
+void heads_scatter(cudaStream_t s, const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
+                   int64_t heads, int64_t t, bool accumulate) {
+  heads_scatter_k<<<blocks_for(m * d), k_threads, 0, s>>>(packed, x, ld, col0, m, d, heads, t, accumulate);
+}
+
+void causal_softmax(cudaStream_t s, float* p, int64_t rows, int64_t t) {
+  causal_softmax_k<<<static_cast<unsigned>(rows), k_seq_threads, 0, s>>>(p, t);
+}
+
+void causal_softmax_grad(cudaStream_t s, float* p, const float* dp, int64_t rows, int64_t t) {
+  causal_softmax_grad_k<<<static_cast<unsigned>(rows), k_seq_threads, 0, s>>>(p, dp, t);
 }
 
 }  // namespace tiermem::exec::cuda

@@ -45,9 +45,10 @@ void adam(cudaStream_t s, const float* param_in, float* param, const float* grad
           const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
           float weight_decay, const int64_t* step);
 
-// Sequences (kernels::embedding ... attention_grad, same contracts).
+// Sequences (kernels::embedding ... position_embedding_grad, same contracts;
+// the attention is cuda_compute.cpp's, batched GEMMs around the kernels below).
 // embedding_grad sums each table row's tokens in row order (no atomics: the
-// same bits every run); attention_grad overwrites `probs`.
+// same bits every run).
 void embedding(cudaStream_t s, const int32_t* ids, const float* table, float* y, int64_t m, int64_t d);
 void embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
                     int64_t vocab, bool accumulate);
@@ -55,9 +56,16 @@ void position_embedding(cudaStream_t s, const float* x, const float* table, floa
                         int64_t t);
 void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
                              bool accumulate);
-void attention(cudaStream_t s, const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
-               int64_t t);
-void attention_grad(cudaStream_t s, const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m,
-                    int64_t d, int64_t heads, int64_t t, bool accumulate);
+// Attention's pieces around cuBLAS's batched GEMMs (cuda_compute.cpp): heads
+// of a [m, ld] tensor (columns col0 + h d/heads ...) to a packed
+// [sequences x heads, t, d/heads] one and back (adding when accumulate);
+// a causal softmax of rows of t scores in place (row r is query r % t), and
+// its gradient dS = P (dP - rowsum(P dP)) into P's place.
+void heads_gather(cudaStream_t s, const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
+                  int64_t heads, int64_t t);
+void heads_scatter(cudaStream_t s, const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
+                   int64_t heads, int64_t t, bool accumulate);
+void causal_softmax(cudaStream_t s, float* p, int64_t rows, int64_t t);
+void causal_softmax_grad(cudaStream_t s, float* p, const float* dp, int64_t rows, int64_t t);
 
 }  // namespace tiermem::exec::cuda
