@@ -59,7 +59,7 @@ Status Progress::start() {
   return Status();
 }
 
-void Progress::step_done(int64_t step, const StepStats& stats, double seconds, double test_accuracy) {
+void Progress::step_done(int64_t step, const StepStats& stats, double seconds, const EvalResult& test) {
   m_step_seconds.push_back(seconds);
   const double loss = stats.loss_sum / m_job.micro_batches;
   if (m_losses) {
@@ -73,10 +73,10 @@ void Progress::step_done(int64_t step, const StepStats& stats, double seconds, d
   const bool epoch_end = (step + 1) % m_job.steps_per_epoch == 0;
   const bool last = step + 1 == m_job.total_steps;
   const bool log = m_options.log_every > 0 ? (step + 1) % m_options.log_every == 0 || last : epoch_end || last;
-  if (log && m_print) log_window(step, epoch_end, test_accuracy);
+  if (log && m_print) log_window(step, epoch_end, test);
 }
 
-void Progress::log_window(int64_t step, bool epoch_end, double test_accuracy) {
+void Progress::log_window(int64_t step, bool epoch_end, const EvalResult& test) {
   const double secs = since(m_window_start);
   const double comm = m_trace.seconds(SpanKind::comm) + m_trace.seconds(SpanKind::sync);
   const double compute = m_trace.seconds(SpanKind::compute);
@@ -84,7 +84,7 @@ void Progress::log_window(int64_t step, bool epoch_end, double test_accuracy) {
   std::printf("epoch %" PRId64 "/%" PRId64 "  step %" PRId64 "  loss %.4f  train acc %.1f%%  ",
               step / m_job.steps_per_epoch + 1, epochs, step + 1, m_window_loss / static_cast<double>(m_window_steps),
               100.0 * static_cast<double>(m_window_correct) / static_cast<double>(std::max<int64_t>(1, m_window_rows)));
-  if (test_accuracy >= 0 && epoch_end) std::printf("test acc %.1f%%  ", 100 * test_accuracy);
+  if (test.accuracy >= 0 && epoch_end) std::printf("test acc %.1f%%  test loss %.4f  ", 100 * test.accuracy, test.loss);
   std::printf("%.0f samples/s  step %.2f ms (communication %.0f%%)\n",
               static_cast<double>(m_window_steps * m_job.rows_per_step()) / secs,
               1e3 * secs / static_cast<double>(m_window_steps),
@@ -97,7 +97,7 @@ void Progress::log_window(int64_t step, bool epoch_end, double test_accuracy) {
   m_window_compute = compute;
 }
 
-void Progress::finish(int64_t steps, double test_accuracy) {
+void Progress::finish(int64_t steps, const EvalResult& test) {
   m_losses.reset();
   if (!m_print) return;
   const double secs = since(m_started);
@@ -106,7 +106,7 @@ void Progress::finish(int64_t steps, double test_accuracy) {
   std::printf("summary: %" PRId64 " steps in %.2f s, %.2f ms per step (median %.2f ms), communication %.0f%% of step time",
               steps, secs, steps > 0 ? 1e3 * secs / static_cast<double>(steps) : 0.0, 1e3 * median(m_step_seconds),
               busy > 0 ? 100 * comm / busy : 0.0);
-  if (test_accuracy >= 0) std::printf(", test accuracy %.2f%%", 100 * test_accuracy);
+  if (test.accuracy >= 0) std::printf(", test accuracy %.2f%%, test loss %.4f", 100 * test.accuracy, test.loss);
   std::printf("\n");
 }
 

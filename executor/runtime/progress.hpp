@@ -27,13 +27,13 @@ class Progress {
   // The header: model, data, topology, steps; the stage's memory and
   // partition; the split report. Errors: io_error (the losses file).
   Status start();
-  // After step `step`; `test_accuracy` < 0 when none was measured yet.
-  void step_done(int64_t step, const StepStats& stats, double seconds, double test_accuracy);
+  // After step `step`, with the last evaluation (none yet: < 0).
+  void step_done(int64_t step, const StepStats& stats, double seconds, const EvalResult& test);
   // `steps` run by this process in all.
-  void finish(int64_t steps, double test_accuracy);
+  void finish(int64_t steps, const EvalResult& test);
 
  private:
-  void log_window(int64_t step, bool epoch_end, double test_accuracy);
+  void log_window(int64_t step, bool epoch_end, const EvalResult& test);
 
   struct CloseFile {
     void operator()(std::FILE* f) const { std::fclose(f); }

@@ -473,7 +473,7 @@ Status StageRunner::settle_snapshot() {
   return Status();
 }
 
-Status StageRunner::evaluate(int64_t committed, double* accuracy) {
+Status StageRunner::evaluate(int64_t committed, EvalResult* result) {
   // Forward only, one test batch after the other; the parameters are those
   // committed, which are the current parity when m_step is `committed`.
   const int64_t saved_step = m_step;
@@ -499,7 +499,9 @@ Status StageRunner::evaluate(int64_t committed, double* accuracy) {
     m_eval_resume = false;
   }
   Status status;
-  for (int64_t b = static_cast<int64_t>(done); b < m_job.eval_batches && status.ok(); ++b) {
+  m_compute.reset_stats();  // the loss op adds each batch's mean loss
+  int64_t batches = 0;
+  for (int64_t b = static_cast<int64_t>(done); b < m_job.eval_batches && status.ok(); ++b, ++batches) {
     m_loaded.clear();
     const uint64_t sequence = base + static_cast<uint64_t>(b) + 1;
     for (int op : forward) {
@@ -514,7 +516,13 @@ Status StageRunner::evaluate(int64_t committed, double* accuracy) {
     if (status.ok()) status = m_mail.consumed_eval(sequence);
   }
   m_step = saved_step;
-  if (m_eval_rows > 0) *accuracy = static_cast<double>(m_eval_correct) / static_cast<double>(m_eval_rows);
+  double loss_sum = 0;
+  int64_t correct = 0;
+  m_compute.take_stats(&loss_sum, &correct);
+  if (m_eval_rows > 0) {
+    result->accuracy = static_cast<double>(m_eval_correct) / static_cast<double>(m_eval_rows);
+    result->loss = batches > 0 ? loss_sum / static_cast<double>(batches) : -1;
+  }
   return status;
 }
 

@@ -34,6 +34,12 @@ struct StepStats {
   int64_t rows = 0;
 };
 
+// What an evaluation measured (< 0: nothing yet).
+struct EvalResult {
+  double accuracy = -1;
+  double loss = -1;
+};
+
 class StageRunner {
  public:
   StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, Arenas& arenas,
@@ -50,10 +56,11 @@ class StageRunner {
   Status run_step(int64_t step, StepStats* stats);
   // Commits the last step run once its snapshot is whole.
   Status finish() { return settle_snapshot(); }
-  // Test accuracy with the parameters committed after `committed` steps
-  // (the evaluation of epoch committed / steps_per_epoch); *accuracy is left
-  // alone on a stage without the loss.
-  Status evaluate(int64_t committed, double* accuracy);
+  // Test accuracy and mean test loss (over the test batches; the last one
+  // wraps around to the split's start) with the parameters committed after
+  // `committed` steps (the evaluation of epoch committed / steps_per_epoch);
+  // *result is left alone on a stage without the loss.
+  Status evaluate(int64_t committed, EvalResult* result);
 
  private:
   // Runs one (op, micro-batch) of the schedule at position `pos` (-1 in

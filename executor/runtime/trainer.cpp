@@ -82,22 +82,22 @@ Status Trainer::train_steps() {
                     *m_compute);
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());
   TIERMEM_RETURN_IF_ERROR(progress.start());
-  double accuracy = -1;
+  EvalResult eval;
   const bool evaluates = m_job.topo.replica() == 0;
   if (m_arenas.resumed() && first % m_job.steps_per_epoch == 0 && evaluates) {
     // The evaluation due after the committed step may have been cut short.
-    TIERMEM_RETURN_IF_ERROR(stage.evaluate(first, &accuracy));
+    TIERMEM_RETURN_IF_ERROR(stage.evaluate(first, &eval));
   }
   for (int64_t step = first; step < m_job.total_steps; ++step) {
     const auto started = std::chrono::steady_clock::now();
     StepStats stats;
     if (Status s = stage.run_step(step, &stats); !s.ok()) return s.with_context("step " + std::to_string(step));
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if ((step + 1) % m_job.steps_per_epoch == 0 && evaluates) TIERMEM_RETURN_IF_ERROR(stage.evaluate(step + 1, &accuracy));
-    progress.step_done(step, stats, seconds, accuracy);
+    if ((step + 1) % m_job.steps_per_epoch == 0 && evaluates) TIERMEM_RETURN_IF_ERROR(stage.evaluate(step + 1, &eval));
+    progress.step_done(step, stats, seconds, eval);
   }
   if (Status s = stage.finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
-  progress.finish(m_job.total_steps - first, accuracy);
+  progress.finish(m_job.total_steps - first, eval);
   return Status();
 }
 

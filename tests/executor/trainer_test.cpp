@@ -521,6 +521,12 @@ TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
   for (size_t i = 350; i < 400; ++i) tail += all[i] / 50;
   std::printf("GPT: mean loss of steps 351-400: %.3f (step 1: %.3f)\n", tail, all[0]);
   EXPECT_LT(tail, 2.6) << logs;
+  // On the held-out tenth of the corpus, after the first epoch (225 steps):
+  // the validation loss, printed with the evaluation (a uniform guess: 5.55).
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex("summary: .* test loss ([0-9.]+)"))) << logs;
+  std::printf("GPT: test loss after the first epoch: %s\n", m[1].str().c_str());
+  EXPECT_LT(std::stod(m[1]), 2.6) << logs;  // 2.31 measured
   // What it learned, as text: the prompt, then 200 bytes drawn from it.
   auto text = test::run_command({test::exec_path(), "sample", model("gpt_tiny"), "--socket", socket(1), "--job", "learn",
                                  "--prompt", "The memory ", "--bytes", "200"});
