@@ -40,7 +40,7 @@ pipeline2() {
   local job=$1 r
   shift
   for r in 0 1; do
-    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
+    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_LOCAL_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
       "$build/executor/tiermem-exec" train "${run_model:-$model}" --job "$job" --steps $steps --log-every 100000 "$@" \
       >"$TIERMEM_CLUSTER_DIR/rank$r.log" 2>&1 &
   done

@@ -16,6 +16,7 @@ as graph capture needs).
 usage: torch_gpt_step.py TAG SEQUENCES LAYERS WIDTH HEADS CONTEXT MLP LR STEPS [--cpu THREADS] [--bf16]
 """
 import os
+import contextlib
 import statistics
 import sys
 import time
@@ -47,8 +48,15 @@ def build():
 bf16 = "--bf16" in sys.argv
 
 
+def autocast():
+    # torch 1.13 checks for CUDA even when autocast is disabled: enter it only for bf16.
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+
+
 def loss_of(model, batch):
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+    with autocast():
         logits = model(batch[:, :-1])
         return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
 

@@ -152,7 +152,7 @@ train() {
   "$exec" partition "$model" --parts 2
   say "tiermem-exec: 2 ranks on 2 daemons train $(basename "$model" .pbtxt) for $epochs epochs"
   for r in 0 1; do
-    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$dir/node$((r + 1))/tiermemd.sock \
+    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_LOCAL_WORLD_SIZE=2 TIERMEM_SOCKET=$dir/node$((r + 1))/tiermemd.sock \
       "$exec" train "$model" --job "$job" --epochs "$epochs" --trace "$dir/trace.json" --keep 2>&1 | sed -u "s/^/[rank $r] /" &
     pids+=($!)
   done

@@ -150,7 +150,14 @@ TEST_F(TrainerTest, FashionMnistMlpReaches85PercentInThreeEpochs) {
   EXPECT_NE(logs.find("60000 train / 10000 test rows"), std::string::npos) << logs;
 }
 
+// The same bits hold for the same threads per rank: OpenBLAS orders a GEMM's
+// sums by its thread count, and ranks sharing a host split its cores
+// (TIERMEM_LOCAL_WORLD_SIZE): every run here computes as one of two ranks.
 TEST_F(TrainerTest, DeterministicAndTheSameWithOrWithoutAPipeline) {
+  ::setenv("TIERMEM_LOCAL_WORLD_SIZE", "2", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("TIERMEM_LOCAL_WORLD_SIZE"); }
+  } unset;
   const std::string a = m_dir + "/a.losses", b = m_dir + "/b.losses", c = m_dir + "/c.losses", d = m_dir + "/d.losses";
   run(1, {model("ffn_block_digits"), "--job", "d1", "--steps", "30", "--losses", a, "-q"});
   run(1, {model("ffn_block_digits"), "--job", "d2", "--steps", "30", "--losses", b, "-q"});
@@ -449,6 +456,20 @@ TEST(TiermemExecTest, KernelThreadsWaitPassivelyUnlessTheEnvironmentSaysOtherwis
   EXPECT_NE(plain.err.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << plain.err;
   EXPECT_NE(asked.err.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << asked.err;
   EXPECT_NE(plain.out.find("tiermem-exec "), std::string::npos) << plain.out;
+  // Ranks sharing the host share its cores between them, in both pools
+  // (OpenMP's shown here), unless told otherwise.
+  const unsigned cores = std::thread::hardware_concurrency();
+  ::setenv("OMP_DISPLAY_ENV", "TRUE", 1);
+  ::setenv("TIERMEM_LOCAL_WORLD_SIZE", "2", 1);
+  auto shared = test::run_command({test::exec_path(), "--version"});
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  auto told = test::run_command({test::exec_path(), "--version"});
+  ::unsetenv("OMP_NUM_THREADS");
+  ::unsetenv("TIERMEM_LOCAL_WORLD_SIZE");
+  ::unsetenv("OMP_DISPLAY_ENV");
+  EXPECT_NE(shared.err.find("OMP_NUM_THREADS = '" + std::to_string(std::max(1u, cores / 2)) + "'"), std::string::npos)
+      << shared.err;
+  EXPECT_NE(told.err.find("OMP_NUM_THREADS = '3'"), std::string::npos) << told.err;
 }
 
 bool torch_available() {

@@ -26,6 +26,8 @@ ExecRank::ExecRank(int rank, int world, const std::string& socket, std::vector<s
     ::setenv("TIERMEM_RANK", std::to_string(rank).c_str(), 1);
     ::setenv("TIERMEM_WORLD_SIZE", std::to_string(world).c_str(), 1);
     ::setenv("TIERMEM_SOCKET", socket.c_str(), 1);
+    // Every rank of a test is on this host: they share its cores.
+    ::setenv("TIERMEM_LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 0);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
