@@ -66,6 +66,18 @@ report() {  # report TAG: ratios against PyTorch from the lines before
   awk -v a="$g" -v b="$tg" -v t="$tag" 'BEGIN { printf "exec_%s_vs_torch_graph_ratio %.3f\n", t, a / b }'
   awk -v a="$g" -v b="$te" -v t="$tag" 'BEGIN { printf "exec_%s_vs_torch_eager_ratio %.3f\n", t, a / b }'
 }
+# mlp_tflops TAG BATCH FIRST_WIDTH BASELINE_KEY RATIO_NAME LINES: the TFLOP/s
+# of the 4096-wide MLP's step (three GEMMs per layer but the first layer's
+# input gradient) and its ratio to the GEMM alone under BASELINE_KEY.
+mlp_tflops() {
+  local tag=$1 batch=$2 first=$3 key=$4 ratio=$5 lines=$6
+  awk -v ms="$(value "exec_${tag}_graph_step_ms_median" <<<"$lines")" -v s="$(value "$key" <<<"$lines")" \
+      -v b="$batch" -v k1="$first" -v t="$tag" -v r="$ratio" 'BEGIN {
+    split("4096 4096 4096 10", n, " "); split(k1 " 4096 4096 4096", k, " "); f = 0
+    for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * b * k[i] * n[i] }
+    printf "exec_%s_tflops %.4g TFLOP/s\n", t, f / (ms * 1e-3) / 1e12
+    printf "exec_%s_%s %.3f\n", t, r, f / (ms * 1e-3) / 1e12 / s }'
+}
 echo "# training step time on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $steps steps, medians"
 all=""
 for spec in "mlp_sgd:gpu_mlp_sgd_b128:784,256,256,10:128:sgd:0.01" \
@@ -79,15 +91,7 @@ for spec in "mlp_sgd:gpu_mlp_sgd_b128:784,256,256,10:128:sgd:0.01" \
   report "$tag" "$out"
   all+=$out$'\n'
 done
-# The GEMM-bound model in TFLOP/s: 2*M*K*N per GEMM, three per layer but
-# the first layer's input gradient (not computed).
-g=$(value exec_mlp_4096_graph_step_ms_median <<<"$all")
-sgemm=$(value torch_sgemm_4096_tflops <<<"$all")
-awk -v ms="$g" -v s="$sgemm" 'BEGIN {
-  f = 0; split("4096 4096 4096 10", n, " "); k = 4096
-  for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 1024 * k * n[i] }
-  printf "exec_mlp_4096_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
-  printf "exec_mlp_4096_vs_sgemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'
+mlp_tflops mlp_4096 1024 4096 torch_sgemm_4096_tflops vs_sgemm_ratio "$all"
 out=$(exec_model gpt_tiny gpt_tiny; python3 "$top/bench/torch_gpt_step.py" gpt_tiny 8 2 64 4 32 256 0.003 "$steps")
 echo "$out"
 report gpt_tiny "$out"
@@ -103,25 +107,13 @@ out=$(exec_model mlp_4096_bf16 gpu_mlp_4096 --precision bf16
       python3 "$top/bench/torch_gpu_step.py" mlp_4096_bf16 4096,4096,4096,4096,10 1024 adam 0.0001 "$steps" --sgemm --bf16)
 echo "$out"
 report mlp_4096_bf16 "$out"
-g=$(value exec_mlp_4096_bf16_graph_step_ms_median <<<"$out")
-bgemm=$(value torch_bf16_gemm_4096_tflops <<<"$out")
-awk -v ms="$g" -v s="$bgemm" 'BEGIN {
-  f = 0; split("4096 4096 4096 10", n, " "); k = 4096
-  for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 1024 * k * n[i] }
-  printf "exec_mlp_4096_bf16_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
-  printf "exec_mlp_4096_bf16_vs_bf16_gemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'
+mlp_tflops mlp_4096_bf16 1024 4096 torch_bf16_gemm_4096_tflops vs_bf16_gemm_ratio "$out"
 # The same at batch 8192, where bf16 GEMMs are most of the step.
 out=$(exec_model mlp_4096_b8192_bf16 gpu_mlp_4096_b8192 --precision bf16
       python3 "$top/bench/torch_gpu_step.py" mlp_4096_b8192_bf16 512,4096,4096,4096,10 8192 adam 0.0001 "$steps" --sgemm --bf16)
 echo "$out"
 report mlp_4096_b8192_bf16 "$out"
-g=$(value exec_mlp_4096_b8192_bf16_graph_step_ms_median <<<"$out")
-bgemm=$(value torch_bf16_gemm_4096_tflops <<<"$out")
-awk -v ms="$g" -v s="$bgemm" 'BEGIN {
-  f = 0; split("4096 4096 4096 10", n, " "); split("512 4096 4096 4096", k, " ")
-  for (i = 1; i <= 4; ++i) { f += (i == 1 ? 2 : 3) * 2 * 8192 * k[i] * n[i] }
-  printf "exec_mlp_4096_b8192_bf16_tflops %.4g TFLOP/s\n", f / (ms * 1e-3) / 1e12
-  printf "exec_mlp_4096_b8192_bf16_vs_bf16_gemm_ratio %.3f\n", f / (ms * 1e-3) / 1e12 / s }'
+mlp_tflops mlp_4096_b8192_bf16 8192 512 torch_bf16_gemm_4096_tflops vs_bf16_gemm_ratio "$out"
 out=$(exec_model gpt_tiny_bf16 gpt_tiny --precision bf16
       python3 "$top/bench/torch_gpt_step.py" gpt_tiny_bf16 8 2 64 4 32 256 0.003 "$steps" --bf16)
 echo "$out"
