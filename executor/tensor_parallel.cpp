@@ -56,13 +56,15 @@ class Sharder {
 
   std::optional<Block> block_at(int i) const {
     const Op& op = m_g.ops[i];
-    if (op.kind != OpKind::matmul || !is_param_matrix(op.in[1])) return std::nullopt;
+    // Every parameter cut is read by its op alone (a weight shared with
+    // another op, tied, stays whole: the block is not split).
+    if (op.kind != OpKind::matmul || !is_param_matrix(op.in[1]) || only_consumer(op.in[1]) != i) return std::nullopt;
     Block b;
     b.column = i;
     int out = op.out[0];
     int next = only_consumer(out);
     if (next >= 0 && m_g.ops[next].kind == OpKind::bias_add && m_g.ops[next].in[0] == out &&
-        m_g.tensors[m_g.ops[next].in[1]].role == Role::param) {
+        m_g.tensors[m_g.ops[next].in[1]].role == Role::param && only_consumer(m_g.ops[next].in[1]) == next) {
       b.bias = next;
       out = m_g.ops[next].out[0];
       next = only_consumer(out);
@@ -74,7 +76,7 @@ class Sharder {
     b.middle = next;
     const int row = only_consumer(middle.out[0]);
     if (row < 0 || m_g.ops[row].kind != OpKind::matmul || m_g.ops[row].in[0] != middle.out[0] ||
-        !is_param_matrix(m_g.ops[row].in[1])) {
+        !is_param_matrix(m_g.ops[row].in[1]) || only_consumer(m_g.ops[row].in[1]) != row) {
       return std::nullopt;
     }
     b.row = row;

@@ -5,7 +5,8 @@
 // whose output reaches, through one elementwise activation (an MLP) or a
 // causal attention (N = 3D: Q, K and V side by side), a row-parallel matmul
 // H . W2 (W2: PARAM [N or D, K2]), every tensor between them used only on
-// that path. Rank t of the group keeps:
+// that path and every parameter read by its op alone (a tied weight keeps
+// its block whole). Rank t of the group keeps:
 //   - an MLP: columns [t N/T, (t+1) N/T) of W and its bias, the same rows of W2;
 //   - an attention: heads [t h/T, (t+1) h/T) - their columns of Q, K and V
 //     in W and its bias, their rows of W2.

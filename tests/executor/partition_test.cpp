@@ -157,6 +157,35 @@ TEST(SplitTest, ColumnBlocksLetMetisBalanceTheMlps) {
   EXPECT_TRUE(split_for_balance(one, 1, k_micro_batches)->empty());
 }
 
+// A part of a part (a tensor-parallel shard split again into column blocks)
+// starts as the same elements of the whole parameter would: its rows and
+// column ranges map through the middle one.
+TEST(SplitTest, APartOfAPartStartsAsItsElementsOfTheWhole) {
+  Tensor whole;
+  whole.name = "w";
+  whole.shape = {4, 12};
+  whole.role = Role::param;
+  whole.init = proto::XAVIER_UNIFORM;
+  Tensor middle = whole;
+  middle.shape = {3, 6};  // rows 1..3, columns 0-1 and 6-9
+  init_as_part_of(whole, 1, {{0, 2}, {6, 4}}, &middle);
+  Tensor part = middle;
+  part.shape = {2, 3};  // rows 1..2 of the middle one, its columns 1-3
+  init_as_part_of(middle, 1, {{1, 3}}, &part);
+  EXPECT_EQ(part.init_name, "w");
+  EXPECT_EQ(part.init_shape, whole.shape);
+  EXPECT_EQ(part.init_row, 2);
+  const std::vector<std::pair<int64_t, int64_t>> columns{{1, 1}, {6, 2}};
+  EXPECT_EQ(part.init_ranges, columns);
+  std::vector<float> all(48), mine(6);
+  init_param(whole, all.data(), 5);
+  init_param(part, mine.data(), 5);
+  const int64_t taken[] = {1, 6, 7};
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(mine[r * 3 + c], all[(2 + r) * 12 + taken[c]]) << r << "," << c;
+  }
+}
+
 TEST(SplitTest, SplitGraphStartsFromAndComputesTheSame) {
   Graph whole = forward_graph("mlp_fashion");
   Graph split = whole;
