@@ -94,7 +94,8 @@ class CudaCompute final : public Compute {
     kc::bias_add(m_stream, x, bias, y, m, n);
   }
   void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool acc) override {
-    kc::bias_grad(m_stream, dy, dbias, m, n, acc);
+    float* scratch = grown(&m_sums, &m_sums_room, kc::column_sums_scratch(m, n), "column sums");
+    if (scratch != nullptr) kc::bias_grad(m_stream, dy, dbias, m, n, acc, scratch);
   }
   void pass_grad(const float* dy, float* dx, int64_t count, bool acc) override {
     if (acc) {
@@ -175,7 +176,10 @@ class CudaCompute final : public Compute {
   void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
                        float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n, bool acc_dx,
                        bool acc_params) override {
-    kc::layer_norm_grad(m_stream, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, m, n, acc_dx, acc_params);
+    float* scratch = grown(&m_sums, &m_sums_room, kc::column_sums_scratch(m, n), "column sums");
+    if (scratch != nullptr) {
+      kc::layer_norm_grad(m_stream, x, gamma, mean, rstd, dy, dx, dgamma, dbeta, m, n, acc_dx, acc_params, scratch);
+    }
   }
   void softmax_xent(const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c) override {
     // One scratch serves every call (they run in stream order); a larger
@@ -383,6 +387,8 @@ class CudaCompute final : public Compute {
   uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds
+  float* m_sums = nullptr;  // column sums' partials per chunk of rows
+  int64_t m_sums_room = 0;
   float* m_attention = nullptr;  // attention's packed q, k, v and outputs
   int64_t m_attention_room = 0;
   float* m_attention_dp = nullptr;  // attention_grad's dP

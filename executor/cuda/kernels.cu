@@ -5,6 +5,8 @@
 #include "executor/cuda/kernels.cuh"
 #include "executor/optimizer_math.hpp"
 
+#include <algorithm>
+
 namespace tiermem::exec::cuda {
 namespace {
 
@@ -21,22 +23,31 @@ unsigned blocks_for(int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// A row per block (grid-stride), its columns over the threads: no 64-bit
+// division per element.
 __global__ void bias_add_k(const float* x, const float* b, float* y, int64_t m, int64_t n) {
-  TIERMEM_FOR_EACH(i, m * n) y[i] = x[i] + b[i % n];
+  for (int64_t r = blockIdx.x; r < m; r += gridDim.x) {
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) y[r * n + j] = x[r * n + j] + b[j];
+  }
 }
 
-// Column sums of dy [m, n] (and of dy * xhat for layer norm's gamma): blocks
-// of 32 columns x 8 row groups, each group summing every 8th row, then the
-// groups in order.
+// Column sums of dy [m, n] (and of dy * xhat for layer norm's gamma), in two
+// passes so that every SM has work: blocks of 32 columns x 8 row groups over
+// a chunk of k_sum_chunk rows each (each group summing every 8th row of the
+// chunk, then the groups in order) write a partial sum per chunk; then each
+// column adds its chunks in order. A fixed order: the same bits every run.
+constexpr int64_t k_sum_chunk = 128;
+
 template <bool k_layer_norm>
-__global__ void column_sums_k(const float* dy, const float* x, const float* mean, const float* rstd, float* sum_dy,
-                              float* sum_dyx, int64_t m, int64_t n, bool accumulate) {
+__global__ void column_partials_k(const float* dy, const float* x, const float* mean, const float* rstd,
+                                  float* partial, float* partial_x, int64_t m, int64_t n) {
   __shared__ float part[8][33];
   __shared__ float part_x[8][33];
   const int64_t j = blockIdx.x * 32 + threadIdx.x;
+  const int64_t first = blockIdx.y * k_sum_chunk, last = min(m, first + k_sum_chunk);
   float s = 0, sx = 0;
   if (j < n) {
-    for (int64_t r = threadIdx.y; r < m; r += 8) {
+    for (int64_t r = first + threadIdx.y; r < last; r += 8) {
       const float g = dy[r * n + j];
       s += g;
       if (k_layer_norm) sx += g * ((x[r * n + j] - mean[r]) * rstd[r]);
@@ -51,8 +62,32 @@ __global__ void column_sums_k(const float* dy, const float* x, const float* mean
     total += part[g][threadIdx.x];
     total_x += part_x[g][threadIdx.x];
   }
-  sum_dy[j] = accumulate ? sum_dy[j] + total : total;
-  if (k_layer_norm) sum_dyx[j] = accumulate ? sum_dyx[j] + total_x : total_x;
+  partial[blockIdx.y * n + j] = total;
+  if (k_layer_norm) partial_x[blockIdx.y * n + j] = total_x;
+}
+
+template <bool k_layer_norm>
+__global__ void column_totals_k(const float* partial, const float* partial_x, float* sum_dy, float* sum_dyx,
+                                int64_t chunks, int64_t n, bool accumulate) {
+  TIERMEM_FOR_EACH(j, n) {
+    float total = 0, total_x = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      total += partial[c * n + j];
+      if (k_layer_norm) total_x += partial_x[c * n + j];
+    }
+    sum_dy[j] = accumulate ? sum_dy[j] + total : total;
+    if (k_layer_norm) sum_dyx[j] = accumulate ? sum_dyx[j] + total_x : total_x;
+  }
+}
+
+template <bool k_layer_norm>
+void column_sums(cudaStream_t s, const float* dy, const float* x, const float* mean, const float* rstd, float* sum_dy,
+                 float* sum_dyx, int64_t m, int64_t n, bool accumulate, float* scratch) {
+  const int64_t chunks = (m + k_sum_chunk - 1) / k_sum_chunk;
+  const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>(chunks));
+  column_partials_k<k_layer_norm><<<grid, dim3(32, 8), 0, s>>>(dy, x, mean, rstd, scratch, scratch + chunks * n, m, n);
+  column_totals_k<k_layer_norm><<<blocks_for(n), k_threads, 0, s>>>(scratch, scratch + chunks * n, sum_dy, sum_dyx,
+                                                                     chunks, n, accumulate);
 }
 
 __global__ void accumulate_k(const float* dy, float* dx, int64_t count) { TIERMEM_FOR_EACH(i, count) dx[i] += dy[i]; }
@@ -260,12 +295,13 @@ unsigned warp_blocks(int64_t rows) { return blocks_for(rows * 32); }
 }  // namespace
 
 void bias_add(cudaStream_t s, const float* x, const float* bias, float* y, int64_t m, int64_t n) {
-  bias_add_k<<<blocks_for(m * n), k_threads, 0, s>>>(x, bias, y, m, n);
+  bias_add_k<<<static_cast<unsigned>(std::min<int64_t>(m, 65535)), k_threads, 0, s>>>(x, bias, y, m, n);
 }
 
-void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate) {
-  column_sums_k<false><<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dy, nullptr, nullptr, nullptr,
-                                                                                     dbias, nullptr, m, n, accumulate);
+int64_t column_sums_scratch(int64_t m, int64_t n) { return 2 * ((m + k_sum_chunk - 1) / k_sum_chunk) * n; }
+
+void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate, float* scratch) {
+  column_sums<false>(s, dy, nullptr, nullptr, nullptr, dbias, nullptr, m, n, accumulate, scratch);
 }
 
 void to_bf16(cudaStream_t s, const float* x, uint16_t* y, int64_t count) {
@@ -312,10 +348,9 @@ void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float*
 
 void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
                      const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
-                     bool accumulate_dx, bool accumulate_params) {
+                     bool accumulate_dx, bool accumulate_params, float* scratch) {
   layer_norm_dx_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, gamma, mean, rstd, dy, dx, n, accumulate_dx);
-  column_sums_k<true><<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, s>>>(dy, x, mean, rstd, dbeta, dgamma,
-                                                                                    m, n, accumulate_params);
+  column_sums<true>(s, dy, x, mean, rstd, dbeta, dgamma, m, n, accumulate_params, scratch);
 }
 
 void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
@@ -376,15 +411,35 @@ __global__ void embedding_k(const int32_t* ids, const float* table, float* y, in
   TIERMEM_FOR_EACH(i, m * d) y[i] = table[static_cast<int64_t>(ids[i / d]) * d + i % d];
 }
 
+// A block per table row v (grid-stride): the ids go through shared memory a
+// tile at a time, and the threads (over the row's columns) add dy of every
+// token of v in token order: the same bits every run, and each id read
+// once per block rather than once per element.
 __global__ void embedding_grad_k(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
                                  int64_t vocab, bool accumulate) {
-  TIERMEM_FOR_EACH(e, vocab * d) {
-    const int64_t v = e / d, c = e % d;
-    float sum = 0;
-    for (int64_t i = 0; i < m; ++i) {
-      if (ids[i] == v) sum += dy[i * d + c];
+  __shared__ int32_t tile[k_threads];
+  for (int64_t v = blockIdx.x; v < vocab; v += gridDim.x) {
+    // Up to 4 columns per thread in registers; wider rows loop.
+    for (int64_t c0 = 0; c0 < d; c0 += 4 * static_cast<int64_t>(blockDim.x)) {
+      float sum[4] = {0, 0, 0, 0};
+      for (int64_t t0 = 0; t0 < m; t0 += k_threads) {
+        __syncthreads();
+        if (t0 + threadIdx.x < m) tile[threadIdx.x] = ids[t0 + threadIdx.x];
+        __syncthreads();
+        const int64_t n = min(static_cast<int64_t>(k_threads), m - t0);
+        for (int64_t k = 0; k < n; ++k) {
+          if (tile[k] != v) continue;
+          for (int q = 0; q < 4; ++q) {
+            const int64_t c = c0 + q * blockDim.x + threadIdx.x;
+            if (c < d) sum[q] += dy[(t0 + k) * d + c];
+          }
+        }
+      }
+      for (int q = 0; q < 4; ++q) {
+        const int64_t c = c0 + q * blockDim.x + threadIdx.x;
+        if (c < d) dtable[v * d + c] = accumulate ? dtable[v * d + c] + sum[q] : sum[q];
+      }
     }
-    dtable[e] = accumulate ? dtable[e] + sum : sum;
   }
 }
 
@@ -408,22 +463,23 @@ __global__ void position_embedding_grad_k(const float* dy, float* dtable, int64_
 // [b, t, dh] one; scatter writes them back (adding when accumulate).
 __global__ void heads_gather_k(const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
                                int64_t heads, int64_t t) {
-  const int64_t dh = d / heads;
-  TIERMEM_FOR_EACH(e, m * d) {
-    const int64_t c = e % dh, i = (e / dh) % t, b = e / (dh * t);
-    const int64_t s = b / heads, h = b % heads;
-    packed[e] = x[(s * t + i) * ld + col0 + h * dh + c];
+  const int64_t dh = d / heads, rows = m * heads;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {  // row = b t + i, b = s heads + h
+    const int64_t b = row / t, i = row % t, s = b / heads, h = b % heads;
+    const float* from = x + (s * t + i) * ld + col0 + h * dh;
+    for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) packed[row * dh + c] = from[c];
   }
 }
 
 __global__ void heads_scatter_k(const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
                                 int64_t heads, int64_t t, bool accumulate) {
-  const int64_t dh = d / heads;
-  TIERMEM_FOR_EACH(e, m * d) {
-    const int64_t c = e % dh, i = (e / dh) % t, b = e / (dh * t);
-    const int64_t s = b / heads, h = b % heads;
-    float& out = x[(s * t + i) * ld + col0 + h * dh + c];
-    out = accumulate ? out + packed[e] : packed[e];
+  const int64_t dh = d / heads, rows = m * heads;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t b = row / t, i = row % t, s = b / heads, h = b % heads;
+    float* to = x + (s * t + i) * ld + col0 + h * dh;
+    for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
+      to[c] = accumulate ? to[c] + packed[row * dh + c] : packed[row * dh + c];
+    }
   }
 }
 
@@ -463,7 +519,8 @@ void embedding(cudaStream_t s, const int32_t* ids, const float* table, float* y,
 
 void embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
                     int64_t vocab, bool accumulate) {
-  embedding_grad_k<<<blocks_for(vocab * d), k_threads, 0, s>>>(ids, dy, dtable, m, d, vocab, accumulate);
+  embedding_grad_k<<<static_cast<unsigned>(std::min<int64_t>(vocab, 65535)), k_threads, 0, s>>>(ids, dy, dtable, m, d,
+                                                                                             vocab, accumulate);
 }
 
 void position_embedding(cudaStream_t s, const float* x, const float* table, float* y, int64_t m, int64_t d,
@@ -478,12 +535,14 @@ void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int
 
 void heads_gather(cudaStream_t s, const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
                   int64_t heads, int64_t t) {
-  heads_gather_k<<<blocks_for(m * d), k_threads, 0, s>>>(x, ld, col0, packed, m, d, heads, t);
+  heads_gather_k<<<static_cast<unsigned>(std::min<int64_t>(m * heads, 65535)), 64, 0, s>>>(x, ld, col0, packed, m, d,
+                                                                                          heads, t);
 }
 
 void heads_scatter(cudaStream_t s, const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
                    int64_t heads, int64_t t, bool accumulate) {
-  heads_scatter_k<<<blocks_for(m * d), k_threads, 0, s>>>(packed, x, ld, col0, m, d, heads, t, accumulate);
+  heads_scatter_k<<<static_cast<unsigned>(std::min<int64_t>(m * heads, 65535)), 64, 0, s>>>(packed, x, ld, col0, m, d,
+                                                                                           heads, t, accumulate);
 }
 
 void causal_softmax(cudaStream_t s, float* p, int64_t rows, int64_t t) {

@@ -12,7 +12,10 @@
 namespace tiermem::exec::cuda {
 
 void bias_add(cudaStream_t s, const float* x, const float* bias, float* y, int64_t m, int64_t n);
-void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate);
+// Column sums (bias_grad, layer_norm_grad's dgamma/dbeta) run in two passes
+// through `scratch`: column_sums_scratch(m, n) floats of device memory.
+int64_t column_sums_scratch(int64_t m, int64_t n);
+void bias_grad(cudaStream_t s, const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate, float* scratch);
 void accumulate(cudaStream_t s, const float* dy, float* dx, int64_t count);  // dx += dy
 // y = x rounded to bf16 (nearest even), as its 16 bits: the GEMMs' operands
 // with --precision bf16.
@@ -29,7 +32,7 @@ void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float*
                 float* rstd, int64_t m, int64_t n, float epsilon);
 void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
                      const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
-                     bool accumulate_dx, bool accumulate_params);
+                     bool accumulate_dx, bool accumulate_params, float* scratch);
 // Per-row losses and hits into row_loss/row_right (m each, scratch), then
 // *loss = their mean, stats[0] += the mean, *hits += the hits.
 void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
