@@ -244,10 +244,11 @@ float softmax_xent(const float* logits, const int32_t* labels, int64_t m, int64_
   std::vector<float> exps(static_cast<size_t>(c));
   for (int64_t r = 0; r < m; ++r) {
     const float* row = logits + r * c;
-    const float max = row_max(row, c);
-    const float sum = row_exps(row, c, max, exps.data());
-    total += static_cast<double>(std::log(sum) + max - row[labels[r]]);
-    right += (std::max_element(row, row + c) - row) == labels[r];
+    // One pass for the arg-max (the hits) gives the max too.
+    const float* top = std::max_element(row, row + c);
+    const float sum = row_exps(row, c, *top, exps.data());
+    total += static_cast<double>(std::log(sum) + *top - row[labels[r]]);
+    right += (top - row) == labels[r];
   }
   if (correct != nullptr) *correct = right;
   return static_cast<float>(total / static_cast<double>(m));

@@ -1,5 +1,4 @@
 #include "executor/runtime/arenas.hpp"
-#include "executor/runtime/tp_exchange.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +12,7 @@
 #include <tiermem/units.h>
 
 #include "executor/interpreter.hpp"
+#include "executor/runtime/tp_exchange.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -53,8 +53,8 @@ Status Arenas::own(JobDirectory& dir, OwnRegion* out, const std::string& what, i
 
 Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes,
                         Compute& compute) {
-  const int64_t ctl_bytes =
-      ((k_channels + 4 * static_cast<int64_t>(job.channels.size()) + TpExchange::ctl_words(job)) * 8 + 4095) / 4096 * 4096;
+  const int64_t ctl_words = k_channels + 4 * static_cast<int64_t>(job.channels.size()) + TpExchange::ctl_words(job);
+  const int64_t ctl_bytes = (ctl_words * 8 + 4095) / 4096 * 4096;
   m_params_bytes = job.arena_bytes("params");
   m_optimizer_bytes = job.arena_bytes("optimizer");
   const int64_t grads_bytes = m_grads_bytes = job.arena_bytes("grads");

@@ -29,8 +29,8 @@ const std::string k_snapshot_wait = "snapshot wait";
 }  // namespace
 
 StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
-                         Arenas& arenas, Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace, bool resumed,
-                         Compute& compute)
+                         Arenas& arenas, Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace,
+                         bool resumed, Compute& compute)
     : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes), m_tp(tp),
       m_peers(peers), m_trace(trace), m_compute(compute), m_eval_resume(resumed) {
   const MemoryPlan& plan = job.plan;

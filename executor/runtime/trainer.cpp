@@ -28,7 +28,8 @@ Status Trainer::set_up() {
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
   if (m_opt.restart) TIERMEM_RETURN_IF_ERROR(forget_earlier_run());
-  TIERMEM_RETURN_IF_ERROR(m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job) + TpExchange::bytes(m_job), *m_compute));
+  TIERMEM_RETURN_IF_ERROR(
+      m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job) + TpExchange::bytes(m_job), *m_compute));
   TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt, *m_compute));
   if (Status s = attach_data(data.get(), m_opt, &m_job); !s.ok()) {
     // A dataset that does not load: what was made for the job just now goes
