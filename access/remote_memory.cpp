@@ -5,7 +5,7 @@
 #include <tiermem/status_macros.h>
 
 #include "common/deadline.hpp"
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 namespace {

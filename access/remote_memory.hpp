@@ -1,5 +1,5 @@
 // One-sided access to another node's version words and frames over a
-// Transport: the remote side of mapping/seqlock_copy.hpp. Used by clients
+// Transport: the remote side of pages/seqlock_copy.hpp. Used by clients
 // (reading and writing memory on other nodes) and by daemons (migration).
 #pragma once
 
@@ -15,7 +15,7 @@
 #include <tiermem/gva.h>
 #include <tiermem/types.h>
 
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
 #include "transport/transport.hpp"
 
 namespace tiermem {

@@ -61,17 +61,14 @@ void repin(detail::MappedSet& set, ClientCore& next, const std::map<uint64_t, de
     if (next.mapped_kept(i++)) continue;  // its pin was kept all along: the mapping is as it was
     // A daemon that knows nothing of it (it restarted): pinned again, and
     // valid only where its bytes still are.
-    proto::Request pin;
-    wire::to_proto(e.allocation.gva, pin.mutable_map()->mutable_gva());
-    auto r = next.call(pin);
+    auto r = next.control().map(e.allocation.gva);
     if (!r.ok()) {
       set.revoke(id, Status(r.status().code(), "the mapping was revoked: after its tiermemd restarted, " +
                                                          e.allocation.gva.to_string() +
                                                          " could not be pinned again: " + r.status().message()));
       continue;
     }
-    std::vector<Extent> now;
-    for (const auto& x : r->map().extents()) now.push_back(wire::from_proto(x));
+    const std::vector<Extent>& now = r->extents;
     const bool same = now.size() == e.extents.size() &&
                       std::equal(now.begin(), now.end(), e.extents.begin(), [](const Extent& a, const Extent& b) {
                         return a.tier == b.tier && a.node == b.node && a.frame_offset == b.frame_offset &&
@@ -84,9 +81,7 @@ void repin(detail::MappedSet& set, ClientCore& next, const std::map<uint64_t, de
     }
     if (!same || !set.contains(id)) {
       // Not the mapping's any more (or it was released meanwhile): the pin goes.
-      proto::Request unpin;
-      wire::to_proto(e.allocation.gva, unpin.mutable_unmap()->mutable_gva());
-      (void)next.call(unpin);
+      (void)next.control().unmap(e.allocation.gva);
     }
   }
 }
@@ -276,121 +271,51 @@ uint64_t Client::page_size() const { return core()->page_size(); }
 
 namespace {
 
-// A request whose response's body `get` turns into T.
-template <class T, class Get>
-Status call_into(ClientCore& c, proto::Request request, T* out, Get get) {
-  TIERMEM_ASSIGN_OR_RETURN(auto response, c.call(request));
-  *out = get(response);
-  return Status();
-}
-
-NodeInfo node_info_of(const proto::NodeInfo& n) {
-  NodeInfo info;
-  info.node = static_cast<NodeId>(n.node_id());
-  info.control_address = n.control_address();
-  info.state = static_cast<NodeState>(n.state());
-  info.incarnation = n.incarnation();
-  info.transports = n.transports();
-  info.last_error = n.last_error();
-  info.state_since_ms = n.state_since_ms();
-  info.health = static_cast<NodeHealth>(n.health());
-  info.health_since_ms = n.health_since_ms();
-  info.last_heartbeat_ms = n.last_heartbeat_ms();
-  info.missed_heartbeats = n.missed_heartbeats();
-  info.heartbeat_rtt_us = n.heartbeat_rtt_us();
-  return info;
-}
-
-CheckInEdge check_in_of(NodeId node, const proto::ClientEdge& c) {
-  CheckInEdge e;
-  e.node = node;
-  e.session = c.session();
-  e.client_name = c.client_name();
-  e.pid = c.pid();
-  e.uid = c.uid();
-  e.tenant = c.tenant();
-  e.health = static_cast<NodeHealth>(c.health());
-  e.health_since_ms = c.health_since_ms();
-  e.last_checkin_ms = c.last_checkin_ms();
-  e.missed = c.missed();
-  e.interval_ms = c.interval_ms();
-  return e;
+// `ask`'s answer, asked through `run` (Client::run: it connects again when
+// the daemon went, and repeats what may be repeated).
+template <class T, class Run, class Ask>
+Result<T> answer(Run run, Ask ask) {
+  T out;
+  TIERMEM_RETURN_IF_ERROR(run([&](ClientCore& c) -> Status {
+    TIERMEM_ASSIGN_OR_RETURN(out, ask(c.control()));
+    return Status();
+  }));
+  return out;
 }
 
 }  // namespace
 
 Result<AllocationInfo> Client::alloc(uint64_t size, const AllocOptions& options) {
   TIERMEM_RETURN_IF_ERROR(check_name(options.name));
-  proto::Request request;
-  proto::AllocRequest* a = request.mutable_alloc();
-  a->set_size(size);
-  a->set_tier(wire::to_proto(options.tier));
-  a->set_strict(options.strict);
-  a->set_name(options.name);
-  a->set_coherent(options.coherent);
-  a->set_session(options.lifetime == Lifetime::session);
-  a->set_replicas(options.replicas);
-  a->set_qos(static_cast<uint32_t>(options.qos));
-  request.set_node(options.node);
-  AllocationInfo out;
-  TIERMEM_RETURN_IF_ERROR(run("alloc", false, [&](ClientCore& c) {
-    return call_into(c, request, &out, [](const proto::Response& r) { return wire::from_proto(r.alloc().allocation()); });
-  }));
-  return out;
+  return answer<AllocationInfo>([&](auto op) { return run("alloc", false, op); },
+                                [&](ControlStub& s) { return s.alloc(size, options); });
 }
 
 Status Client::free(Gva gva) {
-  proto::Request request;
-  wire::to_proto(gva, request.mutable_free()->mutable_gva());
   return run("free", false, [&](ClientCore& c) {
-    auto response = c.call(request);
-    if (response.ok()) c.forget(gva);
-    return response.status();
+    Status s = c.control().free(gva);
+    if (s.ok()) c.forget(gva);
+    return s;
   });
 }
 
 Result<AllocationInfo> Client::lookup(std::string_view name, NodeId node) {
   TIERMEM_RETURN_IF_ERROR(check_name(name));
-  proto::Request request;
-  request.set_node(node);
-  request.mutable_lookup()->set_name(std::string(name));
-  AllocationInfo out;
-  TIERMEM_RETURN_IF_ERROR(run("lookup", true, [&](ClientCore& c) {
-    return call_into(c, request, &out, [](const proto::Response& r) { return wire::from_proto(r.lookup().allocation()); });
-  }));
-  return out;
+  return answer<AllocationInfo>([&](auto op) { return run("lookup", true, op); },
+                                [&](ControlStub& s) { return s.lookup(name, node); });
 }
 
 Result<Translation> Client::translate(Gva gva) {
-  proto::Request request;
-  wire::to_proto(gva, request.mutable_translate()->mutable_gva());
-  Translation out;
-  TIERMEM_RETURN_IF_ERROR(run("translate", true, [&](ClientCore& c) {
-    return call_into(c, request, &out, [](const proto::Response& r) {
-      const proto::TranslateResponse& t = r.translate();
-      Translation x;
-      x.allocation = wire::from_proto(t.allocation());
-      x.offset_in_allocation = t.offset_in_allocation();
-      if (t.pages_size() > 0) x.page = wire::from_proto(t.pages(0));
-      for (const auto& e : t.extents()) x.extents.push_back(wire::from_proto(e));
-      return x;
-    });
-  }));
-  return out;
+  return answer<Translation>([&](auto op) { return run("translate", true, op); },
+                             [&](ControlStub& s) { return s.translate(gva); });
 }
 
 Result<AllocationInfo> Client::migrate(Gva gva, Tier tier, NodeId to_node) {
-  proto::Request request;
-  auto* m = request.mutable_migrate();
-  wire::to_proto(gva, m->mutable_gva());
-  m->set_tier(wire::to_proto(tier));
-  m->set_to_node(to_node);
   AllocationInfo out;
   TIERMEM_RETURN_IF_ERROR(run("migrate", false, [&](ClientCore& c) {
-    auto response = c.call(request);
+    auto moved = c.control().migrate(gva, tier, to_node);
     c.forget(gva);
-    if (!response.ok()) return response.status();
-    out = wire::from_proto(response->migrate().allocation());
+    TIERMEM_ASSIGN_OR_RETURN(out, std::move(moved));
     return Status();
   }));
   return out;
@@ -407,17 +332,9 @@ AccessCounters Client::access_counters() const {
 }
 
 Result<std::vector<NodeInfo>> Client::nodes() {
-  proto::Request request;
-  request.mutable_nodes();
-  std::vector<NodeInfo> out;
-  TIERMEM_RETURN_IF_ERROR(run("nodes", true, [&](ClientCore& c) {
-    return call_into(c, request, &out, [](const proto::Response& r) {
-      std::vector<NodeInfo> v;
-      for (const proto::NodeInfo& n : r.nodes().nodes()) v.push_back(node_info_of(n));
-      return v;
-    });
-  }));
-  return out;
+  TIERMEM_ASSIGN_OR_RETURN(auto reply, answer<NodesReply>([&](auto op) { return run("nodes", true, op); },
+                                                         [&](ControlStub& s) { return s.nodes(); }));
+  return std::move(reply.nodes);
 }
 
 Result<HealthGraph> Client::health() {
@@ -430,22 +347,20 @@ Result<HealthGraph> Client::health() {
                           (n.last_error.empty() ? "" : " (" + n.last_error + ")"));
       continue;
     }
-    proto::Request request;
-    request.mutable_nodes()->set_from(n.node == self ? 0 : n.node);
-    std::vector<NodeInfo> seen;
+    NodesReply seen;
     Status s = run("health", true, [&](ClientCore& c) {
-      return call_into(c, request, &seen, [&](const proto::Response& r) {
-        std::vector<NodeInfo> v;
-        for (const proto::NodeInfo& x : r.nodes().nodes()) v.push_back(node_info_of(x));
-        for (const proto::ClientEdge& x : r.nodes().clients()) g.check_ins.push_back(check_in_of(n.node, x));
-        return v;
-      });
+      TIERMEM_ASSIGN_OR_RETURN(seen, c.control().nodes(n.node == self ? 0 : n.node));
+      return Status();
     });
     if (!s.ok()) {
       g.unasked.push_back("node " + std::to_string(n.node) + ": " + s.to_string());
       continue;
     }
-    for (NodeInfo& to : seen) {
+    for (CheckInEdge& e : seen.clients) {
+      e.node = n.node;
+      g.check_ins.push_back(std::move(e));
+    }
+    for (NodeInfo& to : seen.nodes) {
       if (to.node != n.node) g.edges.push_back({n.node, std::move(to)});
     }
   }
@@ -453,24 +368,21 @@ Result<HealthGraph> Client::health() {
 }
 
 Result<Mapping> Client::map(Gva gva) {
-  proto::Request request;
-  wire::to_proto(gva, request.mutable_map()->mutable_gva());
-  proto::Response response;
+  MapReply pinned;
   std::shared_ptr<ClientCore> pinned_by;  // the connection the pin was taken on
   TIERMEM_RETURN_IF_ERROR(run("map", true, [&](ClientCore& c) {
     pinned_by = core();
-    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
+    TIERMEM_ASSIGN_OR_RETURN(pinned, c.control().map(gva));
+    return Status();
   }));
-  const AllocationInfo info = wire::from_proto(response.map().allocation());
+  const AllocationInfo info = pinned.allocation;
   detail::MappedSet::Entry entry;
   entry.allocation = info;
-  for (const auto& px : response.map().extents()) entry.extents.push_back(wire::from_proto(px));
+  entry.extents = std::move(pinned.extents);
   // What was mapped so far goes, and the pin is given back.
   auto fail = [&](Status s) {
     if (entry.base != nullptr) ::munmap(entry.base, entry.length);
-    proto::Request unpin;
-    wire::to_proto(info.gva, unpin.mutable_unmap()->mutable_gva());
-    (void)pinned_by->call(unpin);
+    (void)pinned_by->control().unmap(info.gva);
     return s.with_context("map " + info.gva.to_string());
   };
 
@@ -531,82 +443,19 @@ Result<Mapping> Client::map(Gva gva) {
 }
 
 Result<NodeStat> Client::stat(NodeId node) {
-  proto::Request request;
-  request.set_node(node);
-  request.mutable_stat();
-  proto::Response response;
-  TIERMEM_RETURN_IF_ERROR(run("stat", true, [&](ClientCore& c) {
-    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
-  }));
-  const proto::StatResponse& s = response.stat();
-  NodeStat out;
-  out.node = static_cast<NodeId>(s.node_id());
-  out.page_size = s.page_size();
-  for (const auto& t : s.tiers()) out.tiers.push_back(wire::from_proto(t));
-  out.allocations = s.allocations();
-  out.sessions = s.sessions();
-  out.uptime_ms = s.uptime_ms();
-  out.daemon_version = s.daemon_version();
-  out.socket_path = s.socket_path();
-  out.locks_broken = s.locks_broken();
-  out.truncations_repaired = s.truncations_repaired();
-  const proto::RecoveryInfo& r = s.recovery();
-  out.recovery.durable = r.durable();
-  out.recovery.memory_adopted = r.memory_adopted();
-  out.recovery.starts = r.starts();
-  out.recovery.allocations = r.allocations();
-  out.recovery.lost_allocations = r.lost_allocations();
-  out.recovery.lost_pages = r.lost_pages();
-  out.recovery.dropped = r.dropped();
-  out.recovery.lent_frames = r.lent_frames();
-  out.recovery.locks_broken = r.locks_broken();
-  out.recovery.elapsed_ms = r.elapsed_ms();
-  out.recovery.lost.assign(r.lost().begin(), r.lost().end());
-  out.recovery.domains_made_anew.assign(r.domains_made_anew().begin(), r.domains_made_anew().end());
-  out.recovery.pool = r.pool();
-  return out;
+  return answer<NodeStat>([&](auto op) { return run("stat", true, op); }, [&](ControlStub& s) { return s.stat(node); });
 }
 
 Result<std::vector<AllocationInfo>> Client::list(NodeId node) {
-  proto::Request request;
-  request.set_node(node);
-  request.mutable_list();
-  proto::Response response;
-  TIERMEM_RETURN_IF_ERROR(run("list", true, [&](ClientCore& c) {
-    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
-  }));
-  std::vector<AllocationInfo> out;
-  for (const auto& a : response.list().allocations()) out.push_back(wire::from_proto(a));
-  return out;
+  return answer<std::vector<AllocationInfo>>([&](auto op) { return run("list", true, op); }, [&](ControlStub& s) { return s.list(node); });
 }
 
 Result<MappingDump> Client::dump(NodeId node) {
-  proto::Request request;
-  request.set_node(node);
-  request.mutable_dump();
-  proto::Response response;
-  TIERMEM_RETURN_IF_ERROR(run("dump", true, [&](ClientCore& c) {
-    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
-  }));
-  const proto::DumpResponse& d = response.dump();
-  MappingDump out;
-  out.node = static_cast<NodeId>(d.node_id());
-  out.page_size = d.page_size();
-  out.l2_pages = d.l2_pages();
-  for (const auto& a : d.allocations()) out.allocations.push_back(wire::from_proto(a));
-  for (const auto& p : d.pages()) out.pages.push_back(wire::from_proto(p));
-  return out;
+  return answer<MappingDump>([&](auto op) { return run("dump", true, op); }, [&](ControlStub& s) { return s.dump(node); });
 }
 
 Result<std::string> Client::metrics(NodeId node) {
-  proto::Request request;
-  request.set_node(node);
-  request.mutable_metrics();
-  proto::Response response;
-  TIERMEM_RETURN_IF_ERROR(run("metrics", true, [&](ClientCore& c) {
-    return call_into(c, request, &response, [](const proto::Response& r) { return r; });
-  }));
-  return response.metrics().text();
+  return answer<std::string>([&](auto op) { return run("metrics", true, op); }, [&](ControlStub& s) { return s.metrics(node); });
 }
 
 // --- Mapping -------------------------------------------------------------------
@@ -638,12 +487,10 @@ void Mapping::release() {
   // maps over it), then the pin, through the connection that holds it now.
   if (m_set->remove(m_id)) {
     if (std::shared_ptr<detail::ClientCore> core = m_set->core()) {
-      proto::Request request;
-      wire::to_proto(m_allocation.gva, request.mutable_unmap()->mutable_gva());
       // A failure means the connection is gone: the daemon's lease of this
       // client lets the pin go when it connects again without this mapping,
       // or when its process exits.
-      (void)core->call(request);
+      (void)core->control().unmap(m_allocation.gva);
     }
   }
   m_set.reset();

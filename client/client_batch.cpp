@@ -19,7 +19,7 @@
 #include "access/remote_memory.hpp"
 #include "client/client_core.hpp"
 #include "common/deadline.hpp"
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem::detail {
 namespace {

@@ -17,8 +17,8 @@
 #include "access/node_advert.hpp"
 #include "common/deadline.hpp"
 #include "convert.hpp"
-#include "mapping/sub_blocks.hpp"
-#include "mapping/version_segments.hpp"
+#include "pages/sub_blocks.hpp"
+#include "pages/segment_layout.hpp"
 
 namespace tiermem::detail {
 namespace {
@@ -154,18 +154,11 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   TIERMEM_ASSIGN_OR_RETURN(auto connection, RpcConnection::connect_unix(path));
   if (options.timeout.count() > 0) connection->set_timeout(options.timeout);
   const std::chrono::milliseconds checkin = checkin_interval_of(options);
-  proto::Request request;
-  request.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  request.mutable_hello()->set_client_name(options.client_name);
-  request.mutable_hello()->set_checkin_interval_ms(static_cast<uint32_t>(checkin.count()));
-  request.mutable_hello()->set_client_id(client_id);
-  for (const Gva& g : mapped) wire::to_proto(g, request.mutable_hello()->add_mapped());
-  TIERMEM_ASSIGN_OR_RETURN(auto response, connection->call(request));
-  if (response.hello().max_frame_bytes() > 0) {
-    connection->set_max_frame(static_cast<uint32_t>(response.hello().max_frame_bytes()));
-  }
+  HelloArgs hello{options.client_name, static_cast<uint32_t>(checkin.count()), client_id, mapped};
+  TIERMEM_ASSIGN_OR_RETURN(proto::HelloResponse said, ControlStub::over(*connection).hello(hello));
+  if (said.max_frame_bytes() > 0) connection->set_max_frame(static_cast<uint32_t>(said.max_frame_bytes()));
   auto core = std::shared_ptr<ClientCore>(
-      new ClientCore(std::move(connection), response.hello(), options.direct_access, path, checkin));
+      new ClientCore(std::move(connection), std::move(said), options.direct_access, path, checkin));
   if (options.lock_timeout.count() > 0) core->m_lock_timeout = options.lock_timeout;
   core->m_map_same_host = options.map_same_host;
   if (const char* env = std::getenv("TIERMEM_MAP_SAME_HOST"); env != nullptr && std::string_view(env) == "0") {
@@ -205,9 +198,7 @@ void ClientCore::watch_daemon() {
     const int n = ::poll(fds, 2, wait_ms);
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) {
-      proto::Request check_in;
-      check_in.mutable_check_in();
-      (void)m_connection->call(check_in);  // a failure shows on the socket, or in the next call
+      (void)ControlStub::over(*m_connection).check_in();  // a failure shows on the socket, or in the next call
       continue;
     }
     if (n < 0 || (fds[1].revents & POLLIN) != 0) return;
@@ -252,7 +243,6 @@ Status ClientCore::daemon_gone() const {
 }
 
 Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<UniqueFd>* fds) {
-  if (ScopedDeadline::active()) request.set_deadline_ms(static_cast<uint32_t>(ScopedDeadline::remaining_ms()));
   auto response = m_connection->call(request, fds);
   // Only this connection breaking means the daemon is lost: connection_closed
   // may also be the daemon's answer about a peer ("node 1: ... peer closed
@@ -280,14 +270,12 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
       if (inside && (gva.generation == 0 || gva.generation == a->base.generation)) return a;
     }
   }
-  proto::Request request;
-  wire::to_proto(gva, request.mutable_translate()->mutable_gva());
-  auto response = call(request);
+  auto response = m_stub.translate_for_cache(gva);
   if (!response.ok()) {
     if (response.status().code() == ErrorCode::not_allocated) forget(gva);
     return response.status();
   }
-  const proto::TranslateResponse& t = response->translate();
+  const proto::TranslateResponse& t = *response;
   auto a = std::make_shared<CachedAllocation>();
   const AllocationInfo info = wire::from_proto(t.allocation());
   a->base = info.gva;
@@ -339,24 +327,12 @@ Status ClientCore::copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memo
   thread_local std::unique_ptr<std::string> t_data;
   while (length > 0) {
     const size_t n = std::min<uint64_t>(length, chunk);
-    proto::Request request;
     if (to_memory) {
-      wire::to_proto(gva, request.mutable_write()->mutable_gva());
       if (!t_data) t_data = std::make_unique<std::string>();
       t_data->assign(reinterpret_cast<const char*>(buf), n);
-      request.mutable_write()->set_allocated_data(t_data.release());
+      TIERMEM_RETURN_IF_ERROR(m_stub.write(gva, t_data));
     } else {
-      wire::to_proto(gva, request.mutable_read()->mutable_gva());
-      request.mutable_read()->set_length(n);
-      request.mutable_read()->set_from_replica(from_replica);
-    }
-    auto response = call(request);
-    if (to_memory) t_data.reset(request.mutable_write()->release_data());
-    if (!response.ok()) return response.status();
-    if (!to_memory) {
-      const std::string& data = response->read().data();
-      if (data.size() != n) return Status(ErrorCode::internal, "tiermemd returned a short read");
-      std::memcpy(buf, data.data(), n);
+      TIERMEM_RETURN_IF_ERROR(m_stub.read(gva, {buf, n}, from_replica));
     }
     buf += n;
     gva.offset += n;
@@ -649,15 +625,10 @@ Status ClientCore::read(Gva gva, void* dst, size_t length, std::optional<QosClas
 }
 
 Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {
-  proto::Request request;
-  auto* a = request.mutable_atomic();
-  wire::to_proto(gva, a->mutable_gva());
-  a->set_op(op == WordOp::fetch_add ? proto::ATOMIC_FETCH_ADD : proto::ATOMIC_COMPARE_SWAP);
-  a->set_operand(operand);
-  a->set_compare(compare);
-  TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
+  TIERMEM_ASSIGN_OR_RETURN(const uint64_t old, op == WordOp::fetch_add ? m_stub.fetch_add(gva, operand)
+                                                                       : m_stub.compare_swap(gva, compare, operand));
   m_through_daemon.fetch_add(1, std::memory_order_relaxed);
-  return response.atomic().old_value();
+  return old;
 }
 
 Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {

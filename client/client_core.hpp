@@ -31,8 +31,9 @@
 #include "client/node_regions.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
-#include "mapping/lock_intents.hpp"
-#include "mapping/seqlock_copy.hpp"
+#include "pages/lock_intents.hpp"
+#include "pages/seqlock_copy.hpp"
+#include "proto/control_stub.hpp"
 #include "rpc_connection.hpp"
 
 namespace tiermem::detail {
@@ -129,8 +130,8 @@ class ClientCore {
                                                      const std::vector<Gva>& mapped = {});
   ~ClientCore();
 
-  // A request to the local daemon (which forwards what is for other nodes).
-  Result<proto::Response> call(proto::Request& request, std::vector<UniqueFd>* fds = nullptr);
+  // Requests to the local daemon (which forwards what is for other nodes).
+  ControlStub& control() { return m_stub; }
   NodeId node() const { return static_cast<NodeId>(m_hello.node_id()); }
   // The daemon's end of the connection closed: it is gone.
   bool lost() const { return m_daemon_lost.load(std::memory_order_seq_cst); }
@@ -197,7 +198,7 @@ class ClientCore {
   bool region_persistent(Tier tier) const;
 
   // The session's lock log, where every page lock this client takes is
-  // recorded (mapping/lock_intents.hpp). Errors: not_supported.
+  // recorded (pages/lock_intents.hpp). Errors: not_supported.
   Result<IntentLog> intents();
   // Accessors for copy_through_layout (see ClientAccess in the .cpp).
   Result<VersionWords*> local_versions(uint64_t first_page);
@@ -289,6 +290,9 @@ class ClientCore {
   void watch_daemon();
 
   std::unique_ptr<RpcConnection> m_connection;
+  // Its requests go through call() (which notices the daemon going).
+  Result<proto::Response> call(proto::Request& request, std::vector<UniqueFd>* fds);
+  ControlStub m_stub{[this](proto::Request& request, std::vector<UniqueFd>* fds) { return call(request, fds); }};
   proto::HelloResponse m_hello;
   bool m_direct;
   std::string m_socket;

@@ -61,20 +61,17 @@ Status ClientCore::exceeded(QosClass qos, const char* what, Gva gva, Clock::time
                             const std::string& tried) {
   // The local daemon's view of the home (answered from its memory).
   std::string state = "node " + std::to_string(gva.node);
-  proto::Request request;
-  request.mutable_nodes();
   auto nodes = [&] {
     ScopedDeadline d(Clock::now() + std::chrono::milliseconds(20));
-    return call(request);
+    return m_stub.nodes();
   }();
   bool found = false;
   if (nodes.ok()) {
-    for (const auto& n : nodes->nodes().nodes()) {
-      if (n.node_id() != gva.node) continue;
+    for (const NodeInfo& n : nodes->nodes) {
+      if (n.node != gva.node) continue;
       found = true;
-      state += " is " + std::string(node_health_name(static_cast<NodeHealth>(n.health()))) + " (" +
-               std::to_string(n.missed_heartbeats()) + " heartbeat(s) missed, link " +
-               std::string(node_state_name(static_cast<NodeState>(n.state()))) + ")";
+      state += " is " + std::string(node_health_name(n.health)) + " (" + std::to_string(n.missed_heartbeats) +
+               " heartbeat(s) missed, link " + std::string(node_state_name(n.state)) + ")";
     }
   }
   if (!found) state += (gva.node == node() ? " is this node" : " is in an unknown state");

@@ -19,16 +19,14 @@ Status ClientCore::open_regions() {
   // Mapped already (every call after the first): one load.
   if (m_regions_mapped.load(std::memory_order_acquire) != nullptr) return Status();
   std::call_once(m_regions_once, [this] {
-    proto::Request request;
-    request.mutable_open_regions();
     std::vector<UniqueFd> fds;
-    auto response = call(request, &fds);
+    auto response = m_stub.open_regions(&fds);
     if (!response.ok()) {
       m_regions_status = response.status();
       return;
     }
     auto regions = std::make_unique<NodeRegions>(m_hello, m_socket, &m_daemon_lost);
-    m_regions_status = regions->map(response->open_regions(), fds);
+    m_regions_status = regions->map(*response, fds);
     if (!m_regions_status.ok()) return;
     m_regions = std::move(regions);
     m_regions_mapped.store(m_regions.get(), std::memory_order_release);
@@ -55,21 +53,8 @@ Result<DeviceFrameData*> ClientCore::device_frames() {
       m_device_status = Status(ErrorCode::not_supported, "tiermemd shares no VRAM with this client");
       return;
     }
-    auto fetch = [this](uint64_t offset, uint64_t length) -> Result<std::vector<std::pair<uint64_t, UniqueFd>>> {
-      proto::Request request;
-      proto::DeviceChunksRequest* r = request.mutable_device_chunks();
-      r->set_tier(wire::to_proto(Tier::vram));
-      r->set_frame_offset(offset);
-      r->set_length(length);
-      std::vector<UniqueFd> fds;
-      TIERMEM_ASSIGN_OR_RETURN(auto response, call(request, &fds));
-      const auto& offsets = response.device_chunks().frame_offsets();
-      if (static_cast<size_t>(offsets.size()) != fds.size()) {
-        return Status(ErrorCode::malformed_frame, "tiermemd sent VRAM chunks and descriptors that do not pair up");
-      }
-      std::vector<std::pair<uint64_t, UniqueFd>> out;
-      for (int i = 0; i < offsets.size(); ++i) out.emplace_back(offsets[i], std::move(fds[static_cast<size_t>(i)]));
-      return out;
+    auto fetch = [this](uint64_t offset, uint64_t length) {
+      return m_stub.device_chunks(Tier::vram, offset, length);
     };
     auto f = DeviceFrameData::open(m_regions->device_uuid(), m_regions->device_chunk(), m_regions->device_windows(),
                                    std::move(fetch));

@@ -102,16 +102,7 @@ std::shared_ptr<RemoteState> ClientCore::remote_state(NodeId node, std::shared_p
   return state;
 }
 
-Result<proto::NodeInfo> ClientCore::node_info(NodeId node, bool ask_node) {
-  proto::Request request;
-  request.mutable_nodes()->set_refresh(ask_node);
-  request.mutable_nodes()->set_node(node);
-  TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
-  for (const proto::NodeInfo& n : response.nodes().nodes()) {
-    if (n.node_id() == node) return n;
-  }
-  return Status(ErrorCode::bad_gva, "node " + std::to_string(node) + " is not in the cluster");
-}
+Result<proto::NodeInfo> ClientCore::node_info(NodeId node, bool ask_node) { return m_stub.describe(node, ask_node); }
 
 bool ClientCore::may_ask(NodeId node) {
   auto& last = m_forced_refresh[node];
@@ -152,15 +143,12 @@ Status ClientCore::still_reachable(const Endpoint& ep) {
     if (it == m_endpoint_nodes.end()) return Status();
     node = it->second;
   }
-  proto::Request request;
-  request.mutable_nodes()->set_node(node);
-  auto response = call(request);
-  if (!response.ok()) return Status();  // the daemon cannot say: the fabric decides
-  for (const proto::NodeInfo& n : response->nodes().nodes()) {
-    if (n.node_id() != node || static_cast<NodeHealth>(n.health()) != NodeHealth::unreachable) continue;
+  auto n = m_stub.describe(node);
+  if (!n.ok()) return Status();  // the daemon cannot say: the fabric decides
+  if (static_cast<NodeHealth>(n->health()) == NodeHealth::unreachable) {
     return Status(ErrorCode::transport_error,
                   "node " + std::to_string(node) + " is UNREACHABLE (as node " + std::to_string(this->node()) +
-                      " sees it" + (n.last_error().empty() ? std::string() : ": " + n.last_error()) +
+                      " sees it" + (n->last_error().empty() ? std::string() : ": " + n->last_error()) +
                       "); its operations were given up");
   }
   return Status();
@@ -188,25 +176,23 @@ Result<std::shared_ptr<SiblingNode>> ClientCore::sibling(NodeId node) {
     if (!s->lost.load(std::memory_order_acquire) && !s->regions->daemon_died()) return s;
     m_siblings.erase(it);  // its daemon went: ask again
   }
-  proto::Request request;
-  request.mutable_nodes()->set_node(node);
-  TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
-  for (const proto::NodeInfo& n : response.nodes().nodes()) {
-    if (n.node_id() != node) continue;
-    if (n.host_id() != m_hello.host_id() || n.socket_path().empty()) {
-      auto elsewhere = std::make_shared<SiblingNode>();
-      elsewhere->node = node;
-      m_siblings[node] = elsewhere;
-      return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is on another host");
-    }
-    auto s = open_sibling(n);
-    // Not cached when it fails (a daemon restarting, a socket this user may
-    // not open): the data plane serves meanwhile, and the next translation
-    // tries again.
-    if (s.ok()) m_siblings[node] = *s;
-    return s;
+  auto described = m_stub.describe(node);
+  if (!described.ok() && described.status().code() == ErrorCode::bad_gva) {
+    return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is not in this daemon's cluster");
   }
-  return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is not in this daemon's cluster");
+  TIERMEM_RETURN_IF_ERROR(described.status());
+  if (described->host_id() != m_hello.host_id() || described->socket_path().empty()) {
+    auto elsewhere = std::make_shared<SiblingNode>();
+    elsewhere->node = node;
+    m_siblings[node] = elsewhere;
+    return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " is on another host");
+  }
+  auto s = open_sibling(*described);
+  // Not cached when it fails (a daemon restarting, a socket this user may
+  // not open): the data plane serves meanwhile, and the next translation
+  // tries again.
+  if (s.ok()) m_siblings[node] = *s;
+  return s;
 }
 
 Result<std::shared_ptr<SiblingNode>> ClientCore::open_sibling(const proto::NodeInfo& info) {
@@ -215,35 +201,24 @@ Result<std::shared_ptr<SiblingNode>> ClientCore::open_sibling(const proto::NodeI
   s->on_host = true;
   TIERMEM_ASSIGN_OR_RETURN(s->connection, RpcConnection::connect_unix(info.socket_path()));
   s->connection->set_timeout(m_remote_timeout);
-  proto::Request hello;
-  hello.mutable_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  hello.mutable_hello()->set_client_name(m_client_name + " (maps node " + std::to_string(info.node_id()) + ")");
-  hello.mutable_hello()->set_client_id(m_client_id);
-  TIERMEM_ASSIGN_OR_RETURN(auto said, s->connection->call(hello));
-  s->hello = said.hello();
+  ControlStub sibling = ControlStub::over(*s->connection);
+  const HelloArgs hello{m_client_name + " (maps node " + std::to_string(info.node_id()) + ")", 0, m_client_id, {}};
+  TIERMEM_ASSIGN_OR_RETURN(s->hello, sibling.hello(hello));
   // The socket must be that node's, serving the incarnation its peers know.
   if (s->hello.node_id() != info.node_id() || s->hello.incarnation() != info.incarnation() ||
       s->hello.host_id() != m_hello.host_id()) {
     return Status(ErrorCode::not_supported, "the daemon at " + info.socket_path() + " is not node " +
                                                 std::to_string(info.node_id()) + " as its peers know it");
   }
-  proto::Request open;
-  open.mutable_open_regions();
   std::vector<UniqueFd> fds;
-  TIERMEM_ASSIGN_OR_RETURN(auto regions, s->connection->call(open, &fds));
+  TIERMEM_ASSIGN_OR_RETURN(auto regions, sibling.open_regions(&fds));
   s->regions = std::make_unique<NodeRegions>(s->hello, info.socket_path(), &s->lost, /*sibling=*/true);
-  TIERMEM_RETURN_IF_ERROR(s->regions->map(regions.open_regions(), fds));
+  TIERMEM_RETURN_IF_ERROR(s->regions->map(regions, fds));
   return s;
 }
 
 Status ClientCore::persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length) {
-  proto::Request request;
-  request.set_node(node);
-  auto* p = request.mutable_persist_frames();
-  p->set_tier(wire::to_proto(tier));
-  p->set_frame_offset(frame_offset);
-  p->set_length(length);
-  return call(request).status();
+  return m_stub.persist_frames(node, tier, frame_offset, length);
 }
 
 }  // namespace tiermem::detail

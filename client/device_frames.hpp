@@ -27,7 +27,7 @@
 
 #include "common/cuda_driver.hpp"
 #include "common/unique_fd.hpp"
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
 
 namespace tiermem::detail {
 

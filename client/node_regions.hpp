@@ -25,9 +25,9 @@
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
 #include "control.pb.h"
-#include "mapping/lock_intents.hpp"
-#include "mapping/seqlock_copy.hpp"
-#include "mapping/version_segments.hpp"
+#include "pages/lock_intents.hpp"
+#include "pages/seqlock_copy.hpp"
+#include "pages/segment_layout.hpp"
 
 namespace tiermem::detail {
 

@@ -4,7 +4,7 @@
 // callers take their paths that need no GPU.
 //
 // The names and structures are cuda.h's (CUDA 12 and 13 keep them stable);
-// mapping/vram_tier.cpp, which is built with cuda.h, checks the layouts.
+// tiers/vram_tier.cpp, which is built with cuda.h, checks the layouts.
 #pragma once
 
 #include <cstddef>

@@ -14,7 +14,7 @@
 #include "daemon/replicator.hpp"
 #include "daemon/request_handler.hpp"
 #include "daemon/session_locks.hpp"
-#include "mapping/lock_intents.hpp"
+#include "pages/lock_intents.hpp"
 
 namespace tiermem {
 namespace {
@@ -167,10 +167,7 @@ Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
     // answering.
     reply.deferred = [this, request, remote_frames, who, freed = *info, copies]() {
       for (const Extent& x : remote_frames) {
-        proto::Request release;
-        release.set_is_operator(true);
-        wire::to_proto(x, release.mutable_release_frames()->add_extents());
-        (void)m_peers->call(x.node, release);
+        (void)m_peers->own_stub(x.node).release_frames({&x, 1});
       }
       if (copies) m_replicator->freed(freed, who);
       Reply out = ok_reply(request);

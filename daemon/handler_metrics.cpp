@@ -7,7 +7,7 @@
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
 #include "daemon/session_locks.hpp"
-#include "mapping/truncation_guard.hpp"
+#include "tiers/truncation_guard.hpp"
 #include "tiermem_config.h"
 
 namespace tiermem {

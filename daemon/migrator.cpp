@@ -48,14 +48,12 @@ Result<Migrator::Reserved> Migrator::reserve(NodeId node, Tier tier, uint64_t pa
   if (node == m_space.node()) {
     TIERMEM_ASSIGN_OR_RETURN(extents, m_space.reserve_frames(tier, pages, m_tenant, m_limits, m_space.node()));
   } else {
-    proto::Request request;
-    request.mutable_reserve_frames()->set_tier(wire::to_proto(tier));
-    request.mutable_reserve_frames()->set_pages(pages);
-    request.set_tenant(m_tenant);
-    TIERMEM_ASSIGN_OR_RETURN(auto response, m_peers->call(node, request));
-    for (const auto& x : response.reserve_frames().extents()) extents.push_back(wire::from_proto(x));
-    r.memory_generation = response.reserve_frames().memory_generation();
-    r.incarnation = response.reserve_frames().incarnation();
+    Identity who;
+    who.tenant = m_tenant;
+    TIERMEM_ASSIGN_OR_RETURN(LentFrames lent, m_peers->stub(node, who).reserve_frames(tier, pages));
+    extents = std::move(lent.extents);
+    r.memory_generation = lent.memory_generation;
+    r.incarnation = lent.incarnation;
   }
   // What the lender sent must be `pages` distinct whole frames of the tier:
   // two pages copied into one frame would lose one of them.

@@ -46,13 +46,8 @@ Result<FrameData*> PeerAccess::frames(NodeId id, Tier tier) {
   PeerManager* peers = m_peers;
   m_frames.push_back(std::make_unique<RemoteFrameData>(
       *m_transport, n, tier, m_timeout, [peers, id](Tier t, uint64_t offset, uint64_t length) {
-        proto::Request request;
-        request.set_is_operator(true);  // the daemon's own, for a page it holds the lock of
-        auto* p = request.mutable_persist_frames();
-        p->set_tier(wire::to_proto(t));
-        p->set_frame_offset(offset);
-        p->set_length(length);
-        return peers->call(id, request).status();
+        // The daemon's own, for a page it holds the lock of.
+        return peers->own_stub(id).persist_frames(0, t, offset, length);
       }));
   return m_frames.back().get();
 }

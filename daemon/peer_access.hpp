@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "daemon/peer_manager.hpp"
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
 
 namespace tiermem {
 

@@ -196,12 +196,8 @@ Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string&
   // A caller's deadline bounds a link made for its request (heartbeats have none).
   TIERMEM_ASSIGN_OR_RETURN(auto conn, RpcConnection::connect_tcp(address, ScopedDeadline::bound(m_options.timeout)));
   const std::string nonce = make_nonce();
-  proto::Request challenge;
-  challenge.mutable_peer_challenge()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  challenge.mutable_peer_challenge()->set_node_id(m_options.self);
-  challenge.mutable_peer_challenge()->set_nonce(nonce);
-  TIERMEM_ASSIGN_OR_RETURN(auto answer, conn->call(challenge));
-  const proto::PeerChallengeResponse& c = answer.peer_challenge();
+  ControlStub link = ControlStub::over(*conn);
+  TIERMEM_ASSIGN_OR_RETURN(const proto::PeerChallengeResponse c, link.peer_challenge(m_options.self, nonce));
   if (c.node_id() != node) {
     return Status(ErrorCode::config_error, "the daemon at " + address + " is node " + std::to_string(c.node_id()) +
                                                ", not node " + std::to_string(node) + " (check the cluster file)");
@@ -210,12 +206,7 @@ Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string&
     return Status(ErrorCode::permission_denied, "the daemon at " + address + " (node " + std::to_string(node) +
                                                     ") did not prove it knows the cluster secret");
   }
-  proto::Request hello;
-  hello.mutable_peer_hello()->set_protocol_version(proto::PROTOCOL_VERSION_CURRENT);
-  *hello.mutable_peer_hello()->mutable_self() = m_self();
-  hello.mutable_peer_hello()->set_proof(m_secret.proof("client", m_options.self, node, nonce, c.nonce()));
-  TIERMEM_ASSIGN_OR_RETURN(auto response, conn->call(hello));
-  *info = response.peer_hello().self();
+  TIERMEM_ASSIGN_OR_RETURN(*info, link.peer_hello(m_self(), m_secret.proof("client", m_options.self, node, nonce, c.nonce())));
   return conn;
 }
 
@@ -255,17 +246,13 @@ Status PeerManager::handshake(NodeId node) {
 }
 
 Status PeerManager::refresh_regions(NodeId node, const std::shared_ptr<RpcConnection>& conn) {
-  proto::Request request;
-  request.mutable_node_info();
-  TIERMEM_ASSIGN_OR_RETURN(auto response, conn->call(request));
-  return apply_node_info(node, response.node_info().self());
+  TIERMEM_ASSIGN_OR_RETURN(auto info, ControlStub::over(*conn).node_info());
+  return apply_node_info(node, info);
 }
 
 Status PeerManager::refresh(NodeId node) {
-  proto::Request request;
-  request.mutable_node_info();
-  TIERMEM_ASSIGN_OR_RETURN(auto response, call(node, request));
-  return apply_node_info(node, response.node_info().self());
+  TIERMEM_ASSIGN_OR_RETURN(auto info, stub(node, Identity{}).node_info());
+  return apply_node_info(node, info);
 }
 
 Status PeerManager::apply_node_info(NodeId node, const proto::NodeInfo& info) {
@@ -323,12 +310,10 @@ void PeerManager::check(NodeId node) {
     conn.reset();
   }
   if (conn) {
-    proto::Request ping;
-    ping.mutable_ping();
-    auto response = conn->call(ping);
-    if (response.ok() && response->ping().incarnation() == incarnation) {
+    auto response = ControlStub::over(*conn).ping();
+    if (response.ok() && response->incarnation() == incarnation) {
       beat(node, true, elapsed(), false, "");
-      if (response->ping().regions_version() != regions_version) (void)refresh_regions(node, conn);
+      if (response->regions_version() != regions_version) (void)refresh_regions(node, conn);
       return;
     }
     const std::string why = response.ok() ? "restarted (new incarnation)" : response.status().message();
@@ -435,6 +420,12 @@ PeerSlots::Deadline PeerManager::slot_deadline(std::chrono::milliseconds timeout
   }
   return {now + timeout, "the call's timeout of " + std::to_string(timeout.count()) + " ms" +
                              (timeout == m_options.timeout ? " (cluster.peer_timeout_ms)" : "")};
+}
+
+ControlStub PeerManager::stub(NodeId node, const Identity& who, bool by_home, std::chrono::milliseconds timeout) {
+  return ControlStub([this, node, timeout](proto::Request& request,
+                                           std::vector<UniqueFd>*) { return call(node, request, timeout); },
+                     OnBehalf{who.tenant, who.is_operator, who.uid, by_home});
 }
 
 Result<proto::Response> PeerManager::call(NodeId node, proto::Request request, std::chrono::milliseconds timeout) {

@@ -28,6 +28,8 @@
 #include "daemon/cluster_file.hpp"
 #include "daemon/peer_auth.hpp"
 #include "daemon/peer_slots.hpp"
+#include "daemon/tenants.hpp"
+#include "proto/control_stub.hpp"
 #include "rpc_connection.hpp"
 
 namespace tiermem {
@@ -82,6 +84,12 @@ class PeerManager {
   // stopped), timeout, or the peer's answer.
   Result<proto::Response> call(NodeId node, proto::Request request,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // Requests to `node` through call(), for `who` (as the home of a copy
+  // when `by_home`). The stub must not outlive this manager.
+  ControlStub stub(NodeId node, const Identity& who, bool by_home = false,
+                   std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // ... for this daemon itself (an operator: its own page locks, lent frames).
+  ControlStub own_stub(NodeId node) { return stub(node, Identity{"", true, 0, 0}); }
   // The peers' slots, for callers that wait for one without a thread.
   PeerSlots& slots() { return m_slots; }
 

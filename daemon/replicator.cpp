@@ -22,16 +22,6 @@ uint64_t now_ms() {
                                    .count());
 }
 
-// A request this node makes as the home of a copy, for `who`.
-proto::Request by_home(const Identity& who) {
-  proto::Request r;
-  r.set_tenant(who.tenant);
-  r.set_is_operator(who.is_operator);
-  r.set_uid(who.uid);
-  r.set_by_home(true);
-  return r;
-}
-
 Identity owner_of(const AllocationInfo& info) {
   Identity who;
   who.tenant = info.tenant;
@@ -144,39 +134,31 @@ std::shared_ptr<std::mutex> Replicator::write_lock(uint64_t base) {
   return m;
 }
 
+ControlStub Replicator::as_home(NodeId node, const Identity& who) {
+  return m_peers.stub(node, who, /*by_home=*/true, m_options.peer_timeout);
+}
+
 // --- copies ------------------------------------------------------------------------
 
 Result<ReplicaInfo> Replicator::make_copy(const AllocationInfo& info, NodeId node, bool ready, const Identity& who) {
-  proto::Request request = by_home(who);
-  auto* a = request.mutable_alloc();
-  a->set_size(info.size);
-  a->set_tier(wire::to_proto(info.tier));
-  a->set_name(info.name);  // findable while the home is away (Client::list)
-  wire::to_proto(info.gva, a->mutable_replica_of());
-  a->set_replica_ready(ready);
-  TIERMEM_ASSIGN_OR_RETURN(auto response, m_peers.call(node, request, m_options.peer_timeout));
+  TIERMEM_ASSIGN_OR_RETURN(const AllocationInfo made, as_home(node, who).alloc_copy(info, ready));
   ReplicaInfo copy;
   copy.node = node;
-  copy.gva = wire::from_proto(response.alloc().allocation().gva());
+  copy.gva = made.gva;
   copy.state = ReplicaState::in_sync;
   return copy;
 }
 
 void Replicator::free_copy(const ReplicaInfo& copy, const Identity& who) {
-  proto::Request request = by_home(who);
-  wire::to_proto(copy.gva, request.mutable_free()->mutable_gva());
-  auto response = m_peers.call(copy.node, request, m_options.peer_timeout);
-  if (!response.ok() && response.status().code() != ErrorCode::not_allocated &&
-      response.status().code() != ErrorCode::stale_generation) {
+  const Status response = as_home(copy.node, who).free(copy.gva);
+  if (!response.ok() && response.code() != ErrorCode::not_allocated && response.code() != ErrorCode::stale_generation) {
     spdlog::warn("the copy {} on node {} was not freed ({}); its node frees it once it sees it is no longer listed",
-                 copy.gva.to_string(), copy.node, response.status().to_string());
+                 copy.gva.to_string(), copy.node, response.to_string());
   }
 }
 
 Status Replicator::mark_ready(const ReplicaInfo& copy, const Identity& who) {
-  proto::Request request = by_home(who);
-  wire::to_proto(copy.gva, request.mutable_replica_ready()->mutable_gva());
-  return m_peers.call(copy.node, request, m_options.peer_timeout).status();
+  return as_home(copy.node, who).replica_ready(copy.gva);
 }
 
 Status Replicator::place(const AllocationInfo& info, uint32_t count, const Identity& who) {
@@ -247,11 +229,7 @@ void Replicator::freed(const AllocationInfo& info, const Identity& who) {
 
 Status Replicator::write_copy(const ReplicaInfo& copy, uint64_t offset, const void* data, size_t length,
                               const Identity& who) {
-  proto::Request request = by_home(who);
-  auto* w = request.mutable_write();
-  wire::to_proto(copy.gva.plus(offset), w->mutable_gva());
-  w->set_data(data, length);
-  return m_peers.call(copy.node, request, m_options.peer_timeout).status();
+  return as_home(copy.node, who).write(copy.gva.plus(offset), {static_cast<const std::byte*>(data), length});
 }
 
 Status Replicator::write_copies(const AllocationInfo& info, uint64_t offset, const void* data, size_t length,
@@ -371,13 +349,7 @@ Status Replicator::refill(const AllocationInfo& seen) {
     Status s;
     for (uint64_t offset = 0; s.ok() && offset < info.size; offset += k_fill_chunk) {
       const size_t n = std::min<uint64_t>(k_fill_chunk, info.size - offset);
-      proto::Request request = by_home(who);
-      wire::to_proto(c.gva.plus(offset), request.mutable_read()->mutable_gva());
-      request.mutable_read()->set_length(n);
-      auto response = m_peers.call(c.node, request, m_options.peer_timeout);
-      s = response.status();
-      if (s.ok() && response->read().data().size() != n) s = Status(ErrorCode::internal, "a short read of the copy");
-      if (s.ok()) std::memcpy(bytes.data() + offset, response->read().data().data(), n);
+      s = as_home(c.node, who).read(c.gva.plus(offset), {bytes.data() + offset, n}, false);
     }
     if (s.ok()) {
       TIERMEM_ASSIGN_OR_RETURN(const uint64_t pages, m_space.refill_lost(info.gva, bytes));
@@ -413,16 +385,14 @@ void Replicator::forget_dropped(const AllocationInfo& seen) {
 
 void Replicator::collect_orphan(const AllocationInfo& copy) {
   if (copy.created_unix_ms + static_cast<uint64_t>(m_options.orphan_min_age.count()) > now_ms()) return;
-  proto::Request request = by_home(owner_of(copy));
-  request.set_by_home(false);
-  wire::to_proto(copy.replica_of, request.mutable_translate()->mutable_gva());
-  auto response = m_peers.call(copy.replica_of.node, request, m_options.peer_timeout);
+  ControlStub home_node = m_peers.stub(copy.replica_of.node, owner_of(copy), false, m_options.peer_timeout);
+  auto response = home_node.translate(copy.replica_of);
   bool orphan = false;
   if (!response.ok()) {
     const ErrorCode code = response.status().code();
     orphan = code == ErrorCode::not_allocated || code == ErrorCode::stale_generation;
   } else {
-    const AllocationInfo home = wire::from_proto(response->translate().allocation());
+    const AllocationInfo& home = response->allocation;
     orphan = std::none_of(home.replicas.begin(), home.replicas.end(), [&](const ReplicaInfo& c) {
       return live(c) && c.node == m_space.node() && c.gva.offset == copy.gva.offset &&
              c.gva.generation == copy.gva.generation;

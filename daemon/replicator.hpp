@@ -41,7 +41,8 @@
 
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
+#include "proto/control_stub.hpp"
 
 namespace tiermem {
 
@@ -98,6 +99,8 @@ class Replicator {
   void stop();
 
  private:
+  // Requests to the node of a copy, as its home, for `who`.
+  ControlStub as_home(NodeId node, const Identity& who);
   struct Quorum {
     size_t members = 0;
     size_t reachable = 0;  // healthy or degraded, this node included

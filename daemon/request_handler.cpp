@@ -15,48 +15,13 @@
 #include "daemon/replicator.hpp"
 #include "daemon/request_checks.hpp"
 #include "daemon/session_locks.hpp"
-#include "mapping/truncation_guard.hpp"
+#include "tiers/truncation_guard.hpp"
 #include "tiermem_config.h"
 
 namespace tiermem {
 namespace {
 
 constexpr uint32_t k_protocol_version = proto::PROTOCOL_VERSION_CURRENT;
-
-// The reply for a request whose handler filled `reply` and returned `status`.
-Reply finish(Reply reply, const Status& status, uint64_t id) {
-  if (!status.ok()) return RequestHandler::error_reply(id, status, reply.close_after);
-  wire::to_proto(status, reply.response.mutable_status());
-  reply.response.set_fd_count(static_cast<uint32_t>(reply.fds.size()));
-  return reply;
-}
-
-// Requests daemons make of each other, never of a client.
-bool is_peer_only(proto::Request::BodyCase body) {
-  switch (body) {
-    case proto::Request::kPing:
-    case proto::Request::kNodeInfo:
-    case proto::Request::kReserveFrames:
-    case proto::Request::kReleaseFrames:
-    case proto::Request::kBreakLocks:
-    case proto::Request::kReplicaReady:
-      return true;
-    default:
-      return false;
-  }
-}
-
-const char* request_name(proto::Request::BodyCase body) {
-  switch (body) {
-    case proto::Request::kPing: return "ping";
-    case proto::Request::kNodeInfo: return "node_info";
-    case proto::Request::kReserveFrames: return "reserve_frames";
-    case proto::Request::kReleaseFrames: return "release_frames";
-    case proto::Request::kBreakLocks: return "break_locks";
-    case proto::Request::kReplicaReady: return "replica_ready";
-    default: return "this request";
-  }
-}
 
 }  // namespace
 
@@ -145,10 +110,9 @@ Status RequestHandler::admit(const proto::Request& request, const SessionState& 
                   "by_home is for the daemon that is the home of a copy, not for clients (" + session.who.describe() +
                       ")");
   }
-  if (!session.peer && is_peer_only(body)) {
+  if (const Route* r = route_of(static_cast<int>(body)); !session.peer && r != nullptr && r->peer_only) {
     return Status(ErrorCode::permission_denied,
-                  std::string(request_name(body)) + " is for peer daemons only, not for clients (" +
-                      session.who.describe() + ")");
+                  std::string(r->name) + " is for peer daemons only, not for clients (" + session.who.describe() + ")");
   }
   return Status();
 }
@@ -253,129 +217,6 @@ Reply RequestHandler::route(const proto::Request& request, SessionState& session
     return forward(target, request, session);
   }
   return dispatch(request, session);
-}
-
-Reply RequestHandler::dispatch(const proto::Request& request, SessionState& session) {
-  Reply reply = ok_reply(request);
-  proto::Response& resp = reply.response;
-  Status status;
-  switch (request.body_case()) {
-    case proto::Request::kHello:
-      status = hello(request.hello(), session, resp.mutable_hello());
-      reply.close_after = !status.ok();
-      if (status.ok() && !session.remote) take_lease(request.hello(), session, resp.mutable_hello());
-      break;
-    case proto::Request::kPeerChallenge:
-      status = peer_challenge(request.peer_challenge(), session, resp.mutable_peer_challenge());
-      reply.close_after = !status.ok();
-      break;
-    case proto::Request::kPeerHello:
-      status = peer_hello(request.peer_hello(), session, resp.mutable_peer_hello());
-      reply.close_after = !status.ok();
-      break;
-    case proto::Request::kOpenRegions:
-      status = open_regions(session, resp.mutable_open_regions(), &reply.fds);
-      break;
-    case proto::Request::kDeviceChunks:
-      status = device_chunks(request.device_chunks(), session, resp.mutable_device_chunks(), &reply.fds);
-      break;
-    case proto::Request::kMap: status = map(request.map(), session, resp.mutable_map()); break;
-    case proto::Request::kUnmap:
-      status = unmap(request.unmap(), session);
-      resp.mutable_unmap();
-      break;
-    case proto::Request::kPing:
-      resp.mutable_ping()->set_incarnation(m_incarnation);
-      resp.mutable_ping()->set_regions_version(self().regions_version());
-      break;
-    case proto::Request::kNodeInfo: *resp.mutable_node_info()->mutable_self() = self(); break;
-    case proto::Request::kCheckIn: resp.mutable_check_in(); break;  // seen() above took it
-    case proto::Request::kReserveFrames:
-      status = reserve_frames(request, session, resp.mutable_reserve_frames());
-      break;
-    case proto::Request::kReleaseFrames:
-      status = release_frames(request.release_frames(), session);
-      resp.mutable_release_frames();
-      break;
-    case proto::Request::kBreakLocks:
-      break_locks(request.break_locks(), requester(request, session), resp.mutable_break_locks());
-      break;
-    default: return dispatch_data(request, session, requester(request, session));
-  }
-  return finish(std::move(reply), status, request.id());
-}
-
-Reply RequestHandler::dispatch_data(const proto::Request& request, SessionState& session, const Identity& who) {
-  Reply reply = ok_reply(request);
-  proto::Response& resp = reply.response;
-  Status status;
-  switch (request.body_case()) {
-    case proto::Request::kAlloc:
-      status = alloc(request.alloc(), who, resp.mutable_alloc());
-      if (status.ok() && request.alloc().session()) {
-        session.owned.push_back(wire::from_proto(resp.alloc().allocation().gva()));
-      }
-      if (status.ok() && request.alloc().replicas() > 0) {
-        return alloc_replicated(request, who, wire::from_proto(resp.alloc().allocation()));
-      }
-      if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
-          request.node() == 0 && !request.forwarded() && !request.alloc().session()) {
-        return alloc_anywhere(request, session, status);
-      }
-      break;
-    case proto::Request::kFree: return free(request, who);
-    case proto::Request::kTranslate: status = translate(request.translate(), who, resp.mutable_translate()); break;
-    case proto::Request::kRead: return read(request, who);
-    case proto::Request::kWrite: return write(request, who);
-    case proto::Request::kAtomic: return atomic(request, who);
-    case proto::Request::kLookup: status = lookup(request.lookup(), who, resp.mutable_lookup()); break;
-    case proto::Request::kStat: stat(requester(request, session), resp.mutable_stat()); break;
-    case proto::Request::kMetrics:
-      if (!who.is_operator) {
-        status = Status(ErrorCode::permission_denied, "the metrics name every tenant: operators only (root or "
-                                                      "tenants.admin_group), not " + who.describe());
-      } else if (!m_counting) {
-        status = Status(ErrorCode::failed_precondition,
-                        "metrics.enabled is false on node " + std::to_string(m_space.node()) + ": nothing is counted");
-      } else {
-        resp.mutable_metrics()->set_text(metrics());
-      }
-      break;
-    case proto::Request::kList: list(who, resp.mutable_list()); break;
-    case proto::Request::kDump: dump(who, resp.mutable_dump()); break;
-    case proto::Request::kNodes:
-      if (request.nodes().refresh() && m_peers != nullptr && request.nodes().node() != m_space.node()) {
-        // Asks the peer: off the control threads.
-        reply.deferred = [this, request, who]() {
-          (void)m_peers->refresh(static_cast<NodeId>(request.nodes().node()));
-          Reply out = ok_reply(request);
-          nodes(who, out.response.mutable_nodes());
-          return out;
-        };
-        return reply;
-      }
-      nodes(who, resp.mutable_nodes());
-      break;
-    case proto::Request::kMigrate: return migrate(request, who);
-    case proto::Request::kReplicaReady:
-      status = replica_ready(request.replica_ready(), who);
-      resp.mutable_replica_ready();
-      break;
-    case proto::Request::kPersistFrames:
-      // msync on a non-DAX file can take milliseconds: off the control threads.
-      reply.deferred = [this, request, who]() {
-        Status s = persist_frames(request.persist_frames(), who);
-        if (!s.ok()) return error_reply(request.id(), s, false);
-        Reply out = ok_reply(request);
-        out.response.mutable_persist_frames();
-        return out;
-      };
-      return reply;
-    default:
-      status = Status(ErrorCode::malformed_frame, "request has no body (unknown request type?)");
-      break;
-  }
-  return finish(std::move(reply), status, request.id());
 }
 
 Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, proto::HelloResponse* out) {
@@ -504,10 +345,7 @@ void RequestHandler::free_session_allocations(const std::vector<Gva>& owned, con
   // (rare; this waits for the peers).
   for (const Extent& x : remote_frames) {
     if (m_peers == nullptr) break;
-    proto::Request release;
-    release.set_is_operator(true);
-    wire::to_proto(x, release.mutable_release_frames()->add_extents());
-    (void)m_peers->call(x.node, release);
+    (void)m_peers->own_stub(x.node).release_frames({&x, 1});
   }
 }
 

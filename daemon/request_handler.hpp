@@ -110,7 +110,26 @@ class RequestHandler {
  private:
   // handle() but for the caller's deadline.
   Reply route(const proto::Request& request, SessionState& session);
+  // Calls the service of the request's row of the table (request_routes.cpp).
   Reply dispatch(const proto::Request& request, SessionState& session);
+
+  // One row of the table of requests, per request kind.
+  enum class Family : uint8_t { session, cluster, data, replica };
+  using Serve = Reply (*)(RequestHandler&, const proto::Request&, SessionState&);
+  struct Route {
+    const char* name = nullptr;  // the body's field name
+    Family family = Family::data;
+    bool peer_only = false;      // daemons ask it of each other, never clients
+    Serve serve = nullptr;
+  };
+  // The row of body field number `body`; null for a kind that has none.
+  static const Route* route_of(int body);
+  // The reply for a request whose service filled `reply` and returned `status`.
+  static Reply finish(Reply reply, const Status& status, uint64_t id);
+  Reply serve_alloc(const proto::Request& request, SessionState& session, const Identity& who);
+  Status serve_metrics(const Identity& who, proto::MetricsResponse* out);
+  Reply serve_nodes(const proto::Request& request, const Identity& who);
+  Reply serve_persist_frames(const proto::Request& request, const Identity& who);
   // What m_metrics counts of a request, taken before it is answered.
   struct Counted {
     std::string_view type;  // the body's field name
@@ -130,7 +149,6 @@ class RequestHandler {
   // Frees session allocations (of `whose`: for the log), giving frames lent
   // by peers back.
   void free_session_allocations(const std::vector<Gva>& owned, const std::string& whose);
-  Reply dispatch_data(const proto::Request& request, SessionState& session, const Identity& who);
   // Refuses what this session may not ask at all (before any work).
   Status admit(const proto::Request& request, const SessionState& session) const;
   // Who asked: the session's client, or the client a peer relays for.

@@ -13,7 +13,7 @@
 #include "common/shared_memory.hpp"
 #include "daemon/peer_manager.hpp"
 #include "mapping/address_space.hpp"
-#include "mapping/lock_intents.hpp"
+#include "pages/lock_intents.hpp"
 
 namespace tiermem {
 namespace {
@@ -171,19 +171,11 @@ uint64_t SessionLocks::break_locks(const Log& log) {
     }
   }
   for (const auto& [node, locks] : remote) {
-    proto::Request request;
-    request.set_node(node);
-    request.set_tenant(log.who.tenant);
-    request.set_is_operator(log.who.is_operator);
-    request.set_uid(log.who.uid);
-    for (const LockIntent& e : locks) {
-      proto::LockRecord* r = request.mutable_break_locks()->add_locks();
-      r->set_page(e.page);
-      r->set_locked(e.locked);
-    }
-    auto response = m_peers->call(node, request);
+    std::vector<std::pair<uint64_t, uint64_t>> records;
+    for (const LockIntent& e : locks) records.emplace_back(e.page, e.locked);
+    auto response = m_peers->stub(node, log.who).break_locks(records);
     if (response.ok()) {
-      broken += response->break_locks().broken();
+      broken += *response;
     } else {
       spdlog::warn("breaking {} page lock(s) of dead session {} on node {}: {}", locks.size(), log.session, node,
                    response.status().message());

@@ -1,5 +1,5 @@
 // The page locks of dead clients (S3). Each client session gets a lock log
-// (mapping/lock_intents.hpp): a memfd the client maps with its regions and
+// (pages/lock_intents.hpp): a memfd the client maps with its regions and
 // records every page lock in before it takes it. When the session ends, the
 // daemon waits for the client's process to exit (a pidfd; at most
 // recovery.stale_writer_grace_ms), then breaks every lock the log still

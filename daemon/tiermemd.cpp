@@ -37,8 +37,8 @@
 #include "daemon/request_handler.hpp"
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
-#include "mapping/segment_file.hpp"
-#include "mapping/truncation_guard.hpp"
+#include "tiers/segment_file.hpp"
+#include "tiers/truncation_guard.hpp"
 #include "mapping/version_segments.hpp"
 #include "tiermem_config.h"
 

@@ -10,7 +10,7 @@
 
 #include "common/frame.hpp"
 #include "daemon/request_checks.hpp"
-#include "mapping/tier_backend.hpp"
+#include "tiers/tier_backend.hpp"
 
 namespace tiermem::fuzz {
 namespace {

@@ -24,7 +24,7 @@
 #include "daemon/request_handler.hpp"
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
-#include "mapping/segment_file.hpp"
+#include "tiers/segment_file.hpp"
 
 namespace tiermem::fuzz {
 

@@ -13,7 +13,7 @@
 
 #include "common/random.hpp"
 #include "mapping/placement.hpp"
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 namespace {

@@ -3,7 +3,7 @@
 // It hands out GVAs from the node's virtual page range, backs every page with a
 // frame (of one of its own tiers, or, after migration, of another node's),
 // keeps the page table and the version words, and copies data under the
-// seqlock discipline of mapping/version.hpp.
+// seqlock discipline of pages/version.hpp.
 //
 // Tenants (O5). Every allocation belongs to a tenant, and every tenant has a
 // domain on the node: a slice of the virtual range (its pages' version words
@@ -56,8 +56,8 @@
 #include "mapping/extent_set.hpp"
 #include "mapping/metadata_store.hpp"
 #include "mapping/page_table.hpp"
-#include "mapping/seqlock_copy.hpp"
-#include "mapping/tier_backend.hpp"
+#include "pages/seqlock_copy.hpp"
+#include "tiers/tier_backend.hpp"
 #include "mapping/version_segments.hpp"
 
 namespace tiermem {
@@ -322,7 +322,7 @@ class AddressSpace {
   // works). Returns how many pages were lost.
   size_t lose_frames_of(NodeId node, const std::map<std::string, uint64_t>& generations);
 
-  // --- locks of dead writers (S3, mapping/lock_intents.hpp) ----------------
+  // --- locks of dead writers (S3, pages/lock_intents.hpp) ----------------
   // Breaks the lock a writer that died held on `page`, when its word still
   // has exactly the value `locked` and the page is allocated in the domain of
   // `tenant` (any, for an operator); the page is then flagged torn (T): it may

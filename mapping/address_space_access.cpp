@@ -6,7 +6,7 @@
 #include <tiermem/status_macros.h>
 
 #include "mapping/address_space.hpp"
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 namespace {

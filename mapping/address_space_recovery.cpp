@@ -19,8 +19,8 @@
 #include <tiermem/status_macros.h>
 
 #include "mapping/address_space.hpp"
-#include "mapping/lock_intents.hpp"
-#include "mapping/version.hpp"
+#include "pages/lock_intents.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 

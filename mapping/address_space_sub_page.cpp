@@ -29,7 +29,7 @@
 
 #include "mapping/address_space.hpp"
 #include "mapping/placement.hpp"
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 namespace {

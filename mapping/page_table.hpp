@@ -25,7 +25,7 @@
 #include <tiermem/gva.h>
 #include <tiermem/types.h>
 
-#include "mapping/sub_blocks.hpp"
+#include "pages/sub_blocks.hpp"
 
 namespace tiermem {
 

@@ -168,3 +168,88 @@ Extent from_proto(const proto::Extent& extent) {
 }
 
 }  // namespace tiermem::wire
+
+namespace tiermem::wire {
+
+NodeInfo from_proto(const proto::NodeInfo& n) {
+  NodeInfo info;
+  info.node = static_cast<NodeId>(n.node_id());
+  info.control_address = n.control_address();
+  info.state = static_cast<NodeState>(n.state());
+  info.incarnation = n.incarnation();
+  info.transports = n.transports();
+  info.last_error = n.last_error();
+  info.state_since_ms = n.state_since_ms();
+  info.health = static_cast<NodeHealth>(n.health());
+  info.health_since_ms = n.health_since_ms();
+  info.last_heartbeat_ms = n.last_heartbeat_ms();
+  info.missed_heartbeats = n.missed_heartbeats();
+  info.heartbeat_rtt_us = n.heartbeat_rtt_us();
+  return info;
+}
+
+CheckInEdge from_proto(NodeId node, const proto::ClientEdge& c) {
+  CheckInEdge e;
+  e.node = node;
+  e.session = c.session();
+  e.client_name = c.client_name();
+  e.pid = c.pid();
+  e.uid = c.uid();
+  e.tenant = c.tenant();
+  e.health = static_cast<NodeHealth>(c.health());
+  e.health_since_ms = c.health_since_ms();
+  e.last_checkin_ms = c.last_checkin_ms();
+  e.missed = c.missed();
+  e.interval_ms = c.interval_ms();
+  return e;
+}
+
+NodeStat from_proto(const proto::StatResponse& s) {
+  NodeStat out;
+  out.node = static_cast<NodeId>(s.node_id());
+  out.page_size = s.page_size();
+  for (const auto& t : s.tiers()) out.tiers.push_back(from_proto(t));
+  out.allocations = s.allocations();
+  out.sessions = s.sessions();
+  out.uptime_ms = s.uptime_ms();
+  out.daemon_version = s.daemon_version();
+  out.socket_path = s.socket_path();
+  out.locks_broken = s.locks_broken();
+  out.truncations_repaired = s.truncations_repaired();
+  const proto::RecoveryInfo& r = s.recovery();
+  out.recovery.durable = r.durable();
+  out.recovery.memory_adopted = r.memory_adopted();
+  out.recovery.starts = r.starts();
+  out.recovery.allocations = r.allocations();
+  out.recovery.lost_allocations = r.lost_allocations();
+  out.recovery.lost_pages = r.lost_pages();
+  out.recovery.dropped = r.dropped();
+  out.recovery.lent_frames = r.lent_frames();
+  out.recovery.locks_broken = r.locks_broken();
+  out.recovery.elapsed_ms = r.elapsed_ms();
+  out.recovery.lost.assign(r.lost().begin(), r.lost().end());
+  out.recovery.domains_made_anew.assign(r.domains_made_anew().begin(), r.domains_made_anew().end());
+  out.recovery.pool = r.pool();
+  return out;
+}
+
+MappingDump from_proto(const proto::DumpResponse& d) {
+  MappingDump out;
+  out.node = static_cast<NodeId>(d.node_id());
+  out.page_size = d.page_size();
+  out.l2_pages = d.l2_pages();
+  for (const auto& a : d.allocations()) out.allocations.push_back(from_proto(a));
+  for (const auto& p : d.pages()) out.pages.push_back(from_proto(p));
+  return out;
+}
+
+Translation from_proto(const proto::TranslateResponse& t) {
+  Translation x;
+  x.allocation = from_proto(t.allocation());
+  x.offset_in_allocation = t.offset_in_allocation();
+  if (t.pages_size() > 0) x.page = from_proto(t.pages(0));
+  for (const auto& e : t.extents()) x.extents.push_back(from_proto(e));
+  return x;
+}
+
+}  // namespace tiermem::wire

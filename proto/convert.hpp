@@ -30,4 +30,12 @@ PageInfo from_proto(const proto::PageInfo& page);
 void to_proto(const Extent& extent, proto::Extent* out);
 Extent from_proto(const proto::Extent& extent);
 
+// Answers only (a daemon fills the messages from its own state).
+NodeInfo from_proto(const proto::NodeInfo& node);
+// A client's check-in edge to daemon `node`.
+CheckInEdge from_proto(NodeId node, const proto::ClientEdge& edge);
+NodeStat from_proto(const proto::StatResponse& stat);
+MappingDump from_proto(const proto::DumpResponse& dump);
+Translation from_proto(const proto::TranslateResponse& translation);
+
 }  // namespace tiermem::wire

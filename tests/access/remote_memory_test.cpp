@@ -1,5 +1,5 @@
 // The page protocol over the data plane (access/remote_memory with
-// mapping/seqlock_copy) on an in-process fake transport that runs messages
+// pages/seqlock_copy) on an in-process fake transport that runs messages
 // with the real target code and drops, holds back or kills on demand
 // (tests/support/fake_transport.hpp): one message per seqlocked write or read
 // of a range, a lock that cannot be taken leaves nothing locked and nothing
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 #include "tests/support/fake_transport.hpp"
 
 namespace tiermem {

@@ -509,11 +509,11 @@ TEST_F(TrainerTest, LossesMatchPyTorchStepByStep) {
 // two blocks of causal self-attention and MLP, bytes as tokens) against the
 // same model written in PyTorch (tests/executor/torch_gpt_reference.py),
 // from the same initial parameters on the same batches: every loss of 50
-// Adam steps within 1e-4 relative. The corpus: docs/ARCHITECTURE.md.
+// Adam steps within 1e-4 relative. The corpus: tests/data/corpus.txt.
 TEST_F(TrainerTest, GptLossesMatchPyTorchStepByStep) {
   if (!torch_available()) GTEST_SKIP() << "python3-torch is not installed";
   const std::string dump = m_dir + "/gpt_dump", losses = m_dir + "/gpt.losses";
-  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md";
+  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt";
   run(1, {model("gpt_tiny"), "--job", "gpt", "--data", corpus, "--steps", "50", "--dump", dump, "--dump-batches",
           "50", "--losses", losses, "-q"});
   auto torch = test::run_command({"/usr/bin/python3",
@@ -530,7 +530,7 @@ TEST_F(TrainerTest, GptLossesMatchPyTorchStepByStep) {
 // Also: a text dataset that is not there is a clear error, and the rank
 // leaves no memory behind.
 TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
-  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md";
+  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt";
   const std::string losses = m_dir + "/learn.losses";
   std::string logs = run(1, {model("gpt_tiny"), "--job", "learn", "--data", corpus, "--steps", "400", "--losses",
                              losses, "--log-every", "100", "--keep"});
@@ -588,7 +588,7 @@ TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
 // the same bits. Data parallel over two tensor-parallel groups follows data
 // parallel over two whole ranks.
 TEST_F(TrainerTest, TensorParallelGptFollowsOneRankAndComposesWithPipelineAndDataParallel) {
-  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md";
+  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt";
   const std::vector<std::string> common{model("gpt_tiny"), "--data", corpus, "--steps", "30", "-q"};
   auto losses_of = [&](int world, const std::string& job, std::vector<std::string> extra) {
     std::vector<std::string> args = common;
@@ -642,7 +642,7 @@ TEST_F(TrainerTest, TensorParallelGptFollowsOneRankAndComposesWithPipelineAndDat
 // in the middle of a step's exchanges, gets the same parts under the same
 // numbers, and every loss is the one an undisturbed run saw, bit for bit.
 TEST_F(TrainerTest, AKilledTensorParallelRankResumesAndTheLossesAreUndisturbed) {
-  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md";
+  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt";
   auto args = [&](const std::string& job) {
     return std::vector<std::string>{model("gpt_tiny"), "--data", corpus, "--steps", "200", "--tensor-parallel", "2",
                                     "--log-every", "1", "--job", job, "--losses", m_dir + "/" + job + ".losses"};

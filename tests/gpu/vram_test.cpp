@@ -20,7 +20,7 @@
 #include <tiermem/client.h>
 
 #include "mapping/address_space.hpp"
-#include "mapping/tier_backend.hpp"
+#include "tiers/tier_backend.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "mapping/address_space.hpp"
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {

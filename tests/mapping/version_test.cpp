@@ -2,7 +2,7 @@
 // version.hpp): translation changes (alloc, free, migration) and the
 // exclusive lock that new writers hold off for. The seqlocked copies that
 // clients and the daemon run are tested in seqlock_copy_test.
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 #include <gtest/gtest.h>
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "executor"))
 from gpt_torch import VOCAB, Gpt  # noqa: E402
 
 EXEC = os.environ.get("TIERMEM_EXEC", "tiermem-exec")
-CORPUS = os.path.join(HERE, "..", "..", "docs", "ARCHITECTURE.md")
+CORPUS = os.path.join(HERE, "..", "data", "corpus.txt")
 STEPS = 30
 
 

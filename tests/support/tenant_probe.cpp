@@ -49,7 +49,7 @@
 #include <tiermem/client.h>
 #include <tiermem/status_macros.h>
 
-#include "mapping/version_segments.hpp"
+#include "pages/segment_layout.hpp"
 #include "rpc_connection.hpp"
 
 namespace {

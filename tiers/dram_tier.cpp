@@ -12,8 +12,8 @@
 #include <tiermem/units.h>
 
 #include "common/shared_memory.hpp"
-#include "mapping/segment_file.hpp"
-#include "mapping/tier_backend.hpp"
+#include "tiers/segment_file.hpp"
+#include "tiers/tier_backend.hpp"
 
 namespace tiermem {
 namespace {

@@ -4,7 +4,7 @@
 // endpoint. See ucx_internal.hpp and message_sequence.hpp.
 #include <cstring>
 
-#include "transport/ucx_internal.hpp"
+#include "transport/ucx/ucx_internal.hpp"
 
 namespace tiermem::ucx_detail {
 

@@ -1,4 +1,4 @@
-#include "mapping/tier_backend.hpp"
+#include "tiers/tier_backend.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// The seqlock copy protocol (mapping/seqlock_copy), "never a torn read, never
+// The seqlock copy protocol (pages/seqlock_copy), "never a torn read, never
 // a lost acknowledged write", tested on the production reader and writer.
 //
 // The version words and frames are real memory behind the real local
@@ -8,7 +8,7 @@
 // and any call can be made to fail.
 #include <tiermem/status_macros.h>
 
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "mapping/sub_blocks.hpp"
-#include "mapping/version.hpp"
+#include "pages/sub_blocks.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 namespace {

@@ -1,4 +1,4 @@
-#include "mapping/pmem_map.hpp"
+#include "pages/pmem_map.hpp"
 
 #include <libpmem2.h>
 

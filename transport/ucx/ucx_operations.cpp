@@ -8,7 +8,7 @@
 #include <cstring>
 #include <set>
 
-#include "transport/ucx_internal.hpp"
+#include "transport/ucx/ucx_internal.hpp"
 
 namespace tiermem::ucx_detail {
 

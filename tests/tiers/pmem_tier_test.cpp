@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/shared_memory.hpp"
-#include "mapping/tier_backend.hpp"
+#include "tiers/tier_backend.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {

@@ -1,4 +1,4 @@
-#include "mapping/segment_file.hpp"
+#include "tiers/segment_file.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,4 +1,4 @@
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 
 #include <tiermem/status_macros.h>
 
-#include "mapping/sub_blocks.hpp"
-#include "mapping/version.hpp"
+#include "pages/sub_blocks.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 

@@ -1,7 +1,7 @@
-// Lock logs (mapping/lock_intents): every lock the seqlock protocol takes
+// Lock logs (pages/lock_intents): every lock the seqlock protocol takes
 // through RecordedVersionWords is in the log while it is held and gone once
 // released; break_lock breaks only a word that still has the recorded value.
-#include "mapping/lock_intents.hpp"
+#include "pages/lock_intents.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 namespace {

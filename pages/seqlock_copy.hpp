@@ -33,7 +33,7 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
-#include "mapping/pmem_map.hpp"
+#include "pages/pmem_map.hpp"
 
 
 namespace tiermem {

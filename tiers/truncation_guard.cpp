@@ -1,4 +1,4 @@
-#include "mapping/truncation_guard.hpp"
+#include "tiers/truncation_guard.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

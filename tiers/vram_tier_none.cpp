@@ -1,5 +1,5 @@
 // Built when CUDA is not: the VRAM tier is simply not available.
-#include "mapping/tier_backend.hpp"
+#include "tiers/tier_backend.hpp"
 
 namespace tiermem {
 

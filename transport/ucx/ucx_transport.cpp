@@ -17,7 +17,7 @@
 #include <tiermem/status_macros.h>
 
 #include "common/deadline.hpp"
-#include "transport/ucx_internal.hpp"
+#include "transport/ucx/ucx_internal.hpp"
 
 namespace tiermem {
 namespace ucx_detail {

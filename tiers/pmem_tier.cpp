@@ -17,9 +17,9 @@
 
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
-#include "mapping/pmem_map.hpp"
-#include "mapping/segment_file.hpp"
-#include "mapping/tier_backend.hpp"
+#include "pages/pmem_map.hpp"
+#include "tiers/segment_file.hpp"
+#include "tiers/tier_backend.hpp"
 
 namespace tiermem {
 namespace {

@@ -22,7 +22,7 @@
 #include <tiermem/gva.h>
 #include <tiermem/status.h>
 
-#include "mapping/seqlock_copy.hpp"
+#include "pages/seqlock_copy.hpp"
 
 namespace tiermem {
 

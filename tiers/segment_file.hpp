@@ -14,7 +14,7 @@
 #include <tiermem/status.h>
 
 #include "common/unique_fd.hpp"
-#include "mapping/truncation_guard.hpp"
+#include "tiers/truncation_guard.hpp"
 
 namespace tiermem {
 

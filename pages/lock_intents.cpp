@@ -1,10 +1,10 @@
-#include "mapping/lock_intents.hpp"
+#include "pages/lock_intents.hpp"
 
 #include <algorithm>
 
 #include <tiermem/status_macros.h>
 
-#include "mapping/version.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 

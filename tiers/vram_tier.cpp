@@ -25,7 +25,7 @@
 
 #include "common/cuda_driver.hpp"
 #include "common/unique_fd.hpp"
-#include "mapping/tier_backend.hpp"
+#include "tiers/tier_backend.hpp"
 
 namespace tiermem {
 namespace {

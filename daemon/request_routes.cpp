@@ -1,0 +1,243 @@
+// The table of requests: one row per request kind (the body's field number in
+// proto/control.proto), saying who may ask it and which service serves it.
+// RequestHandler::route() admits a request by its row (a peer-only request
+// from a client is refused before any work) and dispatch() calls the row's
+// function. A kind with no row is refused as malformed.
+//
+// The services, by family:
+//   session  hello, open_regions, device_chunks, map, unmap, check_in
+//   cluster  peer_challenge, peer_hello, ping, node_info, nodes, reserve_frames,
+//            release_frames, persist_frames, break_locks, migrate
+//   data     alloc, free, translate, read, write, atomic, lookup, stat, list,
+//            dump, metrics
+//   replica  replica_ready (and the replicated paths of alloc, write, atomic)
+#include <array>
+
+#include "convert.hpp"
+#include "daemon/peer_manager.hpp"
+#include "daemon/request_handler.hpp"
+
+namespace tiermem {
+
+Reply RequestHandler::finish(Reply reply, const Status& status, uint64_t id) {
+  if (!status.ok()) return error_reply(id, status, reply.close_after);
+  wire::to_proto(status, reply.response.mutable_status());
+  reply.response.set_fd_count(static_cast<uint32_t>(reply.fds.size()));
+  return reply;
+}
+
+namespace {
+using Body = proto::Request::BodyCase;
+}  // namespace
+
+// Lambdas defined in a member function may reach the handler's private
+// services; each row's `serve` is a plain function pointer.
+const RequestHandler::Route* RequestHandler::route_of(int body) {
+  using R = const proto::Request&;
+  using S = SessionState&;
+  using H = RequestHandler&;
+  static const std::array<Route, 64> table = [] {
+    std::array<Route, 64> t{};
+    auto row = [&t](Body body, const char* name, Family family, bool peer_only, Serve serve) {
+      t[static_cast<size_t>(body)] = Route{name, family, peer_only, serve};
+    };
+    // --- session ---
+    row(Body::kHello, "hello", Family::session, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.hello(r.hello(), s, reply.response.mutable_hello());
+      reply.close_after = !status.ok();
+      if (status.ok() && !s.remote) h.take_lease(r.hello(), s, reply.response.mutable_hello());
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kOpenRegions, "open_regions", Family::session, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.open_regions(s, reply.response.mutable_open_regions(), &reply.fds);
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kDeviceChunks, "device_chunks", Family::session, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.device_chunks(r.device_chunks(), s, reply.response.mutable_device_chunks(), &reply.fds);
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kMap, "map", Family::session, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.map(r.map(), s, reply.response.mutable_map());
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kUnmap, "unmap", Family::session, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.unmap(r.unmap(), s);
+      reply.response.mutable_unmap();
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kCheckIn, "check_in", Family::session, false, [](H h, R r, S) {
+      Reply reply = h.ok_reply(r);  // handle() took the check-in: any request is one
+      reply.response.mutable_check_in();
+      return finish(std::move(reply), Status(), r.id());
+    });
+    // --- cluster ---
+    row(Body::kPeerChallenge, "peer_challenge", Family::cluster, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.peer_challenge(r.peer_challenge(), s, reply.response.mutable_peer_challenge());
+      reply.close_after = !status.ok();
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kPeerHello, "peer_hello", Family::cluster, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.peer_hello(r.peer_hello(), s, reply.response.mutable_peer_hello());
+      reply.close_after = !status.ok();
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kPing, "ping", Family::cluster, true, [](H h, R r, S) {
+      Reply reply = h.ok_reply(r);
+      reply.response.mutable_ping()->set_incarnation(h.m_incarnation);
+      reply.response.mutable_ping()->set_regions_version(h.self().regions_version());
+      return finish(std::move(reply), Status(), r.id());
+    });
+    row(Body::kNodeInfo, "node_info", Family::cluster, true, [](H h, R r, S) {
+      Reply reply = h.ok_reply(r);
+      *reply.response.mutable_node_info()->mutable_self() = h.self();
+      return finish(std::move(reply), Status(), r.id());
+    });
+    row(Body::kNodes, "nodes", Family::cluster, false, [](H h, R r, S s) { return h.serve_nodes(r, h.requester(r, s)); });
+    row(Body::kReserveFrames, "reserve_frames", Family::cluster, true, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.reserve_frames(r, s, reply.response.mutable_reserve_frames());
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kReleaseFrames, "release_frames", Family::cluster, true, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.release_frames(r.release_frames(), s);
+      reply.response.mutable_release_frames();
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kPersistFrames, "persist_frames", Family::cluster, false,
+        [](H h, R r, S s) { return h.serve_persist_frames(r, h.requester(r, s)); });
+    row(Body::kBreakLocks, "break_locks", Family::cluster, true, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      h.break_locks(r.break_locks(), h.requester(r, s), reply.response.mutable_break_locks());
+      return finish(std::move(reply), Status(), r.id());
+    });
+    row(Body::kMigrate, "migrate", Family::cluster, false, [](H h, R r, S s) { return h.migrate(r, h.requester(r, s)); });
+    // --- data ---
+    row(Body::kAlloc, "alloc", Family::data, false, [](H h, R r, S s) { return h.serve_alloc(r, s, h.requester(r, s)); });
+    row(Body::kFree, "free", Family::data, false, [](H h, R r, S s) { return h.free(r, h.requester(r, s)); });
+    row(Body::kTranslate, "translate", Family::data, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.translate(r.translate(), h.requester(r, s), reply.response.mutable_translate());
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kRead, "read", Family::data, false, [](H h, R r, S s) { return h.read(r, h.requester(r, s)); });
+    row(Body::kWrite, "write", Family::data, false, [](H h, R r, S s) { return h.write(r, h.requester(r, s)); });
+    row(Body::kAtomic, "atomic", Family::data, false, [](H h, R r, S s) { return h.atomic(r, h.requester(r, s)); });
+    row(Body::kLookup, "lookup", Family::data, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.lookup(r.lookup(), h.requester(r, s), reply.response.mutable_lookup());
+      return finish(std::move(reply), status, r.id());
+    });
+    row(Body::kStat, "stat", Family::data, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      h.stat(h.requester(r, s), reply.response.mutable_stat());
+      return finish(std::move(reply), Status(), r.id());
+    });
+    row(Body::kList, "list", Family::data, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      h.list(h.requester(r, s), reply.response.mutable_list());
+      return finish(std::move(reply), Status(), r.id());
+    });
+    row(Body::kDump, "dump", Family::data, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      h.dump(h.requester(r, s), reply.response.mutable_dump());
+      return finish(std::move(reply), Status(), r.id());
+    });
+    row(Body::kMetrics, "metrics", Family::data, false, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.serve_metrics(h.requester(r, s), reply.response.mutable_metrics());
+      return finish(std::move(reply), status, r.id());
+    });
+    // --- replica ---
+    row(Body::kReplicaReady, "replica_ready", Family::replica, true, [](H h, R r, S s) {
+      Reply reply = h.ok_reply(r);
+      Status status = h.replica_ready(r.replica_ready(), h.requester(r, s));
+      reply.response.mutable_replica_ready();
+      return finish(std::move(reply), status, r.id());
+    });
+    return t;
+  }();
+  if (body <= 0 || static_cast<size_t>(body) >= table.size() || table[static_cast<size_t>(body)].serve == nullptr) {
+    return nullptr;
+  }
+  return &table[static_cast<size_t>(body)];
+}
+
+Reply RequestHandler::dispatch(const proto::Request& request, SessionState& session) {
+  const Route* route = route_of(static_cast<int>(request.body_case()));
+  if (route == nullptr) {
+    return error_reply(request.id(),
+                       Status(ErrorCode::malformed_frame, "request has no body (unknown request type?)"), false);
+  }
+  return route->serve(*this, request, session);
+}
+
+// --- the services the table names that are more than one call -----------------------
+
+Reply RequestHandler::serve_alloc(const proto::Request& request, SessionState& session, const Identity& who) {
+  Reply reply = ok_reply(request);
+  proto::Response& resp = reply.response;
+  Status status = alloc(request.alloc(), who, resp.mutable_alloc());
+  if (status.ok() && request.alloc().session()) {
+    session.owned.push_back(wire::from_proto(resp.alloc().allocation().gva()));
+  }
+  if (status.ok() && request.alloc().replicas() > 0) {
+    return alloc_replicated(request, who, wire::from_proto(resp.alloc().allocation()));
+  }
+  if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
+      request.node() == 0 && !request.forwarded() && !request.alloc().session()) {
+    return alloc_anywhere(request, session, status);
+  }
+  return finish(std::move(reply), status, request.id());
+}
+
+Status RequestHandler::serve_metrics(const Identity& who, proto::MetricsResponse* out) {
+  if (!who.is_operator) {
+    return Status(ErrorCode::permission_denied, "the metrics name every tenant: operators only (root or "
+                                                "tenants.admin_group), not " + who.describe());
+  }
+  if (!m_counting) {
+    return Status(ErrorCode::failed_precondition,
+                  "metrics.enabled is false on node " + std::to_string(m_space.node()) + ": nothing is counted");
+  }
+  out->set_text(metrics());
+  return Status();
+}
+
+Reply RequestHandler::serve_nodes(const proto::Request& request, const Identity& who) {
+  Reply reply = ok_reply(request);
+  if (request.nodes().refresh() && m_peers != nullptr && request.nodes().node() != m_space.node()) {
+    // Asks the peer: off the control threads.
+    reply.deferred = [this, request, who]() {
+      (void)m_peers->refresh(static_cast<NodeId>(request.nodes().node()));
+      Reply out = ok_reply(request);
+      nodes(who, out.response.mutable_nodes());
+      return out;
+    };
+    return reply;
+  }
+  nodes(who, reply.response.mutable_nodes());
+  return finish(std::move(reply), Status(), request.id());
+}
+
+Reply RequestHandler::serve_persist_frames(const proto::Request& request, const Identity& who) {
+  Reply reply = ok_reply(request);
+  // msync on a non-DAX file can take milliseconds: off the control threads.
+  reply.deferred = [this, request, who]() {
+    Status s = persist_frames(request.persist_frames(), who);
+    if (!s.ok()) return error_reply(request.id(), s, false);
+    Reply out = ok_reply(request);
+    out.response.mutable_persist_frames();
+    return out;
+  };
+  return reply;
+}
+
+}  // namespace tiermem
