@@ -15,24 +15,11 @@
 #include <tiermem/gva.h>
 #include <tiermem/types.h>
 
+#include "access/node_advert.hpp"
 #include "pages/seqlock_copy.hpp"
 #include "transport/transport.hpp"
 
 namespace tiermem {
-
-// A region as a node advertises it (NodeInfo.regions on the wire): the
-// version words of one domain, or the frames of one domain of a tier.
-struct RegionAdvert {
-  bool versions = false;  // the version words of a domain; else a tier's frames
-  Tier tier = Tier::automatic;
-  uint32_t domain = 0;
-  uint64_t first = 0;     // the first page (versions) or frame offset (tier) it holds
-  uint64_t base = 0;      // its address at the node
-  uint64_t length = 0;    // bytes
-  std::string packed_key;
-  bool persistent = false;
-  uint64_t memory_generation = 0;  // of its domain's memory: new when it was made anew
-};
 
 struct RemoteRegion {
   uint64_t first = 0;
@@ -41,16 +28,6 @@ struct RemoteRegion {
   bool persistent = false;
   uint64_t memory_generation = 0;  // of its domain's memory
   std::shared_ptr<RemoteKey> key;  // null: not reachable one-sided (or not given to us)
-};
-
-// How a node describes itself to whoever reaches it one-sided.
-struct NodeAdvert {
-  NodeId node = 0;
-  uint64_t incarnation = 0;        // of the daemon: a restart makes a new one
-  uint64_t pages_per_domain = 0;
-  std::string transport_address;
-  uint64_t regions_version = 0;  // goes up when the node registers a domain's regions
-  std::vector<RegionAdvert> regions;
 };
 
 // How a piece of another node's memory is reached with the keys held.

@@ -33,7 +33,6 @@
 #include "convert.hpp"
 #include "rpc_connection.hpp"
 #include "tests/support/test_daemon.hpp"
-#include "access/node_advert.hpp"
 #include "access/remote_memory.hpp"
 
 using namespace tiermem;
@@ -112,7 +111,7 @@ Result<std::unique_ptr<RemoteFrameData>> bare_transport(const std::string& socke
   TIERMEM_ASSIGN_OR_RETURN(auto r, conn->call(nodes));
   for (const auto& n : r.nodes().nodes()) {
     if (n.node_id() != 2) continue;
-    TIERMEM_ASSIGN_OR_RETURN(auto node, connect_remote_node(transport, advert_of(n)));
+    TIERMEM_ASSIGN_OR_RETURN(auto node, connect_remote_node(transport, wire::advert_of(n)));
     *keep = node;
     return std::make_unique<RemoteFrameData>(transport, node, Tier::dram, std::chrono::seconds(30), nullptr);
   }

@@ -14,7 +14,6 @@
 
 #include <tiermem/status_macros.h>
 
-#include "access/node_advert.hpp"
 #include "common/deadline.hpp"
 #include "convert.hpp"
 #include "pages/sub_blocks.hpp"

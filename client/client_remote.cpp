@@ -9,7 +9,6 @@
 
 #include <tiermem/status_macros.h>
 
-#include "access/node_advert.hpp"
 #include "client/client_core.hpp"
 #include "convert.hpp"
 
@@ -74,7 +73,7 @@ Result<std::shared_ptr<RemoteState>> ClientCore::remote(NodeId node, bool reconn
     return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is UNREACHABLE (as node " +
                                                   std::to_string(this->node()) + " sees it)");
   }
-  TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, advert_of(n)));
+  TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, wire::advert_of(n)));
   {
     std::lock_guard endpoints(m_endpoint_mutex);
     m_endpoint_nodes[rn->endpoint.get()] = node;
@@ -128,7 +127,7 @@ Status ClientCore::refresh_keys(NodeId node) {
     TIERMEM_ASSIGN_OR_RETURN(n, node_info(node, true));
     if (!newer(n)) return Status(ErrorCode::not_supported, "node " + std::to_string(node) + " has no newer keys");
   }
-  TIERMEM_ASSIGN_OR_RETURN(auto fresh, with_regions(*m_transport, *held, advert_of(n).regions));
+  TIERMEM_ASSIGN_OR_RETURN(auto fresh, with_regions(*m_transport, *held, wire::advert_of(n).regions));
   fresh->regions_version = n.regions_version();
   it->second = remote_state(node, std::move(fresh));
   m_routes_epoch.fetch_add(1, std::memory_order_acq_rel);

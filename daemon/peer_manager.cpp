@@ -8,7 +8,6 @@
 
 #include <tiermem/status_macros.h>
 
-#include "access/node_advert.hpp"
 #include "convert.hpp"
 
 namespace tiermem {
@@ -220,7 +219,7 @@ Status PeerManager::handshake(NodeId node) {
   TIERMEM_ASSIGN_OR_RETURN(auto conn, open_link(address, node, &info));
   std::shared_ptr<RemoteNode> remote;
   if (m_transport != nullptr && !info.transport_address().empty()) {
-    TIERMEM_ASSIGN_OR_RETURN(remote, connect_remote_node(*m_transport, advert_of(info)));
+    TIERMEM_ASSIGN_OR_RETURN(remote, connect_remote_node(*m_transport, wire::advert_of(info)));
     info.set_transports(remote->endpoint->transports());
   }
   if (m_on_memory) {
@@ -266,7 +265,7 @@ Status PeerManager::apply_node_info(NodeId node, const proto::NodeInfo& info) {
   if (info.incarnation() != incarnation) return Status(ErrorCode::unavailable, "node " + std::to_string(node) + " restarted");
   std::shared_ptr<RemoteNode> fresh;
   if (old && m_transport != nullptr) {
-    TIERMEM_ASSIGN_OR_RETURN(fresh, with_regions(*m_transport, *old, advert_of(info).regions));
+    TIERMEM_ASSIGN_OR_RETURN(fresh, with_regions(*m_transport, *old, wire::advert_of(info).regions));
   }
   Graveyard graveyard{this};
   std::lock_guard lock(m_mutex);

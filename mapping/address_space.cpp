@@ -116,6 +116,7 @@ AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t pages_pe
       m_domains(options.domains),
       m_next_generation(options.first_generation != 0 ? options.first_generation
                                                       : static_cast<uint32_t>(random_nonzero() | 1)),
+      m_slabs(options.page_size, m_versions->pages_per_domain()),
       m_local_words(m_versions->words().data(), m_versions->pages(), m_versions->l3().data(), options.page_size) {
   m_sub_page_max = options.sub_page_max;
   for (uint32_t d = 0; d < options.domains; ++d) {

@@ -53,9 +53,11 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
+#include "mapping/allocation.hpp"
 #include "mapping/extent_set.hpp"
 #include "mapping/metadata_store.hpp"
 #include "mapping/page_table.hpp"
+#include "mapping/slab_set.hpp"
 #include "pages/seqlock_copy.hpp"
 #include "tiers/tier_backend.hpp"
 #include "mapping/version_segments.hpp"
@@ -365,32 +367,7 @@ class AddressSpace {
   TierBackend* backend(Tier tier) const { return m_tiers[static_cast<size_t>(tier)].backend.get(); }
 
  private:
-  struct Allocation {
-    uint64_t first_page = 0;
-    // A sub-page allocation: where it starts in its page (first_page, a
-    // slab's) and its size class; slot_bytes 0: whole pages.
-    uint64_t page_offset = 0;
-    uint32_t slot_bytes = 0;
-    uint64_t pages = 0;
-    uint64_t size = 0;
-    uint32_t generation = 0;
-    Tier tier = Tier::automatic;  // where it was placed
-    std::string name;
-    uint32_t map_count = 0;
-    uint64_t created_unix_ms = 0;
-    uint32_t owner_uid = 0;
-    std::string tenant;
-    bool coherent = false;
-    bool session = false;  // not in the durable metadata
-    bool migrating = false;
-    uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
-    uint64_t torn_pages = 0;  // flag T: a writer died holding the page's lock
-    uint32_t replicas_wanted = 0;
-    std::vector<ReplicaInfo> replicas;
-    Gva replica_of;  // node 0: not a copy
-    bool replica_ready = false;
-    QosClass qos = QosClass::standard;
-  };
+  using Allocation = AllocationEntry;
   // A tenant's slice of the node: virtual pages and, per tier, free frames.
   struct Domain {
     std::string tenant;
@@ -401,18 +378,7 @@ class AddressSpace {
     std::array<uint64_t, 4> used{};        // pages in use, per tier (quota)
     std::array<uint64_t, 4> limit{};       // pages allowed, per tier
   };
-  // A page shared by sub-page allocations of one tenant, tier, size class
-  // and kind (coherent or not): `page` is it as a one-page allocation (its
-  // record, pins, migration state); `used` one bit per slot.
-  struct Slab {
-    Allocation page;
-    std::vector<uint64_t> used;
-    std::vector<uint64_t> dirty;  // freed slots, zeroed when taken again
-    uint32_t in_use = 0;
-    uint32_t slots = 0;
-  };
-  // What slabs with a free slot are kept by.
-  using SlabKind = std::tuple<uint32_t, uint8_t, uint32_t, bool>;  // domain, tier, class, coherent
+  using Slab = SlabSet::Slab;
   struct TierState {
     std::unique_ptr<TierBackend> backend;
     ExtentSet shared_free;  // a tier without domains (VRAM): its free frames
@@ -460,16 +426,11 @@ class AddressSpace {
   // A new slab of `tier`, or nullptr when the tier has no room for a page.
   Result<Slab*> new_slab(const AllocRequest& request, uint32_t domain, Tier tier, uint32_t slot_bytes);
   Status free_in_slab(Allocation& a);
-  // Gives an empty slab's page back (its record first).
-  Status release_slab(Slab& slab);
+  // Takes or frees a slot (a slab whose page is lost takes no more).
   void mark_slot(Slab& slab, uint64_t page_offset, bool used);
-  bool slot_used(const Slab& slab, uint64_t page_offset) const;
-  SlabKind kind_of(const Slab& slab) const;
   // Recovery: an allocation in a slab recovered before; false (and why)
   // when it does not fit in it.
   bool recover_in_slab(const AllocationRecord& r, std::string* why);
-  // A slab of `slot_bytes` slots with none taken (its page not set).
-  Slab empty_slab(uint64_t slot_bytes) const;
   // Recovery: slabs left with nothing in them are given back.
   void release_empty_slabs();
   // The allocation the page belongs to: a whole one, or a slab's page.
@@ -543,8 +504,7 @@ class AddressSpace {
   std::map<uint64_t, Allocation> m_allocations;  // by start (start_of)
   std::unordered_map<std::string, uint64_t> m_names;  // -> start
   uint64_t m_sub_page_max = 0;
-  std::map<uint64_t, Slab> m_slabs;  // by page
-  std::map<SlabKind, std::set<uint64_t>> m_open_slabs;  // pages of slabs with a free slot
+  SlabSet m_slabs;  // the pages sub-page allocations share
   LocalVersionWords m_local_words;
   std::array<std::optional<BackendFrameData>, 4> m_local_frames;
 };

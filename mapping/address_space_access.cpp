@@ -93,7 +93,7 @@ Result<AddressSpace::Allocation*> AddressSpace::locate(Gva gva) const {
   const PageEntry* e = m_table.find(page);
   if (e == nullptr || !e->present()) return not_allocated_error(gva);
   auto it = m_allocations.upper_bound(gva.offset);
-  const bool shared = m_slabs.count(page) != 0;
+  const bool shared = m_slabs.contains(page);
   if (it == m_allocations.begin()) {
     if (shared) return not_allocated_error(gva);
     return Status(ErrorCode::internal, "page table and allocations disagree");
@@ -277,7 +277,7 @@ Result<FrameData*> AddressSpace::frames(NodeId node, Tier tier, MemoryAccess* el
 void AddressSpace::set_pinned(const Allocation& a, bool pinned) {
   if (a.slot_bytes != 0) {
     // The shared page stays pinned while any allocation in it is mapped.
-    Allocation& page = m_slabs.at(a.first_page).page;
+    Allocation& page = m_slabs.find(a.first_page)->page;
     if (pinned ? page.map_count++ != 0 : --page.map_count != 0) return;
     set_pinned(page, pinned);
     return;

@@ -364,7 +364,7 @@ bool AddressSpace::break_dead_lock(uint64_t page, uint64_t locked, const std::st
     // The flag only: the lock is broken either way. On a shared page the
     // writer may have been inside any of its allocations.
     std::vector<Allocation*> hit{owner};
-    if (m_slabs.count(page) != 0) {
+    if (m_slabs.contains(page)) {
       for (auto it = m_allocations.lower_bound(page * page_size());
            it != m_allocations.end() && it->second.first_page == page; ++it) {
         hit.push_back(&it->second);

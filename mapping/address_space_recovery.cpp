@@ -31,9 +31,9 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
   r.slot_bytes = a.slot_bytes;
   if (a.slot_bytes != 0) {
     r.kind = RecordKind::sub;
-  } else if (m_slabs.count(a.first_page) != 0 && &m_slabs.at(a.first_page).page == &a) {
+  } else if (const Slab* slab = m_slabs.find(a.first_page); slab != nullptr && &slab->page == &a) {
     r.kind = RecordKind::slab;
-    r.slot_bytes = static_cast<uint32_t>(m_slabs.at(a.first_page).page.size);
+    r.slot_bytes = static_cast<uint32_t>(slab->page.size);
   }
   r.pages = a.pages;
   r.size = a.size;
@@ -261,10 +261,10 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, std::string* wh
   m_recovery.pages += a.pages;
   if (r.kind == RecordKind::slab) {
     // Filled by the records of the allocations in it, which follow.
-    Slab slab = empty_slab(r.slot_bytes);
+    Slab slab = m_slabs.empty(r.slot_bytes);
     a.size = r.slot_bytes;
     slab.page = std::move(a);
-    const Allocation& page = m_slabs.emplace(r.first_page, std::move(slab)).first->second.page;
+    const Allocation& page = m_slabs.add(std::move(slab), /*open=*/false).page;  // opened by its allocations
     if (page.lost_pages > r.lost_pages || page.torn_pages > r.torn_pages) {
       (void)m_meta->put_allocation(record_of(page), m_next_generation);  // the flags only
     }

@@ -32,18 +32,6 @@
 #include "pages/version.hpp"
 
 namespace tiermem {
-namespace {
-
-bool bit(const std::vector<uint64_t>& bits, uint64_t i) { return (bits[i / 64] >> (i % 64)) & 1; }
-void set_bit(std::vector<uint64_t>& bits, uint64_t i, bool on) {
-  if (on) {
-    bits[i / 64] |= uint64_t{1} << (i % 64);
-  } else {
-    bits[i / 64] &= ~(uint64_t{1} << (i % 64));
-  }
-}
-
-}  // namespace
 
 uint32_t AddressSpace::slot_class(const AllocRequest& request) const {
   if (m_sub_page_max == 0 || request.size > m_sub_page_max || request.replicas_wanted > 0 ||
@@ -53,40 +41,9 @@ uint32_t AddressSpace::slot_class(const AllocRequest& request) const {
   return static_cast<uint32_t>(std::max<uint64_t>(k_min_slot_bytes, std::bit_ceil(request.size)));
 }
 
-AddressSpace::Slab AddressSpace::empty_slab(uint64_t slot_bytes) const {
-  Slab slab;
-  slab.slots = static_cast<uint32_t>(page_size() / slot_bytes);
-  slab.used.assign((slab.slots + 63) / 64, 0);
-  slab.dirty.assign(slab.used.size(), 0);
-  for (uint64_t i = slab.slots; i < slab.used.size() * 64; ++i) set_bit(slab.used, i, true);  // no such slots
-  return slab;
-}
-
-AddressSpace::SlabKind AddressSpace::kind_of(const Slab& slab) const {
-  return {m_versions->domain_of(slab.page.first_page), static_cast<uint8_t>(slab.page.tier),
-          static_cast<uint32_t>(slab.page.size), slab.page.coherent};
-}
-
-bool AddressSpace::slot_used(const Slab& slab, uint64_t page_offset) const {
-  return bit(slab.used, page_offset / slab.page.size);
-}
-
 void AddressSpace::mark_slot(Slab& slab, uint64_t page_offset, bool used) {
-  const uint64_t i = page_offset / slab.page.size;
-  set_bit(slab.used, i, used);
-  if (used) {
-    ++slab.in_use;
-  } else {
-    --slab.in_use;
-    set_bit(slab.dirty, i, true);  // zeroed when taken again
-  }
-  std::set<uint64_t>& open = m_open_slabs[kind_of(slab)];
   const bool lost = (m_table.find(slab.page.first_page)->flags & k_page_lost) != 0;
-  if (slab.in_use < slab.slots && !lost) {
-    open.insert(slab.page.first_page);
-  } else {
-    open.erase(slab.page.first_page);
-  }
+  m_slabs.mark(slab, page_offset, used, !lost);
 }
 
 Result<AddressSpace::Slab*> AddressSpace::new_slab(const AllocRequest& request, uint32_t domain, Tier tier,
@@ -107,7 +64,7 @@ Result<AddressSpace::Slab*> AddressSpace::new_slab(const AllocRequest& request, 
     (void)dom.virtual_pages.release(virt);
     return s.with_context("a frame for a page of small allocations");
   }
-  Slab fresh = empty_slab(slot_bytes);
+  Slab fresh = m_slabs.empty(slot_bytes);
   // The page as a one-page allocation of the tenant, of nobody's name.
   AllocRequest page_request;
   page_request.size = slot_bytes;  // a slab's record keeps its size class here
@@ -118,15 +75,15 @@ Result<AddressSpace::Slab*> AddressSpace::new_slab(const AllocRequest& request, 
   p.first_page = virt.start;
   p.pages = 1;
   map_new_pages(p, tier, frames);
-  Slab& slab = m_slabs.emplace(virt.start, std::move(fresh)).first->second;
+  Slab& slab = m_slabs.add(std::move(fresh), /*open=*/false);
   if (Status s = record(slab.page); !s.ok()) {
-    m_slabs.erase(virt.start);
+    m_slabs.remove(virt.start);
     m_table.clear(virt.start);
     release_local_frames(tier, frames, domain);
     (void)dom.virtual_pages.release(virt);
     return s;
   }
-  m_open_slabs[kind_of(slab)].insert(virt.start);
+  m_slabs.set_open(slab, true);
   return &slab;
 }
 
@@ -136,24 +93,15 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
   Slab* slab = nullptr;
   for (Tier t : chain) {
     if (!m_tiers[static_cast<size_t>(t)].backend) continue;
-    auto open = m_open_slabs.find({domain, static_cast<uint8_t>(t), slot_bytes, request.coherent});
-    if (open != m_open_slabs.end() && !open->second.empty()) {
-      slab = &m_slabs.at(*open->second.begin());
-      break;
-    }
+    slab = m_slabs.open_slab(domain, t, slot_bytes, request.coherent);
+    if (slab != nullptr) break;
     TIERMEM_ASSIGN_OR_RETURN(slab, new_slab(request, domain, t, slot_bytes));
     if (slab != nullptr) break;
   }
   if (slab == nullptr) return exhausted_error(request, 1, chain, domain);
   const uint64_t page = slab->page.first_page;
-  // Its first free slot (the bits past the last slot are set).
-  uint64_t index = 0;
-  for (size_t w = 0; w < slab->used.size(); ++w) {
-    if (~slab->used[w] != 0) {
-      index = w * 64 + static_cast<uint64_t>(std::countr_one(slab->used[w]));
-      break;
-    }
-  }
+  // Its first free slot (an open slab has one).
+  const uint64_t index = slab->first_free().value_or(0);
   const auto give_back_empty = [&] {
     if (slab->in_use != 0) return;
     if (m_meta && !m_meta->erase_allocation(page, 0, RecordKind::slab).ok()) return;  // it stays, for the next
@@ -162,8 +110,7 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
     m_table.clear(page);
     version::advance_epoch(m_versions->word(page));
     (void)m_domains[domain].virtual_pages.release({page, 1});
-    m_open_slabs[kind_of(*slab)].erase(page);
-    m_slabs.erase(page);
+    m_slabs.remove(page);
   };
 
   Allocation a = new_allocation(request, slab->page.tier);
@@ -172,7 +119,7 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
   a.page_offset = index * slot_bytes;
   a.slot_bytes = slot_bytes;
 
-  if (bit(slab->dirty, index)) {
+  if (slab->slot_dirty(index)) {
     // A freed allocation's bytes: zeroed before anyone learns of the new one.
     uint64_t& word = m_versions->word(page);
     uint64_t locked = 0;
@@ -186,7 +133,7 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
                                                                   zeros.size());
     version::unlock_exclusive(word, locked);
     if (!s.ok()) return s.with_context("clearing a slot for a new allocation");
-    set_bit(slab->dirty, index, false);
+    slab->clear_dirty(index);
   }
   // Recorded before anyone learns of it.
   if (Status s = record(a); !s.ok()) {
@@ -203,7 +150,7 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
 
 Status AddressSpace::free_in_slab(Allocation& a) {
   const uint64_t page = a.first_page;
-  Slab& slab = m_slabs.at(page);
+  Slab& slab = *m_slabs.find(page);
   uint64_t& word = m_versions->word(page);
   uint64_t locked = 0;
   if (!version::lock_exclusive_for(word, k_page_lock_timeout, &locked)) {
@@ -232,13 +179,12 @@ Status AddressSpace::free_in_slab(Allocation& a) {
   m_table.clear(page);
   version::unlock_new_epoch(word, locked);
   (void)m_domains[domain].virtual_pages.release({page, 1});
-  m_open_slabs[kind_of(slab)].erase(page);
-  m_slabs.erase(page);
+  m_slabs.remove(page);
   return Status();
 }
 
 AddressSpace::Allocation* AddressSpace::owner_of_page(uint64_t page) {
-  if (auto s = m_slabs.find(page); s != m_slabs.end()) return &s->second.page;
+  if (Slab* s = m_slabs.find(page); s != nullptr) return &s->page;
   auto it = m_allocations.upper_bound(page * page_size());
   if (it == m_allocations.begin()) return nullptr;
   Allocation& a = std::prev(it)->second;
@@ -250,28 +196,25 @@ AddressSpace::SlabStats AddressSpace::slab_stats() const {
   std::shared_lock lock(m_mutex);
   SlabStats s;
   s.slabs = m_slabs.size();
-  for (const auto& [page, slab] : m_slabs) {
-    (void)page;
-    s.allocations += slab.in_use;
-  }
+  s.allocations = m_slabs.allocations();
   return s;
 }
 
 // --- recovery ----------------------------------------------------------------
 
 bool AddressSpace::recover_in_slab(const AllocationRecord& r, std::string* why) {
-  auto it = m_slabs.find(r.first_page);
-  if (it == m_slabs.end()) {
+  Slab* found = m_slabs.find(r.first_page);
+  if (found == nullptr) {
     *why = "its shared page was not recovered";
     return false;
   }
-  Slab& slab = it->second;
+  Slab& slab = *found;
   if (slab.page.tenant != r.tenant || r.slot_bytes != slab.page.size || r.page_offset % r.slot_bytes != 0 ||
       r.page_offset >= page_size() || r.size == 0 || r.size > r.slot_bytes || r.coherent != slab.page.coherent) {
     *why = "it does not fit its shared page (tenant, size class, kind or offset)";
     return false;
   }
-  if (slot_used(slab, r.page_offset)) {
+  if (slab.slot_used(r.page_offset)) {
     *why = "its slot is taken twice";
     return false;
   }
@@ -297,28 +240,19 @@ bool AddressSpace::recover_in_slab(const AllocationRecord& r, std::string* why) 
 }
 
 void AddressSpace::release_empty_slabs() {
-  for (auto it = m_slabs.begin(); it != m_slabs.end();) {
-    Slab& slab = it->second;
-    const uint64_t page = it->first;
+  for (const uint64_t page : m_slabs.pages()) {
+    Slab& slab = *m_slabs.find(page);
     if (slab.in_use != 0) {
-      // What its free slots held before is unknown: zeroed when taken.
-      for (uint64_t i = 0; i < slab.slots; ++i) {
-        if (!bit(slab.used, i)) set_bit(slab.dirty, i, true);
-      }
-      ++it;
+      slab.dirty_free_slots();  // what its free slots held before is unknown: zeroed when taken
       continue;
     }
-    if (m_meta && !m_meta->erase_allocation(page, 0, RecordKind::slab).ok()) {
-      ++it;  // kept, empty, for new allocations
-      continue;
-    }
+    if (m_meta && !m_meta->erase_allocation(page, 0, RecordKind::slab).ok()) continue;  // kept, empty, for new ones
     const PageEntry e = *m_table.find(page);
     if (e.node == m_node) release_local_frame(e.tier, e.frame_offset, m_versions->domain_of(page));
     m_table.clear(page);
     version::advance_epoch(m_versions->word(page));
     (void)m_domains[m_versions->domain_of(page)].virtual_pages.release({page, 1});
-    m_open_slabs[kind_of(slab)].erase(page);
-    it = m_slabs.erase(it);
+    m_slabs.remove(page);
   }
 }
 

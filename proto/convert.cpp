@@ -252,4 +252,18 @@ Translation from_proto(const proto::TranslateResponse& t) {
   return x;
 }
 
+NodeAdvert advert_of(const proto::NodeInfo& info) {
+  NodeAdvert a;
+  a.node = static_cast<NodeId>(info.node_id());
+  a.incarnation = info.incarnation();
+  a.pages_per_domain = info.pages_per_domain();
+  a.transport_address = info.transport_address();
+  a.regions_version = info.regions_version();
+  for (const proto::RegionKey& k : info.regions()) {
+    a.regions.push_back({k.kind() == proto::Region::VERSIONS, from_proto(k.tier()), k.domain(), k.first(), k.base(),
+                         k.length(), k.packed_key(), k.persistent(), k.memory_generation()});
+  }
+  return a;
+}
+
 }  // namespace tiermem::wire

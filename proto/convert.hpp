@@ -5,6 +5,7 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
+#include "access/node_advert.hpp"
 #include "control.pb.h"
 
 namespace tiermem::wire {
@@ -37,5 +38,7 @@ CheckInEdge from_proto(NodeId node, const proto::ClientEdge& edge);
 NodeStat from_proto(const proto::StatResponse& stat);
 MappingDump from_proto(const proto::DumpResponse& dump);
 Translation from_proto(const proto::TranslateResponse& translation);
+// What the access layer needs of a node's description.
+NodeAdvert advert_of(const proto::NodeInfo& info);
 
 }  // namespace tiermem::wire
