@@ -443,19 +443,23 @@ Result<Mapping> Client::map(Gva gva) {
 }
 
 Result<NodeStat> Client::stat(NodeId node) {
-  return answer<NodeStat>([&](auto op) { return run("stat", true, op); }, [&](ControlStub& s) { return s.stat(node); });
+  return answer<NodeStat>([&](auto op) { return run("stat", true, op); },
+                          [&](ControlStub& s) { return s.stat(node); });
 }
 
 Result<std::vector<AllocationInfo>> Client::list(NodeId node) {
-  return answer<std::vector<AllocationInfo>>([&](auto op) { return run("list", true, op); }, [&](ControlStub& s) { return s.list(node); });
+  return answer<std::vector<AllocationInfo>>([&](auto op) { return run("list", true, op); },
+                                             [&](ControlStub& s) { return s.list(node); });
 }
 
 Result<MappingDump> Client::dump(NodeId node) {
-  return answer<MappingDump>([&](auto op) { return run("dump", true, op); }, [&](ControlStub& s) { return s.dump(node); });
+  return answer<MappingDump>([&](auto op) { return run("dump", true, op); },
+                             [&](ControlStub& s) { return s.dump(node); });
 }
 
 Result<std::string> Client::metrics(NodeId node) {
-  return answer<std::string>([&](auto op) { return run("metrics", true, op); }, [&](ControlStub& s) { return s.metrics(node); });
+  return answer<std::string>([&](auto op) { return run("metrics", true, op); },
+                             [&](ControlStub& s) { return s.metrics(node); });
 }
 
 // --- Mapping -------------------------------------------------------------------

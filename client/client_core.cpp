@@ -258,16 +258,7 @@ Result<proto::Response> ClientCore::call(proto::Request& request, std::vector<Un
 
 Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool refresh) {
   if (!refresh) {
-    std::shared_lock lock(m_cache_mutex);
-    auto it = m_cache.upper_bound({gva.node, gva.offset});
-    if (it != m_cache.begin()) {
-      const auto& a = std::prev(it)->second;
-      // A sub-page allocation covers its bytes only (its neighbours are
-      // other allocations); any other, its pages.
-      const uint64_t span = a->slot_bytes != 0 ? a->size : a->page_versions.size() * page_size();
-      const bool inside = a->base.node == gva.node && gva.offset < a->base.offset + span;
-      if (inside && (gva.generation == 0 || gva.generation == a->base.generation)) return a;
-    }
+    if (auto a = m_cache.find(gva)) return a;
   }
   auto response = m_stub.translate_for_cache(gva);
   if (!response.ok()) {
@@ -288,23 +279,13 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   a->home_incarnation = t.home_incarnation();
   for (const auto& x : t.extents()) a->extents.push_back(wire::from_proto(x));
   a->page_versions.assign(t.page_versions().begin(), t.page_versions().end());
-  std::unique_lock lock(m_cache_mutex);
-  m_cache[{a->base.node, a->base.offset}] = a;
+  m_cache.put(a);
   return std::shared_ptr<const CachedAllocation>(a);
 }
 
-void ClientCore::forget(Gva gva) {
-  std::unique_lock lock(m_cache_mutex);
-  auto it = m_cache.upper_bound({gva.node, gva.offset});
-  if (it != m_cache.begin() && std::prev(it)->first.first == gva.node) m_cache.erase(std::prev(it));
-}
+void ClientCore::forget(Gva gva) { m_cache.forget(gva); }
 
-void ClientCore::forget_node(NodeId node) {
-  std::unique_lock lock(m_cache_mutex);
-  for (auto it = m_cache.begin(); it != m_cache.end();) {
-    it = it->first.first == node ? m_cache.erase(it) : std::next(it);
-  }
-}
+void ClientCore::forget_node(NodeId node) { m_cache.forget_node(node); }
 
 // --- data ----------------------------------------------------------------------------
 
@@ -473,9 +454,7 @@ std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const
   auto with = std::make_shared<CachedAllocation>(*a);
   with->routes = std::move(routes);
   std::shared_ptr<const CachedAllocation> out = std::move(with);
-  std::unique_lock lock(m_cache_mutex);
-  auto it = m_cache.find({a->base.node, a->base.offset});
-  if (it != m_cache.end() && it->second == a) it->second = out;
+  m_cache.replace(a, out);
   return out;
 }
 

@@ -29,6 +29,7 @@
 #include "client/batch_item.hpp"
 #include "client/device_frames.hpp"
 #include "client/node_regions.hpp"
+#include "client/translation_cache.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
 #include "pages/lock_intents.hpp"
@@ -78,27 +79,9 @@ struct Routes {
 // The path of an operation on bytes [offset, +length) of `a` (its routes
 // decided): the slowest of the pieces it touches (the home's words, and the
 // extents of the range).
-struct CachedAllocation;
 Path path_of(const CachedAllocation& a, uint64_t offset, uint64_t length);
 // The extent holding byte `offset` of `a`, or nullptr.
 const Extent* extent_at(const CachedAllocation& a, uint64_t offset);
-
-// A translation cached by the client: valid while every page's epoch in the
-// home node's version array still equals the one recorded here.
-struct CachedAllocation {
-  Gva base;  // carries the generation
-  uint64_t size = 0;
-  uint32_t slot_bytes = 0;  // a sub-page allocation's size class
-  uint64_t first_page = 0;
-  bool coherent = false;
-  bool replicated = false;        // writes and atomics go through the home daemon
-  bool copy = false;              // a copy of a replicated allocation: its daemon refuses writes
-  QosClass qos = QosClass::standard;  // the default class of calls on it
-  uint64_t home_incarnation = 0;  // of the daemon that translated
-  std::vector<Extent> extents;
-  std::vector<uint64_t> page_versions;
-  std::shared_ptr<const Routes> routes;  // null until a copy decided them
-};
 
 // A daemon of another node on this host (its NodeInfo's host id is this
 // client's daemon's): the client maps that node's memory of its tenant, as
@@ -350,8 +333,7 @@ class ClientCore {
   // Tells m_on_lost (once) that the daemon's end closed.
   void tell_lost();
 
-  std::shared_mutex m_cache_mutex;
-  std::map<std::pair<NodeId, uint64_t>, std::shared_ptr<const CachedAllocation>> m_cache;
+  TranslationCache m_cache{m_hello.page_size()};
 };
 
 }  // namespace tiermem::detail

@@ -28,14 +28,7 @@ uint64_t ms_since(Clock::time_point start) {
 
 }  // namespace
 
-std::shared_ptr<const CachedAllocation> ClientCore::peek(Gva gva) {
-  std::shared_lock lock(m_cache_mutex);
-  auto it = m_cache.upper_bound({gva.node, gva.offset});
-  if (it == m_cache.begin()) return nullptr;
-  const auto& a = std::prev(it)->second;
-  const bool inside = a->base.node == gva.node && gva.offset < a->base.offset + a->page_versions.size() * page_size();
-  return inside && (gva.generation == 0 || gva.generation == a->base.generation) ? a : nullptr;
-}
+std::shared_ptr<const CachedAllocation> ClientCore::peek(Gva gva) { return m_cache.find(gva); }
 
 QosClass ClientCore::class_of(Gva gva, std::optional<QosClass> asked) {
   if (asked) return *asked;

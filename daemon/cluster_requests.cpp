@@ -72,7 +72,7 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request, const 
   }
   // The peer acts for our client: it learns who that is from us alone.
   proto::Request relayed = request;
-  const Identity who = requester(request, session);
+  const Identity who = Authoriser::requester(request, session);
   relayed.set_tenant(who.tenant);
   relayed.set_is_operator(who.is_operator);
   relayed.set_uid(who.uid);
@@ -100,7 +100,7 @@ Reply RequestHandler::alloc_anywhere(const proto::Request& request, const Sessio
                                      const Status& local_error) {
   if (m_peers == nullptr || m_peers->connected().empty()) return error_reply(request.id(), local_error, false);
   proto::Request relayed = request;
-  const Identity who = requester(request, session);
+  const Identity who = Authoriser::requester(request, session);
   relayed.set_tenant(who.tenant);
   relayed.set_is_operator(who.is_operator);
   relayed.set_uid(who.uid);
@@ -253,7 +253,7 @@ Status RequestHandler::persist_frames(const proto::PersistFramesRequest& r, cons
 }
 
 Reply RequestHandler::migrate(const proto::Request& request, const Identity& who) {
-  auto info = authorize(who, wire::from_proto(request.migrate().gva()), "migrate");
+  auto info = m_auth.authorize(who, wire::from_proto(request.migrate().gva()), "migrate");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   Reply reply;
   reply.deferred = [this, request, info]() {

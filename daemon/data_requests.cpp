@@ -30,7 +30,7 @@ Gva checked(Gva gva, const AllocationInfo& info) {
 Status RequestHandler::translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out) {
   const Gva asked = wire::from_proto(r.gva());
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(asked));
-  TIERMEM_RETURN_IF_ERROR(permit(who, asked, t.allocation, "translate"));
+  TIERMEM_RETURN_IF_ERROR(Authoriser::permit(who, asked, t.allocation, "translate"));
   const Gva gva = checked(asked, t.allocation);
   // The layout is read under one lock: extents and versions agree, which is
   // what a client's cache relies on.
@@ -56,7 +56,7 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
                        false);
   }
   if (r.from_replica()) return read_copy(request, who);
-  auto info = authorize(who, wire::from_proto(r.gva()), "read");
+  auto info = m_auth.authorize(who, wire::from_proto(r.gva()), "read");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   const Gva gva = checked(wire::from_proto(r.gva()), *info);
   const uint64_t offset = gva.offset - info->gva.offset;
@@ -84,7 +84,7 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
 }
 
 Reply RequestHandler::write(const proto::Request& request, const Identity& who) {
-  auto info = authorize(who, wire::from_proto(request.write().gva()), "write");
+  auto info = m_auth.authorize(who, wire::from_proto(request.write().gva()), "write");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (Status s = guard_copy(*info, who, "write"); !s.ok()) return error_reply(request.id(), s, false);
   const Gva gva = checked(wire::from_proto(request.write().gva()), *info);
@@ -118,7 +118,7 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
                               "atomic operation " + std::to_string(r.op()) + " is not fetch_add (0) or compare_swap (1)"),
                        false);
   }
-  auto info = authorize(who, wire::from_proto(r.gva()), "run an atomic on");
+  auto info = m_auth.authorize(who, wire::from_proto(r.gva()), "run an atomic on");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (info->replica_of.node != 0) {
     return error_reply(request.id(), guard_copy(*info, Identity{}, "run an atomic on"), false);
@@ -145,7 +145,7 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
 }
 
 Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
-  auto info = authorize(who, wire::from_proto(request.free().gva()), "free");
+  auto info = m_auth.authorize(who, wire::from_proto(request.free().gva()), "free");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (Status s = guard_copy(*info, who, "free"); !s.ok()) return error_reply(request.id(), s, false);
   std::vector<Extent> remote_frames;
@@ -281,7 +281,7 @@ Status RequestHandler::device_chunks(const proto::DeviceChunksRequest& r, const 
 
 Status RequestHandler::map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out) {
   if (s.remote) return Status(ErrorCode::not_supported, "only clients on this node can map memory");
-  TIERMEM_ASSIGN_OR_RETURN(auto info, authorize(s.who, wire::from_proto(r.gva()), "map"));
+  TIERMEM_ASSIGN_OR_RETURN(auto info, m_auth.authorize(s.who, wire::from_proto(r.gva()), "map"));
   if (info.tenant != s.who.tenant) {
     // An operator reads and writes other tenants' memory through the daemon;
     // a mapping would need that tenant's files.

@@ -116,7 +116,7 @@ Reply RequestHandler::read_copy(const proto::Request& request, const Identity& w
   const Gva home = wire::from_proto(r.gva());
   auto copy = m_space.find_replica(home);
   if (copy.ok()) {
-    Status s = permit(who, home, *copy, "read");
+    Status s = Authoriser::permit(who, home, *copy, "read");
     if (s.ok() && m_replicator != nullptr) s = m_replicator->may_serve(*copy);
     const uint64_t offset = home.offset - copy->replica_of.offset;
     if (s.ok() && r.length() > copy->size - offset) {

@@ -28,6 +28,7 @@ constexpr uint32_t k_protocol_version = proto::PROTOCOL_VERSION_CURRENT;
 RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants,
                                DataPlane* data_plane, PeerManager* peers, ClusterSecret secret, uint64_t incarnation)
     : m_space(space),
+      m_auth(space),
       m_config(config),
       m_tenants(tenants),
       m_data_plane(data_plane),
@@ -91,58 +92,6 @@ Reply RequestHandler::ok_reply(const proto::Request& request) {
   return reply;
 }
 
-Status RequestHandler::admit(const proto::Request& request, const SessionState& session) const {
-  const auto body = request.body_case();
-  if (!session.greeted) {
-    const bool first = session.remote ? body == proto::Request::kPeerChallenge ||
-                                            (body == proto::Request::kPeerHello && !session.challenge_nonce.empty())
-                                      : body == proto::Request::kHello;
-    if (!first) {
-      return Status(ErrorCode::unexpected_message,
-                    session.remote ? "a connection to the peer port must authenticate first (peer_challenge, then "
-                                     "peer_hello); clients connect to the Unix socket"
-                                   : "the first request on a connection must be hello");
-    }
-    return Status();
-  }
-  if (!session.peer && request.by_home()) {
-    return Status(ErrorCode::permission_denied,
-                  "by_home is for the daemon that is the home of a copy, not for clients (" + session.who.describe() +
-                      ")");
-  }
-  if (const Route* r = route_of(static_cast<int>(body)); !session.peer && r != nullptr && r->peer_only) {
-    return Status(ErrorCode::permission_denied,
-                  std::string(r->name) + " is for peer daemons only, not for clients (" + session.who.describe() + ")");
-  }
-  return Status();
-}
-
-Identity RequestHandler::requester(const proto::Request& request, const SessionState& session) const {
-  if (!session.peer) return session.who;
-  // A peer relays for one of its clients; the peer is authenticated, and
-  // vouches for who that client is.
-  // (A daemon's own requests, a migration's say, say it is an operator.)
-  Identity who;
-  who.tenant = request.tenant();
-  who.is_operator = request.is_operator();
-  who.uid = request.uid();
-  if (request.by_home()) who.acting_home = session.peer_node;
-  return who;
-}
-
-Result<AllocationInfo> RequestHandler::authorize(const Identity& who, Gva gva, const char* verb) const {
-  TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
-  TIERMEM_RETURN_IF_ERROR(permit(who, gva, t.allocation, verb));
-  return t.allocation;
-}
-
-Status RequestHandler::permit(const Identity& who, Gva gva, const AllocationInfo& allocation, const char* verb) {
-  if (who.is_operator || allocation.tenant == who.tenant) return Status();
-  return Status(ErrorCode::permission_denied, who.describe() + " may not " + verb + " " + gva.to_string() +
-                                                  ": allocation " + allocation.gva.to_string() +
-                                                  " belongs to tenant '" + allocation.tenant + "'");
-}
-
 Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
   bool fresh = false;
   TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, m_space.domain_for(tenant, m_tenants.limits(tenant), &fresh));
@@ -169,7 +118,7 @@ Reply RequestHandler::handle(const proto::Request& request, SessionState& sessio
   // The request's type names a descriptor's field: it outlives the request.
   const auto* field = proto::Request::GetDescriptor()->FindFieldByNumber(static_cast<int>(request.body_case()));
   Counted counted{field != nullptr ? std::string_view(field->name()) : std::string_view("none"),
-                  session.peer ? requester(request, session).tenant : session.who.tenant,
+                  session.peer ? Authoriser::requester(request, session).tenant : session.who.tenant,
                   request.has_write() ? request.write().data().size() : 0, started,
                   target_of(request) == m_space.node()};
   if (!reply.deferred) {
@@ -195,7 +144,12 @@ void RequestHandler::count(const Counted& c, const proto::Response& response) {
 }
 
 Reply RequestHandler::route(const proto::Request& request, SessionState& session) {
-  if (Status s = admit(request, session); !s.ok()) return error_reply(request.id(), s, !session.greeted);
+  const Route* kind = route_of(static_cast<int>(request.body_case()));
+  if (Status s = Authoriser::admit(request, session, kind != nullptr ? kind->name : "this request",
+                                   kind != nullptr && kind->peer_only);
+      !s.ok()) {
+    return error_reply(request.id(), s, !session.greeted);
+  }
   if (Status s = check_request_fields(request); !s.ok()) return error_reply(request.id(), s, !session.greeted);
   const NodeId target = target_of(request);
   if (request.has_alloc() && request.alloc().session() && (target != m_space.node() || session.peer)) {

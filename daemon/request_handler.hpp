@@ -2,15 +2,8 @@
 // AddressSpace and (in a cluster) its peers. Independent of the socket code,
 // so it reads as the protocol.
 //
-// Who may ask what (the trust model, docs/ARCHITECTURE.md):
-//   - a Unix-socket session is a client: hello first; it is its tenant (from
-//     its peer credentials) and may touch that tenant's memory only, or
-//     every tenant's when it is an operator; the requests daemons make of
-//     each other are refused to it;
-//   - a TCP session is a peer daemon: peer_challenge and peer_hello
-//     (authentication) first; after that it may make peer requests and
-//     relay its clients' requests, which carry their tenant;
-//   - nothing is served on a session before it said who it is.
+// Who may ask what is the Authoriser's (authoriser.hpp); which service
+// serves a request, the table of requests' (request_routes.cpp).
 //
 // Routing: a request for another node (Request.node, or the home node of its
 // GVA) is forwarded to that node's daemon, once, with the client's identity;
@@ -21,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -37,6 +31,8 @@
 #include "daemon/leases.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
+#include "daemon/authoriser.hpp"
+#include "daemon/session_state.hpp"
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
 
@@ -47,25 +43,6 @@ class PeerManager;
 class Replicator;
 class SessionLocks;
 class Transport;
-
-// What the daemon knows about one connection.
-struct SessionState {
-  uint64_t id = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
-  pid_t pid = 0;
-  std::vector<uint32_t> groups;  // supplementary groups (Unix sessions)
-  std::string client_name;
-  bool greeted = false;          // hello (or an authenticated peer hello) exchanged
-  bool peer = false;             // an authenticated peer daemon
-  bool remote = false;           // over TCP: no descriptors, no mappings
-  Identity who;                  // a client's tenant (after hello)
-  NodeId peer_node = 0;          // the peer's node id (after authentication)
-  std::string challenge_nonce;   // ours, sent in the peer challenge
-  std::string peer_nonce;        // the peer's, from its challenge
-  uint64_t client_id = 0;        // the Client object of its process (hello): leases are its
-  std::vector<Gva> owned;        // its session allocations, freed when it ends
-};
 
 struct Reply {
   proto::Response response;
@@ -124,6 +101,12 @@ class RequestHandler {
   };
   // The row of body field number `body`; null for a kind that has none.
   static const Route* route_of(int body);
+  using RouteTable = std::array<Route, 64>;  // by body field number
+  static void add(RouteTable& t, int body, const char* name, Family family, bool peer_only, Serve serve);
+  static void session_routes(RouteTable& t);
+  static void cluster_routes(RouteTable& t);
+  static void data_routes(RouteTable& t);
+  static void replica_routes(RouteTable& t);
   // The reply for a request whose service filled `reply` and returned `status`.
   static Reply finish(Reply reply, const Status& status, uint64_t id);
   Reply serve_alloc(const proto::Request& request, SessionState& session, const Identity& who);
@@ -149,15 +132,6 @@ class RequestHandler {
   // Frees session allocations (of `whose`: for the log), giving frames lent
   // by peers back.
   void free_session_allocations(const std::vector<Gva>& owned, const std::string& whose);
-  // Refuses what this session may not ask at all (before any work).
-  Status admit(const proto::Request& request, const SessionState& session) const;
-  // Who asked: the session's client, or the client a peer relays for.
-  Identity requester(const proto::Request& request, const SessionState& session) const;
-  // The allocation holding `gva`, when `who` may `verb` it. Errors: those of
-  // translate(); permission_denied naming both tenants.
-  Result<AllocationInfo> authorize(const Identity& who, Gva gva, const char* verb) const;
-  // The same check of an allocation already looked up.
-  static Status permit(const Identity& who, Gva gva, const AllocationInfo& allocation, const char* verb);
   // The domain of a tenant here, registering its frames with the transport
   // when it was just given one.
   Result<uint32_t> ensure_domain(const std::string& tenant);
@@ -212,6 +186,7 @@ class RequestHandler {
   proto::NodeInfo self() const;
 
   AddressSpace& m_space;
+  Authoriser m_auth;  // who may ask what
   const DaemonConfig& m_config;
   const TenantMap& m_tenants;
   DataPlane* m_data_plane;

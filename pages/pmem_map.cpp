@@ -10,22 +10,7 @@ namespace tiermem {
 static_assert(std::is_same_v<decltype(Durability::copy), pmem2_memcpy_fn>);
 static_assert(std::is_same_v<decltype(Durability::persist), pmem2_persist_fn>);
 
-PmemMap::PmemMap(PmemMap&& other) noexcept { *this = std::move(other); }
-
-PmemMap& PmemMap::operator=(PmemMap&& other) noexcept {
-  if (this != &other) {
-    if (m_map != nullptr) pmem2_map_delete(&m_map);
-    m_map = std::exchange(other.m_map, nullptr);
-    m_data = std::exchange(other.m_data, nullptr);
-    m_size = std::exchange(other.m_size, 0);
-    m_user_space = std::exchange(other.m_user_space, false);
-    m_copy = std::exchange(other.m_copy, nullptr);
-    m_persist = std::exchange(other.m_persist, nullptr);
-  }
-  return *this;
-}
-
-PmemMap::~PmemMap() {
+void PmemMap::unmap() {
   if (m_map != nullptr) pmem2_map_delete(&m_map);
 }
 

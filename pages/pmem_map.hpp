@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <tiermem/status.h>
 
@@ -38,11 +39,22 @@ struct Durability {
 class PmemMap {
  public:
   PmemMap() = default;
-  PmemMap(PmemMap&& other) noexcept;
-  PmemMap& operator=(PmemMap&& other) noexcept;
+  PmemMap(PmemMap&& other) noexcept { *this = std::move(other); }
+  PmemMap& operator=(PmemMap&& other) noexcept {
+    if (this != &other) {
+      unmap();
+      m_map = std::exchange(other.m_map, nullptr);
+      m_data = std::exchange(other.m_data, nullptr);
+      m_size = std::exchange(other.m_size, 0);
+      m_user_space = std::exchange(other.m_user_space, false);
+      m_copy = std::exchange(other.m_copy, nullptr);
+      m_persist = std::exchange(other.m_persist, nullptr);
+    }
+    return *this;
+  }
   PmemMap(const PmemMap&) = delete;
   PmemMap& operator=(const PmemMap&) = delete;
-  ~PmemMap();
+  ~PmemMap() { unmap(); }
 
   // Maps [0, length) of `fd` (opened read-write), at `offset` of
   // `reservation` when one is given. Page store granularity is accepted, so
@@ -67,6 +79,10 @@ class PmemMap {
   void persist(const std::byte* address, size_t length) const { m_persist(address, length); }
 
  private:
+  // Unmaps what is mapped (libpmem2's mapping, or the mmap of a build
+  // without it: pmem_map_mmap.cpp).
+  void unmap();
+
   pmem2_map* m_map = nullptr;
   std::byte* m_data = nullptr;
   uint64_t m_size = 0;

@@ -36,23 +36,9 @@ void* copy_then_msync(void* dst, const void* src, size_t length, unsigned /*flag
 
 }  // namespace
 
-PmemMap::PmemMap(PmemMap&& other) noexcept { *this = std::move(other); }
-
-PmemMap& PmemMap::operator=(PmemMap&& other) noexcept {
-  if (this != &other) {
-    if (m_data != nullptr) ::munmap(m_data, m_size);
-    m_map = std::exchange(other.m_map, nullptr);
-    m_data = std::exchange(other.m_data, nullptr);
-    m_size = std::exchange(other.m_size, 0);
-    m_user_space = std::exchange(other.m_user_space, false);
-    m_copy = std::exchange(other.m_copy, nullptr);
-    m_persist = std::exchange(other.m_persist, nullptr);
-  }
-  return *this;
-}
-
-PmemMap::~PmemMap() {
+void PmemMap::unmap() {
   if (m_data != nullptr) ::munmap(m_data, m_size);
+  m_data = nullptr;
 }
 
 Result<PmemMap> PmemMap::map(int fd, uint64_t length, const std::string& what, pmem2_vm_reservation* reservation,

@@ -29,8 +29,7 @@
 # static_assert or `= delete`). Function-like macros without a `;` confuse it.
 import argparse, bisect, json, os, pathlib, re, statistics, subprocess, sys
 
-PRODUCT = {"common", "proto", "pages", "tiers", "mapping", "transport", "access",
-           "daemon", "client", "executor", "tools", "include"}
+PRODUCT = set("common proto pages tiers mapping transport access daemon client executor tools include".split())
 SOURCE = re.compile(r"\.(cpp|hpp|h|cu|cuh)$")
 TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.']*|::|->|&&|\.\.\.|\S")
 IDENT = re.compile(r"[A-Za-z_]\w*$")
