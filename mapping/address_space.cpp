@@ -113,18 +113,12 @@ AddressSpace::AddressSpace(const AddressSpaceOptions& options, uint64_t pages_pe
     : m_node(options.node),
       m_versions(std::move(versions)),
       m_table(m_versions->pages(), options.page_size, m_versions->l3()),
-      m_domains(options.domains),
+      m_domains(options.domains, pages_per_domain),
       m_next_generation(options.first_generation != 0 ? options.first_generation
                                                       : static_cast<uint32_t>(random_nonzero() | 1)),
       m_slabs(options.page_size, m_versions->pages_per_domain()),
       m_local_words(m_versions->words().data(), m_versions->pages(), m_versions->l3().data(), options.page_size) {
   m_sub_page_max = options.sub_page_max;
-  for (uint32_t d = 0; d < options.domains; ++d) {
-    // Page 0 stays unallocated: GVA offset 0 is null.
-    const uint64_t first = d == 0 ? 1 : uint64_t{d} * pages_per_domain;
-    m_domains[d].virtual_pages = ExtentSet(first, (uint64_t{d} + 1) * pages_per_domain - first);
-    m_domains[d].cursor = first;
-  }
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (!tiers[i]) continue;
     TierState& t = m_tiers[i];
@@ -153,7 +147,7 @@ Status AddressSpace::open_domain_files(uint32_t domain, const TenantLimits& limi
 }
 
 Status AddressSpace::open_domain_frames(uint32_t domain, const std::array<uint64_t, 4>& limit_pages) {
-  Domain& d = m_domains[domain];
+  Domain& d = m_domains.at(domain);
   for (Tier tier : k_tiers_fastest_first) {
     TierState& t = m_tiers[static_cast<size_t>(tier)];
     const auto i = static_cast<size_t>(tier);
@@ -167,17 +161,15 @@ Status AddressSpace::open_domain_frames(uint32_t domain, const std::array<uint64
 }
 
 Result<uint32_t> AddressSpace::assign_domain(const std::string& tenant, const TenantLimits& limits) {
-  if (auto it = m_domain_of.find(tenant); it != m_domain_of.end()) return it->second;
-  for (uint32_t k = 0; k < m_domains.size(); ++k) {
-    if (m_domains[k].assigned) continue;
+  if (auto held = m_domains.find(tenant)) return *held;
+  if (auto free = m_domains.unassigned()) {
+    const uint32_t k = *free;
     TIERMEM_RETURN_IF_ERROR(open_domain_files(k, limits));
     if (m_meta) {
-      TIERMEM_RETURN_IF_ERROR(m_meta->put_domain({k, tenant, m_domains[k].limit}));
+      TIERMEM_RETURN_IF_ERROR(m_meta->put_domain({k, tenant, m_domains.at(k).limit}));
     }
-    m_domains[k].assigned = true;
-    m_domains[k].tenant = tenant;
+    m_domains.assign(k, tenant);
     m_versions->set_tenant(k, tenant);
-    m_domain_of.emplace(tenant, k);
     return k;
   }
   return Status(ErrorCode::tier_exhausted, "node " + std::to_string(m_node) + " already holds " +
@@ -188,7 +180,7 @@ Result<uint32_t> AddressSpace::assign_domain(const std::string& tenant, const Te
 
 Result<uint32_t> AddressSpace::domain_for(const std::string& tenant, const TenantLimits& limits, bool* fresh) {
   std::unique_lock lock(m_mutex);
-  const bool had = m_domain_of.count(tenant) != 0;
+  const bool had = m_domains.find(tenant).has_value();
   TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(tenant, limits));
   if (fresh != nullptr) *fresh = !had;
   return domain;
@@ -196,14 +188,12 @@ Result<uint32_t> AddressSpace::domain_for(const std::string& tenant, const Tenan
 
 std::optional<uint32_t> AddressSpace::find_domain(const std::string& tenant) const {
   std::shared_lock lock(m_mutex);
-  auto it = m_domain_of.find(tenant);
-  if (it == m_domain_of.end()) return std::nullopt;
-  return it->second;
+  return m_domains.find(tenant);
 }
 
 std::string AddressSpace::tenant_of_domain(uint32_t domain) const {
   std::shared_lock lock(m_mutex);
-  return domain < m_domains.size() ? m_domains[domain].tenant : std::string();
+  return m_domains.tenant_of(domain);
 }
 
 DomainFiles AddressSpace::domain_files(uint32_t domain) const {
@@ -226,9 +216,7 @@ DomainFiles AddressSpace::domain_files(uint32_t domain) const {
 
 uint64_t AddressSpace::usage(const std::string& tenant, Tier tier) const {
   std::shared_lock lock(m_mutex);
-  auto it = m_domain_of.find(tenant);
-  if (it == m_domain_of.end()) return 0;
-  return m_domains[it->second].used[static_cast<size_t>(tier)] * page_size();
+  return m_domains.used_pages(tenant, tier) * page_size();
 }
 
 // --- allocation ---------------------------------------------------------------
@@ -239,7 +227,7 @@ Status AddressSpace::exhausted_error(const AllocRequest& request, uint64_t pages
                     (pages == 1 ? " page" : " pages") + " of " + format_size(page_size()) + ") on node " +
                     std::to_string(m_node) + ":";
   bool any_present = false, only_quota = true;
-  const Domain& d = m_domains[domain];
+  const Domain& d = m_domains.at(domain);
   for (size_t i = 0; i < chain.size(); ++i) {
     const auto t = static_cast<size_t>(chain[i]);
     const TierState& ts = m_tiers[t];
@@ -289,7 +277,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   }
   if (const uint32_t slot = slot_class(request); slot != 0) return allocate_in_slab(request, slot);
   TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(request.tenant, request.limits));
-  Domain& dom = m_domains[domain];
+  Domain& dom = m_domains.at(domain);
   const std::vector<Tier> chain = placement_chain(request.tier, request.strict);
   Tier chosen = Tier::automatic;
   std::vector<UnitRange> frames;
@@ -427,7 +415,7 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
     m_table.clear(page);
     version::unlock_new_epoch(m_versions->word(page), locked[i]);
   }
-  (void)m_domains[domain].virtual_pages.release({a.first_page, a.pages});
+  (void)m_domains.at(domain).virtual_pages.release({a.first_page, a.pages});
   --m_tiers[static_cast<size_t>(a.tier)].allocations;
   if (!a.name.empty() && a.replica_of.node == 0) m_names.erase(a.name);
   m_allocations.erase(start_of(a));

@@ -54,6 +54,7 @@
 #include <tiermem/types.h>
 
 #include "mapping/allocation.hpp"
+#include "mapping/domain_table.hpp"
 #include "mapping/extent_set.hpp"
 #include "mapping/metadata_store.hpp"
 #include "mapping/page_table.hpp"
@@ -368,16 +369,7 @@ class AddressSpace {
 
  private:
   using Allocation = AllocationEntry;
-  // A tenant's slice of the node: virtual pages and, per tier, free frames.
-  struct Domain {
-    std::string tenant;
-    bool assigned = false;
-    ExtentSet virtual_pages;
-    uint64_t cursor = 0;
-    std::array<ExtentSet, 4> free_frames;  // DRAM, PMEM: frames of its files (global numbers)
-    std::array<uint64_t, 4> used{};        // pages in use, per tier (quota)
-    std::array<uint64_t, 4> limit{};       // pages allowed, per tier
-  };
+  using Domain = DomainTable::Domain;
   using Slab = SlabSet::Slab;
   struct TierState {
     std::unique_ptr<TierBackend> backend;
@@ -488,8 +480,7 @@ class AddressSpace {
   std::unique_ptr<VersionSegments> m_versions;
   PageTable m_table;
   std::array<TierState, 4> m_tiers;
-  std::vector<Domain> m_domains;
-  std::map<std::string, uint32_t> m_domain_of;  // tenant -> domain
+  DomainTable m_domains;  // the tenants' domains
   // Frames reserved and not yet in one of this node's page entries: lent to
   // another node's page (borrower) or moving here (borrower = this node).
   struct Reserved {

@@ -14,7 +14,7 @@ namespace tiermem {
 
 bool AddressSpace::take_frames(Tier tier, uint32_t domain, uint64_t pages, std::vector<UnitRange>* frames) {
   TierState& t = m_tiers[static_cast<size_t>(tier)];
-  Domain& d = m_domains[domain];
+  Domain& d = m_domains.at(domain);
   const auto i = static_cast<size_t>(tier);
   if (!t.backend || t.used + pages > t.frames || d.used[i] + pages > d.limit[i]) return false;
   ExtentSet& free = t.backend->per_domain() ? d.free_frames[i] : t.shared_free;
@@ -38,7 +38,7 @@ Status AddressSpace::prepare_frames(Tier tier, const std::vector<UnitRange>& fra
 
 void AddressSpace::release_local_frame(Tier tier, uint64_t frame_offset, uint32_t domain) {
   TierState& t = m_tiers[static_cast<size_t>(tier)];
-  Domain& d = m_domains[domain];
+  Domain& d = m_domains.at(domain);
   // A failed discard only delays returning storage: frames are cleared again
   // when they are next allocated.
   (void)t.backend->release(frame_offset, page_size());
@@ -73,7 +73,7 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
   TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, assign_domain(tenant, limits));
   std::vector<UnitRange> frames;
   if (!take_frames(tier, domain, pages, &frames)) {
-    const Domain& d = m_domains[domain];
+    const Domain& d = m_domains.at(domain);
     const auto i = static_cast<size_t>(tier);
     if (d.limit[i] < t.frames && d.used[i] + pages > d.limit[i]) {
       return Status(ErrorCode::quota_exceeded, "tenant '" + tenant + "' may use " + format_size(d.limit[i] * page_size()) +

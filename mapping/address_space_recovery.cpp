@@ -91,7 +91,7 @@ bool AddressSpace::check_record(const AllocationRecord& r, std::string* why) con
     *why = "its pages lie outside one tenant's range";
     return false;
   }
-  const Domain& dom = m_domains[domain];
+  const Domain& dom = m_domains.at(domain);
   if (!dom.assigned || dom.tenant != r.tenant) {
     *why = "its range belongs to no domain of tenant '" + r.tenant + "'";
     return false;
@@ -112,7 +112,7 @@ bool AddressSpace::check_record(const AllocationRecord& r, std::string* why) con
 bool AddressSpace::take_back(const AllocationRecord& r, std::string* why) {
   const uint64_t psize = page_size();
   const uint32_t domain = m_versions->domain_of(r.first_page);
-  Domain& dom = m_domains[domain];
+  Domain& dom = m_domains.at(domain);
   if (!dom.virtual_pages.reserve({r.first_page, r.pages})) {
     *why = "its virtual range overlaps another allocation's";
     return false;
@@ -256,7 +256,7 @@ bool AddressSpace::recover_allocation(const AllocationRecord& r, std::string* wh
   if (!check_record(r, why) || !take_back(r, why)) return false;
   Allocation a = from_record(r);
   restore_pages(a, r);
-  Domain& dom = m_domains[m_versions->domain_of(r.first_page)];
+  Domain& dom = m_domains.at(m_versions->domain_of(r.first_page));
   dom.cursor = std::max(dom.cursor, r.first_page + r.pages);
   m_recovery.pages += a.pages;
   if (r.kind == RecordKind::slab) {
@@ -332,7 +332,6 @@ void AddressSpace::recover(const MetadataImage& image) {
   m_recovery.memory_adopted = true;
   for (const DomainRecord& d : image.domains) {
     if (d.domain >= m_domains.size()) continue;
-    Domain& dom = m_domains[d.domain];
     judge_domain(d);
     m_recovery.memory_adopted = m_recovery.memory_adopted && m_versions->adopted(d.domain);
     if (Status s = open_domain_frames(d.domain, d.limit_pages); !s.ok()) {
@@ -340,10 +339,8 @@ void AddressSpace::recover(const MetadataImage& image) {
                                            "': " + s.to_string());
       continue;
     }
-    dom.assigned = true;
-    dom.tenant = d.tenant;
+    m_domains.assign(d.domain, d.tenant);
     m_versions->set_tenant(d.domain, d.tenant);
-    m_domain_of.emplace(d.tenant, d.domain);
   }
   std::vector<bool> recorded(m_domains.size(), false);
   for (const DomainRecord& d : image.domains) {
@@ -375,7 +372,7 @@ void AddressSpace::recover(const MetadataImage& image) {
     const auto t = static_cast<size_t>(l.tier);
     TierState* ts = t < m_tiers.size() ? &m_tiers[t] : nullptr;
     if (ts == nullptr || !ts->backend || l.domain >= m_domains.size()) continue;
-    Domain& dom = m_domains[l.domain];
+    Domain& dom = m_domains.at(l.domain);
     ExtentSet& free = ts->backend->per_domain() ? dom.free_frames[t] : ts->shared_free;
     if (!free.reserve({l.frame, 1})) continue;
     ++ts->used;

@@ -50,7 +50,7 @@ Result<AddressSpace::Slab*> AddressSpace::new_slab(const AllocRequest& request, 
                                                    uint32_t slot_bytes) {
   std::vector<UnitRange> frames;
   if (!take_frames(tier, domain, 1, &frames)) return nullptr;
-  Domain& dom = m_domains[domain];
+  Domain& dom = m_domains.at(domain);
   UnitRange virt;
   if (!dom.virtual_pages.take_next_fit(1, dom.cursor, &virt)) {
     release_local_frames(tier, frames, domain);
@@ -109,7 +109,7 @@ Result<AllocationInfo> AddressSpace::allocate_in_slab(const AllocRequest& reques
     release_local_frame(e.tier, e.frame_offset, m_versions->domain_of(page));
     m_table.clear(page);
     version::advance_epoch(m_versions->word(page));
-    (void)m_domains[domain].virtual_pages.release({page, 1});
+    (void)m_domains.at(domain).virtual_pages.release({page, 1});
     m_slabs.remove(page);
   };
 
@@ -178,7 +178,7 @@ Status AddressSpace::free_in_slab(Allocation& a) {
   release_local_frame(e.tier, e.frame_offset, domain);
   m_table.clear(page);
   version::unlock_new_epoch(word, locked);
-  (void)m_domains[domain].virtual_pages.release({page, 1});
+  (void)m_domains.at(domain).virtual_pages.release({page, 1});
   m_slabs.remove(page);
   return Status();
 }
@@ -251,7 +251,7 @@ void AddressSpace::release_empty_slabs() {
     if (e.node == m_node) release_local_frame(e.tier, e.frame_offset, m_versions->domain_of(page));
     m_table.clear(page);
     version::advance_epoch(m_versions->word(page));
-    (void)m_domains[m_versions->domain_of(page)].virtual_pages.release({page, 1});
+    (void)m_domains.at(m_versions->domain_of(page)).virtual_pages.release({page, 1});
     m_slabs.remove(page);
   }
 }
