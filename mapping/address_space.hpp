@@ -56,6 +56,7 @@
 #include "mapping/allocation.hpp"
 #include "mapping/domain_table.hpp"
 #include "mapping/extent_set.hpp"
+#include "mapping/frame_loans.hpp"
 #include "mapping/metadata_store.hpp"
 #include "mapping/page_table.hpp"
 #include "mapping/slab_set.hpp"
@@ -481,16 +482,7 @@ class AddressSpace {
   PageTable m_table;
   std::array<TierState, 4> m_tiers;
   DomainTable m_domains;  // the tenants' domains
-  // Frames reserved and not yet in one of this node's page entries: lent to
-  // another node's page (borrower) or moving here (borrower = this node).
-  struct Reserved {
-    NodeId borrower = 0;
-    uint32_t domain = 0;  // whose quota they count against
-  };
-  std::map<std::pair<uint8_t, uint64_t>, Reserved> m_lent;  // (tier, frame offset) -> reservation
-  // The memory generation of the domain (of the tenant) on another node that
-  // lent frames to our pages.
-  std::map<std::pair<NodeId, std::string>, uint64_t> m_lender_generation;
+  FrameLoans m_loans;  // frames lent and borrowed
   uint32_t m_next_generation = 1;
   std::map<uint64_t, Allocation> m_allocations;  // by start (start_of)
   std::unordered_map<std::string, uint64_t> m_names;  // -> start

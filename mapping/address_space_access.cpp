@@ -148,8 +148,7 @@ std::vector<Extent> AddressSpace::extents_of(const Allocation& a) const {
     }
     out.push_back({e.tier, e.node, e.frame_offset, i * psize, psize, 0});
     if (e.node != m_node) {
-      auto g = m_lender_generation.find({e.node, a.tenant});
-      out.back().memory_generation = g == m_lender_generation.end() ? 0 : g->second;
+      out.back().memory_generation = m_loans.lender_generation(e.node, a.tenant);
     }
   }
   return out;

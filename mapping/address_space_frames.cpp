@@ -100,7 +100,7 @@ Result<std::vector<Extent>> AddressSpace::reserve_frames(Tier tier, uint64_t pag
   for (const UnitRange& f : frames) {
     out.push_back({tier, m_node, f.start * page_size(), 0, f.count * page_size()});
     for (uint64_t i = 0; i < f.count; ++i) {
-      m_lent[{static_cast<uint8_t>(tier), (f.start + i) * page_size()}] = {borrower, domain};
+      m_loans.lend(tier, (f.start + i) * page_size(), borrower, domain);
     }
   }
   return out;
@@ -122,8 +122,8 @@ Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId bo
     bool lent = tier_ok && x.node == m_node && x.length > 0 && x.frame_offset % page_size() == 0 &&
                 x.length % page_size() == 0 && x.frame_offset + x.length > x.frame_offset;
     for (uint64_t at = 0; lent && at < x.length; at += page_size()) {
-      auto it = m_lent.find({static_cast<uint8_t>(x.tier), x.frame_offset + at});
-      lent = it != m_lent.end() && it->second.borrower == borrower &&
+      const auto loan = m_loans.find(x.tier, x.frame_offset + at);
+      lent = loan && loan->borrower == borrower &&
              named.insert({static_cast<uint8_t>(x.tier), x.frame_offset + at}).second;
     }
     if (!lent) {
@@ -138,10 +138,8 @@ Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId bo
     const UnitRange range{x.frame_offset / page_size(), x.length / page_size()};
     if (borrower != m_node) TIERMEM_RETURN_IF_ERROR(record_lent(x.tier, {range}, 0, 0));
     for (uint64_t at = 0; at < x.length; at += page_size()) {
-      auto it = m_lent.find({static_cast<uint8_t>(x.tier), x.frame_offset + at});
-      const uint32_t domain = it->second.domain;
-      m_lent.erase(it);
-      release_local_frame(x.tier, x.frame_offset + at, domain);
+      const auto loan = m_loans.settle(x.tier, x.frame_offset + at);  // checked above
+      release_local_frame(x.tier, x.frame_offset + at, loan->domain);
     }
   }
   return Status();
@@ -149,8 +147,7 @@ Status AddressSpace::release_frames(const std::vector<Extent>& frames, NodeId bo
 
 size_t AddressSpace::lent_to(NodeId borrower) const {
   std::shared_lock lock(m_mutex);
-  return static_cast<size_t>(std::count_if(m_lent.begin(), m_lent.end(),
-                                           [&](const auto& e) { return e.second.borrower == borrower; }));
+  return m_loans.lent_to(borrower);
 }
 
 // --- migration ------------------------------------------------------------------
@@ -245,7 +242,7 @@ Status AddressSpace::commit_moves(std::span<const PageMove> moves, std::span<con
   for (size_t i = 0; i < moves.size(); ++i) {
     const PageMove& move = moves[i];
     m_table.clean(move.page);
-    if (to[i].node == m_node) m_lent.erase({static_cast<uint8_t>(to[i].tier), to[i].frame_offset});  // now in use
+    if (to[i].node == m_node) (void)m_loans.settle(to[i].tier, to[i].frame_offset);  // now in use
     version::unlock_new_epoch(m_versions->word(move.page), move.locked);
     if (move.from.node == m_node) {
       release_local_frame(move.from.tier, move.from.frame_offset, m_versions->domain_of(move.page));
@@ -312,20 +309,13 @@ MappingDump AddressSpace::dump() const {
 
 void AddressSpace::note_lender(NodeId node, const std::string& tenant, uint64_t memory_generation) {
   std::unique_lock lock(m_mutex);
-  m_lender_generation[{node, tenant}] = memory_generation;
+  m_loans.note(node, tenant, memory_generation);
 }
 
 size_t AddressSpace::lose_frames_of(NodeId node, const std::map<std::string, uint64_t>& generations) {
   std::unique_lock lock(m_mutex);
-  std::set<std::string> gone;  // tenants whose domain on `node` lent us frames from memory it no longer has
-  for (auto& [key, known] : m_lender_generation) {
-    if (key.first != node) continue;
-    auto now = generations.find(key.second);
-    const uint64_t current = now == generations.end() ? 0 : now->second;
-    if (current == known) continue;
-    known = current;
-    gone.insert(key.second);
-  }
+  // Tenants whose domain on `node` lent us frames from memory it no longer has.
+  const std::set<std::string> gone = m_loans.lenders_gone(node, generations);
   if (gone.empty()) return 0;
   size_t lost = 0;
   for (auto& [start, a] : m_allocations) {

@@ -60,10 +60,7 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
       ++last->pages;
     } else {
       uint64_t lender = 0;
-      if (e.node != m_node) {
-        auto g = m_lender_generation.find({e.node, a.tenant});
-        lender = g == m_lender_generation.end() ? 0 : g->second;
-      }
+      if (e.node != m_node) lender = m_loans.lender_generation(e.node, a.tenant);
       r.runs.push_back({e.frame_offset, 1, e.node, e.tier, e.flags, lender});
     }
   }
@@ -172,7 +169,7 @@ void AddressSpace::restore_pages(Allocation& a, const AllocationRecord& r) {
     // comes back with that domain's memory made anew makes them lost
     // (lose_frames_of).
     if (run.node != m_node && run.memory_generation != 0) {
-      m_lender_generation.emplace(std::pair(run.node, r.tenant), run.memory_generation);
+      m_loans.remember(run.node, r.tenant, run.memory_generation);
     }
     // Frames of a tier whose memory did not survive in this domain hold
     // nothing of what was written (take_back checked they are the domain's).
@@ -377,7 +374,7 @@ void AddressSpace::recover(const MetadataImage& image) {
     if (!free.reserve({l.frame, 1})) continue;
     ++ts->used;
     ++dom.used[t];
-    m_lent[{static_cast<uint8_t>(l.tier), l.frame * page_size()}] = {l.borrower, l.domain};
+    m_loans.lend(l.tier, l.frame * page_size(), l.borrower, l.domain);
     ++m_recovery.lent_frames;
   }
   m_recovery.elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
