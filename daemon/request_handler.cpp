@@ -170,7 +170,7 @@ Reply RequestHandler::route(const proto::Request& request, SessionState& session
     }
     return forward(target, request, session);
   }
-  return dispatch(request, session);
+  return dispatch(kind, request, session);
 }
 
 Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, proto::HelloResponse* out) {

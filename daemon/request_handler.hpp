@@ -87,22 +87,22 @@ class RequestHandler {
  private:
   // handle() but for the caller's deadline.
   Reply route(const proto::Request& request, SessionState& session);
-  // Calls the service of the request's row of the table (request_routes.cpp).
-  Reply dispatch(const proto::Request& request, SessionState& session);
+  // Calls the service of the request's row of the table (request_routes.cpp;
+  // `route` null: a kind with no row, refused as malformed).
+  struct Route;
+  Reply dispatch(const Route* route, const proto::Request& request, SessionState& session);
 
   // One row of the table of requests, per request kind.
-  enum class Family : uint8_t { session, cluster, data, replica };
   using Serve = Reply (*)(RequestHandler&, const proto::Request&, SessionState&);
   struct Route {
     const char* name = nullptr;  // the body's field name
-    Family family = Family::data;
     bool peer_only = false;      // daemons ask it of each other, never clients
     Serve serve = nullptr;
   };
   // The row of body field number `body`; null for a kind that has none.
   static const Route* route_of(int body);
   using RouteTable = std::array<Route, 64>;  // by body field number
-  static void add(RouteTable& t, int body, const char* name, Family family, bool peer_only, Serve serve);
+  static void add(RouteTable& t, int body, const char* name, bool peer_only, Serve serve);
   static void session_routes(RouteTable& t);
   static void cluster_routes(RouteTable& t);
   static void data_routes(RouteTable& t);
