@@ -13,6 +13,7 @@
 
 #include "common/random.hpp"
 #include "mapping/placement.hpp"
+#include "mapping/space_recovery.hpp"
 #include "pages/version.hpp"
 
 namespace tiermem {
@@ -103,7 +104,7 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
       std::unique_ptr<AddressSpace>(new AddressSpace(options, per_domain, std::move(tiers), std::move(versions)));
   if (meta) {
     space->m_meta = std::move(meta);
-    space->recover(space->m_meta->image());
+    space->m_recovery = SpaceRecovery(*space, space->m_meta->image()).run();
   }
   return space;
 }

@@ -369,6 +369,7 @@ class AddressSpace {
   TierBackend* backend(Tier tier) const { return m_tiers[static_cast<size_t>(tier)].backend.get(); }
 
  private:
+  friend class SpaceRecovery;  // rebuilds a new space at a start (space_recovery.hpp)
   using Allocation = AllocationEntry;
   using Domain = DomainTable::Domain;
   using Slab = SlabSet::Slab;
@@ -383,29 +384,7 @@ class AddressSpace {
   AddressSpace(const AddressSpaceOptions& options, uint64_t pages_per_domain, TierSet tiers,
                std::unique_ptr<VersionSegments> versions);
 
-  // --- durable metadata (address_space_recovery.cpp) -----------------------
-  // Rebuilds domains, allocations and lent frames from the pool's image.
-  void recover(const MetadataImage& image);
-  // Which tiers of a recorded domain kept their memory, and why not.
-  void judge_domain(const DomainRecord& d);
-  // Recovers one allocation; false (and why) when it does not fit.
-  bool recover_allocation(const AllocationRecord& r, std::string* why);
-  // Its steps: the record is consistent; its range and local frames are
-  // free and taken (all or none); its page entries set (lost and torn pages
-  // flagged); one page's word after a restart (true: a dead writer's lock
-  // was broken).
-  bool check_record(const AllocationRecord& r, std::string* why) const;
-  bool take_back(const AllocationRecord& r, std::string* why);
-  void restore_pages(Allocation& a, const AllocationRecord& r);
-  bool settle_word(uint64_t page);
-  // Why a recovered allocation has lost pages.
-  std::string why_lost(const Allocation& a) const;
-  // Whether a local frame of `domain` kept its bytes over the restart.
-  bool frame_survived(uint32_t domain, Tier tier, uint64_t frame_offset) const;
-  // An allocation as its record describes it (its pages not restored).
-  Allocation from_record(const AllocationRecord& r) const;
-  // Re-records flags found at recovery and counts what was lost.
-  void note_recovered(const Allocation& a, const AllocationRecord& r);
+  // --- durable metadata (address_space_records.cpp; a start: SpaceRecovery) -
   // The record of an allocation as its page entries are now.
   AllocationRecord record_of(const Allocation& a) const;
   // Records the allocation (a no-op without metadata or for a session one).
@@ -421,11 +400,6 @@ class AddressSpace {
   Status free_in_slab(Allocation& a);
   // Takes or frees a slot (a slab whose page is lost takes no more).
   void mark_slot(Slab& slab, uint64_t page_offset, bool used);
-  // Recovery: an allocation in a slab recovered before; false (and why)
-  // when it does not fit in it.
-  bool recover_in_slab(const AllocationRecord& r, std::string* why);
-  // Recovery: slabs left with nothing in them are given back.
-  void release_empty_slabs();
   // The allocation the page belongs to: a whole one, or a slab's page.
   Allocation* owner_of_page(uint64_t page);
   // Where an allocation starts, in bytes of the node's range (its key).
@@ -469,15 +443,7 @@ class AddressSpace {
   NodeId m_node;
   mutable std::shared_mutex m_mutex;
   std::unique_ptr<MetadataStore> m_meta;  // durable metadata; null without
-  RecoveryReport m_recovery;
-  // While recovering, per domain: which tiers kept their memory, and why a
-  // tier did not (for the report of what was lost).
-  struct DomainSurvival {
-    std::array<bool, 4> kept{};          // the tier's memory outlived the daemon before
-    std::array<uint64_t, 4> file_bytes{};  // of its file then: frames past it are gone
-    std::array<std::string, 4> why;      // what to say of a lost frame
-  };
-  std::vector<DomainSurvival> m_survival;
+  RecoveryReport m_recovery;  // what this start found (SpaceRecovery)
   std::unique_ptr<VersionSegments> m_versions;
   PageTable m_table;
   std::array<TierState, 4> m_tiers;
