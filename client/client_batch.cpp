@@ -116,7 +116,7 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight, bool lo
   p.state = *state;
   RemoteVersionWords& words = *p.state->words;
   auto& batch = flight.batches[p.state->node->endpoint.get()];
-  if (!batch) batch = m_transport->batch();
+  if (!batch) batch = m_nodes.transport()->batch();
   RemoteOnlyAccess access(*p.state);
   Status s;
   if (!atomic) {
@@ -145,7 +145,7 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight, bool lo
     if (s.ok() && alloc.coherent) {
       // A coherent page is never migrated: the atomic goes straight to its
       // word, as the synchronous call's does.
-      s = m_transport->reserve(*batch, *p.state->node->endpoint, 2, 0, 0);
+      s = m_nodes.transport()->reserve(*batch, *p.state->node->endpoint, 2, 0, 0);
       if (s.ok()) s = remote_frames->issue_atomic(*batch, frame_offset, op, operand, item.a, &p.old);
     } else if (s.ok()) {
       s = words.issue_locked_atomic(*batch, alloc.first_page + index, alloc.page_versions[index], *remote_frames,
@@ -164,7 +164,7 @@ std::shared_ptr<ClientCore::BatchFlight> ClientCore::start_batch(std::span<Batch
   for (BatchItem* item : items) {
     if (!item->handled) item->in_flight = post_batch_item(*item, *flight).ok();
   }
-  for (auto& [ep, batch] : flight->batches) m_transport->send(*batch);
+  for (auto& [ep, batch] : flight->batches) m_nodes.transport()->send(*batch);
   for (BatchItem* item : flight->mapped) {
     item->in_flight = false;
     if (is_atomic(*item)) {
@@ -204,7 +204,7 @@ std::shared_ptr<ClientCore::BatchFlight> ClientCore::start_chain(std::span<Batch
     BatchItem& item = *items[i];
     if (i > 0 && item.epoch != items[i - 1]->epoch) {
       // Everything so far went to `endpoint`'s message.
-      if (!m_transport->barrier(*flight->batches.begin()->second, *endpoint, &flight->barriers.emplace_back()).ok()) {
+      if (!m_nodes.transport()->barrier(*flight->batches.begin()->second, *endpoint, &flight->barriers.emplace_back()).ok()) {
         return nullptr;
       }
     }
@@ -216,14 +216,14 @@ std::shared_ptr<ClientCore::BatchFlight> ClientCore::start_chain(std::span<Batch
     endpoint = flight->batches.begin()->first;
   }
   for (BatchItem* item : items) item->in_flight = true;
-  m_transport->send(*flight->batches.begin()->second);
+  m_nodes.transport()->send(*flight->batches.begin()->second);
   return flight;
 }
 
 void ClientCore::finish_batch(BatchFlight& flight) {
   std::map<Endpoint*, Status> outcome;
   for (auto& [ep, batch] : flight.batches) {
-    outcome[ep] = m_transport->wait(*batch, ScopedDeadline::bound(m_remote_timeout));
+    outcome[ep] = m_nodes.transport()->wait(*batch, ScopedDeadline::bound(m_nodes.timeout()));
   }
   for (Posted& p : flight.posted) {
     BatchItem& item = *p.item;

@@ -166,7 +166,7 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   core->m_client_id = client_id;
   core->m_client_name = options.client_name;
   core->m_qos = options.qos;
-  if (options.timeout.count() > 0) core->m_remote_timeout = std::min(options.timeout, k_timeout);
+  if (options.timeout.count() > 0) core->m_nodes.set_timeout(std::min(options.timeout, k_timeout));
   return core;
 }
 
@@ -295,8 +295,7 @@ AccessCounters ClientCore::counters() const {
   c.direct_remote = m_direct_remote.load(std::memory_order_relaxed);
   c.message = m_message.load(std::memory_order_relaxed);
   c.through_daemon = m_through_daemon.load(std::memory_order_relaxed);
-  std::lock_guard lock(m_remote_mutex);
-  c.requests_sent = m_transport ? m_transport->requests_sent() : 0;
+  c.requests_sent = m_nodes.requests_sent();
   return c;
 }
 
@@ -400,13 +399,14 @@ Result<Path> ClientCore::path_to(NodeId node, std::optional<Tier> tier, uint64_t
     if (r.status().code() != ErrorCode::not_supported) return r.status();
     // A node that offers this tenant no data plane may offer one later (the
     // route is decided again then); a client with none of its own never.
-    if (m_transport_status.ok() && std::find(stale->begin(), stale->end(), node) == stale->end()) {
+    if (m_nodes.may_have_plane() && std::find(stale->begin(), stale->end(), node) == stale->end()) {
       stale->push_back(node);
     }
     return Path::daemon;
   }
   const RemoteNode& n = *(*r)->node;
-  switch (tier ? n.reach_frames(*m_transport, *tier, first, length) : n.reach_words(*m_transport, first, length)) {
+  Transport& fabric = *m_nodes.transport();  // started: `node` was reached through it
+  switch (tier ? n.reach_frames(fabric, *tier, first, length) : n.reach_words(fabric, first, length)) {
     case Reach::one_sided: return Path::one_sided;
     case Reach::message: return Path::message;
     case Reach::none: return Path::daemon;
@@ -417,7 +417,7 @@ Result<Path> ClientCore::path_to(NodeId node, std::optional<Tier> tier, uint64_t
 }
 
 std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const CachedAllocation> a, bool again) {
-  uint64_t epoch = m_routes_epoch.load(std::memory_order_acquire);
+  uint64_t epoch = m_nodes.epoch();
   if (!again && a->routes && a->routes->epoch == epoch &&
       (!a->routes->provisional || std::chrono::steady_clock::now() - a->routes->decided < k_forced_refresh)) {
     return a;
@@ -425,7 +425,7 @@ std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const
   auto routes = std::make_shared<Routes>();
   for (bool refreshed = false;; refreshed = true) {
     // Read before deciding: keys added meanwhile make the next call decide again.
-    epoch = m_routes_epoch.load(std::memory_order_acquire);
+    epoch = m_nodes.epoch();
     std::vector<NodeId> stale;
     routes->epoch = epoch;
     routes->failure = Status();
@@ -448,7 +448,7 @@ std::shared_ptr<const CachedAllocation> ClientCore::routed(std::shared_ptr<const
     // or none at all. Keys are asked for once; without newer ones the piece
     // goes through the daemon (for this translation).
     bool added = false;
-    for (NodeId n : stale) added = refresh_keys(n).ok() || added;
+    for (NodeId n : stale) added = m_nodes.refresh_keys(n).ok() || added;
     if (!added) break;
   }
   auto with = std::make_shared<CachedAllocation>(*a);

@@ -29,6 +29,7 @@
 #include "client/batch_item.hpp"
 #include "client/device_frames.hpp"
 #include "client/node_regions.hpp"
+#include "client/remote_nodes.hpp"
 #include "client/translation_cache.hpp"
 #include "common/shared_memory.hpp"
 #include "common/unique_fd.hpp"
@@ -54,14 +55,6 @@ enum class Path : uint8_t {
   daemon,     // no route but the daemon (VRAM of another node, no data plane to the node)
   failed,     // the node could not be reached when the route was decided (Routes::failure)
 };
-
-// A node whose keys lack a piece of this tenant's memory while the local
-// daemon's description of it is no newer than the keys is asked through the
-// daemon at most this often, and a provisional route decided again after it
-// (the daemon's description lags the node's by up to a heartbeat, 1 s by
-// default: asking more often finds nothing newer, and each ask is a round
-// trip between daemons).
-inline constexpr auto k_forced_refresh = std::chrono::milliseconds(1000);
 
 // The paths to every piece of one translation, decided once for it
 // (ClientCore::routed) and again when keys were added since.
@@ -95,13 +88,6 @@ struct SiblingNode {
   proto::HelloResponse hello;
   std::atomic<bool> lost{false};
   std::unique_ptr<NodeRegions> regions;
-};
-
-// What reaches one other node one-sided; replaced when the node restarts.
-struct RemoteState {
-  std::shared_ptr<RemoteNode> node;
-  std::unique_ptr<RemoteVersionWords> words;
-  std::array<std::unique_ptr<RemoteFrameData>, 4> frames;
 };
 
 class ClientCore {
@@ -186,12 +172,8 @@ class ClientCore {
   // Accessors for copy_through_layout (see ClientAccess in the .cpp).
   Result<VersionWords*> local_versions(uint64_t first_page);
   Result<FrameData*> local_frames(Tier tier);
-  // How this client reaches `node` through the data plane. `reconnect`: the
-  // node restarted (or its memory was made anew): ask it for its
-  // description, connect a new endpoint and drop the node's translations.
-  // Errors: not_supported when there is no route but the daemon (no data
-  // plane here, or the node offers this client's tenant none),
-  // transport_error when the node is down.
+  // How this client reaches `node` through the data plane (RemoteNodes::get;
+  // not_supported with direct access off).
   Result<std::shared_ptr<RemoteState>> remote(NodeId node, bool reconnect = false);
   // The mapped memory of `node` when its daemon runs on this host.
   // Errors: not_supported (another host, same-host mapping off, direct
@@ -207,18 +189,6 @@ class ClientCore {
   // Connects to node `info`'s daemon on this host and maps what it hands.
   Result<std::shared_ptr<SiblingNode>> open_sibling(const proto::NodeInfo& info);
 
-  // The state that reaches `node` through `rn` (its words and each tier's frames).
-  std::shared_ptr<RemoteState> remote_state(NodeId node, std::shared_ptr<RemoteNode> rn);
-  // `node`'s description as this client's daemon has it (`ask_node`: after
-  // asking the node for it). Errors: bad_gva when it is no member.
-  Result<proto::NodeInfo> node_info(NodeId node, bool ask_node);
-  // Keys of `node` newer than those held (a domain this tenant got there
-  // since), added on the same endpoint; translations are kept. ok: keys were
-  // added (routes are decided again); not_supported: the node has none newer.
-  Status refresh_keys(NodeId node);
-  // Whether `node` may be asked for its description through the daemon now
-  // (at most once per k_forced_refresh); true notes that it is.
-  bool may_ask(NodeId node);
   // `a` with its routes decided (`a` itself while they are current), put in
   // the cache in its place. `again`: decide even if current (a copy was
   // refused on the route decided). A node that cannot be reached makes its
@@ -244,9 +214,6 @@ class ClientCore {
   // The same for frames other nodes lent it.
   Status check_lent_extents(const CachedAllocation& a);
   void forget_node(NodeId node);
-  // The transport's wait check: transport_error when the daemon sees the
-  // node of `ep` UNREACHABLE.
-  Status still_reachable(const Endpoint& ep);
   // `fallback`: a read the home cannot serve is read from a copy.
   Status copy(Gva gva, std::byte* buf, size_t length, bool to_memory, bool fallback = true);
   Status copy_rpc(Gva gva, std::byte* buf, size_t length, bool to_memory, bool from_replica = false);
@@ -264,7 +231,6 @@ class ClientCore {
   // the home node's state as the local daemon sees it and what was tried.
   Status exceeded(QosClass qos, const char* what, Gva gva, std::chrono::steady_clock::time_point start,
                   const std::string& tried);
-  Status persist_remote(NodeId node, Tier tier, uint64_t frame_offset, uint64_t length);
   // Posts `item` into `flight` (client_batch.cpp); not_supported (nothing
   // posted) when it does not go by the message path.
   // `locked_reads`: a read takes its pages (start_chain).
@@ -280,7 +246,6 @@ class ClientCore {
   bool m_direct;
   std::string m_socket;
   std::chrono::milliseconds m_lock_timeout{10000};
-  std::chrono::milliseconds m_remote_timeout{10000};  // of one one-sided operation
   QosOptions m_qos;
 
   // Set (never cleared) when the daemon's end of the control socket closed.
@@ -305,24 +270,6 @@ class ClientCore {
   std::mutex m_sibling_mutex;
   std::map<NodeId, std::shared_ptr<SiblingNode>> m_siblings;
 
-  mutable std::mutex m_remote_mutex;
-  std::unique_ptr<Transport> m_transport;
-  Status m_transport_status;
-  std::map<NodeId, std::shared_ptr<RemoteState>> m_remote;
-  // The incarnation of each node this client last connected to.
-  std::map<NodeId, uint64_t> m_incarnations;
-  // When a node was last asked for newer keys through the daemon
-  // (refresh_keys), by node: at most once per k_forced_refresh.
-  std::map<NodeId, std::chrono::steady_clock::time_point> m_forced_refresh;
-  // Nodes found to offer this tenant no data plane, and when.
-  std::map<NodeId, std::chrono::steady_clock::time_point> m_no_plane;
-  // Goes up whenever keys are added to a node held: routes decided before
-  // are decided again.
-  std::atomic<uint64_t> m_routes_epoch{0};
-  // Which node each endpoint of m_remote reaches (for still_reachable,
-  // which runs inside waits that may hold m_remote_mutex).
-  std::mutex m_endpoint_mutex;
-  std::map<const Endpoint*, NodeId> m_endpoint_nodes;
 
   // Successful operations by path (access_counters()).
   std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_message{0}, m_through_daemon{0};
@@ -334,6 +281,9 @@ class ClientCore {
   void tell_lost();
 
   TranslationCache m_cache{m_hello.page_size()};
+  // Other nodes through the data plane; a node that restarted voids its
+  // translations.
+  RemoteNodes m_nodes{m_stub, node(), [this](NodeId n) { forget_node(n); }};
 };
 
 }  // namespace tiermem::detail
