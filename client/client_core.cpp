@@ -165,7 +165,7 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   }
   core->m_client_id = client_id;
   core->m_client_name = options.client_name;
-  core->m_qos = options.qos;
+  core->m_qos.set_options(options.qos);
   if (options.timeout.count() > 0) core->m_nodes.set_timeout(std::min(options.timeout, k_timeout));
   return core;
 }
@@ -593,13 +593,36 @@ Status ClientCore::copy_device(Gva gva, std::byte* buf, size_t length, bool to_m
 Status ClientCore::write(Gva gva, const void* src, size_t length, std::optional<QosClass> qos) {
   auto* buf = static_cast<std::byte*>(const_cast<void*>(src));
   const QosClass c = class_of(gva, qos);
-  return c == QosClass::standard ? copy(gva, buf, length, true) : copy_qos(gva, buf, length, true, c);
+  if (c == QosClass::standard) return copy(gva, buf, length, true);
+  return m_qos.copy(c, /*write=*/true, gva, [&] { return copy(gva, buf, length, true, false); }, nullptr);
 }
 
 Status ClientCore::read(Gva gva, void* dst, size_t length, std::optional<QosClass> qos) {
   auto* buf = static_cast<std::byte*>(dst);
   const QosClass c = class_of(gva, qos);
-  return c == QosClass::standard ? copy(gva, buf, length, false) : copy_qos(gva, buf, length, false, c);
+  if (c == QosClass::standard) return copy(gva, buf, length, false);
+  return m_qos.copy(
+      c, /*write=*/false, gva, [&] { return copy(gva, buf, length, false, false); },
+      [&] { return copy_rpc(gva, buf, length, false, /*from_replica=*/true); });
+}
+
+std::shared_ptr<const CachedAllocation> ClientCore::peek(Gva gva) { return m_cache.find(gva); }
+
+QosClass ClientCore::class_of(Gva gva, std::optional<QosClass> asked) {
+  if (asked) return *asked;
+  if (auto a = peek(gva)) return a->qos;
+  // Not translated yet: ask, within the longest deadline a class has (a
+  // home that does not answer is then a standard call's business).
+  ScopedDeadline bounded(std::chrono::steady_clock::now() + m_qos.longest());
+  auto a = cached(gva, false);
+  return a.ok() ? (*a)->qos : QosClass::standard;
+}
+
+Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
+                                    std::optional<QosClass> asked) {
+  const QosClass qos = class_of(gva, asked);
+  if (qos == QosClass::standard) return atomic_once(gva, op, operand, compare);
+  return m_qos.atomic(qos, gva, [&] { return atomic_once(gva, op, operand, compare); });
 }
 
 Result<uint64_t> ClientCore::atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare) {

@@ -29,6 +29,7 @@
 #include "client/batch_item.hpp"
 #include "client/device_frames.hpp"
 #include "client/node_regions.hpp"
+#include "client/qos_runner.hpp"
 #include "client/remote_nodes.hpp"
 #include "client/translation_cache.hpp"
 #include "common/shared_memory.hpp"
@@ -222,15 +223,10 @@ class ClientCore {
   Status read_copy(Gva gva, std::byte* buf, size_t length, const Status& failed);
   Result<uint64_t> atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
   Result<uint64_t> atomic_once(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
-  // QoS (H3): the class a call on `gva` runs in, its deadline, and a read
-  // or write under it (a copy under strict, best-effort and graceful rules).
+  // QoS (H3): the class a call on `gva` runs in (asked, else the
+  // allocation's default); calls of other classes than standard run under
+  // m_qos.
   QosClass class_of(Gva gva, std::optional<QosClass> asked);
-  std::chrono::milliseconds budget(QosClass qos) const;
-  Status copy_qos(Gva gva, std::byte* buf, size_t length, bool to_memory, QosClass qos);
-  // deadline_exceeded for a call of class `qos` begun at `start`, naming
-  // the home node's state as the local daemon sees it and what was tried.
-  Status exceeded(QosClass qos, const char* what, Gva gva, std::chrono::steady_clock::time_point start,
-                  const std::string& tried);
   // Posts `item` into `flight` (client_batch.cpp); not_supported (nothing
   // posted) when it does not go by the message path.
   // `locked_reads`: a read takes its pages (start_chain).
@@ -246,7 +242,6 @@ class ClientCore {
   bool m_direct;
   std::string m_socket;
   std::chrono::milliseconds m_lock_timeout{10000};
-  QosOptions m_qos;
 
   // Set (never cleared) when the daemon's end of the control socket closed.
   std::atomic<bool> m_daemon_lost{false};
@@ -284,6 +279,7 @@ class ClientCore {
   // Other nodes through the data plane; a node that restarted voids its
   // translations.
   RemoteNodes m_nodes{m_stub, node(), [this](NodeId n) { forget_node(n); }};
+  QosRunner m_qos{m_stub, node()};
 };
 
 }  // namespace tiermem::detail

@@ -1,8 +1,7 @@
-// QoS classes (H3) of reads, writes and atomics: a deadline for the whole
-// call (common/deadline.hpp bounds every wait inside it, and the daemons'
-// waits through Request.deadline_ms), retries for best_effort, a copy's bytes
-// for graceful_degrade, and errors that say which class, which deadline,
-// what the home node's state is and what was tried.
+// QosRunner: QoS classes (H3) of reads, writes and atomics (see
+// qos_runner.hpp).
+#include "client/qos_runner.hpp"
+
 #include <thread>
 
 #include <tiermem/status_macros.h>
@@ -28,35 +27,23 @@ uint64_t ms_since(Clock::time_point start) {
 
 }  // namespace
 
-std::shared_ptr<const CachedAllocation> ClientCore::peek(Gva gva) { return m_cache.find(gva); }
-
-QosClass ClientCore::class_of(Gva gva, std::optional<QosClass> asked) {
-  if (asked) return *asked;
-  if (auto a = peek(gva)) return a->qos;
-  // Not translated yet: ask, within the longest deadline a class has (a
-  // home that does not answer is then a standard call's business).
-  ScopedDeadline bounded(Clock::now() + m_qos.graceful_degrade);
-  auto a = cached(gva, false);
-  return a.ok() ? (*a)->qos : QosClass::standard;
-}
-
-std::chrono::milliseconds ClientCore::budget(QosClass qos) const {
+std::chrono::milliseconds QosRunner::budget(QosClass qos) const {
   switch (qos) {
-    case QosClass::strict: return m_qos.strict;
-    case QosClass::best_effort: return m_qos.best_effort;
-    case QosClass::graceful_degrade: return m_qos.graceful_degrade;
+    case QosClass::strict: return m_options.strict;
+    case QosClass::best_effort: return m_options.best_effort;
+    case QosClass::graceful_degrade: return m_options.graceful_degrade;
     case QosClass::standard: break;
   }
   return std::chrono::milliseconds(0);
 }
 
-Status ClientCore::exceeded(QosClass qos, const char* what, Gva gva, Clock::time_point start,
+Status QosRunner::exceeded(QosClass qos, const char* what, Gva gva, Clock::time_point start,
                             const std::string& tried) {
   // The local daemon's view of the home (answered from its memory).
   std::string state = "node " + std::to_string(gva.node);
   auto nodes = [&] {
     ScopedDeadline d(Clock::now() + std::chrono::milliseconds(20));
-    return m_stub.nodes();
+    return m_daemon.nodes();
   }();
   bool found = false;
   if (nodes.ok()) {
@@ -67,29 +54,29 @@ Status ClientCore::exceeded(QosClass qos, const char* what, Gva gva, Clock::time
                " heartbeat(s) missed, link " + std::string(node_state_name(n.state)) + ")";
     }
   }
-  if (!found) state += (gva.node == node() ? " is this node" : " is in an unknown state");
+  if (!found) state += (gva.node == m_self ? " is this node" : " is in an unknown state");
   return Status(ErrorCode::deadline_exceeded,
                 std::string(qos_class_name(qos)) + " " + what + " of " + gva.to_string() + " did not finish within " +
                     std::to_string(budget(qos).count()) + " ms (" + std::to_string(ms_since(start)) +
                     " ms spent); " + state + "; tried: " + tried);
 }
 
-Status ClientCore::copy_qos(Gva gva, std::byte* buf, size_t length, bool to_memory, QosClass qos) {
+Status QosRunner::copy(QosClass qos, bool write, Gva gva, const Attempt& home, const Attempt& from_copy) {
   const auto start = Clock::now();
   const auto deadline = start + budget(qos);
-  const char* what = to_memory ? "write" : "read";
+  const char* what = write ? "write" : "read";
   // graceful_degrade leaves half its time for the fallback; best_effort
   // gives each of its attempts an equal share (an attempt that fails early
   // leaves the next one more).
   const auto home_deadline = qos == QosClass::graceful_degrade ? start + budget(qos) / 2 : deadline;
-  const uint32_t attempts = qos == QosClass::best_effort ? 1 + m_qos.best_effort_retries : 1;
+  const uint32_t attempts = qos == QosClass::best_effort ? 1 + m_options.best_effort_retries : 1;
   std::string tried;
   for (uint32_t i = 0; i < attempts && Clock::now() < home_deadline; ++i) {
     const auto attempt_ends = start + (home_deadline - start) * (i + 1) / attempts;
     Status s;
     {
       ScopedDeadline bounded(attempt_ends);
-      s = copy(gva, buf, length, to_memory, false);
+      s = home();
     }
     if (s.ok()) return s;
     if (!worth_retrying(s)) return s;
@@ -100,24 +87,20 @@ Status ClientCore::copy_qos(Gva gva, std::byte* buf, size_t length, bool to_memo
     // back within it is found, and a call that fails takes its budget.
     if (qos == QosClass::best_effort && Clock::now() < attempt_ends) std::this_thread::sleep_until(attempt_ends);
   }
-  if (qos == QosClass::graceful_degrade && !to_memory) {
+  if (qos == QosClass::graceful_degrade && from_copy) {
     ScopedDeadline bounded(deadline);
-    Status s = copy_rpc(gva, buf, length, false, true);
+    Status s = from_copy();
     if (s.ok()) return s;
     tried += "; a copy: " + s.to_string();
   }
   return exceeded(qos, what, gva, start, tried);
 }
 
-Result<uint64_t> ClientCore::atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare,
-                                    std::optional<QosClass> asked) {
-  const QosClass qos = class_of(gva, asked);
-  if (qos == QosClass::standard) return atomic_once(gva, op, operand, compare);
-  // Never tried twice: it may have been applied.
+Result<uint64_t> QosRunner::atomic(QosClass qos, Gva gva, const std::function<Result<uint64_t>()>& once) {
   const auto start = Clock::now();
   Result<uint64_t> r = [&] {
     ScopedDeadline bounded(start + budget(qos));
-    return atomic_once(gva, op, operand, compare);
+    return once();
   }();
   if (r.ok() || !worth_retrying(r.status())) return r;
   return exceeded(qos, "atomic", gva, start, r.status().to_string() + " (its outcome is unknown)");
