@@ -230,10 +230,7 @@ void ClientCore::tell_lost() {
   if (hook) hook(this);
 }
 
-bool ClientCore::daemon_died() const {
-  const NodeRegions* r = m_regions_mapped.load(std::memory_order_acquire);
-  return r != nullptr && r->daemon_died();
-}
+bool ClientCore::daemon_died() const { return m_local.daemon_died(); }
 
 Status ClientCore::daemon_gone() const {
   return Status(ErrorCode::unavailable, "tiermemd at " + m_socket +

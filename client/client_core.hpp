@@ -28,6 +28,7 @@
 #include "access/remote_memory.hpp"
 #include "client/batch_item.hpp"
 #include "client/device_frames.hpp"
+#include "client/local_regions.hpp"
 #include "client/node_regions.hpp"
 #include "client/qos_runner.hpp"
 #include "client/remote_nodes.hpp"
@@ -155,7 +156,7 @@ class ClientCore {
   // which must be frame-contiguous) in this process. Errors: not_supported.
   Result<std::byte*> device_address(const std::vector<Extent>& extents);
   // The CUDA device ordinal of imported VRAM in this process (-1: none).
-  int device_ordinal() const { return m_device_frames ? m_device_frames->device() : -1; }
+  int device_ordinal() const { return m_local.device_ordinal(); }
   AccessCounters counters() const;
   // The cached translation of the allocation holding `gva`, if any (no request).
   std::shared_ptr<const CachedAllocation> peek(Gva gva);
@@ -203,9 +204,6 @@ class ClientCore {
   // Counts a successful direct operation on `path`.
   void count(Path path);
 
-  Status open_regions();
-  // This client's VRAM frames (imported on first use).
-  Result<DeviceFrameData*> device_frames();
   Result<std::shared_ptr<const CachedAllocation>> cached(Gva gva, bool refresh);
   // What copy_through_layout needs of a cached translation.
   LayoutView layout_of(const CachedAllocation& a) const;
@@ -249,15 +247,9 @@ class ClientCore {
   std::chrono::milliseconds m_checkin_interval{0};  // the watcher checks in this often (0: never)
   std::thread m_watcher;
 
-  std::once_flag m_regions_once;
-  Status m_regions_status;
-  std::unique_ptr<NodeRegions> m_regions;  // this node's, once open_regions() mapped them
-  // The same, for threads that did not go through open_regions() (the
-  // watcher): null until they are mapped.
-  std::atomic<const NodeRegions*> m_regions_mapped{nullptr};
-  std::once_flag m_device_once;
-  Status m_device_status;
-  std::unique_ptr<DeviceFrameData> m_device_frames;
+  // This node's memory of the tenant, mapped on first use.
+  LocalRegions m_local{m_stub, m_hello, m_socket, &m_daemon_lost};
+
 
   bool m_map_same_host = true;  // ClientOptions::map_same_host
   uint64_t m_client_id = 0;
