@@ -9,7 +9,7 @@
 //   - nothing is served on a session before it said who it is, and it says
 //     so once.
 // The checks before any work (admit), who a request is for (requester), and
-// whether that one may touch an allocation (authorize, permit).
+// whether that one may touch an allocation (authorize, permit, checked).
 #pragma once
 
 #include <tiermem/gva.h>
@@ -39,6 +39,13 @@ class Authoriser {
   Result<AllocationInfo> authorize(const Identity& who, Gva gva, const char* verb) const;
   // The same check of an allocation already looked up.
   static Status permit(const Identity& who, Gva gva, const AllocationInfo& allocation, const char* verb);
+  // `gva`, pinned to the generation of `allocation`, which it was authorized
+  // for: what a request goes on with, so that an allocation freed and made
+  // anew in between is stale, never someone else's.
+  static Gva checked(Gva gva, const AllocationInfo& allocation) {
+    gva.generation = allocation.gva.generation;
+    return gva;
+  }
 
  private:
   const AddressSpace& m_space;

@@ -193,7 +193,7 @@ void RequestHandler::nodes(const Identity& who, proto::NodesResponse* out) {
     for (proto::RegionKey& k : *n.mutable_regions()) k.clear_tenant_packed_key();
     *out->add_nodes() = std::move(n);
   }
-  for (proto::ClientEdge& c : m_check_ins.edges()) {
+  for (proto::ClientEdge& c : m_sessions.check_ins().edges()) {
     // A client sees its own tenant's clients; an operator every one.
     if (who.is_operator || c.tenant() == who.tenant) *out->add_clients() = std::move(c);
   }
@@ -207,7 +207,7 @@ Status RequestHandler::reserve_frames(const proto::Request& request, const Sessi
     return Status(ErrorCode::invalid_argument, "reserve_frames needs a tier (vram, dram or pmem)");
   }
   const std::string& tenant = request.tenant();
-  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, ensure_domain(tenant));
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, ensure_domain(m_space, m_data_plane, tenant, m_tenants.limits(tenant)));
   TIERMEM_ASSIGN_OR_RETURN(auto frames,
                            m_space.reserve_frames(tier, r.pages(), tenant, m_tenants.limits(tenant), s.peer_node));
   for (const Extent& x : frames) wire::to_proto(x, out->add_extents());

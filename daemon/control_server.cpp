@@ -177,7 +177,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       if (!got.ok()) {
         if (got.code() != ErrorCode::connection_closed) {
           spdlog::warn("session {} ({}): {}; closing", m_state.id, who(), got.message());
-          co_await send(RequestHandler::error_reply(0, got, true));
+          co_await send(error_reply(0, got, true));
         }
         break;
       }
@@ -202,7 +202,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
 
   // Sends one refusal and closes (too many connections).
   asio::awaitable<void> refuse(Status why) {
-    co_await send(RequestHandler::error_reply(0, why, true));
+    co_await send(error_reply(0, why, true));
     close();
   }
 
@@ -222,7 +222,7 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
       // read request padded past 64 KiB does, and it waits at most
       // frame_timeout_ms like any claim.
       if (Status s = co_await claim(reply_bytes, "a read's reply"); !s.ok()) {
-        co_return RequestHandler::error_reply(request.id(), s, false);
+        co_return error_reply(request.id(), s, false);
       }
     }
     Reply reply = m_handler.handle(request, m_state);

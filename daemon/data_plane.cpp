@@ -139,4 +139,12 @@ proto::NodeInfo DataPlane::self() const {
   return m_self;
 }
 
+Result<uint32_t> ensure_domain(AddressSpace& space, DataPlane* plane, const std::string& tenant,
+                               const TenantLimits& limits) {
+  bool fresh = false;
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, space.domain_for(tenant, limits, &fresh));
+  if (fresh && plane != nullptr) TIERMEM_RETURN_IF_ERROR(plane->register_domain(space, domain));
+  return domain;
+}
+
 }  // namespace tiermem

@@ -79,4 +79,12 @@ class DataPlane {
   std::vector<std::unique_ptr<RegisteredRegion>> m_regions;
 };
 
+// The domain of `tenant` on this node, given to it now (within `limits`) when
+// it has none yet; a domain just given has its frames registered with
+// `plane` (null: a daemon with no transport). The data, session and cluster
+// requests that hand out a tenant's memory all go through it. Errors: those
+// of AddressSpace::domain_for() and DataPlane::register_domain().
+Result<uint32_t> ensure_domain(AddressSpace& space, DataPlane* plane, const std::string& tenant,
+                               const TenantLimits& limits);
+
 }  // namespace tiermem

@@ -6,7 +6,6 @@
 
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
-#include "daemon/session_locks.hpp"
 #include "tiers/truncation_guard.hpp"
 #include "tiermem_config.h"
 
@@ -31,7 +30,7 @@ std::string RequestHandler::metrics() {
   out.sample("tiermem_uptime_seconds", {{"node", node}},
              std::chrono::duration<double>(std::chrono::steady_clock::now() - m_started).count());
   out.family("tiermem_sessions", "gauge", "Open control sessions (clients and peers).");
-  out.sample("tiermem_sessions", {{"node", node}}, m_sessions.load());
+  out.sample("tiermem_sessions", {{"node", node}}, m_sessions.open());
 
   const std::vector<TierStat> tiers = m_space.tier_stats();
   struct TierFamily {
@@ -98,7 +97,7 @@ std::string RequestHandler::metrics() {
 
   // Clients' check-in edges, counted by tenant and state.
   std::map<std::pair<std::string, std::string>, uint64_t> clients;
-  for (const proto::ClientEdge& e : m_check_ins.edges()) ++clients[{e.tenant(), health_text(e.health())}];
+  for (const proto::ClientEdge& e : m_sessions.check_ins().edges()) ++clients[{e.tenant(), health_text(e.health())}];
   out.family("tiermem_clients", "gauge", "Client sessions by tenant and check-in state (H1).");
   for (const auto& [key, n] : clients) {
     out.sample("tiermem_clients", {{"node", node}, {"tenant", key.first}, {"state", key.second}}, n);
@@ -121,7 +120,7 @@ std::string RequestHandler::metrics() {
   out.family("tiermem_memory_adopted", "gauge", "1 when this start found the node's shared memory of before.");
   out.sample("tiermem_memory_adopted", {{"node", node}}, uint64_t{r.memory_adopted});
   out.family("tiermem_locks_broken_total", "counter", "Page locks of dead clients broken (their pages flagged torn).");
-  out.sample("tiermem_locks_broken_total", {{"node", node}}, m_locks->broken() + r.locks_broken);
+  out.sample("tiermem_locks_broken_total", {{"node", node}}, m_sessions.locks_broken() + r.locks_broken);
   out.family("tiermem_truncations_repaired_total", "counter", "Memory files a client truncated, extended again.");
   out.sample("tiermem_truncations_repaired_total", {{"node", node}}, TruncationGuard::repairs());
   return out.take();

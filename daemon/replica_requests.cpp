@@ -11,13 +11,6 @@
 
 namespace tiermem {
 
-bool RequestHandler::replicated(const AllocationInfo& info) {
-  for (const ReplicaInfo& r : info.replicas) {
-    if (r.state != ReplicaState::dropped) return true;
-  }
-  return info.replicas_wanted > 0;
-}
-
 Status RequestHandler::guard_copy(const AllocationInfo& info, const Identity& who, const char* verb) {
   if (info.replica_of.node == 0 || who.acting_home == info.replica_of.node) return Status();
   return Status(ErrorCode::permission_denied,

@@ -33,6 +33,10 @@ bool live(const ReplicaInfo& r) { return r.state != ReplicaState::dropped; }
 
 }  // namespace
 
+bool replicated(const AllocationInfo& info) {
+  return std::any_of(info.replicas.begin(), info.replicas.end(), live) || info.replicas_wanted > 0;
+}
+
 Replicator::Replicator(AddressSpace& space, PeerManager& peers, ReplicationOptions options,
                        std::function<Status(Gva, void*, size_t)> read_home)
     : m_space(space), m_peers(peers), m_options(options), m_read_home(std::move(read_home)) {

@@ -61,6 +61,10 @@ struct ReplicationOptions {
   std::chrono::milliseconds peer_timeout{5000};  // of one request to a copy's node
 };
 
+// Whether writes of `info` must reach copies: it was asked with replicas, or
+// still has a copy that was not dropped.
+bool replicated(const AllocationInfo& info);
+
 class Replicator {
  public:
   // `read_home` reads bytes of an allocation homed here (pages on other

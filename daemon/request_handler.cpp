@@ -1,9 +1,5 @@
 #include "daemon/request_handler.hpp"
 
-#include <algorithm>
-
-#include <spdlog/spdlog.h>
-
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
@@ -14,17 +10,10 @@
 #include "daemon/peer_manager.hpp"
 #include "daemon/replicator.hpp"
 #include "daemon/request_checks.hpp"
-#include "daemon/session_locks.hpp"
 #include "tiers/truncation_guard.hpp"
 #include "tiermem_config.h"
 
 namespace tiermem {
-namespace {
-
-constexpr uint32_t k_protocol_version = proto::PROTOCOL_VERSION_CURRENT;
-
-}  // namespace
-
 RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants,
                                DataPlane* data_plane, PeerManager* peers, ClusterSecret secret, uint64_t incarnation)
     : m_space(space),
@@ -36,10 +25,8 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_secret(std::move(secret)),
       m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()),
-      m_locks(std::make_unique<SessionLocks>(space, peers, std::chrono::milliseconds(config.stale_writer_grace_ms))),
-      m_check_ins(config.health_degraded_after_missed, std::chrono::milliseconds(config.health_unreachable_after_ms)),
       m_counting(config.metrics_enabled),
-      m_leases(std::chrono::milliseconds(config.lease_grace_ms)) {
+      m_sessions(space, config, tenants, m_auth, data_plane, peers, incarnation) {
   if (peers != nullptr) {
     ReplicationOptions o;
     o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
@@ -77,33 +64,9 @@ proto::NodeInfo RequestHandler::self() const {
   return n;
 }
 
-Reply RequestHandler::error_reply(uint64_t id, const Status& status, bool close_after) {
-  Reply reply;
-  reply.response.set_id(id);
-  wire::to_proto(status, reply.response.mutable_status());
-  reply.close_after = close_after;
-  return reply;
-}
-
-Reply RequestHandler::ok_reply(const proto::Request& request) {
-  Reply reply;
-  reply.response.set_id(request.id());
-  wire::to_proto(Status(), reply.response.mutable_status());
-  return reply;
-}
-
-Result<uint32_t> RequestHandler::ensure_domain(const std::string& tenant) {
-  bool fresh = false;
-  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, m_space.domain_for(tenant, m_tenants.limits(tenant), &fresh));
-  if (fresh && m_data_plane != nullptr) {
-    TIERMEM_RETURN_IF_ERROR(m_data_plane->register_domain(m_space, domain));
-  }
-  return domain;
-}
-
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
   const auto started = std::chrono::steady_clock::now();
-  if (session.greeted && !session.peer) m_check_ins.seen(session.id);  // any request is a check-in
+  m_sessions.seen(session);  // any request of a client is a check-in
   Reply reply = route(request, session);
   if (request.deadline_ms() > 0 && reply.deferred) {
     // The blocking part ends by the caller's deadline (its peer requests and
@@ -173,35 +136,6 @@ Reply RequestHandler::route(const proto::Request& request, SessionState& session
   return dispatch(kind, request, session);
 }
 
-Status RequestHandler::hello(const proto::HelloRequest& r, SessionState& s, proto::HelloResponse* out) {
-  if (r.protocol_version() != k_protocol_version) {
-    return Status(ErrorCode::protocol_mismatch,
-                  "client speaks protocol " + std::to_string(r.protocol_version()) +
-                      ", tiermemd " TIERMEM_VERSION " speaks " + std::to_string(k_protocol_version) +
-                      "; use a libtiermem and tiermemctl of the same release");
-  }
-  TIERMEM_ASSIGN_OR_RETURN(s.who, m_tenants.identify(s.uid, s.gid, s.groups));
-  s.greeted = true;
-  s.client_name = r.client_name().substr(0, 256);
-  s.client_id = r.client_id();
-  m_check_ins.opened(s.id, s.client_name, s.pid, s.uid, s.who.tenant, r.checkin_interval_ms());
-  out->set_protocol_version(k_protocol_version);
-  out->set_node_id(m_space.node());
-  out->set_page_size(m_space.page_size());
-  out->set_daemon_version(TIERMEM_VERSION);
-  out->set_version_words(m_space.virtual_pages());
-  out->set_session_id(s.id);
-  out->set_max_frame_bytes(m_config.max_frame_bytes);
-  out->set_max_inline_bytes(m_config.max_inline_bytes);
-  out->set_incarnation(m_incarnation);
-  out->set_pages_per_domain(m_space.pages_per_domain());
-  out->set_host_id(host_id());
-  out->set_tenant(s.who.tenant);
-  out->set_is_operator(s.who.is_operator);
-  for (const TierStat& t : m_space.tier_stats()) wire::to_proto(t, out->add_tiers());
-  return Status();
-}
-
 Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out) {
   AllocRequest req;
   req.size = r.size();
@@ -223,7 +157,7 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
     req.replica_of = wire::from_proto(r.replica_of());
     req.replica_ready = r.replica_ready();
   }
-  TIERMEM_RETURN_IF_ERROR(ensure_domain(who.tenant).status());
+  TIERMEM_RETURN_IF_ERROR(ensure_domain(m_space, m_data_plane, who.tenant, m_tenants.limits(who.tenant)).status());
   TIERMEM_ASSIGN_OR_RETURN(auto info, m_space.allocate(req));
   wire::to_proto(info, out->mutable_allocation());
   return Status();
@@ -245,76 +179,18 @@ void RequestHandler::list(const Identity& who, proto::ListResponse* out) {
   }
 }
 
-void RequestHandler::end_session(SessionState& session) {
-  m_check_ins.closed(session.id);
-  // Session allocations go with their session, mappings with their process
-  // (a peer's session has neither): at once when the process is gone; while
-  // it lives on (it may connect again) its mappings stay pinned and its
-  // session allocations wait for the lease's grace.
-  if (!session.remote) {
-    let_go(m_leases.end_session(client_key(session), session.id, std::move(session.owned)),
-           "session " + std::to_string(session.id));
-  }
-  session.owned.clear();
-  m_locks->end(session.id);
-}
-
-void RequestHandler::take_lease(const proto::HelloRequest& r, SessionState& session, proto::HelloResponse* out) {
-  std::vector<Gva> mapped;
-  for (const proto::Gva& g : r.mapped()) mapped.push_back(wire::from_proto(g));
-  std::vector<Gva> owned;
-  std::vector<bool> kept;
-  let_go(m_leases.begin_session(client_key(session), mapped, &owned, &kept), "session " + std::to_string(session.id));
-  for (bool k : kept) out->add_mapped_kept(k);
-  const auto mappings = static_cast<size_t>(std::count(kept.begin(), kept.end(), true));
-  if (owned.empty() && mappings == 0) return;
-  spdlog::info("session {} (pid {}) took back {} session allocation(s) and {} mapping(s) of its earlier connection",
-               session.id, session.pid, owned.size(), mappings);
-  session.owned.insert(session.owned.end(), owned.begin(), owned.end());
-}
-
-ClientKey RequestHandler::client_key(const SessionState& s) { return {s.pid, s.uid, s.client_id}; }
-
-void RequestHandler::sweep_leases() { let_go(m_leases.expired(), "an ended lease"); }
-
-void RequestHandler::let_go(const Leases::Held& held, const std::string& whose) {
-  // Errors are ignored on purpose: an allocation can only be unpinned, and it
-  // cannot have been freed while pinned. Unpinned first: a pinned session
-  // allocation cannot be freed.
-  for (const Gva& g : held.pins) (void)m_space.unpin(g);
-  if (!held.owned.empty()) free_session_allocations(held.owned, whose);
-}
-
-void RequestHandler::free_session_allocations(const std::vector<Gva>& owned, const std::string& whose) {
-  // One still mapped by another session stays until that one unmaps it and
-  // is never recovered.
-  std::vector<Extent> remote_frames;
-  for (const Gva& g : owned) {
-    Status s = m_space.free(g, &remote_frames);
-    if (!s.ok() && s.code() != ErrorCode::not_allocated && s.code() != ErrorCode::stale_generation) {
-      spdlog::warn("{} ended: its session allocation {} stays: {}", whose, g.to_string(), s.to_string());
-    }
-  }
-  // Pages migrated to other nodes: their frames go back to their lenders
-  // (rare; this waits for the peers).
-  for (const Extent& x : remote_frames) {
-    if (m_peers == nullptr) break;
-    (void)m_peers->own_stub(x.node).release_frames({&x, 1});
-  }
-}
-
 void RequestHandler::stat(const Identity& who, proto::StatResponse* out) {
   out->set_node_id(m_space.node());
   out->set_page_size(m_space.page_size());
   for (const TierStat& t : m_space.tier_stats()) wire::to_proto(t, out->add_tiers());
   out->set_allocations(m_space.allocation_count());
-  out->set_sessions(m_sessions.load());
+  out->set_sessions(m_sessions.open());
   out->set_uptime_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                                std::chrono::steady_clock::now() - m_started)
                                                .count()));
   out->set_daemon_version(TIERMEM_VERSION);
   out->set_socket_path(m_config.socket_path);
-  out->set_locks_broken(m_locks->broken());
+  out->set_locks_broken(m_sessions.locks_broken());
   out->set_truncations_repaired(TruncationGuard::repairs());
   const RecoveryReport& r = m_space.recovery();
   proto::RecoveryInfo* ri = out->mutable_recovery();

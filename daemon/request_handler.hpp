@@ -2,8 +2,15 @@
 // AddressSpace and (in a cluster) its peers. Independent of the socket code,
 // so it reads as the protocol.
 //
-// Who may ask what is the Authoriser's (authoriser.hpp); which service
-// serves a request, the table of requests' (request_routes.cpp).
+// The handler routes; what owns state of its own is a service it holds, and
+// the table of requests (request_routes.cpp) says which one serves each
+// request kind:
+//   - Authoriser (authoriser.hpp): who may ask what, checked before any work;
+//   - SessionService (session_service.hpp), the session family: hello,
+//     check-ins, the leases of client processes, the lock logs of sessions,
+//     and the regions, device chunks and mappings of co-located clients;
+//   - the data, cluster and replica families are the handler's own methods
+//     (data_requests.cpp, cluster_requests.cpp, replica_requests.cpp).
 //
 // Routing: a request for another node (Request.node, or the home node of its
 // GVA) is forwarded to that node's daemon, once, with the client's identity;
@@ -15,10 +22,8 @@
 #include <sys/types.h>
 
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,12 +31,12 @@
 #include <tiermem/gva.h>
 
 #include "control.pb.h"
-#include "daemon/check_ins.hpp"
+#include "daemon/authoriser.hpp"
 #include "daemon/config.hpp"
-#include "daemon/leases.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
-#include "daemon/authoriser.hpp"
+#include "daemon/reply.hpp"
+#include "daemon/session_service.hpp"
 #include "daemon/session_state.hpp"
 #include "daemon/tenants.hpp"
 #include "mapping/address_space.hpp"
@@ -41,19 +46,7 @@ namespace tiermem {
 class DataPlane;
 class PeerManager;
 class Replicator;
-class SessionLocks;
 class Transport;
-
-struct Reply {
-  proto::Response response;
-  std::vector<int> fds;           // sent with the response (SCM_RIGHTS); not owned
-  bool close_after = false;       // protocol error: end the session after replying
-  std::function<Reply()> deferred;  // when set: run it (it may block) and send its reply instead
-  // The peer `deferred` makes its one request of (0: none, or several):
-  // the server takes a slot of that peer (PeerSlots) before the work goes
-  // to the pool, waiting without a thread, and the work's call uses it.
-  NodeId peer = 0;
-};
 
 class RequestHandler {
  public:
@@ -66,19 +59,17 @@ class RequestHandler {
   // Handles a decoded request. Never throws; every failure becomes a status
   // in the response.
   Reply handle(const proto::Request& request, SessionState& session);
+  // What the control server and tiermemd ask of the sessions (SessionService).
   // Releases what a closing session still held (its mappings) and, once its
   // process is gone, the page locks its lock log shows (SessionLocks).
-  void end_session(SessionState& session);
+  void end_session(SessionState& session) { m_sessions.end(session); }
 
-  // A response carrying only an error, for frames that could not be decoded.
-  static Reply error_reply(uint64_t id, const Status& status, bool close_after);
-
-  void session_opened() { ++m_sessions; }
-  void session_closed() { --m_sessions; }
+  void session_opened() { m_sessions.opened(); }
+  void session_closed() { m_sessions.closed(); }
   // The check-in edges of this daemon's clients (swept by tiermemd's timer).
-  CheckIns& check_ins() { return m_check_ins; }
+  CheckIns& check_ins() { return m_sessions.check_ins(); }
   // Frees the session allocations whose lease ended (tiermemd's timer).
-  void sweep_leases();
+  void sweep_leases() { m_sessions.sweep_leases(); }
   // The Prometheus text exposition of this daemon now: its counters, and
   // gauges of tiers, tenants, peers, clients and recovery (metrics.cpp,
   // handler_metrics.cpp).
@@ -123,18 +114,6 @@ class RequestHandler {
   };
   // Counts an answered request (and the bytes it carried) into m_metrics.
   void count(const Counted& counted, const proto::Response& response);
-  // A new session of a client takes back what its earlier session left in
-  // its lease (session allocations, the pins of the mappings it still has).
-  void take_lease(const proto::HelloRequest& r, SessionState& session, proto::HelloResponse* out);
-  static ClientKey client_key(const SessionState& s);
-  // Unpins and frees what a session or lease let go of (of `whose`: for the log).
-  void let_go(const Leases::Held& held, const std::string& whose);
-  // Frees session allocations (of `whose`: for the log), giving frames lent
-  // by peers back.
-  void free_session_allocations(const std::vector<Gva>& owned, const std::string& whose);
-  // The domain of a tenant here, registering its frames with the transport
-  // when it was just given one.
-  Result<uint32_t> ensure_domain(const std::string& tenant);
 
   // --- routing and cluster (cluster_requests.cpp) ---
   NodeId target_of(const proto::Request& request) const;
@@ -155,8 +134,6 @@ class RequestHandler {
   Reply atomic(const proto::Request& request, const Identity& who);
   Reply free(const proto::Request& request, const Identity& who);
   // --- replication (replica_requests.cpp) ---
-  // Whether writes of `info` must reach copies.
-  static bool replicated(const AllocationInfo& info);
   // A copy is written, freed and marked by its home only.
   static Status guard_copy(const AllocationInfo& info, const Identity& who, const char* verb);
   Status check_replicas(const proto::AllocRequest& r, const Identity& who) const;
@@ -165,20 +142,13 @@ class RequestHandler {
   Reply atomic_replicated(const proto::Request& request, const Identity& who, Gva gva, WordOp op);
   Reply read_copy(const proto::Request& request, const Identity& who);
   Status replica_ready(const proto::ReplicaReadyRequest& r, const Identity& who);
-  Status open_regions(const SessionState& s, proto::OpenRegionsResponse* out, std::vector<int>* fds);
-  Status device_chunks(const proto::DeviceChunksRequest& r, const SessionState& s, proto::DeviceChunksResponse* out,
-                       std::vector<int>* fds);
-  Status map(const proto::MapRequest& r, SessionState& s, proto::MapResponse* out);
-  Status unmap(const proto::UnmapRequest& r, SessionState& s);
   // --- node (request_handler.cpp) ---
-  Status hello(const proto::HelloRequest& r, SessionState& s, proto::HelloResponse* out);
   Status alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out);
   Status lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out);
   void list(const Identity& who, proto::ListResponse* out);
   void stat(const Identity& who, proto::StatResponse* out);
   void dump(const Identity& who, proto::DumpResponse* out);
 
-  Reply ok_reply(const proto::Request& request);
   std::chrono::milliseconds transport_timeout() const {
     return std::chrono::milliseconds(m_config.transport_timeout_ms);
   }
@@ -194,13 +164,10 @@ class RequestHandler {
   ClusterSecret m_secret;
   uint64_t m_incarnation;
   std::chrono::steady_clock::time_point m_started;
-  std::atomic<uint64_t> m_sessions{0};
-  std::unique_ptr<SessionLocks> m_locks;
   std::unique_ptr<Replicator> m_replicator;  // in a cluster
-  CheckIns m_check_ins;
   Metrics m_metrics;
   bool m_counting = false;  // metrics.enabled
-  Leases m_leases;
+  SessionService m_sessions;  // the session family's state and services
 };
 
 }  // namespace tiermem

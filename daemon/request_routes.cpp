@@ -6,6 +6,7 @@
 //
 // The services, by family:
 //   session  hello, open_regions, device_chunks, map, unmap, check_in
+//            (SessionService)
 //   cluster  peer_challenge, peer_hello, ping, node_info, nodes, reserve_frames,
 //            release_frames, persist_frames, break_locks, migrate
 //   data     alloc, free, translate, read, write, atomic, lookup, stat, list,
@@ -41,35 +42,35 @@ void RequestHandler::add(RouteTable& t, int body, const char* name, bool peer_on
 // handler's private services; each row's `serve` is a plain function pointer.
 void RequestHandler::session_routes(RouteTable& t) {
   add(t, Body::kHello, "hello", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
-    Status status = h.hello(r.hello(), s, reply.response.mutable_hello());
+    Reply reply = ok_reply(r);
+    Status status = h.m_sessions.hello(r.hello(), s, reply.response.mutable_hello());
     reply.close_after = !status.ok();
-    if (status.ok() && !s.remote) h.take_lease(r.hello(), s, reply.response.mutable_hello());
+    if (status.ok() && !s.remote) h.m_sessions.take_lease(r.hello(), s, reply.response.mutable_hello());
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kOpenRegions, "open_regions", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
-    Status status = h.open_regions(s, reply.response.mutable_open_regions(), &reply.fds);
+    Reply reply = ok_reply(r);
+    Status status = h.m_sessions.open_regions(s, reply.response.mutable_open_regions(), &reply.fds);
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kDeviceChunks, "device_chunks", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
-    Status status = h.device_chunks(r.device_chunks(), s, reply.response.mutable_device_chunks(), &reply.fds);
+    Reply reply = ok_reply(r);
+    Status status = h.m_sessions.device_chunks(r.device_chunks(), s, reply.response.mutable_device_chunks(), &reply.fds);
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kMap, "map", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
-    Status status = h.map(r.map(), s, reply.response.mutable_map());
+    Reply reply = ok_reply(r);
+    Status status = h.m_sessions.map(r.map(), s, reply.response.mutable_map());
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kUnmap, "unmap", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
-    Status status = h.unmap(r.unmap(), s);
+    Reply reply = ok_reply(r);
+    Status status = h.m_sessions.unmap(r.unmap(), s);
     reply.response.mutable_unmap();
     return finish(std::move(reply), status, r.id());
   });
-  add(t, Body::kCheckIn, "check_in", false, [](H h, R r, S) {
-    Reply reply = h.ok_reply(r);  // handle() took the check-in: any request is one
+  add(t, Body::kCheckIn, "check_in", false, [](H, R r, S) {
+    Reply reply = ok_reply(r);  // handle() took the check-in: any request is one
     reply.response.mutable_check_in();
     return finish(std::move(reply), Status(), r.id());
   });
@@ -77,37 +78,37 @@ void RequestHandler::session_routes(RouteTable& t) {
 
 void RequestHandler::cluster_routes(RouteTable& t) {
   add(t, Body::kPeerChallenge, "peer_challenge", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.peer_challenge(r.peer_challenge(), s, reply.response.mutable_peer_challenge());
     reply.close_after = !status.ok();
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kPeerHello, "peer_hello", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.peer_hello(r.peer_hello(), s, reply.response.mutable_peer_hello());
     reply.close_after = !status.ok();
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kPing, "ping", true, [](H h, R r, S) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     reply.response.mutable_ping()->set_incarnation(h.m_incarnation);
     reply.response.mutable_ping()->set_regions_version(h.self().regions_version());
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kNodeInfo, "node_info", true, [](H h, R r, S) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     *reply.response.mutable_node_info()->mutable_self() = h.self();
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kNodes, "nodes", false,
       [](H h, R r, S s) { return h.serve_nodes(r, Authoriser::requester(r, s)); });
   add(t, Body::kReserveFrames, "reserve_frames", true, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.reserve_frames(r, s, reply.response.mutable_reserve_frames());
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kReleaseFrames, "release_frames", true, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.release_frames(r.release_frames(), s);
     reply.response.mutable_release_frames();
     return finish(std::move(reply), status, r.id());
@@ -115,7 +116,7 @@ void RequestHandler::cluster_routes(RouteTable& t) {
   add(t, Body::kPersistFrames, "persist_frames", false,
       [](H h, R r, S s) { return h.serve_persist_frames(r, Authoriser::requester(r, s)); });
   add(t, Body::kBreakLocks, "break_locks", true, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     h.break_locks(r.break_locks(), Authoriser::requester(r, s), reply.response.mutable_break_locks());
     return finish(std::move(reply), Status(), r.id());
   });
@@ -128,7 +129,7 @@ void RequestHandler::data_routes(RouteTable& t) {
       [](H h, R r, S s) { return h.serve_alloc(r, s, Authoriser::requester(r, s)); });
   add(t, Body::kFree, "free", false, [](H h, R r, S s) { return h.free(r, Authoriser::requester(r, s)); });
   add(t, Body::kTranslate, "translate", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.translate(r.translate(), Authoriser::requester(r, s), reply.response.mutable_translate());
     return finish(std::move(reply), status, r.id());
   });
@@ -136,27 +137,27 @@ void RequestHandler::data_routes(RouteTable& t) {
   add(t, Body::kWrite, "write", false, [](H h, R r, S s) { return h.write(r, Authoriser::requester(r, s)); });
   add(t, Body::kAtomic, "atomic", false, [](H h, R r, S s) { return h.atomic(r, Authoriser::requester(r, s)); });
   add(t, Body::kLookup, "lookup", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.lookup(r.lookup(), Authoriser::requester(r, s), reply.response.mutable_lookup());
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kStat, "stat", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     h.stat(Authoriser::requester(r, s), reply.response.mutable_stat());
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kList, "list", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     h.list(Authoriser::requester(r, s), reply.response.mutable_list());
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kDump, "dump", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     h.dump(Authoriser::requester(r, s), reply.response.mutable_dump());
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kMetrics, "metrics", false, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.serve_metrics(Authoriser::requester(r, s), reply.response.mutable_metrics());
     return finish(std::move(reply), status, r.id());
   });
@@ -164,7 +165,7 @@ void RequestHandler::data_routes(RouteTable& t) {
 
 void RequestHandler::replica_routes(RouteTable& t) {
   add(t, Body::kReplicaReady, "replica_ready", true, [](H h, R r, S s) {
-    Reply reply = h.ok_reply(r);
+    Reply reply = ok_reply(r);
     Status status = h.replica_ready(r.replica_ready(), Authoriser::requester(r, s));
     reply.response.mutable_replica_ready();
     return finish(std::move(reply), status, r.id());
