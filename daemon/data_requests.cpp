@@ -42,7 +42,7 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
                                   std::to_string(m_config.max_inline_bytes) + "); split it or map the allocation"),
                        false);
   }
-  if (r.from_replica()) return read_copy(request, who);
+  if (r.from_replica()) return m_replicas.read_copy(request, who);
   auto info = m_auth.authorize(who, wire::from_proto(r.gva()), "read");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   const Gva gva = Authoriser::checked(wire::from_proto(r.gva()), *info);
@@ -73,9 +73,9 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
 Reply RequestHandler::write(const proto::Request& request, const Identity& who) {
   auto info = m_auth.authorize(who, wire::from_proto(request.write().gva()), "write");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
-  if (Status s = guard_copy(*info, who, "write"); !s.ok()) return error_reply(request.id(), s, false);
+  if (Status s = ReplicaService::guard_copy(*info, who, "write"); !s.ok()) return error_reply(request.id(), s, false);
   const Gva gva = Authoriser::checked(wire::from_proto(request.write().gva()), *info);
-  if (replicated(*info) && m_replicator != nullptr) return write_replicated(request, who, gva);
+  if (replicated(*info) && m_replicas.active()) return m_replicas.write(request, who, gva);
   const std::string& data = request.write().data();
   Status s = m_space.write(gva, data.data(), data.size());
   if (s.code() == ErrorCode::not_supported && m_peers != nullptr) {
@@ -108,11 +108,11 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
   auto info = m_auth.authorize(who, wire::from_proto(r.gva()), "run an atomic on");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (info->replica_of.node != 0) {
-    return error_reply(request.id(), guard_copy(*info, Identity{}, "run an atomic on"), false);
+    return error_reply(request.id(), ReplicaService::guard_copy(*info, Identity{}, "run an atomic on"), false);
   }
   const Gva gva = Authoriser::checked(wire::from_proto(r.gva()), *info);
   const WordOp op = r.op() == proto::ATOMIC_FETCH_ADD ? WordOp::fetch_add : WordOp::compare_swap;
-  if (replicated(*info) && m_replicator != nullptr) return atomic_replicated(request, who, gva, op);
+  if (replicated(*info) && m_replicas.active()) return m_replicas.atomic(request, who, gva, op);
   auto run = [this, request, gva, op](MemoryAccess* elsewhere) {
     auto old = m_space.atomic(gva, op, request.atomic().operand(), request.atomic().compare(), elsewhere);
     if (!old.ok()) return error_reply(request.id(), old.status(), false);
@@ -134,7 +134,7 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
 Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
   auto info = m_auth.authorize(who, wire::from_proto(request.free().gva()), "free");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
-  if (Status s = guard_copy(*info, who, "free"); !s.ok()) return error_reply(request.id(), s, false);
+  if (Status s = ReplicaService::guard_copy(*info, who, "free"); !s.ok()) return error_reply(request.id(), s, false);
   std::vector<Extent> remote_frames;
   const Gva gva = Authoriser::checked(wire::from_proto(request.free().gva()), *info);
   Status s = m_space.free(gva, &remote_frames);
@@ -148,7 +148,7 @@ Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
   if (!s.ok()) return error_reply(request.id(), s, false);
   Reply reply = ok_reply(request);
   reply.response.mutable_free();
-  const bool copies = !info->replicas.empty() && m_replicator != nullptr;
+  const bool copies = !info->replicas.empty() && m_replicas.active();
   if ((!remote_frames.empty() || copies) && m_peers != nullptr) {
     // Give the frames lent by other nodes back, and free the copies, before
     // answering.
@@ -156,7 +156,7 @@ Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
       for (const Extent& x : remote_frames) {
         (void)m_peers->own_stub(x.node).release_frames({&x, 1});
       }
-      if (copies) m_replicator->freed(freed, who);
+      if (copies) m_replicas.freed(freed, who);
       Reply out = ok_reply(request);
       out.response.mutable_free();
       return out;

@@ -6,9 +6,7 @@
 #include "common/deadline.hpp"
 #include "common/host_id.hpp"
 #include "daemon/data_plane.hpp"
-#include "daemon/peer_access.hpp"
 #include "daemon/peer_manager.hpp"
-#include "daemon/replicator.hpp"
 #include "daemon/request_checks.hpp"
 #include "tiers/truncation_guard.hpp"
 #include "tiermem_config.h"
@@ -26,29 +24,8 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()),
       m_counting(config.metrics_enabled),
-      m_sessions(space, config, tenants, m_auth, data_plane, peers, incarnation) {
-  if (peers != nullptr) {
-    ReplicationOptions o;
-    o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
-                                                 ? config.replication_drop_after_ms
-                                                 : 2 * config.health_unreachable_after_ms);
-    o.repair_interval = std::chrono::milliseconds(config.replication_repair_interval_ms);
-    o.orphan_min_age = std::chrono::milliseconds(config.replication_orphan_min_age_ms);
-    o.peer_timeout = std::chrono::milliseconds(config.peer_timeout_ms);
-    m_replicator = std::make_unique<Replicator>(space, *peers, o, [this](Gva gva, void* dst, size_t n) {
-      Status s = m_space.read(gva, dst, n);
-      if (s.code() == ErrorCode::not_supported) {
-        PeerAccess access(m_peers, transport(), transport_timeout());
-        s = m_space.read(gva, dst, n, &access);
-      }
-      return s;
-    });
-  }
-}
-
-RequestHandler::~RequestHandler() {
-  if (m_replicator) m_replicator->stop();
-}
+      m_sessions(space, config, tenants, m_auth, data_plane, peers, incarnation),
+      m_replicas(space, config, data_plane, peers) {}
 
 Transport* RequestHandler::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
 
@@ -147,7 +124,7 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
   req.session = r.session();
   req.tenant = who.tenant;
   req.limits = m_tenants.limits(who.tenant);
-  TIERMEM_RETURN_IF_ERROR(check_replicas(r, who));
+  TIERMEM_RETURN_IF_ERROR(m_replicas.check_replicas(r, who));
   if (r.qos() > static_cast<uint32_t>(QosClass::graceful_degrade)) {
     return Status(ErrorCode::invalid_argument, "qos " + std::to_string(r.qos()) + " is no QoS class (0 to 3)");
   }

@@ -9,8 +9,11 @@
 //   - SessionService (session_service.hpp), the session family: hello,
 //     check-ins, the leases of client processes, the lock logs of sessions,
 //     and the regions, device chunks and mappings of co-located clients;
-//   - the data, cluster and replica families are the handler's own methods
-//     (data_requests.cpp, cluster_requests.cpp, replica_requests.cpp).
+//   - ReplicaService (replica_service.hpp), the replica family and the
+//     replicated paths of alloc, write, atomic, free and read: it owns the
+//     Replicator (in a cluster);
+//   - the data and cluster families are the handler's own methods
+//     (data_requests.cpp, cluster_requests.cpp).
 //
 // Routing: a request for another node (Request.node, or the home node of its
 // GVA) is forwarded to that node's daemon, once, with the client's identity;
@@ -35,6 +38,7 @@
 #include "daemon/config.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
+#include "daemon/replica_service.hpp"
 #include "daemon/reply.hpp"
 #include "daemon/session_service.hpp"
 #include "daemon/session_state.hpp"
@@ -45,7 +49,6 @@ namespace tiermem {
 
 class DataPlane;
 class PeerManager;
-class Replicator;
 class Transport;
 
 class RequestHandler {
@@ -54,7 +57,6 @@ class RequestHandler {
   // unit tests); `secret` is empty then.
   RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants, DataPlane* data_plane,
                  PeerManager* peers, ClusterSecret secret, uint64_t incarnation);
-  ~RequestHandler();
 
   // Handles a decoded request. Never throws; every failure becomes a status
   // in the response.
@@ -133,15 +135,6 @@ class RequestHandler {
   Reply write(const proto::Request& request, const Identity& who);
   Reply atomic(const proto::Request& request, const Identity& who);
   Reply free(const proto::Request& request, const Identity& who);
-  // --- replication (replica_requests.cpp) ---
-  // A copy is written, freed and marked by its home only.
-  static Status guard_copy(const AllocationInfo& info, const Identity& who, const char* verb);
-  Status check_replicas(const proto::AllocRequest& r, const Identity& who) const;
-  Reply alloc_replicated(const proto::Request& request, const Identity& who, const AllocationInfo& info);
-  Reply write_replicated(const proto::Request& request, const Identity& who, Gva gva);
-  Reply atomic_replicated(const proto::Request& request, const Identity& who, Gva gva, WordOp op);
-  Reply read_copy(const proto::Request& request, const Identity& who);
-  Status replica_ready(const proto::ReplicaReadyRequest& r, const Identity& who);
   // --- node (request_handler.cpp) ---
   Status alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out);
   Status lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out);
@@ -164,10 +157,12 @@ class RequestHandler {
   ClusterSecret m_secret;
   uint64_t m_incarnation;
   std::chrono::steady_clock::time_point m_started;
-  std::unique_ptr<Replicator> m_replicator;  // in a cluster
   Metrics m_metrics;
   bool m_counting = false;  // metrics.enabled
   SessionService m_sessions;  // the session family's state and services
+  // Last: destroyed first, its Replicator's background work stops before
+  // anything else of the handler goes.
+  ReplicaService m_replicas;
 };
 
 }  // namespace tiermem

@@ -12,6 +12,7 @@
 //   data     alloc, free, translate, read, write, atomic, lookup, stat, list,
 //            dump, metrics
 //   replica  replica_ready (and the replicated paths of alloc, write, atomic)
+//            (ReplicaService)
 #include <array>
 
 #include "convert.hpp"
@@ -55,7 +56,8 @@ void RequestHandler::session_routes(RouteTable& t) {
   });
   add(t, Body::kDeviceChunks, "device_chunks", false, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.m_sessions.device_chunks(r.device_chunks(), s, reply.response.mutable_device_chunks(), &reply.fds);
+    Status status =
+        h.m_sessions.device_chunks(r.device_chunks(), s, reply.response.mutable_device_chunks(), &reply.fds);
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kMap, "map", false, [](H h, R r, S s) {
@@ -166,7 +168,7 @@ void RequestHandler::data_routes(RouteTable& t) {
 void RequestHandler::replica_routes(RouteTable& t) {
   add(t, Body::kReplicaReady, "replica_ready", true, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.replica_ready(r.replica_ready(), Authoriser::requester(r, s));
+    Status status = h.m_replicas.replica_ready(r.replica_ready(), Authoriser::requester(r, s));
     reply.response.mutable_replica_ready();
     return finish(std::move(reply), status, r.id());
   });
@@ -205,7 +207,7 @@ Reply RequestHandler::serve_alloc(const proto::Request& request, SessionState& s
     session.owned.push_back(wire::from_proto(resp.alloc().allocation().gva()));
   }
   if (status.ok() && request.alloc().replicas() > 0) {
-    return alloc_replicated(request, who, wire::from_proto(resp.alloc().allocation()));
+    return m_replicas.alloc(request, who, wire::from_proto(resp.alloc().allocation()));
   }
   if ((status.code() == ErrorCode::tier_exhausted || status.code() == ErrorCode::tier_unavailable) &&
       request.node() == 0 && !request.forwarded() && !request.alloc().session()) {

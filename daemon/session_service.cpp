@@ -140,7 +140,8 @@ Status SessionService::open_regions(const SessionState& s, proto::OpenRegionsRes
   // The session's own tenant's domain, given to it now if it has none yet;
   // an operator's also every other tenant's, as far as one reply carries
   // their descriptors (the rest it reaches through the daemon).
-  TIERMEM_ASSIGN_OR_RETURN(const uint32_t own, ensure_domain(m_space, m_data_plane, s.who.tenant, m_tenants.limits(s.who.tenant)));
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t own,
+                           ensure_domain(m_space, m_data_plane, s.who.tenant, m_tenants.limits(s.who.tenant)));
   const auto fds_of = [&](uint32_t d) { return 2 + m_space.domain_files(d).tiers.size(); };
   std::vector<uint32_t> domains = {own};
   size_t budget = wire::k_max_fds_per_frame - 1 - fds_of(own);  // 1: the lock log

@@ -1,17 +1,47 @@
-// The requests of replicated memory (H2, daemon/replicator.hpp): allocating
-// with copies, writes and atomics through the home, reads from a copy when
-// the home cannot be reached, and what only a copy's home may ask of it.
+#include "daemon/replica_service.hpp"
+
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "daemon/authoriser.hpp"
+#include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/peer_manager.hpp"
-#include "daemon/replicator.hpp"
-#include "daemon/request_handler.hpp"
 
 namespace tiermem {
 
-Status RequestHandler::guard_copy(const AllocationInfo& info, const Identity& who, const char* verb) {
+ReplicaService::ReplicaService(AddressSpace& space, const DaemonConfig& config, DataPlane* data_plane,
+                               PeerManager* peers)
+    : m_space(space), m_config(config), m_data_plane(data_plane), m_peers(peers) {
+  if (peers == nullptr) return;
+  ReplicationOptions o;
+  o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
+                                               ? config.replication_drop_after_ms
+                                               : 2 * config.health_unreachable_after_ms);
+  o.repair_interval = std::chrono::milliseconds(config.replication_repair_interval_ms);
+  o.orphan_min_age = std::chrono::milliseconds(config.replication_orphan_min_age_ms);
+  o.peer_timeout = std::chrono::milliseconds(config.peer_timeout_ms);
+  m_replicator = std::make_unique<Replicator>(space, *peers, o, [this](Gva gva, void* dst, size_t n) {
+    Status s = m_space.read(gva, dst, n);
+    if (s.code() == ErrorCode::not_supported) {
+      PeerAccess access(m_peers, transport(), transport_timeout());
+      s = m_space.read(gva, dst, n, &access);
+    }
+    return s;
+  });
+}
+
+ReplicaService::~ReplicaService() {
+  if (m_replicator) m_replicator->stop();
+}
+
+Transport* ReplicaService::transport() const {
+  return m_data_plane != nullptr ? m_data_plane->transport() : nullptr;
+}
+
+void ReplicaService::freed(const AllocationInfo& info, const Identity& who) { m_replicator->freed(info, who); }
+
+Status ReplicaService::guard_copy(const AllocationInfo& info, const Identity& who, const char* verb) {
   if (info.replica_of.node == 0 || who.acting_home == info.replica_of.node) return Status();
   return Status(ErrorCode::permission_denied,
                 info.gva.to_string() + " is the copy of " + info.replica_of.to_string() + " on node " +
@@ -19,7 +49,7 @@ Status RequestHandler::guard_copy(const AllocationInfo& info, const Identity& wh
                     ", may " + verb + " it (write the allocation itself)");
 }
 
-Status RequestHandler::check_replicas(const proto::AllocRequest& r, const Identity& who) const {
+Status ReplicaService::check_replicas(const proto::AllocRequest& r, const Identity& who) const {
   if (r.has_replica_of()) {
     const Gva of = wire::from_proto(r.replica_of());
     if (who.acting_home == 0 || who.acting_home != of.node) {
@@ -48,7 +78,7 @@ Status RequestHandler::check_replicas(const proto::AllocRequest& r, const Identi
   return Status();
 }
 
-Reply RequestHandler::alloc_replicated(const proto::Request& request, const Identity& who, const AllocationInfo& info) {
+Reply ReplicaService::alloc(const proto::Request& request, const Identity& who, const AllocationInfo& info) {
   Reply reply;
   reply.deferred = [this, request, who, info]() {
     Status s = m_replicator->place(info, request.alloc().replicas(), who);
@@ -64,7 +94,7 @@ Reply RequestHandler::alloc_replicated(const proto::Request& request, const Iden
   return reply;
 }
 
-Reply RequestHandler::write_replicated(const proto::Request& request, const Identity& who, Gva gva) {
+Reply ReplicaService::write(const proto::Request& request, const Identity& who, Gva gva) {
   Reply reply;
   reply.deferred = [this, request, who, gva]() {
     const std::string& d = request.write().data();
@@ -84,7 +114,7 @@ Reply RequestHandler::write_replicated(const proto::Request& request, const Iden
   return reply;
 }
 
-Reply RequestHandler::atomic_replicated(const proto::Request& request, const Identity& who, Gva gva, WordOp op) {
+Reply ReplicaService::atomic(const proto::Request& request, const Identity& who, Gva gva, WordOp op) {
   Reply reply;
   reply.deferred = [this, request, who, gva, op]() {
     const proto::AtomicRequest& r = request.atomic();
@@ -104,7 +134,7 @@ Reply RequestHandler::atomic_replicated(const proto::Request& request, const Ide
   return reply;
 }
 
-Reply RequestHandler::read_copy(const proto::Request& request, const Identity& who) {
+Reply ReplicaService::read_copy(const proto::Request& request, const Identity& who) {
   const proto::ReadRequest& r = request.read();
   const Gva home = wire::from_proto(r.gva());
   auto copy = m_space.find_replica(home);
@@ -161,7 +191,7 @@ Reply RequestHandler::read_copy(const proto::Request& request, const Identity& w
   return reply;
 }
 
-Status RequestHandler::replica_ready(const proto::ReplicaReadyRequest& r, const Identity& who) {
+Status ReplicaService::replica_ready(const proto::ReplicaReadyRequest& r, const Identity& who) {
   const Gva gva = wire::from_proto(r.gva());
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
   if (t.allocation.replica_of.node == 0) {
