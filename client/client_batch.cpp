@@ -91,7 +91,7 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight, bool lo
   if (atomic ? item.gva.offset % 8 != 0 : item.length == 0) return no;
   if (class_of(item.gva, item.qos) != QosClass::standard) return no;
   auto a = cached(item.gva, false);
-  if (!a.ok() || (*a)->replicated || (*a)->copy) return no;
+  if (!a.ok() || (*a)->changes_through_home) return no;
   const CachedAllocation& alloc = **a;
   const uint64_t offset = item.gva.offset - alloc.base.offset;
   const uint64_t length = atomic ? 8 : item.length;

@@ -270,8 +270,8 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   a->slot_bytes = info.slot_bytes;
   a->first_page = t.first_page_index();
   a->coherent = t.coherent();
-  a->replicated = info.replicas_wanted > 0 || !info.replicas.empty();
-  a->copy = info.replica_of.node != 0;
+  a->readable_copies = info.replicas_wanted > 0 || !info.replicas.empty();
+  a->changes_through_home = a->readable_copies || info.replica_of.node != 0;
   a->qos = info.qos;
   a->home_incarnation = t.home_incarnation();
   for (const auto& x : t.extents()) a->extents.push_back(wire::from_proto(x));
@@ -504,9 +504,9 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
       return plain ? a.status() : or_copy(a.status());
     }
     const CachedAllocation& alloc = **a;
-    plain = !alloc.replicated;
+    plain = !alloc.readable_copies;
     const uint64_t offset = gva.offset - alloc.base.offset;
-    if ((alloc.replicated || alloc.copy) && to_memory) return copy_rpc(gva, buf, length, true);
+    if (alloc.changes_through_home && to_memory) return copy_rpc(gva, buf, length, true);
     if (offset > alloc.size || length > alloc.size - offset) {
       return Status(ErrorCode::out_of_range,
                     std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
@@ -554,7 +554,7 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
       last = s;
       continue;
     }
-    return alloc.replicated ? or_copy(s) : s;
+    return alloc.readable_copies ? or_copy(s) : s;
   }
   if (!last.ok() && !is_stale(last)) return plain ? last : or_copy(last);
   return Status(ErrorCode::busy, "translation of " + gva.to_string() +
@@ -575,7 +575,7 @@ Status ClientCore::copy_device(Gva gva, std::byte* buf, size_t length, bool to_m
     TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
     const CachedAllocation& alloc = *a;
     // Replicated memory is written through its home daemon, to every copy.
-    if (alloc.replicated || alloc.copy) return Status(ErrorCode::not_supported, "replicated");
+    if (alloc.changes_through_home) return Status(ErrorCode::not_supported, "replicated");
     const uint64_t offset = gva.offset - alloc.base.offset;
     ClientAccess access(*this, true);
     Status s = copy_through_layout(layout_of(alloc), access, offset, buf, length, to_memory,
@@ -640,7 +640,7 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
   while (std::chrono::steady_clock::now() < give_up) {
     TIERMEM_ASSIGN_OR_RETURN(auto a, cached(gva, refresh));
     const CachedAllocation& alloc = *a;
-    if (alloc.replicated || alloc.copy) return atomic_rpc(gva, op, operand, compare);
+    if (alloc.changes_through_home) return atomic_rpc(gva, op, operand, compare);
     const uint64_t offset = gva.offset - alloc.base.offset;
     if (offset + 8 > alloc.size) {
       return Status(ErrorCode::out_of_range, "word at " + gva.to_string() + " lies past the end of allocation " +

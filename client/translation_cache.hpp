@@ -27,8 +27,13 @@ struct CachedAllocation {
   uint32_t slot_bytes = 0;  // a sub-page allocation's size class
   uint64_t first_page = 0;
   bool coherent = false;
-  bool replicated = false;        // writes and atomics go through the home daemon
-  bool copy = false;              // a copy of a replicated allocation: its daemon refuses writes
+  // How it is reached beyond its pieces' routes, decided once per
+  // translation: its writes and atomics go through its home daemon (which
+  // writes the copies of replicated memory first, and refuses writes to a
+  // copy but its home's); a read its home cannot serve may be read from a
+  // copy.
+  bool changes_through_home = false;
+  bool readable_copies = false;
   QosClass qos = QosClass::standard;  // the default class of calls on it
   uint64_t home_incarnation = 0;  // of the daemon that translated
   std::vector<Extent> extents;

@@ -198,7 +198,7 @@ Status ReplicaService::replica_ready(const proto::ReplicaReadyRequest& r, const 
     return Status(ErrorCode::invalid_argument, gva.to_string() + " is not a copy of another allocation");
   }
   TIERMEM_RETURN_IF_ERROR(guard_copy(t.allocation, who, "mark ready"));
-  return m_space.set_replica_ready(t.allocation.gva, true);
+  return m_space.change_policy(t.allocation.gva, [](AllocationPolicy& p) { p.replica_ready = true; });
 }
 
 }  // namespace tiermem

@@ -209,7 +209,7 @@ Status Replicator::place(const AllocationInfo& info, uint32_t count, const Ident
     }
   }
   Status s = copies.size() >= count
-                 ? m_space.set_replicas(info.gva, copies)
+                 ? record_copies(info.gva, copies)
                  : Status(ErrorCode::unavailable, "only " + std::to_string(copies.size()) + " of " +
                                                       std::to_string(count) + " copies could be made" + tried);
   for (size_t i = had; s.ok() && i < copies.size(); ++i) s = mark_ready(copies[i], who);
@@ -217,9 +217,13 @@ Status Replicator::place(const AllocationInfo& info, uint32_t count, const Ident
   return s;
 }
 
+Status Replicator::record_copies(Gva base, std::vector<ReplicaInfo> copies) {
+  return m_space.change_policy(base, [&](AllocationPolicy& p) { p.replicas = std::move(copies); });
+}
+
 void Replicator::unplace(const AllocationInfo& info, const std::vector<ReplicaInfo>& copies, const Identity& who) {
   // The allocation is freed next: none of its copies is left behind.
-  (void)m_space.set_replicas(info.gva, {});
+  (void)record_copies(info.gva, {});
   for (const ReplicaInfo& c : copies) free_copy(c, who);
 }
 
@@ -257,7 +261,7 @@ Status Replicator::write_copies(const AllocationInfo& info, uint64_t offset, con
     dropped = true;
   }
   if (dropped) {
-    TIERMEM_RETURN_IF_ERROR(m_space.set_replicas(info.gva, copies));
+    TIERMEM_RETURN_IF_ERROR(record_copies(info.gva, copies));
     m_wake.notify_all();  // replace it
   }
   return Status();
@@ -325,10 +329,10 @@ Status Replicator::replace(const AllocationInfo& seen) {
   // left unlisted by a crash here serves nothing, and is freed as an orphan).
   std::vector<ReplicaInfo> copies = info.replicas;
   copies.push_back(copy);
-  if (s.ok()) s = m_space.set_replicas(info.gva, copies);
+  if (s.ok()) s = record_copies(info.gva, copies);
   if (s.ok()) s = mark_ready(copy, who);
   if (!s.ok()) {
-    (void)m_space.set_replicas(info.gva, info.replicas);
+    (void)record_copies(info.gva, info.replicas);
     free_copy(copy, who);
     return s;
   }
@@ -384,7 +388,7 @@ void Replicator::forget_dropped(const AllocationInfo& seen) {
     }
     kept.push_back(c);
   }
-  if (changed) (void)m_space.set_replicas(info.gva, kept);
+  if (changed) (void)record_copies(info.gva, kept);
 }
 
 void Replicator::collect_orphan(const AllocationInfo& copy) {

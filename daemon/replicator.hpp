@@ -131,6 +131,9 @@ class Replicator {
   void unplace(const AllocationInfo& info, const std::vector<ReplicaInfo>& copies, const Identity& who);
   // Tells the copy's node it is filled and listed: it may serve reads.
   Status mark_ready(const ReplicaInfo& copy, const Identity& who);
+  // Records durably where the copies of the allocation at `base` are (its
+  // policy, AddressSpace::change_policy).
+  Status record_copies(Gva base, std::vector<ReplicaInfo> copies);
   // Fills a new copy of `info` on a healthy node (under its write lock).
   Status replace(const AllocationInfo& info);
   // Writes the lost pages of `info` (its memory did not survive a restart)

@@ -128,11 +128,11 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
   if (r.qos() > static_cast<uint32_t>(QosClass::graceful_degrade)) {
     return Status(ErrorCode::invalid_argument, "qos " + std::to_string(r.qos()) + " is no QoS class (0 to 3)");
   }
-  req.qos = static_cast<QosClass>(r.qos());
-  req.replicas_wanted = r.replicas();
+  req.policy.qos = static_cast<QosClass>(r.qos());
+  req.policy.replicas_wanted = r.replicas();
   if (r.has_replica_of()) {
-    req.replica_of = wire::from_proto(r.replica_of());
-    req.replica_ready = r.replica_ready();
+    req.policy.replica_of = wire::from_proto(r.replica_of());
+    req.policy.replica_ready = r.replica_ready();
   }
   TIERMEM_RETURN_IF_ERROR(ensure_domain(m_space, m_data_plane, who.tenant, m_tenants.limits(who.tenant)).status());
   TIERMEM_ASSIGN_OR_RETURN(auto info, m_space.allocate(req));

@@ -270,7 +270,7 @@ Result<AllocationInfo> AddressSpace::allocate(const AllocRequest& request) {
   std::unique_lock lock(m_mutex);
   // A copy keeps its home's name (so it can be found while the home is
   // away: list()), outside the index of this node's own names.
-  const bool indexed = !request.name.empty() && request.replica_of.node == 0;
+  const bool indexed = !request.name.empty() && !request.policy.is_copy();
   if (indexed && m_names.count(request.name) != 0) {
     const Allocation& other = m_allocations.at(m_names.at(request.name));
     return Status(ErrorCode::already_exists,
@@ -338,10 +338,7 @@ AddressSpace::Allocation AddressSpace::new_allocation(const AllocRequest& reques
   a.tenant = request.tenant;
   a.coherent = request.coherent;
   a.session = request.session;
-  a.replicas_wanted = request.replicas_wanted;
-  a.replica_of = request.replica_of;
-  a.replica_ready = request.replica_ready;
-  a.qos = request.qos;
+  a.policy = request.policy;
   return a;
 }
 
@@ -418,7 +415,7 @@ Status AddressSpace::free(Gva gva, std::vector<Extent>* remote_frames) {
   }
   (void)m_domains.at(domain).virtual_pages.release({a.first_page, a.pages});
   --m_tiers[static_cast<size_t>(a.tier)].allocations;
-  if (!a.name.empty() && a.replica_of.node == 0) m_names.erase(a.name);
+  if (!a.name.empty() && !a.policy.is_copy()) m_names.erase(a.name);
   m_allocations.erase(start_of(a));
   return Status();
 }
@@ -451,33 +448,21 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.lost_pages = a.lost_pages;
   info.torn_pages = a.torn_pages;
   info.lifetime = a.session ? Lifetime::session : Lifetime::persistent;
-  info.replicas_wanted = a.replicas_wanted;
-  info.replicas = a.replicas;
-  info.replica_of = a.replica_of;
-  info.replica_ready = a.replica_ready;
-  info.qos = a.qos;
+  info.replicas_wanted = a.policy.replicas_wanted;
+  info.replicas = a.policy.replicas;
+  info.replica_of = a.policy.replica_of;
+  info.replica_ready = a.policy.replica_ready;
+  info.qos = a.policy.qos;
   return info;
 }
 
-Status AddressSpace::set_replicas(Gva base, const std::vector<ReplicaInfo>& replicas) {
+Status AddressSpace::change_policy(Gva base, const std::function<void(AllocationPolicy&)>& change) {
   std::unique_lock lock(m_mutex);
   TIERMEM_ASSIGN_OR_RETURN(Allocation* a, locate(base));
-  const std::vector<ReplicaInfo> before = std::move(a->replicas);
-  a->replicas = replicas;
+  AllocationPolicy before = a->policy;
+  change(a->policy);
   if (Status s = record(*a); !s.ok()) {
-    a->replicas = before;
-    return s;
-  }
-  return Status();
-}
-
-Status AddressSpace::set_replica_ready(Gva base, bool ready) {
-  std::unique_lock lock(m_mutex);
-  TIERMEM_ASSIGN_OR_RETURN(Allocation* a, locate(base));
-  const bool before = a->replica_ready;
-  a->replica_ready = ready;
-  if (Status s = record(*a); !s.ok()) {
-    a->replica_ready = before;
+    a->policy = std::move(before);
     return s;
   }
   return Status();
@@ -515,7 +500,7 @@ Result<AllocationInfo> AddressSpace::find_replica(Gva home) const {
   std::shared_lock lock(m_mutex);
   for (const auto& [first, a] : m_allocations) {
     (void)first;
-    const Gva& of = a.replica_of;
+    const Gva& of = a.policy.replica_of;
     if (of.node == home.node && of.node != 0 && home.offset >= of.offset &&
         (home.generation == 0 || home.generation == of.generation)) {
       // The copy is as large as its allocation: `home` lies inside when it
@@ -531,7 +516,7 @@ std::vector<AllocationInfo> AddressSpace::replicated() const {
   std::vector<AllocationInfo> out;
   for (const auto& [first, a] : m_allocations) {
     (void)first;
-    if (a.replicas_wanted > 0 || !a.replicas.empty() || a.replica_of.node != 0) out.push_back(info_of(a));
+    if (a.policy.has_copies() || a.policy.is_copy()) out.push_back(info_of(a));
   }
   return out;
 }

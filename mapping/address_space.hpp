@@ -37,6 +37,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -148,12 +149,10 @@ struct AllocRequest {
   bool session = false;
   std::string tenant;     // the owner; empty: the default tenant ""
   TenantLimits limits;    // the tenant's quotas
-  // Replication (H2): copies its home wants (the home daemon places them),
-  // or, for a copy, the allocation it copies and whether it starts filled.
-  uint32_t replicas_wanted = 0;
-  Gva replica_of;
-  bool replica_ready = false;
-  QosClass qos = QosClass::standard;  // the default class of calls on it
+  // Copies its home wants (the home daemon places them), or, for a copy,
+  // the allocation it copies and whether it starts filled; its QoS class.
+  // `replicas` is empty: they are placed after.
+  AllocationPolicy policy;
 };
 
 // The files a tenant's domain consists of, for a co-located client.
@@ -257,12 +256,11 @@ class AddressSpace {
 
   Result<AllocationInfo> lookup(std::string_view name) const;
 
-  // --- replication (H2; daemon/replicator.hpp decides, these record) -----
-  // Records where the copies of the allocation at `base` are (durably).
-  // Errors: not_allocated, stale_generation.
-  Status set_replicas(Gva base, const std::vector<ReplicaInfo>& replicas);
-  // Of a copy: filled, it may serve reads (durably).
-  Status set_replica_ready(Gva base, bool ready);
+  // --- policy (allocation_policy.hpp; the daemon decides, this records) ---
+  // Changes the policy of the allocation at `base` with `change` and records
+  // it durably (undone when that fails). Errors: not_allocated,
+  // stale_generation, those of the metadata store.
+  Status change_policy(Gva base, const std::function<void(AllocationPolicy&)>& change);
   // The copy held here of the allocation `home` (any offset inside it).
   // Errors: not_found.
   Result<AllocationInfo> find_replica(Gva home) const;

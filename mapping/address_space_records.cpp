@@ -27,11 +27,7 @@ AllocationRecord AddressSpace::record_of(const Allocation& a) const {
   r.torn_pages = a.torn_pages;
   r.tenant = a.tenant;
   r.name = a.name;
-  r.replicas_wanted = a.replicas_wanted;
-  r.replicas = a.replicas;
-  r.replica_of = a.replica_of;
-  r.replica_ready = a.replica_ready;
-  r.qos = a.qos;
+  r.policy = a.policy;
   const uint64_t psize = page_size();
   for (uint64_t p = a.first_page; r.kind != RecordKind::sub && p < a.first_page + a.pages; ++p) {
     const PageEntry& e = *m_table.find(p);

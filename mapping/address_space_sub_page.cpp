@@ -34,8 +34,8 @@
 namespace tiermem {
 
 uint32_t AddressSpace::slot_class(const AllocRequest& request) const {
-  if (m_sub_page_max == 0 || request.size > m_sub_page_max || request.replicas_wanted > 0 ||
-      request.replica_of.node != 0) {
+  if (m_sub_page_max == 0 || request.size > m_sub_page_max || request.policy.has_copies() ||
+      request.policy.is_copy()) {
     return 0;
   }
   return static_cast<uint32_t>(std::max<uint64_t>(k_min_slot_bytes, std::bit_ceil(request.size)));

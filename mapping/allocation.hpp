@@ -11,6 +11,8 @@
 #include <tiermem/gva.h>
 #include <tiermem/types.h>
 
+#include "mapping/allocation_policy.hpp"
+
 namespace tiermem {
 
 struct AllocationEntry {
@@ -33,11 +35,7 @@ struct AllocationEntry {
   bool migrating = false;
   uint64_t lost_pages = 0;  // on frames of a node whose memory was made anew
   uint64_t torn_pages = 0;  // flag T: a writer died holding the page's lock
-  uint32_t replicas_wanted = 0;
-  std::vector<ReplicaInfo> replicas;
-  Gva replica_of;  // node 0: not a copy
-  bool replica_ready = false;
-  QosClass qos = QosClass::standard;
+  AllocationPolicy policy;  // the daemon's (allocation_policy.hpp)
 };
 
 }  // namespace tiermem

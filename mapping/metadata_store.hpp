@@ -33,6 +33,8 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
+#include "mapping/allocation_policy.hpp"
+
 namespace tiermem {
 
 // Consecutive pages of an allocation on consecutive frames of one tier of one
@@ -69,13 +71,7 @@ struct AllocationRecord {
   std::string tenant;  // at most 63 bytes
   std::string name;    // at most 255 bytes
   std::vector<RunRecord> runs;  // in page order, covering every page
-  // Replication: the copies of this allocation (at most k_max_replicas),
-  // or what this copy copies.
-  uint32_t replicas_wanted = 0;
-  std::vector<ReplicaInfo> replicas;
-  Gva replica_of;
-  bool replica_ready = false;
-  QosClass qos = QosClass::standard;  // the default class of calls on it
+  AllocationPolicy policy;  // its copies, or what this copy copies; its QoS class
 };
 
 struct DomainRecord {

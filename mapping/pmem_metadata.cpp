@@ -346,14 +346,14 @@ void PmemMetadata::load() {
                         runs[k].flags, runs[k].memory_generation});
     }
     const PReplicas& r = replicas()[i];
-    a.replicas_wanted = r.wanted;
-    a.replica_ready = r.ready != 0;
-    a.qos = r.qos <= static_cast<uint32_t>(QosClass::graceful_degrade) ? static_cast<QosClass>(r.qos)
+    a.policy.replicas_wanted = r.wanted;
+    a.policy.replica_ready = r.ready != 0;
+    a.policy.qos = r.qos <= static_cast<uint32_t>(QosClass::graceful_degrade) ? static_cast<QosClass>(r.qos)
                                                                        : QosClass::standard;
-    a.replica_of = gva_of(r.of_node, r.of_generation, r.of_offset);
+    a.policy.replica_of = gva_of(r.of_node, r.of_generation, r.of_offset);
     for (size_t k = 0; k < std::min<size_t>(r.count, k_max_replicas); ++k) {
       const PReplicaEntry& e = r.copies[k];
-      a.replicas.push_back({static_cast<NodeId>(e.node), gva_of(e.node, e.generation, e.offset),
+      a.policy.replicas.push_back({static_cast<NodeId>(e.node), gva_of(e.node, e.generation, e.offset),
                             e.state == 0 ? ReplicaState::in_sync : ReplicaState::dropped});
     }
     const PSubPage& sp = sub_pages()[i];
@@ -478,15 +478,15 @@ Status PmemMetadata::put_allocation(const AllocationRecord& a, uint32_t next_gen
   PReplicas* r = replicas() + slot;
   if (tx.add(r, sizeof *r)) {
     std::memset(r, 0, sizeof *r);
-    r->wanted = a.replicas_wanted;
-    r->ready = a.replica_ready ? 1 : 0;
-    r->qos = static_cast<uint32_t>(a.qos);
-    r->of_node = static_cast<uint16_t>(a.replica_of.node);
-    r->of_generation = a.replica_of.generation;
-    r->of_offset = a.replica_of.offset;
-    r->count = static_cast<uint8_t>(std::min<size_t>(a.replicas.size(), k_max_replicas));
+    r->wanted = a.policy.replicas_wanted;
+    r->ready = a.policy.replica_ready ? 1 : 0;
+    r->qos = static_cast<uint32_t>(a.policy.qos);
+    r->of_node = static_cast<uint16_t>(a.policy.replica_of.node);
+    r->of_generation = a.policy.replica_of.generation;
+    r->of_offset = a.policy.replica_of.offset;
+    r->count = static_cast<uint8_t>(std::min<size_t>(a.policy.replicas.size(), k_max_replicas));
     for (size_t k = 0; k < r->count; ++k) {
-      const ReplicaInfo& c = a.replicas[k];
+      const ReplicaInfo& c = a.policy.replicas[k];
       r->copies[k] = {static_cast<uint16_t>(c.node), static_cast<uint8_t>(c.state), 0, c.gva.generation,
                       c.gva.offset};
     }

@@ -30,7 +30,7 @@ bool SpaceRecovery::check_record(const AllocationRecord& r, std::string* why) co
     *why = "its page entries do not cover its pages";
     return false;
   }
-  if (!r.name.empty() && r.replica_of.node == 0 && m_space.m_names.count(r.name) != 0) {
+  if (!r.name.empty() && !r.policy.is_copy() && m_space.m_names.count(r.name) != 0) {
     *why = "its name is taken twice";
     return false;
   }
@@ -140,11 +140,7 @@ SpaceRecovery::Allocation SpaceRecovery::from_record(const AllocationRecord& r) 
   a.coherent = r.coherent;
   a.lost_pages = r.lost_pages;
   a.torn_pages = r.torn_pages;
-  a.replicas_wanted = r.replicas_wanted;
-  a.replicas = r.replicas;
-  a.replica_of = r.replica_of;
-  a.replica_ready = r.replica_ready;
-  a.qos = r.qos;
+  a.policy = r.policy;
   return a;
 }
 
@@ -199,7 +195,7 @@ bool SpaceRecovery::recover_allocation(const AllocationRecord& r, std::string* w
     return true;
   }
   ++m_space.m_tiers[static_cast<size_t>(a.tier)].allocations;
-  if (!a.name.empty() && a.replica_of.node == 0) m_space.m_names.emplace(a.name, m_space.start_of(a));
+  if (!a.name.empty() && !a.policy.is_copy()) m_space.m_names.emplace(a.name, m_space.start_of(a));
   note_recovered(a, r);
   m_space.m_allocations.emplace(m_space.start_of(a), std::move(a));
   return true;

@@ -214,7 +214,7 @@ TEST_F(SubPageTest, KindsSizesAndCopiesKeepTheirOwnPages) {
   const AllocationInfo big = alloc(k_sub_max + 1);
   EXPECT_EQ(big.slot_bytes, 0u);
   EXPECT_EQ(big.gva.offset % k_page, 0u);
-  auto copied = m_space->allocate({.size = 8, .tier = Tier::dram, .replicas_wanted = 1});
+  auto copied = m_space->allocate({.size = 8, .tier = Tier::dram, .policy = {.replicas_wanted = 1}});
   ASSERT_TRUE(copied.ok());
   EXPECT_EQ(copied->slot_bytes, 0u) << "a replicated allocation takes whole pages";
   // Shared pages are not migrated; the refusal says why and what to do.
