@@ -25,7 +25,8 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_started(std::chrono::steady_clock::now()),
       m_counting(config.metrics_enabled),
       m_sessions(space, config, tenants, m_auth, data_plane, peers, incarnation),
-      m_replicas(space, config, data_plane, peers) {}
+      m_replicas(space, config, data_plane, peers),
+      m_data(space, config, m_auth, m_sessions, m_replicas, data_plane, peers, incarnation) {}
 
 Transport* RequestHandler::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
 

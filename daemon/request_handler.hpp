@@ -12,8 +12,13 @@
 //   - ReplicaService (replica_service.hpp), the replica family and the
 //     replicated paths of alloc, write, atomic, free and read: it owns the
 //     Replicator (in a cluster);
-//   - the data and cluster families are the handler's own methods
-//     (data_requests.cpp, cluster_requests.cpp).
+//   - DataService (data_service.hpp), the data family: translate, read,
+//     write, atomic and free of plain allocations, handing replicated ones
+//     to the ReplicaService;
+//   - the cluster family is the handler's own methods (cluster_requests.cpp);
+//   - the node's own requests (alloc, lookup, list, stat, dump, metrics) are
+//     the handler's: they ask the whole node, and its counts are the
+//     handler's.
 //
 // Routing: a request for another node (Request.node, or the home node of its
 // GVA) is forwarded to that node's daemon, once, with the client's identity;
@@ -36,6 +41,7 @@
 #include "control.pb.h"
 #include "daemon/authoriser.hpp"
 #include "daemon/config.hpp"
+#include "daemon/data_service.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
 #include "daemon/replica_service.hpp"
@@ -100,6 +106,7 @@ class RequestHandler {
   static void cluster_routes(RouteTable& t);
   static void data_routes(RouteTable& t);
   static void replica_routes(RouteTable& t);
+  static void node_routes(RouteTable& t);
   // The reply for a request whose service filled `reply` and returned `status`.
   static Reply finish(Reply reply, const Status& status, uint64_t id);
   Reply serve_alloc(const proto::Request& request, SessionState& session, const Identity& who);
@@ -129,12 +136,6 @@ class RequestHandler {
   Status persist_frames(const proto::PersistFramesRequest& r, const Identity& who);
   void break_locks(const proto::BreakLocksRequest& r, const Identity& who, proto::BreakLocksResponse* out);
   Reply migrate(const proto::Request& request, const Identity& who);
-  // --- data (data_requests.cpp) ---
-  Status translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out);
-  Reply read(const proto::Request& request, const Identity& who);
-  Reply write(const proto::Request& request, const Identity& who);
-  Reply atomic(const proto::Request& request, const Identity& who);
-  Reply free(const proto::Request& request, const Identity& who);
   // --- node (request_handler.cpp) ---
   Status alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out);
   Status lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out);
@@ -160,9 +161,11 @@ class RequestHandler {
   Metrics m_metrics;
   bool m_counting = false;  // metrics.enabled
   SessionService m_sessions;  // the session family's state and services
-  // Last: destroyed first, its Replicator's background work stops before
-  // anything else of the handler goes.
+  // Its Replicator's background work stops before the sessions and what is
+  // above go.
   ReplicaService m_replicas;
+  // The services that use those above (destroyed before them).
+  DataService m_data;
 };
 
 }  // namespace tiermem

@@ -9,10 +9,12 @@
 //            (SessionService)
 //   cluster  peer_challenge, peer_hello, ping, node_info, nodes, reserve_frames,
 //            release_frames, persist_frames, break_locks, migrate
-//   data     alloc, free, translate, read, write, atomic, lookup, stat, list,
-//            dump, metrics
-//   replica  replica_ready (and the replicated paths of alloc, write, atomic)
-//            (ReplicaService)
+//   data     translate, read, write, atomic, free (DataService)
+//   replica  replica_ready (and the replicated paths of alloc, write, atomic,
+//            free and read, which the data family hands it) (ReplicaService)
+//   node     alloc, lookup, stat, list, dump, metrics: of the node as a whole,
+//            the handler's own (an alloc that finds no room here is routed to
+//            another node; metrics are the handler's counts)
 #include <array>
 
 #include "convert.hpp"
@@ -127,17 +129,23 @@ void RequestHandler::cluster_routes(RouteTable& t) {
 }
 
 void RequestHandler::data_routes(RouteTable& t) {
-  add(t, Body::kAlloc, "alloc", false,
-      [](H h, R r, S s) { return h.serve_alloc(r, s, Authoriser::requester(r, s)); });
-  add(t, Body::kFree, "free", false, [](H h, R r, S s) { return h.free(r, Authoriser::requester(r, s)); });
+  add(t, Body::kFree, "free", false, [](H h, R r, S s) { return h.m_data.free(r, Authoriser::requester(r, s)); });
   add(t, Body::kTranslate, "translate", false, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.translate(r.translate(), Authoriser::requester(r, s), reply.response.mutable_translate());
+    Status status =
+        h.m_data.translate(r.translate(), Authoriser::requester(r, s), reply.response.mutable_translate());
     return finish(std::move(reply), status, r.id());
   });
-  add(t, Body::kRead, "read", false, [](H h, R r, S s) { return h.read(r, Authoriser::requester(r, s)); });
-  add(t, Body::kWrite, "write", false, [](H h, R r, S s) { return h.write(r, Authoriser::requester(r, s)); });
-  add(t, Body::kAtomic, "atomic", false, [](H h, R r, S s) { return h.atomic(r, Authoriser::requester(r, s)); });
+  add(t, Body::kRead, "read", false, [](H h, R r, S s) { return h.m_data.read(r, Authoriser::requester(r, s)); });
+  add(t, Body::kWrite, "write", false,
+      [](H h, R r, S s) { return h.m_data.write(r, Authoriser::requester(r, s)); });
+  add(t, Body::kAtomic, "atomic", false,
+      [](H h, R r, S s) { return h.m_data.atomic(r, Authoriser::requester(r, s)); });
+}
+
+void RequestHandler::node_routes(RouteTable& t) {
+  add(t, Body::kAlloc, "alloc", false,
+      [](H h, R r, S s) { return h.serve_alloc(r, s, Authoriser::requester(r, s)); });
   add(t, Body::kLookup, "lookup", false, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
     Status status = h.lookup(r.lookup(), Authoriser::requester(r, s), reply.response.mutable_lookup());
@@ -181,6 +189,7 @@ const RequestHandler::Route* RequestHandler::route_of(int body) {
     cluster_routes(t);
     data_routes(t);
     replica_routes(t);
+    node_routes(t);
     return t;
   }();
   if (body <= 0 || static_cast<size_t>(body) >= table.size() || table[static_cast<size_t>(body)].serve == nullptr) {

@@ -1,20 +1,32 @@
-// Requests about the data of allocations homed on this node: translate, read,
-// write, atomics and free (the zero-copy mapping for co-located clients is
-// the SessionService's). Each is checked against the requester's tenant
-// first; the GVA a request goes on with carries the generation of the
-// allocation that was checked (Authoriser::checked), so an allocation freed
-// and made anew in between is stale, never someone else's.
+#include "daemon/data_service.hpp"
+
 #include <algorithm>
 
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "daemon/data_plane.hpp"
 #include "daemon/peer_access.hpp"
 #include "daemon/replicator.hpp"
-#include "daemon/request_handler.hpp"
+#include "daemon/session_service.hpp"
 
 namespace tiermem {
-Status RequestHandler::translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out) {
+
+DataService::DataService(AddressSpace& space, const DaemonConfig& config, const Authoriser& auth,
+                         SessionService& sessions, ReplicaService& replicas, DataPlane* data_plane,
+                         PeerManager* peers, uint64_t incarnation)
+    : m_space(space),
+      m_config(config),
+      m_auth(auth),
+      m_sessions(sessions),
+      m_replicas(replicas),
+      m_data_plane(data_plane),
+      m_peers(peers),
+      m_incarnation(incarnation) {}
+
+Transport* DataService::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
+
+Status DataService::translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out) {
   const Gva asked = wire::from_proto(r.gva());
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(asked));
   TIERMEM_RETURN_IF_ERROR(Authoriser::permit(who, asked, t.allocation, "translate"));
@@ -33,7 +45,7 @@ Status RequestHandler::translate(const proto::TranslateRequest& r, const Identit
   return Status();
 }
 
-Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
+Reply DataService::read(const proto::Request& request, const Identity& who) {
   const proto::ReadRequest& r = request.read();
   if (r.length() > m_config.max_inline_bytes) {
     return error_reply(request.id(),
@@ -42,6 +54,7 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
                                   std::to_string(m_config.max_inline_bytes) + "); split it or map the allocation"),
                        false);
   }
+  // The home could not be reached: a copy serves it (the ReplicaService).
   if (r.from_replica()) return m_replicas.read_copy(request, who);
   auto info = m_auth.authorize(who, wire::from_proto(r.gva()), "read");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
@@ -70,11 +83,12 @@ Reply RequestHandler::read(const proto::Request& request, const Identity& who) {
   return s.ok() ? reply : error_reply(request.id(), s, false);
 }
 
-Reply RequestHandler::write(const proto::Request& request, const Identity& who) {
+Reply DataService::write(const proto::Request& request, const Identity& who) {
   auto info = m_auth.authorize(who, wire::from_proto(request.write().gva()), "write");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (Status s = ReplicaService::guard_copy(*info, who, "write"); !s.ok()) return error_reply(request.id(), s, false);
   const Gva gva = Authoriser::checked(wire::from_proto(request.write().gva()), *info);
+  // Replicated: the ReplicaService writes every copy and then this one.
   if (replicated(*info) && m_replicas.active()) return m_replicas.write(request, who, gva);
   const std::string& data = request.write().data();
   Status s = m_space.write(gva, data.data(), data.size());
@@ -97,7 +111,7 @@ Reply RequestHandler::write(const proto::Request& request, const Identity& who) 
   return reply;
 }
 
-Reply RequestHandler::atomic(const proto::Request& request, const Identity& who) {
+Reply DataService::atomic(const proto::Request& request, const Identity& who) {
   const proto::AtomicRequest& r = request.atomic();
   if (r.op() != proto::ATOMIC_FETCH_ADD && r.op() != proto::ATOMIC_COMPARE_SWAP) {
     return error_reply(request.id(),
@@ -131,7 +145,7 @@ Reply RequestHandler::atomic(const proto::Request& request, const Identity& who)
   return reply;
 }
 
-Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
+Reply DataService::free(const proto::Request& request, const Identity& who) {
   auto info = m_auth.authorize(who, wire::from_proto(request.free().gva()), "free");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   if (Status s = ReplicaService::guard_copy(*info, who, "free"); !s.ok()) return error_reply(request.id(), s, false);
@@ -142,7 +156,7 @@ Reply RequestHandler::free(const proto::Request& request, const Identity& who) {
     // Pinned: perhaps only by a process that exited since the last sweep
     // (its pidfd turns readable after its connection closed); let those go
     // and ask once more.
-    sweep_leases();
+    m_sessions.sweep_leases();
     s = m_space.free(gva, &remote_frames);
   }
   if (!s.ok()) return error_reply(request.id(), s, false);
