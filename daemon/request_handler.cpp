@@ -4,7 +4,6 @@
 
 #include "convert.hpp"
 #include "common/deadline.hpp"
-#include "common/host_id.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_checks.hpp"
@@ -12,6 +11,45 @@
 #include "tiermem_config.h"
 
 namespace tiermem {
+namespace {
+
+// The GVA a request is about, if any.
+const proto::Gva* gva_of(const proto::Request& r) {
+  switch (r.body_case()) {
+    case proto::Request::kFree: return &r.free().gva();
+    case proto::Request::kTranslate: return &r.translate().gva();
+    case proto::Request::kRead: return &r.read().gva();
+    case proto::Request::kWrite: return &r.write().gva();
+    case proto::Request::kMigrate: return &r.migrate().gva();
+    case proto::Request::kAtomic: return &r.atomic().gva();
+    default: return nullptr;
+  }
+}
+
+// Requests about this daemon or this connection, never forwarded.
+bool is_local_only(const proto::Request& r) {
+  switch (r.body_case()) {
+    case proto::Request::kHello:
+    case proto::Request::kPeerChallenge:
+    case proto::Request::kPeerHello:
+    case proto::Request::kPing:
+    case proto::Request::kNodeInfo:
+    case proto::Request::kCheckIn:
+    case proto::Request::kNodes:
+    case proto::Request::kOpenRegions:
+    case proto::Request::kDeviceChunks:
+    case proto::Request::kMap:
+    case proto::Request::kUnmap:
+    case proto::Request::kReserveFrames:
+    case proto::Request::kReleaseFrames:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants,
                                DataPlane* data_plane, PeerManager* peers, ClusterSecret secret, uint64_t incarnation)
     : m_space(space),
@@ -20,27 +58,13 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_tenants(tenants),
       m_data_plane(data_plane),
       m_peers(peers),
-      m_secret(std::move(secret)),
-      m_incarnation(incarnation),
       m_started(std::chrono::steady_clock::now()),
       m_counting(config.metrics_enabled),
       m_sessions(space, config, tenants, m_auth, data_plane, peers, incarnation),
       m_replicas(space, config, data_plane, peers),
-      m_data(space, config, m_auth, m_sessions, m_replicas, data_plane, peers, incarnation) {}
-
-Transport* RequestHandler::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
-
-proto::NodeInfo RequestHandler::self() const {
-  if (m_data_plane != nullptr) return m_data_plane->self();
-  proto::NodeInfo n;
-  n.set_node_id(m_space.node());
-  n.set_state(proto::NodeInfo::SELF);
-  n.set_incarnation(m_incarnation);
-  n.set_page_size(m_space.page_size());
-  n.set_socket_path(m_config.socket_path);
-  n.set_host_id(host_id());
-  return n;
-}
+      m_data(space, config, m_auth, m_sessions, m_replicas, data_plane, peers, incarnation),
+      m_cluster(space, config, tenants, m_auth, m_sessions.check_ins(), data_plane, peers, std::move(secret),
+                incarnation) {}
 
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
   const auto started = std::chrono::steady_clock::now();
@@ -113,6 +137,86 @@ Reply RequestHandler::route(const proto::Request& request, SessionState& session
   }
   return dispatch(kind, request, session);
 }
+
+// --- routing ------------------------------------------------------------------------
+// Sending a request on to another node's daemon is the router's work, not the
+// cluster family's: it is no request kind of its own, any family's request
+// may take it (by Request.node or its GVA's home), and it is decided before
+// a service is chosen. The ClusterService answers what peers ask of this node.
+
+NodeId RequestHandler::target_of(const proto::Request& request) const {
+  if (request.has_nodes() && request.nodes().from() != 0) return static_cast<NodeId>(request.nodes().from());
+  if (is_local_only(request)) return m_space.node();
+  // A read from a copy is served where it is asked, or where a daemon sends it.
+  if (request.has_read() && request.read().from_replica()) {
+    return request.node() != 0 ? static_cast<NodeId>(request.node()) : m_space.node();
+  }
+  if (request.node() != 0) return static_cast<NodeId>(request.node());
+  if (const proto::Gva* g = gva_of(request)) return static_cast<NodeId>(g->node());
+  return m_space.node();
+}
+
+Reply RequestHandler::forward(NodeId node, const proto::Request& request, const SessionState& session) {
+  if (m_peers == nullptr || !m_peers->knows(node)) {
+    return error_reply(request.id(),
+                       Status(ErrorCode::bad_gva,
+                              "node " + std::to_string(node) + " is not in the cluster" +
+                                  (m_peers == nullptr ? " (this daemon runs alone: no cluster.file)" : "")),
+                       false);
+  }
+  // The peer acts for our client: it learns who that is from us alone.
+  proto::Request relayed = request;
+  const Identity who = Authoriser::requester(request, session);
+  relayed.set_tenant(who.tenant);
+  relayed.set_is_operator(who.is_operator);
+  relayed.set_uid(who.uid);
+  Reply reply;
+  // A migration takes no slot: it is long, and clients ask few at once.
+  if (request.body_case() != proto::Request::kMigrate) reply.peer = node;
+  // Runs once: the request moves on to the call (a write's data is not
+  // copied once more; the frame budget counts on it).
+  reply.deferred = [this, node, relayed = std::move(relayed)]() mutable {
+    // A migration moves page after page, each waiting out its writers.
+    const auto timeout = relayed.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
+                                                                         : std::chrono::milliseconds(0);
+    const uint64_t id = relayed.id();
+    auto response = m_peers->call(node, std::move(relayed), timeout);
+    if (!response.ok()) return error_reply(id, response.status(), false);
+    Reply out;
+    out.response = std::move(response).value();
+    out.response.set_id(id);
+    return out;
+  };
+  return reply;
+}
+
+Reply RequestHandler::alloc_anywhere(const proto::Request& request, const SessionState& session,
+                                     const Status& local_error) {
+  if (m_peers == nullptr || m_peers->connected().empty()) return error_reply(request.id(), local_error, false);
+  proto::Request relayed = request;
+  const Identity who = Authoriser::requester(request, session);
+  relayed.set_tenant(who.tenant);
+  relayed.set_is_operator(who.is_operator);
+  relayed.set_uid(who.uid);
+  Reply reply;
+  reply.deferred = [this, relayed, local_error]() {
+    std::string tried;
+    for (NodeId node : m_peers->connected()) {
+      auto response = m_peers->call(node, relayed);
+      if (response.ok()) {
+        Reply out;
+        out.response = std::move(response).value();
+        out.response.set_id(relayed.id());
+        return out;
+      }
+      tried += "; node " + std::to_string(node) + ": " + response.status().message();
+    }
+    return error_reply(relayed.id(), Status(local_error.code(), local_error.message() + tried), false);
+  };
+  return reply;
+}
+
+// --- the node's own requests ---------------------------------------------------------
 
 Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out) {
   AllocRequest req;

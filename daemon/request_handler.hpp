@@ -15,7 +15,9 @@
 //   - DataService (data_service.hpp), the data family: translate, read,
 //     write, atomic and free of plain allocations, handing replicated ones
 //     to the ReplicaService;
-//   - the cluster family is the handler's own methods (cluster_requests.cpp);
+//   - ClusterService (cluster_service.hpp), the cluster family: peer
+//     authentication (it owns the cluster secret), what peers ask of this
+//     node, nodes, persist_frames and migrate;
 //   - the node's own requests (alloc, lookup, list, stat, dump, metrics) are
 //     the handler's: they ask the whole node, and its counts are the
 //     handler's.
@@ -40,6 +42,7 @@
 
 #include "control.pb.h"
 #include "daemon/authoriser.hpp"
+#include "daemon/cluster_service.hpp"
 #include "daemon/config.hpp"
 #include "daemon/data_service.hpp"
 #include "daemon/metrics.hpp"
@@ -111,8 +114,6 @@ class RequestHandler {
   static Reply finish(Reply reply, const Status& status, uint64_t id);
   Reply serve_alloc(const proto::Request& request, SessionState& session, const Identity& who);
   Status serve_metrics(const Identity& who, proto::MetricsResponse* out);
-  Reply serve_nodes(const proto::Request& request, const Identity& who);
-  Reply serve_persist_frames(const proto::Request& request, const Identity& who);
   // What m_metrics counts of a request, taken before it is answered.
   struct Counted {
     std::string_view type;  // the body's field name
@@ -124,30 +125,20 @@ class RequestHandler {
   // Counts an answered request (and the bytes it carried) into m_metrics.
   void count(const Counted& counted, const proto::Response& response);
 
-  // --- routing and cluster (cluster_requests.cpp) ---
+  // --- routing to other nodes ---
+  // The node that serves a request: Request.node, or the home of its GVA;
+  // this one for requests about this daemon or connection.
   NodeId target_of(const proto::Request& request) const;
+  // Relays the request to `node`'s daemon, acting for its client.
   Reply forward(NodeId node, const proto::Request& request, const SessionState& session);
+  // An alloc that found no room here, asked of every connected node in turn.
   Reply alloc_anywhere(const proto::Request& request, const SessionState& session, const Status& local_error);
-  Status peer_challenge(const proto::PeerChallengeRequest& r, SessionState& s, proto::PeerChallengeResponse* out);
-  Status peer_hello(const proto::PeerHelloRequest& r, SessionState& s, proto::PeerHelloResponse* out);
-  void nodes(const Identity& who, proto::NodesResponse* out);
-  Status reserve_frames(const proto::Request& request, const SessionState& s, proto::ReserveFramesResponse* out);
-  Status release_frames(const proto::ReleaseFramesRequest& r, const SessionState& s);
-  Status persist_frames(const proto::PersistFramesRequest& r, const Identity& who);
-  void break_locks(const proto::BreakLocksRequest& r, const Identity& who, proto::BreakLocksResponse* out);
-  Reply migrate(const proto::Request& request, const Identity& who);
-  // --- node (request_handler.cpp) ---
+  // --- the node's own requests ---
   Status alloc(const proto::AllocRequest& r, const Identity& who, proto::AllocResponse* out);
   Status lookup(const proto::LookupRequest& r, const Identity& who, proto::LookupResponse* out);
   void list(const Identity& who, proto::ListResponse* out);
   void stat(const Identity& who, proto::StatResponse* out);
   void dump(const Identity& who, proto::DumpResponse* out);
-
-  std::chrono::milliseconds transport_timeout() const {
-    return std::chrono::milliseconds(m_config.transport_timeout_ms);
-  }
-  Transport* transport() const;
-  proto::NodeInfo self() const;
 
   AddressSpace& m_space;
   Authoriser m_auth;  // who may ask what
@@ -155,8 +146,6 @@ class RequestHandler {
   const TenantMap& m_tenants;
   DataPlane* m_data_plane;
   PeerManager* m_peers;
-  ClusterSecret m_secret;
-  uint64_t m_incarnation;
   std::chrono::steady_clock::time_point m_started;
   Metrics m_metrics;
   bool m_counting = false;  // metrics.enabled
@@ -166,6 +155,7 @@ class RequestHandler {
   ReplicaService m_replicas;
   // The services that use those above (destroyed before them).
   DataService m_data;
+  ClusterService m_cluster;
 };
 
 }  // namespace tiermem

@@ -9,6 +9,7 @@
 //            (SessionService)
 //   cluster  peer_challenge, peer_hello, ping, node_info, nodes, reserve_frames,
 //            release_frames, persist_frames, break_locks, migrate
+//            (ClusterService)
 //   data     translate, read, write, atomic, free (DataService)
 //   replica  replica_ready (and the replicated paths of alloc, write, atomic,
 //            free and read, which the data family hands it) (ReplicaService)
@@ -18,7 +19,6 @@
 #include <array>
 
 #include "convert.hpp"
-#include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
 
 namespace tiermem {
@@ -83,49 +83,48 @@ void RequestHandler::session_routes(RouteTable& t) {
 void RequestHandler::cluster_routes(RouteTable& t) {
   add(t, Body::kPeerChallenge, "peer_challenge", false, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.peer_challenge(r.peer_challenge(), s, reply.response.mutable_peer_challenge());
+    Status status = h.m_cluster.peer_challenge(r.peer_challenge(), s, reply.response.mutable_peer_challenge());
     reply.close_after = !status.ok();
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kPeerHello, "peer_hello", false, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.peer_hello(r.peer_hello(), s, reply.response.mutable_peer_hello());
+    Status status = h.m_cluster.peer_hello(r.peer_hello(), s, reply.response.mutable_peer_hello());
     reply.close_after = !status.ok();
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kPing, "ping", true, [](H h, R r, S) {
     Reply reply = ok_reply(r);
-    reply.response.mutable_ping()->set_incarnation(h.m_incarnation);
-    reply.response.mutable_ping()->set_regions_version(h.self().regions_version());
+    h.m_cluster.ping(reply.response.mutable_ping());
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kNodeInfo, "node_info", true, [](H h, R r, S) {
     Reply reply = ok_reply(r);
-    *reply.response.mutable_node_info()->mutable_self() = h.self();
+    *reply.response.mutable_node_info()->mutable_self() = h.m_cluster.self();
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kNodes, "nodes", false,
-      [](H h, R r, S s) { return h.serve_nodes(r, Authoriser::requester(r, s)); });
+      [](H h, R r, S s) { return h.m_cluster.nodes(r, Authoriser::requester(r, s)); });
   add(t, Body::kReserveFrames, "reserve_frames", true, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.reserve_frames(r, s, reply.response.mutable_reserve_frames());
+    Status status = h.m_cluster.reserve_frames(r, s, reply.response.mutable_reserve_frames());
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kReleaseFrames, "release_frames", true, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    Status status = h.release_frames(r.release_frames(), s);
+    Status status = h.m_cluster.release_frames(r.release_frames(), s);
     reply.response.mutable_release_frames();
     return finish(std::move(reply), status, r.id());
   });
   add(t, Body::kPersistFrames, "persist_frames", false,
-      [](H h, R r, S s) { return h.serve_persist_frames(r, Authoriser::requester(r, s)); });
+      [](H h, R r, S s) { return h.m_cluster.persist_frames(r, Authoriser::requester(r, s)); });
   add(t, Body::kBreakLocks, "break_locks", true, [](H h, R r, S s) {
     Reply reply = ok_reply(r);
-    h.break_locks(r.break_locks(), Authoriser::requester(r, s), reply.response.mutable_break_locks());
+    h.m_cluster.break_locks(r.break_locks(), Authoriser::requester(r, s), reply.response.mutable_break_locks());
     return finish(std::move(reply), Status(), r.id());
   });
   add(t, Body::kMigrate, "migrate", false,
-      [](H h, R r, S s) { return h.migrate(r, Authoriser::requester(r, s)); });
+      [](H h, R r, S s) { return h.m_cluster.migrate(r, Authoriser::requester(r, s)); });
 }
 
 void RequestHandler::data_routes(RouteTable& t) {
@@ -236,35 +235,6 @@ Status RequestHandler::serve_metrics(const Identity& who, proto::MetricsResponse
   }
   out->set_text(metrics());
   return Status();
-}
-
-Reply RequestHandler::serve_nodes(const proto::Request& request, const Identity& who) {
-  Reply reply = ok_reply(request);
-  if (request.nodes().refresh() && m_peers != nullptr && request.nodes().node() != m_space.node()) {
-    // Asks the peer: off the control threads.
-    reply.deferred = [this, request, who]() {
-      (void)m_peers->refresh(static_cast<NodeId>(request.nodes().node()));
-      Reply out = ok_reply(request);
-      nodes(who, out.response.mutable_nodes());
-      return out;
-    };
-    return reply;
-  }
-  nodes(who, reply.response.mutable_nodes());
-  return finish(std::move(reply), Status(), request.id());
-}
-
-Reply RequestHandler::serve_persist_frames(const proto::Request& request, const Identity& who) {
-  Reply reply = ok_reply(request);
-  // msync on a non-DAX file can take milliseconds: off the control threads.
-  reply.deferred = [this, request, who]() {
-    Status s = persist_frames(request.persist_frames(), who);
-    if (!s.ok()) return error_reply(request.id(), s, false);
-    Reply out = ok_reply(request);
-    out.response.mutable_persist_frames();
-    return out;
-  };
-  return reply;
 }
 
 }  // namespace tiermem

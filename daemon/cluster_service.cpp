@@ -1,128 +1,53 @@
-// Routing to other nodes, peer authentication, and the requests daemons make
-// of each other.
+#include "daemon/cluster_service.hpp"
+
 #include <tiermem/status_macros.h>
 
+#include "common/host_id.hpp"
 #include "convert.hpp"
 #include "daemon/data_plane.hpp"
 #include "daemon/migrator.hpp"
 #include "daemon/peer_manager.hpp"
-#include "daemon/request_handler.hpp"
 
 namespace tiermem {
 namespace {
-
-// The GVA a request is about, if any.
-const proto::Gva* gva_of(const proto::Request& r) {
-  switch (r.body_case()) {
-    case proto::Request::kFree: return &r.free().gva();
-    case proto::Request::kTranslate: return &r.translate().gva();
-    case proto::Request::kRead: return &r.read().gva();
-    case proto::Request::kWrite: return &r.write().gva();
-    case proto::Request::kMigrate: return &r.migrate().gva();
-    case proto::Request::kAtomic: return &r.atomic().gva();
-    default: return nullptr;
-  }
-}
-
-// Requests about this daemon or this connection, never forwarded.
-bool is_local_only(const proto::Request& r) {
-  switch (r.body_case()) {
-    case proto::Request::kHello:
-    case proto::Request::kPeerChallenge:
-    case proto::Request::kPeerHello:
-    case proto::Request::kPing:
-    case proto::Request::kNodeInfo:
-    case proto::Request::kCheckIn:
-    case proto::Request::kNodes:
-    case proto::Request::kOpenRegions:
-    case proto::Request::kDeviceChunks:
-    case proto::Request::kMap:
-    case proto::Request::kUnmap:
-    case proto::Request::kReserveFrames:
-    case proto::Request::kReleaseFrames:
-      return true;
-    default:
-      return false;
-  }
-}
 
 bool is_domain_region(const proto::RegionKey& k, const std::string& tenant) { return k.tenant() == tenant; }
 
 }  // namespace
 
-NodeId RequestHandler::target_of(const proto::Request& request) const {
-  if (request.has_nodes() && request.nodes().from() != 0) return static_cast<NodeId>(request.nodes().from());
-  if (is_local_only(request)) return m_space.node();
-  // A read from a copy is served where it is asked, or where a daemon sends it.
-  if (request.has_read() && request.read().from_replica()) {
-    return request.node() != 0 ? static_cast<NodeId>(request.node()) : m_space.node();
-  }
-  if (request.node() != 0) return static_cast<NodeId>(request.node());
-  if (const proto::Gva* g = gva_of(request)) return static_cast<NodeId>(g->node());
-  return m_space.node();
+ClusterService::ClusterService(AddressSpace& space, const DaemonConfig& config, const TenantMap& tenants,
+                               const Authoriser& auth, CheckIns& check_ins, DataPlane* data_plane,
+                               PeerManager* peers, ClusterSecret secret, uint64_t incarnation)
+    : m_space(space),
+      m_config(config),
+      m_tenants(tenants),
+      m_auth(auth),
+      m_check_ins(check_ins),
+      m_data_plane(data_plane),
+      m_peers(peers),
+      m_secret(std::move(secret)),
+      m_incarnation(incarnation) {}
+
+Transport* ClusterService::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
+
+proto::NodeInfo ClusterService::self() const {
+  if (m_data_plane != nullptr) return m_data_plane->self();
+  proto::NodeInfo n;
+  n.set_node_id(m_space.node());
+  n.set_state(proto::NodeInfo::SELF);
+  n.set_incarnation(m_incarnation);
+  n.set_page_size(m_space.page_size());
+  n.set_socket_path(m_config.socket_path);
+  n.set_host_id(host_id());
+  return n;
 }
 
-Reply RequestHandler::forward(NodeId node, const proto::Request& request, const SessionState& session) {
-  if (m_peers == nullptr || !m_peers->knows(node)) {
-    return error_reply(request.id(),
-                       Status(ErrorCode::bad_gva,
-                              "node " + std::to_string(node) + " is not in the cluster" +
-                                  (m_peers == nullptr ? " (this daemon runs alone: no cluster.file)" : "")),
-                       false);
-  }
-  // The peer acts for our client: it learns who that is from us alone.
-  proto::Request relayed = request;
-  const Identity who = Authoriser::requester(request, session);
-  relayed.set_tenant(who.tenant);
-  relayed.set_is_operator(who.is_operator);
-  relayed.set_uid(who.uid);
-  Reply reply;
-  // A migration takes no slot: it is long, and clients ask few at once.
-  if (request.body_case() != proto::Request::kMigrate) reply.peer = node;
-  // Runs once: the request moves on to the call (a write's data is not
-  // copied once more; the frame budget counts on it).
-  reply.deferred = [this, node, relayed = std::move(relayed)]() mutable {
-    // A migration moves page after page, each waiting out its writers.
-    const auto timeout = relayed.body_case() == proto::Request::kMigrate ? std::chrono::milliseconds(3600 * 1000)
-                                                                         : std::chrono::milliseconds(0);
-    const uint64_t id = relayed.id();
-    auto response = m_peers->call(node, std::move(relayed), timeout);
-    if (!response.ok()) return error_reply(id, response.status(), false);
-    Reply out;
-    out.response = std::move(response).value();
-    out.response.set_id(id);
-    return out;
-  };
-  return reply;
+void ClusterService::ping(proto::PingResponse* out) const {
+  out->set_incarnation(m_incarnation);
+  out->set_regions_version(self().regions_version());
 }
 
-Reply RequestHandler::alloc_anywhere(const proto::Request& request, const SessionState& session,
-                                     const Status& local_error) {
-  if (m_peers == nullptr || m_peers->connected().empty()) return error_reply(request.id(), local_error, false);
-  proto::Request relayed = request;
-  const Identity who = Authoriser::requester(request, session);
-  relayed.set_tenant(who.tenant);
-  relayed.set_is_operator(who.is_operator);
-  relayed.set_uid(who.uid);
-  Reply reply;
-  reply.deferred = [this, relayed, local_error]() {
-    std::string tried;
-    for (NodeId node : m_peers->connected()) {
-      auto response = m_peers->call(node, relayed);
-      if (response.ok()) {
-        Reply out;
-        out.response = std::move(response).value();
-        out.response.set_id(relayed.id());
-        return out;
-      }
-      tried += "; node " + std::to_string(node) + ": " + response.status().message();
-    }
-    return error_reply(relayed.id(), Status(local_error.code(), local_error.message() + tried), false);
-  };
-  return reply;
-}
-
-Status RequestHandler::peer_challenge(const proto::PeerChallengeRequest& r, SessionState& s,
+Status ClusterService::peer_challenge(const proto::PeerChallengeRequest& r, SessionState& s,
                                       proto::PeerChallengeResponse* out) {
   if (!s.remote) return Status(ErrorCode::unexpected_message, "peers connect over TCP, not the Unix socket");
   if (r.protocol_version() != proto::PROTOCOL_VERSION_CURRENT) {
@@ -147,7 +72,7 @@ Status RequestHandler::peer_challenge(const proto::PeerChallengeRequest& r, Sess
   return Status();
 }
 
-Status RequestHandler::peer_hello(const proto::PeerHelloRequest& r, SessionState& s, proto::PeerHelloResponse* out) {
+Status ClusterService::peer_hello(const proto::PeerHelloRequest& r, SessionState& s, proto::PeerHelloResponse* out) {
   if (s.challenge_nonce.empty() || r.self().node_id() != s.peer_node) {
     return Status(ErrorCode::permission_denied, "peer hello without a challenge for that node");
   }
@@ -164,7 +89,23 @@ Status RequestHandler::peer_hello(const proto::PeerHelloRequest& r, SessionState
   return Status();
 }
 
-void RequestHandler::nodes(const Identity& who, proto::NodesResponse* out) {
+Reply ClusterService::nodes(const proto::Request& request, const Identity& who) {
+  Reply reply = ok_reply(request);
+  if (request.nodes().refresh() && m_peers != nullptr && request.nodes().node() != m_space.node()) {
+    // Asks the peer: off the control threads.
+    reply.deferred = [this, request, who]() {
+      (void)m_peers->refresh(static_cast<NodeId>(request.nodes().node()));
+      Reply out = ok_reply(request);
+      list_nodes(who, out.response.mutable_nodes());
+      return out;
+    };
+    return reply;
+  }
+  list_nodes(who, reply.response.mutable_nodes());
+  return reply;
+}
+
+void ClusterService::list_nodes(const Identity& who, proto::NodesResponse* out) {
   out->set_transport(transport() != nullptr ? "ucx" : "none");
   std::vector<proto::NodeInfo> all;
   if (m_peers == nullptr) {
@@ -193,13 +134,13 @@ void RequestHandler::nodes(const Identity& who, proto::NodesResponse* out) {
     for (proto::RegionKey& k : *n.mutable_regions()) k.clear_tenant_packed_key();
     *out->add_nodes() = std::move(n);
   }
-  for (proto::ClientEdge& c : m_sessions.check_ins().edges()) {
+  for (proto::ClientEdge& c : m_check_ins.edges()) {
     // A client sees its own tenant's clients; an operator every one.
     if (who.is_operator || c.tenant() == who.tenant) *out->add_clients() = std::move(c);
   }
 }
 
-Status RequestHandler::reserve_frames(const proto::Request& request, const SessionState& s,
+Status ClusterService::reserve_frames(const proto::Request& request, const SessionState& s,
                                       proto::ReserveFramesResponse* out) {
   const proto::ReserveFramesRequest& r = request.reserve_frames();
   const Tier tier = wire::from_proto(r.tier());
@@ -218,7 +159,7 @@ Status RequestHandler::reserve_frames(const proto::Request& request, const Sessi
   return Status();
 }
 
-Status RequestHandler::release_frames(const proto::ReleaseFramesRequest& r, const SessionState& s) {
+Status ClusterService::release_frames(const proto::ReleaseFramesRequest& r, const SessionState& s) {
   std::vector<Extent> frames;
   for (const auto& x : r.extents()) {
     if (!proto::Tier_IsValid(x.tier())) return Status(ErrorCode::invalid_argument, "release_frames of no tier");
@@ -227,7 +168,7 @@ Status RequestHandler::release_frames(const proto::ReleaseFramesRequest& r, cons
   return m_space.release_frames(frames, s.peer_node);
 }
 
-void RequestHandler::break_locks(const proto::BreakLocksRequest& r, const Identity& who,
+void ClusterService::break_locks(const proto::BreakLocksRequest& r, const Identity& who,
                                  proto::BreakLocksResponse* out) {
   uint32_t broken = 0;
   for (const proto::LockRecord& l : r.locks()) {
@@ -236,7 +177,20 @@ void RequestHandler::break_locks(const proto::BreakLocksRequest& r, const Identi
   out->set_broken(broken);
 }
 
-Status RequestHandler::persist_frames(const proto::PersistFramesRequest& r, const Identity& who) {
+Reply ClusterService::persist_frames(const proto::Request& request, const Identity& who) {
+  Reply reply = ok_reply(request);
+  // msync on a non-DAX file can take milliseconds: off the control threads.
+  reply.deferred = [this, request, who]() {
+    Status s = persist(request.persist_frames(), who);
+    if (!s.ok()) return error_reply(request.id(), s, false);
+    Reply out = ok_reply(request);
+    out.response.mutable_persist_frames();
+    return out;
+  };
+  return reply;
+}
+
+Status ClusterService::persist(const proto::PersistFramesRequest& r, const Identity& who) {
   const Tier tier = wire::from_proto(r.tier());
   TierBackend* b = tier == Tier::automatic ? nullptr : m_space.backend(tier);
   if (b == nullptr) return Status(ErrorCode::tier_unavailable, "no such tier on this node");
@@ -252,7 +206,7 @@ Status RequestHandler::persist_frames(const proto::PersistFramesRequest& r, cons
   return b->persist(r.frame_offset(), r.length());
 }
 
-Reply RequestHandler::migrate(const proto::Request& request, const Identity& who) {
+Reply ClusterService::migrate(const proto::Request& request, const Identity& who) {
   auto info = m_auth.authorize(who, wire::from_proto(request.migrate().gva()), "migrate");
   if (!info.ok()) return error_reply(request.id(), info.status(), false);
   Reply reply;
