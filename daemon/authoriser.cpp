@@ -57,6 +57,14 @@ Identity Authoriser::requester(const proto::Request& request, const SessionState
   return who;
 }
 
+proto::Request Authoriser::relayed(const proto::Request& request, const Identity& who) {
+  proto::Request relayed = request;
+  relayed.set_tenant(who.tenant);
+  relayed.set_is_operator(who.is_operator);
+  relayed.set_uid(who.uid);
+  return relayed;
+}
+
 Result<AllocationInfo> Authoriser::authorize(const Identity& who, Gva gva, const char* verb) const {
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(gva));
   TIERMEM_RETURN_IF_ERROR(permit(who, gva, t.allocation, verb));

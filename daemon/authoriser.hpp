@@ -34,6 +34,9 @@ class Authoriser {
   static Status admit(const proto::Request& request, const SessionState& session, const char* name, bool peer_only);
   // Who asked: the session's client, or the client a peer relays for.
   static Identity requester(const proto::Request& request, const SessionState& session);
+  // `request` as this daemon sends it on to a peer, acting for `who`: the
+  // peer learns who that is from us alone (its requester() reads it back).
+  static proto::Request relayed(const proto::Request& request, const Identity& who);
   // The allocation holding `gva`, when `who` may `verb` it. Errors: those of
   // AddressSpace::translate(); permission_denied naming both tenants.
   Result<AllocationInfo> authorize(const Identity& who, Gva gva, const char* verb) const;

@@ -1,5 +1,7 @@
 #include "daemon/cluster_service.hpp"
 
+#include <chrono>
+
 #include <tiermem/status_macros.h>
 
 #include "common/host_id.hpp"
@@ -27,8 +29,6 @@ ClusterService::ClusterService(AddressSpace& space, const DaemonConfig& config, 
       m_peers(peers),
       m_secret(std::move(secret)),
       m_incarnation(incarnation) {}
-
-Transport* ClusterService::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
 
 proto::NodeInfo ClusterService::self() const {
   if (m_data_plane != nullptr) return m_data_plane->self();
@@ -106,7 +106,7 @@ Reply ClusterService::nodes(const proto::Request& request, const Identity& who) 
 }
 
 void ClusterService::list_nodes(const Identity& who, proto::NodesResponse* out) {
-  out->set_transport(transport() != nullptr ? "ucx" : "none");
+  out->set_transport(transport_of(m_data_plane) != nullptr ? "ucx" : "none");
   std::vector<proto::NodeInfo> all;
   if (m_peers == nullptr) {
     all.push_back(self());
@@ -212,9 +212,9 @@ Reply ClusterService::migrate(const proto::Request& request, const Identity& who
   Reply reply;
   reply.deferred = [this, request, info]() {
     const proto::MigrateRequest& m = request.migrate();
-    Gva gva = wire::from_proto(m.gva());
-    gva.generation = info->gva.generation;
-    Migrator migrator(m_space, m_peers, transport(), transport_timeout(), m_tenants.limits(info->tenant));
+    const Gva gva = Authoriser::checked(wire::from_proto(m.gva()), *info);
+    Migrator migrator(m_space, m_peers, transport_of(m_data_plane),
+                      std::chrono::milliseconds(m_config.transport_timeout_ms), m_tenants.limits(info->tenant));
     auto result = migrator.migrate(gva, wire::from_proto(m.tier()), static_cast<NodeId>(m.to_node()));
     if (!result.ok()) return error_reply(request.id(), result.status(), false);
     Reply out = ok_reply(request);

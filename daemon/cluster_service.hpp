@@ -16,7 +16,6 @@
 // (as the handler that holds it does).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 
 #include <tiermem/status.h>
@@ -36,7 +35,6 @@ namespace tiermem {
 
 class DataPlane;
 class PeerManager;
-class Transport;
 
 class ClusterService {
  public:
@@ -87,10 +85,6 @@ class ClusterService {
  private:
   void list_nodes(const Identity& who, proto::NodesResponse* out);
   Status persist(const proto::PersistFramesRequest& r, const Identity& who);
-  Transport* transport() const;
-  std::chrono::milliseconds transport_timeout() const {
-    return std::chrono::milliseconds(m_config.transport_timeout_ms);
-  }
 
   AddressSpace& m_space;
   const DaemonConfig& m_config;

@@ -139,6 +139,8 @@ proto::NodeInfo DataPlane::self() const {
   return m_self;
 }
 
+Transport* transport_of(const DataPlane* plane) { return plane != nullptr ? plane->transport() : nullptr; }
+
 Result<uint32_t> ensure_domain(AddressSpace& space, DataPlane* plane, const std::string& tenant,
                                const TenantLimits& limits) {
   bool fresh = false;

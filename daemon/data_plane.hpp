@@ -79,6 +79,9 @@ class DataPlane {
   std::vector<std::unique_ptr<RegisteredRegion>> m_regions;
 };
 
+// The node's own transport; null for a daemon with no data plane (alone).
+Transport* transport_of(const DataPlane* plane);
+
 // The domain of `tenant` on this node, given to it now (within `limits`) when
 // it has none yet; a domain just given has its frames registered with
 // `plane` (null: a daemon with no transport). The data, session and cluster

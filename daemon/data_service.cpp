@@ -24,8 +24,6 @@ DataService::DataService(AddressSpace& space, const DaemonConfig& config, const 
       m_peers(peers),
       m_incarnation(incarnation) {}
 
-Transport* DataService::transport() const { return m_data_plane != nullptr ? m_data_plane->transport() : nullptr; }
-
 Status DataService::translate(const proto::TranslateRequest& r, const Identity& who, proto::TranslateResponse* out) {
   const Gva asked = wire::from_proto(r.gva());
   TIERMEM_ASSIGN_OR_RETURN(auto t, m_space.translate(asked));
@@ -74,7 +72,7 @@ Reply DataService::read(const proto::Request& request, const Identity& who) {
       Reply out = ok_reply(request);
       std::string* d = out.response.mutable_read()->mutable_data();
       d->resize(request.read().length());
-      PeerAccess access(m_peers, transport(), transport_timeout());
+      PeerAccess access(m_peers, m_data_plane, m_config);
       Status st = m_space.read(gva, d->data(), d->size(), &access);
       return st.ok() ? out : error_reply(request.id(), st, false);
     };
@@ -95,7 +93,7 @@ Reply DataService::write(const proto::Request& request, const Identity& who) {
   if (s.code() == ErrorCode::not_supported && m_peers != nullptr) {
     Reply reply;
     reply.deferred = [this, request, gva]() {
-      PeerAccess access(m_peers, transport(), transport_timeout());
+      PeerAccess access(m_peers, m_data_plane, m_config);
       const std::string& d = request.write().data();
       Status st = m_space.write(gva, d.data(), d.size(), &access);
       if (!st.ok()) return error_reply(request.id(), st, false);
@@ -138,7 +136,7 @@ Reply DataService::atomic(const proto::Request& request, const Identity& who) {
   if (reply.response.status().code() == static_cast<uint32_t>(ErrorCode::not_supported) && m_peers != nullptr) {
     reply = Reply();
     reply.deferred = [this, run]() {
-      PeerAccess access(m_peers, transport(), transport_timeout());
+      PeerAccess access(m_peers, m_data_plane, m_config);
       return run(&access);
     };
   }

@@ -17,7 +17,6 @@
 // the service, which must outlive it (as the handler that holds it does).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 
 #include <tiermem/status.h>
@@ -35,7 +34,6 @@ namespace tiermem {
 class DataPlane;
 class PeerManager;
 class SessionService;
-class Transport;
 
 class DataService {
  public:
@@ -66,11 +64,6 @@ class DataService {
   Reply free(const proto::Request& request, const Identity& who);
 
  private:
-  Transport* transport() const;
-  std::chrono::milliseconds transport_timeout() const {
-    return std::chrono::milliseconds(m_config.transport_timeout_ms);
-  }
-
   AddressSpace& m_space;
   const DaemonConfig& m_config;
   const Authoriser& m_auth;

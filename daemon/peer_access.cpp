@@ -3,8 +3,12 @@
 #include <tiermem/status_macros.h>
 
 #include "convert.hpp"
+#include "daemon/data_plane.hpp"
 
 namespace tiermem {
+
+PeerAccess::PeerAccess(PeerManager* peers, const DataPlane* plane, const DaemonConfig& config)
+    : PeerAccess(peers, transport_of(plane), std::chrono::milliseconds(config.transport_timeout_ms)) {}
 
 Result<std::shared_ptr<RemoteNode>> PeerAccess::node(NodeId id) {
   if (m_peers == nullptr || m_transport == nullptr) {

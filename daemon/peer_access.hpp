@@ -8,16 +8,23 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/config.hpp"
 #include "daemon/peer_manager.hpp"
 #include "pages/seqlock_copy.hpp"
 
 namespace tiermem {
+
+class DataPlane;
 
 // Keeps what it hands out alive until it is destroyed; use one per operation.
 class PeerAccess final : public MemoryAccess {
  public:
   PeerAccess(PeerManager* peers, Transport* transport, std::chrono::milliseconds timeout)
       : m_peers(peers), m_transport(transport), m_timeout(timeout) {}
+  // A daemon's: through its data plane's transport (`plane` null: a daemon
+  // alone, which reaches no other node), each wait at most
+  // transport.timeout_ms of `config`.
+  PeerAccess(PeerManager* peers, const DataPlane* plane, const DaemonConfig& config);
 
   Result<VersionWords*> versions(NodeId home, uint64_t first_page) override;
   Result<FrameData*> frames(NodeId node, Tier tier) override;

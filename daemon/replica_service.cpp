@@ -24,7 +24,7 @@ ReplicaService::ReplicaService(AddressSpace& space, const DaemonConfig& config, 
   m_replicator = std::make_unique<Replicator>(space, *peers, o, [this](Gva gva, void* dst, size_t n) {
     Status s = m_space.read(gva, dst, n);
     if (s.code() == ErrorCode::not_supported) {
-      PeerAccess access(m_peers, transport(), transport_timeout());
+      PeerAccess access(m_peers, m_data_plane, m_config);
       s = m_space.read(gva, dst, n, &access);
     }
     return s;
@@ -33,10 +33,6 @@ ReplicaService::ReplicaService(AddressSpace& space, const DaemonConfig& config, 
 
 ReplicaService::~ReplicaService() {
   if (m_replicator) m_replicator->stop();
-}
-
-Transport* ReplicaService::transport() const {
-  return m_data_plane != nullptr ? m_data_plane->transport() : nullptr;
 }
 
 void ReplicaService::freed(const AllocationInfo& info, const Identity& who) { m_replicator->freed(info, who); }
@@ -101,7 +97,7 @@ Reply ReplicaService::write(const proto::Request& request, const Identity& who, 
     Status s = m_replicator->write(gva, d.data(), d.size(), who, [&]() {
       Status local = m_space.write(gva, d.data(), d.size());
       if (local.code() == ErrorCode::not_supported && m_peers != nullptr) {
-        PeerAccess access(m_peers, transport(), transport_timeout());
+        PeerAccess access(m_peers, m_data_plane, m_config);
         local = m_space.write(gva, d.data(), d.size(), &access);
       }
       return local;
@@ -121,7 +117,7 @@ Reply ReplicaService::atomic(const proto::Request& request, const Identity& who,
     auto old = m_replicator->atomic(gva, op, r.operand(), r.compare(), who, [&]() {
       auto local = m_space.atomic(gva, op, r.operand(), r.compare());
       if (!local.ok() && local.status().code() == ErrorCode::not_supported && m_peers != nullptr) {
-        PeerAccess access(m_peers, transport(), transport_timeout());
+        PeerAccess access(m_peers, m_data_plane, m_config);
         local = m_space.atomic(gva, op, r.operand(), r.compare(), &access);
       }
       return local;
@@ -155,7 +151,7 @@ Reply ReplicaService::read_copy(const proto::Request& request, const Identity& w
       d->resize(request.read().length());
       Status st = m_space.read(at, d->data(), d->size());
       if (st.code() == ErrorCode::not_supported && m_peers != nullptr) {
-        PeerAccess access(m_peers, transport(), transport_timeout());
+        PeerAccess access(m_peers, m_data_plane, m_config);
         st = m_space.read(at, d->data(), d->size(), &access);
       }
       return st.ok() ? out : error_reply(request.id(), st, false);
@@ -166,10 +162,7 @@ Reply ReplicaService::read_copy(const proto::Request& request, const Identity& w
   // Not here: ask every other node but the home, which could not be reached.
   Reply reply;
   reply.deferred = [this, request, who, home]() {
-    proto::Request relayed = request;
-    relayed.set_tenant(who.tenant);
-    relayed.set_is_operator(who.is_operator);
-    relayed.set_uid(who.uid);
+    const proto::Request relayed = Authoriser::relayed(request, who);
     std::string tried;
     for (NodeId node : m_peers->connected()) {
       if (node == home.node) continue;

@@ -10,7 +10,6 @@
 // the service, which must outlive it (as the handler that holds it does).
 #pragma once
 
-#include <chrono>
 #include <memory>
 
 #include <tiermem/gva.h>
@@ -28,7 +27,6 @@ namespace tiermem {
 
 class DataPlane;
 class PeerManager;
-class Transport;
 
 class ReplicaService {
  public:
@@ -71,11 +69,6 @@ class ReplicaService {
   void freed(const AllocationInfo& info, const Identity& who);
 
  private:
-  Transport* transport() const;
-  std::chrono::milliseconds transport_timeout() const {
-    return std::chrono::milliseconds(m_config.transport_timeout_ms);
-  }
-
   AddressSpace& m_space;
   const DaemonConfig& m_config;
   DataPlane* m_data_plane;

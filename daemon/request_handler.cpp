@@ -164,12 +164,8 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request, const 
                                   (m_peers == nullptr ? " (this daemon runs alone: no cluster.file)" : "")),
                        false);
   }
-  // The peer acts for our client: it learns who that is from us alone.
-  proto::Request relayed = request;
-  const Identity who = Authoriser::requester(request, session);
-  relayed.set_tenant(who.tenant);
-  relayed.set_is_operator(who.is_operator);
-  relayed.set_uid(who.uid);
+  // The peer acts for our client.
+  proto::Request relayed = Authoriser::relayed(request, Authoriser::requester(request, session));
   Reply reply;
   // A migration takes no slot: it is long, and clients ask few at once.
   if (request.body_case() != proto::Request::kMigrate) reply.peer = node;
@@ -193,11 +189,7 @@ Reply RequestHandler::forward(NodeId node, const proto::Request& request, const 
 Reply RequestHandler::alloc_anywhere(const proto::Request& request, const SessionState& session,
                                      const Status& local_error) {
   if (m_peers == nullptr || m_peers->connected().empty()) return error_reply(request.id(), local_error, false);
-  proto::Request relayed = request;
-  const Identity who = Authoriser::requester(request, session);
-  relayed.set_tenant(who.tenant);
-  relayed.set_is_operator(who.is_operator);
-  relayed.set_uid(who.uid);
+  const proto::Request relayed = Authoriser::relayed(request, Authoriser::requester(request, session));
   Reply reply;
   reply.deferred = [this, relayed, local_error]() {
     std::string tried;

@@ -58,7 +58,6 @@ namespace tiermem {
 
 class DataPlane;
 class PeerManager;
-class Transport;
 
 class RequestHandler {
  public:
