@@ -14,7 +14,8 @@
 #    many member functions its class body declares, and the files involved.
 # 3. Hand-built requests: declarations `proto::Request x;`, `x{...}` and
 #    `x = <expression>` outside parameter lists; copies of another variable
-#    (`= request;`, `= std::move(request)`) left out.
+#    (`= request;`, `= std::move(request)`) and relays of one with the
+#    asker's identity (`= Authoriser::relayed(request, ...)`) left out.
 # Heuristics: a brace-matching parser, no compiler. Comments, string and char
 # literals and preprocessor lines are blanked first (both branches of an #if
 # are read). A `{` opens a function body when the tokens before it (since the
@@ -243,7 +244,8 @@ def hand_built(unit):
         if before not in (";", "{", "}", ")", ":") or toks[i + 4] not in (";", "{", "="):
             continue  # a parameter, a return type, a template argument
         rest = toks[i + 5:i + 9] + ["", ""]
-        if toks[i + 4] == "=" and (IDENT.match(rest[0]) and rest[1] == ";" or rest[:4] == ["std", "::", "move", "("]):
+        if toks[i + 4] == "=" and (IDENT.match(rest[0]) and rest[1] == ";" or rest[:4] == ["std", "::", "move", "("]
+                                    or rest[:3] == ["Authoriser", "::", "relayed"]):
             continue  # a copy of another request
         found.append(unit.line[i])
     return found
