@@ -508,11 +508,7 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
     const uint64_t offset = gva.offset - alloc.base.offset;
     if (alloc.changes_through_home && to_memory) return copy_rpc(gva, buf, length, true);
     if (offset > alloc.size || length > alloc.size - offset) {
-      return Status(ErrorCode::out_of_range,
-                    std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
-                        " bytes at " + gva.to_string() + " (offset " + std::to_string(offset) +
-                        ") runs past the end of allocation " + alloc.base.to_string() + " of " +
-                        std::to_string(alloc.size) + " bytes");
+      return past_the_end(to_memory, length, gva, offset, alloc.base, alloc.size);
     }
     Status s = check_remote_extents(alloc);
     // The route, decided once per translation: the daemon at once where

@@ -9,6 +9,7 @@
 #include "daemon/peer_access.hpp"
 #include "daemon/replicator.hpp"
 #include "daemon/session_service.hpp"
+#include "pages/seqlock_copy.hpp"
 
 namespace tiermem {
 
@@ -60,7 +61,7 @@ Reply DataService::read(const proto::Request& request, const Identity& who) {
   const uint64_t offset = gva.offset - info->gva.offset;
   if (offset > info->size || r.length() > info->size - offset) {
     // Refused before a byte of memory is committed to the answer.
-    return error_reply(request.id(), m_space.read(gva, nullptr, r.length()), false);
+    return error_reply(request.id(), past_the_end(false, r.length(), gva, offset, info->gva, info->size), false);
   }
   Reply reply = ok_reply(request);
   std::string* data = reply.response.mutable_read()->mutable_data();

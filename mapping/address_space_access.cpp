@@ -218,11 +218,7 @@ Status AddressSpace::copy(Gva gva, std::byte* buffer, size_t length, bool to_mem
     const uint64_t offset = gva.offset - l.info.gva.offset;
     Status s = copy_through_layout(view, access, offset, buffer, length, to_memory, k_page_lock_timeout);
     if (s.code() == ErrorCode::out_of_range) {
-      return Status(ErrorCode::out_of_range,
-                    std::string(to_memory ? "write" : "read") + " of " + std::to_string(length) +
-                        " bytes at " + gva.to_string() + " (offset " + std::to_string(offset) +
-                        ") runs past the end of allocation " + l.info.gva.to_string() + " of " +
-                        std::to_string(l.info.size) + " bytes");
+      return past_the_end(to_memory, length, gva, offset, l.info.gva, l.info.size);
     }
     if (s.ok()) return s;
     if (!is_stale(s)) return s.with_context(std::string(to_memory ? "write to " : "read of ") + gva.to_string());

@@ -61,6 +61,13 @@ Status stale_translation() {
 }
 bool is_stale(const Status& s) { return s.code() == ErrorCode::stale_translation; }
 
+Status past_the_end(bool write, uint64_t length, Gva gva, uint64_t offset, Gva base, uint64_t size) {
+  return Status(ErrorCode::out_of_range, std::string(write ? "write" : "read") + " of " + std::to_string(length) +
+                                             " bytes at " + gva.to_string() + " (offset " + std::to_string(offset) +
+                                             ") runs past the end of allocation " + base.to_string() + " of " +
+                                             std::to_string(size) + " bytes");
+}
+
 namespace {
 
 // Waits, holding nothing, until page `index` of `range` (whose word was

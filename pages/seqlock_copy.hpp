@@ -30,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include <tiermem/gva.h>
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
@@ -149,6 +150,10 @@ uint64_t host_atomic(std::byte* word, WordOp op, uint64_t operand, uint64_t comp
 // The error for a translation that went stale; callers refresh and retry.
 Status stale_translation();
 bool is_stale(const Status& s);
+// out_of_range for a read (`write` false) or write of `length` bytes at
+// `gva`, `offset` bytes into the allocation at `base` of `size` bytes, that
+// runs past its end (clients and daemons say it alike).
+Status past_the_end(bool write, uint64_t length, Gva gva, uint64_t offset, Gva base, uint64_t size);
 
 // One physically contiguous piece of a copy.
 struct CopySegment {
