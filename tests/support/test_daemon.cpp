@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -209,14 +210,35 @@ bool port_free(int port) {
   return ok;
 }
 
+// Claims `port` for this process among the test processes of this machine:
+// binds a Unix socket of the abstract namespace named after it (one bind
+// per name; the kernel drops it however the process ends, and it leaves no
+// file behind). Another test process that picked the same port before
+// either bound it moves on to another. False when someone else holds it.
+bool claim_port(int port) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // no claims here: the bind check alone decides
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = "tiermem-test-port-" + std::to_string(port);
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());  // sun_path[0] == 0: abstract
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    ::close(fd);
+    return false;
+  }
+  return true;  // the socket stays open: the claim lasts as long as this process
+}
+
 }  // namespace
 
 // Ports come from below the kernel's ephemeral range: a port the kernel
 // hands out (to a port-0 bind, or to any outgoing connection of this or a
 // parallel test, UCX's included) may otherwise take the port between this
-// check and the daemon's bind. Parallel tests pick at random and each
-// process never hands the same port twice, so two of them meeting on one
-// port is rare; the daemon's "Address already in use" says so when they do.
+// check and the daemon's bind. Parallel tests pick at random, each process
+// never hands the same port twice, and a port is claimed among the test
+// processes of the machine (claim_port) before it is handed out: two of them
+// picking one port before either daemon bound it took a CI run down once.
 int free_port() {
   static std::mutex mu;
   static std::set<int> handed;
@@ -228,7 +250,7 @@ int free_port() {
   if (last - first >= 1000) {
     for (int tries = 0; tries < 200; ++tries) {
       const int port = std::uniform_int_distribution<int>(first, last)(rng);
-      if (handed.count(port) == 0 && port_free(port)) {
+      if (handed.count(port) == 0 && port_free(port) && claim_port(port)) {
         handed.insert(port);
         return port;
       }
