@@ -9,7 +9,7 @@
 #include <mutex>
 #include <vector>
 
-namespace tiermem::ucx_detail {
+namespace tiermem::transport_detail {
 
 class StagingPool;
 
@@ -91,4 +91,4 @@ inline void StagingBuffer::release() {
   m_bytes.reset();
 }
 
-}  // namespace tiermem::ucx_detail
+}  // namespace tiermem::transport_detail

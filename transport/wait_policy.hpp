@@ -1,11 +1,13 @@
 // How a thread waits for the fabric without a timer tick in a round trip.
 //
 // A thread that waits first polls (a round trip on an idle host is shorter
-// than a sleep and a wake-up), then sleeps in poll() on the worker's event fd
-// and on a wake fd of its own, with no timeout but the caller's deadline. The
-// answer itself wakes it: either its bytes make the worker's event fd
-// readable, or another thread that progressed the worker and ran the answer's
-// callback writes the sleeper's wake fd (Waiter::wake).
+// than a sleep and a wake-up), then sleeps in poll() on the fabric's event fd
+// (UCX: the worker's) and on a wake fd of its own, with no timeout but the
+// caller's deadline. The answer itself wakes it: either its bytes make the
+// event fd readable, or another thread that progressed the fabric and ran the
+// answer's callback writes the sleeper's wake fd (Waiter::wake).
+// Fabric-neutral: each fabric's transport drives its own progress and sleep
+// around these (Waiter's functions are in wait_policy.cpp).
 //
 // Polling pays only while answers come sooner than the poll lasts; on a busy
 // host (a trainer computing on every core) a poller takes the CPU the peer it
@@ -17,7 +19,7 @@
 #include <chrono>
 #include <cstdint>
 
-namespace tiermem::ucx_detail {
+namespace tiermem::transport_detail {
 
 // Whether, and how long, to poll before sleeping. Shared by the threads of a
 // transport; lock-free.
@@ -81,4 +83,4 @@ struct Waiter {
   static Waiter& of_this_thread();
 };
 
-}  // namespace tiermem::ucx_detail
+}  // namespace tiermem::transport_detail

@@ -183,7 +183,7 @@ TEST_F(PackageTest, SharedLibraryExportsOnlyThePublicApi) {
   auto nm = run_command({"nm", "-DC", "--defined-only", s_lib_dir + "/libtiermem.so"});
   ASSERT_EQ(nm.exit_code, 0) << nm.err;
   const std::regex internal(
-      "google::protobuf|tiermem::(proto|wire|ucx_detail|detail::ClientCore|exec)|ClientCore|AddressSpace|"
+      "google::protobuf|tiermem::(proto|wire|ucx_detail|transport_detail|detail::ClientCore|exec)|ClientCore|AddressSpace|"
       "RpcConnection|UcxTransport|RemoteVersionWords|RemoteFrameData|LocalVersionWords|copy_through_layout|"
       "seqlocked_");
   // The public names (and a private constructor of a public class).

@@ -30,6 +30,12 @@
 
 namespace tiermem::ucx_detail {
 
+// What every fabric shares (transport/), under the names the UCX code uses.
+using transport_detail::SpinPolicy;
+using transport_detail::StagingBuffer;
+using transport_detail::StagingPool;
+using transport_detail::Waiter;
+
 // Set while creating an endpoint with peer failure detection on trial: UCX
 // logs the refusal of transports that cannot detect failures as an error, but
 // here it is an expected answer (see log_to_stderr in ucx_transport.cpp).
