@@ -24,6 +24,7 @@
 #include <ucp/api/ucp.h>
 
 #include "transport/message_sequence.hpp"
+#include "transport/message_wire.hpp"
 #include "transport/staging_pool.hpp"
 #include "transport/transport.hpp"
 #include "transport/wait_policy.hpp"
@@ -73,12 +74,8 @@ class UcxEndpoint final : public Endpoint {
   uint64_t m_admission = 0;
 };
 
-// --- request/reply messages --------------------------------------------------
+// --- request/reply messages (headers in transport/message_wire.hpp) --------
 //
-// A request carries the operations of a batch to one endpoint
-// (message_sequence.hpp): the target checks them all against its registered
-// regions, runs them in order on its memory and answers once, with the
-// request's id. Both sides run the same code, so headers are in host order.
 // Small requests and answers go eager; large ones by rendezvous over TCP (the
 // receiver's buffers are posted first, and the bytes land in them: a large
 // get's straight in the asker's buffer, a large put's in a staging buffer at
@@ -99,48 +96,27 @@ class UcxEndpoint final : public Endpoint {
 // the asker has just died, UCX 1.13 fails that connection's wire-up with an
 // assertion that aborts the target (ucp_request_send_state_ff, "got REP
 // message").
+//
+// hello: by worker address its payload is the asking worker's address, to
+// which the target connects to answer over shared memory; through a listener
+// it has none (answers go on the reply endpoint) and it admits the connection
+// (its header's token). sequence: the operations go in UCX's header after
+// ours when they fit (k_ops_in_header; the payload is then the puts' bytes
+// alone, one contiguous buffer for a single put, which a rendezvous sends
+// without a copy; UCX 1.13 sends a scattered buffer by rendezvous at a third
+// of the speed).
 
 constexpr uint16_t k_request_id = 41;
 constexpr uint16_t k_reply_id = 42;
-constexpr uint32_t k_message_magic = 0x544d5252;  // "RRMT"
-constexpr uint16_t k_answer_on_reply_ep = 1;      // MessageRequest::flags
-constexpr uint16_t k_ops_in_header = 2;           // MessageRequest::flags: the operations follow the header
-constexpr uint16_t k_reply_aborted = 1;           // MessageReply::flags
-
-// hello: the first request on a connection; by worker address its payload
-// is the asking worker's address, to which the target connects to answer
-// over shared memory; through a listener it has none (answers go on the
-// reply endpoint) and it admits the connection (its header's token). sequence: the
-// operations of a batch (message_sequence.hpp): in UCX's header after ours
-// when they fit (k_ops_in_header; the payload is then the puts' bytes alone,
-// one contiguous buffer for a single put, which a rendezvous sends without a
-// copy; UCX 1.13 sends a scattered buffer by rendezvous at a third of the
-// speed), else at the start of the payload.
-enum class MessageKind : uint8_t { hello = 4, sequence = 5 };
+constexpr uint16_t k_answer_on_reply_ep = 1;  // MessageRequest::flags: the bit message_wire.hpp leaves to the fabric
 
 using sequence::Refusal;
-
-struct MessageRequest {
-  uint32_t magic = k_message_magic;
-  MessageKind kind = MessageKind::sequence;
-  uint8_t reserved = 0;
-  uint16_t flags = 0;   // k_answer_on_reply_ep
-  uint64_t id = 0;
-  uint64_t ops = 0;     // operations at the start of the payload
-  uint64_t origin = 0;  // the asking transport (random): with id, names a message for de-duplication
-  uint64_t admission = 0;  // the token of the target's listener (0: reached by worker address)
-};
-
-struct MessageReply {
-  uint32_t magic = k_message_magic;
-  Refusal refusal = Refusal::none;
-  uint64_t origin = 0;  // echoed: an answer meant for another transport is dropped
-  uint64_t id = 0;
-  uint32_t ran = 0;          // operations run
-  uint32_t refused_op = 0;   // the operation a refusal names
-  uint16_t flags = 0;        // k_reply_aborted: operation `ran` stopped the message
-  uint16_t reserved[3] = {};
-};
+using transport_detail::k_message_magic;
+using transport_detail::k_ops_in_header;
+using transport_detail::k_reply_aborted;
+using transport_detail::MessageKind;
+using transport_detail::MessageReply;
+using transport_detail::MessageRequest;
 
 // One message in flight. Owned by its batch; the fields after `sent` are
 // shared with the progress callbacks under UcxTransport::m_ops_lock.
