@@ -131,8 +131,8 @@ void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, std::vector
   }
   const size_t words = ops.size() * sizeof(uint64_t);
   if (effects) {
-    std::lock_guard lock(m_records_lock);
-    if (const Record* done = find_record(h.origin, h.id)) {
+    std::lock_guard lock(m_records.mutex());
+    if (const AnswerRecords::Record* done = m_records.find(h.origin, h.id)) {
       // Asked again (its answer was lost): answered from the record, not run
       // twice. Its gets cannot be read again as they were; an asker that
       // mixes gets with effects asks again from the start.
@@ -154,31 +154,12 @@ void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, std::vector
   r.ran = static_cast<uint32_t>(out.ran);
   r.flags = out.aborted ? k_reply_aborted : 0;
   if (effects) {
-    Record record{r.ran, out.aborted, gets, std::vector<uint64_t>(ops.size())};
+    AnswerRecords::Record record{r.ran, out.aborted, gets, std::vector<uint64_t>(ops.size())};
     std::memcpy(record.words.data(), answer.data(), words);
-    std::lock_guard lock(m_records_lock);
-    remember(h.origin, h.id, std::move(record));
+    std::lock_guard lock(m_records.mutex());
+    m_records.remember(h.origin, h.id, std::move(record));
   }
   send_reply(ep, r, std::move(answer), words + sequence::get_bytes(ops, out.ran), shared);
-}
-
-const UcxTransport::Record* UcxTransport::find_record(uint64_t origin, uint64_t id) {
-  auto it = m_records.find({origin, id});
-  return it == m_records.end() ? nullptr : &it->second;
-}
-
-void UcxTransport::remember(uint64_t origin, uint64_t id, Record record) {
-  m_records_words += record.words.size();
-  m_records.emplace(std::pair{origin, id}, std::move(record));
-  m_records_order.push_back({origin, id});
-  while (m_records_words > k_records_words && m_records_order.size() > 1) {
-    auto it = m_records.find(m_records_order.front());
-    if (it != m_records.end()) {
-      m_records_words -= it->second.words.size();
-      m_records.erase(it);
-    }
-    m_records_order.pop_front();
-  }
 }
 
 void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, StagingBuffer answer, size_t length,

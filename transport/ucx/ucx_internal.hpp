@@ -23,6 +23,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "transport/answer_records.hpp"
 #include "transport/message_sequence.hpp"
 #include "transport/message_wire.hpp"
 #include "transport/staging_pool.hpp"
@@ -32,6 +33,7 @@
 namespace tiermem::ucx_detail {
 
 // What every fabric shares (transport/), under the names the UCX code uses.
+using transport_detail::AnswerRecords;
 using transport_detail::SpinPolicy;
 using transport_detail::StagingBuffer;
 using transport_detail::StagingPool;
@@ -373,18 +375,6 @@ class UcxTransport final : public Transport {
   // Hands an answer's words to the operations' result pointers.
   static void deliver_words(MessageOp& op);
 
-  // A message with effects (puts, atomics, conditional adds, persists) is run
-  // once, however often it is asked: its answer's words are kept by (origin,
-  // id), the oldest forgotten beyond k_records_words words in all.
-  struct Record {
-    uint32_t ran = 0;
-    bool aborted = false;
-    bool has_gets = false;
-    std::vector<uint64_t> words;
-  };
-  const Record* find_record(uint64_t origin, uint64_t id);
-  void remember(uint64_t origin, uint64_t id, Record record);
-
   // Closes answer endpoints replaced or forgotten since the last call (not
   // from inside a callback, where they are replaced), and frees the closes
   // that finished.
@@ -440,14 +430,8 @@ class UcxTransport final : public Transport {
   static constexpr std::chrono::milliseconds k_resend_after{500};
   // After a `busy` refusal (the target's staging memory was in use).
   static constexpr std::chrono::milliseconds k_busy_retry{2};
-  struct PairHash {
-    size_t operator()(const std::pair<uint64_t, uint64_t>& p) const { return p.first ^ (p.second * 0x9e3779b97f4a7c15ull); }
-  };
-  std::mutex m_records_lock;
-  std::unordered_map<std::pair<uint64_t, uint64_t>, Record, PairHash> m_records;
-  std::deque<std::pair<uint64_t, uint64_t>> m_records_order;
-  size_t m_records_words = 0;
-  static constexpr size_t k_records_words = 1 << 17;
+  // A message with effects is run once, however often it is asked.
+  AnswerRecords m_records;
   // Staging memory for large requests' payloads, in all: a request beyond it
   // is refused `busy` (the asker asks again shortly).
   std::atomic<size_t> m_staged{0};
