@@ -16,7 +16,7 @@ build_dir=${TIERMEM_BUILD_DIR:-$top/build}
 # Everything the build, the tests and the demo need, from Debian 12.
 packages=(
   build-essential meson ninja-build pkg-config git
-  libucx-dev ucx-utils
+  libucx-dev ucx-utils libfabric-dev libfabric-bin
   libpmem2-dev libpmemobj-dev pmdk-tools libssl-dev
   libboost-dev libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev nlohmann-json3-dev

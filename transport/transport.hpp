@@ -249,4 +249,49 @@ bool is_listener_address(std::string_view address);
 // Errors: transport_error (UCX could not start).
 Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options);
 
+// The libfabric transport (transport/ofi/, docs/design/libfabric.md): one
+// reliable-datagram endpoint per transport, in a fabric domain of its own
+// (a tenant plane is a transport, so each tenant gets its own domain).
+// Operations travel as our messages (message_sequence.hpp) over tagged
+// sends: no provider's one-sided path is used yet (shm checks no keys;
+// tcp;ofi_rxm runs RMA in software at the target anyway).
+struct OfiOptions {
+  // The provider, as fi_info names it: "tcp;ofi_rxm", "shm", "efa",
+  // "verbs;ofi_rxm", "cxi", ...
+  std::string provider = "tcp;ofi_rxm";
+  // Start a thread that answers peers (the daemon needs one).
+  bool progress_thread = false;
+  // As UcxOptions::spin_us.
+  int spin_us = -1;
+  // The IP address whose interface the endpoint uses (FI_SOURCE); empty:
+  // the provider's choice. There is no listener: address() carries a random
+  // admission token that every request must present.
+  std::string listen_ip;
+};
+
+// Whether `address` is a libfabric transport's address, and its provider.
+bool is_ofi_address(std::string_view address);
+std::string ofi_provider_of(std::string_view address);
+
+// Errors: not_supported (built without libfabric, or the provider lacks a
+// capability tiermem needs: the message says which), transport_error.
+Result<std::unique_ptr<Transport>> make_ofi_transport(const OfiOptions& options);
+// The libfabric this build was linked with ("" when none).
+std::string libfabric_version();
+
+// The fabric of a cluster: "ucx" or "libfabric" with its provider.
+struct FabricChoice {
+  std::string fabric = "ucx";
+  std::string provider;  // libfabric only
+  // The name peers compare at the handshake: "ucx" or "libfabric/<provider>".
+  std::string name() const { return fabric == "ucx" ? fabric : fabric + "/" + provider; }
+};
+
+// A transport of `choice`, from the options of each fabric (the common ones,
+// progress_thread, spin_us and listen_ip, are taken from `ucx`).
+Result<std::unique_ptr<Transport>> make_transport(const FabricChoice& choice, const UcxOptions& ucx);
+// A client's transport for reaching a peer at `address` (a libfabric address
+// names its provider; anything else is UCX's).
+Result<std::unique_ptr<Transport>> make_transport_for(std::string_view address, const UcxOptions& ucx);
+
 }  // namespace tiermem
