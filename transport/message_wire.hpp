@@ -27,7 +27,9 @@ constexpr uint16_t k_reply_aborted = 1;  // MessageReply::flags
 // (message_sequence.hpp): right after our header when they fit in what the
 // fabric sends as a header (k_ops_in_header; the payload is then the puts'
 // bytes alone), else at the start of the payload.
-enum class MessageKind : uint8_t { hello = 4, sequence = 5 };
+// ping: asks nothing and is answered nothing; a fabric that learns of a dead
+// peer only when a send to it fails sends one (libfabric over tcp).
+enum class MessageKind : uint8_t { hello = 4, sequence = 5, ping = 6 };
 
 struct MessageRequest {
   uint32_t magic = k_message_magic;

@@ -113,53 +113,8 @@ void UcxTransport::on_request_landed(void* request, ucs_status_t status, size_t,
 
 void UcxTransport::run_message(ucp_ep_h ep, const MessageRequest& h, std::vector<Op> ops, const std::byte* puts,
                                size_t length, bool shared) {
-  MessageReply r;
-  r.origin = h.origin;
-  r.id = h.id;
-  const sequence::Verdict verdict = sequence::check(ops, length, m_regions);
-  if (verdict.refusal != Refusal::none) {
-    r.refusal = verdict.refusal;
-    r.refused_op = static_cast<uint32_t>(verdict.op);
-    send_reply(ep, r, StagingBuffer(), 0, shared);
-    return;
-  }
-  bool effects = false;
-  bool gets = false;
-  for (const Op& op : ops) {
-    effects = effects || op.kind != OpKind::get;
-    gets = gets || op.kind == OpKind::get;
-  }
-  const size_t words = ops.size() * sizeof(uint64_t);
-  if (effects) {
-    std::lock_guard lock(m_records.mutex());
-    if (const AnswerRecords::Record* done = m_records.find(h.origin, h.id)) {
-      // Asked again (its answer was lost): answered from the record, not run
-      // twice. Its gets cannot be read again as they were; an asker that
-      // mixes gets with effects asks again from the start.
-      if (done->has_gets) {
-        r.refusal = Refusal::repeated;
-        send_reply(ep, r, StagingBuffer(), 0, shared);
-        return;
-      }
-      r.ran = done->ran;
-      r.flags = done->aborted ? k_reply_aborted : 0;
-      StagingBuffer answer = m_pool.take(words);
-      std::memcpy(answer.data(), done->words.data(), words);
-      send_reply(ep, r, std::move(answer), words, shared);
-      return;
-    }
-  }
-  StagingBuffer answer = m_pool.take(sequence::answer_bytes(ops));
-  const sequence::Outcome out = sequence::run(ops, puts, answer.data());
-  r.ran = static_cast<uint32_t>(out.ran);
-  r.flags = out.aborted ? k_reply_aborted : 0;
-  if (effects) {
-    AnswerRecords::Record record{r.ran, out.aborted, gets, std::vector<uint64_t>(ops.size())};
-    std::memcpy(record.words.data(), answer.data(), words);
-    std::lock_guard lock(m_records.mutex());
-    m_records.remember(h.origin, h.id, std::move(record));
-  }
-  send_reply(ep, r, std::move(answer), words + sequence::get_bytes(ops, out.ran), shared);
+  TargetAnswer a = run_request(h, ops, puts, length, m_regions, m_records, m_pool);
+  send_reply(ep, a.reply, std::move(a.answer), a.length, shared);
 }
 
 void UcxTransport::send_reply(ucp_ep_h ep, const MessageReply& reply, StagingBuffer answer, size_t length,

@@ -25,6 +25,7 @@
 
 #include "transport/answer_records.hpp"
 #include "transport/message_sequence.hpp"
+#include "transport/message_target.hpp"
 #include "transport/message_wire.hpp"
 #include "transport/staging_pool.hpp"
 #include "transport/transport.hpp"
@@ -34,6 +35,10 @@ namespace tiermem::ucx_detail {
 
 // What every fabric shares (transport/), under the names the UCX code uses.
 using transport_detail::AnswerRecords;
+using transport_detail::answer_status;
+using transport_detail::make_op;
+using transport_detail::run_request;
+using transport_detail::TargetAnswer;
 using transport_detail::SpinPolicy;
 using transport_detail::StagingBuffer;
 using transport_detail::StagingPool;

@@ -17,15 +17,6 @@ namespace {
 using sequence::Op;
 using sequence::OpKind;
 
-Op make_op(OpKind kind, uint64_t address, uint64_t length, uint64_t token) {
-  Op op;
-  op.kind = kind;
-  op.address = address;
-  op.length = length;
-  op.token = token;
-  return op;
-}
-
 void wake_waiter(void*, ucs_status_t, void* user_data) { static_cast<Waiter*>(user_data)->wake(); }
 
 }  // namespace
@@ -492,19 +483,10 @@ bool UcxTransport::reap_messages(UcxBatch& b, Status& result) {
     b.m_is_done[i] = true;
     ++b.m_done;
     if (!result.ok()) continue;
-    if (op.refusal != Refusal::none) {
-      result = op.refused_op < op.ops.size() ? sequence::refusal_error(op.refusal, op.ops[op.refused_op])
-               : op.refusal == Refusal::unadmitted
-                   ? Status(ErrorCode::permission_denied,
-                            "the peer's listener refused this connection: it did not present the admission token "
-                            "of the address the peer hands out")
-                   : Status(ErrorCode::invalid_argument, "peer refused a malformed message");
-    } else if (op.status != UCS_OK) {
+    if (op.status != UCS_OK && op.refusal == Refusal::none) {
       result = ucx_error("remote operation", op.status);
-    } else if (op.aborted) {
-      result = Status(ErrorCode::failed_precondition,
-                      "a conditional add found its word otherwise (operation " + std::to_string(op.ran) + " of " +
-                          std::to_string(op.ops.size()) + " of the message); the rest was not run");
+    } else {
+      result = answer_status(op.refusal, op.refused_op, op.ops, op.aborted, op.ran);
     }
   }
   return b.m_done < b.m_messages.size();

@@ -1,0 +1,368 @@
+// The libfabric transport between two real processes, per provider that
+// works here (shm; tcp;ofi_rxm on 127.0.0.1): a target that registers a memfd
+// region (as tiermemd does) and serves it from its progress thread, and an
+// initiator that gets, puts and runs atomics on it. The same cases as
+// ucx_transport_test.cpp, and what libfabric brings of its own: a peer killed
+// mid-operation, a provider without what tiermem needs.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "common/frame.hpp"
+#include "common/shared_memory.hpp"
+#include "transport/transport.hpp"
+
+namespace tiermem {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t k_region = 8 << 20;
+
+OfiOptions options_of(const std::string& param, bool progress_thread) {
+  OfiOptions o;
+  o.provider = param == "tcp" ? "tcp;ofi_rxm" : param;
+  o.progress_thread = progress_thread;
+  o.listen_ip = param == "tcp" ? "127.0.0.1" : "";
+  return o;
+}
+
+// Runs in the child: serves a region until the parent closes the socket.
+[[noreturn]] void serve(int sock, const std::string& param) {
+  auto t = make_ofi_transport(options_of(param, true));
+  if (!t.ok()) ::_exit(2);
+  auto memory = SharedMemory::create("ofi-transport-test", k_region);
+  auto* words = reinterpret_cast<uint64_t*>(memory->data());
+  for (size_t i = 0; i < k_region / 8; ++i) words[i] = i;
+  auto region = (*t)->register_region(memory->data(), k_region, MemoryKind::host);
+  if (!region.ok()) ::_exit(3);
+  const std::string address = (*t)->address();
+  const uint64_t base = (*region)->base();
+  const uint32_t alen = static_cast<uint32_t>(address.size());
+  std::string msg(reinterpret_cast<const char*>(&alen), 4);
+  msg += address + std::string(reinterpret_cast<const char*>(&base), 8) + (*region)->packed_key();
+  if (!wire::send_frame(sock, msg).ok()) ::_exit(4);
+  std::string bye;
+  (void)wire::recv_frame(sock, 1 << 20, &bye, nullptr);  // until the parent closes
+  // Report the final value of word 1 (atomics target) back through the exit code.
+  ::_exit(static_cast<int>(words[1] & 0x7f));
+}
+
+class OfiTransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    m_child = ::fork();
+    if (m_child == 0) {
+      ::close(sv[0]);
+      serve(sv[1], GetParam());
+    }
+    ::close(sv[1]);
+    m_sock = sv[0];
+    std::string msg;
+    ASSERT_TRUE(wire::recv_frame(m_sock, 1 << 20, &msg, nullptr).ok()) << "the target did not start";
+    uint32_t alen;
+    std::memcpy(&alen, msg.data(), 4);
+    m_address = msg.substr(4, alen);
+    std::memcpy(&m_base, msg.data() + 4 + alen, 8);
+    m_key = msg.substr(4 + alen + 8);
+    ASSERT_TRUE(is_ofi_address(m_address)) << m_address;
+    auto t = make_ofi_transport(options_of(GetParam(), false));
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    m_transport = std::move(t).value();
+    auto ep = m_transport->connect(m_address);
+    ASSERT_TRUE(ep.ok()) << ep.status().to_string();
+    m_ep = *ep;
+    auto key = m_transport->unpack(m_ep, m_key, m_base);
+    ASSERT_TRUE(key.ok()) << key.status().to_string();
+    m_rkey = *key;
+  }
+
+  void TearDown() override {
+    if (m_child > 0) {
+      ::kill(m_child, SIGKILL);
+      ::waitpid(m_child, nullptr, 0);
+    }
+  }
+
+  int finish() {
+    m_rkey.reset();
+    m_ep.reset();
+    m_transport.reset();
+    ::close(m_sock);
+    int status = 0;
+    ::waitpid(m_child, &status, 0);
+    m_child = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  pid_t m_child = -1;
+  int m_sock = -1;
+  std::string m_address, m_key;
+  uint64_t m_base = 0;
+  std::unique_ptr<Transport> m_transport;
+  std::shared_ptr<Endpoint> m_ep;
+  std::shared_ptr<RemoteKey> m_rkey;
+};
+
+TEST_P(OfiTransportTest, GetPutAndAtomicsOnARegisteredMemfd) {
+  auto batch = m_transport->batch();
+  // Several gets in flight at once.
+  std::vector<uint64_t> words(4096);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_TRUE(m_transport->get(*batch, *m_ep, words.data() + i * 1024, 8192, m_base + i * 8192, *m_rkey).ok());
+  }
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  for (size_t i = 0; i < words.size(); ++i) ASSERT_EQ(words[i], i);
+
+  std::vector<unsigned char> out(1 << 20), back(1 << 20);
+  std::iota(out.begin(), out.end(), 5);
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, out.data(), out.size(), m_base + (4 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  ASSERT_TRUE(m_transport->flush(*m_ep, 10s).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, back.data(), back.size(), m_base + (4 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(back, out);
+
+  uint64_t old = 0;
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::fetch_add, 10, 0, m_base + 8, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(old, 1u);
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::compare_swap, 40, 99, m_base + 8, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(old, 11u) << "compare failed: the word keeps 11";
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::compare_swap, 42, 11, m_base + 8, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(old, 11u);
+  EXPECT_FALSE(m_ep->transports().empty());
+  std::printf("transports in use: %s\n", m_ep->transports().c_str());
+  EXPECT_EQ(finish(), 42) << "the target saw the swapped value";
+}
+
+TEST_P(OfiTransportTest, DeadPeerFailsOperationsInsteadOfHanging) {
+  ::kill(m_child, SIGKILL);
+  int status = 0;
+  ::waitpid(m_child, &status, 0);
+  m_child = -1;
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  Status s;
+  // The failure surfaces on the first operation or within a few.
+  for (int i = 0; i < 50 && s.ok(); ++i) {
+    s = m_transport->get(*batch, *m_ep, &word, 8, m_base, *m_rkey);
+    if (s.ok()) s = m_transport->wait(*batch, 3s);
+  }
+  EXPECT_FALSE(s.ok());
+  m_rkey.reset();
+  m_ep.reset();
+  ::close(m_sock);
+}
+
+// Operations are request/reply messages the target checks:
+// a range outside its registered regions, or an unaligned atomic, is refused
+// with a reason, and the target goes on serving.
+TEST_P(OfiTransportTest, TargetRefusesWhatIsNotRegistered) {
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 16, m_base + k_region - 8, *m_rkey).ok());
+  Status s = m_transport->wait(*batch, 10s);
+  EXPECT_EQ(s.code(), ErrorCode::out_of_range) << s.to_string();
+  EXPECT_NE(s.message().find("not in the registered region"), std::string::npos) << s.message();
+  std::vector<unsigned char> bytes(64 << 10, 1);
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, bytes.data(), bytes.size(), m_base - 4096, *m_rkey).ok());
+  EXPECT_EQ(m_transport->wait(*batch, 10s).code(), ErrorCode::out_of_range);
+  uint64_t old = 0;
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::fetch_add, 1, 0, m_base + 4, *m_rkey, &old).ok());
+  s = m_transport->wait(*batch, 10s);
+  EXPECT_NE(s.message().find("not 8-byte aligned"), std::string::npos) << s.to_string();
+  // Still serving; fenced operations of one batch complete in order.
+  uint64_t before = 0, after = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &before, 8, m_base + 16, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->fence(*batch, 10s).ok());
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::swap, 77, 0, m_base + 16, *m_rkey, &old).ok());
+  ASSERT_TRUE(m_transport->fence(*batch, 10s).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &after, 8, m_base + 16, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(before, 2u);
+  EXPECT_EQ(old, 2u);
+  EXPECT_EQ(after, 77u);
+}
+
+// The operations of a batch to one endpoint are one message the target runs
+// in order: a compare-and-swap that must succeed and does not stops the rest
+// and restores the ones before it.
+TEST_P(OfiTransportTest, ABatchIsOneMessageAndAFailedConditionStopsTheRest) {
+  ASSERT_FALSE(m_transport->one_sided(*m_rkey)) << "libfabric carries operations as messages on every provider";
+  auto batch = m_transport->batch();
+  const uint64_t w = m_base + 1024 * 8;  // words 1024.. hold 1024..
+  uint64_t olds[3] = {7, 7, 7};
+  uint64_t fresh = 555, after = 0;
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 1024, 5000, w, *m_rkey, &olds[0]).ok());
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 1025, 5001, w + 8, *m_rkey, &olds[1]).ok());
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 9999, 5002, w + 16, *m_rkey, &olds[2]).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, &fresh, 8, w + 24, *m_rkey).ok());
+  Status s = m_transport->wait(*batch, 10s);
+  EXPECT_EQ(s.code(), ErrorCode::failed_precondition) << s.to_string();
+  EXPECT_EQ(olds[0], 1024u);
+  EXPECT_EQ(olds[1], 1025u);
+  EXPECT_EQ(olds[2], 1026u) << "the word that failed the condition, as the target saw it";
+  std::vector<uint64_t> now(4);
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, now.data(), 32, w, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(now, (std::vector<uint64_t>{1024, 1025, 1026, 1027})) << "restored, untouched, never written";
+  // The same with every condition met: all of it runs.
+  ASSERT_TRUE(m_transport->compare_swap_or_abort(*batch, *m_ep, 1024, 5000, w, *m_rkey, &olds[0]).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, &fresh, 8, w + 24, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &after, 8, w + 24, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(after, 555u) << "the get after the put in the same message sees it";
+}
+
+// Large payloads go apart from their request: a put staged whole at the
+// target before the message runs, an answer scattered over several gets.
+TEST_P(OfiTransportTest, LargePutsAndGetsInOneMessageArriveWhole) {
+  auto batch = m_transport->batch();
+  std::vector<uint64_t> out(512 << 10), other(1024), back(512 << 10), back_other(1024);
+  std::iota(out.begin(), out.end(), uint64_t{1} << 40);
+  std::iota(other.begin(), other.end(), uint64_t{7} << 40);
+  const uint64_t at = m_base + (2 << 20);
+  uint64_t before = 0, word = 0;
+  ASSERT_TRUE(m_transport->atomic(*batch, *m_ep, AtomicOp::fetch_add, 0, 0, m_base + 16, *m_rkey, &word).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &before, 8, at, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, out.data(), out.size() * 8, at, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, other.data(), other.size() * 8, at + (5 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(before, (2u << 20) / 8) << "read before the put of the same message";
+  EXPECT_EQ(word, 2u);
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, back_other.data(), back_other.size() * 8, at + (5 << 20), *m_rkey).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, back.data(), back.size() * 8, at, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(back, out);
+  EXPECT_EQ(back_other, other);
+}
+
+// One operation the target must refuse refuses the whole message: the put
+// before it in the same batch never runs.
+TEST_P(OfiTransportTest, AMessageWithOneBadOperationIsRefusedWhole) {
+  auto batch = m_transport->batch();
+  const uint64_t w = m_base + 2048 * 8;
+  uint64_t fresh = 9, word = 0;
+  ASSERT_TRUE(m_transport->put(*batch, *m_ep, &fresh, 8, w, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 16, m_base + k_region - 8, *m_rkey).ok());
+  Status s = m_transport->wait(*batch, 10s);
+  EXPECT_EQ(s.code(), ErrorCode::out_of_range) << s.to_string();
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 8, w, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->persist(*batch, *m_ep, w, 8, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(word, 2048u) << "the put of the refused message did not run";
+}
+
+// A peer killed while a batch of large gets and a conditional add waits on
+// it: the wait ends with an error soon after (tcp reports the broken
+// connection; shm reports nothing, and the peer's process is watched), and
+// nothing lands in the caller's buffers afterwards (answers land in the
+// transport's own staging).
+TEST_P(OfiTransportTest, APeerKilledMidOperationFailsTheWaitAndWritesNothingLater) {
+  ::kill(m_child, SIGSTOP);  // the requests arrive; nobody answers them
+  auto batch = m_transport->batch();
+  constexpr size_t k_get = 1 << 20;
+  std::vector<std::vector<unsigned char>> dst(8, std::vector<unsigned char>(k_get + 64, 0xee));
+  for (size_t i = 0; i < dst.size(); ++i) {
+    ASSERT_TRUE(m_transport->get(*batch, *m_ep, dst[i].data(), k_get, m_base + i * k_get / 2, *m_rkey).ok());
+  }
+  uint64_t old = 0xeeee;
+  ASSERT_TRUE(m_transport->add_if(*batch, *m_ep, {~uint64_t{0}, 3}, 1, ~uint64_t{0}, m_base + 24, *m_rkey, &old).ok());
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    ::kill(m_child, SIGKILL);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  Status s = m_transport->wait(*batch, 20s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  killer.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ErrorCode::transport_error) << s.to_string();
+  EXPECT_LT(took, 5s) << "failure noticed after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms: " << s.to_string();
+  EXPECT_TRUE(m_ep->failed());
+  std::this_thread::sleep_for(500ms);
+  for (int i = 0; i < 20; ++i) m_transport->progress();
+  for (const auto& d : dst) {
+    for (unsigned char c : d) ASSERT_EQ(c, 0xee) << "a byte landed in the caller's buffer after the wait";
+  }
+  EXPECT_EQ(old, 0xeeeeu);
+  ::waitpid(m_child, nullptr, 0);
+  m_child = -1;
+}
+
+// A peer that does not present the admission token of the address it was
+// given is refused (and runs nothing); the target goes on serving others.
+TEST_P(OfiTransportTest, AConnectionWithoutTheTokenIsRefusedAndOthersAreServed) {
+  std::string forged = m_address;
+  // The token is the third word of the address.
+  const size_t a = forged.find(' ', forged.find(' ') + 1) + 1;
+  forged[a] = forged[a] == '1' ? '2' : '1';
+  auto t = make_ofi_transport(options_of(GetParam(), false));
+  ASSERT_TRUE(t.ok());
+  auto ep = (*t)->connect(forged);
+  ASSERT_FALSE(ep.ok());
+  EXPECT_EQ(ep.status().code(), ErrorCode::permission_denied) << ep.status().to_string();
+  auto batch = m_transport->batch();
+  uint64_t word = 0;
+  ASSERT_TRUE(m_transport->get(*batch, *m_ep, &word, 8, m_base + 40, *m_rkey).ok());
+  ASSERT_TRUE(m_transport->wait(*batch, 10s).ok());
+  EXPECT_EQ(word, 5u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, OfiTransportTest, ::testing::Values("shm", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+// A provider that is not there, or offers no reliable tagged messages, is
+// refused with its name and the providers there are.
+TEST(OfiTransport, AProviderWithoutWhatTiermemNeedsIsRefusedWithTheReason) {
+  for (const char* provider : {"psm2", "no-such-provider"}) {
+    OfiOptions o;
+    o.provider = provider;
+    auto t = make_ofi_transport(o);
+    ASSERT_FALSE(t.ok()) << provider;
+    EXPECT_EQ(t.status().code(), ErrorCode::not_supported) << t.status().to_string();
+    EXPECT_NE(t.status().message().find(provider), std::string::npos) << t.status().to_string();
+    EXPECT_NE(t.status().message().find("providers here"), std::string::npos) << t.status().to_string();
+  }
+  OfiOptions none;
+  none.provider = "";
+  EXPECT_EQ(make_ofi_transport(none).status().code(), ErrorCode::invalid_argument);
+}
+
+TEST(OfiTransport, AddressesNameTheirProvider) {
+  OfiOptions o;
+  o.provider = "shm";
+  auto t = make_ofi_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_TRUE(is_ofi_address((*t)->address()));
+  EXPECT_EQ(ofi_provider_of((*t)->address()), "shm");
+  EXPECT_EQ((*t)->name(), "libfabric/shm");
+  EXPECT_FALSE(is_ofi_address("ucx worker address"));
+  // A peer of another provider is refused by name, not dialled.
+  o.provider = "tcp;ofi_rxm";
+  o.listen_ip = "127.0.0.1";
+  auto tcp = make_ofi_transport(o);
+  ASSERT_TRUE(tcp.ok()) << tcp.status().to_string();
+  auto ep = (*tcp)->connect((*t)->address());
+  ASSERT_FALSE(ep.ok());
+  EXPECT_NE(ep.status().message().find("provider shm"), std::string::npos) << ep.status().to_string();
+}
+
+}  // namespace
+}  // namespace tiermem

@@ -1,0 +1,301 @@
+// The libfabric transport's set-up: which provider, and whether it has what
+// tiermem needs (fi_getinfo), the endpoint, regions, addresses, connections
+// and keys. See ofi_internal.hpp.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "common/deadline.hpp"
+#include "transport/ofi/ofi_internal.hpp"
+
+namespace tiermem {
+namespace ofi_detail {
+
+namespace {
+
+uint64_t random_word() {
+  std::random_device rd;
+  uint64_t w = 0;
+  while (w == 0) w = (uint64_t{rd()} << 32) ^ rd();
+  return w;
+}
+
+std::string hex(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+bool unhex(std::string_view text, std::string* out) {
+  if (text.size() % 2 != 0) return false;
+  out->clear();
+  for (size_t i = 0; i < text.size(); i += 2) {
+    unsigned v = 0;
+    if (std::sscanf(std::string(text.substr(i, 2)).c_str(), "%2x", &v) != 1) return false;
+    out->push_back(static_cast<char>(v));
+  }
+  return true;
+}
+
+// The providers fi_getinfo offers a reliable-datagram endpoint of here, for
+// the error that says the one asked for is not among them.
+std::string providers_here() {
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  fi_info* info = nullptr;
+  std::set<std::string> names;
+  if (fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info) == 0) {
+    for (fi_info* i = info; i != nullptr; i = i->next) names.insert(i->fabric_attr->prov_name);
+    fi_freeinfo(info);
+  }
+  fi_freeinfo(hints);
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+Status ofi_error(const std::string& what, int rc) {
+  return Status(ErrorCode::transport_error, what + ": " + fi_strerror(rc < 0 ? -rc : rc));
+}
+
+Status OfiTransport::open_fabric(const OfiOptions& options) {
+  // What tiermem needs of every provider: reliable datagrams, tagged
+  // messages, one endpoint shared by threads. No RMA or atomics: operations
+  // travel as our messages (ofi_internal.hpp). Contexts start with a
+  // fi_context2, so providers that ask for FI_CONTEXT(2) get it.
+  auto query = [&](bool directed, const char* node, fi_info** out) {
+    fi_info* hints = fi_allocinfo();
+    hints->caps = FI_MSG | FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->tx_attr->msg_order = FI_ORDER_SAS;
+    hints->fabric_attr->prov_name = strdup(options.provider.c_str());
+    const int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node != nullptr ? FI_SOURCE : 0, hints, out);
+    fi_freeinfo(hints);
+    return rc;
+  };
+  // The listen IP picks the interface (tcp: FI_SOURCE with 127.0.0.1 is
+  // the lo domain); providers that do not address by IP (shm, efa, cxi)
+  // find nothing for it and are asked again without.
+  const char* node = options.listen_ip.empty() ? nullptr : options.listen_ip.c_str();
+  int rc = -FI_ENODATA;
+  for (const char* n : {node, static_cast<const char*>(nullptr)}) {
+    for (bool directed : {true, false}) {
+      rc = query(directed, n, &m_info);
+      if (rc == 0) break;
+    }
+    if (rc == 0 || node == nullptr) break;
+  }
+  if (rc != 0) {
+    return Status(ErrorCode::not_supported,
+                  "libfabric provider '" + options.provider +
+                      "' offers no reliable-datagram endpoint (FI_EP_RDM) with tagged messages (FI_TAGGED), safe "
+                      "for threads (FI_THREAD_SAFE), here (fi_getinfo: " + fi_strerror(-rc) +
+                      "); providers here: " + providers_here());
+  }
+  if ((m_info->mode & ~uint64_t{FI_CONTEXT | FI_CONTEXT2}) != 0) {
+    return Status(ErrorCode::not_supported, "libfabric provider '" + options.provider +
+                                                "' asks for modes tiermem does not handle (mode 0x" +
+                                                hex(std::string_view(reinterpret_cast<const char*>(&m_info->mode),
+                                                                     sizeof m_info->mode)) + ")");
+  }
+  if (m_info->ep_attr->max_msg_size < sequence::k_max_bytes + k_request_buffer) {
+    return Status(ErrorCode::not_supported, "libfabric provider '" + options.provider + "' sends at most " +
+                                                std::to_string(m_info->ep_attr->max_msg_size) +
+                                                " bytes in a message; tiermem's messages need " +
+                                                std::to_string(sequence::k_max_bytes + k_request_buffer));
+  }
+  m_directed = (m_info->caps & FI_DIRECTED_RECV) != 0;
+  m_domain_name = m_info->domain_attr->name != nullptr ? m_info->domain_attr->name : "";
+  if (int r = fi_fabric(m_info->fabric_attr, &m_fabric, nullptr); r != 0) return ofi_error("fi_fabric", r);
+  if (int r = fi_domain(m_fabric, m_info, &m_domain, nullptr); r != 0) return ofi_error("fi_domain", r);
+  // A wait fd where the provider has one (tcp); shm, efa and cxi have none
+  // and their waiters sleep in short steps (ofi_operations.cpp).
+  fi_cq_attr cq{};
+  cq.format = FI_CQ_FORMAT_TAGGED;
+  cq.wait_obj = FI_WAIT_FD;
+  if (fi_cq_open(m_domain, &cq, &m_cq, nullptr) != 0) {
+    cq.wait_obj = FI_WAIT_NONE;
+    if (int r = fi_cq_open(m_domain, &cq, &m_cq, nullptr); r != 0) return ofi_error("fi_cq_open", r);
+  } else if (fi_control(&m_cq->fid, FI_GETWAIT, &m_cq_fd) != 0) {
+    m_cq_fd = -1;
+  }
+  fi_av_attr av{};
+  av.type = FI_AV_TABLE;
+  if (int r = fi_av_open(m_domain, &av, &m_av, nullptr); r != 0) return ofi_error("fi_av_open", r);
+  if (int r = fi_endpoint(m_domain, m_info, &m_ep, nullptr); r != 0) return ofi_error("fi_endpoint", r);
+  if (int r = fi_ep_bind(m_ep, &m_cq->fid, FI_TRANSMIT | FI_RECV); r != 0) return ofi_error("binding the CQ", r);
+  if (int r = fi_ep_bind(m_ep, &m_av->fid, 0); r != 0) return ofi_error("binding the AV", r);
+  if (int r = fi_enable(m_ep); r != 0) return ofi_error("fi_enable", r);
+  char name[k_name_max];
+  size_t length = sizeof name;
+  if (int r = fi_getname(&m_ep->fid, name, &length); r != 0) return ofi_error("fi_getname", r);
+  m_name.assign(name, length);
+  return Status();
+}
+
+Status OfiTransport::init(const OfiOptions& options) {
+  if (options.provider.empty()) {
+    return Status(ErrorCode::invalid_argument, "the libfabric fabric needs a provider (tcp;ofi_rxm, shm, efa, ...)");
+  }
+  m_provider = options.provider;
+  if (Status s = open_fabric(options); !s.ok()) return s;
+  m_admission = random_word();
+  m_origin = random_word();
+  m_next_id = random_word() & (k_id_mask >> 1);
+  m_next_token = random_word();
+  const auto spin = std::chrono::microseconds(options.spin_us < 0 ? 30 : options.spin_us);
+  m_spin.set_limit(spin);
+  m_idle_spin.set_limit(spin);
+  for (size_t i = 0; i < k_request_buffers; ++i) {
+    m_request_buffers.push_back(std::make_unique<RequestBuffer>());
+    post_request_buffer(m_request_buffers.back().get());
+  }
+  m_wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::ostringstream a;
+  a << "tmofi1 " << m_provider << ' ' << std::hex << m_admission << std::dec << ' ' << ::getpid() << ' '
+    << hex(m_name);
+  m_address = a.str();
+  if (options.progress_thread) m_progress = std::thread([this] { progress_loop(); });
+  return Status();
+}
+
+OfiTransport::~OfiTransport() {
+  m_stop.store(true);
+  if (m_progress.joinable()) {
+    const uint64_t one = 1;
+    (void)::write(m_wake_fd, &one, sizeof one);
+    m_progress.join();
+  }
+  // The endpoint first: after it, the provider writes and reads none of the
+  // buffers below.
+  if (m_ep != nullptr) fi_close(&m_ep->fid);
+  if (m_av != nullptr) fi_close(&m_av->fid);
+  if (m_cq != nullptr) fi_close(&m_cq->fid);
+  if (m_domain != nullptr) fi_close(&m_domain->fid);
+  if (m_fabric != nullptr) fi_close(&m_fabric->fid);
+  if (m_info != nullptr) fi_freeinfo(m_info);
+  if (m_wake_fd >= 0) ::close(m_wake_fd);
+}
+
+Result<std::unique_ptr<RegisteredRegion>> OfiTransport::register_region(void* base, size_t length,
+                                                                        MemoryKind kind) {
+  // Messages reach the region through the target's CPU, which checks the
+  // token: nothing to register with the provider (device memory is refused
+  // not_host by the check, as over UCX's TCP).
+  PackedKey key;
+  key.token = m_next_token.fetch_add(0x9e3779b97f4a7c15ull) | 1;
+  std::string packed(reinterpret_cast<const char*>(&key), sizeof key);
+  const auto b = reinterpret_cast<uint64_t>(base);
+  return std::unique_ptr<RegisteredRegion>(
+      std::make_unique<OfiRegion>(std::move(packed), b, length, m_regions, kind, key.token));
+}
+
+Result<std::shared_ptr<Endpoint>> OfiTransport::connect(std::string_view address) {
+  std::istringstream in{std::string(address)};
+  std::string magic, provider, admission_hex, name_hex;
+  long pid = 0;
+  in >> magic >> provider >> admission_hex >> pid >> name_hex;
+  std::string name;
+  if (magic != "tmofi1" || !in || !unhex(name_hex, &name) || name.empty() || name.size() > k_name_max) {
+    return Status(ErrorCode::invalid_argument, "not a libfabric transport address: '" +
+                                                   std::string(address.substr(0, 64)) + "'");
+  }
+  if (provider != m_provider) {
+    return Status(ErrorCode::invalid_argument, "the peer's address is of libfabric provider " + provider +
+                                                   "; this transport runs " + m_provider);
+  }
+  const uint64_t admission = std::strtoull(admission_hex.c_str(), nullptr, 16);
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  if (int n = fi_av_insert(m_av, name.data(), 1, &addr, 0, nullptr); n != 1) {
+    return ofi_error("adding the peer's address (fi_av_insert)", n < 0 ? n : -FI_EINVAL);
+  }
+  int pidfd = -1;
+  if (m_provider == "shm" && pid > 0) pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+  auto ep = std::make_shared<OfiEndpoint>(*this, addr, admission, pidfd);
+  if (Status s = hello(*ep); !s.ok()) return s;
+  return std::shared_ptr<Endpoint>(std::move(ep));
+}
+
+Status OfiTransport::hello(OfiEndpoint& ep) {
+  // Says who we are (our name: the target adds it to its address vector to
+  // answer us) and presents the peer's admission token.
+  OfiBatch b;
+  auto m = std::make_unique<OfiMessage>();
+  m->head.request.kind = MessageKind::hello;
+  m->ep = &ep;
+  m->waiter = &Waiter::of_this_thread();
+  b.m_messages.push_back(std::move(m));
+  b.m_is_done.push_back(false);
+  send_message(*b.m_messages.back());
+  Status error;
+  Status s = drive(b, ScopedDeadline::bound(std::chrono::seconds(10)), &error);
+  if (s.ok()) s = std::move(error);
+  b.clear();
+  return s.ok() ? s : s.with_context("the peer did not answer the hello of a new connection");
+}
+
+Result<std::shared_ptr<RemoteKey>> OfiTransport::unpack(const std::shared_ptr<Endpoint>& endpoint,
+                                                        std::string_view packed, uint64_t) {
+  PackedKey key;
+  if (packed.size() != sizeof key) {
+    return Status(ErrorCode::invalid_argument, "not a libfabric transport's key (" + std::to_string(packed.size()) +
+                                                   " bytes; a UCX node's key in a libfabric cluster?)");
+  }
+  std::memcpy(&key, packed.data(), sizeof key);
+  if (key.version != 1) {
+    return Status(ErrorCode::invalid_argument, "a libfabric key of version " + std::to_string(key.version) +
+                                                   "; this build reads version 1");
+  }
+  return std::shared_ptr<RemoteKey>(std::make_shared<OfiRemoteKey>(endpoint, key.token));
+}
+
+void OfiTransport::report_failure(OfiEndpoint& ep, const std::string& why) {
+  if (ep.m_failed.exchange(true, std::memory_order_acq_rel)) return;  // reported once
+  std::lock_guard lock(m_failure_mutex);
+  if (m_on_failure) m_on_failure(ep, "libfabric reports the peer failed: " + why);
+}
+
+OfiEndpoint::~OfiEndpoint() {
+  // Its address stays in the address vector: a quarantined message may
+  // still name it (libfabric leaves operations on removed addresses
+  // undefined).
+  if (m_pidfd >= 0) ::close(m_pidfd);
+}
+
+std::string OfiEndpoint::transports() const {
+  return "ofi/" + m_owner.provider() + "/" + m_owner.domain_name() + " messages";
+}
+
+}  // namespace ofi_detail
+
+Result<std::unique_ptr<Transport>> make_ofi_transport(const OfiOptions& options) {
+  auto t = std::make_unique<ofi_detail::OfiTransport>();
+  OfiOptions o = options;
+  if (const char* e = std::getenv("TIERMEM_SPIN_US"); e != nullptr && *e != '\0' && o.spin_us < 0) {
+    o.spin_us = std::clamp(std::atoi(e), 0, 10000);
+  }
+  if (Status s = t->init(o); !s.ok()) return s.with_context("starting libfabric (provider " + options.provider + ")");
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+std::string libfabric_version() {
+  const uint32_t v = fi_version();
+  return std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
+}
+
+}  // namespace tiermem
