@@ -253,8 +253,11 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options)
 // reliable-datagram endpoint per transport, in a fabric domain of its own
 // (a tenant plane is a transport, so each tenant gets its own domain).
 // Operations travel as our messages (message_sequence.hpp) over tagged
-// sends: no provider's one-sided path is used yet (shm checks no keys;
-// tcp;ofi_rxm runs RMA in software at the target anyway).
+// sends; on providers whose NIC checks keys and that have RMA and 64-bit
+// atomics (efa, verbs;ofi_rxm, cxi) gets, puts and atomics are one-sided
+// (fi_read, fi_write, fi_fetch_atomic, fi_compare_atomic), as on UCX over
+// RDMA. shm checks no keys and tcp;ofi_rxm runs RMA in software at the
+// target: messages there.
 struct OfiOptions {
   // The provider, as fi_info names it: "tcp;ofi_rxm", "shm", "efa",
   // "verbs;ofi_rxm", "cxi", ...
@@ -267,6 +270,12 @@ struct OfiOptions {
   // the provider's choice. There is no listener: address() carries a random
   // admission token that every request must present.
   std::string listen_ip;
+  // "auto": one-sided where the provider checks keys (above); "off":
+  // messages only; "unchecked": one-sided on any provider with RMA and
+  // atomics, keys checked or not (tests and benchmarks of the one-sided
+  // path on shm and tcp;ofi_rxm only: on shm any peer reads any memory).
+  // $TIERMEM_OFI_ONE_SIDED overrides it.
+  std::string one_sided = "auto";
 };
 
 // Whether `address` is a libfabric transport's address, and its provider.

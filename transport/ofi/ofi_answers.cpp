@@ -16,11 +16,8 @@ namespace tiermem::ofi_detail {
 using transport_detail::run_request;
 using transport_detail::TargetAnswer;
 
-namespace {
-
-// What libfabric reports when the peer is gone or cannot be reached (as
-// opposed to an operation it refused). tcp;ofi_rxm reports a killed peer's
-// operations in flight as FI_ECANCELED with the socket's errno.
+// tcp;ofi_rxm reports a killed peer's operations in flight as FI_ECANCELED
+// with the socket's errno.
 bool peer_failed(int error, int prov_errno) {
   switch (error) {
     case FI_EIO:
@@ -39,8 +36,6 @@ bool peer_failed(int error, int prov_errno) {
       return false;
   }
 }
-
-}  // namespace
 
 bool OfiTransport::progress_once() {
   fi_cq_tagged_entry entries[16];
@@ -109,6 +104,9 @@ void OfiTransport::complete(OfiContext* ctx, size_t length, int error, int prov_
       }
       return;
     }
+    case ContextKind::rma:
+      complete_rma(ctx, error, prov_errno, why);
+      return;
     case ContextKind::answer_send: {
       std::lock_guard lock(m_lock);
       m_sendings.erase(static_cast<Sending*>(ctx->owner));  // a dead asker only fails the send

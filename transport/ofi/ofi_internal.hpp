@@ -30,6 +30,8 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
 #include <atomic>
@@ -89,10 +91,20 @@ constexpr size_t k_name_max = 256;  // an endpoint's name (fi_getname), in a hel
 
 Status ofi_error(const std::string& what, int rc);
 
+// Whether a completion error says the peer is gone or unreachable (as
+// opposed to an operation it refused).
+bool peer_failed(int error, int prov_errno);
+
+// OfiOptions::one_sided, validated ("auto", "off", "unchecked").
+std::string one_sided_mode(const OfiOptions& options);
+// Whether the provider's hardware checks the keys of one-sided operations
+// (efa, verbs, cxi), which tiermem requires of a one-sided path.
+bool checks_keys(const std::string& provider);
+
 // The first member of everything whose address goes to libfabric as an
 // operation's context: the completion finds its owner by it.
 enum class ContextKind : uint8_t {
-  request_buffer, landing, answer_send, ping, message_send, message_payload, message_answer
+  request_buffer, landing, answer_send, ping, rma, message_send, message_payload, message_answer
 };
 struct OfiContext {
   fi_context2 fi{};
@@ -128,26 +140,58 @@ class OfiRemoteKey final : public RemoteKey {
   OfiRemoteKey(std::shared_ptr<Endpoint> ep, uint64_t token) : m_ep(std::move(ep)), m_token(token) {}
   std::shared_ptr<Endpoint> m_ep;
   uint64_t m_token;
+  // One-sided (ofi_one_sided.cpp): the provider's key, and what is taken
+  // off an address for a provider that addresses regions by offset.
+  bool m_one_sided = false;
+  uint64_t m_key = 0;
+  uint64_t m_offset_base = 0;
 };
 
-// A packed key: version, flags (bit 0: one-sided, not offered yet), then the
-// region's token. Both ends run the same code: host order.
+// A packed key: version, flags, the region's token (the message path), and
+// the provider's key of its registration (one-sided; 0 without). Both ends
+// run the same code: host order.
 struct PackedKey {
+  static constexpr uint8_t k_one_sided = 1;  // flags: registered with the provider
   uint8_t version = 1;
   uint8_t flags = 0;
   uint8_t reserved[6] = {};
   uint64_t token = 0;
+  uint64_t key = 0;
 };
-static_assert(sizeof(PackedKey) == 16);
+static_assert(sizeof(PackedKey) == 24);
+
+// A one-sided operation in flight: a read, a write or an atomic, with its
+// own staging (the provider never touches the caller's memory: a read is
+// copied out by the waiting thread, a write was copied in).
+struct OfiRma {
+  OfiContext ctx{{}, ContextKind::rma, this};
+  OfiEndpoint* ep = nullptr;
+  Waiter* waiter = nullptr;
+  StagingBuffer staging;
+  void* dst = nullptr;         // a read's destination
+  uint64_t* result = nullptr;  // an atomic's old value
+  uint64_t operand = 0;
+  uint64_t compare = 0;
+  uint64_t fetched = 0;
+  std::chrono::steady_clock::time_point sent_at = std::chrono::steady_clock::now();
+  bool reaped = false;  // the waiting thread's: copied out
+  // Shared with the completion under OfiTransport::m_lock:
+  bool done = false;
+  bool abandoned = false;
+  Status status;
+};
 
 class OfiRegion final : public RegisteredRegion {
  public:
   OfiRegion(std::string key, uint64_t base, uint64_t length, sequence::RegionTable& table, MemoryKind kind,
-            uint64_t token)
-      : m_key(std::move(key)), m_base(base), m_length(length), m_table(table) {
+            uint64_t token, fid_mr* mr)
+      : m_key(std::move(key)), m_base(base), m_length(length), m_table(table), m_mr(mr) {
     m_table.add(base, length, kind, token);
   }
-  ~OfiRegion() override { m_table.remove(m_base); }
+  ~OfiRegion() override {
+    m_table.remove(m_base);
+    if (m_mr != nullptr) fi_close(&m_mr->fid);
+  }
   const std::string& packed_key() const override { return m_key; }
   uint64_t base() const override { return m_base; }
   uint64_t length() const override { return m_length; }
@@ -157,6 +201,7 @@ class OfiRegion final : public RegisteredRegion {
   uint64_t m_base;
   uint64_t m_length;
   sequence::RegionTable& m_table;
+  fid_mr* m_mr;  // one-sided registration, or null
 };
 
 // One request in flight and its answer. Owned by its batch (or, abandoned,
@@ -193,7 +238,7 @@ struct OfiMessage {
 class OfiBatch final : public TransportBatch {
  public:
   size_t pending() const override {
-    size_t n = 0;
+    size_t n = m_rma.size() - m_rma_done;
     for (size_t i = 0; i < m_messages.size(); ++i) {
       if (!m_is_done[i]) n += std::max<size_t>(1, m_messages[i]->ops.size());
     }
@@ -204,7 +249,11 @@ class OfiBatch final : public TransportBatch {
   std::unordered_map<OfiEndpoint*, OfiMessage*> m_open;
   size_t m_done = 0;
   bool m_retry_soon = false;
+  std::vector<std::unique_ptr<OfiRma>> m_rma;  // one-sided operations, in issue order
+  size_t m_rma_done = 0;                       // the first this many are completed
   void clear() {
+    m_rma.clear();
+    m_rma_done = 0;
     m_messages.clear();
     m_is_done.clear();
     m_open.clear();
@@ -259,7 +308,7 @@ class OfiTransport final : public Transport {
   Result<std::shared_ptr<Endpoint>> connect(std::string_view address) override;
   Result<std::shared_ptr<RemoteKey>> unpack(const std::shared_ptr<Endpoint>& endpoint, std::string_view packed,
                                             uint64_t base) override;
-  bool one_sided(const RemoteKey&) const override { return false; }
+  bool one_sided(const RemoteKey& key) const override { return static_cast<const OfiRemoteKey&>(key).m_one_sided; }
   std::unique_ptr<TransportBatch> batch() override { return std::make_unique<OfiBatch>(); }
 
   Status get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
@@ -275,8 +324,7 @@ class OfiTransport final : public Transport {
   Status barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stopped) override;
   Status reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) override;
   void send(TransportBatch& batch) override { send_open(static_cast<OfiBatch&>(batch)); }
-  // Messages run in order at their target: nothing to order here.
-  Status fence(TransportBatch&, std::chrono::milliseconds) override { return Status(); }
+  Status fence(TransportBatch& batch, std::chrono::milliseconds timeout) override;
   Status wait(TransportBatch& batch, std::chrono::milliseconds timeout) override;
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return progress_once(); }
@@ -294,6 +342,7 @@ class OfiTransport final : public Transport {
   void report_failure(OfiEndpoint& ep, const std::string& why);
   const std::string& domain_name() const { return m_domain_name; }
   const std::string& provider() const { return m_provider; }
+  const std::string& one_sided_why() const { return m_one_sided_why; }
 
  private:
   // --- ofi_transport.cpp
@@ -320,6 +369,20 @@ class OfiTransport final : public Transport {
   Status check_waiting(OfiBatch& b);
   std::string unfinished(OfiBatch& b);
   void abandon(OfiBatch& b);
+
+  // --- ofi_one_sided.cpp
+  // Whether this transport's keys are one-sided, and why (not).
+  void choose_one_sided(const OfiOptions& options, bool rma_caps);
+  Result<fid_mr*> register_one_sided(void* base, size_t length, uint64_t* key);
+  Status rma_get(OfiBatch& b, OfiEndpoint& ep, void* dst, size_t length, uint64_t remote_addr, OfiRemoteKey& key);
+  Status rma_put(OfiBatch& b, OfiEndpoint& ep, const void* src, size_t length, uint64_t remote_addr,
+                 OfiRemoteKey& key);
+  Status rma_atomic(OfiBatch& b, OfiEndpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
+                    uint64_t remote_addr, OfiRemoteKey& key, uint64_t* result);
+  // Completes the batch's finished one-sided operations (in order); true
+  // while some are left.
+  bool reap_rma(OfiBatch& b, Status& result);
+  void complete_rma(OfiContext* ctx, int error, int prov_errno, const std::string& why);
 
   // --- ofi_answers.cpp: completions, the target side, progress
  public:
@@ -360,6 +423,14 @@ class OfiTransport final : public Transport {
   fid_ep* m_ep = nullptr;
   int m_cq_fd = -1;  // the completion queue's wait fd (tcp); -1: the provider has none (shm, efa, cxi)
   bool m_directed = false;  // FI_DIRECTED_RECV: receives name their sender
+  // One-sided keys (ofi_one_sided.cpp): whether, why, and how the provider
+  // addresses and keys regions.
+  bool m_one_sided = false;
+  std::string m_one_sided_why;
+  bool m_virt_addr = false;
+  bool m_prov_key = false;
+  bool m_mr_endpoint = false;
+  std::atomic<uint64_t> m_next_key{1};
   std::string m_name;       // fi_getname
   uint64_t m_admission = 0;
   uint64_t m_origin = 0;
@@ -371,6 +442,7 @@ class OfiTransport final : public Transport {
   // abandoned messages, payloads landing, answers being sent.
   std::mutex m_lock;
   std::unordered_map<OfiMessage*, std::unique_ptr<OfiMessage>> m_quarantine;
+  std::unordered_map<OfiRma*, std::unique_ptr<OfiRma>> m_rma_quarantine;
   std::unordered_map<Landing*, std::unique_ptr<Landing>> m_landings;
   std::unordered_map<Sending*, std::unique_ptr<Sending>> m_sendings;
   std::unordered_map<Ping*, std::unique_ptr<Ping>> m_pings;

@@ -25,20 +25,27 @@ Status not_on_messages(const char* what) {
 Status OfiTransport::get(TransportBatch& batch, Endpoint& ep, void* dst, size_t length, uint64_t remote_addr,
                          RemoteKey& key) {
   auto& k = static_cast<OfiRemoteKey&>(key);
-  return add_op(batch, static_cast<OfiEndpoint&>(ep), make_op(OpKind::get, remote_addr, length, k.m_token), nullptr,
-                dst, nullptr);
+  auto& e = static_cast<OfiEndpoint&>(ep);
+  if (k.m_one_sided) return rma_get(static_cast<OfiBatch&>(batch), e, dst, length, remote_addr, k);
+  return add_op(batch, e, make_op(OpKind::get, remote_addr, length, k.m_token), nullptr, dst, nullptr);
 }
 
 Status OfiTransport::put(TransportBatch& batch, Endpoint& ep, const void* src, size_t length, uint64_t remote_addr,
                          RemoteKey& key) {
   auto& k = static_cast<OfiRemoteKey&>(key);
-  return add_op(batch, static_cast<OfiEndpoint&>(ep), make_op(OpKind::put, remote_addr, length, k.m_token), src,
-                nullptr, nullptr);
+  auto& e = static_cast<OfiEndpoint&>(ep);
+  if (k.m_one_sided) return rma_put(static_cast<OfiBatch&>(batch), e, src, length, remote_addr, k);
+  return add_op(batch, e, make_op(OpKind::put, remote_addr, length, k.m_token), src, nullptr, nullptr);
 }
 
 Status OfiTransport::atomic(TransportBatch& batch, Endpoint& ep, AtomicOp op, uint64_t operand, uint64_t compare,
                             uint64_t remote_addr, RemoteKey& key, uint64_t* result) {
-  Op m = make_op(OpKind::atomic, remote_addr, sizeof(uint64_t), static_cast<OfiRemoteKey&>(key).m_token);
+  auto& k = static_cast<OfiRemoteKey&>(key);
+  if (k.m_one_sided) {
+    return rma_atomic(static_cast<OfiBatch&>(batch), static_cast<OfiEndpoint&>(ep), op, operand, compare, remote_addr,
+                      k, result);
+  }
+  Op m = make_op(OpKind::atomic, remote_addr, sizeof(uint64_t), k.m_token);
   m.atomic_op = static_cast<uint8_t>(op);
   m.operand = operand;
   m.compare = compare;
@@ -277,7 +284,7 @@ Status OfiTransport::drive(OfiBatch& b, std::chrono::milliseconds timeout, Statu
   bool slept = false;
   auto last_news = start;
   for (;;) {
-    const bool left = reap(b, *error);
+    const bool left = reap(b, *error) | reap_rma(b, *error);
     const auto now = clock::now();
     if (!left) {
       m_spin.record(now - start, std::min<clock::duration>(poll_for, now - start), slept);
@@ -315,7 +322,7 @@ bool OfiTransport::sleep(OfiBatch& b, Waiter& waiter, std::chrono::steady_clock:
   // until the fabric (the CQ's fd) or another thread that ran our
   // completion (the waiter's fd) wakes us.
   waiter.sleeping.store(true, std::memory_order_seq_cst);
-  if (!reap(b, *error)) {
+  if (!(reap(b, *error) | reap_rma(b, *error))) {
     waiter.sleeping.store(false, std::memory_order_relaxed);
     return false;
   }
@@ -422,6 +429,9 @@ Status OfiTransport::check_waiting(OfiBatch& b) {
   for (size_t i = 0; i < b.m_messages.size(); ++i) {
     if (!b.m_is_done[i]) eps.insert(b.m_messages[i]->ep);
   }
+  for (const auto& r : b.m_rma) {
+    if (!r->reaped) eps.insert(r->ep);
+  }
   for (OfiEndpoint* ep : eps) {
     if (Status s = m_wait_check(*ep); !s.ok()) {
       ep->m_failed.store(true, std::memory_order_release);
@@ -433,16 +443,21 @@ Status OfiTransport::check_waiting(OfiBatch& b) {
 
 void OfiTransport::check_peers(OfiBatch& b) {
   const auto now = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < b.m_messages.size(); ++i) {
-    const OfiMessage& m = *b.m_messages[i];
-    OfiEndpoint* ep = m.ep;
-    if (b.m_is_done[i] || !m.sent || ep->failed()) continue;
+  auto check = [&](OfiEndpoint* ep, std::chrono::steady_clock::time_point sent_at) {
+    if (ep->failed()) return;
     if (ep->m_pidfd >= 0) {
       pollfd p{ep->m_pidfd, POLLIN, 0};
       if (::poll(&p, 1, 0) > 0) report_failure(*ep, "the peer process exited (shm reports no error for it)");
-    } else if (now - m.sent_at > k_ping_after) {
+    } else if (now - sent_at > k_ping_after) {
       ping(*ep);
     }
+  };
+  for (size_t i = 0; i < b.m_messages.size(); ++i) {
+    const OfiMessage& m = *b.m_messages[i];
+    if (!b.m_is_done[i] && m.sent) check(m.ep, m.sent_at);
+  }
+  for (const auto& r : b.m_rma) {
+    if (!r->reaped) check(r->ep, r->sent_at);
   }
 }
 
@@ -490,7 +505,8 @@ std::string OfiTransport::unfinished(OfiBatch& b) {
     if (m.outstanding > (m.answer_posted ? 1 : 0)) ++sending;
     else ++unanswered;
   }
-  return std::to_string(sending) + " request(s) being sent, " + std::to_string(unanswered) + " unanswered";
+  return std::to_string(b.m_rma.size() - b.m_rma_done) + " one-sided, " + std::to_string(sending) +
+         " request(s) being sent, " + std::to_string(unanswered) + " unanswered";
 }
 
 void OfiTransport::abandon(OfiBatch& b) {
@@ -512,10 +528,19 @@ void OfiTransport::abandon(OfiBatch& b) {
     m.ep = nullptr;  // may be gone before the completions come
     m_quarantine.emplace(&m, std::move(b.m_messages[i]));
   }
+  for (auto& r : b.m_rma) {
+    if (r->done || r->reaped) continue;
+    r->ep->m_failed.store(true, std::memory_order_release);
+    r->abandoned = true;
+    r->ep = nullptr;
+    m_rma_quarantine.emplace(r.get(), std::move(r));
+  }
   b.m_open.clear();
   b.m_messages.clear();
   b.m_is_done.clear();
   b.m_done = 0;
+  b.m_rma.clear();
+  b.m_rma_done = 0;
 }
 
 }  // namespace tiermem::ofi_detail

@@ -75,9 +75,10 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
   // messages, one endpoint shared by threads. No RMA or atomics: operations
   // travel as our messages (ofi_internal.hpp). Contexts start with a
   // fi_context2, so providers that ask for FI_CONTEXT(2) get it.
-  auto query = [&](bool directed, const char* node, fi_info** out) {
+  auto query = [&](bool rma, bool directed, const char* node, fi_info** out) {
     fi_info* hints = fi_allocinfo();
-    hints->caps = FI_MSG | FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0);
+    hints->caps = FI_MSG | FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0) |
+                  (rma ? FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->ep_attr->type = FI_EP_RDM;
     hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -88,14 +89,24 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
     fi_freeinfo(hints);
     return rc;
   };
+  // RMA and atomics are asked for only where they would be used
+  // (choose_one_sided): on tcp;ofi_rxm asking for atomics costs ordering.
+  const std::string mode = one_sided_mode(options);
+  const bool want_rma = mode == "unchecked" || (mode == "auto" && checks_keys(options.provider));
   // The listen IP picks the interface (tcp: FI_SOURCE with 127.0.0.1 is
   // the lo domain); providers that do not address by IP (shm, efa, cxi)
   // find nothing for it and are asked again without.
   const char* node = options.listen_ip.empty() ? nullptr : options.listen_ip.c_str();
   int rc = -FI_ENODATA;
+  bool rma_caps = false;
   for (const char* n : {node, static_cast<const char*>(nullptr)}) {
-    for (bool directed : {true, false}) {
-      rc = query(directed, n, &m_info);
+    for (bool rma : {true, false}) {
+      if (rma && !want_rma) continue;
+      for (bool directed : {true, false}) {
+        rc = query(rma, directed, n, &m_info);
+        if (rc == 0) break;
+      }
+      rma_caps = rma;
       if (rc == 0) break;
     }
     if (rc == 0 || node == nullptr) break;
@@ -145,12 +156,17 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
   size_t length = sizeof name;
   if (int r = fi_getname(&m_ep->fid, name, &length); r != 0) return ofi_error("fi_getname", r);
   m_name.assign(name, length);
+  choose_one_sided(options, rma_caps);
   return Status();
 }
 
 Status OfiTransport::init(const OfiOptions& options) {
   if (options.provider.empty()) {
     return Status(ErrorCode::invalid_argument, "the libfabric fabric needs a provider (tcp;ofi_rxm, shm, efa, ...)");
+  }
+  if (one_sided_mode(options).empty()) {
+    return Status(ErrorCode::invalid_argument, "one_sided '" + options.one_sided +
+                                                   "': auto, off or unchecked (tests and benchmarks only)");
   }
   m_provider = options.provider;
   if (Status s = open_fabric(options); !s.ok()) return s;
@@ -199,10 +215,17 @@ Result<std::unique_ptr<RegisteredRegion>> OfiTransport::register_region(void* ba
   // not_host by the check, as over UCX's TCP).
   PackedKey key;
   key.token = m_next_token.fetch_add(0x9e3779b97f4a7c15ull) | 1;
+  fid_mr* mr = nullptr;
+  if (m_one_sided && kind == MemoryKind::host) {
+    auto r = register_one_sided(base, length, &key.key);
+    if (!r.ok()) return r.status();
+    mr = *r;
+    key.flags |= PackedKey::k_one_sided;
+  }
   std::string packed(reinterpret_cast<const char*>(&key), sizeof key);
   const auto b = reinterpret_cast<uint64_t>(base);
   return std::unique_ptr<RegisteredRegion>(
-      std::make_unique<OfiRegion>(std::move(packed), b, length, m_regions, kind, key.token));
+      std::make_unique<OfiRegion>(std::move(packed), b, length, m_regions, kind, key.token, mr));
 }
 
 Result<std::shared_ptr<Endpoint>> OfiTransport::connect(std::string_view address) {
@@ -250,7 +273,7 @@ Status OfiTransport::hello(OfiEndpoint& ep) {
 }
 
 Result<std::shared_ptr<RemoteKey>> OfiTransport::unpack(const std::shared_ptr<Endpoint>& endpoint,
-                                                        std::string_view packed, uint64_t) {
+                                                        std::string_view packed, uint64_t base) {
   PackedKey key;
   if (packed.size() != sizeof key) {
     return Status(ErrorCode::invalid_argument, "not a libfabric transport's key (" + std::to_string(packed.size()) +
@@ -261,7 +284,13 @@ Result<std::shared_ptr<RemoteKey>> OfiTransport::unpack(const std::shared_ptr<En
     return Status(ErrorCode::invalid_argument, "a libfabric key of version " + std::to_string(key.version) +
                                                    "; this build reads version 1");
   }
-  return std::shared_ptr<RemoteKey>(std::make_shared<OfiRemoteKey>(endpoint, key.token));
+  auto k = std::make_shared<OfiRemoteKey>(endpoint, key.token);
+  // One-sided when both ends are (the same provider and choice, in a
+  // cluster; a peer's region it could not register stays on messages).
+  k->m_one_sided = m_one_sided && (key.flags & PackedKey::k_one_sided) != 0;
+  k->m_key = key.key;
+  k->m_offset_base = m_virt_addr ? 0 : base;
+  return std::shared_ptr<RemoteKey>(std::move(k));
 }
 
 void OfiTransport::report_failure(OfiEndpoint& ep, const std::string& why) {
@@ -278,7 +307,7 @@ OfiEndpoint::~OfiEndpoint() {
 }
 
 std::string OfiEndpoint::transports() const {
-  return "ofi/" + m_owner.provider() + "/" + m_owner.domain_name() + " messages";
+  return "ofi/" + m_owner.provider() + "/" + m_owner.domain_name() + " " + m_owner.one_sided_why();
 }
 
 }  // namespace ofi_detail
@@ -286,6 +315,7 @@ std::string OfiEndpoint::transports() const {
 Result<std::unique_ptr<Transport>> make_ofi_transport(const OfiOptions& options) {
   auto t = std::make_unique<ofi_detail::OfiTransport>();
   OfiOptions o = options;
+  if (const char* e = std::getenv("TIERMEM_OFI_ONE_SIDED"); e != nullptr && *e != '\0') o.one_sided = e;
   if (const char* e = std::getenv("TIERMEM_SPIN_US"); e != nullptr && *e != '\0' && o.spin_us < 0) {
     o.spin_us = std::clamp(std::atoi(e), 0, 10000);
   }
