@@ -63,8 +63,12 @@ OfiOptions options_of(const std::string& param, bool progress_thread) {
   if (!wire::send_frame(sock, msg).ok()) ::_exit(4);
   std::string bye;
   (void)wire::recv_frame(sock, 1 << 20, &bye, nullptr);  // until the parent closes
-  // Report the final value of word 1 (atomics target) back through the exit code.
-  ::_exit(static_cast<int>(words[1] & 0x7f));
+  // Report the final value of word 1 (atomics target) back through the exit
+  // code, having closed the transport (shm removes its queue then).
+  const int code = static_cast<int>(words[1] & 0x7f);
+  region->reset();
+  t->reset();
+  ::_exit(code);
 }
 
 class OfiTransportTest : public ::testing::TestWithParam<std::string> {
@@ -108,6 +112,7 @@ class OfiTransportTest : public ::testing::TestWithParam<std::string> {
     if (m_child > 0) {
       ::kill(m_child, SIGKILL);
       ::waitpid(m_child, nullptr, 0);
+      m_killed = m_child;
     }
     // shm keeps an endpoint's queue in /dev/shm/<pid>:...; a killed target
     // could not remove its own.
