@@ -8,7 +8,13 @@
 # between rounds (max / min), then the goals of issue 29, met or missed.
 # Over shared memory it also prints ucx_perftest's figures as the ceiling.
 # With UCX_TLS=rc (InfiniBand) the same figures print; the anchor stays TCP.
+# ofi-tcp and ofi-shm run the daemons' data plane over libfabric instead
+# ([transport] fabric = "libfabric", provider "tcp;ofi_rxm" or "shm") and
+# set it against bench/ofi_raw_bench, bare fi_read/fi_write on the same
+# provider in the same rounds: ofi_<p>_<op>_bw_<size>_vs_raw_ratio is
+# tiermem's median over raw's, for the sizes both hold.
 # Usage: bench/remote.sh BUILD_DIR [--rounds N] [TLS...]   (default: tcp)
+#   TLS: a UCX_TLS value (tcp, sm, rc, ...), ofi-tcp or ofi-shm
 set -euo pipefail
 build=${1:?usage: bench/remote.sh BUILD_DIR [--rounds N] [TLS...]}
 shift
@@ -42,39 +48,67 @@ perftest() {
 
 for tls in "${tls_list[@]}"; do
   out=$(mktemp)
-  echo "# === UCX_TLS=$tls: $rounds round(s) idle and with $cores busy loop(s), alternating"
+  raw=$(mktemp)
+  # label: the prefix of every figure; provider: libfabric's, or none for UCX.
+  case $tls in
+    ofi-tcp) label=ofi_tcp provider="tcp;ofi_rxm" ;;
+    ofi-shm) label=ofi_shm provider=shm ;;
+    *) label=$tls provider= ;;
+  esac
+  if [ -n "$provider" ]; then
+    # remote_bench keeps TIERMEM_MAP_SAME_HOST=0 for every fabric, as for tcp and sm.
+    args=(--fabric libfabric --provider "$provider")
+    echo "# === libfabric provider $provider: $rounds round(s) idle and with $cores busy loop(s), alternating; raw fi_read/fi_write idle"
+  else
+    args=("$tls")
+    echo "# === UCX_TLS=$tls: $rounds round(s) idle and with $cores busy loop(s), alternating"
+  fi
   for ((r = 1; r <= rounds; r++)); do
     echo "# round $r/$rounds" >&2
-    "$build/bench/remote_bench" "$tls" | grep -v '^#' >> "$out" || echo "# remote_bench $tls failed" >&2
-    "$build/bench/remote_bench" "$tls" --busy "$cores" | grep -v '^#' >> "$out" ||
+    "$build/bench/remote_bench" "${args[@]}" | grep -v '^#' >> "$out" || echo "# remote_bench $tls failed" >&2
+    "$build/bench/remote_bench" "${args[@]}" --busy "$cores" | grep -v '^#' >> "$out" ||
       echo "# remote_bench $tls --busy failed" >&2
+    if [ -n "$provider" ]; then
+      if [ -x "$build/bench/ofi_raw_bench" ]; then
+        "$build/bench/ofi_raw_bench" --provider "$provider" | grep -v '^#' >> "$raw" ||
+          echo "# ofi_raw_bench $provider failed" >&2
+      else
+        echo "# $build/bench/ofi_raw_bench is not built (libfabric not found): no raw figures" >&2
+      fi
+    fi
   done
-  python3 - "$out" "$tls" "$rounds" <<'EOF'
-import statistics, sys
-path, tls, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
-values, units, order = {}, {}, []
-for line in open(path):
-    parts = line.split()
-    if len(parts) < 2:
-        continue
-    name, value, unit = parts[0], parts[1], (parts[2] if len(parts) > 2 else "")
-    try:
-        v = float(value)
-    except ValueError:
-        continue
-    if name not in order:
-        order.append(name)
-    values.setdefault(name, []).append(v)
-    units[name] = unit
-med = {}
-for name in order:
-    vs = values[name]
-    m = statistics.median(vs)
-    med[name] = m
-    unit = (" " + units[name]) if units[name] else ""
-    print(f"{tls}_{name} {m:.4g}{unit}")
-    if len(vs) > 1 and min(vs) > 0 and not name.endswith("_ratio"):
-        print(f"{tls}_{name}_spread_ratio {max(vs) / min(vs):.2f}")
+  python3 - "$out" "$label" "$rounds" "$raw" <<'EOF'
+import re, statistics, sys
+path, tls, rounds, raw_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def read(path):
+    values, units, order = {}, {}, []
+    for line in open(path):
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, value, unit = parts[0], parts[1], (parts[2] if len(parts) > 2 else "")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if name not in order:
+            order.append(name)
+        values.setdefault(name, []).append(v)
+        units[name] = unit
+    return values, units, order
+def medians(values, units, order, prefix):
+    med = {}
+    for name in order:
+        vs = values[name]
+        m = statistics.median(vs)
+        med[name] = m
+        unit = (" " + units[name]) if units[name] else ""
+        print(f"{prefix}{name} {m:.4g}{unit}")
+        if len(vs) > 1 and min(vs) > 0 and not name.endswith("_ratio"):
+            print(f"{prefix}{name}_spread_ratio {max(vs) / min(vs):.2f}")
+    return med
+values, units, order = read(path)
+med = medians(values, units, order, f"{tls}_")
 # The goals of issue 29 (TCP path), on the medians.
 goals = [
     ("client_get_8B_latency_vs_loopback_ratio", "<=", 1.5),
@@ -104,8 +138,32 @@ worst = max(spreads, key=lambda x: x[1]) if spreads else None
 if worst:
     verdict = "met" if worst[1] <= 2 else "MISSED"
     print(f"# goal {tls} spread between runs of our figures <= 2x: {verdict} (widest: {worst[0]} {worst[1]:.2f}x)")
+if not tls.startswith("ofi_"):
+    sys.exit(0)
+# libfabric: tiermem (one call at a time) over raw fi_read/fi_write (16 in
+# flight), by name: client_<op>_bw_<size> over ofi_raw_<p>_<op>_bw_<size>.
+p = tls[len("ofi_"):]
+raw = medians(*read(raw_path), "")
+def kib(size):
+    return int(size[:-3]) if size.endswith("KiB") else int(size[:-1]) / 1024
+held = []
+for name in raw:
+    m = re.fullmatch(rf"ofi_raw_{p}_(get|put)_bw_(\d+(?:B|KiB))", name)
+    if m and f"client_{m[1]}_bw_{m[2]}" in med and raw[name] > 0:
+        held.append((m[1], m[2]))
+        print(f"{tls}_{m[1]}_bw_{m[2]}_vs_raw_ratio {med[f'client_{m[1]}_bw_{m[2]}'] / raw[name]:.3f}")
+lat, raw_lat = "client_get_8B_latency_p50", f"ofi_raw_{p}_get_8B_latency_p50"
+if lat in med and raw.get(raw_lat, 0) > 0:
+    print(f"{tls}_get_8B_latency_vs_raw_ratio {med[lat] / raw[raw_lat]:.3f}")
+# The goal of issue 24: >= 0.8 of raw at 64 KiB and above.
+goal_sizes = [(op, s) for op, s in held if kib(s) >= 64]
+for op, s in sorted(goal_sizes, key=lambda x: (x[0], kib(x[1]))):
+    v = med[f"client_{op}_bw_{s}"] / raw[f"ofi_raw_{p}_{op}_bw_{s}"]
+    print(f"# goal {tls}_{op}_bw_{s}_vs_raw_ratio >= 0.8: {'met' if v >= 0.8 else 'MISSED'} ({v:.3f})")
+if not goal_sizes:
+    print(f"# goal {tls} get and put >= 0.8 of raw fi_read/fi_write at >= 64 KiB: not measured")
 EOF
-  rm -f "$out"
+  rm -f "$out" "$raw"
   if [ "$tls" = sm ] && command -v ucx_perftest >/dev/null; then
     # The ceiling of shared memory: UCX's own one-sided operations.
     for size in 4096 65536 1048576; do

@@ -9,8 +9,10 @@
 // gets against "8 out, size back", an 8-byte read's latency and a fetch-add's
 // rate against the 8-byte exchange.
 //
-// Usage: remote_bench [tls] [--busy N]
+// Usage: remote_bench [tls] [--busy N] [--fabric libfabric --provider P]
 //   tls: tcp, sm, rc, ... (UCX_TLS; starts its own two daemons)
+//   --fabric libfabric --provider P: the daemons' data plane over libfabric
+//   ([transport] fabric and provider; P: shm, "tcp;ofi_rxm", ...) instead of UCX
 //   --busy N: N processes spin beside the measurement (a trainer computing on
 //   every core; -1: one per core); every figure is then named busy_<name>.
 // bench/remote.sh runs it several times, idle and busy, and prints medians,
@@ -123,10 +125,15 @@ Result<std::unique_ptr<RemoteFrameData>> bare_transport(const std::string& socke
 int main(int argc, char** argv) {
   std::string tls;
   int busy = 0;
+  FabricChoice fabric;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--busy" && i + 1 < argc) {
       busy = std::atoi(argv[++i]);
+    } else if (a == "--fabric" && i + 1 < argc) {
+      fabric.fabric = argv[++i];
+    } else if (a == "--provider" && i + 1 < argc) {
+      fabric.provider = argv[++i];
     } else {
       tls = a;
     }
@@ -143,6 +150,9 @@ int main(int argc, char** argv) {
   o.pmem = "8MiB";
   o.max_frame = "64MiB";
   o.max_inline = "32MiB";
+  if (fabric.fabric != "ucx") {
+    o.extra_toml = "[transport]\nfabric = \"" + fabric.fabric + "\"\nprovider = \"" + fabric.provider + "\"\n";
+  }
   test::TestCluster cluster(2, o);
   if (!cluster.ready() || !cluster.wait_connected()) {
     std::fprintf(stderr, "cluster did not start:\n%s\n", cluster.logs().c_str());
@@ -164,9 +174,9 @@ int main(int argc, char** argv) {
   std::vector<char> buf(16 << 20, 'x');
   std::vector<char> wire(16 << 20, 'y');
   (void)client->write(region->gva, buf.data(), 4096);  // warm up: connect, translate
-  const std::string t = tls.empty() ? "default" : tls;
+  const std::string t = fabric.fabric != "ucx" ? fabric.name() : "UCX_TLS=" + (tls.empty() ? "default" : tls);
   bench::BusyLoad load(busy);
-  bench::note("client on node 1, memory on node 2, UCX_TLS=" + t + "; one call at a time; " +
+  bench::note("client on node 1, memory on node 2, " + t + "; one call at a time; " +
               (busy > 0 ? std::to_string(busy) + " busy loop(s) beside" : std::string("nothing beside")) +
               "; anchor: TCP loopback request/reply in this process");
   for (size_t size : k_sizes) {
@@ -211,7 +221,10 @@ int main(int argc, char** argv) {
   }
 
   // The bare transport: the same memory without the page-version protocol.
-  auto transport = make_ucx_transport({});
+  UcxOptions common;
+  // tcp;ofi_rxm picks its interface by source address: lo, where the daemons are.
+  if (fabric.fabric != "ucx" && fabric.provider.starts_with("tcp")) common.listen_ip = "127.0.0.1";
+  auto transport = make_transport(fabric, common);
   std::shared_ptr<RemoteNode> node;
   auto frames = transport.ok() ? bare_transport(cluster.node(1).socket(), **transport, &node)
                                : Result<std::unique_ptr<RemoteFrameData>>(transport.status());
