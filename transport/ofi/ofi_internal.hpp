@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "transport/answer_records.hpp"
+#include "transport/message_batch.hpp"
 #include "transport/message_sequence.hpp"
 #include "transport/message_target.hpp"
 #include "transport/message_wire.hpp"
@@ -235,30 +236,15 @@ struct OfiMessage {
   bool abandoned = false;
 };
 
-class OfiBatch final : public TransportBatch {
+class OfiBatch final : public transport_detail::MessageBatch<OfiMessage, OfiEndpoint> {
  public:
-  size_t pending() const override {
-    size_t n = m_rma.size() - m_rma_done;
-    for (size_t i = 0; i < m_messages.size(); ++i) {
-      if (!m_is_done[i]) n += std::max<size_t>(1, m_messages[i]->ops.size());
-    }
-    return n;
-  }
-  std::vector<std::unique_ptr<OfiMessage>> m_messages;
-  std::vector<bool> m_is_done;
-  std::unordered_map<OfiEndpoint*, OfiMessage*> m_open;
-  size_t m_done = 0;
-  bool m_retry_soon = false;
+  size_t pending() const override { return m_rma.size() - m_rma_done + pending_messages(); }
   std::vector<std::unique_ptr<OfiRma>> m_rma;  // one-sided operations, in issue order
-  size_t m_rma_done = 0;                       // the first this many are completed
+  size_t m_rma_done = 0;                       // how many are completed
   void clear() {
     m_rma.clear();
     m_rma_done = 0;
-    m_messages.clear();
-    m_is_done.clear();
-    m_open.clear();
-    m_done = 0;
-    m_retry_soon = false;
+    clear_messages();
   }
 };
 
@@ -351,7 +337,6 @@ class OfiTransport final : public Transport {
 
   // --- ofi_operations.cpp: the asking side
   Status add_op(TransportBatch& batch, OfiEndpoint& ep, const Op& op, const void* src, void* dst, uint64_t* result);
-  OfiMessage& open_message(OfiBatch& b, OfiEndpoint& ep, size_t put, size_t get);
   void send_open(OfiBatch& b);
   void send_message(OfiMessage& m);
   // Posts the answer's receive and the request (and its payload); failures

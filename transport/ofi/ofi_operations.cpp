@@ -80,22 +80,8 @@ Status OfiTransport::barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stop
 }
 
 Status OfiTransport::reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) {
-  if (ops > sequence::k_max_ops || put_bytes > sequence::k_max_bytes || get_bytes > sequence::k_max_bytes) {
-    return Status(ErrorCode::invalid_argument, std::to_string(ops) + " operations of " + std::to_string(put_bytes) +
-                                                   " + " + std::to_string(get_bytes) +
-                                                   " bytes do not fit in one message");
-  }
-  auto& b = static_cast<OfiBatch&>(batch);
-  auto it = b.m_open.find(&static_cast<OfiEndpoint&>(ep));
-  if (it == b.m_open.end()) return Status();
-  const OfiMessage& m = *it->second;
-  if (m.ops.size() + ops <= sequence::k_max_ops && m.put_bytes + put_bytes <= sequence::k_max_bytes &&
-      m.get_bytes + get_bytes <= sequence::k_max_bytes) {
-    return Status();
-  }
-  send_message(*it->second);
-  b.m_open.erase(it);
-  return Status();
+  return static_cast<OfiBatch&>(batch).reserve(static_cast<OfiEndpoint&>(ep), ops, put_bytes, get_bytes,
+                                               [this](OfiMessage& m) { send_message(m); });
 }
 
 Status OfiTransport::wait(TransportBatch& batch, std::chrono::milliseconds timeout) {
@@ -115,55 +101,16 @@ Status OfiTransport::flush(Endpoint& ep, std::chrono::milliseconds) {
 
 // --- collecting and sending ---------------------------------------------------------
 
-OfiMessage& OfiTransport::open_message(OfiBatch& b, OfiEndpoint& ep, size_t put, size_t get) {
-  auto it = b.m_open.find(&ep);
-  if (it != b.m_open.end()) {
-    OfiMessage& m = *it->second;
-    if (m.ops.size() < sequence::k_max_ops && m.put_bytes + put <= sequence::k_max_bytes &&
-        m.get_bytes + get <= sequence::k_max_bytes) {
-      return m;
-    }
-    send_message(m);  // full: it goes now, and a new one collects what follows
-    b.m_open.erase(it);
-  }
-  auto m = std::make_unique<OfiMessage>();
-  m->ep = &ep;
-  m->waiter = &Waiter::of_this_thread();
-  OfiMessage& ref = *m;
-  b.m_messages.push_back(std::move(m));
-  b.m_is_done.push_back(false);
-  b.m_open.emplace(&ep, &ref);
-  return ref;
-}
-
 Status OfiTransport::add_op(TransportBatch& batch, OfiEndpoint& ep, const Op& op, const void* src, void* dst,
                             uint64_t* result) {
-  if (op.length > sequence::k_max_bytes && (op.kind == OpKind::get || op.kind == OpKind::put)) {
-    return Status(ErrorCode::invalid_argument, "a get or put of " + std::to_string(op.length) +
-                                                   " bytes; one message carries at most " +
-                                                   std::to_string(sequence::k_max_bytes) + " (split it)");
-  }
-  const size_t put = op.kind == OpKind::put ? op.length : 0;
-  const size_t get = op.kind == OpKind::get ? op.length : 0;
-  OfiMessage& m = open_message(static_cast<OfiBatch&>(batch), ep, put, get);
-  m.ops.push_back(op);
-  m.src.push_back(src);
-  m.dst.push_back(dst);
-  m.result.push_back(result);
-  m.put_bytes += put;
-  m.get_bytes += get;
+  auto m = static_cast<OfiBatch&>(batch).add_op(ep, op, dst, result, [this](OfiMessage& full) { send_message(full); });
+  if (!m.ok()) return m.status();
+  (*m)->src.push_back(src);
   return Status();
 }
 
 void OfiTransport::send_open(OfiBatch& b) {
-  // In issue order, so the first message to one endpoint goes first.
-  for (size_t i = 0; i < b.m_messages.size() && !b.m_open.empty(); ++i) {
-    OfiMessage& m = *b.m_messages[i];
-    auto it = b.m_open.find(m.ep);
-    if (it == b.m_open.end() || it->second != &m) continue;
-    send_message(m);
-    b.m_open.erase(it);
-  }
+  b.send_open([this](OfiMessage& m) { send_message(m); });
 }
 
 void OfiTransport::send_message(OfiMessage& m) {

@@ -24,6 +24,7 @@
 #include <ucp/api/ucp.h>
 
 #include "transport/answer_records.hpp"
+#include "transport/message_batch.hpp"
 #include "transport/message_sequence.hpp"
 #include "transport/message_target.hpp"
 #include "transport/message_wire.hpp"
@@ -193,37 +194,20 @@ class UcxRegion final : public RegisteredRegion {
   sequence::RegionTable& m_table;
 };
 
-class UcxBatch final : public TransportBatch {
+class UcxBatch final : public transport_detail::MessageBatch<MessageOp, UcxEndpoint> {
  public:
   // Operations not completed yet.
-  size_t pending() const override {
-    size_t n = m_requests.size();
-    for (size_t i = 0; i < m_messages.size(); ++i) {
-      if (!m_is_done[i]) n += std::max<size_t>(1, m_messages[i]->ops.size());
-    }
-    return n;
-  }
+  size_t pending() const override { return m_requests.size() + pending_messages(); }
   struct Pending {
     void* request;
     UcxEndpoint* ep;
   };
   std::vector<Pending> m_requests;
   std::deque<uint64_t> m_operands;  // atomic operands live until completion
-  // Messages in issue order: sent ones, and per endpoint the one still open
-  // (collecting operations until wait()).
-  std::vector<std::unique_ptr<MessageOp>> m_messages;
-  std::vector<bool> m_is_done;
-  std::unordered_map<UcxEndpoint*, MessageOp*> m_open;
-  size_t m_done = 0;  // how many are done
-  bool m_retry_soon = false;  // a message refused `busy` waits to be sent again
   void clear() {
     m_requests.clear();
     m_operands.clear();
-    m_messages.clear();
-    m_is_done.clear();
-    m_open.clear();
-    m_done = 0;
-    m_retry_soon = false;
+    clear_messages();
   }
 };
 
@@ -328,9 +312,6 @@ class UcxTransport final : public Transport {
   // Collects the batch's answered messages (sending again those unanswered
   // for long); true while some are left.
   bool reap_messages(UcxBatch& b, Status& result);
-  // The open message of `ep` in `b` that still has room for an operation of
-  // `put`/`get` bytes (a new one when the open one is full).
-  MessageOp& open_message(UcxBatch& b, UcxEndpoint& ep, size_t put, size_t get);
   // Adds an operation to the open message of `ep`.
   Status add_op(TransportBatch& batch, UcxEndpoint& ep, const sequence::Op& op, const void* src, void* dst, uint64_t* result);
   // Sends every open message of the batch.

@@ -116,23 +116,8 @@ Status UcxTransport::barrier(TransportBatch& batch, Endpoint& ep, uint64_t* stop
 }
 
 Status UcxTransport::reserve(TransportBatch& batch, Endpoint& ep, size_t ops, size_t put_bytes, size_t get_bytes) {
-  if (ops > sequence::k_max_ops || put_bytes > sequence::k_max_bytes || get_bytes > sequence::k_max_bytes) {
-    return Status(ErrorCode::invalid_argument, std::to_string(ops) + " operations of " + std::to_string(put_bytes) +
-                                                   " + " + std::to_string(get_bytes) +
-                                                   " bytes do not fit in one message");
-  }
-  auto& b = static_cast<UcxBatch&>(batch);
-  auto& e = static_cast<UcxEndpoint&>(ep);
-  auto it = b.m_open.find(&e);
-  if (it == b.m_open.end()) return Status();
-  const MessageOp& m = *it->second;
-  if (m.ops.size() + ops <= sequence::k_max_ops && m.put_bytes + put_bytes <= sequence::k_max_bytes &&
-      m.get_bytes + get_bytes <= sequence::k_max_bytes) {
-    return Status();
-  }
-  send_message(*it->second);
-  b.m_open.erase(it);
-  return Status();
+  return static_cast<UcxBatch&>(batch).reserve(static_cast<UcxEndpoint&>(ep), ops, put_bytes, get_bytes,
+                                               [this](MessageOp& m) { send_message(m); });
 }
 
 void UcxTransport::send(TransportBatch& batch) { send_open(static_cast<UcxBatch&>(batch)); }
@@ -174,58 +159,16 @@ Status UcxTransport::track(TransportBatch& batch, UcxEndpoint& ep, ucs_status_pt
 
 // --- messages ----------------------------------------------------------------------
 
-MessageOp& UcxTransport::open_message(UcxBatch& b, UcxEndpoint& ep, size_t put, size_t get) {
-  auto it = b.m_open.find(&ep);
-  if (it != b.m_open.end()) {
-    MessageOp& m = *it->second;
-    if (m.ops.size() < sequence::k_max_ops && m.put_bytes + put <= sequence::k_max_bytes &&
-        m.get_bytes + get <= sequence::k_max_bytes) {
-      return m;
-    }
-    // Full: it goes now, and a new one collects what follows.
-    send_message(m);
-    b.m_open.erase(it);
-  }
-  auto op = std::make_unique<MessageOp>();
-  op->ep = &ep;
-  op->header.kind = MessageKind::sequence;
-  op->waiter = &Waiter::of_this_thread();
-  MessageOp& m = *op;
-  b.m_messages.push_back(std::move(op));
-  b.m_is_done.push_back(false);
-  b.m_open.emplace(&ep, &m);
-  return m;
-}
-
 Status UcxTransport::add_op(TransportBatch& batch, UcxEndpoint& ep, const Op& op, const void* src, void* dst,
                             uint64_t* result) {
-  if (op.length > sequence::k_max_bytes && (op.kind == OpKind::get || op.kind == OpKind::put)) {
-    return Status(ErrorCode::invalid_argument, "a get or put of " + std::to_string(op.length) +
-                                                   " bytes; one message carries at most " +
-                                                   std::to_string(sequence::k_max_bytes) + " (split it)");
-  }
-  auto& b = static_cast<UcxBatch&>(batch);
-  const size_t put = op.kind == OpKind::put ? op.length : 0;
-  const size_t get = op.kind == OpKind::get ? op.length : 0;
-  MessageOp& m = open_message(b, ep, put, get);
-  m.ops.push_back(op);
-  m.dst.push_back(dst);
-  m.result.push_back(result);
-  m.put_bytes += put;
-  m.get_bytes += get;
-  if (put > 0) m.payload.push_back({const_cast<void*>(src), put});
+  auto m = static_cast<UcxBatch&>(batch).add_op(ep, op, dst, result, [this](MessageOp& full) { send_message(full); });
+  if (!m.ok()) return m.status();
+  if (op.kind == OpKind::put && op.length > 0) (*m)->payload.push_back({const_cast<void*>(src), op.length});
   return Status();
 }
 
 void UcxTransport::send_open(UcxBatch& b) {
-  // In issue order of the messages, so the first to one endpoint goes first.
-  for (size_t i = 0; i < b.m_messages.size() && !b.m_open.empty(); ++i) {
-    MessageOp& m = *b.m_messages[i];
-    auto it = b.m_open.find(m.ep);
-    if (it == b.m_open.end() || it->second != &m) continue;
-    send_message(m);
-    b.m_open.erase(it);
-  }
+  b.send_open([this](MessageOp& m) { send_message(m); });
 }
 
 Status UcxTransport::issue(UcxBatch& b, UcxEndpoint& ep, std::unique_ptr<MessageOp> op) {
