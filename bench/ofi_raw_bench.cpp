@@ -1,6 +1,6 @@
 // The ceiling the libfabric transport is measured against (docs/design/
 // libfabric.md §6): bare fi_read and fi_write between two processes of this
-// host, 16 in flight, no protocol above them. A forked child is the target:
+// host, one in flight and 16, no protocol above them. A forked child is the target:
 // it registers 64 MiB and drives progress until the parent closes their
 // socket (shm and tcp;ofi_rxm carry out RMA in software inside the target's
 // fi_cq_read, so a target that does not poll serves nothing).
@@ -8,7 +8,9 @@
 // Prints in the convention of bench/remote_bench.cpp, so that bench/remote.sh
 // can divide tiermem's figures by these by name:
 //   ofi_raw_<p>_put_bw_<size> MB/s, ofi_raw_<p>_get_bw_<size> MB/s
-//     (<size>: 8B, 4KiB, 64KiB, 1024KiB, 4096KiB; MB = 10^6 bytes)
+//     (<size>: 8B, 4KiB, 64KiB, 1024KiB, 4096KiB; MB = 10^6 bytes), one in
+//     flight (a client's call waits for its answer: the anchor), and the
+//     same with _16deep, 16 in flight (the fabric's ceiling)
 //   ofi_raw_<p>_get_8B_latency_p50 us  (one read at a time)
 // where <p> is the provider up to its first ';' ("tcp" for tcp;ofi_rxm).
 //
@@ -259,11 +261,11 @@ struct Initiator {
                          : fi_write(e.ep(), local.data + at, size, desc, peer, base + at, key, c);
   }
 
-  // Bytes per second of `op` at `size` with k_depth in flight: posts for
+  // Bytes per second of `op` at `size` with `depth` in flight: posts for
   // `seconds`, then counts until the last operation is back.
-  Result<double> stream(Op op, size_t size, double seconds) {
+  Result<double> stream(Op op, size_t size, double seconds, int depth) {
     std::vector<int> free_slots;
-    for (int i = k_depth - 1; i >= 0; --i) free_slots.push_back(i);
+    for (int i = depth - 1; i >= 0; --i) free_slots.push_back(i);
     uint64_t bytes = 0;
     const double start = bench::now_seconds();
     while (true) {
@@ -274,7 +276,7 @@ struct Initiator {
         if (r != 0) return fi_failure(std::string(op == Op::get ? "fi_read" : "fi_write") + " of " + size_name(size), r);
         free_slots.pop_back();
       }
-      if (!posting && free_slots.size() == k_depth) break;
+      if (!posting && free_slots.size() == static_cast<size_t>(depth)) break;
       void* done[k_depth];
       TIERMEM_ASSIGN_OR_RETURN(const int n, e.reap(done, k_depth));
       for (int i = 0; i < n; ++i) {
@@ -323,7 +325,8 @@ Status initiate(int sock, const std::string& provider, double seconds) {
   const fi_info* info = in.e.info();
   const std::string p = provider.substr(0, provider.find(';'));
   bench::note("raw fi_read/fi_write, provider " + provider + ", domain " + info->domain_attr->name + ", " +
-              std::to_string(k_depth) + " in flight, " + std::to_string(seconds) + " s per figure; target: a child process");
+              "1 and " + std::to_string(k_depth) + " in flight (_" + std::to_string(k_depth) + "deep), " +
+              std::to_string(seconds) + " s per figure; target: a child process");
   // The first operation connects (rxm: ~150 ms); not part of any figure.
   if (auto first = in.one_read(); !first.ok()) return first.status();
   for (size_t size : k_sizes) {
@@ -331,11 +334,16 @@ Status initiate(int sock, const std::string& provider, double seconds) {
       bench::note(size_name(size) + " is above the provider's max_msg_size; skipped");
       continue;
     }
+    // One in flight: the anchor of a client's call, which waits for its
+    // answer (remote.sh's ratios); k_depth in flight: the fabric's ceiling.
     for (Op op : {Op::put, Op::get}) {
-      if (auto warm = in.stream(op, size, std::min(0.1, seconds)); !warm.ok()) return warm.status();
-      TIERMEM_ASSIGN_OR_RETURN(const double rate, in.stream(op, size, seconds));
-      const std::string name = std::string(op == Op::get ? "_get_bw_" : "_put_bw_") + size_name(size);
-      bench::figure("ofi_raw_" + p + name, rate / 1e6, "MB/s");
+      for (int depth : {1, k_depth}) {
+        if (auto warm = in.stream(op, size, std::min(0.1, seconds), depth); !warm.ok()) return warm.status();
+        TIERMEM_ASSIGN_OR_RETURN(const double rate, in.stream(op, size, seconds, depth));
+        const std::string name = std::string(op == Op::get ? "_get_bw_" : "_put_bw_") + size_name(size) +
+                                 (depth == 1 ? "" : "_" + std::to_string(depth) + "deep");
+        bench::figure("ofi_raw_" + p + name, rate / 1e6, "MB/s");
+      }
     }
   }
   std::vector<double> lat;

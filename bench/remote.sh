@@ -140,8 +140,9 @@ if worst:
     print(f"# goal {tls} spread between runs of our figures <= 2x: {verdict} (widest: {worst[0]} {worst[1]:.2f}x)")
 if not tls.startswith("ofi_"):
     sys.exit(0)
-# libfabric: tiermem (one call at a time) over raw fi_read/fi_write (16 in
-# flight), by name: client_<op>_bw_<size> over ofi_raw_<p>_<op>_bw_<size>.
+# libfabric: tiermem (one call at a time) over raw fi_read/fi_write (one in
+# flight too; the _16deep figures are printed beside, not divided), by name:
+# client_<op>_bw_<size> over ofi_raw_<p>_<op>_bw_<size>.
 p = tls[len("ofi_"):]
 raw = medians(*read(raw_path), "")
 def kib(size):
