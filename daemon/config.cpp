@@ -249,6 +249,42 @@ void read_tenants(ConfigReader& r, const toml::table& root, DaemonConfig* out) {
   (void)root;
 }
 
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+// [transport]: the fabric, and only the keys of that fabric. A key of the
+// other fabric is refused rather than ignored: an operator who set it meant
+// something by it.
+Status check_fabric(const DaemonConfig& c, std::string_view source) {
+  auto bad = [&](const std::string& why) {
+    return Status(ErrorCode::config_error, std::string(source) + ": " + why);
+  };
+  if (c.transport_fabric == "ucx") {
+    if (c.transport_provider.empty()) return Status();
+    return bad("transport.provider = " + quoted(c.transport_provider) +
+               " is libfabric's, but transport.fabric is \"ucx\"; set fabric = \"libfabric\" to use it, or leave "
+               "provider out for UCX");
+  }
+  if (c.transport_fabric != "libfabric") {
+    return bad("transport.fabric = " + quoted(c.transport_fabric) + " is not a fabric; expected \"ucx\" (the " +
+               "default) or \"libfabric\"");
+  }
+  if (!c.transport_tls.empty() || !c.transport_devices.empty()) {
+    const std::string key = !c.transport_tls.empty() ? "transport.tls = " + quoted(c.transport_tls)
+                                                     : "transport.devices = " + quoted(c.transport_devices);
+    return bad(key + " with transport.fabric = \"libfabric\": tls and devices are UCX's; libfabric takes provider " +
+               "(such as \"tcp;ofi_rxm\" or \"verbs;ofi_rxm\"); leave tls and devices empty");
+  }
+  // The provider travels in the transport's address, a space-separated
+  // line ("tmofi1 <provider> ..."): fi_info's names have no spaces.
+  if (c.transport_provider.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_;-") !=
+      std::string::npos) {
+    return bad("transport.provider = " + quoted(c.transport_provider) +
+               " is not a provider's name; expected one as fi_info -l lists them, such as \"tcp;ofi_rxm\", " +
+               "\"shm\", \"efa\", \"verbs;ofi_rxm\" or \"cxi\"");
+  }
+  return Status();
+}
+
 Status check(const DaemonConfig& c, std::string_view source) {
   auto bad = [&](const std::string& why) {
     return Status(ErrorCode::config_error, std::string(source) + ": " + why);
@@ -298,6 +334,7 @@ Status check(const DaemonConfig& c, std::string_view source) {
       return bad("metrics.listen '" + c.metrics_listen + "' is not host:port (e.g. 127.0.0.1:9464)");
     }
   }
+  TIERMEM_RETURN_IF_ERROR(check_fabric(c, source));
   static const std::set<std::string> k_levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (k_levels.count(c.log_level) == 0) {
     return bad("log.level '" + c.log_level + "' is not one of trace, debug, info, warn, error, critical, off");
@@ -325,6 +362,9 @@ Result<DaemonConfig> parse_config(std::string_view text, std::string_view source
   read_tenants(r, root, &c);
   r.reject_unknown();
   if (c.dram_path.empty()) c.dram_path = "/dev/shm/tiermem-node" + std::to_string(c.node_id);
+  if (c.transport_fabric == "libfabric" && c.transport_provider.empty()) {
+    c.transport_provider = DaemonConfig::k_default_provider;
+  }
   if (!r.status().ok()) return r.status();
   Status s = check(c, source);
   if (!s.ok()) return s;
@@ -391,6 +431,8 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("replication.repair_interval_ms", &c.replication_repair_interval_ms, 10, 600000);
   r.integer("replication.orphan_min_age_ms", &c.replication_orphan_min_age_ms, 0, 3600000);
   r.string("cluster.secret_file", &c.secret_file);
+  r.string("transport.fabric", &c.transport_fabric);
+  r.string("transport.provider", &c.transport_provider);
   r.string("transport.tls", &c.transport_tls);
   r.string("transport.devices", &c.transport_devices);
   r.integer("transport.keepalive_interval_ms", &c.transport_keepalive_interval_ms, 0, 3600000);

@@ -119,6 +119,13 @@ struct DaemonConfig {
   // file must not be readable by group or others.
   std::string secret_file;
 
+  // The data plane's fabric: "ucx" or "libfabric" (every node of a cluster
+  // alike: peers refuse a node on another fabric at the handshake).
+  std::string transport_fabric = "ucx";
+  // libfabric's provider ("tcp;ofi_rxm", "shm", "efa", ...); empty with
+  // UCX. Left empty with libfabric, parse_config sets k_default_provider.
+  std::string transport_provider;
+  static constexpr const char* k_default_provider = "tcp;ofi_rxm";
   std::string transport_tls;            // UCX transports (UCX_TLS syntax); empty: UCX's choice
   std::string transport_devices;        // UCX network devices (UCX_NET_DEVICES syntax); empty: all
   uint64_t transport_keepalive_interval_ms = 0;  // UCX keepalive of peer endpoints; 0: UCX's default

@@ -319,10 +319,15 @@ std::vector<std::string> checks_left_to_start(const DaemonConfig& c, size_t peer
     out.push_back("that the metadata pool opens and was made for this configuration (page size, capacities, "
                   "tenants per node)");
   }
-  std::string ucx = "that UCX starts on this machine's devices";
-  if (!c.transport_tls.empty()) ucx += " with transport.tls = " + quoted(c.transport_tls);
-  if (!c.transport_devices.empty()) ucx += " with transport.devices = " + quoted(c.transport_devices);
-  out.push_back(ucx);
+  if (c.transport_fabric == "libfabric") {
+    out.push_back("that libfabric's provider " + quoted(c.transport_provider) +
+                  " (transport.provider) starts on this machine's devices with what tiermem needs of it");
+  } else {
+    std::string ucx = "that UCX starts on this machine's devices";
+    if (!c.transport_tls.empty()) ucx += " with transport.tls = " + quoted(c.transport_tls);
+    if (!c.transport_devices.empty()) ucx += " with transport.devices = " + quoted(c.transport_devices);
+    out.push_back(ucx);
+  }
   if (c.vram_enabled) {
     out.push_back("that the CUDA runtime works with the driver, and that the GPU has the memory "
                   "tiers.vram.capacity asks");
@@ -333,6 +338,13 @@ std::vector<std::string> checks_left_to_start(const DaemonConfig& c, size_t peer
 }
 
 Status explain_transport_failure(const DaemonConfig& c, const Status& failed) {
+  if (!failed.ok() && c.transport_fabric == "libfabric") {
+    return Status(failed.code(), c.source + ": transport.fabric = \"libfabric\" with transport.provider = " +
+                                     quoted(c.transport_provider) + ": the data plane could not start (" +
+                                     failed.message() +
+                                     "); expected a provider this build and machine have (fi_info -p NAME shows "
+                                     "one), or fabric = \"ucx\"");
+  }
   if (failed.ok() || (c.transport_tls.empty() && c.transport_devices.empty())) return failed;
   std::string keys;
   if (!c.transport_tls.empty()) keys = "transport.tls = " + quoted(c.transport_tls);

@@ -7,6 +7,7 @@
 // What it checks needs no daemon running and changes nothing: files and
 // directories named by the configuration (their kind and mode), groups,
 // network devices, the UCX transport names, whether a CUDA device exists.
+// (The fabric's keys are checked by parse_config: they need no machine.)
 // What depends on the running system (another daemon holding a directory,
 // permissions as the daemon's user, a GPU's free memory, UCX starting on
 // the devices) only a start can find out; checks_left_to_start() says what.
@@ -49,8 +50,9 @@ const std::vector<std::string>& ucx_transport_names();
 Status check_transport_names(const std::string& tls, const std::string& source);
 
 // The status of a data plane that did not start, told in the keys of the
-// configuration that chose its transports and devices (UCX's own words
-// kept); `failed` unchanged when neither key is set.
+// configuration that chose its fabric, transports and devices (the fabric's
+// own words kept); `failed` unchanged for UCX when neither tls nor devices
+// is set.
 Status explain_transport_failure(const DaemonConfig& config, const Status& failed);
 
 }  // namespace tiermem

@@ -109,6 +109,47 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
   expect_error("[tiers.dram]\ncapacity = \"100000GiB\"\n", "is more than this machine's memory");
 }
 
+TEST(ConfigTest, FabricIsUcxUnlessLibfabricIsChosen) {
+  auto ucx = parse_config("", "empty.toml");
+  ASSERT_TRUE(ucx.ok()) << ucx.status().to_string();
+  EXPECT_EQ(ucx->transport_fabric, "ucx");
+  EXPECT_EQ(ucx->transport_provider, "") << "a provider is libfabric's";
+  auto ofi = parse_config("[transport]\nfabric = \"libfabric\"\n", "ofi.toml");
+  ASSERT_TRUE(ofi.ok()) << ofi.status().to_string();
+  EXPECT_EQ(ofi->transport_fabric, "libfabric");
+  EXPECT_EQ(ofi->transport_provider, "tcp;ofi_rxm") << "the default provider";
+  auto shm = parse_config("[transport]\nfabric = \"libfabric\"\nprovider = \"shm\"\n", "shm.toml");
+  ASSERT_TRUE(shm.ok()) << shm.status().to_string();
+  EXPECT_EQ(shm->transport_provider, "shm");
+  // The shipped file writes the UCX keys empty: they may stay so with libfabric.
+  auto empty_ucx_keys = parse_config(
+      "[transport]\nfabric = \"libfabric\"\nprovider = \"verbs;ofi_rxm\"\ntls = \"\"\ndevices = \"\"\n", "e.toml");
+  ASSERT_TRUE(empty_ucx_keys.ok()) << empty_ucx_keys.status().to_string();
+  EXPECT_EQ(empty_ucx_keys->transport_provider, "verbs;ofi_rxm");
+  auto empty_provider = parse_config("[transport]\nprovider = \"\"\n", "p.toml");
+  EXPECT_TRUE(empty_provider.ok()) << "an empty provider is no provider: " << empty_provider.status().to_string();
+}
+
+TEST(ConfigTest, RejectsKeysOfTheOtherFabricAndUnknownFabrics) {
+  expect_error("[transport]\nfabric = \"rdma\"\n",
+               "bad.toml: transport.fabric = \"rdma\" is not a fabric; expected \"ucx\" (the default) or "
+               "\"libfabric\"");
+  expect_error("[transport]\nfabric = \"UCX\"\n", "transport.fabric = \"UCX\" is not a fabric");
+  expect_error("[transport]\nprovider = \"shm\"\n",
+               "bad.toml: transport.provider = \"shm\" is libfabric's, but transport.fabric is \"ucx\"");
+  expect_error("[transport]\nfabric = \"ucx\"\nprovider = \"tcp;ofi_rxm\"\n",
+               "transport.provider = \"tcp;ofi_rxm\" is libfabric's");
+  expect_error("[transport]\nfabric = \"libfabric\"\ntls = \"tcp\"\n",
+               "bad.toml: transport.tls = \"tcp\" with transport.fabric = \"libfabric\": tls and devices are UCX's; "
+               "libfabric takes provider");
+  expect_error("[transport]\nfabric = \"libfabric\"\nprovider = \"shm\"\ndevices = \"lo\"\n",
+               "transport.devices = \"lo\" with transport.fabric = \"libfabric\": tls and devices are UCX's; "
+               "libfabric takes provider");
+  expect_error("[transport]\nfabric = \"libfabric\"\nprovider = \"tcp ofi_rxm\"\n",
+               "transport.provider = \"tcp ofi_rxm\" is not a provider's name");
+  expect_error("[transport]\nfabric = 1\n", "bad.toml:2: transport.fabric must be a string");
+}
+
 TEST(ClusterFileTest, RejectsBadPortsWithFileAndLine) {
   for (const std::string port : {"99999999999999999999999999", "0", "65536", "-1", "80x", ""}) {
     auto c = parse_cluster("[[node]]\nid = 1\ncontrol = \"127.0.0.1:" + port + "\"\n", "c.toml");
