@@ -9,38 +9,45 @@
 
 namespace tiermem {
 
+FabricChoice fabric_choice(const DaemonConfig& config) {
+  return {.fabric = config.transport_fabric, .provider = config.transport_provider};
+}
+
 Result<std::unique_ptr<DataPlane>> DataPlane::start(const DaemonConfig& config, const std::string& listen_ip) {
   auto dp = std::unique_ptr<DataPlane>(new DataPlane);
+  dp->m_fabric = fabric_choice(config);
   dp->m_options = {.tls = config.transport_tls,
                    .devices = config.transport_devices,
                    .progress_thread = true,
                    .keepalive_interval_ms = static_cast<uint32_t>(config.transport_keepalive_interval_ms),
                    .listen_ip = listen_ip};
-  auto transport = make_ucx_transport(dp->m_options);
-  if (!transport.ok() && !listen_ip.empty()) {
+  auto transport = make_transport(dp->m_fabric, dp->m_options);
+  if (!transport.ok() && !listen_ip.empty() && dp->m_fabric.fabric == "ucx") {
     // UCX cannot listen here: its connection manager needs a socket
-    // transport (tcp, rdmacm), and shared memory alone has none.
+    // transport (tcp, rdmacm), and shared memory alone has none. (libfabric
+    // has no listener to fail: its address always carries a token.)
     spdlog::warn("data plane: no listener ({}); peers connect by this node's UCX worker address, and clients of "
                  "other nodes reach its memory through this daemon",
                  transport.status().message());
     dp->m_options.listen_ip.clear();
-    transport = make_ucx_transport(dp->m_options);
+    transport = make_transport(dp->m_fabric, dp->m_options);
   } else {
     dp->m_planes_enabled = !listen_ip.empty();
   }
-  if (!transport.ok()) return transport.status().with_context("starting the data plane (UCX)");
+  if (!transport.ok()) return transport.status().with_context("starting the data plane (" + dp->m_fabric.name() + ")");
   dp->m_transport = std::move(transport).value();
+  spdlog::info("data plane: {} at {}", dp->m_fabric.name(), listen_ip.empty() ? "this node only" : listen_ip);
   return dp;
 }
 
 Result<Transport*> DataPlane::plane(const std::string& tenant) {
   if (auto it = m_planes.find(tenant); it != m_planes.end()) return it->second.get();
-  auto t = make_ucx_transport(m_options);
-  if (!t.ok()) return t.status().with_context("starting tenant " + tenant + "'s data plane (UCX)");
+  auto t = make_transport(m_fabric, m_options);
+  if (!t.ok()) return t.status().with_context("starting tenant " + tenant + "'s data plane (" + m_fabric.name() + ")");
   proto::TenantPlane* p = m_self.add_tenant_planes();
   p->set_tenant(tenant);
   p->set_transport_address((*t)->address());
-  spdlog::info("data plane of tenant {}: its own UCX context, listening", tenant);
+  spdlog::info("data plane of tenant {}: its own {} transport, with its own admission token", tenant, m_fabric.name());
   return (m_planes[tenant] = std::move(t).value()).get();
 }
 

@@ -9,14 +9,17 @@
 //   - the node's own, which its peers (authenticated daemons) connect to: every
 //     region is registered there;
 //   - one per tenant with memory here (a "tenant plane"), made when a domain
-//     is given to the tenant: its own UCX context (on RDMA its own protection
-//     domain, so the NIC refuses another tenant's keys), its own listener and
-//     admission token, and only that tenant's regions (version words and
-//     frames of its domains). A client gets its tenant's plane and keys only.
-// Both listen (UcxOptions::listen_ip, the node's control IP) when the node is
-// in a cluster; where UCX cannot listen (shared memory only) the node's own
-// transport falls back to its worker address and there are no tenant planes:
-// clients of other nodes then go through the daemon.
+//     is given to the tenant: its own UCX context or libfabric domain (on
+//     RDMA its own protection domain, so the NIC refuses another tenant's
+//     keys), its own admission token (and with UCX its own listener), and
+//     only that tenant's regions (version words and frames of its domains).
+//     A client gets its tenant's plane and keys only.
+// The fabric is the configuration's ([transport] fabric and provider), the
+// same for both kinds. Both listen (UcxOptions::listen_ip, the node's control
+// IP) when the node is in a cluster; where UCX cannot listen (shared memory
+// only) the node's own transport falls back to its worker address and there
+// are no tenant planes: clients of other nodes then go through the daemon.
+// (libfabric has no listener: its address carries a token on every provider.)
 #pragma once
 
 #include <map>
@@ -38,13 +41,16 @@ namespace tiermem {
 
 class DataPlane {
  public:
-  // Errors: transport_error (UCX could not start).
+  // Errors: those of make_transport() (transport_error: the fabric could not
+  // start; not_supported: a libfabric provider that cannot be used here).
   // `listen_ip`: where the transports listen (this node's control IP);
   // empty: nowhere (a daemon alone).
   static Result<std::unique_ptr<DataPlane>> start(const DaemonConfig& config, const std::string& listen_ip);
   ~DataPlane();
 
   Transport* transport() const { return m_transport.get(); }
+  // The fabric of every transport of this plane.
+  const FabricChoice& fabric() const { return m_fabric; }
 
   // Registers the version words of every domain and the frames of every
   // open one, and builds this node's description. Errors: transport_error.
@@ -68,7 +74,8 @@ class DataPlane {
   Status add_to_plane(proto::RegionKey& key, const std::string& tenant);
   Result<Transport*> plane(const std::string& tenant);
 
-  UcxOptions m_options;
+  FabricChoice m_fabric;
+  UcxOptions m_options;  // and the options every fabric shares (make_transport)
   bool m_planes_enabled = false;
   std::unique_ptr<Transport> m_transport;
   std::map<std::string, std::unique_ptr<Transport>> m_planes;  // by tenant
@@ -78,6 +85,9 @@ class DataPlane {
   // Registrations end before the transport.
   std::vector<std::unique_ptr<RegisteredRegion>> m_regions;
 };
+
+// The fabric `config` chooses ([transport] fabric and provider).
+FabricChoice fabric_choice(const DaemonConfig& config);
 
 // The node's own transport; null for a daemon with no data plane (alone).
 Transport* transport_of(const DataPlane* plane);

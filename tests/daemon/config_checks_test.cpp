@@ -208,9 +208,29 @@ TEST_F(ConfigChecksTest, ATransportUcxCannotStartIsToldByItsKey) {
   auto start = test::run_command({"timeout", "20", test::tiermemd_path(), "--config", path});
   EXPECT_EQ(start.exit_code, 1) << start.err;
   EXPECT_NE(start.err.find(path + ": transport.tls = \"rc\": UCX could not start with this (starting the data plane "
-                                  "(UCX): ucp_init:"),
+                                  "(ucx): ucp_init:"),
             std::string::npos)
       << start.err;
+}
+
+// libfabric: --check-config leaves the provider to the start, and a start
+// whose provider cannot run says so by the keys that chose it.
+TEST_F(ConfigChecksTest, ALibfabricProviderThatCannotStartIsToldByItsKeys) {
+  const std::string path =
+      write("ofi", "[transport]\nfabric = \"libfabric\"\nprovider = \"no_such_provider\"\n");
+  auto check = test::run_command({test::tiermemd_path(), "--check-config", "--config", path});
+  EXPECT_EQ(check.exit_code, 0) << check.err;
+  EXPECT_NE(check.out.find("that libfabric's provider \"no_such_provider\" (transport.provider) starts on this "
+                           "machine's devices"),
+            std::string::npos)
+      << "says that only a start can check it:\n" << check.out;
+  auto start = test::run_command({"timeout", "20", test::tiermemd_path(), "--config", path});
+  EXPECT_EQ(start.exit_code, 1) << start.err;
+  EXPECT_NE(start.err.find(path + ": transport.fabric = \"libfabric\" with transport.provider = "
+                                  "\"no_such_provider\": the data plane could not start ("),
+            std::string::npos)
+      << start.err;
+  EXPECT_FALSE(std::filesystem::exists(m_dram)) << "a refused start commits nothing";
 }
 
 // What passes starts; --check-config passes while a daemon serves on the
