@@ -39,6 +39,7 @@ proto::NodeInfo ClusterService::self() const {
   n.set_page_size(m_space.page_size());
   n.set_socket_path(m_config.socket_path);
   n.set_host_id(host_id());
+  n.set_fabric(fabric_choice(m_config).name());
   return n;
 }
 
@@ -81,6 +82,9 @@ Status ClusterService::peer_hello(const proto::PeerHelloRequest& r, SessionState
                                                     " did not prove it knows the cluster secret (check "
                                                     "cluster.secret_file on both nodes)");
   }
+  // Refused in the words of the asking node, which shows the answer as our
+  // last error (and does not ask its peer why; see PeerManager::open_link).
+  TIERMEM_RETURN_IF_ERROR(same_fabric(m_space.node(), self().fabric(), r.self().fabric()));
   s.greeted = true;
   s.peer = true;
   s.client_name = "node " + std::to_string(s.peer_node);
@@ -106,7 +110,7 @@ Reply ClusterService::nodes(const proto::Request& request, const Identity& who) 
 }
 
 void ClusterService::list_nodes(const Identity& who, proto::NodesResponse* out) {
-  out->set_transport(transport_of(m_data_plane) != nullptr ? "ucx" : "none");
+  out->set_transport(fabric_name(m_data_plane));
   std::vector<proto::NodeInfo> all;
   if (m_peers == nullptr) {
     all.push_back(self());

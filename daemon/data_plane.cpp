@@ -96,6 +96,7 @@ Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, cons
     m_self.set_socket_path(config.socket_path);
     m_self.set_host_id(host_id());
     m_self.set_transport_address(m_transport->address());
+    m_self.set_fabric(m_fabric.name());
     VersionSegments& v = space.versions();
     for (uint32_t d = 0; d < v.domains(); ++d) {
       Status s = add(v.domain_words(d), v.domain_words_bytes(), MemoryKind::host, true, Tier::automatic, d,
@@ -147,6 +148,8 @@ proto::NodeInfo DataPlane::self() const {
 }
 
 Transport* transport_of(const DataPlane* plane) { return plane != nullptr ? plane->transport() : nullptr; }
+
+std::string fabric_name(const DataPlane* plane) { return plane != nullptr ? plane->fabric().name() : "none"; }
 
 Result<uint32_t> ensure_domain(AddressSpace& space, DataPlane* plane, const std::string& tenant,
                                const TenantLimits& limits) {

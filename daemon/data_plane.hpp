@@ -91,6 +91,9 @@ FabricChoice fabric_choice(const DaemonConfig& config);
 
 // The node's own transport; null for a daemon with no data plane (alone).
 Transport* transport_of(const DataPlane* plane);
+// What the node reports as its fabric (status, metrics, nodes): the plane's
+// FabricChoice::name(), "none" without a plane.
+std::string fabric_name(const DataPlane* plane);
 
 // The domain of `tenant` on this node, given to it now (within `limits`) when
 // it has none yet; a domain just given has its frames registered with

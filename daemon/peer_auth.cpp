@@ -90,4 +90,13 @@ std::string make_nonce() {
   return nonce;
 }
 
+Status same_fabric(NodeId node, std::string_view theirs, std::string_view ours) {
+  const auto name = [](std::string_view f) { return std::string(f.empty() ? "ucx" : f); };
+  if (name(theirs) == name(ours)) return Status();
+  return Status(ErrorCode::config_error, "node " + std::to_string(node) + " runs its data plane over " + name(theirs) +
+                                             " and this node over " + name(ours) +
+                                             ": a cluster uses one fabric ([transport] fabric and provider alike on "
+                                             "every node)");
+}
+
 }  // namespace tiermem

@@ -16,6 +16,10 @@
 // nothing; both sides are proven (a daemon never talks to an impostor that
 // answers on a peer's address). Nothing but these two requests is served on
 // a connection before it is authenticated.
+//
+// The hellos also carry each node's fabric (NodeInfo.fabric): B refuses A's
+// hello, and A B's answer, when they differ (same_fabric()), so a node on
+// another fabric never joins, whichever side is older.
 #pragma once
 
 #include <string>
@@ -56,5 +60,11 @@ class ClusterSecret {
 
 // k_nonce_bytes of kernel randomness.
 std::string make_nonce();
+
+// Whether node `node`, whose data plane runs over `theirs`, may be a peer of
+// this node, which runs over `ours` (NodeInfo.fabric each; empty is "ucx", a
+// node from before libfabric): config_error, in the words of this node,
+// when they differ.
+Status same_fabric(NodeId node, std::string_view theirs, std::string_view ours);
 
 }  // namespace tiermem

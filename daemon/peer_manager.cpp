@@ -133,7 +133,7 @@ void PeerManager::mark(Peer& peer, NodeState state, const std::string& error, Gr
     if (state == NodeState::connected) {
       spdlog::info("peer node {} at {} connected (incarnation {:x}, data plane: {})", peer.member.id,
                    peer.member.control, peer.info.incarnation(), peer.info.transports());
-    } else if (peer.state == NodeState::connected) {
+    } else if (peer.state == NodeState::connected || state == NodeState::down) {
       spdlog::warn("peer node {} at {} is down: {}", peer.member.id, peer.member.control, error);
     }
     peer.since_ms = now_unix_ms();
@@ -205,7 +205,12 @@ Result<std::unique_ptr<RpcConnection>> PeerManager::open_link(const std::string&
     return Status(ErrorCode::permission_denied, "the daemon at " + address + " (node " + std::to_string(node) +
                                                     ") did not prove it knows the cluster secret");
   }
-  TIERMEM_ASSIGN_OR_RETURN(*info, link.peer_hello(m_self(), m_secret.proof("client", m_options.self, node, nonce, c.nonce())));
+  const proto::NodeInfo self = m_self();
+  TIERMEM_ASSIGN_OR_RETURN(proto::NodeInfo answer,
+                           link.peer_hello(self, m_secret.proof("client", m_options.self, node, nonce, c.nonce())));
+  // A peer from before libfabric says nothing of fabrics: we refuse it here.
+  TIERMEM_RETURN_IF_ERROR(same_fabric(node, answer.fabric(), self.fabric()));
+  *info = std::move(answer);
   return conn;
 }
 
@@ -330,7 +335,11 @@ void PeerManager::check(NodeId node) {
     Graveyard graveyard{this};
     std::lock_guard lock(m_mutex);
     Peer& p = *find(node);
-    mark(p, p.state == NodeState::connecting ? NodeState::connecting : NodeState::down, s.message(), &graveyard);
+    // Refused for its configuration (or ours: another fabric, another node
+    // at its address): down, not on its way, until an operator changes one.
+    const bool refused_config = s.code() == ErrorCode::config_error;
+    mark(p, p.state == NodeState::connecting && !refused_config ? NodeState::connecting : NodeState::down,
+         s.message(), &graveyard);
   }
 }
 
