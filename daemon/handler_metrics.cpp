@@ -4,6 +4,7 @@
 #include <map>
 #include <tuple>
 
+#include "daemon/data_plane.hpp"
 #include "daemon/peer_manager.hpp"
 #include "daemon/request_handler.hpp"
 #include "tiers/truncation_guard.hpp"
@@ -24,8 +25,15 @@ constexpr NodeHealth k_health_states[] = {NodeHealth::healthy, NodeHealth::degra
 std::string RequestHandler::metrics() {
   const std::string node = std::to_string(m_space.node());
   Exposition out;
-  out.family("tiermem_build_info", "gauge", "The daemon's version (value 1).");
-  out.sample("tiermem_build_info", {{"node", node}, {"version", TIERMEM_VERSION}}, uint64_t{1});
+  out.family("tiermem_build_info", "gauge",
+             "The daemon's version, its data plane's fabric and the libfabric it was built with (value 1).");
+  // libfabric: the library loaded now ("" when built without it).
+  out.sample("tiermem_build_info",
+             {{"node", node},
+              {"version", TIERMEM_VERSION},
+              {"fabric", fabric_name(m_data_plane)},
+              {"libfabric", libfabric_version()}},
+             uint64_t{1});
   out.family("tiermem_uptime_seconds", "gauge", "Seconds since the daemon started serving.");
   out.sample("tiermem_uptime_seconds", {{"node", node}},
              std::chrono::duration<double>(std::chrono::steady_clock::now() - m_started).count());

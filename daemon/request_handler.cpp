@@ -264,6 +264,7 @@ void RequestHandler::stat(const Identity& who, proto::StatResponse* out) {
                                                .count()));
   out->set_daemon_version(TIERMEM_VERSION);
   out->set_socket_path(m_config.socket_path);
+  out->set_fabric(fabric_name(m_data_plane));
   out->set_locks_broken(m_sessions.locks_broken());
   out->set_truncations_repaired(TruncationGuard::repairs());
   const RecoveryReport& r = m_space.recovery();

@@ -486,8 +486,12 @@ int main(int argc, char** argv) {
   app.add_flag("--check-config", check_only,
                "check the configuration (and cluster file) on this machine as a start does, say what only a start "
                "can check, and exit");
-  app.set_version_flag("--version", std::string("tiermemd ") + TIERMEM_VERSION +
-                                        (TIERMEM_HAVE_CUDA ? " (VRAM tier: CUDA)" : " (VRAM tier: not built, no CUDA)"));
+  app.set_version_flag("--version",
+                       std::string("tiermemd ") + TIERMEM_VERSION +
+                           (TIERMEM_HAVE_CUDA ? " (VRAM tier: CUDA" : " (VRAM tier: not built, no CUDA") +
+                           (TIERMEM_HAVE_LIBFABRIC ? std::string("; fabrics: ucx, libfabric ") + TIERMEM_LIBFABRIC_VERSION
+                                                   : std::string("; fabrics: ucx (libfabric not built)")) +
+                           ")");
   std::string log_level;
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error, critical or off (over $TIERMEM_LOG_LEVEL, over log.level)");

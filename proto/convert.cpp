@@ -214,6 +214,7 @@ NodeStat from_proto(const proto::StatResponse& s) {
   out.uptime_ms = s.uptime_ms();
   out.daemon_version = s.daemon_version();
   out.socket_path = s.socket_path();
+  out.fabric = s.fabric().empty() ? "ucx" : s.fabric();  // a daemon from before libfabric: UCX
   out.locks_broken = s.locks_broken();
   out.truncations_repaired = s.truncations_repaired();
   const proto::RecoveryInfo& r = s.recovery();

@@ -152,6 +152,9 @@ struct NodeStat {
   uint64_t uptime_ms = 0;
   std::string daemon_version;
   std::string socket_path;
+  // The fabric of the node's data plane: "ucx" or "libfabric/<provider>"
+  // (every node of a cluster alike); "none" without one.
+  std::string fabric;
   // Damage a client did, undone: page locks of clients that died holding
   // them, broken (their pages flagged T); memory files a client truncated,
   // extended again (the cut-off part reads as zeros).

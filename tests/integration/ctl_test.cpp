@@ -69,6 +69,7 @@ TEST_F(CtlTest, JsonOutputIsParseable) {
   const auto status = nlohmann::json::parse(ctl({"--json", "status"}).out);
   EXPECT_EQ(status["node"], 1);
   EXPECT_EQ(status["allocations"], 1);
+  EXPECT_EQ(status["fabric"], "ucx") << "the default fabric";
   ASSERT_EQ(status["tiers"].size(), 2u);
   EXPECT_EQ(status["tiers"][1]["used_bytes"], 2 << 20);
 
@@ -96,6 +97,7 @@ TEST_F(CtlTest, HumanTablesShowTheTiers) {
   auto status = ctl({"status"});
   ASSERT_EQ(status.exit_code, 0);
   EXPECT_NE(status.out.find("TIER"), std::string::npos);
+  EXPECT_NE(status.out.find("\ndata plane: ucx\n"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("dram"), std::string::npos);
   EXPECT_NE(status.out.find("pmem"), std::string::npos);
   auto ls = ctl({"ls"});

@@ -121,6 +121,8 @@ TEST(MetricsTest, TheEndpointCountsRequestsAndPromtoolAcceptsTheExposition) {
   EXPECT_TRUE(contains(m, R"(\ntiermem_tenant_allocations\{node="1",tenant="[^"]+",tier="pmem"\} 1\n)")) << m;
   EXPECT_TRUE(contains(m, R"(\ntiermem_clients\{node="1",tenant="[^"]+",state="healthy"\} [1-9])")) << m;
   EXPECT_TRUE(contains(m, R"(\ntiermem_metadata_durable\{node="1"\} 1\n)")) << m;
+  EXPECT_TRUE(contains(m, R"(\ntiermem_build_info\{node="1",version="[^"]+",fabric="ucx",libfabric="[0-9.]*"\} 1\n)"))
+      << m;
 
   const std::string file = daemon.dir() + "/metrics.txt";
   std::ofstream(file) << m;

@@ -19,6 +19,7 @@ int cmd_status(const Context& ctx) {
     print_json({{"node", stat->node},
                 {"daemon_version", stat->daemon_version},
                 {"socket", stat->socket_path},
+                {"fabric", stat->fabric},
                 {"page_size", stat->page_size},
                 {"uptime_ms", stat->uptime_ms},
                 {"sessions", stat->sessions},
@@ -47,6 +48,7 @@ int cmd_status(const Context& ctx) {
               static_cast<unsigned long long>(stat->sessions),
               static_cast<unsigned long long>(stat->allocations), format_size(stat->page_size).c_str());
   std::printf("socket %s\n", stat->socket_path.c_str());
+  std::printf("data plane: %s\n", stat->fabric.c_str());
   if (stat->locks_broken > 0 || stat->truncations_repaired > 0) {
     std::printf("repaired: %llu page lock(s) of dead clients broken, %llu truncated memory file(s) restored\n",
                 static_cast<unsigned long long>(stat->locks_broken),

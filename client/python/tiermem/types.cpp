@@ -73,6 +73,7 @@ pyb::dict node_stat_dict(const NodeStat& s) {
   d["uptime_ms"] = s.uptime_ms;
   d["daemon_version"] = s.daemon_version;
   d["socket_path"] = s.socket_path;
+  d["fabric"] = s.fabric;
   d["locks_broken"] = s.locks_broken;
   d["truncations_repaired"] = s.truncations_repaired;
   pyb::dict r;
