@@ -14,6 +14,11 @@ namespace {
 // UNREACHABLE.
 constexpr auto k_reachability_check = std::chrono::milliseconds(100);
 
+// The fabric a transport address is of, as FabricChoice::name() says it.
+std::string fabric_of(std::string_view address) {
+  return is_ofi_address(address) ? "libfabric/" + ofi_provider_of(address) : "ucx";
+}
+
 Status unreachable(NodeId node, NodeId self, const std::string& detail) {
   return Status(ErrorCode::transport_error, "node " + std::to_string(node) + " is UNREACHABLE (as node " +
                                                 std::to_string(self) + " sees it" +
@@ -25,12 +30,20 @@ Status unreachable(NodeId node, NodeId self, const std::string& detail) {
 RemoteNodes::RemoteNodes(ControlStub& daemon, NodeId self, std::function<void(NodeId)> restarted)
     : m_daemon(daemon), m_self(self), m_restarted(std::move(restarted)) {}
 
-Status RemoteNodes::start_transport() {
-  if (m_transport) return Status();
+Status RemoteNodes::start_transport(NodeId node, std::string_view address) {
+  const std::string fabric = fabric_of(address);
+  if (m_transport) {
+    if (fabric == m_fabric) return Status();
+    return Status(ErrorCode::not_supported,
+                  "node " + std::to_string(node) + "'s data plane runs over " + fabric + " and this client's over " +
+                      m_fabric + " (the fabric of the first node it reached): a client has one transport, so this "
+                      "node's memory goes through the daemon; a cluster uses one fabric on every node");
+  }
   if (m_transport_status.ok()) {
-    auto t = make_ucx_transport({});
+    auto t = make_transport_for(address, {});
     if (t.ok()) {
       m_transport = std::move(t).value();
+      m_fabric = fabric;
       // A peer this client waits on that its daemon already knows is
       // UNREACHABLE (a partition) fails the wait now, not at the timeout.
       m_transport->check_while_waiting([this](const Endpoint& ep) { return still_reachable(ep); },
@@ -46,7 +59,11 @@ Status RemoteNodes::start_transport() {
 Result<std::shared_ptr<RemoteState>> RemoteNodes::get(NodeId node, bool reconnect) {
   std::lock_guard lock(m_mutex);
   if (auto it = m_nodes.find(node); it != m_nodes.end() && !reconnect) return it->second;
-  TIERMEM_RETURN_IF_ERROR(start_transport());
+  // A transport that could not be made is not tried again (nor the daemon
+  // asked about the node for it).
+  if (!m_transport_status.ok()) {
+    return Status(ErrorCode::not_supported, "no data plane here: " + m_transport_status.message());
+  }
   const auto no_plane = [&] {
     // Up, but no data plane for this tenant there: not a failure, a route.
     return Status(ErrorCode::not_supported, "node " + std::to_string(node) +
@@ -77,6 +94,8 @@ Result<std::shared_ptr<RemoteState>> RemoteNodes::get(NodeId node, bool reconnec
     // Connected as far as TCP knows, but not answering (a partition).
     return unreachable(node, m_self, "");
   }
+  // Made for the first node reached, on its fabric (all nodes share one).
+  TIERMEM_RETURN_IF_ERROR(start_transport(node, n.transport_address()));
   TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, wire::advert_of(n)));
   {
     std::lock_guard endpoints(m_endpoint_mutex);

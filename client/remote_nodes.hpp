@@ -1,5 +1,6 @@
 // How a client reaches other nodes' memory through the data plane (internal):
-// the transport (started on first use), and per node an endpoint with the
+// the transport (started on first use, on the fabric of the first node's
+// transport address: a client follows its cluster's fabric), and per node an endpoint with the
 // keys of this tenant's regions there (RemoteState), connected on first use,
 // replaced when the node restarts, its keys refreshed on the same endpoint
 // when the node's regions grew.
@@ -20,6 +21,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 
 #include <tiermem/client.h>
 
@@ -58,9 +61,9 @@ class RemoteNodes {
   // How this client reaches `node`. `reconnect`: the node restarted (or its
   // memory was made anew): ask it for its description, connect a new
   // endpoint and drop the node's translations. Errors: not_supported when
-  // there is no route but the daemon (no data plane here, or the node
-  // offers this client's tenant none), transport_error when the node is
-  // down or UNREACHABLE.
+  // there is no route but the daemon (no data plane here, the node offers
+  // this client's tenant none, or its fabric is not that of this client's
+  // transport), transport_error when the node is down or UNREACHABLE.
   Result<std::shared_ptr<RemoteState>> get(NodeId node, bool reconnect = false);
   // Keys of `node` newer than those held (a domain this tenant got there
   // since), added on the same endpoint; translations are kept. ok: keys
@@ -80,8 +83,11 @@ class RemoteNodes {
   uint64_t requests_sent() const;
 
  private:
-  // Starts the transport (caller holds m_mutex). Errors: not_supported, why.
-  Status start_transport();
+  // Starts the transport for reaching `node` at `address`, on that
+  // address's fabric, unless started (caller holds m_mutex). Errors:
+  // not_supported (the transport could not be made, a failure kept for
+  // good; or it was made for another fabric than `address`'s), why.
+  Status start_transport(NodeId node, std::string_view address);
   // The state that reaches `node` through `rn` (its words and each tier's frames).
   std::shared_ptr<RemoteState> state_of(NodeId node, std::shared_ptr<RemoteNode> rn);
   // Whether `node` may be asked for its description through the daemon now
@@ -99,6 +105,7 @@ class RemoteNodes {
   mutable std::mutex m_mutex;
   std::unique_ptr<Transport> m_transport;
   std::atomic<Transport*> m_transport_ptr{nullptr};
+  std::string m_fabric;  // of m_transport (FabricChoice::name())
   Status m_transport_status;
   std::map<NodeId, std::shared_ptr<RemoteState>> m_nodes;
   // The incarnation of each node this client last connected to.

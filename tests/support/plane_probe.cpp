@@ -79,7 +79,8 @@ int attack(const char* socket, NodeId node, const std::string& file) {
                                                    " at that node (" + std::to_string(mine->regions_size()) +
                                                    " regions of this tenant's there)"));
   }
-  auto transport = make_ucx_transport({});
+  // On the fabric of the plane it probes, as a client's would be.
+  auto transport = make_transport_for(mine->transport_address(), {});
   if (!transport.ok()) return report(transport.status());
   Transport& t = **transport;
   auto ep = t.connect(mine->transport_address());
