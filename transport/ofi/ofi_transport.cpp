@@ -109,6 +109,16 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
       rma_caps = rma;
       if (rc == 0) break;
     }
+    // Only an IP-addressed provider takes the listen IP as its source:
+    // shm makes the name of its queue of it (two daemons of one host would
+    // then share one, and the second fails with EBUSY).
+    if (rc == 0 && n != nullptr && m_info->addr_format != FI_SOCKADDR && m_info->addr_format != FI_SOCKADDR_IN &&
+        m_info->addr_format != FI_SOCKADDR_IN6) {
+      fi_freeinfo(m_info);
+      m_info = nullptr;
+      rc = -FI_ENODATA;
+      continue;
+    }
     if (rc == 0 || node == nullptr) break;
   }
   if (rc != 0) {

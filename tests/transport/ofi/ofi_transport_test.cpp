@@ -309,6 +309,17 @@ TEST(OfiTransport, AddressesNameTheirProvider) {
   EXPECT_EQ(ofi_provider_of((*t)->address()), "shm");
   EXPECT_EQ((*t)->name(), "libfabric/shm");
   EXPECT_FALSE(is_ofi_address("ucx worker address"));
+  // A daemon passes its listen IP whatever the provider; shm does not
+  // address by IP and must not name its queue after it: two processes of
+  // one host would share one (the second crashed inside libfabric).
+  o.listen_ip = "127.0.0.1";
+  auto a = make_ofi_transport(o);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(make_ofi_transport(o).ok() ? 0 : 1);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "a second process's shm transport: " << status;
   // A peer of another provider is refused by name, not dialled.
   o.provider = "tcp;ofi_rxm";
   o.listen_ip = "127.0.0.1";
