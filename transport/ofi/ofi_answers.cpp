@@ -4,6 +4,7 @@
 // answered to the asker's address; and the progress thread that answers while
 // nobody of this process waits. See ofi_internal.hpp.
 #include <poll.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -357,6 +358,7 @@ void OfiTransport::progress_loop() {
   auto budget = m_idle_spin.budget();
   bool idle = false;
   auto nap = std::chrono::microseconds(10);
+  unsigned idle_polls = 0;
   while (!m_stop.load(std::memory_order_relaxed)) {
     if (progress_once()) {
       const auto now = clock::now();
@@ -372,6 +374,12 @@ void OfiTransport::progress_loop() {
     }
     const auto now = clock::now();
     if (now - last_news < budget) continue;
+    if (m_cq_fd < 0 && now - last_news < k_no_fd_spin) {
+      // No fd to sleep on: poll on for a while after the last request, as
+      // the asking side does (a nap would add its length to a round trip).
+      if (++idle_polls % 16 == 0) ::sched_yield();
+      continue;
+    }
     if (now - last_sweep > std::chrono::seconds(1)) {
       sweep_landings();
       last_sweep = now;

@@ -449,6 +449,9 @@ class OfiTransport final : public Transport {
   std::atomic<size_t> m_staged{0};
   static constexpr size_t k_staging_limit = 256 << 20;
   static constexpr std::chrono::milliseconds k_busy_retry{2};
+  // Without a wait fd (shm, efa, cxi), how long a waiting thread or the
+  // progress thread polls after the last news before it naps.
+  static constexpr std::chrono::milliseconds k_no_fd_spin{1};
 
   sequence::RegionTable m_regions;
   AnswerRecords m_records;

@@ -4,6 +4,7 @@
 // where the provider has none), and what a timeout leaves behind. See
 // ofi_internal.hpp.
 #include <poll.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -230,6 +231,7 @@ Status OfiTransport::drive(OfiBatch& b, std::chrono::milliseconds timeout, Statu
   Waiter& waiter = Waiter::of_this_thread();
   bool slept = false;
   auto last_news = start;
+  unsigned idle_polls = 0;
   for (;;) {
     const bool left = reap(b, *error) | reap_rma(b, *error);
     const auto now = clock::now();
@@ -242,6 +244,12 @@ Status OfiTransport::drive(OfiBatch& b, std::chrono::milliseconds timeout, Statu
       continue;
     }
     if (!slept ? now - start < poll_for : now - last_news < std::chrono::microseconds(5)) continue;
+    if (m_cq_fd < 0 && now - last_news < k_no_fd_spin) {
+      // Nothing to sleep on (shm, efa, cxi): poll on for a while, letting
+      // the peer have the core now and then (two cores: it may need ours).
+      if (++idle_polls % 16 == 0) ::sched_yield();
+      continue;
+    }
     if (now > next_check) {
       check_peers(b);
       if (m_wait_check) {
