@@ -1,7 +1,7 @@
-// Three real daemons on this machine form one address space. Run with UCX over
-// TCP and over shared memory: cross-node alloc, one-sided reads and writes,
-// atomics, exact sums of concurrent fetch-adds from several processes, and a
-// peer that is killed and restarted.
+// Three real daemons on this machine form one address space. Run with UCX and
+// with libfabric, each over TCP and over shared memory: cross-node alloc,
+// one-sided reads and writes, atomics, exact sums of concurrent fetch-adds
+// from several processes, and a peer that is killed and restarted.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -38,7 +38,8 @@ test::DaemonOptions options(const std::string& tls) {
 // "tcp": the nodes stand for hosts of their own, and clients reach other
 // nodes' memory through the data plane (UCX over TCP). "sm": daemons of one
 // host (UCX's shared memory between them), whose clients map the memory of
-// every daemon of the host from the files each hands them.
+// every daemon of the host from the files each hands them. "ofi-tcp",
+// "ofi-shm": the same over libfabric (tests/support/cluster_fixture.hpp).
 class ClusterTest : public ::testing::TestWithParam<std::string>, protected test::ClusterFixture {
  protected:
   void SetUp() override { ASSERT_TRUE(start_cluster(GetParam(), 3, options(GetParam()))); }
@@ -71,8 +72,9 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
   // Both nodes' memory was written and read directly, never through a
   // daemon: over TCP as checked messages to the home, between daemons of
   // one host mapped.
-  const auto direct = [&](const AccessCounters& c) { return GetParam() == "tcp" ? c.message : c.direct_remote; };
-  const auto other = [&](const AccessCounters& c) { return GetParam() == "tcp" ? c.direct_remote : c.message; };
+  const bool hosts = across_hosts(GetParam());
+  const auto direct = [&](const AccessCounters& c) { return hosts ? c.message : c.direct_remote; };
+  const auto other = [&](const AccessCounters& c) { return hosts ? c.direct_remote : c.message; };
   EXPECT_EQ(direct(client->access_counters()), 4u);
   EXPECT_EQ(other(client->access_counters()), 0u);
   EXPECT_EQ(client->access_counters().through_daemon, 0u);
@@ -386,7 +388,7 @@ TEST_P(ClusterTest, WritersKilledMidSendLeaveEveryRemoteWriteWholeOrAbsent) {
     ASSERT_TRUE(WIFSIGNALED(status)) << "the writer stopped on its own: " << status;
     const Status got = owner->read(block->gva, words.data(), block->size);
     ASSERT_TRUE(got.ok()) << "round " << round << ": " << got.to_string();
-    if (GetParam() == "sm" && std::adjacent_find(words.begin(), words.end(), std::not_equal_to<>()) != words.end()) {
+    if (!across_hosts(GetParam()) && std::adjacent_find(words.begin(), words.end(), std::not_equal_to<>()) != words.end()) {
       auto t = owner->translate(block->gva);
       ASSERT_TRUE(t.ok()) << t.status().to_string();
       EXPECT_GT(t->allocation.torn_pages, 0u) << "round " << round << ": a torn block whose pages are not flagged";
@@ -453,8 +455,8 @@ TEST_P(ClusterTest, KilledPeerIsSeenDownAndRejoinsAfterRestart) {
   EXPECT_EQ(std::string(was, 5), "early");
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("tcp", "sm"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest, ::testing::Values("tcp", "sm", "ofi-tcp", "ofi-shm"),
+                         test::ClusterFixture::param_name);
 
 }  // namespace
 }  // namespace tiermem

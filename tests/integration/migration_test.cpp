@@ -27,7 +27,8 @@ constexpr size_t k_words = k_slice / 8;
 uint64_t word_of(int writer, uint64_t counter) { return (uint64_t(writer + 1) << 56) | counter; }
 
 // "tcp": clients reach other nodes through the data plane, as from other
-// hosts; "sm": they map the memory of the daemons of their host.
+// hosts; "sm": they map the memory of the daemons of their host. "ofi-tcp",
+// "ofi-shm": the same over libfabric.
 class MigrationTest : public ::testing::TestWithParam<std::string>, protected test::ClusterFixture {
  protected:
   void SetUp() override {
@@ -277,8 +278,8 @@ TEST_P(MigrationTest, RunsMoveWholeAndAMigrationThatRanOutOfRoomResumes) {
   EXPECT_EQ(back, data) << "back on node 1";
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, MigrationTest, ::testing::Values("tcp", "sm"),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Transports, MigrationTest, ::testing::Values("tcp", "sm", "ofi-tcp", "ofi-shm"),
+                         test::ClusterFixture::param_name);
 
 }  // namespace
 }  // namespace tiermem

@@ -3,9 +3,11 @@
 // hello, by the side that answers the hello and by the side that opened the
 // link, and stays DOWN with the reason as its last error.
 //
-// The test plays the other node itself, over the real peer protocol with
-// the cluster's secret: once as the node that says hello, once as the node
-// that answers one. (Two real daemons on two fabrics: MixedClusterTest.)
+// MixedFabricTest plays the other node itself, over the real peer protocol
+// with the cluster's secret: once as the node that says hello, once as the
+// node that answers one. MixedClusterTest runs two real daemons on two
+// fabrics (it needs the libfabric transport: a build without it fails at
+// the start of node 2, saying so).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -197,6 +199,49 @@ TEST_F(MixedFabricTest, AnAnswerFromAnotherFabricIsRefused) {
   EXPECT_EQ(seen.incarnation, 0u) << "never taken for a peer";
   auto ctl = test::run_ctl(m_daemon->socket(), {"nodes"});
   EXPECT_NE(ctl.out.find("a cluster uses one fabric"), std::string::npos) << ctl.out << ctl.err;
+}
+
+// Two real daemons, node 1 on UCX and node 2 on libfabric over TCP: they
+// never connect, and each shows the other DOWN with the reason, in its
+// nodes view, in tiermemctl nodes and in what a request to the other gets.
+TEST(MixedClusterTest, NodesOnTwoFabricsNeverConnectAndSayWhy) {
+  test::TestCluster cluster(2, test::DaemonOptions{}, [](int) { return "127.0.0.1:" + std::to_string(test::free_port()); },
+                            [](int id, test::DaemonOptions& o) {
+                              if (id != 2) return;
+                              o.fabric = "libfabric";
+                              o.provider = "tcp;ofi_rxm";
+                            });
+  ASSERT_TRUE(cluster.ready()) << "both nodes start (the refusal comes at the hello)\n" << cluster.logs();
+  const std::string from1 = refusal(2, k_other_fabric, "ucx");
+  const std::string from2 = refusal(1, "ucx", k_other_fabric);
+  // Several reconnect intervals (200 ms): every attempt is refused.
+  std::string seen1, seen2;
+  for (auto until = std::chrono::steady_clock::now() + 3s; std::chrono::steady_clock::now() < until;) {
+    for (int id : {1, 2}) {
+      auto client = cluster.node(id).connect();
+      ASSERT_NE(client, nullptr);
+      auto nodes = client->nodes();
+      ASSERT_TRUE(nodes.ok()) << nodes.status().to_string();
+      ASSERT_EQ(nodes->size(), 2u);
+      const NodeInfo& other = (*nodes)[1];  // this node first, then its peer
+      ASSERT_NE(other.state, NodeState::connected) << "node " << id << " took a peer on another fabric";
+      (id == 1 ? seen1 : seen2) = other.last_error;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_EQ(seen1, from1) << cluster.logs();
+  EXPECT_EQ(seen2, from2) << cluster.logs();
+  auto client = cluster.node(1).connect();
+  auto nodes = client->nodes();
+  ASSERT_TRUE(nodes.ok());
+  EXPECT_EQ((*nodes)[1].state, NodeState::down);
+  auto ctl = test::run_ctl(cluster.node(1).socket(), {"nodes"});
+  EXPECT_NE(ctl.out.find(from1), std::string::npos) << ctl.out << ctl.err;
+  auto status = test::run_ctl(cluster.node(2).socket(), {"status"});
+  EXPECT_NE(status.out.find("data plane: libfabric/tcp;ofi_rxm"), std::string::npos) << status.out << status.err;
+  auto there = client->alloc(4096, {.node = 2});
+  ASSERT_FALSE(there.ok()) << "an allocation on a node that is not a peer";
+  EXPECT_NE(there.status().message().find("a cluster uses one fabric"), std::string::npos) << there.status().to_string();
 }
 
 }  // namespace

@@ -97,7 +97,12 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
       out << "[cluster]\nfile = \"" << o.cluster_file << "\"\nsecret_file = \"" << o.secret_file << "\"\n"
           << o.cluster_timing;
     }
-    if (!o.tls.empty()) out << "[transport]\ntls = \"" << o.tls << "\"\n";
+    if (!o.tls.empty() || !o.fabric.empty() || !o.provider.empty()) {
+      out << "[transport]\n";
+      if (!o.tls.empty()) out << "tls = \"" << o.tls << "\"\n";
+      if (!o.fabric.empty()) out << "fabric = \"" << o.fabric << "\"\n";
+      if (!o.provider.empty()) out << "provider = \"" << o.provider << "\"\n";
+    }
     if (o.metrics) {
       m_metrics_port = free_port();
       out << "[metrics]\nlisten = \"127.0.0.1:" << m_metrics_port << "\"\n";

@@ -33,6 +33,8 @@ struct DaemonOptions {
   // [cluster] timing keys
   std::string cluster_timing = "reconnect_interval_ms = 200\nheartbeat_interval_ms = 300\npeer_timeout_ms = 3000\n";
   std::string tls;           // [transport] tls
+  std::string fabric;        // [transport] fabric ("ucx", "libfabric"); empty: the default (ucx)
+  std::string provider;      // [transport] provider (libfabric's)
   std::string dir;           // working directory; empty: a new temporary one
   bool metrics = false;      // [metrics] listen on 127.0.0.1 and a free port (metrics_port())
   // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).
