@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "transport/ofi/ofi_internal.hpp"
+#include "transport/ofi/ofi_loader.hpp"
 
 namespace tiermem::ofi_detail {
 
@@ -53,7 +54,7 @@ bool OfiTransport::progress_once() {
       const int error = err.err < 0 ? -err.err : err.err;  // shm gave -5
       char buf[128] = {};
       const char* detail = fi_cq_strerror(m_cq, err.prov_errno, err.err_data, buf, sizeof buf);
-      std::string why = std::string(fi_strerror(error)) + " (" + (detail != nullptr ? detail : "") + ")";
+      std::string why = std::string(api().strerror(error)) + " (" + (detail != nullptr ? detail : "") + ")";
       complete(static_cast<OfiContext*>(err.op_context), err.len, error, err.prov_errno, why);
       news = true;
     }

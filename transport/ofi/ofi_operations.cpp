@@ -11,6 +11,7 @@
 #include <set>
 
 #include "transport/ofi/ofi_internal.hpp"
+#include "transport/ofi/ofi_loader.hpp"
 
 namespace tiermem::ofi_detail {
 
@@ -440,7 +441,7 @@ void OfiTransport::ping(OfiEndpoint& ep) {
     // means the peer is gone; a live peer, even a stopped one, takes it.
     const auto now = std::chrono::steady_clock::now();
     if (rc != -FI_EAGAIN) {
-      failure = std::string("a send to it failed: ") + fi_strerror(static_cast<int>(-rc));
+      failure = std::string("a send to it failed: ") + api().strerror(static_cast<int>(-rc));
     } else if (ep.m_blocked_since == std::chrono::steady_clock::time_point{}) {
       ep.m_blocked_since = now;
     } else if (now - ep.m_blocked_since > k_ping_blocked) {

@@ -13,6 +13,7 @@
 
 #include "common/deadline.hpp"
 #include "transport/ofi/ofi_internal.hpp"
+#include "transport/ofi/ofi_loader.hpp"
 
 namespace tiermem {
 namespace ofi_detail {
@@ -50,15 +51,15 @@ bool unhex(std::string_view text, std::string* out) {
 // The providers fi_getinfo offers a reliable-datagram endpoint of here, for
 // the error that says the one asked for is not among them.
 std::string providers_here() {
-  fi_info* hints = fi_allocinfo();
+  fi_info* hints = api().allocinfo();
   hints->ep_attr->type = FI_EP_RDM;
   fi_info* info = nullptr;
   std::set<std::string> names;
-  if (fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info) == 0) {
+  if (api().getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &info) == 0) {
     for (fi_info* i = info; i != nullptr; i = i->next) names.insert(i->fabric_attr->prov_name);
-    fi_freeinfo(info);
+    api().freeinfo(info);
   }
-  fi_freeinfo(hints);
+  api().freeinfo(hints);
   std::string out;
   for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
   return out.empty() ? "none" : out;
@@ -67,7 +68,7 @@ std::string providers_here() {
 }  // namespace
 
 Status ofi_error(const std::string& what, int rc) {
-  return Status(ErrorCode::transport_error, what + ": " + fi_strerror(rc < 0 ? -rc : rc));
+  return Status(ErrorCode::transport_error, what + ": " + api().strerror(rc < 0 ? -rc : rc));
 }
 
 Status OfiTransport::open_fabric(const OfiOptions& options) {
@@ -76,7 +77,7 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
   // travel as our messages (ofi_internal.hpp). Contexts start with a
   // fi_context2, so providers that ask for FI_CONTEXT(2) get it.
   auto query = [&](bool rma, bool directed, const char* node, fi_info** out) {
-    fi_info* hints = fi_allocinfo();
+    fi_info* hints = api().allocinfo();
     hints->caps = FI_MSG | FI_TAGGED | (directed ? FI_DIRECTED_RECV : 0) |
                   (rma ? FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
@@ -85,8 +86,8 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
     hints->domain_attr->threading = FI_THREAD_SAFE;
     hints->tx_attr->msg_order = FI_ORDER_SAS;
     hints->fabric_attr->prov_name = strdup(options.provider.c_str());
-    const int rc = fi_getinfo(FI_VERSION(1, 17), node, nullptr, node != nullptr ? FI_SOURCE : 0, hints, out);
-    fi_freeinfo(hints);
+    const int rc = api().getinfo(FI_VERSION(1, 17), node, nullptr, node != nullptr ? FI_SOURCE : 0, hints, out);
+    api().freeinfo(hints);
     return rc;
   };
   // RMA and atomics are asked for only where they would be used
@@ -114,7 +115,7 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
     // then share one, and the second fails with EBUSY).
     if (rc == 0 && n != nullptr && m_info->addr_format != FI_SOCKADDR && m_info->addr_format != FI_SOCKADDR_IN &&
         m_info->addr_format != FI_SOCKADDR_IN6) {
-      fi_freeinfo(m_info);
+      api().freeinfo(m_info);
       m_info = nullptr;
       rc = -FI_ENODATA;
       continue;
@@ -125,7 +126,7 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
     return Status(ErrorCode::not_supported,
                   "libfabric provider '" + options.provider +
                       "' offers no reliable-datagram endpoint (FI_EP_RDM) with tagged messages (FI_TAGGED), safe "
-                      "for threads (FI_THREAD_SAFE), here (fi_getinfo: " + fi_strerror(-rc) +
+                      "for threads (FI_THREAD_SAFE), here (fi_getinfo: " + api().strerror(-rc) +
                       "); providers here: " + providers_here());
   }
   if ((m_info->mode & ~uint64_t{FI_CONTEXT | FI_CONTEXT2}) != 0) {
@@ -142,7 +143,7 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
   }
   m_directed = (m_info->caps & FI_DIRECTED_RECV) != 0;
   m_domain_name = m_info->domain_attr->name != nullptr ? m_info->domain_attr->name : "";
-  if (int r = fi_fabric(m_info->fabric_attr, &m_fabric, nullptr); r != 0) return ofi_error("fi_fabric", r);
+  if (int r = api().fabric(m_info->fabric_attr, &m_fabric, nullptr); r != 0) return ofi_error("fi_fabric", r);
   if (int r = fi_domain(m_fabric, m_info, &m_domain, nullptr); r != 0) return ofi_error("fi_domain", r);
   // A wait fd where the provider has one (tcp); shm, efa and cxi have none
   // and their waiters sleep in short steps (ofi_operations.cpp).
@@ -214,7 +215,7 @@ OfiTransport::~OfiTransport() {
   if (m_cq != nullptr) fi_close(&m_cq->fid);
   if (m_domain != nullptr) fi_close(&m_domain->fid);
   if (m_fabric != nullptr) fi_close(&m_fabric->fid);
-  if (m_info != nullptr) fi_freeinfo(m_info);
+  if (m_info != nullptr) api().freeinfo(m_info);
   if (m_wake_fd >= 0) ::close(m_wake_fd);
 }
 
@@ -323,6 +324,9 @@ std::string OfiEndpoint::transports() const {
 }  // namespace ofi_detail
 
 Result<std::unique_ptr<Transport>> make_ofi_transport(const OfiOptions& options) {
+  if (auto loaded = ofi_detail::ofi_api(); !loaded.ok()) {
+    return loaded.status().with_context("fabric libfabric (provider " + options.provider + ")");
+  }
   auto t = std::make_unique<ofi_detail::OfiTransport>();
   OfiOptions o = options;
   if (const char* e = std::getenv("TIERMEM_OFI_ONE_SIDED"); e != nullptr && *e != '\0') o.one_sided = e;
@@ -334,7 +338,9 @@ Result<std::unique_ptr<Transport>> make_ofi_transport(const OfiOptions& options)
 }
 
 std::string libfabric_version() {
-  const uint32_t v = fi_version();
+  // The library loaded, else the one this build's headers are of (loading
+  // it only to say so would cost what ofi_loader.hpp avoids).
+  const uint32_t v = ofi_detail::ofi_loaded() ? ofi_detail::api().version() : FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
   return std::to_string(FI_MAJOR(v)) + "." + std::to_string(FI_MINOR(v));
 }
 
