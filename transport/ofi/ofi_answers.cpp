@@ -156,11 +156,12 @@ void OfiTransport::complete_message(OfiContext* ctx, size_t length, int error, i
 }
 
 void OfiTransport::post_request_buffer(RequestBuffer* buffer) {
-  auto post = [this, buffer] {
+  // Never given up: without its request buffers the target serves nobody.
+  auto post = [this, buffer](bool) {
     return fi_trecv(m_ep, buffer->bytes.get(), k_request_buffer, nullptr, FI_ADDR_UNSPEC, k_tag_request, 0,
                     &buffer->ctx.fi) != -FI_EAGAIN;
   };
-  if (!post()) post_later(post);
+  if (!post(false)) post_later(post);
 }
 
 void OfiTransport::on_request(const std::byte* data, size_t length) {
@@ -212,10 +213,11 @@ void OfiTransport::on_request(const std::byte* data, size_t length) {
     m_landings.emplace(l, std::move(landing));
   }
   const uint64_t tag = k_tag_payload | (h.id & k_id_mask);
-  auto post = [this, l, from, tag] {
+  auto post = [this, l, from, tag](bool give_up) {
     std::lock_guard lock(m_lock);
-    const ssize_t r = fi_trecv(m_ep, l->bytes.data(), l->bytes.size(), nullptr, m_directed ? from : FI_ADDR_UNSPEC,
-                               tag, 0, &l->ctx.fi);
+    const ssize_t r = give_up ? -FI_ECANCELED
+                              : fi_trecv(m_ep, l->bytes.data(), l->bytes.size(), nullptr,
+                                         m_directed ? from : FI_ADDR_UNSPEC, tag, 0, &l->ctx.fi);
     if (r == -FI_EAGAIN) return false;
     if (r != 0) {
       m_staged.fetch_sub(l->bytes.size());
@@ -223,7 +225,7 @@ void OfiTransport::on_request(const std::byte* data, size_t length) {
     }
     return true;
   };
-  if (!post()) post_later(post);
+  if (!post(false)) post_later(post);
 }
 
 void OfiTransport::run(fi_addr_t from, const MessageRequest& request, const std::vector<Op>& ops,
@@ -278,15 +280,16 @@ void OfiTransport::discard_payload(fi_addr_t from, uint64_t id) {
   }
   const uint64_t tag = k_tag_payload | (id & k_id_mask);
   // Into no room: the provider drops the bytes and reports FI_ETRUNC.
-  auto post = [this, l, from, tag] {
+  auto post = [this, l, from, tag](bool give_up) {
     std::lock_guard lock(m_lock);
-    const ssize_t r =
-        fi_trecv(m_ep, l->bytes.data(), 0, nullptr, m_directed ? from : FI_ADDR_UNSPEC, tag, 0, &l->ctx.fi);
+    const ssize_t r = give_up ? -FI_ECANCELED
+                              : fi_trecv(m_ep, l->bytes.data(), 0, nullptr, m_directed ? from : FI_ADDR_UNSPEC, tag,
+                                         0, &l->ctx.fi);
     if (r == -FI_EAGAIN) return false;
     if (r != 0) m_landings.erase(l);
     return true;
   };
-  if (!post()) post_later(post);
+  if (!post(false)) post_later(post);
 }
 
 void OfiTransport::refuse(fi_addr_t to, const MessageRequest& request, Refusal refusal) {
@@ -307,39 +310,47 @@ void OfiTransport::answer(fi_addr_t to, const MessageReply& reply, StagingBuffer
     m_sendings.emplace(s, std::move(sending));
   }
   const uint64_t tag = k_tag_answer | (reply.id & k_id_mask);
-  auto post = [this, s, to, tag, length] {
+  auto post = [this, s, to, tag, length](bool give_up) {
     std::lock_guard lock(m_lock);
     iovec iov[2] = {{&s->reply, sizeof s->reply}, {s->answer.data(), length}};
-    const ssize_t r = fi_tsendv(m_ep, iov, nullptr, length > 0 ? 2 : 1, to, tag, &s->ctx.fi);
+    const ssize_t r = give_up ? -FI_ECANCELED : fi_tsendv(m_ep, iov, nullptr, length > 0 ? 2 : 1, to, tag, &s->ctx.fi);
     if (r == -FI_EAGAIN) return false;
     if (r != 0) m_sendings.erase(s);  // nobody to answer
     return true;
   };
-  if (!post()) post_later(post);
+  if (!post(false)) post_later(post);
 }
 
-void OfiTransport::post_later(std::function<bool()> post) {
+void OfiTransport::post_later(std::function<bool(bool)> post) {
   std::lock_guard lock(m_deferred_lock);
-  m_deferred.push_back(std::move(post));
+  m_deferred.push_back({std::move(post), std::chrono::steady_clock::now()});
 }
 
 bool OfiTransport::run_deferred() {
-  bool any = false;
-  for (;;) {
-    std::function<bool()> post;
-    {
-      std::lock_guard lock(m_deferred_lock);
-      if (m_deferred.empty()) return any;
-      post = std::move(m_deferred.front());
-      m_deferred.pop_front();
-    }
-    if (!post()) {
-      std::lock_guard lock(m_deferred_lock);
-      m_deferred.push_front(std::move(post));
-      return any;
-    }
-    any = true;
+  std::deque<Deferred> pending;
+  {
+    std::lock_guard lock(m_deferred_lock);
+    if (m_deferred.empty()) return false;
+    pending.swap(m_deferred);
   }
+  // Each on its own: one peer's refused post (tcp;ofi_rxm refuses every send
+  // to a peer whose connection broke) holds up no other's. One refused for
+  // k_post_give_up is given up (its answer dropped, its staging freed).
+  const auto now = std::chrono::steady_clock::now();
+  bool any = false;
+  std::deque<Deferred> still;
+  for (Deferred& d : pending) {
+    if (d.post(now - d.since > k_post_give_up)) {
+      any = true;
+    } else {
+      still.push_back(std::move(d));
+    }
+  }
+  if (!still.empty()) {
+    std::lock_guard lock(m_deferred_lock);
+    for (auto it = still.rbegin(); it != still.rend(); ++it) m_deferred.push_front(std::move(*it));
+  }
+  return any;
 }
 
 void OfiTransport::sweep_landings() {

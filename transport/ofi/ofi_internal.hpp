@@ -388,8 +388,9 @@ class OfiTransport final : public Transport {
   void refuse(fi_addr_t to, const MessageRequest& request, Refusal refusal);
   fi_addr_t origin_addr(uint64_t origin);
   // A post that the provider could not take yet (-FI_EAGAIN), retried after
-  // the next completions; returns false while it still cannot.
-  void post_later(std::function<bool()> post);
+  // the next completions; returns false while it still cannot. Called with
+  // true once it is given up (k_post_give_up): it frees what it holds.
+  void post_later(std::function<bool(bool)> post);
   bool run_deferred();
   void progress_loop();
   // Liveness of the peers `b` waits on: over shared memory their process
@@ -444,8 +445,13 @@ class OfiTransport final : public Transport {
   static constexpr size_t k_origins_remembered = 4096;
 
   std::vector<std::unique_ptr<RequestBuffer>> m_request_buffers;
+  struct Deferred {
+    std::function<bool(bool)> post;
+    std::chrono::steady_clock::time_point since;
+  };
   std::mutex m_deferred_lock;
-  std::deque<std::function<bool()>> m_deferred;
+  std::deque<Deferred> m_deferred;
+  static constexpr std::chrono::seconds k_post_give_up{5};
   std::atomic<size_t> m_staged{0};
   static constexpr size_t k_staging_limit = 256 << 20;
   static constexpr std::chrono::milliseconds k_busy_retry{2};
