@@ -45,22 +45,18 @@ class ClusterTest : public ::testing::TestWithParam<std::string>, protected test
   void SetUp() override { ASSERT_TRUE(start_cluster(GetParam(), 3, options(GetParam()))); }
   void TearDown() override { stop_cluster(); }
 
-  // How long a new client process of node `node` takes from its start to
-  // its first remote operation done (the load worker's second mark), on
-  // this fabric: the kill tests spread their kills over it. A few
-  // milliseconds over UCX; over libfabric's tcp;ofi_rxm about 0.6 s here
-  // (loading Debian's libfabric calibrates libinfinipath's clock for 200 ms,
-  // and rxm's endpoint takes 200 ms to enable).
-  std::chrono::milliseconds client_start(NodeId node, const std::string& target) {
+  // A real client process (exec'd: a fork of this one, which has fabric
+  // threads of its own, is no client to test with): the load worker on
+  // `socket` with `targets`, its marks on the returned fd (see load_worker).
+  static std::pair<pid_t, int> start_worker(const std::string& socket, const std::vector<std::string>& targets) {
     const char* worker = std::getenv("TIERMEM_LOAD_WORKER");
-    if (worker == nullptr) return std::chrono::milliseconds(0);
     int said[2];
-    if (::pipe(said) != 0) return std::chrono::milliseconds(0);
-    std::vector<std::string> args = {worker, "--direct", "--marks", "3", m_cluster->node(node).socket(), "60", target};
+    if (worker == nullptr || ::pipe(said) != 0) return {-1, -1};
+    std::vector<std::string> args = {worker, "--direct", "--marks", "3", socket, "60"};
+    args.insert(args.end(), targets.begin(), targets.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    const auto start = std::chrono::steady_clock::now();
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::dup2(said[1], 3);
@@ -68,17 +64,30 @@ class ClusterTest : public ::testing::TestWithParam<std::string>, protected test
       ::_exit(127);
     }
     ::close(said[1]);
+    return {pid, said[0]};
+  }
+
+  // How long a new client process of node `node` takes from its start to
+  // its first remote operation done (the load worker's second mark), on
+  // this fabric: the kill tests spread their kills over it. A few
+  // milliseconds over UCX; over libfabric's tcp;ofi_rxm about 1 s here
+  // (loading Debian's libfabric calibrates libinfinipath's clock for 200 ms,
+  // and rxm's endpoint takes 200 ms to enable).
+  std::chrono::milliseconds client_start(NodeId node, const std::string& target) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto [pid, fd] = start_worker(m_cluster->node(node).socket(), {target});
+    if (pid < 0) return std::chrono::milliseconds(0);
     char marks[2];
     size_t got = 0;
     while (got < 2) {
-      const ssize_t n = ::read(said[0], marks + got, 2 - got);
+      const ssize_t n = ::read(fd, marks + got, 2 - got);
       if (n <= 0) break;
       got += static_cast<size_t>(n);
     }
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
-    ::close(said[0]);
+    ::close(fd);
     std::printf("a client of node %u on %s: first remote operation after %lld ms\n", static_cast<unsigned>(node),
                 GetParam().c_str(), static_cast<long long>(took.count()));
     return took;
@@ -335,32 +344,18 @@ TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOt
                               client_start(3, "read:" + block->gva.to_string() + ":65536"));
   const auto window = std::max<int64_t>(120000, 2 * std::chrono::duration_cast<std::chrono::microseconds>(start).count());
   for (int round = 0; round < 200; ++round) {
-    int said[2];
-    ASSERT_EQ(::pipe(said), 0);
-    // A real client process (exec'd: a fork of this one, which has UCX
-    // threads of its own, is no client to test with).
     const std::string socket = m_cluster->node(round % 2 == 0 ? 1 : 3).socket();
     const std::string second = block->gva.plus(half).to_string();
-    std::vector<std::string> args = {worker, "--direct", "--marks", "3", socket, "60",
-                                     "write:" + second + ":65536", "read:" + second + ":65536",
-                                     "add:" + counter->gva.to_string()};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(said[1], 3);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(said[1]);
+    const auto [pid, fd] = start_worker(socket, {"write:" + second + ":65536", "read:" + second + ":65536",
+                                                 "add:" + counter->gva.to_string()});
+    ASSERT_GT(pid, 0) << "TIERMEM_LOAD_WORKER could not start";
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % window));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
     char progress[2] = {};
-    const ssize_t n = ::read(said[0], progress, 2);
-    ::close(said[0]);
+    const ssize_t n = ::read(fd, progress, 2);
+    ::close(fd);
     ++phases[std::max<ssize_t>(n, 0)];
     ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the client stopped on its own: " << status;
     ++signalled;
