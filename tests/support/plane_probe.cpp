@@ -19,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <tiermem/gva.h>
 #include <tiermem/status_macros.h>
@@ -55,13 +56,26 @@ Result<proto::NodeInfo> view_of(const char* socket, NodeId node) {
   return Status(ErrorCode::not_found, "node " + std::to_string(node) + " is not in the view");
 }
 
-// The address `address` of a listener ("tmucx-listener IP PORT TOKEN") with
-// another token.
-std::string with_token(const std::string& address, const std::string& token) {
-  return address.substr(0, address.rfind(' ') + 1) + token;
+// Where the admission token is in `address`: the last word of a UCX
+// listener's ("tmucx-listener IP PORT TOKEN"), the third of a libfabric
+// transport's ("tmofi1 PROVIDER TOKEN PID NAME").
+std::pair<size_t, size_t> token_span(const std::string& address) {
+  if (!is_ofi_address(address)) return {address.rfind(' ') + 1, std::string::npos};
+  const size_t start = address.find(' ', address.find(' ') + 1) + 1;
+  return {start, address.find(' ', start) - start};
 }
 
-std::string token_of(const std::string& address) { return address.substr(address.rfind(' ') + 1); }
+// `address` with another token.
+std::string with_token(const std::string& address, const std::string& token) {
+  const auto [at, length] = token_span(address);
+  std::string out = address;
+  return out.replace(at, length == std::string::npos ? out.size() - at : length, token);
+}
+
+std::string token_of(const std::string& address) {
+  const auto [at, length] = token_span(address);
+  return address.substr(at, length);
+}
 
 int attack(const char* socket, NodeId node, const std::string& file) {
   std::ifstream in(file, std::ios::binary);
