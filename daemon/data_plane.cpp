@@ -44,9 +44,12 @@ Result<Transport*> DataPlane::plane(const std::string& tenant) {
   if (auto it = m_planes.find(tenant); it != m_planes.end()) return it->second.get();
   auto t = make_transport(m_fabric, m_options);
   if (!t.ok()) return t.status().with_context("starting tenant " + tenant + "'s data plane (" + m_fabric.name() + ")");
-  proto::TenantPlane* p = m_self.add_tenant_planes();
-  p->set_tenant(tenant);
-  p->set_transport_address((*t)->address());
+  {
+    std::lock_guard lock(m_mutex);
+    proto::TenantPlane* p = m_self.add_tenant_planes();
+    p->set_tenant(tenant);
+    p->set_transport_address((*t)->address());
+  }
   spdlog::info("data plane of tenant {}: its own {} transport, with its own admission token", tenant, m_fabric.name());
   return (m_planes[tenant] = std::move(t).value()).get();
 }
@@ -65,50 +68,61 @@ DataPlane::~DataPlane() {
   m_regions.clear();  // before the transport
 }
 
-Status DataPlane::add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier, uint32_t domain,
-                      uint64_t first, bool persistent, const std::string& tenant, uint64_t memory_generation) {
+Result<proto::RegionKey> DataPlane::add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier,
+                                        uint32_t domain, uint64_t first, bool persistent, const std::string& tenant,
+                                        uint64_t memory_generation) {
   TIERMEM_ASSIGN_OR_RETURN(auto region, m_transport->register_region(const_cast<void*>(base), length, kind));
-  proto::RegionKey* k = m_self.add_regions();
-  k->set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
-  k->set_tier(wire::to_proto(tier));
-  k->set_base(region->base());
-  k->set_length(length);
-  k->set_packed_key(region->packed_key());
-  k->set_persistent(persistent);
-  k->set_domain(domain);
-  k->set_first(first);
-  k->set_tenant(tenant);
-  k->set_memory_generation(memory_generation);
+  proto::RegionKey k;
+  k.set_kind(versions ? proto::Region::VERSIONS : proto::Region::TIER);
+  k.set_tier(wire::to_proto(tier));
+  k.set_base(region->base());
+  k.set_length(length);
+  k.set_packed_key(region->packed_key());
+  k.set_persistent(persistent);
+  k.set_domain(domain);
+  k.set_first(first);
+  k.set_tenant(tenant);
+  k.set_memory_generation(memory_generation);
   m_regions.push_back(std::move(region));
-  if (kind == MemoryKind::host) return add_to_plane(*k, tenant);
-  return Status();
+  if (kind == MemoryKind::host) TIERMEM_RETURN_IF_ERROR(add_to_plane(k, tenant));
+  return k;
 }
 
 Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, const std::string& control,
                            uint64_t incarnation) {
   {
-    std::lock_guard lock(m_mutex);
-    m_self.set_node_id(config.node_id);
-    m_self.set_control_address(control);
-    m_self.set_page_size(space.page_size());
-    m_self.set_incarnation(incarnation);
-    m_self.set_pages_per_domain(space.pages_per_domain());
-    m_self.set_socket_path(config.socket_path);
-    m_self.set_host_id(host_id());
-    m_self.set_transport_address(m_transport->address());
-    m_self.set_fabric(m_fabric.name());
+    std::lock_guard reg(m_register_mutex);
+    {
+      std::lock_guard lock(m_mutex);
+      m_self.set_node_id(config.node_id);
+      m_self.set_control_address(control);
+      m_self.set_page_size(space.page_size());
+      m_self.set_incarnation(incarnation);
+      m_self.set_pages_per_domain(space.pages_per_domain());
+      m_self.set_socket_path(config.socket_path);
+      m_self.set_host_id(host_id());
+      m_self.set_transport_address(m_transport->address());
+      m_self.set_fabric(m_fabric.name());
+    }
     VersionSegments& v = space.versions();
     for (uint32_t d = 0; d < v.domains(); ++d) {
-      Status s = add(v.domain_words(d), v.domain_words_bytes(), MemoryKind::host, true, Tier::automatic, d,
-                     uint64_t{d} * v.pages_per_domain(), false, space.tenant_of_domain(d), v.memory_generation(d));
-      if (!s.ok()) return s.with_context("registering the version words");
+      auto k = add(v.domain_words(d), v.domain_words_bytes(), MemoryKind::host, true, Tier::automatic, d,
+                   uint64_t{d} * v.pages_per_domain(), false, space.tenant_of_domain(d), v.memory_generation(d));
+      if (!k.ok()) return k.status().with_context("registering the version words");
+      std::lock_guard lock(m_mutex);
+      *m_self.add_regions() = std::move(k).value();
     }
     // VRAM (its chunks come and go with frames, so peers reach it through
     // the daemon unless the transport registers the whole device range).
     if (TierBackend* b = space.backend(Tier::vram)) {
-      Status s = add(b->region_base(), b->domains() * b->domain_span(), MemoryKind::cuda, false, Tier::vram, 0, 0,
-                     false, "", 0);
-      if (!s.ok()) spdlog::info("vram tier not reachable one-sided: {}", s.message());
+      auto k = add(b->region_base(), b->domains() * b->domain_span(), MemoryKind::cuda, false, Tier::vram, 0, 0,
+                   false, "", 0);
+      if (!k.ok()) {
+        spdlog::info("vram tier not reachable one-sided: {}", k.status().message());
+      } else {
+        std::lock_guard lock(m_mutex);
+        *m_self.add_regions() = std::move(k).value();
+      }
     }
   }
   for (uint32_t d = 0; d < space.domains(); ++d) {
@@ -118,27 +132,41 @@ Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, cons
 }
 
 Status DataPlane::register_domain(AddressSpace& space, uint32_t domain) {
-  std::lock_guard lock(m_mutex);
+  std::lock_guard reg(m_register_mutex);
   const std::string tenant = space.tenant_of_domain(domain);
-  bool added = false;
+  std::vector<proto::RegionKey> added;
   for (Tier t : {Tier::dram, Tier::pmem}) {
     TierBackend* b = space.backend(t);
     if (b == nullptr || b->domain_bytes(domain) == 0) continue;
     if (!m_registered_domains.insert({static_cast<int>(t), domain}).second) continue;
     const uint64_t first = uint64_t{domain} * b->domain_span();
-    TIERMEM_RETURN_IF_ERROR(add(b->host_base() + first, b->domain_bytes(domain), MemoryKind::host, false, t, domain,
-                                first, b->persistent(), tenant, space.versions().memory_generation(domain)));
-    added = true;
+    TIERMEM_ASSIGN_OR_RETURN(auto k, add(b->host_base() + first, b->domain_bytes(domain), MemoryKind::host, false, t,
+                                         domain, first, b->persistent(), tenant,
+                                         space.versions().memory_generation(domain)));
+    added.push_back(std::move(k));
   }
-  for (proto::RegionKey& k : *m_self.mutable_regions()) {
-    if (k.kind() != proto::Region::VERSIONS || k.domain() != domain) continue;
+  // The domain's version words: now its tenant's, and in its plane. (Only
+  // this function and describe() change keys, under m_register_mutex.)
+  std::vector<std::pair<int, proto::RegionKey>> versions;
+  {
+    std::lock_guard lock(m_mutex);
+    for (int i = 0; i < m_self.regions_size(); ++i) {
+      const proto::RegionKey& k = m_self.regions(i);
+      if (k.kind() == proto::Region::VERSIONS && k.domain() == domain) versions.emplace_back(i, k);
+    }
+  }
+  bool changed = !added.empty();
+  for (auto& [i, k] : versions) {
     k.set_tenant(tenant);
     if (k.tenant_packed_key().empty() && m_planes_enabled) {
       TIERMEM_RETURN_IF_ERROR(add_to_plane(k, tenant));
-      added = true;
+      changed = true;
     }
   }
-  if (added) m_self.set_regions_version(m_self.regions_version() + 1);
+  std::lock_guard lock(m_mutex);
+  for (auto& [i, k] : versions) *m_self.mutable_regions(i) = std::move(k);
+  for (proto::RegionKey& k : added) *m_self.add_regions() = std::move(k);
+  if (changed) m_self.set_regions_version(m_self.regions_version() + 1);
   return Status();
 }
 

@@ -67,10 +67,13 @@ class DataPlane {
 
  private:
   DataPlane() = default;
-  Status add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier, uint32_t domain,
-             uint64_t first, bool persistent, const std::string& tenant, uint64_t memory_generation);
+  // Registers a region with the node's transport (and its tenant's plane)
+  // and returns its key. Caller holds m_register_mutex.
+  Result<proto::RegionKey> add(const void* base, size_t length, MemoryKind kind, bool versions, Tier tier,
+                               uint32_t domain, uint64_t first, bool persistent, const std::string& tenant,
+                               uint64_t memory_generation);
   // Registers the region of `key` in `tenant`'s plane (made on first use)
-  // and sets its tenant_packed_key. Caller holds m_mutex.
+  // and sets its tenant_packed_key. Caller holds m_register_mutex.
   Status add_to_plane(proto::RegionKey& key, const std::string& tenant);
   Result<Transport*> plane(const std::string& tenant);
 
@@ -78,12 +81,17 @@ class DataPlane {
   UcxOptions m_options;  // and the options every fabric shares (make_transport)
   bool m_planes_enabled = false;
   std::unique_ptr<Transport> m_transport;
+  // Registrations and tenant planes, made one at a time under
+  // m_register_mutex: they take long (a tenant plane over tcp;ofi_rxm
+  // 230 ms), and m_mutex, which every heartbeat answer takes to read the
+  // description (self()), is held only to copy keys in and out.
+  std::mutex m_register_mutex;
   std::map<std::string, std::unique_ptr<Transport>> m_planes;  // by tenant
-  mutable std::mutex m_mutex;
-  proto::NodeInfo m_self;
-  std::set<std::pair<int, uint32_t>> m_registered_domains;  // (tier, domain)
+  std::set<std::pair<int, uint32_t>> m_registered_domains;     // (tier, domain)
   // Registrations end before the transport.
   std::vector<std::unique_ptr<RegisteredRegion>> m_regions;
+  mutable std::mutex m_mutex;
+  proto::NodeInfo m_self;
 };
 
 // The fabric `config` chooses ([transport] fabric and provider).

@@ -443,8 +443,10 @@ TEST(MetadataTest, WithoutMetadataARestartForgets) {
 // Pages migrated onto frames a peer lent: the peer's restart keeps them lent
 // (its records), the home's restart keeps them in the allocation (its
 // records), and the bytes stay reachable; a free gives them back.
-TEST(ClusterDurabilityTest, PagesOnAPeerSurviveEitherNodesRestart) {
-  test::TestCluster cluster(2, small_pages());
+class ClusterDurabilityTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClusterDurabilityTest, PagesOnAPeerSurviveEitherNodesRestart) {
+  test::TestCluster cluster(2, small_pages().over(GetParam()));
   ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
   const auto data = test::pattern(256 << 10, 6);
   Gva gva;
@@ -482,6 +484,9 @@ TEST(ClusterDurabilityTest, PagesOnAPeerSurviveEitherNodesRestart) {
   ASSERT_TRUE(cluster.node(1).connect()->free(gva).ok());
   EXPECT_EQ(used_on_2(), used_before) << "node 2's frames were not given back";
 }
+
+INSTANTIATE_TEST_SUITE_P(Fabrics, ClusterDurabilityTest, ::testing::ValuesIn(test::k_fault_fabrics),
+                         [](const auto& info) { return test::fabric_name(info.param); });
 
 }  // namespace
 }  // namespace tiermem

@@ -362,8 +362,10 @@ TEST(FaultTest, AClientOfAStoppedDaemonTimesOut) {
 // thread blocked on the stopped peer) and `tiermemctl nodes` blocked too. A
 // stopped peer now costs only the requests that go to it, and they fail
 // saying what happened.
-TEST(FaultTest, AStoppedPeerCostsOnlyTheRequestsThatGoToIt) {
-  test::TestCluster cluster(3);
+class StoppedPeerTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(StoppedPeerTest, AStoppedPeerCostsOnlyTheRequestsThatGoToIt) {
+  test::TestCluster cluster(3, test::DaemonOptions{}.over(GetParam()));
   ASSERT_TRUE(cluster.ready()) << cluster.logs();
   ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
   auto via_daemon = Client::connect({.socket_path = cluster.node(1).socket(), .direct_access = false});
@@ -443,6 +445,9 @@ TEST(FaultTest, AStoppedPeerCostsOnlyTheRequestsThatGoToIt) {
   ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
   EXPECT_TRUE((*via_daemon)->read(on3->gva, back.data(), 4096).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Fabrics, StoppedPeerTest, ::testing::ValuesIn(test::k_fault_fabrics),
+                         [](const auto& info) { return test::fabric_name(info.param); });
 
 }  // namespace
 }  // namespace tiermem

@@ -97,8 +97,12 @@ size_t copies_held(Client& c, NodeId node) {
   return n;
 }
 
-TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
-  test::TestCluster cluster(3, fast_cluster());
+// Every case over each fabric: copies are written and read through the
+// peers' data plane.
+class ReplicationTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
 
@@ -186,8 +190,8 @@ TEST(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
   if (::testing::Test::HasFailure()) std::fprintf(stderr, "%s\n", cluster.logs().c_str());
 }
 
-TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItReturns) {
-  test::TestCluster cluster(3, fast_cluster());
+TEST_P(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItReturns) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto owner = owner_on(cluster);
   ASSERT_NE(owner, nullptr);
   auto a = owner->alloc(k_size, {.tier = Tier::dram, .replicas = 2});
@@ -282,8 +286,8 @@ TEST(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterItRe
   if (::testing::Test::HasFailure()) std::fprintf(stderr, "%s\n", cluster.logs().c_str());
 }
 
-TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
-  test::TestCluster cluster(3, fast_cluster());
+TEST_P(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
@@ -336,8 +340,8 @@ TEST(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
   EXPECT_EQ(one_value(got), 3u);
 }
 
-TEST(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
-  test::TestCluster cluster(3, fast_cluster());
+TEST_P(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 2});
@@ -380,8 +384,8 @@ TEST(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
 // stayed ready but unlisted, so no write reached it and it served zeros to
 // reads while the home was dead (CI, December 2026). With the loop looking
 // every 10 ms, many allocations meet it.
-TEST(ReplicationTest, ACopyTheRepairLoopMadeBeforePlacementIsListedAndWritten) {
-  test::DaemonOptions o = fast_cluster();
+TEST_P(ReplicationTest, ACopyTheRepairLoopMadeBeforePlacementIsListedAndWritten) {
+  test::DaemonOptions o = fast_cluster().over(GetParam());
   o.extra_toml = "[health]\ndegraded_after_missed = 2\nunreachable_after_ms = " + std::to_string(k_unreachable_ms) +
                  "\n[replication]\nrepair_interval_ms = 10\norphan_min_age_ms = 600000\n";
   test::TestCluster cluster(3, o);
@@ -416,8 +420,8 @@ TEST(ReplicationTest, ACopyTheRepairLoopMadeBeforePlacementIsListedAndWritten) {
   }
 }
 
-TEST(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
-  test::TestCluster cluster(3, fast_cluster());
+TEST_P(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .strict = true, .replicas = 1});
@@ -448,8 +452,8 @@ TEST(ReplicationTest, AHomeWhoseMemoryWasLostIsRefilledFromItsCopy) {
   ASSERT_TRUE(after->write(a->gva, data.data(), 8).ok()) << "the refilled home takes writes";
 }
 
-TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
-  test::TestCluster cluster(3, fast_cluster());
+TEST_P(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
@@ -479,6 +483,9 @@ TEST(ReplicationTest, OnTheMinoritySideACopyServesNothing) {
                                 << " through_daemon " << reader->access_counters().through_daemon << "\n"
                                 << cluster.logs();
 }
+
+INSTANTIATE_TEST_SUITE_P(Fabrics, ReplicationTest, ::testing::ValuesIn(test::k_fault_fabrics),
+                         [](const auto& info) { return test::fabric_name(info.param); });
 
 }  // namespace
 }  // namespace tiermem

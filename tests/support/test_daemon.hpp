@@ -39,7 +39,28 @@ struct DaemonOptions {
   bool metrics = false;      // [metrics] listen on 127.0.0.1 and a free port (metrics_port())
   // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).
   std::vector<std::string> wrapper;
+
+  // These options over the fabric a fault test's parameter names: "ucx"
+  // (UCX as the daemon chooses it: shared memory and TCP), "ofi-tcp"
+  // (libfabric's tcp;ofi_rxm) or "ofi-shm" (libfabric's shm).
+  DaemonOptions& over(const std::string& fabric_param) {
+    if (fabric_param.rfind("ofi-", 0) == 0) {
+      fabric = "libfabric";
+      provider = fabric_param == "ofi-tcp" ? "tcp;ofi_rxm" : fabric_param.substr(4);
+      tls.clear();
+    }
+    return *this;
+  }
 };
+
+// The fabrics the fault and durability suites' remote cases run over, and
+// GoogleTest's names for them (which take no '-').
+inline const std::string k_fault_fabrics[] = {"ucx", "ofi-tcp", "ofi-shm"};
+inline std::string fabric_name(const std::string& param) {
+  std::string name = param;
+  for (char& c : name) c = c == '-' ? '_' : c;
+  return name;
+}
 
 class TestDaemon {
  public:

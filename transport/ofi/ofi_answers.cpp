@@ -363,10 +363,27 @@ void OfiTransport::sweep_landings() {
   }
 }
 
+void OfiTransport::watch_exits() {
+  std::vector<std::shared_ptr<OfiEndpoint>> exited;
+  {
+    std::lock_guard lock(m_watch_lock);
+    std::erase_if(m_watched, [&](const std::weak_ptr<OfiEndpoint>& w) {
+      auto ep = w.lock();
+      if (ep == nullptr || ep->failed()) return true;
+      pollfd p{ep->m_pidfd, POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) return false;
+      exited.push_back(std::move(ep));
+      return true;
+    });
+  }
+  for (const auto& ep : exited) report_failure(*ep, "the peer process exited (shm reports no error for it)");
+}
+
 void OfiTransport::progress_loop() {
   using clock = std::chrono::steady_clock;
   auto last_news = clock::now();
   auto last_sweep = last_news;
+  auto last_watch = last_news;
   auto budget = m_idle_spin.budget();
   bool idle = false;
   auto nap = std::chrono::microseconds(10);
@@ -385,6 +402,10 @@ void OfiTransport::progress_loop() {
       budget = m_idle_spin.budget();
     }
     const auto now = clock::now();
+    if (now - last_watch > std::chrono::milliseconds(20)) {
+      watch_exits();
+      last_watch = now;
+    }
     if (now - last_news < budget) continue;
     if (m_cq_fd < 0 && now - last_news < k_no_fd_spin) {
       // No fd to sleep on: poll on for a while after the last request, as

@@ -396,6 +396,10 @@ class OfiTransport final : public Transport {
   // Liveness of the peers `b` waits on: over shared memory their process
   // (OfiEndpoint::m_pidfd), else a ping to those whose answers are late.
   void check_peers(OfiBatch& b);
+  // Reports the peers that exited among those watched by their pidfd (shm),
+  // whether or not anything is asked of them: what UCX learns from a reset
+  // connection, the daemon's health graph learns before a heartbeat.
+  void watch_exits();
   void ping(OfiEndpoint& ep);
 
   std::string m_provider;
@@ -432,6 +436,9 @@ class OfiTransport final : public Transport {
   std::unordered_map<Landing*, std::unique_ptr<Landing>> m_landings;
   std::unordered_map<Sending*, std::unique_ptr<Sending>> m_sendings;
   std::unordered_map<Ping*, std::unique_ptr<Ping>> m_pings;
+  // Endpoints with a pidfd (watch_exits); the progress thread's.
+  std::mutex m_watch_lock;
+  std::vector<std::weak_ptr<OfiEndpoint>> m_watched;
   // A message unanswered this long has its peer pinged (once per check).
   static constexpr std::chrono::milliseconds k_ping_after{300};
   static constexpr std::chrono::milliseconds k_ping_blocked{1000};

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+
 #include <mutex>
 #include <string>
 
@@ -21,6 +23,13 @@ bool resolve(void* lib, const char* name, F* out) {
 }
 
 void load() {
+  // tcp;ofi_rxm sizes the receive queue of its message endpoints by rx
+  // attributes (2048 here) and fills a pool for it when an endpoint is
+  // enabled: 200 ms of page faults and 50 MiB of memory for every
+  // transport (a daemon's, each tenant plane's, each client's). 128 posted
+  // receives are as fast in bench/remote.sh and cost 60 ms and 18 MiB. Set
+  // before libfabric reads its parameters; an operator's own value stays.
+  ::setenv("FI_OFI_RXM_MSG_RX_SIZE", "128", 0);
   // The soname the headers are of (ABI 1); RTLD_LOCAL: its providers' own
   // symbols stay out of the process's namespace.
   void* lib = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);

@@ -262,6 +262,10 @@ Result<std::shared_ptr<Endpoint>> OfiTransport::connect(std::string_view address
   if (m_provider == "shm" && pid > 0) pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
   auto ep = std::make_shared<OfiEndpoint>(*this, addr, admission, pidfd);
   if (Status s = hello(*ep); !s.ok()) return s;
+  if (pidfd >= 0) {
+    std::lock_guard lock(m_watch_lock);
+    m_watched.push_back(ep);
+  }
   return std::shared_ptr<Endpoint>(std::move(ep));
 }
 
