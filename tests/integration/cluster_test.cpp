@@ -287,13 +287,6 @@ TEST_P(ClusterTest, ClientsKilledMidOperationLeaveTheHomeDaemonServing) {
 // their reads, writes and fetch-adds. Throughout, a client of another node
 // is served every operation within a second, and every daemon lives.
 TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOthers) {
-  if (GetParam() == "ofi-tcp") {
-    // Run here it passes, but takes 190 s (a client starts in ~1 s over
-    // Debian's libfabric: see client_start) and its survivor's slowest
-    // operation was 0.99 s of the 1 s allowed: a tenant plane stalls while
-    // clients die over tcp;ofi_rxm, not yet understood (issue 24's note).
-    GTEST_SKIP() << "tcp;ofi_rxm: 190 s, and a ~1 s stall of the plane while clients die is open (issue 24)";
-  }
   auto owner = m_cluster->node(2).connect("owner");
   auto block = owner->alloc(1 << 20, {.tier = Tier::dram});
   auto counter = owner->alloc(4096, {.tier = Tier::dram, .coherent = true});
@@ -306,7 +299,11 @@ TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOt
   std::atomic<int> failures{0};
   std::atomic<int64_t> slowest_us{0};
   std::atomic<uint64_t> served{0};
+  std::atomic<int64_t> first_us{-1};
   std::string first_failure;
+  // The survivor's first operation wires its data plane up (over libfabric's
+  // tcp;ofi_rxm about 0.5 s here: loading Debian's libfabric and enabling
+  // rxm's endpoint): the kills start after it, and it is timed apart.
   std::thread survivor([&] {
     auto c = m_cluster->node(3).connect("survivor");
     if (!c) {
@@ -315,7 +312,7 @@ TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOt
       return;
     }
     std::vector<unsigned char> back(half);
-    while (!stop.load()) {
+    for (bool first = true; !stop.load(); first = false) {
       const auto t0 = std::chrono::steady_clock::now();
       Status s = c->read(block->gva, back.data(), half);
       if (s.ok() && !std::equal(back.begin(), back.end(), data.begin())) {
@@ -324,6 +321,10 @@ TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOt
       if (s.ok()) s = c->fetch_add(counter->gva, 0).status();
       const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
       if (!s.ok() && failures.fetch_add(1) == 0) first_failure = s.to_string();
+      if (first) {
+        first_us.store(us.count());
+        continue;
+      }
       int64_t seen = slowest_us.load();
       while (us.count() > seen && !slowest_us.compare_exchange_weak(seen, us.count())) {
       }
@@ -343,6 +344,7 @@ TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOt
   const auto start = std::max(client_start(1, "read:" + block->gva.to_string() + ":65536"),
                               client_start(3, "read:" + block->gva.to_string() + ":65536"));
   const auto window = std::max<int64_t>(120000, 2 * std::chrono::duration_cast<std::chrono::microseconds>(start).count());
+  for (int i = 0; i < 1000 && first_us.load() < 0; ++i) std::this_thread::sleep_for(10ms);
   for (int round = 0; round < 200; ++round) {
     const std::string socket = m_cluster->node(round % 2 == 0 ? 1 : 3).socket();
     const std::string second = block->gva.plus(half).to_string();
@@ -372,9 +374,9 @@ TEST_P(ClusterTest, TwoHundredClientsKilledInWireUpAndSendsLeaveTheHomeServingOt
   EXPECT_GT(served.load(), 100u) << "the survivor was hardly served";
   EXPECT_LT(slowest_us.load(), 1'000'000) << "the survivor waited over a second for one operation";
   std::printf("kills: %d before the daemon's hello, %d in the wire-up to the home, %d in operations; survivor: %llu "
-              "operations, the slowest %lld us\n",
+              "operations, the slowest %lld us (its first, with the wire-up, %lld us)\n",
               phases[0], phases[1], phases[2], static_cast<unsigned long long>(served.load()),
-              static_cast<long long>(slowest_us.load()));
+              static_cast<long long>(slowest_us.load()), static_cast<long long>(first_us.load()));
   // The kills reached each phase (the test is about them).
   EXPECT_GE(phases[1], 10) << "too few kills during the wire-up";
   EXPECT_GE(phases[2], 10) << "too few kills during operations";
