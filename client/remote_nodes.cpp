@@ -96,7 +96,16 @@ Result<std::shared_ptr<RemoteState>> RemoteNodes::get(NodeId node, bool reconnec
   }
   // Made for the first node reached, on its fabric (all nodes share one).
   TIERMEM_RETURN_IF_ERROR(start_transport(node, n.transport_address()));
-  TIERMEM_ASSIGN_OR_RETURN(auto rn, connect_remote_node(*m_transport, wire::advert_of(n)));
+  auto connected = connect_remote_node(*m_transport, wire::advert_of(n));
+  if (!connected.ok() && connected.status().code() == ErrorCode::not_supported) {
+    // A plane this client cannot use (libfabric shm and a daemon of another
+    // user): its memory goes through the daemon, and the plane is not tried
+    // again for a while.
+    m_no_plane[node] = now;
+    return connected.status().with_context("node " + std::to_string(node) + "'s data plane; its memory goes through "
+                                           "the daemon");
+  }
+  TIERMEM_ASSIGN_OR_RETURN(auto rn, std::move(connected));
   {
     std::lock_guard endpoints(m_endpoint_mutex);
     m_endpoint_nodes[rn->endpoint.get()] = node;

@@ -465,7 +465,8 @@ TEST_F(TenantTest, SmallAllocationsSharePagesOnlyWithinATenant) {
 // (planes are transports of their own there too). Not libfabric's shm: its
 // queues are files of their owner, and a client of another user cannot
 // attach to the daemon's (fi_av_insert: EINVAL), so tenants of other users
-// have no data plane over it (issue 24's note).
+// have no data plane over it; their memory on other nodes goes through their
+// daemon (the case after these).
 class TenantPlaneTest : public TenantTest, public ::testing::WithParamInterface<std::string> {
  protected:
   test::DaemonOptions cluster_options() const {
@@ -545,6 +546,30 @@ TEST_P(TenantPlaneTest, EachTenantHasItsOwnDataPlaneAtANode) {
   EXPECT_TRUE(as(&*s_bob, sock1, {"--direct", "write", his.text, "bob"}).ok);
   EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
   ::unsetenv("UCX_TLS");
+  ::unsetenv("TIERMEM_MAP_SAME_HOST");
+}
+
+// Over libfabric shm, daemons of root and clients of other users: a client
+// cannot attach to a node's plane (shm's queues are its owner's), and its
+// remote operations go through its daemon instead of failing; the other
+// tenant still reaches none of it.
+TEST_F(TenantTest, OverLibfabricShmAClientOfAnotherUserGoesThroughItsDaemon) {
+  ::setenv("TIERMEM_MAP_SAME_HOST", "0", 1);  // nodes as hosts: clients would use the data plane
+  test::DaemonOptions o{.extra_toml = tenants_toml(), .control_toml = "socket_mode = \"0666\"\n"};
+  test::TestCluster cluster(2, o.over("ofi-shm"));
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  open_to_users(cluster.node(1));
+  open_to_users(cluster.node(2));
+  std::filesystem::permissions(cluster.dir(), std::filesystem::perms(0755));
+  const std::string sock1 = cluster.node(1).socket();
+  const Outcome made = as(&*s_alice, sock1, {"alloc", "1048576", "dram", "alice-shm", "2"});
+  ASSERT_TRUE(made.ok) << made.text;
+  const Outcome wrote = as(&*s_alice, sock1, {"--direct", "write", made.text, "alice"});
+  EXPECT_TRUE(wrote.ok) << wrote.text;
+  const Outcome back = as(&*s_alice, sock1, {"--direct", "read", made.text, "5"});
+  EXPECT_TRUE(back.ok && back.text == "alice") << back.text;
+  expect_all_refused(sock1, made.text, "alice-shm", false);
+  EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
   ::unsetenv("TIERMEM_MAP_SAME_HOST");
 }
 

@@ -256,6 +256,16 @@ Result<std::shared_ptr<Endpoint>> OfiTransport::connect(std::string_view address
   const uint64_t admission = std::strtoull(admission_hex.c_str(), nullptr, 16);
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   if (int n = fi_av_insert(m_av, name.data(), 1, &addr, 0, nullptr); n != 1) {
+    if (m_provider == "shm") {
+      // shm's queues are files of their owner's user (0600 in /dev/shm): a
+      // process of another user cannot attach to them (EINVAL), nor to one
+      // whose process is gone. Not a failure of the peer: a route the
+      // caller takes otherwise (a client goes through its daemon).
+      return Status(ErrorCode::not_supported,
+                    "libfabric shm cannot attach to process " + std::to_string(pid) +
+                        "'s queue (fi_av_insert: " + api().strerror(n < 0 ? -n : FI_EINVAL) +
+                        "; shm's queues are open only to their own user's processes)");
+    }
     return ofi_error("adding the peer's address (fi_av_insert)", n < 0 ? n : -FI_EINVAL);
   }
   int pidfd = -1;
