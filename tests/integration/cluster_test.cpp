@@ -70,9 +70,9 @@ class ClusterTest : public ::testing::TestWithParam<std::string>, protected test
   // How long a new client process of node `node` takes from its start to
   // its first remote operation done (the load worker's second mark), on
   // this fabric: the kill tests spread their kills over it. A few
-  // milliseconds over UCX; over libfabric's tcp;ofi_rxm about 1 s here
+  // milliseconds over UCX; over libfabric's tcp;ofi_rxm about 0.5 s here
   // (loading Debian's libfabric calibrates libinfinipath's clock for 200 ms,
-  // and rxm's endpoint takes 200 ms to enable).
+  // and rxm's endpoint takes 60 ms to enable).
   std::chrono::milliseconds client_start(NodeId node, const std::string& target) {
     const auto start = std::chrono::steady_clock::now();
     const auto [pid, fd] = start_worker(m_cluster->node(node).socket(), {target});
