@@ -83,8 +83,9 @@ class DataPlane {
   std::unique_ptr<Transport> m_transport;
   // Registrations and tenant planes, made one at a time under
   // m_register_mutex: they take long (a tenant plane over tcp;ofi_rxm
-  // 230 ms), and m_mutex, which every heartbeat answer takes to read the
-  // description (self()), is held only to copy keys in and out.
+  // 60 ms, 230 ms with rxm's default receive pool), and m_mutex, which
+  // every heartbeat answer takes to read the description (self()), is held
+  // only to copy keys in and out.
   std::mutex m_register_mutex;
   std::map<std::string, std::unique_ptr<Transport>> m_planes;  // by tenant
   std::set<std::pair<int, uint32_t>> m_registered_domains;     // (tier, domain)

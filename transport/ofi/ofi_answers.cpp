@@ -5,13 +5,16 @@
 // nobody of this process waits. See ofi_internal.hpp.
 #include <poll.h>
 #include <sched.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "transport/ofi/ofi_internal.hpp"
 #include "transport/ofi/ofi_loader.hpp"
+#include "transport/ofi/ofi_shm_sweep.hpp"
 
 namespace tiermem::ofi_detail {
 
@@ -239,6 +242,10 @@ void OfiTransport::on_hello(const OfiHead& head, const std::byte* name, size_t n
   if (name_length == 0 || name_length > k_name_max) return;
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   if (fi_av_insert(m_av, name, 1, &addr, 0, nullptr) != 1) return;
+  if (m_provider == "shm") {
+    std::lock_guard lock(m_origins_lock);
+    watch_asker(addr, name, name_length);
+  }
   if (h.admission != m_admission) {
     // Told why, and never remembered: its requests find no origin.
     refuse(addr, h, Refusal::unadmitted);
@@ -302,6 +309,7 @@ void OfiTransport::refuse(fi_addr_t to, const MessageRequest& request, Refusal r
 
 void OfiTransport::answer(fi_addr_t to, const MessageReply& reply, StagingBuffer bytes, size_t length) {
   auto sending = std::make_unique<Sending>();
+  sending->to = to;
   sending->reply = reply;
   sending->answer = std::move(bytes);
   Sending* s = sending.get();
@@ -363,6 +371,54 @@ void OfiTransport::sweep_landings() {
   }
 }
 
+void OfiTransport::watch_asker(fi_addr_t addr, const std::byte* name, size_t name_length) {
+  // shm names an endpoint "fi_shm://<pid>:<domain>:<endpoint>". A name that
+  // says another pid only makes its own address live as long as that pid.
+  const std::string_view text(reinterpret_cast<const char*>(name), name_length);
+  constexpr std::string_view k_scheme = "fi_shm://";
+  if (!text.starts_with(k_scheme)) return;
+  long pid = 0;
+  for (size_t i = k_scheme.size(); i < text.size() && text[i] >= '0' && text[i] <= '9' && pid < (1L << 31); ++i) {
+    pid = pid * 10 + (text[i] - '0');
+  }
+  if (pid <= 0 || pid >= (1L << 31)) return;
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+  if (fd < 0) return;  // gone already: its hello is answered, and forgotten with the process's next asker
+  if (Asker& a = m_askers[addr]; a.pidfd >= 0) ::close(a.pidfd);
+  m_askers[addr] = Asker{fd, {}};
+}
+
+void OfiTransport::forget_dead_askers() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<fi_addr_t> gone;
+  {
+    std::lock_guard lock(m_origins_lock);
+    for (auto& [addr, a] : m_askers) {
+      if (a.exited == std::chrono::steady_clock::time_point{}) {
+        pollfd p{a.pidfd, POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) a.exited = now;
+      } else if (now - a.exited > k_dead_asker_grace) {
+        gone.push_back(addr);
+      }
+    }
+  }
+  if (gone.empty()) return;
+  std::lock_guard lock(m_lock);
+  std::lock_guard origins(m_origins_lock);
+  for (fi_addr_t addr : gone) {
+    // An answer or a payload still naming it (shm never completes a send
+    // to a dead peer's queue): kept, and its queue stays mapped.
+    bool named = false;
+    for (const auto& [s, owned] : m_sendings) named |= s->to == addr;
+    for (const auto& [l, owned] : m_landings) named |= l->from == addr;
+    if (named) continue;
+    fi_av_remove(m_av, &addr, 1, 0);
+    ::close(m_askers[addr].pidfd);
+    m_askers.erase(addr);
+    std::erase_if(m_origins, [&](const auto& o) { return o.second == addr; });
+  }
+}
+
 void OfiTransport::watch_exits() {
   std::vector<std::shared_ptr<OfiEndpoint>> exited;
   {
@@ -415,6 +471,10 @@ void OfiTransport::progress_loop() {
     }
     if (now - last_sweep > std::chrono::seconds(1)) {
       sweep_landings();
+      if (m_provider == "shm") {
+        forget_dead_askers();
+        (void)sweep_dead_shm_queues_now_and_then();
+      }
       last_sweep = now;
     }
     if (m_cq_fd < 0) {

@@ -278,6 +278,7 @@ struct Ping {
 // An answer being sent.
 struct Sending {
   OfiContext ctx{{}, ContextKind::answer_send, this};
+  fi_addr_t to = FI_ADDR_UNSPEC;
   MessageReply reply;
   StagingBuffer answer;
 };
@@ -400,6 +401,13 @@ class OfiTransport final : public Transport {
   // whether or not anything is asked of them: what UCX learns from a reset
   // connection, the daemon's health graph learns before a heartbeat.
   void watch_exits();
+  // Target side over shm: the askers that said hello, watched by pid; the
+  // address of one that exited is removed from the address vector once
+  // nothing in flight names it, which unmaps its queue (shm maps every
+  // peer's 16 MiB queue, and the memory of a queue its owner unlinked is
+  // held as long as anyone maps it). Under m_origins_lock.
+  void watch_asker(fi_addr_t addr, const std::byte* name, size_t name_length);
+  void forget_dead_askers();
   void ping(OfiEndpoint& ep);
 
   std::string m_provider;
@@ -450,6 +458,14 @@ class OfiTransport final : public Transport {
   std::unordered_map<uint64_t, fi_addr_t> m_origins;  // askers that said hello, by origin
   std::deque<uint64_t> m_origin_order;
   static constexpr size_t k_origins_remembered = 4096;
+  struct Asker {
+    int pidfd = -1;
+    std::chrono::steady_clock::time_point exited;  // zero while it runs
+  };
+  std::unordered_map<fi_addr_t, Asker> m_askers;  // shm only
+  // After its exit, an asker's address stays this long (deferred posts
+  // naming it have been given up: k_post_give_up) before it is removed.
+  static constexpr std::chrono::seconds k_dead_asker_grace{10};
 
   std::vector<std::unique_ptr<RequestBuffer>> m_request_buffers;
   struct Deferred {

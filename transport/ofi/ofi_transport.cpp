@@ -14,6 +14,7 @@
 #include "common/deadline.hpp"
 #include "transport/ofi/ofi_internal.hpp"
 #include "transport/ofi/ofi_loader.hpp"
+#include "transport/ofi/ofi_shm_sweep.hpp"
 
 namespace tiermem {
 namespace ofi_detail {
@@ -180,6 +181,7 @@ Status OfiTransport::init(const OfiOptions& options) {
                                                    "': auto, off or unchecked (tests and benchmarks only)");
   }
   m_provider = options.provider;
+  if (m_provider == "shm") (void)sweep_dead_shm_queues_now_and_then();
   if (Status s = open_fabric(options); !s.ok()) return s;
   m_admission = random_word();
   m_origin = random_word();
@@ -217,6 +219,7 @@ OfiTransport::~OfiTransport() {
   if (m_fabric != nullptr) fi_close(&m_fabric->fid);
   if (m_info != nullptr) api().freeinfo(m_info);
   if (m_wake_fd >= 0) ::close(m_wake_fd);
+  for (const auto& [addr, asker] : m_askers) ::close(asker.pidfd);
 }
 
 Result<std::unique_ptr<RegisteredRegion>> OfiTransport::register_region(void* base, size_t length,

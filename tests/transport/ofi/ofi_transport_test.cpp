@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "common/frame.hpp"
 #include "common/shared_memory.hpp"
+#include "transport/ofi/ofi_shm_sweep.hpp"
 #include "transport/transport.hpp"
 #include "tests/transport/transport_cases.hpp"
 
@@ -331,6 +333,197 @@ TEST(OfiTransport, AddressesNameTheirProvider) {
   auto ep = (*tcp)->connect((*t)->address());
   ASSERT_FALSE(ep.ok());
   EXPECT_NE(ep.status().message().find("provider shm"), std::string::npos) << ep.status().to_string();
+}
+
+// The files of /dev/shm whose names start with "<pid>:".
+std::vector<std::string> queues_of(pid_t pid) {
+  std::vector<std::string> found;
+  const std::string prefix = std::to_string(pid) + ":";
+  for (const auto& f : std::filesystem::directory_iterator("/dev/shm")) {
+    if (f.path().filename().string().starts_with(prefix)) found.push_back(f.path().filename());
+  }
+  return found;
+}
+
+// A process killed by SIGKILL leaves its shm queue in /dev/shm (16 MiB);
+// the sweep every shm transport makes removes it, and nothing of a live
+// process or of another name.
+TEST(OfiTransport, QueuesOfKilledProcessesAreSweptAndNothingElse) {
+  OfiOptions o;
+  o.provider = "shm";
+  auto mine = make_ofi_transport(o);
+  ASSERT_TRUE(mine.ok()) << mine.status().to_string();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto t = make_ofi_transport(o);
+    (void)!::write(ready[1], t.ok() ? "y" : "n", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char said = 0;
+  ASSERT_EQ(::read(ready[0], &said, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(said, 'y');
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_FALSE(queues_of(child).empty()) << "shm removed a killed process's queue itself: nothing to sweep";
+  ASSERT_FALSE(queues_of(::getpid()).empty());
+  const ofi_detail::ShmSweep swept = ofi_detail::sweep_dead_shm_queues("/dev/shm");
+  EXPECT_GE(swept.files, 1u);
+  EXPECT_TRUE(queues_of(child).empty()) << "the killed process's queue is still there";
+  EXPECT_FALSE(queues_of(::getpid()).empty()) << "a live process's queue was removed";
+  // Only names of the queue pattern, of this user, of dead pids.
+  const std::string dir = ::testing::TempDir() + "/shm-sweep-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string dead = std::to_string(child), me = std::to_string(::getpid());
+  for (const std::string& name : {dead + ":0:0", dead + ":0:0.bak", dead + ":x:0", std::string("notaqueue"), me + ":1:2"}) {
+    std::FILE* f = std::fopen((dir + "/" + name).c_str(), "w");
+    ASSERT_NE(f, nullptr) << name;
+    std::fclose(f);
+  }
+  std::filesystem::create_directory(dir + "/" + dead + ":1:1");  // not a file
+  EXPECT_EQ(ofi_detail::sweep_dead_shm_queues(dir).files, 1u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + dead + ":0:0"));
+  for (const std::string& kept : {dead + ":0:0.bak", dead + ":x:0", std::string("notaqueue"), me + ":1:2", dead + ":1:1"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + kept)) << kept << " was removed";
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// How many of this process's mappings are of queues of `pid`.
+int queues_mapped(pid_t pid) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string of = "/dev/shm/" + std::to_string(pid) + ":";
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(of) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+// shm maps the queue of every asker that said hello; an asker that exited
+// is forgotten (its address removed, its queue unmapped: the memory of a
+// queue is held as long as anyone maps it) within k_dead_asker_grace plus a
+// sweep, and a live one is kept and served. The askers are forked before
+// the target's progress thread starts (a fork of a process with fabric
+// threads is no process to test with) and told where it is by a pipe.
+TEST(OfiTransport, AskersThatExitedAreUnmappedAndLiveOnesServed) {
+  struct Asker {
+    pid_t pid = -1;
+    int said = -1, go = -1;
+  };
+  auto start_asker = []() -> Asker {
+    int up[2], down[2];
+    if (::pipe(up) != 0 || ::pipe(down) != 0) return {};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(up[0]);
+      ::close(down[1]);
+      // The target: its address, region base and packed key, each after
+      // its length.
+      auto field = [&] {
+        uint32_t n = 0;
+        std::string f;
+        if (::read(down[0], &n, 4) != 4 || n > 4096) return f;
+        f.resize(n);
+        size_t got = 0;
+        while (got < n) {
+          const ssize_t r = ::read(down[0], f.data() + got, n - got);
+          if (r <= 0) break;
+          got += static_cast<size_t>(r);
+        }
+        return f;
+      };
+      const std::string address = field(), base_bytes = field(), packed = field();
+      uint64_t base = 0;
+      std::memcpy(&base, base_bytes.data(), std::min<size_t>(8, base_bytes.size()));
+      OfiOptions mine;
+      mine.provider = "shm";
+      auto t = make_ofi_transport(mine);
+      auto read_once = [&]() -> char {
+        if (!t.ok()) return 'n';
+        auto ep = (*t)->connect(address);
+        if (!ep.ok()) return 'c';
+        auto key = (*t)->unpack(*ep, packed, base);
+        if (!key.ok()) return 'k';
+        unsigned char byte = 0;
+        auto batch = (*t)->batch();
+        Status s = (*t)->get(*batch, **ep, &byte, 1, base, **key);
+        if (s.ok()) s = (*t)->wait(*batch, std::chrono::seconds(5));
+        return s.ok() && byte == 7 ? 'y' : 'r';
+      };
+      char r = read_once();
+      (void)!::write(up[1], &r, 1);
+      char go = 0;
+      while (::read(down[0], &go, 1) == 1) {
+        r = read_once();
+        (void)!::write(up[1], &r, 1);
+      }
+      ::_exit(0);
+    }
+    ::close(up[1]);
+    ::close(down[0]);
+    return {pid, up[0], down[1]};
+  };
+  std::vector<Asker> askers;
+  for (int i = 0; i < 5; ++i) {
+    askers.push_back(start_asker());
+    ASSERT_GT(askers.back().pid, 0);
+  }
+  OfiOptions o;
+  o.provider = "shm";
+  o.progress_thread = true;
+  auto target = make_ofi_transport(o);
+  ASSERT_TRUE(target.ok()) << target.status().to_string();
+  auto memory = SharedMemory::create("ofi-askers-test", 4096);
+  ASSERT_TRUE(memory.ok());
+  std::memset(memory->data(), 7, 4096);
+  auto region = (*target)->register_region(memory->data(), 4096, MemoryKind::host);
+  ASSERT_TRUE(region.ok());
+  const uint64_t base = (*region)->base();
+  auto send_field = [](int fd, const std::string& f) {
+    const uint32_t n = static_cast<uint32_t>(f.size());
+    return ::write(fd, &n, 4) == 4 && ::write(fd, f.data(), f.size()) == static_cast<ssize_t>(f.size());
+  };
+  auto said = [](const Asker& a) {
+    char r = 0;
+    return ::read(a.said, &r, 1) == 1 ? r : '?';
+  };
+  for (const Asker& a : askers) {
+    ASSERT_TRUE(send_field(a.go, (*target)->address()) &&
+                send_field(a.go, std::string(reinterpret_cast<const char*>(&base), 8)) &&
+                send_field(a.go, (*region)->packed_key()));
+    EXPECT_EQ(said(a), 'y') << "an asker was not served";
+  }
+  // The first lives on; the others are killed.
+  const Asker live = askers.front();
+  std::vector<pid_t> killed;
+  for (size_t i = 1; i < askers.size(); ++i) {
+    ::kill(askers[i].pid, SIGKILL);
+    ::waitpid(askers[i].pid, nullptr, 0);
+    ::close(askers[i].said);
+    ::close(askers[i].go);
+    killed.push_back(askers[i].pid);
+  }
+  for (pid_t pid : killed) EXPECT_GT(queues_mapped(pid), 0) << "shm did not map an asker's queue: nothing to test";
+  auto any_mapped = [&] {
+    int n = 0;
+    for (pid_t pid : killed) n += queues_mapped(pid);
+    return n;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (any_mapped() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(any_mapped(), 0) << "the queues of askers that exited are still mapped";
+  EXPECT_GT(queues_mapped(live.pid), 0) << "a live asker's queue was unmapped";
+  ASSERT_EQ(::write(live.go, "g", 1), 1);
+  EXPECT_EQ(said(live), 'y') << "the live asker is not served any more";
+  ::close(live.go);
+  ::waitpid(live.pid, nullptr, 0);
+  ::close(live.said);
+  (void)ofi_detail::sweep_dead_shm_queues("/dev/shm");
 }
 
 }  // namespace
