@@ -129,11 +129,13 @@ bool TestDaemon::start() {
     std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
+  m_ended.clear();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline && alive()) {
     if (std::filesystem::exists(m_socket) && connect("probe") != nullptr) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (m_pid > 0) m_ended = "did not answer within 10 s of its start";
   return false;
 }
 
@@ -165,12 +167,18 @@ bool TestDaemon::alive() {
   int status = 0;
   if (::waitpid(m_pid, &status, WNOHANG) == m_pid) {
     m_pid = -1;
+    m_ended = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+                                        strsignal(WTERMSIG(status)) + ")"
+                                  : "exited with status " + std::to_string(WEXITSTATUS(status));
     return false;
   }
   return true;
 }
 
-std::string TestDaemon::log() const { return read_file(m_log); }
+std::string TestDaemon::log() const {
+  // A daemon that ended on its own: how (a crash leaves no line of its own).
+  return read_file(m_log) + (m_ended.empty() ? "" : "[test] the daemon " + m_ended + "\n");
+}
 
 std::unique_ptr<Client> TestDaemon::connect(const std::string& name) const {
   auto client = Client::connect({.socket_path = m_socket, .client_name = name});

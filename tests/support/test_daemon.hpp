@@ -105,6 +105,7 @@ class TestDaemon {
   std::string m_log;
   pid_t m_pid = -1;
   int m_metrics_port = 0;
+  std::string m_ended;  // how the process ended on its own, for log()
   bool m_ready = false;
 };
 

@@ -382,41 +382,64 @@ void OfiTransport::watch_asker(fi_addr_t addr, const std::byte* name, size_t nam
     pid = pid * 10 + (text[i] - '0');
   }
   if (pid <= 0 || pid >= (1L << 31)) return;
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
-  if (fd < 0) return;  // gone already: its hello is answered, and forgotten with the process's next asker
-  if (Asker& a = m_askers[addr]; a.pidfd >= 0) ::close(a.pidfd);
-  m_askers[addr] = Asker{fd, {}};
+  auto [it, fresh] = m_asker_processes.try_emplace(static_cast<pid_t>(pid));
+  if (fresh) {
+    it->second.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+    // Gone already (or no descriptor left): its address stays, as before.
+    if (it->second.pidfd < 0) {
+      m_asker_processes.erase(it);
+      return;
+    }
+  }
+  m_askers[addr] = static_cast<pid_t>(pid);
 }
 
 void OfiTransport::forget_dead_askers() {
   const auto now = std::chrono::steady_clock::now();
-  std::vector<fi_addr_t> gone;
+  bool any = false;
   {
     std::lock_guard lock(m_origins_lock);
-    for (auto& [addr, a] : m_askers) {
-      if (a.exited == std::chrono::steady_clock::time_point{}) {
-        pollfd p{a.pidfd, POLLIN, 0};
-        if (::poll(&p, 1, 0) > 0) a.exited = now;
-      } else if (now - a.exited > k_dead_asker_grace) {
-        gone.push_back(addr);
+    for (auto& [pid, p] : m_asker_processes) {
+      if (p.exited == std::chrono::steady_clock::time_point{}) {
+        pollfd fd{p.pidfd, POLLIN, 0};
+        if (::poll(&fd, 1, 0) > 0) p.exited = now;
+      } else {
+        any |= now - p.exited > k_dead_asker_grace;
       }
     }
   }
-  if (gone.empty()) return;
+  if (!any) return;
   std::lock_guard lock(m_lock);
   std::lock_guard origins(m_origins_lock);
-  for (fi_addr_t addr : gone) {
+  auto dead = [&](pid_t pid) {
+    auto p = m_asker_processes.find(pid);
+    return p != m_asker_processes.end() && p->second.exited != std::chrono::steady_clock::time_point{} &&
+           now - p->second.exited > k_dead_asker_grace;
+  };
+  std::erase_if(m_askers, [&](const auto& asker) {
+    const auto [addr, pid] = asker;
+    if (!dead(pid)) return false;
     // An answer or a payload still naming it (shm never completes a send
     // to a dead peer's queue): kept, and its queue stays mapped.
-    bool named = false;
-    for (const auto& [s, owned] : m_sendings) named |= s->to == addr;
-    for (const auto& [l, owned] : m_landings) named |= l->from == addr;
-    if (named) continue;
-    fi_av_remove(m_av, &addr, 1, 0);
-    ::close(m_askers[addr].pidfd);
-    m_askers.erase(addr);
+    for (const auto& [s, owned] : m_sendings) {
+      if (s->to == addr) return false;
+    }
+    for (const auto& [l, owned] : m_landings) {
+      if (l->from == addr) return false;
+    }
+    fi_addr_t gone = addr;
+    fi_av_remove(m_av, &gone, 1, 0);
     std::erase_if(m_origins, [&](const auto& o) { return o.second == addr; });
-  }
+    return true;
+  });
+  std::erase_if(m_asker_processes, [&](const auto& p) {
+    if (!dead(p.first)) return false;
+    for (const auto& [addr, pid] : m_askers) {
+      if (pid == p.first) return false;  // an address kept above
+    }
+    ::close(p.second.pidfd);
+    return true;
+  });
 }
 
 void OfiTransport::watch_exits() {

@@ -458,11 +458,15 @@ class OfiTransport final : public Transport {
   std::unordered_map<uint64_t, fi_addr_t> m_origins;  // askers that said hello, by origin
   std::deque<uint64_t> m_origin_order;
   static constexpr size_t k_origins_remembered = 4096;
-  struct Asker {
+  // shm only: each asker's pid, and one pidfd per pid (a process saying
+  // hello again and again holds one descriptor of the daemon's, not one per
+  // hello).
+  struct AskerProcess {
     int pidfd = -1;
     std::chrono::steady_clock::time_point exited;  // zero while it runs
   };
-  std::unordered_map<fi_addr_t, Asker> m_askers;  // shm only
+  std::unordered_map<fi_addr_t, pid_t> m_askers;
+  std::unordered_map<pid_t, AskerProcess> m_asker_processes;
   // After its exit, an asker's address stays this long (deferred posts
   // naming it have been given up: k_post_give_up) before it is removed.
   static constexpr std::chrono::seconds k_dead_asker_grace{10};

@@ -219,7 +219,7 @@ OfiTransport::~OfiTransport() {
   if (m_fabric != nullptr) fi_close(&m_fabric->fid);
   if (m_info != nullptr) api().freeinfo(m_info);
   if (m_wake_fd >= 0) ::close(m_wake_fd);
-  for (const auto& [addr, asker] : m_askers) ::close(asker.pidfd);
+  for (const auto& [pid, p] : m_asker_processes) ::close(p.pidfd);
 }
 
 Result<std::unique_ptr<RegisteredRegion>> OfiTransport::register_region(void* base, size_t length,
