@@ -449,13 +449,12 @@ void OfiTransport::watch_exits() {
     std::erase_if(m_watched, [&](const std::weak_ptr<OfiEndpoint>& w) {
       auto ep = w.lock();
       if (ep == nullptr || ep->failed()) return true;
-      pollfd p{ep->m_pidfd, POLLIN, 0};
-      if (::poll(&p, 1, 0) <= 0) return false;
+      if (!ep->exited()) return false;
       exited.push_back(std::move(ep));
       return true;
     });
   }
-  for (const auto& ep : exited) report_failure(*ep, "the peer process exited (shm reports no error for it)");
+  for (const auto& ep : exited) report_failure(*ep, OfiEndpoint::k_exited);
 }
 
 void OfiTransport::progress_loop() {

@@ -25,6 +25,8 @@
 // waits in quarantine until the provider has let go of its buffers.
 #pragma once
 
+#include <poll.h>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -122,6 +124,12 @@ class OfiEndpoint final : public Endpoint, public std::enable_shared_from_this<O
   ~OfiEndpoint() override;
   bool failed() const override { return m_failed.load(std::memory_order_acquire); }
   std::string transports() const override;
+  // Whether the peer process is known to have exited (shm: its pidfd).
+  bool exited() const {
+    pollfd p{m_pidfd, POLLIN, 0};
+    return m_pidfd >= 0 && ::poll(&p, 1, 0) > 0;
+  }
+  static constexpr const char* k_exited = "the peer process exited (shm reports no error for it)";
 
   OfiTransport& m_owner;
   const fi_addr_t m_addr;

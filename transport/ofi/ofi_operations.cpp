@@ -402,8 +402,7 @@ void OfiTransport::check_peers(OfiBatch& b) {
   auto check = [&](OfiEndpoint* ep, std::chrono::steady_clock::time_point sent_at) {
     if (ep->failed()) return;
     if (ep->m_pidfd >= 0) {
-      pollfd p{ep->m_pidfd, POLLIN, 0};
-      if (::poll(&p, 1, 0) > 0) report_failure(*ep, "the peer process exited (shm reports no error for it)");
+      if (ep->exited()) report_failure(*ep, OfiEndpoint::k_exited);
     } else if (now - sent_at > k_ping_after) {
       ping(*ep);
     }

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <algorithm>
 #include <numeric>
@@ -333,6 +334,22 @@ TEST(OfiTransport, AddressesNameTheirProvider) {
   auto ep = (*tcp)->connect((*t)->address());
   ASSERT_FALSE(ep.ok());
   EXPECT_NE(ep.status().message().find("provider shm"), std::string::npos) << ep.status().to_string();
+}
+
+// tcp;ofi_rxm's receive pool is sized down before libfabric reads its
+// parameters (200 ms and ~50 MiB per endpoint at its default), unless the
+// operator set it.
+TEST(OfiTransport, RxmReceivePoolIsSizedDownUnlessTheOperatorSetIt) {
+  const char* before = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+  const std::string operators = before != nullptr ? before : "";
+  OfiOptions o;
+  o.provider = "tcp;ofi_rxm";
+  o.listen_ip = "127.0.0.1";
+  auto t = make_ofi_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const char* now = std::getenv("FI_OFI_RXM_MSG_RX_SIZE");
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(std::string(now), operators.empty() ? "128" : operators);
 }
 
 // The files of /dev/shm whose names start with "<pid>:".
