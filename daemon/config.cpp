@@ -323,6 +323,11 @@ Status check(const DaemonConfig& c, std::string_view source) {
   if (c.max_tenants_per_node == 0) return bad("tenants.max_per_node must be at least 1");
   TIERMEM_RETURN_IF_ERROR(check_tenants(c, source));
   if (!c.dram_enabled && !c.pmem_enabled && !c.vram_enabled) return bad("every tier is disabled");
+  if (c.demotion_low_water_percent >= c.demotion_high_water_percent) {
+    return bad("demotion.low_water_percent " + std::to_string(c.demotion_low_water_percent) +
+               " must be below demotion.high_water_percent " + std::to_string(c.demotion_high_water_percent) +
+               ": demotion moves pages until a tier is under the low mark");
+  }
   if (!c.metrics_listen.empty() && !c.metrics_enabled) {
     return bad("metrics.listen is set but metrics.enabled is false: an endpoint would serve nothing");
   }
@@ -430,6 +435,10 @@ void read_all(ConfigReader& r, DaemonConfig* out) {
   r.integer("replication.drop_after_ms", &c.replication_drop_after_ms, 0, 3600000);
   r.integer("replication.repair_interval_ms", &c.replication_repair_interval_ms, 10, 600000);
   r.integer("replication.orphan_min_age_ms", &c.replication_orphan_min_age_ms, 0, 3600000);
+  r.boolean("demotion.enabled", &c.demotion_enabled);
+  r.integer("demotion.high_water_percent", &c.demotion_high_water_percent, 1, 100);
+  r.integer("demotion.low_water_percent", &c.demotion_low_water_percent, 0, 99);
+  r.integer("demotion.interval_ms", &c.demotion_interval_ms, 10, 3600000);
   r.string("cluster.secret_file", &c.secret_file);
   r.string("transport.fabric", &c.transport_fabric);
   r.string("transport.provider", &c.transport_provider);

@@ -114,6 +114,13 @@ struct DaemonConfig {
   uint64_t replication_drop_after_ms = 0;
   uint64_t replication_repair_interval_ms = 1000;
   uint64_t replication_orphan_min_age_ms = 10000;
+  // Demotion (M7, daemon/demoter.hpp): cold pages of demotable allocations
+  // move down the tiers when a tier passes high_water_percent of its
+  // capacity, until it is under low_water_percent; checked every interval_ms.
+  bool demotion_enabled = true;
+  uint32_t demotion_high_water_percent = 90;
+  uint32_t demotion_low_water_percent = 80;
+  uint64_t demotion_interval_ms = 500;
   // The cluster's shared secret (S2): peers prove they know it before
   // anything is served to them. Required when there is a cluster file; the
   // file must not be readable by group or others.

@@ -59,6 +59,26 @@ std::string RequestHandler::metrics() {
     }
   }
 
+  const DemotionCounters demoted = m_demoter.counters();
+  out.family("tiermem_demoted_pages_total", "counter",
+             "Cold pages of demotable allocations moved down the tiers under capacity pressure (M7).");
+  constexpr size_t k_tiers = std::size(k_tiers_fastest_first);
+  for (size_t i = 0; i < k_tiers; ++i) {
+    for (size_t j = i + 1; j < k_tiers; ++j) {  // down only
+      const Tier from = k_tiers_fastest_first[i], to = k_tiers_fastest_first[j];
+      if (m_space.backend(from) == nullptr || m_space.backend(to) == nullptr) continue;
+      const uint64_t n = demoted.pages[static_cast<size_t>(from)][static_cast<size_t>(to)];
+      out.sample("tiermem_demoted_pages_total",
+                 {{"node", node}, {"from", std::string(tier_name(from))}, {"to", std::string(tier_name(to))}}, n);
+    }
+  }
+  out.family("tiermem_demotion_rounds_total", "counter",
+             "Demotion rounds that found a tier above its high-water mark.");
+  out.sample("tiermem_demotion_rounds_total", {{"node", node}}, demoted.rounds);
+  out.family("tiermem_demotion_failures_total", "counter",
+             "Allocations whose demotion failed in a round (the log says why).");
+  out.sample("tiermem_demotion_failures_total", {{"node", node}}, demoted.failures);
+
   // Each tenant's allocations and bytes by tier (copies of other nodes'
   // replicated allocations included: they hold memory here).
   std::map<std::pair<std::string, Tier>, std::pair<uint64_t, uint64_t>> by_tenant;  // count, bytes

@@ -189,6 +189,32 @@ Status Migrator::move_run(std::span<const uint64_t> run, Tier tier, NodeId to_no
   return Status();
 }
 
+Result<uint64_t> Migrator::move_pages(Gva base, std::vector<uint64_t> pages, Tier tier) {
+  if (tier == Tier::automatic) return Status(ErrorCode::invalid_argument, "pages move to a tier, not auto");
+  TIERMEM_ASSIGN_OR_RETURN(auto before, m_space.translate(base));
+  m_tenant = before.allocation.tenant;
+  TIERMEM_ASSIGN_OR_RETURN(auto all, m_space.begin_migration(base));
+  std::sort(pages.begin(), pages.end());
+  std::vector<uint64_t> ours;
+  std::set_intersection(pages.begin(), pages.end(), all.begin(), all.end(), std::back_inserter(ours));
+  const uint64_t run = std::clamp<uint64_t>(k_run_bytes / m_space.page_size(), 1, k_run_pages);
+  uint64_t moved_in_all = 0;
+  Status status;
+  for (size_t first = 0; first < ours.size() && status.ok(); first += run) {
+    uint64_t moved = 0;
+    status = move_run(std::span<const uint64_t>(ours).subspan(first, std::min<size_t>(run, ours.size() - first)), tier,
+                      m_space.node(), nullptr, &moved);
+    moved_in_all += moved;
+  }
+  m_space.end_migration(base);
+  if (!status.ok()) {
+    return status.with_context("moving " + std::to_string(ours.size()) + " page(s) of " + base.to_string() + " to " +
+                               std::string(tier_name(tier)) + " (" + std::to_string(moved_in_all) +
+                               " moved before the failure)");
+  }
+  return moved_in_all;
+}
+
 Result<MigrationResult> Migrator::migrate(Gva gva, Tier tier, NodeId to_node) {
   if (tier == Tier::automatic) {
     return Status(ErrorCode::invalid_argument, "migration needs a tier to move to (vram, dram or pmem)");

@@ -51,6 +51,12 @@ class Migrator {
   // invalid_argument (tier auto), bad_gva (unknown node), and those of
   // AddressSpace::begin_migration, frame reservation and the copies.
   Result<MigrationResult> migrate(Gva gva, Tier tier, NodeId to_node);
+  // Moves `pages` (page numbers of the allocation whose first byte is
+  // `base`, homed here; others are ignored) to `tier` of this node, in runs
+  // as migrate() does; the allocation's other pages stay where they are.
+  // Demotion's move (daemon/demoter.hpp). Returns the pages moved; errors as
+  // migrate(), with the pages moved before the failure in the message.
+  Result<uint64_t> move_pages(Gva base, std::vector<uint64_t> pages, Tier tier);
 
  private:
   // Frames at the destination (one page each), and the memory generation

@@ -64,7 +64,15 @@ RequestHandler::RequestHandler(AddressSpace& space, const DaemonConfig& config, 
       m_replicas(space, config, data_plane, peers),
       m_data(space, config, m_auth, m_sessions, m_replicas, data_plane, peers, incarnation),
       m_cluster(space, config, tenants, m_auth, m_sessions.check_ins(), data_plane, peers, std::move(secret),
-                incarnation) {}
+                incarnation),
+      m_demoter(space, [&tenants](const std::string& tenant) { return tenants.limits(tenant); },
+                DemotionOptions{.enabled = config.demotion_enabled,
+                                .high_water_percent = config.demotion_high_water_percent,
+                                .low_water_percent = config.demotion_low_water_percent,
+                                .interval = std::chrono::milliseconds(config.demotion_interval_ms),
+                                .lock_timeout = std::chrono::milliseconds(config.transport_timeout_ms)}) {
+  m_demoter.start();
+}
 
 Reply RequestHandler::handle(const proto::Request& request, SessionState& session) {
   const auto started = std::chrono::steady_clock::now();
@@ -226,6 +234,12 @@ Status RequestHandler::alloc(const proto::AllocRequest& r, const Identity& who, 
     return Status(ErrorCode::invalid_argument, "qos " + std::to_string(r.qos()) + " is no QoS class (0 to 3)");
   }
   req.policy.qos = static_cast<QosClass>(r.qos());
+  if (r.demotable() && r.coherent()) {
+    return Status(ErrorCode::invalid_argument,
+                  "an allocation cannot be both coherent and demotable: coherent pages never move (their atomic "
+                  "words stay where clients address them)");
+  }
+  req.policy.demotable = r.demotable();
   req.policy.replicas_wanted = r.replicas();
   if (r.has_replica_of()) {
     req.policy.replica_of = wire::from_proto(r.replica_of());

@@ -18,6 +18,8 @@
 //   - ClusterService (cluster_service.hpp), the cluster family: peer
 //     authentication (it owns the cluster secret), what peers ask of this
 //     node, nodes, persist_frames and migrate;
+//   - Demoter (demoter.hpp): background rounds that move cold pages of
+//     demotable allocations down the tiers under capacity pressure;
 //   - the node's own requests (alloc, lookup, list, stat, dump, metrics) are
 //     the handler's: they ask the whole node, and its counts are the
 //     handler's.
@@ -45,6 +47,7 @@
 #include "daemon/cluster_service.hpp"
 #include "daemon/config.hpp"
 #include "daemon/data_service.hpp"
+#include "daemon/demoter.hpp"
 #include "daemon/metrics.hpp"
 #include "daemon/peer_auth.hpp"
 #include "daemon/replica_service.hpp"
@@ -155,6 +158,9 @@ class RequestHandler {
   // The services that use those above (destroyed before them).
   DataService m_data;
   ClusterService m_cluster;
+  // Moves cold pages down under capacity pressure (M7); its rounds stop
+  // first.
+  Demoter m_demoter;
 };
 
 }  // namespace tiermem

@@ -453,6 +453,7 @@ AllocationInfo AddressSpace::info_of(const Allocation& a) const {
   info.replica_of = a.policy.replica_of;
   info.replica_ready = a.policy.replica_ready;
   info.qos = a.policy.qos;
+  info.demotable = a.policy.demotable;
   return info;
 }
 

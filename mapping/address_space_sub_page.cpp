@@ -35,7 +35,8 @@ namespace tiermem {
 
 uint32_t AddressSpace::slot_class(const AllocRequest& request) const {
   if (m_sub_page_max == 0 || request.size > m_sub_page_max || request.policy.has_copies() ||
-      request.policy.is_copy()) {
+      request.policy.is_copy() || request.policy.demotable) {
+    // Demotable ones take pages of their own: a shared page never moves.
     return 0;
   }
   return static_cast<uint32_t>(std::max<uint64_t>(k_min_slot_bytes, std::bit_ceil(request.size)));

@@ -23,6 +23,7 @@ struct AllocationPolicy {
   Gva replica_of;                     // of a copy: the allocation it copies (node 0: not a copy)
   bool replica_ready = false;         // of a copy: filled (it may serve reads)
   QosClass qos = QosClass::standard;  // the default class of calls on it
+  bool demotable = false;             // cold pages may move down the tiers (M7, daemon/demoter.hpp)
 
   bool is_copy() const { return replica_of.node != 0; }
   // Whether writes must reach copies (it has some, or will).

@@ -77,10 +77,13 @@ struct PReplicas {
   PReplicaEntry copies[k_max_replicas];
 };
 
-// Beside slot i too: whether it is a slab or a sub-page allocation (M10).
+// Beside slot i too: whether it is a slab or a sub-page allocation (M10),
+// and flags of its policy.
+constexpr uint8_t k_record_demotable = 1;
 struct PSubPage {
   uint8_t kind;  // RecordKind
-  uint8_t reserved[3];
+  uint8_t flags;  // k_record_demotable (this byte was reserved, 0, before)
+  uint8_t reserved[2];
   uint32_t slot_bytes;
   uint64_t page_offset;
 };
@@ -357,6 +360,7 @@ void PmemMetadata::load() {
                             e.state == 0 ? ReplicaState::in_sync : ReplicaState::dropped});
     }
     const PSubPage& sp = sub_pages()[i];
+    a.policy.demotable = (sp.flags & k_record_demotable) != 0;
     if (sp.kind == static_cast<uint8_t>(RecordKind::slab) || sp.kind == static_cast<uint8_t>(RecordKind::sub)) {
       a.kind = static_cast<RecordKind>(sp.kind);
       a.slot_bytes = sp.slot_bytes;
@@ -495,6 +499,7 @@ Status PmemMetadata::put_allocation(const AllocationRecord& a, uint32_t next_gen
   if (tx.add(sp, sizeof *sp)) {
     std::memset(sp, 0, sizeof *sp);
     sp->kind = static_cast<uint8_t>(a.kind);
+    sp->flags = a.policy.demotable ? k_record_demotable : 0;
     sp->slot_bytes = a.slot_bytes;
     sp->page_offset = a.page_offset;
   }

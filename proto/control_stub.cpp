@@ -104,6 +104,7 @@ Result<AllocationInfo> ControlStub::alloc(uint64_t size, const AllocOptions& opt
   a->set_session(options.lifetime == Lifetime::session);
   a->set_replicas(options.replicas);
   a->set_qos(static_cast<uint32_t>(options.qos));
+  a->set_demotable(options.demotable);
   request.set_node(options.node);
   TIERMEM_ASSIGN_OR_RETURN(auto response, call(request));
   return wire::from_proto(response.alloc().allocation());

@@ -61,6 +61,7 @@ void to_proto(const AllocationInfo& info, proto::AllocationInfo* out) {
   out->set_replica_ready(info.replica_ready);
   out->set_slot_bytes(info.slot_bytes);
   out->set_qos(static_cast<uint32_t>(info.qos));
+  out->set_demotable(info.demotable);
 }
 
 AllocationInfo from_proto(const proto::AllocationInfo& info) {
@@ -86,6 +87,7 @@ AllocationInfo from_proto(const proto::AllocationInfo& info) {
   if (info.has_replica_of()) out.replica_of = from_proto(info.replica_of());
   out.replica_ready = info.replica_ready();
   out.slot_bytes = info.slot_bytes();
+  out.demotable = info.demotable();
   out.qos = info.qos() <= static_cast<uint32_t>(QosClass::graceful_degrade) ? static_cast<QosClass>(info.qos())
                                                                             : QosClass::standard;
   return out;

@@ -89,6 +89,11 @@ struct AllocOptions {
   uint32_t replicas = 0;
   // The QoS class of calls on it that name none.
   QosClass qos = QosClass::standard;
+  // Its cold pages may move to the next tier down (VRAM -> DRAM -> PMEM)
+  // when their tier passes the daemon's high-water mark (M7, [demotion] in
+  // tiermemd.toml), while it is used; its GVA and contents stay. Not for
+  // coherent or sub-page allocations, nor while a client maps it.
+  bool demotable = false;
 };
 
 inline constexpr uint32_t k_max_replicas = 4;
@@ -130,6 +135,7 @@ struct AllocationInfo {
   Gva replica_of;                      // of a copy: the allocation it copies (node 0: none)
   bool replica_ready = false;          // of a copy: filled (it may serve reads)
   QosClass qos = QosClass::standard;   // the default class of calls on it
+  bool demotable = false;              // AllocOptions::demotable
 };
 
 struct TierStat {

@@ -105,6 +105,10 @@ TEST(ConfigTest, RejectsBadInputWithFileLineAndKey) {
                "control.frame_budget_bytes 16 MiB is less than control.max_frame_bytes (32 MiB)");
   expect_error("[control]\nmax_frame_bytes = \"128MiB\"\nframe_budget_bytes = \"1GiB\"\n",
                "control.frame_budget_per_uid_bytes 64 MiB is less than control.max_frame_bytes (128 MiB)");
+  // Demotion moves pages until a tier is under the low mark: it must be below the high one.
+  expect_error("[demotion]\nhigh_water_percent = 70\nlow_water_percent = 70\n",
+               "demotion.low_water_percent 70 must be below demotion.high_water_percent 70");
+  expect_error("[demotion]\nhigh_water_percent = 101\n", "demotion.high_water_percent");
   // Accepted once, and 5.7 GB of /dev/shm filled in 1.5 s.
   expect_error("[tiers.dram]\ncapacity = \"100000GiB\"\n", "is more than this machine's memory");
 }

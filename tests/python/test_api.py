@@ -129,6 +129,10 @@ def test_atomics_and_the_control_calls(client):
 
     a = client.alloc(100_000, tier="dram", name="ctl-calls")
     assert a.size >= 100_000 and a.tier == "dram" and a.name == "ctl-calls" and a.lifetime == "persistent"
+    assert not a.demotable
+    d = client.alloc(1 << 16, tier="dram", demotable=True)
+    assert d.demotable and any(x.gva == d.gva and x.demotable for x in client.ls())  # as the daemon lists it
+    d.free()
     assert client.lookup("ctl-calls").gva == a.gva
     assert any(x.gva == a.gva for x in client.ls())
     data = np.arange(25_000, dtype=np.int32)
@@ -235,6 +239,9 @@ def test_bad_input_raises_the_right_exception_and_the_process_lives(client):
         client.alloc(4096, tier="floppy")
     with pytest.raises(tiermem.RequestError, match="lifetime"):
         client.alloc(4096, lifetime="forever")
+    with pytest.raises(tiermem.RequestError, match="coherent and demotable") as e:
+        client.alloc(4096, coherent=True, demotable=True)
+    assert e.value.code == "invalid_argument"
     with pytest.raises(tiermem.AddressError) as e:
         client.alloc(1 << 50)  # absurd
     assert e.value.code in ("tier_exhausted", "quota_exceeded")

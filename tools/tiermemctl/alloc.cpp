@@ -1,5 +1,5 @@
-// tiermemctl alloc SIZE [--tier T] [--name N] [--strict] [--coherent] [--replicas N] [--qos Q]: prints the new
-// GVA.
+// tiermemctl alloc SIZE [--tier T] [--name N] [--strict] [--coherent] [--demotable] [--replicas N] [--qos Q]:
+// prints the new GVA.
 #include <cstdio>
 
 #include <tiermem/units.h>
@@ -9,7 +9,7 @@
 namespace tiermem::ctl {
 
 int cmd_alloc(const Context& ctx, const std::string& size_text, const std::string& tier_text,
-              const std::string& name, bool strict, bool coherent, uint32_t replicas, const std::string& qos_text) {
+              const std::string& name, AllocFlags flags, uint32_t replicas, const std::string& qos_text) {
   auto size = parse_size(size_text);
   if (!size.ok()) return fail("alloc", size.status());
   auto tier = parse_tier(tier_text);
@@ -18,8 +18,9 @@ int cmd_alloc(const Context& ctx, const std::string& size_text, const std::strin
   if (!qos.ok()) return fail("alloc", qos.status());
   auto client = connect(ctx);
   if (!client) return k_exit_failed;
-  auto info = client->alloc(*size, {.tier = *tier, .strict = strict, .name = name, .node = ctx.node, .coherent = coherent,
-                                  .replicas = replicas, .qos = *qos});
+  auto info = client->alloc(*size, {.tier = *tier, .strict = flags.strict, .name = name, .node = ctx.node,
+                                  .coherent = flags.coherent, .replicas = replicas, .qos = *qos,
+                                  .demotable = flags.demotable});
   if (!info.ok()) return fail("alloc " + size_text, info.status());
   if (ctx.json) {
     print_json(to_json(*info));

@@ -86,8 +86,14 @@ int cmd_lookup(const Context& ctx, const std::string& name);
 int cmd_stats(const Context& ctx, const std::string& prefix, bool buckets);
 // free by filter; `dry_run`: only say what would go.
 int cmd_free_matching(const Context& ctx, Filter filter, bool dry_run);
+// The switches of `alloc` (AllocOptions' of the same names).
+struct AllocFlags {
+  bool strict = false;
+  bool coherent = false;
+  bool demotable = false;
+};
 int cmd_alloc(const Context& ctx, const std::string& size, const std::string& tier,
-              const std::string& name, bool strict, bool coherent, uint32_t replicas, const std::string& qos);
+              const std::string& name, AllocFlags flags, uint32_t replicas, const std::string& qos);
 int cmd_free(const Context& ctx, const std::string& gva);
 int cmd_write(const Context& ctx, const std::string& gva, const std::string& file);
 int cmd_read(const Context& ctx, const std::string& gva, const std::string& length);

@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   stats->callback([&] { rc = cmd_stats(ctx, stats_prefix, buckets); });
 
   std::string size, tier = "auto", name;
-  bool strict = false, coherent = false;
+  bool strict = false, coherent = false, demotable = false;
   uint32_t replicas = 0;
   std::string qos = "standard";
   auto* alloc = app.add_subcommand(
@@ -124,7 +124,12 @@ int main(int argc, char** argv) {
       ->check(in_range(0, tiermem::k_max_replicas, "replicas"));
   alloc->add_option("--qos", qos, "default QoS class of calls on it: standard, strict, best_effort, "
                                   "graceful_degrade");
-  alloc->callback([&] { rc = cmd_alloc(ctx, size, tier, name, strict, coherent, replicas, qos); });
+  alloc->add_flag("--demotable", demotable, "its cold pages may move to the next tier down when its tier passes "
+                                            "the daemon's high-water mark ([demotion])");
+  alloc->callback([&] {
+    rc = cmd_alloc(ctx, size, tier, name, {.strict = strict, .coherent = coherent, .demotable = demotable}, replicas,
+                   qos);
+  });
 
   std::string gva, file = "-", length;
   Filter free_filter;

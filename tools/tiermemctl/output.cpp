@@ -131,6 +131,7 @@ nlohmann::json to_json(const AllocationInfo& a) {
           {"lost_pages", a.lost_pages},
           {"torn_pages", a.torn_pages},
           {"qos", qos_class_name(a.qos)},
+          {"demotable", a.demotable},
           {"replicas_wanted", a.replicas_wanted},
           {"replicas", copies}};
   if (a.replica_of.node != 0) {

@@ -98,20 +98,21 @@ void bind_client(pyb::module_& m) {
           "alloc",
           [](pyb::object self, uint64_t size, const std::string& tier, std::optional<NodeId> node,
              std::optional<std::string> name, bool strict, bool coherent, const std::string& lifetime,
-             uint32_t replicas, const std::string& qos) {
+             uint32_t replicas, const std::string& qos, bool demotable) {
             AllocOptions o{.tier = tier_of(tier), .strict = strict, .name = name.value_or(""),
                            .node = node.value_or(0), .coherent = coherent, .lifetime = lifetime_of(lifetime),
-                           .replicas = replicas, .qos = unwrap(parse_qos_class(qos))};
+                           .replicas = replicas, .qos = unwrap(parse_qos_class(qos)), .demotable = demotable};
             AllocationInfo info = unwrap(blocking(self, [&](Client& c) { return c.alloc(size, o); }));
             return allocation_object(info, self);
           },
           arg("size"), arg("tier") = "auto", arg("node") = pyb::none(), arg("name") = pyb::none(),
           arg("strict") = false, arg("coherent") = false, arg("lifetime") = "persistent", arg("replicas") = 0,
-          arg("qos") = "standard",
+          arg("qos") = "standard", arg("demotable") = false,
           "Allocates `size` bytes (rounded up to pages) in `tier` ('auto', 'vram', 'dram', 'pmem') on `node` "
           "(None: this one). strict: no fallback to a slower tier. coherent: for atomics from many clients. "
           "lifetime 'session': freed when this client goes. replicas: copies on other nodes. qos: the default "
-          "class of calls on it ('standard', 'strict', 'best_effort', 'graceful_degrade').")
+          "class of calls on it ('standard', 'strict', 'best_effort', 'graceful_degrade'). demotable: its cold pages may "
+          "move to the next tier down under capacity pressure (the daemon's [demotion]).")
       .def(
           "free", [](pyb::handle self, pyb::handle gva) {
             const Gva g = as_gva(gva);

@@ -181,6 +181,7 @@ void bind_gva(pyb::module_& m) {
                              "(node, gva, state) of each copy, as the home knows them")
       .def_property_readonly("replica_of", [](const Allocation& a) { return gva_or_none(a.info.replica_of); })
       .def_property_readonly("qos", [](const Allocation& a) { return std::string(qos_class_name(a.info.qos)); })
+      .def_property_readonly("demotable", [](const Allocation& a) { return a.info.demotable; })
       .def("free", [](const Allocation& a) { a.client.attr("free")(a.info.gva); }, "Frees the allocation.")
       .def("__enter__", [](pyb::object self) { return self; })
       .def("__exit__",
