@@ -115,8 +115,22 @@ class Compute {
   // from other stages), kept until the compute goes; plain memory on the
   // CPU. nullptr when out of memory.
   virtual void* device_buffer(size_t bytes) = 0;
-  // Waits for everything queued. Errors: a kernel or copy that failed.
+  // Waits for everything queued (side copies too). Errors: a kernel or copy
+  // that failed.
   virtual Status sync() = 0;
+
+  // ---- copies beside the kernels (offload: param_stream.hpp) ----
+  // Queues a copy on a second queue: it starts once everything queued
+  // before the call is done and runs while what is queued after it does
+  // (the copy engines beside the SMs). Returns its ticket; side copies run
+  // in the order they were queued. The CPU copies at once.
+  virtual uint64_t side_copy(void* dst, const void* src, size_t bytes) {
+    copy(dst, src, bytes);
+    return 0;
+  }
+  // What is queued from here on waits for side copy `ticket` and those
+  // before it.
+  virtual void wait_side(uint64_t ticket) { (void)ticket; }
 
   // ---- capture and replay ----
   // Whether begin_capture can work here (the CPU: no).

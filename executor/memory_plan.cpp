@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include <tiermem/units.h>
 
@@ -63,7 +64,18 @@ StageOps ops_of(const Graph& g, const Partition& partition, int part) {
 }
 
 // GPipe: forward of every micro-batch, then backward in reverse order.
-void schedule(const StageOps& ops, int micro_batches, MemoryPlan* plan) {
+// Op-major (offload): each op for every micro-batch in a row, in the same
+// orders.
+void schedule(const StageOps& ops, int micro_batches, bool op_major, MemoryPlan* plan) {
+  if (op_major) {
+    for (int op : ops.forward) {
+      for (int m = 0; m < micro_batches; ++m) plan->schedule.push_back({op, m});
+    }
+    for (int op : ops.backward) {
+      for (int m = micro_batches - 1; m >= 0; --m) plan->schedule.push_back({op, m});
+    }
+    return;
+  }
   for (int m = 0; m < micro_batches; ++m) {
     for (int op : ops.forward) plan->schedule.push_back({op, m});
   }
@@ -163,8 +175,9 @@ void stack(std::vector<Placement>& list, int t, int64_t bytes, int64_t* size) {
 }
 
 // Per-step tensors (parameters, their gradients, optimizer state) and the
-// arenas they all live in.
-void place_per_step(const Graph& g, const StageOps& ops, bool vram, MemoryPlan* plan) {
+// arenas they all live in: the per-step ones in plan->home (the compute tier
+// unless offloaded), the work arena (and the window) in plan->compute.
+void place_per_step(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
   int64_t params = 0, grads = 0, optimizer = 0;
   for (int op : ops.update) {
     const Op& u = g.ops[op];
@@ -174,25 +187,103 @@ void place_per_step(const Graph& g, const StageOps& ops, bool vram, MemoryPlan* 
   }
   // Where the kernels run: every tensor in VRAM for GPU kernels, else in
   // the fastest tier the CPU addresses (Arenas places them so).
-  const Tier hot = vram ? Tier::vram : Tier::dram;
+  const Tier home = plan->home, hot = plan->compute;
   plan->arenas = {
-      {"params", hot, params, 2, "parameters; two copies, the committed step's and the next"},
-      {"grads", hot, grads, 1, "parameter gradients, summed over micro-batches"},
-      {"optimizer", hot, optimizer, 2, "optimizer state, committed with the parameters"},
+      {"params", home, params, 2, "parameters; two copies, the committed step's and the next"},
+      {"grads", home, grads, 1, "parameter gradients, summed over micro-batches"},
+      {"optimizer", home, optimizer, 2, "optimizer state, committed with the parameters"},
       {"work", hot, plan->work_peak, 1, "activations and their gradients, reused over lifetimes"},
-      {"snapshot", Tier::pmem, params + optimizer, 2,
-       "committed parameters and optimizer state, two slots (--snapshot-every; with --replicas on other nodes too)"},
   };
+  if (plan->offload) {
+    plan->arenas.push_back({"window", hot, plan->window_peak, 1,
+                            "parameters streamed in ahead of their ops, gradients until drained home"});
+  }
+  plan->arenas.push_back({"snapshot", Tier::pmem, params + optimizer, 2,
+                          "committed parameters and optimizer state, two slots (--snapshot-every; with --replicas on "
+                          "other nodes too)"});
+  plan->in_compute_tier = 0;
+  for (const ArenaPlan& a : plan->arenas) {
+    if (a.tier == hot && a.name != "snapshot") plan->in_compute_tier += a.bytes * a.copies;
+  }
+}
+
+// Offload: the stays of parameters and their gradients in the window, and
+// where they go in it.
+void place_visits(const Graph& g, MemoryPlan* plan) {
+  std::map<std::tuple<bool, int, Phase>, Visit> by_key;  // (grad, tensor, phase of a parameter's use)
+  for (size_t pos = 0; pos < plan->schedule.size(); ++pos) {
+    const Op& op = g.ops[static_cast<size_t>(plan->schedule[pos].first)];
+    auto use = [&](int t, bool grad) {
+      auto [it, fresh] = by_key.try_emplace({grad, t, grad ? Phase::backward : op.phase});
+      Visit& v = it->second;
+      if (fresh) {
+        v.tensor = t;
+        v.grad = grad;
+        v.bytes = align(g.tensors[t].bytes());
+        v.first = static_cast<int>(pos);
+      }
+      v.last = static_cast<int>(pos);
+    };
+    for (int t : op.in) {
+      if (g.tensors[t].role == Role::param) use(t, false);
+    }
+    for (int t : op.out) {
+      if (g.tensors[t].role == Role::grad && g.tensors[t].of_param) use(t, true);
+    }
+  }
+  // A parameter's load is issued before the ops of the stay before it (the
+  // stays that start at the last position before its own, in order).
+  std::vector<int> starts;
+  for (const auto& [key, v] : by_key) {
+    if (!v.grad) starts.push_back(v.first);
+  }
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  std::vector<Placement> lives;
+  for (auto& [key, v] : by_key) {
+    if (!v.grad) {
+      auto at = std::lower_bound(starts.begin(), starts.end(), v.first);
+      v.load_at = at == starts.begin() ? v.first : *(at - 1);
+    }
+    plan->visits.push_back(v);
+  }
+  // Biggest first, each at the lowest offset free over [load or first, last].
+  std::vector<size_t> order(plan->visits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Visit &x = plan->visits[a], &y = plan->visits[b];
+    return x.bytes != y.bytes ? x.bytes > y.bytes : std::tie(x.first, x.tensor) < std::tie(y.first, y.tensor);
+  });
+  for (size_t i : order) {
+    Visit& v = plan->visits[i];
+    Placement p;
+    p.tensor = v.tensor;
+    p.bytes = v.bytes;
+    p.first = v.grad ? v.first : v.load_at;
+    p.last = v.last;
+    p.offset = first_fit(lives, p);
+    v.offset = p.offset;
+    lives.push_back(p);
+    plan->window_peak = std::max(plan->window_peak, p.offset + p.bytes);
+  }
+  std::sort(plan->visits.begin(), plan->visits.end(), [](const Visit& x, const Visit& y) {
+    return std::tie(x.first, x.grad, x.tensor) < std::tie(y.first, y.grad, y.tensor);
+  });
 }
 
 }  // namespace
 
-MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram) {
+namespace {
+
+MemoryPlan plan_with(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram, bool offload) {
   MemoryPlan plan;
   plan.part = part;
   plan.micro_batches = micro_batches;
+  plan.compute = vram ? Tier::vram : Tier::dram;
+  plan.offload = offload;
+  plan.home = !offload ? plan.compute : vram ? Tier::dram : Tier::pmem;
   const StageOps ops = ops_of(g, partition, part);
-  schedule(ops, micro_batches, &plan);
+  schedule(ops, micro_batches, offload, &plan);
   auto live = lifetimes(g, ops, &plan);
   if (!vram) {
     // On the CPU a boundary message is sent while the next ops run
@@ -204,7 +295,37 @@ MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int
     }
   }
   place_work(live, &plan);
-  place_per_step(g, ops, vram, &plan);
+  if (offload) place_visits(g, &plan);
+  place_per_step(g, ops, &plan);
+  return plan;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram) {
+  MemoryPlan plan = plan_with(g, partition, part, micro_batches, vram, false);
+  plan.all_in_compute = plan.in_compute_tier;
+  return plan;
+}
+
+Result<MemoryPlan> plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches,
+                               const MemoryOptions& options) {
+  MemoryPlan whole = plan_memory(g, partition, part, micro_batches, options.vram);
+  whole.budget = options.budget;
+  if (options.budget <= 0 || whole.in_compute_tier <= options.budget) return whole;
+  MemoryPlan plan = plan_with(g, partition, part, micro_batches, options.vram, true);
+  plan.budget = options.budget;
+  plan.all_in_compute = whole.in_compute_tier;
+  if (plan.in_compute_tier > options.budget) {
+    return Status(ErrorCode::tier_exhausted,
+                  "stage " + std::to_string(part) + " does not fit a budget of " +
+                      format_size(static_cast<uint64_t>(options.budget)) + " of " +
+                      std::string(tier_name(plan.compute)) + " even offloaded: its activations take " +
+                      format_size(static_cast<uint64_t>(plan.work_peak)) + " and the window its ops' parameters and " +
+                      "gradients stream through " + format_size(static_cast<uint64_t>(plan.window_peak)) +
+                      "; give it at least " + format_size(static_cast<uint64_t>(plan.in_compute_tier)) +
+                      " (or fewer rows per micro-batch, or more stages)");
+  }
   return plan;
 }
 
@@ -220,6 +341,31 @@ std::string format_plan(const Graph& g, const MemoryPlan& plan) {
                   a.copies, a.purpose.c_str());
     out += line;
   }
+  // The peak of each tier: what its arenas hold at once.
+  std::map<Tier, int64_t> by_tier;
+  for (const ArenaPlan& a : plan.arenas) by_tier[a.tier] += a.bytes * a.copies;
+  out += "  peak by tier:";
+  for (const auto& [tier, bytes] : by_tier) {
+    out += " " + std::string(tier_name(tier)) + " " + format_size(static_cast<uint64_t>(bytes));
+  }
+  out += "\n";
+  if (plan.budget > 0) {
+    std::snprintf(line, sizeof line, "  budget %s of %s: %s\n", format_size(static_cast<uint64_t>(plan.budget)).c_str(),
+                  std::string(tier_name(plan.compute)).c_str(),
+                  plan.offload ? "offloaded" : "everything fits, nothing offloaded");
+    out += line;
+  }
+  if (plan.offload) {
+    std::snprintf(line, sizeof line,
+                  "  offload: all in %s would take %s (%.1fx the budget); parameters, gradients and optimizer "
+                  "state live in %s, %zu stays stream through a %s window (op-major schedule)\n",
+                  std::string(tier_name(plan.compute)).c_str(),
+                  format_size(static_cast<uint64_t>(plan.all_in_compute)).c_str(),
+                  static_cast<double>(plan.all_in_compute) / static_cast<double>(std::max<int64_t>(plan.budget, 1)),
+                  std::string(tier_name(plan.home)).c_str(), plan.visits.size(),
+                  format_size(static_cast<uint64_t>(plan.window_peak)).c_str());
+    out += line;
+  }
   std::snprintf(line, sizeof line, "  work arena: peak %s with reuse, %s without (%.1fx less)\n",
                 format_size(static_cast<uint64_t>(plan.work_peak)).c_str(),
                 format_size(static_cast<uint64_t>(plan.work_naive)).c_str(),
@@ -230,6 +376,30 @@ std::string format_plan(const Graph& g, const MemoryPlan& plan) {
   for (const Placement& p : plan.work) {
     std::snprintf(line, sizeof line, "  %-28s %4d %10lld %10lld %3d-%-3d\n", g.tensors[p.tensor].name.c_str(),
                   p.micro_batch, static_cast<long long>(p.offset), static_cast<long long>(p.bytes), p.first, p.last);
+    out += line;
+  }
+  // Per-step tensors: their arena, its tier, offset and size.
+  const struct {
+    const char* arena;
+    const std::vector<Placement>* list;
+  } per_step[] = {{"params", &plan.params}, {"grads", &plan.grads}, {"optimizer", &plan.optimizer}};
+  for (const auto& [arena, list] : per_step) {
+    Tier tier = plan.home;
+    for (const ArenaPlan& a : plan.arenas) {
+      if (a.name == arena) tier = a.tier;
+    }
+    for (const Placement& p : *list) {
+      std::snprintf(line, sizeof line, "  %-28s %-9s %-4s %10lld %10lld\n", g.tensors[p.tensor].name.c_str(), arena,
+                    std::string(tier_name(tier)).c_str(), static_cast<long long>(p.offset),
+                    static_cast<long long>(p.bytes));
+      out += line;
+    }
+  }
+  for (const Visit& v : plan.visits) {
+    std::snprintf(line, sizeof line, "  %-28s window    %-4s %10lld %10lld %3d-%-3d %s\n",
+                  g.tensors[v.tensor].name.c_str(), std::string(tier_name(plan.compute)).c_str(),
+                  static_cast<long long>(v.offset), static_cast<long long>(v.bytes), v.grad ? v.first : v.load_at,
+                  v.last, v.grad ? "zeroed, drained home after its last op" : "loaded from home");
     out += line;
   }
   for (int t : plan.received) {

@@ -4,12 +4,29 @@
 // micro-batch) lives from its first write to its last read in that schedule;
 // instances whose lifetimes do not overlap share memory. Per-step tensors
 // (parameters, their gradients, optimizer state) have arenas of their own.
+//
+// Beyond the compute tier (offload): given a budget for the tier the kernels
+// compute in (VRAM on a GPU, DRAM on the CPU) that the per-step tensors and
+// the work arena do not fit, the plan keeps parameters (both copies), their
+// gradients and optimizer state one tier down (the home tier: DRAM under
+// VRAM, PMEM under DRAM), and the kernels read parameters and write their
+// gradients in a window arena of the compute tier. The schedule is then
+// op-major: each op for every micro-batch in a row (forward, micro-batches
+// ascending; backward, ops in reverse, micro-batches descending), so that a
+// parameter is loaded once per phase and a gradient drained once per step;
+// every tensor of every micro-batch is computed from the same inputs and a
+// gradient sums its micro-batches in the same order as GPipe's schedule,
+// so the mathematics, to the bit, are the same. A parameter's stay (Visit)
+// is loaded before the op of the stay before it runs (the copy overlaps that
+// op), and a gradient's is drained after its last op; stays share the window
+// as the work arena's instances share it, over their lifetimes.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <tiermem/status.h>
 #include <tiermem/types.h>
 
 #include "executor/graph.hpp"
@@ -33,6 +50,22 @@ struct ArenaPlan {
   std::string purpose;
 };
 
+// Offload: a stay in the window of a parameter (loaded from the home tier)
+// or of a parameter's gradient (zeroed at its first op, drained home after
+// its last).
+struct Visit {
+  int tensor = -1;
+  bool grad = false;
+  int load_at = 0;           // a parameter: the position before whose op the load is issued
+  int first = 0, last = 0;   // positions of the ops that use it
+  int64_t offset = 0, bytes = 0;  // in the window
+};
+
+struct MemoryOptions {
+  bool vram = false;   // the kernels run on a GPU (the compute tier is VRAM, else DRAM)
+  int64_t budget = 0;  // bytes of the compute tier for this stage's tensors; 0: no limit
+};
+
 struct MemoryPlan {
   int part = 0;
   int micro_batches = 1;
@@ -43,6 +76,15 @@ struct MemoryPlan {
   int64_t work_peak = 0;    // the work arena with reuse
   int64_t work_naive = 0;   // every instance its own memory
   std::vector<int> received;  // tensors arriving from other stages (live in mailboxes)
+  // Offload (MemoryOptions::budget): per-step tensors in `home`, streamed
+  // through the window arena of `compute`.
+  Tier compute = Tier::dram, home = Tier::dram;
+  bool offload = false;
+  int64_t budget = 0;
+  int64_t in_compute_tier = 0;  // bytes the plan puts in the compute tier
+  int64_t all_in_compute = 0;   // what it would put there without offload
+  std::vector<Visit> visits;
+  int64_t window_peak = 0;
 
   // The placement of an instance, or nullptr.
   const Placement* find(int tensor, int micro_batch) const;
@@ -52,6 +94,12 @@ struct MemoryPlan {
 // Plans stage `part`. `vram`: the kernels run on a GPU, and every tensor
 // goes to the VRAM tier (so do the messages; control words stay in DRAM).
 MemoryPlan plan_memory(const Graph& graph, const Partition& partition, int part, int micro_batches, bool vram = false);
+// The same within options.budget: everything in the compute tier when it
+// fits, else offloaded. Errors: tier_exhausted when
+// even the work arena and the window of one op's parameters exceed the
+// budget (says the least budget that runs).
+Result<MemoryPlan> plan_memory(const Graph& graph, const Partition& partition, int part, int micro_batches,
+                               const MemoryOptions& options);
 
 std::string format_plan(const Graph& graph, const MemoryPlan& plan);
 

@@ -51,7 +51,23 @@ int fail(const Status& s) {
   return 1;
 }
 
-int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram) {
+// --vram-budget: a size ("6GiB", "512MiB", bytes); "" is no budget.
+Result<int64_t> budget_of(const std::string& text) {
+  if (text.empty()) return int64_t{0};
+  auto n = parse_size(text);
+  if (!n.ok() || *n == 0) {
+    return Status(ErrorCode::invalid_argument,
+                  "--vram-budget '" + text + "' is not a size such as 6GiB, 512MiB or a number of bytes (above 0)");
+  }
+  return static_cast<int64_t>(*n);
+}
+
+constexpr const char* k_budget_help =
+    "bytes of the tier the kernels compute in (VRAM on a GPU, DRAM on the CPU) this rank's tensors may take, e.g. "
+    "6GiB; when its parameters, gradients, optimizer state and activations do not fit, the first three live one "
+    "tier down (DRAM under VRAM, PMEM under DRAM) and stream through a window (offload)";
+
+int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram, int64_t budget) {
   auto g = training_graph(model, micro_batches, stages, split);
   if (!g.ok()) return fail(g.status());
   auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
@@ -64,7 +80,9 @@ int plan(const std::string& model, int stages, int micro_batches, bool split, bo
               100 * p->memory_imbalance);
   int64_t total = 0;
   for (int s = 0; s < stages; ++s) {
-    const MemoryPlan mp = plan_memory(*g, *p, s, micro_batches, vram);
+    auto planned = plan_memory(*g, *p, s, micro_batches, {.vram = vram, .budget = budget});
+    if (!planned.ok()) return fail(planned.status());
+    const MemoryPlan& mp = *planned;
     std::printf("%s", format_plan(*g, mp).c_str());
     std::printf("  total %s\n\n", format_size(static_cast<uint64_t>(mp.total_bytes())).c_str());
     total += mp.total_bytes();
@@ -165,6 +183,8 @@ int main(int argc, char** argv) {
                         "in fp32; parameters, optimizer state and activations stay fp32)")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  std::string budget_text;
+  train_cmd->add_option("--vram-budget,--budget", budget_text, k_budget_help);
   bool no_graphs = false;
   train_cmd->add_flag("--no-graphs", no_graphs,
                       "on a GPU, launch every kernel of every step instead of replaying the step captured once as a "
@@ -210,6 +230,12 @@ int main(int argc, char** argv) {
     opt.graphs = !no_graphs;
     opt.split = !train_no_split;
     opt.timeout = std::chrono::seconds(timeout_s);
+    auto budget = budget_of(budget_text);
+    if (!budget.ok()) {
+      rc = fail(budget.status());
+      return;
+    }
+    opt.budget = *budget;
     auto env = rank_from_environment();
     if (!env.ok()) {
       rc = fail(env.status());
@@ -229,7 +255,13 @@ int main(int argc, char** argv) {
   std::string plan_device = "cpu";
   plan_cmd->add_option("--device", plan_device, "where the kernels would run (cuda: the tensors in VRAM)")
       ->capture_default_str();
-  plan_cmd->callback([&] { rc = plan(model, stages, micro_batches, !no_split, plan_device != "cpu"); });
+  std::string plan_budget;
+  plan_cmd->add_option("--vram-budget,--budget", plan_budget, k_budget_help);
+  plan_cmd->callback([&] {
+    auto budget = budget_of(plan_budget);
+    rc = budget.ok() ? plan(model, stages, micro_batches, !no_split, plan_device != "cpu", *budget)
+                     : fail(budget.status());
+  });
 
   SampleOptions sample_opt;
   auto* sample_cmd = app.add_subcommand("sample", "print text drawn from a model of bytes (a GPT) trained with --keep");

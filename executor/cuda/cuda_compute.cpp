@@ -28,6 +28,11 @@ class CudaCompute final : public Compute {
  public:
   ~CudaCompute() override {
     if (m_stream != nullptr) cudaStreamSynchronize(m_stream);
+    if (m_side != nullptr) {
+      cudaStreamSynchronize(m_side);
+      for (cudaEvent_t e : m_side_events) cudaEventDestroy(e);
+      cudaStreamDestroy(m_side);
+    }
     for (auto& [slot, exec] : m_graphs) cudaGraphExecDestroy(exec);
     if (m_blas != nullptr) cublasDestroy(m_blas);
     for (void* p : m_device) cudaFree(p);
@@ -247,6 +252,11 @@ class CudaCompute final : public Compute {
   Status sync() override {
     if (!m_capturing) {
       if (cudaError_t e = cudaStreamSynchronize(m_stream); e != cudaSuccess) fail(std::string("stream: ") + cudaGetErrorString(e));
+      if (m_side != nullptr) {
+        if (cudaError_t e = cudaStreamSynchronize(m_side); e != cudaSuccess) {
+          fail(std::string("side copies: ") + cudaGetErrorString(e));
+        }
+      }
     }
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) fail(std::string("kernel launch: ") + cudaGetErrorString(e));
     if (m_error.empty()) return Status();
@@ -265,6 +275,38 @@ class CudaCompute final : public Compute {
     }
     m_bf16_room = max_operand;
     return Status();
+  }
+
+  // A second stream for copies beside the kernels: each waits for what the
+  // main stream had queued (an event recorded there), and the main stream
+  // waits for a ticket's event. Events come from a ring: a ticket whose
+  // event was recorded again by a later copy is waited for with that one,
+  // later in the same stream: a longer wait, never a shorter one.
+  uint64_t side_copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return m_tickets;
+    if (m_side == nullptr) {
+      if (cudaError_t e = cudaStreamCreateWithFlags(&m_side, cudaStreamNonBlocking); e != cudaSuccess) {
+        fail(std::string("cudaStreamCreate (side copies): ") + cudaGetErrorString(e));
+        m_side = nullptr;
+        copy(dst, src, bytes);
+        return m_tickets;
+      }
+      m_side_events.resize(2 * k_side_ring);
+      for (cudaEvent_t& e : m_side_events) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+    }
+    const uint64_t ticket = ++m_tickets;
+    cudaEvent_t after = m_side_events[2 * (ticket % k_side_ring)];
+    cudaEvent_t done = m_side_events[2 * (ticket % k_side_ring) + 1];
+    check(cudaEventRecord(after, m_stream), "event");
+    check(cudaStreamWaitEvent(m_side, after, 0), "wait");
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, m_side), "side copy");
+    check(cudaEventRecord(done, m_side), "event");
+    return ticket;
+  }
+  void wait_side(uint64_t ticket) override {
+    if (ticket == 0 || m_side == nullptr || ticket <= m_side_waited) return;
+    check(cudaStreamWaitEvent(m_stream, m_side_events[2 * (ticket % k_side_ring) + 1], 0), "wait");
+    m_side_waited = ticket;
   }
 
   bool can_capture() const override { return true; }
@@ -378,6 +420,10 @@ class CudaCompute final : public Compute {
   int m_ordinal = -1;
   std::string m_name;
   cudaStream_t m_stream = nullptr;
+  static constexpr uint64_t k_side_ring = 64;
+  cudaStream_t m_side = nullptr;              // side copies (offload)
+  std::vector<cudaEvent_t> m_side_events;     // ring: (after, done) per ticket
+  uint64_t m_tickets = 0, m_side_waited = 0;
   cublasHandle_t m_blas = nullptr;
   double* m_stats = nullptr;       // device: loss sum, hits (u64)
   double* m_stats_host = nullptr;  // pinned: where take_stats reads them to

@@ -65,40 +65,54 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
   // every arena maps as device memory of its own), else DRAM. The mailbox
   // too: a stage on the same GPU writes its boundary tensors into it device
   // to device (the copy engines), and the kernels read them in place.
+  // Offloaded, the per-step tensors live a tier down (the plan's home) and
+  // the window is in the compute tier.
   const bool vram = compute.memory_is_device();
-  const Tier tier = vram ? Tier::vram : Tier::dram;
-  auto sized = [&](int64_t bytes) {
-    return vram ? (std::max<int64_t>(bytes, 1) + (2 << 20) - 1) / (2 << 20) * (2 << 20) : bytes;
+  const Tier tier = vram ? Tier::vram : Tier::dram, home = job.plan.offload ? job.plan.home : tier;
+  m_home = home;
+  auto sized = [&](int64_t bytes, Tier in) {
+    return in == Tier::vram ? (std::max<int64_t>(bytes, 1) + (2 << 20) - 1) / (2 << 20) * (2 << 20) : bytes;
   };
   const struct {
     OwnRegion* region;
     const char* what;
     int64_t bytes;
-  } tensors[] = {{&m_params, "params", 2 * m_params_bytes},
-                 {&m_grads, "grads", grads_bytes},
-                 {&m_optimizer, "optimizer", 2 * m_optimizer_bytes},
-                 {&m_work, "work", job.plan.work_peak},
-                 {&m_mbox, "mbox", mailbox_bytes}};
+    Tier tier;
+  } all[] = {{&m_params, "params", 2 * m_params_bytes, home},
+             {&m_grads, "grads", grads_bytes, home},
+             {&m_optimizer, "optimizer", 2 * m_optimizer_bytes, home},
+             {&m_work, "work", job.plan.work_peak, tier},
+             {&m_window, "window", job.plan.window_peak, tier},
+             {&m_mbox, "mbox", mailbox_bytes, tier}};
   auto other_device = [&](const char* what, const std::string& in) {
     return Status(ErrorCode::failed_precondition, "job " + options.job + "'s " + what + " are in " + in +
                                                       " but this run computes on " + compute.name() +
                                                       ": run it with the --device it was started with, or --restart");
   };
-  for (const auto& t : tensors) {
-    Status s = own(dir, t.region, t.what, sized(t.bytes), false, tier);
+  for (const auto& t : all) {
+    if (t.region == &m_window && !job.plan.offload) continue;
+    Status s = own(dir, t.region, t.what, sized(t.bytes, t.tier), false, t.tier);
     if (s.code() == ErrorCode::already_exists) {
       // Another size: made for the other kind of device (VRAM arenas are
-      // whole pages)?
+      // whole pages), or with another budget?
       auto found = dir.client().lookup(dir.name(job.topo.rank, t.what));
-      if (found.ok() && (found->tier == Tier::vram) != vram) {
+      if (found.ok() && (found->tier == Tier::vram) != (t.tier == Tier::vram)) {
         return other_device(t.what, found->tier == Tier::vram ? "VRAM" : "host memory");
+      }
+      if (found.ok() && t.tier != tier) {
+        return Status(ErrorCode::failed_precondition,
+                      "job " + options.job + "'s " + t.what + " were made for another --vram-budget (" +
+                          format_size(found->size) + " in " + std::string(tier_name(found->tier)) +
+                          "): run it with the budget it was started with, or --restart");
       }
     }
     if (!s.ok()) {
-      return vram ? s.with_context("--device " + options.device + " keeps the tensors in the VRAM tier (" + t.what + ")")
-                  : s;
+      return vram && t.tier == Tier::vram
+                 ? s.with_context("--device " + options.device + " keeps the tensors in the VRAM tier (" + t.what + ")")
+                 : s.with_context(std::string(t.what) + " in " + std::string(tier_name(t.tier)));
     }
-    if (t.region->mapping.device() == compute.device()) continue;
+    const int expected = t.tier == Tier::vram ? compute.device() : -1;
+    if (t.region->mapping.device() == expected) continue;
     if (t.region->existed) return other_device(t.what, where(*t.region));
     // Made just now, but not where asked: the daemon has no VRAM tier (or
     // no room in it) and placed it elsewhere. Given back.
@@ -130,6 +144,15 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
 }
 
 std::string Arenas::placement(const Compute& compute) const {
+  if (!m_window.gva.is_null()) {
+    const std::string hot = compute.memory_is_device() ? "VRAM of " + compute.name() : "host memory";
+    return "offloaded: params 2 x " + format_size(static_cast<uint64_t>(m_params_bytes)) + ", grads " +
+           format_size(static_cast<uint64_t>(m_grads_bytes)) + ", optimizer 2 x " +
+           format_size(static_cast<uint64_t>(m_optimizer_bytes)) + " in " +
+           std::string(tier_name(m_home)) + "; work " + format_size(m_work.mapping.size()) + ", window " +
+           format_size(m_window.mapping.size()) + ", messages " + format_size(m_mbox.mapping.size()) + " in " + hot +
+           "; control words in host memory";
+  }
   return "params 2 x " + format_size(static_cast<uint64_t>(m_params_bytes)) + ", grads " +
          format_size(static_cast<uint64_t>(m_grads_bytes)) + ", optimizer 2 x " +
          format_size(static_cast<uint64_t>(m_optimizer_bytes)) + ", work " + format_size(m_work.mapping.size()) +
@@ -155,7 +178,11 @@ Status Arenas::initialise(const JobPlan& job, const TrainOptions& options, Compu
     init_param(t, host.data(), options.seed);
     compute.copy(m_params.data() + p.offset, host.data(), static_cast<size_t>(t.bytes()));
   }
-  compute.zero(m_optimizer.data(), static_cast<size_t>(2 * m_optimizer_bytes));
+  if (m_optimizer.mapping.device() >= 0) {
+    compute.zero(m_optimizer.data(), static_cast<size_t>(2 * m_optimizer_bytes));
+  } else {
+    std::memset(m_optimizer.data(), 0, static_cast<size_t>(2 * m_optimizer_bytes));  // offloaded: host memory
+  }
   if (!options.dump.empty()) dump_params(job, m_params.data(), options.dump, compute);
   return compute.sync();
 }
@@ -184,7 +211,8 @@ void* Arenas::memory(const JobPlan& job, int t, int mb, int64_t parity) const {
 
 std::vector<Gva> Arenas::release() {
   std::vector<Gva> out;
-  for (OwnRegion* r : {&m_ctl, &m_info, &m_mbox, &m_publish, &m_params, &m_grads, &m_optimizer, &m_work, &m_snapshot}) {
+  for (OwnRegion* r :
+       {&m_ctl, &m_info, &m_mbox, &m_publish, &m_params, &m_grads, &m_optimizer, &m_work, &m_window, &m_snapshot}) {
     if (!r->gva.is_null()) out.push_back(r->gva);
     *r = OwnRegion{};  // unmaps
   }

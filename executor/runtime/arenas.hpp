@@ -10,6 +10,9 @@
 //   grads      parameter gradients of the step
 //   optimizer  two copies, like params
 //   work       per-micro-batch tensors, reused as the plan says
+//   window     offload (the plan's budget): parameters streamed in and
+//              gradients on their way out (param_stream.hpp); params, grads
+//              and optimizer then live in the plan's home tier
 //   snapshot   PMEM copy of the committed state (--snapshot-every), two
 //              slots; with --replicas N replicated on N other nodes and
 //              written every step
@@ -129,6 +132,7 @@ class Arenas {
   // Bytes of the gradients (the grads mapping may be larger: whole pages in VRAM).
   int64_t grads_bytes() const { return m_grads_bytes; }
   const OwnRegion& work() const { return m_work; }
+  const OwnRegion& window() const { return m_window; }
 
  private:
   Status own(JobDirectory& dir, OwnRegion* out, const std::string& what, int64_t bytes, bool coherent,
@@ -146,9 +150,10 @@ class Arenas {
   // snapshot of it elsewhere, if there is one.
   Status resume_elsewhere(JobDirectory& dir, Compute& compute);
 
-  OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_snapshot;
+  OwnRegion m_ctl, m_info, m_mbox, m_publish, m_params, m_grads, m_optimizer, m_work, m_window, m_snapshot;
   int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_grads_bytes = 0, m_snapshot_every = 0;
   int64_t m_published_bytes = 0;  // in the snapshot with --replicas (data parallel)
+  Tier m_home = Tier::dram;  // of params, grads and optimizer
   bool m_resumed = false;
   Gva m_restored_from;
 };

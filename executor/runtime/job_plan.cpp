@@ -61,8 +61,8 @@ Status plan_graph(const TrainOptions& options, JobPlan* job) {
   TIERMEM_ASSIGN_OR_RETURN(job->partition,
                            partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
   job->channels = channels_of(job->graph, job->partition);
-  job->plan = plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches,
-                          options.device != "cpu");
+  TIERMEM_ASSIGN_OR_RETURN(job->plan, plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches,
+                                                  {.vram = options.device != "cpu", .budget = options.budget}));
   job->loss_stage = job->partition.of_op[job->graph.tensors[job->graph.loss].producer];
   return Status();
 }

@@ -32,8 +32,13 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
                          Arenas& arenas, Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace,
                          bool resumed, Compute& compute)
     : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes), m_tp(tp),
-      m_peers(peers), m_trace(trace), m_compute(compute), m_eval_resume(resumed) {
+      m_peers(peers), m_trace(trace), m_compute(compute), m_stream(job, arenas, compute, trace),
+      m_update_compute(&compute), m_eval_resume(resumed) {
   const MemoryPlan& plan = job.plan;
+  if (plan.offload && compute.memory_is_device()) {
+    m_host_compute = make_cpu_compute();
+    m_update_compute = m_host_compute.get();
+  }
   m_zero_at.resize(plan.schedule.size() + 1);
   for (size_t w = 0; w < plan.work.size(); ++w) {
     const Tensor& t = job.graph.tensors[plan.work[w].tensor];
@@ -69,7 +74,9 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
   }
   bool exchanges = job.topo.replicas > 1 || job.topo.tensor_parallel > 1;
   for (const Channel& c : job.channels) exchanges = exchanges || c.to == job.topo.stage() || c.from == job.topo.stage();
-  m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty();
+  // Offloaded steps interleave copies on a second queue, decided per step:
+  // launched, not replayed.
+  m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty() && !plan.offload;
   if (const char* e = std::getenv("TIERMEM_EXEC_STOP_AFTER_COMMIT")) m_stop_after_commit = std::atoll(e);
   if (const char* e = std::getenv("TIERMEM_EXEC_STOP_IN_SNAPSHOT")) m_stop_in_snapshot = std::atoll(e);
   m_test_order.resize(static_cast<size_t>(job.data.test.rows));
@@ -229,7 +236,12 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
   }
   std::vector<void*> pointers(m_job.graph.tensors.size(), nullptr);
   TIERMEM_RETURN_IF_ERROR(gather_inputs(op, mb, eval, eval_sequence, eval_batch, &pointers));
-  const TensorMemory resolve = [&](int t) -> void* { return pointers[t] != nullptr ? pointers[t] : memory(t, mb, false); };
+  if (pos < 0) m_stream.load_for(op, m_step % 2);
+  const TensorMemory resolve = [&](int t) -> void* {
+    if (pointers[t] != nullptr) return pointers[t];
+    void* streamed = m_stream.memory(t);
+    return streamed != nullptr ? streamed : memory(t, mb, false);
+  };
   for (const auto* list : {&op.in, &op.out}) {
     for (int t : *list) {
       if (resolve(t) == nullptr) {
@@ -315,12 +327,13 @@ Status StageRunner::all_reduce(int64_t step) {
 // optimizer op writes is copied over.
 void StageRunner::update() {
   auto span = m_trace.span(SpanKind::compute, k_update);
+  Compute& compute = *m_update_compute;
   for (int t : m_carried) {
-    m_compute.copy(memory(t, -1, true), memory(t, -1, false), static_cast<size_t>(m_job.graph.tensors[t].bytes()));
+    compute.copy(memory(t, -1, true), memory(t, -1, false), static_cast<size_t>(m_job.graph.tensors[t].bytes()));
   }
   const TensorMemory committed = [&](int t) { return memory(t, -1, false); };
   for (int i : m_update_ops) {
-    run_op(m_compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)], [&](int t) { return memory(t, -1, true); },
+    run_op(compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)], [&](int t) { return memory(t, -1, true); },
            false, &committed);
   }
 }
@@ -342,10 +355,14 @@ Status StageRunner::barrier(uint64_t value) {
 // The ops of the step and the optimizer, queued (on a GPU) or run.
 Status StageRunner::compute_step(int64_t step) {
   m_compute.reset_stats();
-  m_compute.zero(m_arenas.grads().data(), static_cast<size_t>(m_arenas.grads_bytes()));
+  // Offloaded, every gradient starts zeroed in the window and is drained
+  // home whole (one never written stays as allocated: zero).
+  if (!m_stream.active()) m_compute.zero(m_arenas.grads().data(), static_cast<size_t>(m_arenas.grads_bytes()));
   for (size_t pos = 0; pos < m_job.plan.schedule.size(); ++pos) {
     const auto [op, mb] = m_job.plan.schedule[pos];
+    m_stream.before(static_cast<int>(pos), step % 2);
     TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
+    m_stream.after(static_cast<int>(pos));
   }
   // The last message on its way: what it sends is reused next step.
   TIERMEM_RETURN_IF_ERROR(m_mail.drain());
@@ -405,6 +422,7 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
   m_loaded.clear();
   m_stats = StepStats();
   m_compute.set_step(step + 1);
+  if (m_update_compute != &m_compute) m_update_compute->set_step(step + 1);
   TIERMEM_RETURN_IF_ERROR(m_replay ? replay_step() : compute_step(step));
   m_compute.take_stats(&m_stats.loss_sum, &m_stats.correct);
   m_stats.rows = m_loss_rows;

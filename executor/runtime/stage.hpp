@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "executor/runtime/arenas.hpp"
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
+#include "executor/runtime/param_stream.hpp"
 #include "executor/runtime/tp_exchange.hpp"
 #include "executor/trace.hpp"
 
@@ -108,6 +110,12 @@ class StageRunner {
   const RankPeers& m_peers;
   Trace& m_trace;
   Compute& m_compute;
+  // Offload: parameters and gradients through the window, and the
+  // optimizer on the host (the CPU's Adam over the home tier, ZeRO-Offload's
+  // way) when the kernels run on a GPU.
+  ParamStream m_stream;
+  std::unique_ptr<Compute> m_host_compute;
+  Compute* m_update_compute;
   bool m_eval_resume;  // the first evaluation after a restart skips what is done
   int64_t m_stop_after_commit = -1;  // TIERMEM_EXEC_STOP_AFTER_COMMIT (tests)
   int64_t m_stop_in_snapshot = -1;   // TIERMEM_EXEC_STOP_IN_SNAPSHOT (tests)

@@ -39,7 +39,7 @@ Status Trainer::set_up() {
     }
     return s;
   }
-  if (!m_opt.quiet && m_compute->memory_is_device()) {
+  if (!m_opt.quiet && (m_compute->memory_is_device() || m_job.plan.offload)) {
     std::printf("rank %d: computing on %s%s; %s\n", m_env.rank, m_compute->name().c_str(),
                 m_opt.precision == "bf16" ? ", GEMMs in bf16 (fp32 sums)" : "",
                 m_arenas.placement(*m_compute).c_str());

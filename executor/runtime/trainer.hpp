@@ -43,6 +43,11 @@ struct TrainOptions {
   int stages = 0;                // pipeline stages; 0: one per rank (per tensor-parallel group)
   int tensor_parallel = 1;       // ranks sharing each split block (tensor_parallel.hpp)
   int micro_batches = 2;
+  // Bytes of the tier the kernels compute in (VRAM on a GPU, DRAM on the
+  // CPU) for this rank's tensors; 0: no limit. What does not fit is
+  // offloaded (memory_plan.hpp): parameters, gradients and optimizer state
+  // one tier down, streamed through a window.
+  int64_t budget = 0;
   int epochs = 3;
   int64_t steps = 0;             // > 0: stop after this many steps instead
   uint64_t seed = 1;

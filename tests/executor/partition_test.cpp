@@ -298,5 +298,80 @@ TEST(MemoryPlanTest, SharedWorkMemoryNeverHoldsTwoLiveTensors) {
   }
 }
 
+
+// Offload (a budget the per-step tensors do not fit): parameters, their
+// gradients and optimizer state go a tier down; every parameter an op reads
+// and every parameter gradient it writes has a stay in the window covering
+// the op; stays that are in the window at once never share bytes; the
+// schedule is op-major and runs every (op, micro-batch) the GPipe one does.
+TEST(MemoryPlanTest, OffloadedStaysCoverEveryUseAndNeverShareLiveWindowBytes) {
+  int offloaded = 0;
+  for (const char* name : k_models) {
+    for (int parts : {1, 2}) {
+      Graph g = forward_graph(name);
+      ASSERT_TRUE(add_training(g, 1.0f / k_micro_batches).ok());
+      auto p = partition(g, parts, PartitionMethod::metis, k_micro_batches);
+      ASSERT_TRUE(p.ok());
+      for (int stage = 0; stage < parts; ++stage) {
+        SCOPED_TRACE(std::string(name) + " stage " + std::to_string(stage) + " of " + std::to_string(parts));
+        const MemoryPlan whole = plan_memory(g, *p, stage, k_micro_batches, true);
+        // Room for the activations and a little more: not for the state.
+        const int64_t budget = whole.work_peak + (whole.all_in_compute - whole.work_peak) / 3;
+        auto planned = plan_memory(g, *p, stage, k_micro_batches, {.vram = true, .budget = budget});
+        if (!planned.ok()) {
+          EXPECT_EQ(planned.status().code(), ErrorCode::tier_exhausted) << planned.status().message();
+          continue;
+        }
+        const MemoryPlan& plan = *planned;
+        ASSERT_TRUE(plan.offload);
+        ++offloaded;
+        EXPECT_LE(plan.in_compute_tier, budget);
+        EXPECT_EQ(plan.home, Tier::dram);
+        for (const ArenaPlan& a : plan.arenas) {
+          if (a.name == "params" || a.name == "grads" || a.name == "optimizer") EXPECT_EQ(a.tier, Tier::dram) << a.name;
+          if (a.name == "work" || a.name == "window") EXPECT_EQ(a.tier, Tier::vram) << a.name;
+        }
+        auto sorted = [](std::vector<std::pair<int, int>> v) {
+          std::sort(v.begin(), v.end());
+          return v;
+        };
+        EXPECT_EQ(sorted(plan.schedule), sorted(whole.schedule));
+        for (size_t pos = 0; pos < plan.schedule.size(); ++pos) {
+          const Op& op = g.ops[static_cast<size_t>(plan.schedule[pos].first)];
+          auto covered = [&](int t, bool grad) {
+            for (const Visit& v : plan.visits) {
+              if (v.tensor == t && v.grad == grad && v.first <= static_cast<int>(pos) && static_cast<int>(pos) <= v.last) {
+                return true;
+              }
+            }
+            return false;
+          };
+          for (int t : op.in) {
+            if (g.tensors[t].role == Role::param) EXPECT_TRUE(covered(t, false)) << g.tensors[t].name << " at " << pos;
+          }
+          for (int t : op.out) {
+            if (g.tensors[t].role == Role::grad && g.tensors[t].of_param) {
+              EXPECT_TRUE(covered(t, true)) << g.tensors[t].name << " at " << pos;
+            }
+          }
+        }
+        for (size_t i = 0; i < plan.visits.size(); ++i) {
+          const Visit& a = plan.visits[i];
+          EXPECT_LE(a.offset + a.bytes, plan.window_peak);
+          EXPECT_LE(a.grad ? a.first : a.load_at, a.first);
+          for (size_t j = i + 1; j < plan.visits.size(); ++j) {
+            const Visit& b = plan.visits[j];
+            const int a0 = a.grad ? a.first : a.load_at, b0 = b.grad ? b.first : b.load_at;
+            const bool together = a0 <= b.last && b0 <= a.last;
+            const bool share = a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+            EXPECT_FALSE(together && share) << g.tensors[a.tensor].name << " and " << g.tensors[b.tensor].name;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(offloaded, 8) << "most stages offload within a third of their state";
+}
+
 }  // namespace
 }  // namespace tiermem::exec

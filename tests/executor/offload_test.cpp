@@ -1,0 +1,188 @@
+// Training beyond the compute tier (X4, executor/memory_plan.hpp): with a
+// budget its per-step tensors do not fit, a rank keeps parameters,
+// gradients and Adam's state one tier down and streams them through a
+// window (executor/runtime/param_stream.hpp). On the CPU the compute tier is
+// DRAM and the home PMEM: the same plan, schedule and copies a GPU rank runs
+// with VRAM over DRAM. The losses must be the very bits of the run without
+// a budget (the op-major schedule computes every tensor from the same
+// inputs, and sums every gradient in the same order).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <thread>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <tiermem/client.h>
+
+#include "tests/support/exec_rank.hpp"
+#include "tests/support/test_daemon.hpp"
+
+namespace tiermem {
+namespace {
+
+std::string source(const std::string& path) { return std::string(TIERMEM_SOURCE_ROOT) + "/" + path; }
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<double> values(const std::string& text) {
+  std::vector<double> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(std::strtod(line.c_str(), nullptr));
+  return out;
+}
+
+class OffloadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_cluster = std::make_unique<test::TestCluster>(2, test::DaemonOptions{.dram = "128MiB", .pmem = "256MiB"});
+    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
+    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
+    m_dir = m_cluster->dir();
+  }
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+  }
+  // Runs `world` ranks (rank r on node r % 2 + 1); rank 0's log.
+  std::string run(int world, const std::string& job, std::vector<std::string> extra, int* rc = nullptr) {
+    std::vector<std::string> args{source("tests/data/gpt_wide.pbtxt"), "--job", job, "--losses", losses(job)};
+    if (std::find(extra.begin(), extra.end(), "--data") == extra.end()) {
+      args.insert(args.end(), {"--data", source("tests/data/corpus.txt")});
+    }
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::unique_ptr<test::ExecRank>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<test::ExecRank>(r, world, m_cluster->node(r % 2 + 1).socket(), args,
+                                                       m_dir + "/" + job + ".rank" + std::to_string(r) + ".log"));
+    }
+    int worst = 0;
+    std::string logs;
+    for (auto& rank : ranks) {
+      worst = std::max(worst, rank->wait());
+      logs += rank->log();
+    }
+    if (rc != nullptr) {
+      *rc = worst;
+    } else {
+      EXPECT_EQ(worst, 0) << logs;
+    }
+    return logs;
+  }
+  std::string losses(const std::string& job) const { return m_dir + "/" + job + ".losses"; }
+
+  std::unique_ptr<test::TestCluster> m_cluster;
+  std::string m_dir;
+};
+
+TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
+  // The plan: what it would take, where everything lives.
+  auto plan = test::run_command({test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--budget", "15MiB"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(plan.out, m, std::regex(R"(would take ([0-9.]+) MiB \(([0-9.]+)x the budget\))")))
+      << plan.out;
+  EXPECT_GE(std::stod(m[2].str()), 3.0) << "its state is at least 3x the budget";
+  EXPECT_NE(plan.out.find("arena params    pmem"), std::string::npos) << plan.out;
+  EXPECT_NE(plan.out.find("arena window    dram"), std::string::npos) << plan.out;
+  EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(b1\.fc\.w +window +dram .* loaded from home)"))) << plan.out;
+  EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(grad/b1\.fc\.w +window .* drained home)"))) << plan.out;
+  EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(b1\.fc\.w +params +pmem)"))) << plan.out;
+
+  const std::vector<std::string> steps{"--steps", "24", "--log-every", "8"};
+  const std::string whole_logs = run(1, "whole", steps);
+  std::vector<std::string> offloaded = steps;
+  offloaded.insert(offloaded.end(), {"--budget", "15MiB"});
+  const std::string logs = run(1, "offloaded", offloaded);
+  EXPECT_NE(logs.find("offloaded: params 2 x"), std::string::npos) << logs;
+  const std::string whole = slurp(losses("whole")), streamed = slurp(losses("offloaded"));
+  const std::vector<double> l = values(streamed);
+  ASSERT_EQ(l.size(), 24u) << streamed;
+  EXPECT_EQ(streamed, whole) << "offloaded, the same bits\n" << whole_logs << logs;
+  EXPECT_LT(l.back(), l.front() - 0.5) << "it learns";
+
+  // Two stages, each offloaded on its own node: the bits of the same two
+  // stages whole (a rank of two on a host takes half its cores, and
+  // OpenBLAS's sums follow its threads: compared at the same threads).
+  run(2, "whole2", {"--steps", "24", "-q"});
+  const std::string two = run(2, "offloaded2", {"--steps", "24", "--budget", "8MiB"});
+  EXPECT_NE(two.find("offloaded: params 2 x"), std::string::npos) << two;
+  EXPECT_EQ(slurp(losses("offloaded2")), slurp(losses("whole2"))) << "two offloaded stages: the bits of two whole ones";
+}
+
+TEST_F(OffloadTest, EvaluationAndAResumeWorkOffloaded) {
+  // A corpus of 4 KB: epochs of some 50 steps, each ending in an evaluation
+  // (its ops load their parameters outside the schedule).
+  const std::string corpus = m_dir + "/small.txt";
+  std::ofstream(corpus) << slurp(source("tests/data/corpus.txt")).substr(0, 4096);
+  const std::vector<std::string> args{"--data", corpus, "--epochs", "3", "--log-every", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::string whole = run(1, "epochs-whole", args);
+  const std::string offloaded = run(1, "epochs", with({"--budget", "15MiB"}));
+  auto accuracies = [](const std::string& log) {
+    std::string out;
+    const std::regex line("test acc[a-z]* [0-9.]+%");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), line); it != std::sregex_iterator(); ++it) {
+      out += it->str() + "\n";
+    }
+    return out;
+  };
+  EXPECT_FALSE(accuracies(offloaded).empty()) << offloaded;
+  EXPECT_EQ(accuracies(offloaded), accuracies(whole)) << offloaded << whole;
+  const std::string reference = slurp(losses("epochs"));
+  EXPECT_EQ(reference, slurp(losses("epochs-whole")));
+
+  // Killed past step 60, started again: it resumes at its committed step
+  // and every loss after is the undisturbed run's.
+  std::vector<std::string> resumed = with({"--budget", "15MiB"});
+  resumed.insert(resumed.begin(), {source("tests/data/gpt_wide.pbtxt"), "--job", "resumed", "--losses",
+                                   losses("resumed")});
+  {
+    test::ExecRank first(0, 1, m_cluster->node(1).socket(), resumed, m_dir + "/resumed-a.log");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (first.log().find("step 60 ") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_NE(first.log().find("step 60 "), std::string::npos) << first.log();
+    first.kill();
+  }
+  test::ExecRank again(0, 1, m_cluster->node(1).socket(), resumed, m_dir + "/resumed-b.log");
+  EXPECT_EQ(again.wait(), 0) << again.log();
+  std::smatch m;
+  const std::string log = again.log();
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+)"))) << log;
+  EXPECT_GE(std::stoi(m[1]), 60);
+  EXPECT_EQ(slurp(losses("resumed")), reference);
+}
+
+TEST_F(OffloadTest, ABudgetTooSmallForTheActivationsIsRefusedBeforeAnythingIsAllocated) {
+  int rc = 0;
+  const std::string logs = run(1, "tiny", {"--steps", "2", "--budget", "1MiB"}, &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(logs.find("does not fit a budget of 1 MiB of dram even offloaded"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("give it at least"), std::string::npos) << logs;
+  auto client = Client::connect({.socket_path = m_cluster->node(1).socket()});
+  ASSERT_TRUE(client.ok());
+  auto list = (*client)->list();
+  ASSERT_TRUE(list.ok());
+  for (const AllocationInfo& a : *list) EXPECT_EQ(a.name.find("tiny"), std::string::npos) << a.name << " was made";
+  auto bad = test::run_command({test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--budget", "lots"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--vram-budget 'lots' is not a size"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace tiermem
