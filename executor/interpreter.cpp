@@ -144,6 +144,16 @@ void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, b
   }
 }
 
+void run_update(Compute& k, const Graph& g, const Op& op, const std::vector<float*>& a, int64_t count) {
+  const auto& o = g.optimizer;
+  if (op.kind == OpKind::sgd) {
+    k.sgd(a[0], a[0], a[1], a[2], a[2], count, o.learning_rate(), o.momentum(), o.weight_decay());
+  } else if (op.kind == OpKind::adam) {
+    k.adam(a[0], a[0], a[1], a[2], a[2], a[3], a[3], count, o.learning_rate(), o.beta1(), o.beta2(),
+           o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
+  }
+}
+
 OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bool force_accumulate, int64_t step) {
   thread_local std::unique_ptr<Compute> cpu = make_cpu_compute();
   cpu->reset_stats();

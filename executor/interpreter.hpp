@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "executor/graph.hpp"
 
@@ -27,6 +28,11 @@ struct OpResult {
 // `committed` and writes them to `memory` (nullptr: in place).
 void run_op(Compute& compute, const Graph& graph, const Op& op, const TensorMemory& memory,
             bool force_accumulate = false, const TensorMemory* committed = nullptr);
+// An optimizer op (sgd, adam) over `count` elements of its arrays, in
+// place: arrays[i] holds that part of op.in[i] (parameter, gradient,
+// state). Elementwise, so a tensor may be updated chunk by chunk
+// (param_stream.hpp).
+void run_update(Compute& compute, const Graph& graph, const Op& op, const std::vector<float*>& arrays, int64_t count);
 // The same on the CPU, with the loss op's result; `step` is the optimizer
 // step (Adam's bias correction, from 1).
 OpResult run_op(const Graph& graph, const Op& op, const TensorMemory& memory, bool force_accumulate = false,

@@ -275,6 +275,23 @@ void place_visits(const Graph& g, MemoryPlan* plan) {
 
 namespace {
 
+// Offload: the optimizer on the compute's side (param_stream.hpp) updates
+// each parameter chunk by chunk in two halves of the window (one loading
+// while the other computes): chunks as large as the window holds for the
+// steps' stays, at least 64 Ki elements, at most the largest parameter.
+void place_update(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
+  int64_t largest = 0;
+  for (int op : ops.update) {
+    const Op& u = g.ops[static_cast<size_t>(op)];
+    plan->update_arrays = std::max<int>(plan->update_arrays, static_cast<int>(u.in.size()));
+    largest = std::max(largest, g.tensors[u.in[0]].elements());
+  }
+  if (plan->update_arrays == 0) return;
+  const int64_t room = plan->window_peak / (2 * plan->update_arrays * 4) / 16 * 16;
+  plan->update_chunk = std::min(largest, std::max<int64_t>(room, 64 << 10));
+  plan->window_peak = std::max(plan->window_peak, 2 * plan->update_arrays * align(plan->update_chunk * 4));
+}
+
 MemoryPlan plan_with(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram, bool offload) {
   MemoryPlan plan;
   plan.part = part;
@@ -295,7 +312,10 @@ MemoryPlan plan_with(const Graph& g, const Partition& partition, int part, int m
     }
   }
   place_work(live, &plan);
-  if (offload) place_visits(g, &plan);
+  if (offload) {
+    place_visits(g, &plan);
+    place_update(g, ops, &plan);
+  }
   place_per_step(g, ops, &plan);
   return plan;
 }

@@ -85,6 +85,10 @@ struct MemoryPlan {
   int64_t all_in_compute = 0;   // what it would put there without offload
   std::vector<Visit> visits;
   int64_t window_peak = 0;
+  // The optimizer in the window: elements per chunk, arrays per op (the
+  // most of any: parameter, gradient and the state).
+  int64_t update_chunk = 0;
+  int update_arrays = 0;
 
   // The placement of an instance, or nullptr.
   const Placement* find(int tensor, int micro_batch) const;

@@ -185,6 +185,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   std::string budget_text;
   train_cmd->add_option("--vram-budget,--budget", budget_text, k_budget_help);
+  std::string offload_update = "device";
+  train_cmd->add_option("--offload-update", offload_update,
+                        "offloaded (--vram-budget), where the optimizer runs: device (its kernels, chunk by chunk "
+                        "through the window: the bits of a run that fits) or host (the CPU over the home tier, "
+                        "ZeRO-Offload's way: no optimizer state crosses the bus)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"device", "host"}));
   bool no_graphs = false;
   train_cmd->add_flag("--no-graphs", no_graphs,
                       "on a GPU, launch every kernel of every step instead of replaying the step captured once as a "
@@ -236,6 +243,7 @@ int main(int argc, char** argv) {
       return;
     }
     opt.budget = *budget;
+    opt.update_on_host = offload_update == "host";
     auto env = rank_from_environment();
     if (!env.ok()) {
       rc = fail(env.status());

@@ -1,5 +1,9 @@
 #include "executor/runtime/param_stream.hpp"
 
+#include <algorithm>
+
+#include "executor/interpreter.hpp"
+
 namespace tiermem::exec {
 namespace {
 
@@ -84,6 +88,58 @@ void ParamStream::load_for(const Op& op, int64_t parity) {
     m_at[static_cast<size_t>(t)] = offset;
     offset += (tensor.bytes() + 63) / 64 * 64;
   }
+}
+
+Status ParamStream::update(const std::vector<int>& update_ops, int64_t parity) {
+  const MemoryPlan& plan = m_job.plan;
+  const Graph& g = m_job.graph;
+  struct Chunk {
+    const Op* op;
+    int64_t first, count;  // elements
+  };
+  std::vector<Chunk> chunks;
+  for (int i : update_ops) {
+    const Op& op = g.ops[static_cast<size_t>(i)];
+    const int64_t n = g.tensors[static_cast<size_t>(op.in[0])].elements();
+    for (int64_t at = 0; at < n; at += plan.update_chunk) chunks.push_back({&op, at, std::min(plan.update_chunk, n - at)});
+  }
+  const int64_t array_bytes = (plan.update_chunk * 4 + 63) / 64 * 64;
+  const int64_t half = plan.update_arrays * array_bytes;
+  auto array = [&](size_t c, size_t a) {
+    return reinterpret_cast<float*>(m_window + static_cast<int64_t>(c % 2) * half + static_cast<int64_t>(a) * array_bytes);
+  };
+  // The home memory of array `a` of chunk `c`: the committed copy, or
+  // (`next`) the one being written; a gradient has one.
+  auto home = [&](const Chunk& c, size_t a, bool next) {
+    const int t = c.op->in[a];
+    const int64_t copy = g.tensors[static_cast<size_t>(t)].role == Role::grad ? 0 : (next ? 1 - parity : parity);
+    return static_cast<float*>(m_arenas.memory(m_job, t, -1, copy)) + c.first;
+  };
+  std::vector<uint64_t> loaded(chunks.size(), 0);
+  auto load = [&](size_t c) {
+    auto span = m_trace.span(SpanKind::comm, k_load);
+    for (size_t a = 0; a < chunks[c].op->in.size(); ++a) {
+      loaded[c] = m_compute.side_copy(array(c, a), home(chunks[c], a, false), static_cast<size_t>(chunks[c].count) * 4);
+      m_loaded += chunks[c].count * 4;
+    }
+  };
+  if (!chunks.empty()) load(0);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    m_compute.wait_side(loaded[c]);
+    // The next chunk's half was last read by chunk c - 1's kernel and
+    // drained after it: both queued before this load.
+    if (c + 1 < chunks.size()) load(c + 1);
+    std::vector<float*> arrays;
+    for (size_t a = 0; a < chunks[c].op->in.size(); ++a) arrays.push_back(array(c, a));
+    run_update(m_compute, g, *chunks[c].op, arrays, chunks[c].count);
+    auto span = m_trace.span(SpanKind::comm, k_drain);
+    for (size_t a = 0; a < chunks[c].op->in.size(); ++a) {
+      if (g.tensors[static_cast<size_t>(chunks[c].op->in[a])].role == Role::grad) continue;
+      m_compute.side_copy(home(chunks[c], a, true), array(c, a), static_cast<size_t>(chunks[c].count) * 4);
+      m_drained += chunks[c].count * 4;
+    }
+  }
+  return m_compute.sync();
 }
 
 void* ParamStream::memory(int tensor) const {

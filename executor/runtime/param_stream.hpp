@@ -35,6 +35,12 @@ class ParamStream {
   // parameters are copy `parity`.
   void before(int pos, int64_t parity);
   void after(int pos);
+  // The optimizer on the compute (its kernels, so the bits of a run that
+  // fits): every parameter and its gradient and state, chunk by chunk,
+  // loaded from the committed copy `parity` into one half of the window
+  // while the other half's chunk is updated in place, then drained into the
+  // next copy. Synced before it returns. Errors: those of the compute.
+  Status update(const std::vector<int>& update_ops, int64_t parity);
   // Evaluation (ops outside the schedule): `op`'s parameters copied into
   // the window now.
   void load_for(const Op& op, int64_t parity);

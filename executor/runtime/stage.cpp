@@ -35,7 +35,7 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
       m_peers(peers), m_trace(trace), m_compute(compute), m_stream(job, arenas, compute, trace),
       m_update_compute(&compute), m_eval_resume(resumed) {
   const MemoryPlan& plan = job.plan;
-  if (plan.offload && compute.memory_is_device()) {
+  if (plan.offload && compute.memory_is_device() && options.update_on_host) {
     m_host_compute = make_cpu_compute();
     m_update_compute = m_host_compute.get();
   }
@@ -325,17 +325,20 @@ Status StageRunner::all_reduce(int64_t step) {
 // whole (a crash while the next is written resumes from it): the optimizer
 // ops read the committed copy and write the next in one pass, and what no
 // optimizer op writes is copied over.
-void StageRunner::update() {
+Status StageRunner::update() {
   auto span = m_trace.span(SpanKind::compute, k_update);
   Compute& compute = *m_update_compute;
   for (int t : m_carried) {
     compute.copy(memory(t, -1, true), memory(t, -1, false), static_cast<size_t>(m_job.graph.tensors[t].bytes()));
   }
+  // Offloaded, on the compute: chunks through the window.
+  if (m_stream.active() && !m_options.update_on_host) return m_stream.update(m_update_ops, m_step % 2);
   const TensorMemory committed = [&](int t) { return memory(t, -1, false); };
   for (int i : m_update_ops) {
     run_op(compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)], [&](int t) { return memory(t, -1, true); },
            false, &committed);
   }
+  return Status();
 }
 
 Status StageRunner::barrier(uint64_t value) {
@@ -373,8 +376,7 @@ Status StageRunner::compute_step(int64_t step) {
     // The step before committed before its parameters are written over.
     TIERMEM_RETURN_IF_ERROR(settle_snapshot());
   }
-  update();
-  return Status();
+  return update();
 }
 
 Status StageRunner::replay_step() {

@@ -87,7 +87,7 @@ class StageRunner {
   void count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape, int64_t eval_batch);
   Status compute_step(int64_t step);
   Status all_reduce(int64_t step);
-  void update();
+  Status update();
   Status barrier(uint64_t value);
   // Raises the committed step (and stops there when a test asked).
   void commit(int64_t steps);

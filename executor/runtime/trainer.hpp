@@ -48,6 +48,10 @@ struct TrainOptions {
   // offloaded (memory_plan.hpp): parameters, gradients and optimizer state
   // one tier down, streamed through a window.
   int64_t budget = 0;
+  // Offloaded: the optimizer on the host over the home tier (the CPU's Adam,
+  // ZeRO-Offload's way) instead of on the compute through the window (the
+  // kernels of a run that fits: its very bits).
+  bool update_on_host = false;
   int epochs = 3;
   int64_t steps = 0;             // > 0: stop after this many steps instead
   uint64_t seed = 1;

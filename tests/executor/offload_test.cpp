@@ -109,6 +109,11 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   ASSERT_EQ(l.size(), 24u) << streamed;
   EXPECT_EQ(streamed, whole) << "offloaded, the same bits\n" << whole_logs << logs;
   EXPECT_LT(l.back(), l.front() - 0.5) << "it learns";
+  // The optimizer on the host over the home tier (ZeRO-Offload's way)
+  // instead of chunk by chunk through the window: the same kernels here.
+  offloaded.insert(offloaded.end(), {"--offload-update", "host", "-q"});
+  run(1, "offloaded-host", offloaded);
+  EXPECT_EQ(slurp(losses("offloaded-host")), whole) << "the optimizer on the host: the same bits";
 
   // Two stages, each offloaded on its own node: the bits of the same two
   // stages whole (a rank of two on a host takes half its cores, and
