@@ -13,7 +13,12 @@
 # repository's docs: goal exec_gpt_step_vs_torch_ratio <= 1.0 (issue 23);
 # and the same GPT on two tensor-parallel ranks (--tensor-parallel 2, one per
 # daemon, sharing the cores) against one rank, with the share of the step
-# its partial sums take (issue 23: reported, no goal).
+# its partial sums take (issue 23: reported, no goal). Last, offload on the
+# CPU (issue 27): tests/data/gpt_wide.pbtxt (46 MiB of state, 2.4 MiB of
+# activations) all in DRAM against --budget 15MiB (its state in the PMEM
+# tier, streamed through a 2 MiB window), the optimizer on the compute and on
+# the host: exec_gpt_wide_offload_<where>_vs_all_in_dram_ratio = all-in step /
+# offloaded step (reported; the GPU's goal is >= 0.7, bench/gpu.sh).
 # Usage: bench/exec_vs_torch.sh BUILD_DIR
 set -euo pipefail
 build=${1:?usage: bench/exec_vs_torch.sh BUILD_DIR}
@@ -62,6 +67,15 @@ gpt_torch=$(/usr/bin/python3 "$top/bench/torch_gpt_step.py" gpt_tiny 8 2 64 4 32
 echo "# tiermem-exec: the GPT on 2 tensor-parallel ranks, one per daemon, --micro-batches 1"
 gpt_tp=$(run_model=$gpt pipeline2 bench6 --tensor-parallel 2 --data "$top/docs/ARCHITECTURE.md" --micro-batches 1)
 gpt_tp_comm=$(sed -n 's/^summary: .*communication \([0-9]*\)% of step time.*/\1/p' "$TIERMEM_CLUSTER_DIR/rank0.log")
+echo "# tiermem-exec: tests/data/gpt_wide.pbtxt all in DRAM, then offloaded to PMEM (--budget 15MiB)"
+wide=$top/tests/data/gpt_wide.pbtxt
+wide_run() {
+  TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/executor/tiermem-exec" train "$wide" \
+    --data "$top/docs/ARCHITECTURE.md" --steps $steps --log-every 100000 "$@" | exec_median
+}
+wide_all=$(wide_run --job bench7)
+wide_device=$(wide_run --job bench8 --budget 15MiB)
+wide_host=$(wide_run --job bench9 --budget 15MiB --offload-update host)
 echo "# tiermem-exec, 2 pipeline stages on 2 daemons (ranks share the $threads cores), fc1/fc2 in column blocks"
 pipeline=$(median3 bench2)
 echo "# the same with every op whole (--no-split: 59 % FLOP imbalance)"
@@ -88,3 +102,8 @@ awk -v a="$gpt_ours" -v b="$gpt_torch" 'BEGIN { printf "exec_gpt_step_vs_torch_r
 echo "exec_gpt_tp2_step_ms_median $gpt_tp ms"
 echo "exec_gpt_tp2_communication_share ${gpt_tp_comm:-0} %"
 awk -v a="$gpt_tp" -v b="$gpt_ours" 'BEGIN { printf "exec_gpt_tp2_vs_one_rank_ratio %.3f\n", a / b }'
+echo "exec_gpt_wide_all_in_dram_step_ms_median $wide_all ms"
+echo "exec_gpt_wide_offload_device_step_ms_median $wide_device ms"
+echo "exec_gpt_wide_offload_host_step_ms_median $wide_host ms"
+awk -v a="$wide_all" -v b="$wide_device" 'BEGIN { printf "exec_gpt_wide_offload_device_vs_all_in_dram_ratio %.3f\n", a / b }'
+awk -v a="$wide_all" -v b="$wide_host" 'BEGIN { printf "exec_gpt_wide_offload_host_vs_all_in_dram_ratio %.3f\n", a / b }'

@@ -18,7 +18,9 @@
 #    4 heads, context 32, bytes as tokens; 8 sequences a step) in fp32
 #    against the same module in PyTorch (bench/torch_gpt_step.py), on the
 #    repository's docs as its corpus ($TIERMEM_CORPUS overrides).
-# 4. bf16: see the section at the end.
+# 4. bf16: see its section.
+# 5. Offload (--vram-budget): see the section at the end. GPU_BENCH_ONLY=offload
+#    runs only gpu_bench and that section.
 set -euo pipefail
 build=${1:?usage: bench/gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
@@ -28,7 +30,8 @@ if [ ! -x "$build/bench/gpu_bench" ]; then
   echo "# gpu: not built (no CUDA found at configure time)"
   exit 0
 fi
-"$build/bench/gpu_bench"
+gpu_lines=$("$build/bench/gpu_bench")
+echo "$gpu_lines"
 
 exec=${TIERMEM_EXEC:-$build/executor/tiermem-exec}
 if [ ! -x "$exec" ] || ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -37,7 +40,8 @@ if [ ! -x "$exec" ] || ! python3 -c 'import torch; assert torch.cuda.is_availabl
 fi
 steps=${GPU_BENCH_STEPS:-300}
 export TIERMEM_CLUSTER_DIR=$(mktemp -d /tmp/tiermem-gpubench-XXXXXX)
-export TIERMEM_BASE_PORT=$((21000 + RANDOM % 20000)) TIERMEM_VRAM=${TIERMEM_VRAM:-16GiB} TIERMEM_DRAM=1GiB
+# DRAM: an offloaded rank keeps its parameters, gradients and Adam's state there (section 5).
+export TIERMEM_BASE_PORT=$((21000 + RANDOM % 20000)) TIERMEM_VRAM=${TIERMEM_VRAM:-16GiB} TIERMEM_DRAM=${TIERMEM_DRAM:-8GiB}
 trap '"$top/tools/local-cluster.sh" stop >/dev/null 2>&1; rm -rf "$TIERMEM_CLUSTER_DIR"' EXIT
 "$top/tools/local-cluster.sh" start "$build" 1 >/dev/null
 export TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock
@@ -78,6 +82,65 @@ mlp_tflops() {
     printf "exec_%s_tflops %.4g TFLOP/s\n", t, f / (ms * 1e-3) / 1e12
     printf "exec_%s_%s %.3f\n", t, r, f / (ms * 1e-3) / 1e12 / s }'
 }
+offload_section() {
+  # 5. Offload: bench/models/gpt_offload.pbtxt (12 x 1024, 152 M parameters,
+  #    GEMM-bound) with a VRAM budget of a third of its fp32 state (the two
+  #    parameter copies, gradients and Adam's two copies: 4.0 GiB), against
+  #    the same model all in VRAM; both optimizer placements (--offload-update
+  #    device: chunks through the window, the kernels of the run that fits;
+  #    host: the CPU's Adam over the DRAM tier, ZeRO-Offload's). Prints:
+  #    offload_<update>_vs_all_in_vram_ratio = all-in step / offloaded step
+  #    (goal >= 0.7); TFLOP/s of each (6 x parameters x tokens per step);
+  #    the copies' bytes per step, their time at cudaMemcpy's pinned rate
+  #    (gpu_bench's 64 MiB figure, both directions), and the part of it hidden
+  #    behind compute: 1 - (offloaded - all-in) / that time.
+  local model=$top/bench/models/gpt_offload.pbtxt mb=${OFFLOAD_MICRO_BATCHES:-4} n=${OFFLOAD_STEPS:-30}
+  local corpus=${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}
+  local state budget all_out
+  state=$("$exec" plan "$model" --device cuda --micro-batches "$mb" |
+    awk '/arena (params|grads|optimizer)/ { v = $4; u = $5; m = $6; sub("x", "", m)
+           f = (u == "GiB" ? 1024 : u == "KiB" ? 1 / 1024 : 1); s += v * f * m } END { printf "%d", s }')
+  budget=$((state / 3))MiB
+  "$exec" plan "$model" --device cuda --micro-batches "$mb" --vram-budget "$budget" | grep -E '^  (arena|peak|budget|offload)'
+  all_out=$("$exec" train "$model" --job off-all --device cuda --steps "$n" --micro-batches "$mb" --log-every 100000 \
+    --data "$corpus" --no-graphs)
+  local all tokens params pinned_up pinned_down
+  all=$(median <<<"$all_out")
+  tokens=$(awk '/^tensor \{ name: "ids"/ { gsub(/[^0-9]/, "", $6); print $6 }' "$model")
+  params=$("$exec" plan "$model" | sed -n 's/.*ops.*, \([0-9]*\) parameters/\1/p')
+  pinned_up=$(value cudaMemcpy_to_device_pinned_64MiB <<<"$gpu_lines")
+  pinned_down=$(value cudaMemcpy_from_device_pinned_64MiB <<<"$gpu_lines")
+  echo "offload_state_mib $state MiB"
+  echo "offload_budget_mib ${budget%MiB} MiB"
+  echo "offload_all_in_vram_step_ms_median $all ms"
+  awk -v ms="$all" -v p="$params" -v t="$tokens" -v m="$mb" \
+    'BEGIN { printf "offload_all_in_vram_tflops %.4g TFLOP/s\n", 6 * p * t * m / (ms * 1e-3) / 1e12 }'
+  local where out off loaded drained
+  for where in device host; do
+    out=$("$exec" train "$model" --job "off-$where" --device cuda --steps "$n" --micro-batches "$mb" --log-every 100000 \
+      --data "$corpus" --vram-budget "$budget" --offload-update "$where")
+    off=$(median <<<"$out")
+    loaded=$(sed -n 's/^offload: \([0-9.]*\) \([KMG]\)iB loaded.*/\1 \2/p' <<<"$out")
+    drained=$(sed -n 's/.*loaded and \([0-9.]*\) \([KMG]\)iB drained.*/\1 \2/p' <<<"$out")
+    echo "offload_${where}_step_ms_median $off ms"
+    awk -v a="$all" -v o="$off" -v w="$where" -v p="$params" -v t="$tokens" -v m="$mb" -v l="$loaded" -v d="$drained" \
+        -v up="$pinned_up" -v down="$pinned_down" 'function bytes(s,  x) { split(s, x, " ")
+          return x[1] * (x[2] == "G" ? 2^30 : x[2] == "M" ? 2^20 : 2^10) }
+      BEGIN {
+        printf "offload_%s_tflops %.4g TFLOP/s\n", w, 6 * p * t * m / (o * 1e-3) / 1e12
+        printf "offload_%s_bytes_per_step %.4g GB\n", w, (bytes(l) + bytes(d)) / 1e9
+        if (up > 0 && down > 0) {
+          copy = bytes(l) / (up * 1e9) * 1e3 + bytes(d) / (down * 1e9) * 1e3
+          printf "offload_%s_copy_ms_at_pinned_rate %.4g ms\n", w, copy
+          printf "offload_%s_hidden_fraction %.3f\n", w, 1 - (o - a) / copy
+        }
+        printf "offload_%s_vs_all_in_vram_ratio %.3f\n", w, a / o }'
+  done
+}
+if [ "${GPU_BENCH_ONLY:-}" = offload ]; then
+  offload_section
+  exit 0
+fi
 echo "# training step time on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $steps steps, medians"
 all=""
 for spec in "mlp_sgd:gpu_mlp_sgd_b128:784,256,256,10:128:sgd:0.01" \
@@ -127,3 +190,4 @@ for precision in fp32 bf16; do
   echo "$out"
   report "$tag" "$out"
 done
+offload_section

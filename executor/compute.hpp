@@ -131,6 +131,17 @@ class Compute {
   // What is queued from here on waits for side copy `ticket` and those
   // before it.
   virtual void wait_side(uint64_t ticket) { (void)ticket; }
+  // Host memory the side copies use often (an offloaded rank's home arenas,
+  // mapped from the daemon's DRAM tier): page-locked for the device so that
+  // copies run on the copy engines at their speed, beside the kernels.
+  // False when it could not be (the copies still work, slower and in step
+  // with the host); the CPU has nothing to do. unpin_host undoes it.
+  virtual bool pin_host(void* p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return true;
+  }
+  virtual void unpin_host(void* p) { (void)p; }
 
   // ---- capture and replay ----
   // Whether begin_capture can work here (the CPU: no).

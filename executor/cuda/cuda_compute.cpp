@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <algorithm>
 #include <vector>
 
 #include "executor/compute.hpp"
@@ -37,6 +38,7 @@ class CudaCompute final : public Compute {
     if (m_blas != nullptr) cublasDestroy(m_blas);
     for (void* p : m_device) cudaFree(p);
     for (void* p : m_host) cudaFreeHost(p);
+    for (void* p : m_registered) cudaHostUnregister(p);
     if (m_stream != nullptr) cudaStreamDestroy(m_stream);
   }
 
@@ -309,6 +311,21 @@ class CudaCompute final : public Compute {
     m_side_waited = ticket;
   }
 
+  bool pin_host(void* p, size_t bytes) override {
+    if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: the copies go on, pageable
+      return false;
+    }
+    m_registered.push_back(p);
+    return true;
+  }
+  void unpin_host(void* p) override {
+    auto it = std::find(m_registered.begin(), m_registered.end(), p);
+    if (it == m_registered.end()) return;
+    cudaHostUnregister(p);
+    m_registered.erase(it);
+  }
+
   bool can_capture() const override { return true; }
   Status begin_capture() override {
     if (cudaError_t e = cudaStreamBeginCapture(m_stream, cudaStreamCaptureModeRelaxed); e != cudaSuccess) {
@@ -424,6 +441,7 @@ class CudaCompute final : public Compute {
   cudaStream_t m_side = nullptr;              // side copies (offload)
   std::vector<cudaEvent_t> m_side_events;     // ring: (after, done) per ticket
   uint64_t m_tickets = 0, m_side_waited = 0;
+  std::vector<void*> m_registered;            // pin_host
   cublasHandle_t m_blas = nullptr;
   double* m_stats = nullptr;       // device: loss sum, hits (u64)
   double* m_stats_host = nullptr;  // pinned: where take_stats reads them to

@@ -123,6 +123,23 @@ Status Arenas::allocate(JobDirectory& dir, const JobPlan& job, const TrainOption
                   "--device " + options.device + " keeps the tensors in the VRAM tier, but the node's daemon placed the " +
                       t.what + " in host memory: it has no VRAM tier, or no room in it (`tiermemctl status`)");
   }
+  // Offloaded on a GPU: the home arenas page-locked for the copy engines
+  // (the daemon locked its DRAM frames in its own process; a mapping here
+  // is locked in this one).
+  if (job.plan.offload && vram) {
+    for (OwnRegion* r : {&m_params, &m_grads, &m_optimizer}) {
+      if (compute.pin_host(r->data(), r->mapping.size())) {
+        m_pinned.push_back(r->data());
+      } else {
+        std::fprintf(stderr,
+                     "rank %d: could not page-lock the %s of the %s tier for %s: offloaded copies go through "
+                     "pageable memory, slower and in step with the host\n",
+                     job.topo.rank, format_size(r->mapping.size()).c_str(), std::string(tier_name(home)).c_str(),
+                     compute.name().c_str());
+      }
+    }
+    m_pinned_by = &compute;
+  }
   // With --replicas the snapshot also keeps the gradients this rank
   // published for the step (data parallel): another rank may still be
   // reading them when this one dies, and reads them from the replacement.
@@ -210,6 +227,8 @@ void* Arenas::memory(const JobPlan& job, int t, int mb, int64_t parity) const {
 }
 
 std::vector<Gva> Arenas::release() {
+  for (void* p : m_pinned) m_pinned_by->unpin_host(p);
+  m_pinned.clear();
   std::vector<Gva> out;
   for (OwnRegion* r :
        {&m_ctl, &m_info, &m_mbox, &m_publish, &m_params, &m_grads, &m_optimizer, &m_work, &m_window, &m_snapshot}) {

@@ -154,6 +154,8 @@ class Arenas {
   int64_t m_params_bytes = 0, m_optimizer_bytes = 0, m_grads_bytes = 0, m_snapshot_every = 0;
   int64_t m_published_bytes = 0;  // in the snapshot with --replicas (data parallel)
   Tier m_home = Tier::dram;  // of params, grads and optimizer
+  std::vector<void*> m_pinned;  // home arenas page-locked by m_pinned_by (offloaded on a GPU)
+  Compute* m_pinned_by = nullptr;
   bool m_resumed = false;
   Gva m_restored_from;
 };

@@ -58,6 +58,8 @@ class StageRunner {
   Status run_step(int64_t step, StepStats* stats);
   // Commits the last step run once its snapshot is whole.
   Status finish() { return settle_snapshot(); }
+  // Offload's copies (param_stream.hpp).
+  const ParamStream& stream() const { return m_stream; }
   // Test accuracy and mean test loss (over the test batches; the last one
   // wraps around to the split's start) with the parameters committed after
   // `committed` steps (the evaluation of epoch committed / steps_per_epoch);

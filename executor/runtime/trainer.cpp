@@ -5,6 +5,7 @@
 #include <future>
 
 #include <tiermem/status_macros.h>
+#include <tiermem/units.h>
 
 #include "executor/runtime/mesh_check.hpp"
 #include "executor/runtime/progress.hpp"
@@ -99,6 +100,14 @@ Status Trainer::train_steps() {
   }
   if (Status s = stage.finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
   progress.finish(m_job.total_steps - first, eval);
+  if (stage.stream().active() && !m_opt.quiet && m_job.total_steps > first) {
+    const auto steps = static_cast<uint64_t>(m_job.total_steps - first);
+    std::printf("offload: %s loaded and %s drained per step through a %s window (optimizer on the %s)\n",
+                format_size(static_cast<uint64_t>(stage.stream().loaded_bytes()) / steps).c_str(),
+                format_size(static_cast<uint64_t>(stage.stream().drained_bytes()) / steps).c_str(),
+                format_size(static_cast<uint64_t>(m_job.plan.window_peak)).c_str(),
+                m_opt.update_on_host ? "host" : "compute");
+  }
   return Status();
 }
 
