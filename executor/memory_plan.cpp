@@ -278,7 +278,7 @@ namespace {
 // Offload: the optimizer on the compute's side (param_stream.hpp) updates
 // each parameter chunk by chunk in two halves of the window (one loading
 // while the other computes): chunks as large as the window holds for the
-// steps' stays, at least 64 Ki elements, at most the largest parameter.
+// steps' stays, at least 4 Ki elements, at most the largest parameter.
 void place_update(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
   int64_t largest = 0;
   for (int op : ops.update) {
@@ -288,7 +288,7 @@ void place_update(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
   }
   if (plan->update_arrays == 0) return;
   const int64_t room = plan->window_peak / (2 * plan->update_arrays * 4) / 16 * 16;
-  plan->update_chunk = std::min(largest, std::max<int64_t>(room, 64 << 10));
+  plan->update_chunk = std::min(largest, std::max<int64_t>(room, 4 << 10));
   plan->window_peak = std::max(plan->window_peak, 2 * plan->update_arrays * align(plan->update_chunk * 4));
 }
 

@@ -142,9 +142,12 @@ TEST_P(DemotionTest, ColdPagesMoveDownWhileReadersAndWritersGoOnAndNothingIsLost
     }
   });
 
-  // The cold allocations, filled once; DRAM passes 75 % with the third.
+  // The cold allocations, filled once; DRAM passes 75 % with the last. The
+  // others wait a second first (ten rounds unwritten): colder than a hot
+  // page whose writer a loaded machine starved for a round or two.
   std::vector<AllocationInfo> colds;
   for (int k = 0; k < k_colds; ++k) {
+    if (k == k_colds - 1) std::this_thread::sleep_for(1s);
     auto a = owner->alloc(k_cold, {.tier = Tier::dram, .strict = true, .node = 1, .demotable = true});
     ASSERT_TRUE(a.ok()) << "cold allocation " << k << ": " << a.status().to_string();
     std::vector<uint64_t> words(k_cold / 8);
