@@ -34,6 +34,11 @@ std::string model(const std::string& name) {
   return env_or("TIERMEM_MODELS", std::string(TIERMEM_SOURCE_ROOT) + "/config/models") + "/" + name + ".pbtxt";
 }
 
+// A model of tests/data (the device machine: $TIERMEM_TEST_DATA).
+std::string test_model(const std::string& name) {
+  return env_or("TIERMEM_TEST_DATA", std::string(TIERMEM_SOURCE_ROOT) + "/tests/data") + "/" + name + ".pbtxt";
+}
+
 // --data for the model's dataset.
 std::vector<std::string> data_args(const std::string& name) {
   // The GPT reads the repository's own docs: the device machine has no
@@ -165,6 +170,40 @@ TEST_F(ExecGpuTest, Bf16GptFollowsFp32AndItsReplayIsDeterministic) {
   std::printf("gpt_tiny bf16 against fp32, 50 steps: largest relative difference %.2e\n", worst);
   EXPECT_NE(bf16, fp32) << "bf16 gave fp32's bits: the GEMMs did not round";
   EXPECT_EQ(train("gpt_tiny", "cuda", {"--steps", "50", "-q", "--precision", "bf16", "--no-graphs"}), bf16);
+}
+
+// Offload (--vram-budget, executor/memory_plan.hpp): a GPT whose parameters,
+// gradients and Adam's state (46 MiB) are 3x its budget keeps them in the
+// DRAM tier and streams them through a VRAM window on the copy engines. The
+// optimizer on the GPU (chunks through the window) gives the bits of the run
+// all in VRAM; on the host (the CPU's Adam) its losses within 1e-4; in bf16,
+// the bits of the bf16 run all in VRAM.
+TEST_F(ExecGpuTest, AnOffloadedGptTrainsToTheBitsOfTheOneAllInVram) {
+  auto run_wide = [&](std::vector<std::string> extra, std::string* log = nullptr) {
+    const std::string job = "wide-" + std::to_string(m_runs);
+    const std::string file = m_dir + "/" + job + ".losses";
+    std::vector<std::string> args = {test_model("gpt_wide"), "--job", job, "--device", "cuda", "--losses", file,
+                                     "--steps", "30"};
+    for (auto& a : data_args("gpt_wide")) args.push_back(a);
+    for (auto& a : extra) args.push_back(a);
+    std::string out;
+    EXPECT_EQ(run(1, args, &out), 0) << out;
+    if (log != nullptr) *log = out;
+    return losses(file);
+  };
+  const auto all_in = run_wide({"-q"});
+  ASSERT_EQ(all_in.size(), 30u);
+  std::string log;
+  const auto offloaded = run_wide({"--vram-budget", "15MiB"}, &log);
+  EXPECT_NE(log.find("offloaded: params 2 x"), std::string::npos) << log;
+  EXPECT_NE(log.find("in dram; work"), std::string::npos) << log;
+  EXPECT_NE(log.find("window"), std::string::npos) << log;
+  EXPECT_EQ(log.find("could not page-lock"), std::string::npos) << log;
+  EXPECT_EQ(offloaded, all_in) << "the optimizer on the GPU, offloaded: the bits of the run all in VRAM";
+  expect_close(all_in, run_wide({"-q", "--vram-budget", "15MiB", "--offload-update", "host"}), 30, 1e-4,
+               "the optimizer on the host");
+  const auto bf16 = run_wide({"-q", "--precision", "bf16"});
+  EXPECT_EQ(run_wide({"-q", "--precision", "bf16", "--vram-budget", "15MiB"}), bf16) << "bf16, offloaded";
 }
 
 double accuracy(const std::string& log) {
