@@ -122,6 +122,19 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   const std::string two = run(2, "offloaded2", {"--steps", "24", "--budget", "8MiB"});
   EXPECT_NE(two.find("offloaded: params 2 x"), std::string::npos) << two;
   EXPECT_EQ(slurp(losses("offloaded2")), slurp(losses("whole2"))) << "two offloaded stages: the bits of two whole ones";
+  // Two data-parallel replicas (their gradients drained home, then summed
+  // through tiermem), and two tensor-parallel ranks: the bits of the same
+  // ranks whole, with a snapshot every 4 steps on the way.
+  for (const std::vector<std::string>& how : {std::vector<std::string>{"--stages", "1"},
+                                              std::vector<std::string>{"--tensor-parallel", "2"}}) {
+    const std::string tag = how[0].substr(2, 4);
+    std::vector<std::string> args{"--steps", "12", "-q"};
+    args.insert(args.end(), how.begin(), how.end());
+    run(2, tag + "-whole", args);
+    args.insert(args.end(), {"--budget", "15MiB", "--snapshot-every", "4"});
+    run(2, tag + "-offloaded", args);
+    EXPECT_EQ(slurp(losses(tag + "-offloaded")), slurp(losses(tag + "-whole"))) << how[0];
+  }
 }
 
 TEST_F(OffloadTest, EvaluationAndAResumeWorkOffloaded) {
