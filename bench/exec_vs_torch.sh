@@ -16,7 +16,7 @@
 # its partial sums take (issue 23: reported, no goal). Last, offload on the
 # CPU (issue 27): tests/data/gpt_wide.pbtxt (46 MiB of state, 2.4 MiB of
 # activations) all in DRAM against --budget 15MiB (its state in the PMEM
-# tier, streamed through a 2 MiB window), the optimizer on the compute and on
+# tier, streamed through a 3 MiB window), the optimizer on the compute and on
 # the host: exec_gpt_wide_offload_<where>_vs_all_in_dram_ratio = all-in step /
 # offloaded step (reported; the GPU's goal is >= 0.7, bench/gpu.sh).
 # Usage: bench/exec_vs_torch.sh BUILD_DIR

@@ -28,6 +28,7 @@ int64_t first_fit(const std::vector<Placement>& placed, const Placement& p) {
 }
 
 constexpr int64_t k_align = 64;
+constexpr int k_max_prefetch = 4;
 int64_t align(int64_t n) { return (n + k_align - 1) / k_align * k_align; }
 
 }  // namespace
@@ -209,7 +210,7 @@ void place_per_step(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
 
 // Offload: the stays of parameters and their gradients in the window, and
 // where they go in it.
-void place_visits(const Graph& g, MemoryPlan* plan) {
+void place_visits(const Graph& g, int depth, MemoryPlan* plan) {
   std::map<std::tuple<bool, int, Phase>, Visit> by_key;  // (grad, tensor, phase of a parameter's use)
   for (size_t pos = 0; pos < plan->schedule.size(); ++pos) {
     const Op& op = g.ops[static_cast<size_t>(plan->schedule[pos].first)];
@@ -231,8 +232,8 @@ void place_visits(const Graph& g, MemoryPlan* plan) {
       if (g.tensors[t].role == Role::grad && g.tensors[t].of_param) use(t, true);
     }
   }
-  // A parameter's load is issued before the ops of the stay before it (the
-  // stays that start at the last position before its own, in order).
+  // A parameter's load is issued `depth` stays ahead: before the ops of the
+  // stays that start `depth` starting positions before its own.
   std::vector<int> starts;
   for (const auto& [key, v] : by_key) {
     if (!v.grad) starts.push_back(v.first);
@@ -243,7 +244,8 @@ void place_visits(const Graph& g, MemoryPlan* plan) {
   for (auto& [key, v] : by_key) {
     if (!v.grad) {
       auto at = std::lower_bound(starts.begin(), starts.end(), v.first);
-      v.load_at = at == starts.begin() ? v.first : *(at - 1);
+      const auto k = at - starts.begin();
+      v.load_at = k == 0 ? v.first : starts[static_cast<size_t>(std::max<std::ptrdiff_t>(k - depth, 0))];
     }
     plan->visits.push_back(v);
   }
@@ -313,9 +315,24 @@ MemoryPlan plan_with(const Graph& g, const Partition& partition, int part, int m
   }
   place_work(live, &plan);
   if (offload) {
-    place_visits(g, &plan);
+    place_visits(g, 1, &plan);
     place_update(g, ops, &plan);
   }
+  place_per_step(g, ops, &plan);
+  return plan;
+}
+
+// An offloaded plan's stays again, loaded `depth` stays ahead.
+MemoryPlan with_depth(const Graph& g, const Partition& partition, const MemoryPlan& base, int depth) {
+  MemoryPlan plan = base;
+  plan.visits.clear();
+  plan.window_peak = 0;
+  plan.update_chunk = 0;
+  plan.update_arrays = 0;
+  plan.prefetch_depth = depth;
+  const StageOps ops = ops_of(g, partition, plan.part);
+  place_visits(g, depth, &plan);
+  place_update(g, ops, &plan);
   place_per_step(g, ops, &plan);
   return plan;
 }
@@ -345,6 +362,13 @@ Result<MemoryPlan> plan_memory(const Graph& g, const Partition& partition, int p
                       "gradients stream through " + format_size(static_cast<uint64_t>(plan.window_peak)) +
                       "; give it at least " + format_size(static_cast<uint64_t>(plan.in_compute_tier)) +
                       " (or fewer rows per micro-batch, or more stages)");
+  }
+  // Room left: loads issued further ahead (up to k_max_prefetch stays), so a
+  // large parameter behind a short op still arrives in time.
+  for (int depth = 2; depth <= k_max_prefetch; ++depth) {
+    MemoryPlan deeper = with_depth(g, partition, plan, depth);
+    if (deeper.in_compute_tier > options.budget) break;
+    plan = std::move(deeper);
   }
   return plan;
 }
@@ -378,12 +402,12 @@ std::string format_plan(const Graph& g, const MemoryPlan& plan) {
   if (plan.offload) {
     std::snprintf(line, sizeof line,
                   "  offload: all in %s would take %s (%.1fx the budget); parameters, gradients and optimizer "
-                  "state live in %s, %zu stays stream through a %s window (op-major schedule)\n",
+                  "state live in %s, %zu stays stream through a %s window, loaded %d ahead (op-major schedule)\n",
                   std::string(tier_name(plan.compute)).c_str(),
                   format_size(static_cast<uint64_t>(plan.all_in_compute)).c_str(),
                   static_cast<double>(plan.all_in_compute) / static_cast<double>(std::max<int64_t>(plan.budget, 1)),
                   std::string(tier_name(plan.home)).c_str(), plan.visits.size(),
-                  format_size(static_cast<uint64_t>(plan.window_peak)).c_str());
+                  format_size(static_cast<uint64_t>(plan.window_peak)).c_str(), plan.prefetch_depth);
     out += line;
   }
   std::snprintf(line, sizeof line, "  work arena: peak %s with reuse, %s without (%.1fx less)\n",

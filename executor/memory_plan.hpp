@@ -17,8 +17,9 @@
 // every tensor of every micro-batch is computed from the same inputs and a
 // gradient sums its micro-batches in the same order as GPipe's schedule,
 // so the mathematics, to the bit, are the same. A parameter's stay (Visit)
-// is loaded before the op of the stay before it runs (the copy overlaps that
-// op), and a gradient's is drained after its last op; stays share the window
+// is loaded ahead of it, before the ops of the stay prefetch_depth stays
+// earlier run (the copy overlaps them; 1, deeper while the budget has room,
+// up to 4), and a gradient's is drained after its last op; stays share the window
 // as the work arena's instances share it, over their lifetimes.
 #pragma once
 
@@ -85,6 +86,7 @@ struct MemoryPlan {
   int64_t all_in_compute = 0;   // what it would put there without offload
   std::vector<Visit> visits;
   int64_t window_peak = 0;
+  int prefetch_depth = 1;  // loads are issued this many stays ahead (the most the budget has room for, up to 4)
   // The optimizer in the window: elements per chunk, arrays per op (the
   // most of any: parameter, gradient and the state).
   int64_t update_chunk = 0;
