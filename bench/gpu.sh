@@ -34,7 +34,9 @@ gpu_lines=$("$build/bench/gpu_bench")
 echo "$gpu_lines"
 
 exec=${TIERMEM_EXEC:-$build/executor/tiermem-exec}
-if [ ! -x "$exec" ] || ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+# Section 5 alone needs no PyTorch.
+if [ ! -x "$exec" ] || { [ "${GPU_BENCH_ONLY:-}" != offload ] &&
+                         ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }; then
   echo "# gpu training: tiermem-exec or PyTorch with CUDA missing, skipped"
   exit 0
 fi
