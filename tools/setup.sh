@@ -15,7 +15,7 @@ build_dir=${TIERMEM_BUILD_DIR:-$top/build}
 
 # Everything the build, the tests and the demo need, from Debian 12.
 packages=(
-  build-essential meson ninja-build pkg-config git
+  build-essential meson ninja-build pkg-config cmake git
   libucx-dev ucx-utils libfabric-dev libfabric-bin
   libpmem2-dev libpmemobj-dev pmdk-tools libssl-dev
   libboost-dev libprotobuf-dev protobuf-compiler

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <tiermem/client.h>
+
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem {
@@ -110,6 +112,62 @@ TEST_F(PackageTest, StaticConsumerLinksWithPkgConfigStatic) {
   EXPECT_NE(run.out.find("identical"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("MISMATCH"), std::string::npos) << run.out;
   fs::remove_all(tree);
+}
+
+// The CMake package as installed: find_package(tiermem 0.1) from the
+// DESTDIR's <libdir>/cmake/tiermem gives tiermem::tiermem (the shared
+// library) and tiermem::tiermem_static (the archive, with its dependencies);
+// the example builds against each with nothing else said, and runs; a
+// version the package is not is refused.
+TEST_F(PackageTest, CMakeConsumerFindsTheSharedAndTheStaticTarget) {
+  std::string config_dir;
+  for (const auto& e : fs::recursive_directory_iterator(s_dest)) {
+    if (e.path().filename() == "tiermemConfig.cmake") config_dir = e.path().parent_path().string();
+  }
+  ASSERT_FALSE(config_dir.empty()) << "no tiermemConfig.cmake installed under " << s_dest;
+  EXPECT_TRUE(fs::exists(config_dir + "/tiermemConfigVersion.cmake"));
+  const std::string dir = s_dest + "-cmake";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(std::string(TIERMEM_SOURCE_ROOT) + "/client/examples/tiermem_example.cpp", dir + "/example.cpp");
+  auto project = [&](const std::string& version) {
+    std::ofstream(dir + "/CMakeLists.txt")
+        << "cmake_minimum_required(VERSION 3.16)\nproject(consumer CXX)\nfind_package(tiermem " << version
+        << " REQUIRED)\nadd_executable(example_shared example.cpp)\n"
+           "target_link_libraries(example_shared PRIVATE tiermem::tiermem)\n"
+           "add_executable(example_static example.cpp)\n"
+           "target_link_libraries(example_static PRIVATE tiermem::tiermem_static)\n";
+    fs::remove_all(dir + "/build");
+    return run_command({"cmake", "-S", dir, "-B", dir + "/build", "-Dtiermem_DIR=" + config_dir});
+  };
+  auto configured = project("0.1");
+  ASSERT_EQ(configured.exit_code, 0) << configured.out << configured.err;
+  auto built = run_command({"cmake", "--build", dir + "/build", "-j", "2"});
+  ASSERT_EQ(built.exit_code, 0) << built.out << built.err;
+  auto shared = run_example(dir + "/build/example_shared", s_lib_dir);
+  EXPECT_EQ(shared.exit_code, 0) << shared.out << shared.err;
+  EXPECT_NE(shared.out.find("identical"), std::string::npos) << shared.out;
+  auto ldd_shared = run_command({"env", "LD_LIBRARY_PATH=" + s_lib_dir, "ldd", dir + "/build/example_shared"});
+  EXPECT_NE(ldd_shared.out.find("libtiermem.so.0"), std::string::npos) << ldd_shared.out;
+  {
+    // The example keeps its named allocations: gone before it runs again.
+    auto c = Client::connect({.socket_path = m_daemon.socket()});
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    auto all = (*c)->list();
+    ASSERT_TRUE(all.ok());
+    for (const AllocationInfo& a : *all) {
+      if (a.name.rfind("example-", 0) == 0) EXPECT_TRUE((*c)->free(a.gva).ok()) << a.name;
+    }
+  }
+  auto ldd_static = run_command({"ldd", dir + "/build/example_static"});
+  EXPECT_EQ(ldd_static.out.find("libtiermem"), std::string::npos) << "linked statically: " << ldd_static.out;
+  auto statically = run_example(dir + "/build/example_static", "");
+  EXPECT_EQ(statically.exit_code, 0) << statically.out << statically.err;
+  EXPECT_NE(statically.out.find("identical"), std::string::npos) << statically.out;
+  auto too_new = project("9.0");
+  EXPECT_NE(too_new.exit_code, 0) << "a version the package is not was taken";
+  EXPECT_NE((too_new.out + too_new.err).find("tiermem"), std::string::npos) << too_new.out << too_new.err;
+  fs::remove_all(dir);
 }
 
 // The Python package as `meson install` lays it out: imported from the
