@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "common/cli_man.hpp"
 #include <boost/asio.hpp>
 #include <spdlog/spdlog.h>
 
@@ -495,6 +497,15 @@ int main(int argc, char** argv) {
   std::string log_level;
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error, critical or off (over $TIERMEM_LOG_LEVEL, over log.level)");
+  add_man_flag(app, {.name = "tiermemd",
+                     .section = 8,
+                     .summary = "the tiermem node daemon: one node's VRAM, DRAM and PMEM in a cluster's address space",
+                     .source = std::string("tiermem ") + TIERMEM_VERSION,
+                     .see_also = {"tiermemctl(8)", "tiermemd.toml(5)", "tiermem-exec(1)"},
+                     .extra = ".SH FILES\n.TP\n/etc/tiermem/tiermemd.toml\nthe configuration, read when present "
+                              "(tiermemd.toml(5))\n.SH ENVIRONMENT\n.TP\nTIERMEM_LOG_LEVEL\nthe log level, "
+                              "over log.level\n.SH EXIT STATUS\n0 after a clean stop or a good --check-config; 1 on "
+                              "an error (it says what and why); 2 on bad usage.\n"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

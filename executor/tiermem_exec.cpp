@@ -7,6 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli_man.hpp"
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -294,6 +296,15 @@ int main(int argc, char** argv) {
                      "keep every op whole (by default a matmul too heavy to balance is split into column blocks)");
   part_cmd->callback([&] { rc = compare_partitions(model, parts, micro_batches, show, !no_split); });
 
+  add_man_flag(app, {.name = "tiermem-exec",
+                     .section = 1,
+                     .summary = "train a partitioned graph on tiermem memory, one rank per process",
+                     .source = std::string("tiermem ") + TIERMEM_VERSION,
+                     .see_also = {"tiermemd(8)", "tiermemctl(8)"},
+                     .extra = ".SH ENVIRONMENT\n.TP\nTIERMEM_RANK, TIERMEM_WORLD_SIZE, TIERMEM_LOCAL_WORLD_SIZE\n"
+                              "this rank and the job's size (also RANK, WORLD_SIZE, LOCAL_WORLD_SIZE as torchrun "
+                              "sets them, and Slurm's and Open MPI's)\n.TP\nTIERMEM_SOCKET\nthe local daemon's "
+                              "socket when --socket is not given\n"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli_man.hpp"
+
 #include "tiermem_config.h"
 #include "tools/tiermemctl/ctl.hpp"
 
@@ -184,6 +186,14 @@ int main(int argc, char** argv) {
   if (const std::string unknown = unknown_subcommand(app, argc, argv); !unknown.empty()) {
     return usage_error(unknown);
   }
+  tiermem::add_man_flag(app, {.name = "tiermemctl",
+                     .section = 8,
+                     .summary = "inspect and operate a tiermem node",
+                     .source = std::string("tiermem ") + TIERMEM_VERSION,
+                     .see_also = {"tiermemd(8)", "tiermemd.toml(5)", "tiermem-exec(1)"},
+                     .extra = ".SH ENVIRONMENT\n.TP\nTIERMEM_SOCKET\nthe daemon's socket when --socket is not "
+                              "given\n.SH EXIT STATUS\n0 on success; 1 when the request failed (one line on stderr, "
+                              "or JSON with --json); 2 on bad usage.\n"});
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
