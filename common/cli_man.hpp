@@ -18,7 +18,6 @@ struct ManPage {
   std::string name;     // the program
   int section = 1;      // 1: user commands, 8: administration
   std::string summary;  // one line for NAME
-  std::string date;     // of the release
   std::string source;   // "tiermem 0.1.0"
   std::vector<std::string> see_also;  // "tiermemd.toml(5)", ...
   std::string extra;    // more roff, after the options (ENVIRONMENT, FILES, ...)
@@ -63,7 +62,7 @@ inline void options_of(const CLI::App& app, std::string* out) {
 // subcommand with its options (COMMANDS), then page.extra and SEE ALSO.
 inline std::string man_page(const CLI::App& app, const ManPage& page) {
   using man_detail::escape;
-  std::string out = ".TH " + escape(page.name) + " " + std::to_string(page.section) + " \"" + page.date + "\" \"" +
+  std::string out = ".TH " + escape(page.name) + " " + std::to_string(page.section) + " \"\" \"" +
                     page.source + "\" \"tiermem\"\n";
   out += ".SH NAME\n" + escape(page.name) + " \\- " + escape(page.summary) + "\n";
   const auto subs = app.get_subcommands([](const CLI::App* s) { return !s->get_group().empty(); });

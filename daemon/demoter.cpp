@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "daemon/migrator.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem {
 
@@ -52,8 +53,9 @@ void Demoter::round() {
     if (m_space.backend(t) != nullptr) round_of(t);
   }
   // Pages no round saw this time (freed, moved down, mapped) start cold
-  // again should they come back.
+  // again should they come back; back-offs that ended are forgotten.
   std::erase_if(m_heat, [this](const auto& kv) { return kv.second.seen != m_round; });
+  std::erase_if(m_backoff, [this](const auto& kv) { return kv.second <= m_round; });
 }
 
 Tier Demoter::destination(Tier tier, uint64_t pages) const {
@@ -72,15 +74,30 @@ Tier Demoter::destination(Tier tier, uint64_t pages) const {
 }
 
 void Demoter::round_of(Tier tier) {
-  std::vector<AddressSpace::DemotablePage> pages = m_space.demotable_pages(tier);
-  for (const auto& p : pages) {
-    auto [it, fresh] = m_heat.try_emplace(p.page, Heat{p.version, 0, m_round});
-    Heat& h = it->second;
-    if (!fresh) {
-      h.idle_rounds = h.version == p.version ? h.idle_rounds + 1 : 0;
-      h.version = p.version;
+  const std::vector<AddressSpace::DemotableAllocation> allocations = m_space.demotable_allocations(tier);
+  struct Candidate {
+    uint32_t idle;
+    uint64_t page;
+    size_t allocation;  // index into `allocations`
+  };
+  std::vector<Candidate> candidates;
+  for (size_t i = 0; i < allocations.size(); ++i) {
+    const AddressSpace::DemotableAllocation& a = allocations[i];
+    const auto backoff = m_backoff.find({a.base.generation, a.base.offset});
+    const bool resting = backoff != m_backoff.end() && backoff->second > m_round;
+    for (const auto& [page, version] : a.pages) {
+      auto [it, fresh] = m_heat.try_emplace(page, Heat{version, 0, m_round});
+      Heat& h = it->second;
+      // A locked word is a write under way (or a writer holding the page):
+      // never idle, so no move waits on it.
+      if (!fresh) h.idle_rounds = h.version == version && !version::is_locked(version) ? h.idle_rounds + 1 : 0;
+      h.version = version;
+      h.seen = m_round;
+      // Only pages seen unwritten for a whole interval at least: one written
+      // since the last look (or seen for the first time) stays; moving it
+      // would only slow its writer, and nothing brings it back up.
+      if (h.idle_rounds > 0 && !resting) candidates.push_back({h.idle_rounds, page, i});
     }
-    h.seen = m_round;
   }
   const uint64_t page = m_space.page_size();
   uint64_t used = 0, frames = 0;
@@ -90,53 +107,43 @@ void Demoter::round_of(Tier tier) {
     frames = s.capacity_bytes / page;
   }
   if (frames == 0 || used * 100 <= frames * m_options.high_water_percent) return;
-  const uint64_t target = frames * m_options.low_water_percent / 100;
-  const uint64_t excess = used - std::min(used, target);
+  const uint64_t excess = used - std::min(used, frames * m_options.low_water_percent / 100);
   {
     std::lock_guard lock(m_mutex);
     ++m_counters.rounds;
+    if (candidates.empty()) ++m_counters.nothing_to_move;
   }
-  // Only pages seen unwritten for a whole interval at least: one written
-  // since the last look (or seen for the first time) stays; moving it would
-  // only slow its writer, and nothing brings it back up.
-  std::erase_if(pages, [this](const auto& p) { return m_heat[p.page].idle_rounds == 0; });
-  if (pages.empty() || excess == 0) {
-    if (pages.empty()) {
-      std::lock_guard lock(m_mutex);
-      ++m_counters.nothing_to_move;
-    }
-    return;
-  }
+  if (candidates.empty() || excess == 0) return;
   // Coldest first: most rounds without a write, then lowest address.
-  std::sort(pages.begin(), pages.end(), [this](const auto& x, const auto& y) {
-    const uint32_t ix = m_heat[x.page].idle_rounds, iy = m_heat[y.page].idle_rounds;
-    return ix != iy ? ix > iy : x.page < y.page;
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& x, const Candidate& y) {
+    return x.idle != y.idle ? x.idle > y.idle : x.page < y.page;
   });
-  pages.resize(std::min<uint64_t>(pages.size(), excess));
-  const Tier to = destination(tier, pages.size());
+  candidates.resize(std::min<uint64_t>(candidates.size(), excess));
+  const Tier to = destination(tier, candidates.size());
   if (to == Tier::automatic) {
     spdlog::warn("demotion: {} is above {}% ({} of {} frames used) but no tier below it has a free frame",
                  tier_name(tier), m_options.high_water_percent, used, frames);
     return;
   }
-  // Per allocation, in page order; the allocations of the coldest pages first.
-  std::vector<Gva> order;
-  std::map<std::pair<uint32_t, uint64_t>, std::pair<std::string, std::vector<uint64_t>>> by_allocation;
-  for (const auto& p : pages) {
-    auto& [tenant, list] = by_allocation[{p.allocation.generation, p.allocation.offset}];
-    if (list.empty()) order.push_back(p.allocation);
-    tenant = p.tenant;
-    list.push_back(p.page);
+  // Per allocation, the allocations of the coldest pages first.
+  std::vector<size_t> order;
+  std::vector<std::vector<uint64_t>> pages(allocations.size());
+  for (const Candidate& c : candidates) {
+    if (pages[c.allocation].empty()) order.push_back(c.allocation);
+    pages[c.allocation].push_back(c.page);
   }
   uint64_t moved_in_all = 0;
-  for (const Gva& base : order) {
-    auto& [tenant, list] = by_allocation[{base.generation, base.offset}];
-    Migrator migrator(m_space, nullptr, nullptr, m_options.lock_timeout, m_limits(tenant));
-    auto moved = migrator.move_pages(base, list, to);
+  for (size_t i : order) {
+    const AddressSpace::DemotableAllocation& a = allocations[i];
+    Migrator migrator(m_space, nullptr, nullptr, m_options.lock_timeout, m_limits(a.tenant));
+    auto moved = migrator.move_pages(a.base, pages[i], to);
     std::lock_guard lock(m_mutex);
     if (!moved.ok()) {
+      // Freed, mapped, locked past the timeout or out of quota below: left
+      // alone for a while, so one allocation cannot hold every round up.
       ++m_counters.failures;
-      spdlog::warn("demotion: {}", moved.status().message());
+      m_backoff[{a.base.generation, a.base.offset}] = m_round + k_backoff_rounds;
+      spdlog::warn("demotion: {} (left alone for {} rounds)", moved.status().message(), k_backoff_rounds);
       continue;
     }
     m_counters.pages[static_cast<size_t>(tier)][static_cast<size_t>(to)] += *moved;

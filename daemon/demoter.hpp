@@ -24,8 +24,10 @@
 // to the first tier down with free frames. A tier under pressure with
 // nothing demotable is left alone (allocations there fall back down the
 // chain as M6 says); an allocation whose move fails (its tenant's quota
-// below, a client mapping it meanwhile) is skipped this round, counted and
-// logged.
+// below, a client mapping it meanwhile, a page held locked past the lock
+// timeout) is counted, logged and left alone for k_backoff_rounds rounds. A
+// page whose version word is locked is never idle: no move waits for a
+// writer that holds it.
 #pragma once
 
 #include <array>
@@ -34,6 +36,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -75,7 +78,6 @@ class Demoter {
   // One round now, on the caller's thread (the background rounds call it).
   void round();
   DemotionCounters counters() const;
-  const DemotionOptions& options() const { return m_options; }
 
  private:
   struct Heat {
@@ -94,7 +96,11 @@ class Demoter {
   AddressSpace& m_space;
   std::function<TenantLimits(const std::string&)> m_limits;
   DemotionOptions m_options;
+  static constexpr uint64_t k_backoff_rounds = 20;
   std::unordered_map<uint64_t, Heat> m_heat;  // by page (only the round's thread touches it)
+  // Allocations (generation, offset) whose move failed: left alone until
+  // that round.
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> m_backoff;
   uint64_t m_round = 0;
   mutable std::mutex m_mutex;  // m_counters, m_stop
   DemotionCounters m_counters;

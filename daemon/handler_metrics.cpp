@@ -75,6 +75,9 @@ std::string RequestHandler::metrics() {
   out.family("tiermem_demotion_rounds_total", "counter",
              "Demotion rounds that found a tier above its high-water mark.");
   out.sample("tiermem_demotion_rounds_total", {{"node", node}}, demoted.rounds);
+  out.family("tiermem_demotion_idle_rounds_total", "counter",
+             "Demotion rounds above a high-water mark with no demotable page unwritten for a round to move.");
+  out.sample("tiermem_demotion_idle_rounds_total", {{"node", node}}, demoted.nothing_to_move);
   out.family("tiermem_demotion_failures_total", "counter",
              "Allocations whose demotion failed in a round (the log says why).");
   out.sample("tiermem_demotion_failures_total", {{"node", node}}, demoted.failures);

@@ -338,18 +338,17 @@ class AddressSpace {
   // migrating).
   Result<std::vector<uint64_t>> begin_migration(Gva gva);
   void end_migration(Gva gva);
-  // The pages that demotion (daemon/demoter.hpp) may move off `tier` of this
-  // node now: those on its frames of allocations homed here that were asked
-  // demotable and that begin_migration() would take (not mapped, coherent,
-  // sub-page, a copy, migrating or with lost pages), with their version
-  // words (a change between two looks is a write).
-  struct DemotablePage {
-    uint64_t page = 0;
-    uint64_t version = 0;
-    Gva allocation;  // its first byte
+  // What demotion (daemon/demoter.hpp) may move off `tier` of this node
+  // now: per allocation homed here that was asked demotable and that
+  // begin_migration() would take (not mapped, coherent, sub-page, a copy,
+  // migrating or with lost pages), its pages on that tier's frames with
+  // their version words (a change between two looks is a write).
+  struct DemotableAllocation {
+    Gva base;  // its first byte
     std::string tenant;
+    std::vector<std::pair<uint64_t, uint64_t>> pages;  // (page, version word)
   };
-  std::vector<DemotablePage> demotable_pages(Tier tier) const;
+  std::vector<DemotableAllocation> demotable_allocations(Tier tier) const;
   // Where `page` is now. Errors: not_allocated (no page there).
   Result<PageEntry> page_entry(uint64_t page) const;
   // Locks one page's version word (waiting out writers, at most `timeout`)

@@ -185,23 +185,26 @@ void AddressSpace::end_migration(Gva gva) {
   if (located.ok()) (*located)->migrating = false;
 }
 
-std::vector<AddressSpace::DemotablePage> AddressSpace::demotable_pages(Tier tier) const {
+std::vector<AddressSpace::DemotableAllocation> AddressSpace::demotable_allocations(Tier tier) const {
   std::shared_lock lock(m_mutex);
-  std::vector<DemotablePage> out;
+  std::vector<DemotableAllocation> out;
   for (const auto& [start, a] : m_allocations) {
     if (!a.policy.demotable || a.policy.is_copy() || a.coherent || a.slot_bytes != 0 || a.map_count > 0 ||
         a.migrating || a.lost_pages > 0) {
       continue;
     }
-    Gva base;
-    base.node = m_node;
-    base.generation = a.generation;
-    base.offset = start;
+    DemotableAllocation d;
+    d.base.node = m_node;
+    d.base.generation = a.generation;
+    d.base.offset = start;
     for (uint64_t p = a.first_page; p < a.first_page + a.pages; ++p) {
       const PageEntry* e = m_table.find(p);
       if (e == nullptr || !e->present() || e->node != m_node || e->tier != tier) continue;
-      out.push_back({p, version::load(m_versions->word(p)), base, a.tenant});
+      d.pages.push_back({p, version::load(m_versions->word(p))});
     }
+    if (d.pages.empty()) continue;
+    d.tenant = a.tenant;
+    out.push_back(std::move(d));
   }
   return out;
 }

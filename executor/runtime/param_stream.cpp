@@ -84,7 +84,7 @@ void ParamStream::load_for(const Op& op, int64_t parity) {
     if (tensor.role != Role::param) continue;
     const void* home = m_arenas.memory(m_job, t, -1, parity);
     if (home == nullptr) continue;
-    m_compute.copy(m_window + offset, home, static_cast<size_t>(tensor.bytes()));
+    m_compute.copy(m_window + offset, home, static_cast<size_t>(tensor.bytes()));  // not counted: a step's figures
     m_at[static_cast<size_t>(t)] = offset;
     offset += (tensor.bytes() + 63) / 64 * 64;
   }

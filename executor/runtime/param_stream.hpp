@@ -47,7 +47,8 @@ class ParamStream {
   // The window memory of `tensor` (a parameter or a parameter's gradient)
   // in its current stay; nullptr for other tensors, or none there.
   void* memory(int tensor) const;
-  // Bytes loaded and drained since the start (the trace's counters).
+  // Bytes loaded and drained by training steps since the start (evaluation's
+  // copies are not counted).
   int64_t loaded_bytes() const { return m_loaded; }
   int64_t drained_bytes() const { return m_drained; }
 

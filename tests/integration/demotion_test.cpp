@@ -256,6 +256,7 @@ TEST_P(DemotionTest, AllocationsNotAskedDemotableNeverMove) {
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_GE(metric(*owner, "tiermem_demotion_rounds_total{node=\"1\"}"), 3.0) << "the pressure was seen";
+  EXPECT_GE(metric(*owner, "tiermem_demotion_idle_rounds_total{node=\"1\"}"), 3.0) << "with nothing to move";
   EXPECT_EQ(pages_by_tier(*owner, full->gva)[static_cast<size_t>(Tier::dram)], 120u);
   EXPECT_EQ(metric(*owner, "tiermem_demoted_pages_total{node=\"1\",from=\"dram\",to=\"pmem\"}"), 0.0);
 }

@@ -74,13 +74,13 @@ class ManTest : public ::testing::TestWithParam<Program> {};
 TEST_P(ManTest, ThePageAndHelpNameTheSameOptionsAndTheBuiltPageIsThePrograms) {
   const Program& p = GetParam();
   const std::string root = env_or("TIERMEM_BUILD_ROOT", "");
+  ASSERT_FALSE(root.empty()) << "TIERMEM_BUILD_ROOT is not set";
   const std::string program = env_or(p.env, root + "/" + p.fallback);
   auto man = run_command({program, "--man"});
   ASSERT_EQ(man.exit_code, 0) << man.err;
   ASSERT_EQ(man.out.rfind(".TH ", 0), 0u) << man.out.substr(0, 200);
-  if (!root.empty() && std::filesystem::exists(root + "/" + p.page)) {
-    EXPECT_EQ(slurp(root + "/" + p.page), man.out) << "the built page is not what the program prints";
-  }
+  ASSERT_TRUE(std::filesystem::exists(root + "/" + p.page)) << p.page << " was not built";
+  EXPECT_EQ(slurp(root + "/" + p.page), man.out) << "the built page is not what the program prints";
   // --help of the program and of every subcommand the page lists.
   auto help = run_command({program, "--help"});
   ASSERT_EQ(help.exit_code, 0) << help.err;
