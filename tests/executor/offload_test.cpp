@@ -28,13 +28,6 @@ namespace {
 
 std::string source(const std::string& path) { return std::string(TIERMEM_SOURCE_ROOT) + "/" + path; }
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 std::vector<double> values(const std::string& text) {
   std::vector<double> out;
   std::istringstream in(text);
@@ -104,7 +97,7 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   offloaded.insert(offloaded.end(), {"--budget", "15MiB"});
   const std::string logs = run(1, "offloaded", offloaded);
   EXPECT_NE(logs.find("offloaded: params 2 x"), std::string::npos) << logs;
-  const std::string whole = slurp(losses("whole")), streamed = slurp(losses("offloaded"));
+  const std::string whole = test::read_file(losses("whole")), streamed = test::read_file(losses("offloaded"));
   const std::vector<double> l = values(streamed);
   ASSERT_EQ(l.size(), 24u) << streamed;
   EXPECT_EQ(streamed, whole) << "offloaded, the same bits\n" << whole_logs << logs;
@@ -113,7 +106,7 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   // instead of chunk by chunk through the window: the same kernels here.
   offloaded.insert(offloaded.end(), {"--offload-update", "host", "-q"});
   run(1, "offloaded-host", offloaded);
-  EXPECT_EQ(slurp(losses("offloaded-host")), whole) << "the optimizer on the host: the same bits";
+  EXPECT_EQ(test::read_file(losses("offloaded-host")), whole) << "the optimizer on the host: the same bits";
 
   // Two stages, each offloaded on its own node: the bits of the same two
   // stages whole (a rank of two on a host takes half its cores, and
@@ -121,7 +114,7 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   run(2, "whole2", {"--steps", "24", "-q"});
   const std::string two = run(2, "offloaded2", {"--steps", "24", "--budget", "8MiB"});
   EXPECT_NE(two.find("offloaded: params 2 x"), std::string::npos) << two;
-  EXPECT_EQ(slurp(losses("offloaded2")), slurp(losses("whole2"))) << "two offloaded stages: the bits of two whole ones";
+  EXPECT_EQ(test::read_file(losses("offloaded2")), test::read_file(losses("whole2"))) << "two offloaded stages: the bits of two whole ones";
   // Two data-parallel replicas (their gradients drained home, then summed
   // through tiermem), and two tensor-parallel ranks: the bits of the same
   // ranks whole, with a snapshot every 4 steps on the way.
@@ -133,7 +126,7 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
     run(2, tag + "-whole", args);
     args.insert(args.end(), {"--budget", "15MiB", "--snapshot-every", "4"});
     run(2, tag + "-offloaded", args);
-    EXPECT_EQ(slurp(losses(tag + "-offloaded")), slurp(losses(tag + "-whole"))) << how[0];
+    EXPECT_EQ(test::read_file(losses(tag + "-offloaded")), test::read_file(losses(tag + "-whole"))) << how[0];
   }
 }
 
@@ -141,7 +134,7 @@ TEST_F(OffloadTest, EvaluationAndAResumeWorkOffloaded) {
   // A corpus of 4 KB: epochs of some 50 steps, each ending in an evaluation
   // (its ops load their parameters outside the schedule).
   const std::string corpus = m_dir + "/small.txt";
-  std::ofstream(corpus) << slurp(source("tests/data/corpus.txt")).substr(0, 4096);
+  std::ofstream(corpus) << test::read_file(source("tests/data/corpus.txt")).substr(0, 4096);
   const std::vector<std::string> args{"--data", corpus, "--epochs", "3", "--log-every", "1"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = args;
@@ -160,8 +153,8 @@ TEST_F(OffloadTest, EvaluationAndAResumeWorkOffloaded) {
   };
   EXPECT_FALSE(accuracies(offloaded).empty()) << offloaded;
   EXPECT_EQ(accuracies(offloaded), accuracies(whole)) << offloaded << whole;
-  const std::string reference = slurp(losses("epochs"));
-  EXPECT_EQ(reference, slurp(losses("epochs-whole")));
+  const std::string reference = test::read_file(losses("epochs"));
+  EXPECT_EQ(reference, test::read_file(losses("epochs-whole")));
 
   // Killed past step 60, started again: it resumes at its committed step
   // and every loss after is the undisturbed run's.
@@ -183,7 +176,7 @@ TEST_F(OffloadTest, EvaluationAndAResumeWorkOffloaded) {
   const std::string log = again.log();
   ASSERT_TRUE(std::regex_search(log, m, std::regex("resumed at step ([0-9]+)"))) << log;
   EXPECT_GE(std::stoi(m[1]), 60);
-  EXPECT_EQ(slurp(losses("resumed")), reference);
+  EXPECT_EQ(test::read_file(losses("resumed")), reference);
 }
 
 TEST_F(OffloadTest, ABudgetTooSmallForTheActivationsIsRefusedBeforeAnythingIsAllocated) {

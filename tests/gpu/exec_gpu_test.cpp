@@ -25,10 +25,7 @@
 namespace tiermem {
 namespace {
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
+using test::env_or;
 
 std::string model(const std::string& name) {
   return env_or("TIERMEM_MODELS", std::string(TIERMEM_SOURCE_ROOT) + "/config/models") + "/" + name + ".pbtxt";

@@ -20,19 +20,9 @@
 namespace tiermem {
 namespace {
 
+using test::env_or;
 using test::run_command;
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::read_file;
 
 // Long options named in `text` (roff's \- read as -, its font changes
 // \fB, \fI, \fR dropped).
@@ -80,7 +70,7 @@ TEST_P(ManTest, ThePageAndHelpNameTheSameOptionsAndTheBuiltPageIsThePrograms) {
   ASSERT_EQ(man.exit_code, 0) << man.err;
   ASSERT_EQ(man.out.rfind(".TH ", 0), 0u) << man.out.substr(0, 200);
   ASSERT_TRUE(std::filesystem::exists(root + "/" + p.page)) << p.page << " was not built";
-  EXPECT_EQ(slurp(root + "/" + p.page), man.out) << "the built page is not what the program prints";
+  EXPECT_EQ(read_file(root + "/" + p.page), man.out) << "the built page is not what the program prints";
   // --help of the program and of every subcommand the page lists.
   auto help = run_command({program, "--help"});
   ASSERT_EQ(help.exit_code, 0) << help.err;
@@ -115,9 +105,9 @@ INSTANTIATE_TEST_SUITE_P(Programs, ManTest,
 TEST(ManConfigTest, TheConfigPageNamesEveryKeyOfTheShippedExample) {
   const std::string root = env_or("TIERMEM_BUILD_ROOT", "");
   ASSERT_FALSE(root.empty()) << "TIERMEM_BUILD_ROOT is not set";
-  const std::string page = slurp(root + "/daemon/tiermemd.toml.5");
+  const std::string page = read_file(root + "/daemon/tiermemd.toml.5");
   ASSERT_EQ(page.rfind(".TH TIERMEMD.TOML 5", 0), 0u) << page.substr(0, 200);
-  std::istringstream example(slurp(std::string(TIERMEM_SOURCE_ROOT) + "/config/tiermemd.toml"));
+  std::istringstream example(read_file(std::string(TIERMEM_SOURCE_ROOT) + "/config/tiermemd.toml"));
   const std::regex key(R"(^([A-Za-z0-9_.]+)\s*=)");
   int keys = 0;
   for (std::string line; std::getline(example, line);) {

@@ -22,9 +22,8 @@
 #include <thread>
 
 namespace tiermem::test {
-namespace {
 
-std::string env_or(const char* name, const char* fallback) {
+std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : fallback;
 }
@@ -35,8 +34,6 @@ std::string read_file(const std::string& path) {
   s << in.rdbuf();
   return s.str();
 }
-
-}  // namespace
 
 std::vector<unsigned char> pattern(size_t n, unsigned seed) {
   std::vector<unsigned char> v(n);

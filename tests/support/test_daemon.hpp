@@ -160,6 +160,11 @@ std::string write_secret(const std::string& dir);
 
 // `n` bytes from a seeded generator: data a test can check byte for byte.
 std::vector<unsigned char> pattern(size_t n, unsigned seed);
+
+// $NAME when set and not empty, else `fallback`.
+std::string env_or(const char* name, const std::string& fallback);
+// A file's bytes ("" when it cannot be read).
+std::string read_file(const std::string& path);
 // A raw connection to a Unix socket (no hello): its descriptor, or -1.
 int connect_unix(const std::string& path);
 
