@@ -11,22 +11,17 @@
 
 #include <tiermem/status_macros.h>
 
-namespace tiermem::exec {
-namespace {
+#include "executor/partition_detail.hpp"
 
-struct Weights {
-  std::vector<int> forward;             // forward op ids
-  std::vector<double> flops;            // per vertex
-  std::vector<int64_t> bytes;           // per vertex
-  std::map<std::pair<int, int>, int64_t> edges;  // (u < v) -> bytes per micro-batch
-};
+namespace tiermem::exec {
+namespace detail {
+namespace {
 
 // An undirected edge's key. (Not std::minmax: it returns references, which
 // dangle when an argument is a temporary.)
 std::pair<int, int> edge(int a, int b) { return {std::min(a, b), std::max(a, b)}; }
 
-constexpr double k_bound = 0.05;  // the balance bound: 5 %
-constexpr int k_metis_seeds = 4;
+}  // namespace
 
 Weights weigh(const Graph& g, int micro_batches) {
   Weights w;
@@ -182,14 +177,21 @@ bool stages_acyclic(const Graph& g, const Weights& w, const Partition& p) {
   return left == 0;
 }
 
-Status metis(const Weights& w, int parts, bool kway, int seed, std::vector<int>* out) {
+Status metis(const Weights& w, int parts, bool kway, int seed, std::vector<int>* out,
+             const std::vector<double>* targets) {
   idx_t n = static_cast<idx_t>(w.forward.size());
-  idx_t ncon = 2;
+  // With targets (device-aware: each part's share of the FLOPs), compute
+  // alone: a part's memory follows its device, not an even share.
+  idx_t ncon = targets != nullptr ? 1 : 2;
   // Integer weights: compute in kFLOP, memory in KiB (at least 1 each).
   std::vector<idx_t> vwgt;
   for (idx_t v = 0; v < n; ++v) {
     vwgt.push_back(std::max<idx_t>(1, static_cast<idx_t>(w.flops[v] / 1e3)));
-    vwgt.push_back(std::max<idx_t>(1, static_cast<idx_t>(w.bytes[v] >> 10)));
+    if (ncon == 2) vwgt.push_back(std::max<idx_t>(1, static_cast<idx_t>(w.bytes[v] >> 10)));
+  }
+  std::vector<real_t> tpwgts;
+  if (targets != nullptr) {
+    for (double t : *targets) tpwgts.push_back(static_cast<real_t>(t));
   }
   std::vector<std::vector<std::pair<idx_t, idx_t>>> adj(n);
   for (const auto& [e, bytes] : w.edges) {
@@ -214,10 +216,10 @@ Status metis(const Weights& w, int parts, bool kway, int seed, std::vector<int>*
   idx_t objval = 0;
   std::vector<idx_t> part(n);
   const int rc = !kway ? METIS_PartGraphRecursive(&n, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr,
-                                                       adjwgt.data(), &nparts, nullptr, ubvec.data(), options,
+                                                       adjwgt.data(), &nparts, tpwgts.empty() ? nullptr : tpwgts.data(), ubvec.data(), options,
                                                        &objval, part.data())
                             : METIS_PartGraphKway(&n, &ncon, xadj.data(), adjncy.data(), vwgt.data(), nullptr,
-                                                  adjwgt.data(), &nparts, nullptr, ubvec.data(), options, &objval,
+                                                  adjwgt.data(), &nparts, tpwgts.empty() ? nullptr : tpwgts.data(), ubvec.data(), options, &objval,
                                                   part.data());
   if (rc != METIS_OK) return Status(ErrorCode::internal, "METIS failed with code " + std::to_string(rc));
   out->assign(part.begin(), part.end());
@@ -241,13 +243,16 @@ void greedy(const Weights& w, int parts, std::vector<int>* out) {
   }
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 std::string_view method_name(PartitionMethod m) {
   switch (m) {
     case PartitionMethod::metis: return "metis";
     case PartitionMethod::random: return "random";
     case PartitionMethod::greedy: return "greedy";
+    case PartitionMethod::time: return "time";
   }
   return "?";
 }
@@ -269,6 +274,9 @@ Result<Partition> partition(const Graph& graph, int parts, PartitionMethod metho
   if (parts < 1 || static_cast<size_t>(parts) > w.forward.size()) {
     return Status(ErrorCode::invalid_argument, "cannot split " + std::to_string(w.forward.size()) +
                                                    " forward ops into " + std::to_string(parts) + " stages");
+  }
+  if (method == PartitionMethod::time) {
+    return Status(ErrorCode::invalid_argument, "a partition by time needs each stage's costs: partition_by_time");
   }
   Partition p;
   p.method = method;
@@ -295,7 +303,7 @@ Result<Partition> partition(const Graph& graph, int parts, PartitionMethod metho
     for (bool kway : {false, true}) {
       for (int seed = 1; seed <= k_metis_seeds; ++seed) {
         Partition trial = p;
-        TIERMEM_RETURN_IF_ERROR(metis(w, parts, kway, seed, &trial.of_forward_op));
+        TIERMEM_RETURN_IF_ERROR(metis(w, parts, kway, seed, &trial.of_forward_op, nullptr));
         number_stages(&trial);
         for (bool repaired : {false, true}) {
           if (repaired) make_monotone(graph, w, &trial);

@@ -6,6 +6,13 @@
 // between stages per micro-batch (an activation forward, its gradient back).
 // METIS finds a k-way minimum cut under a balance bound; random and greedy
 // (contiguous FLOP-balanced split in topological order) are the baselines.
+//
+// Device-aware (partition_by_time): when the stages run on different devices
+// (a GPU rank and CPU ranks, or a rank with fewer cores), FLOPs are the wrong
+// thing to balance. Each stage then has a StageCost - its device's GEMM rate,
+// measured at start, and its link to the next stage - and the partition
+// balances predicted *time*: an op's FLOPs at its stage's rate, a boundary
+// tensor's bytes over its sender's link.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +25,8 @@
 
 namespace tiermem::exec {
 
-enum class PartitionMethod { metis, random, greedy };
+// time: partition_by_time's contiguous split (its METIS candidates keep metis).
+enum class PartitionMethod { metis, random, greedy, time };
 
 struct Partition {
   PartitionMethod method = PartitionMethod::metis;
@@ -30,7 +38,39 @@ struct Partition {
   double memory_imbalance = 0;
   std::vector<double> part_flops;
   std::vector<int64_t> part_bytes;
+  // Device-aware only: each stage's predicted seconds per step (compute at
+  // its device's rate and its sends over its link), as predict_stage_seconds.
+  bool by_time = false;
+  std::vector<double> predicted_seconds;
 };
+
+// What one pipeline stage runs on, for the device-aware partition.
+struct StageCost {
+  std::string device;              // "cpu (2 threads)", "cuda:0 (NVIDIA H200)"
+  double flops_per_second = 0;     // GEMM rate of the device (calibrated)
+  double link_bytes_per_second = 0;  // to the next stage; 0: no link (the last)
+  double link_latency_seconds = 0;
+};
+
+// Whether the stages' devices differ enough (rates more than 10 % apart)
+// that balancing time gives another split than balancing FLOPs.
+bool costs_differ(const std::vector<StageCost>& costs);
+
+// Seconds per step of every stage of `p`: for each micro-batch its forward
+// and backward FLOPs at its rate, and each boundary tensor it sends (an
+// activation forward, an activation's gradient back) over its link.
+std::vector<double> predict_stage_seconds(const Graph& graph, const Partition& p, int micro_batches,
+                                          const std::vector<StageCost>& costs);
+
+// The partition into costs.size() stages, in order, whose slowest stage is
+// fastest by prediction: the best of (a) an exact dynamic programme over
+// contiguous splits of the forward ops in topological order (each prefix and
+// stage count: the least bottleneck), (b) METIS with per-part target weights
+// (each stage's share of the total rate) made monotone, and (c) the
+// FLOP-balanced METIS partition - so it never predicts worse than FLOP
+// balance. Errors: invalid_argument (more stages than forward ops, a rate
+// not above 0), internal (METIS).
+Result<Partition> partition_by_time(const Graph& graph, int micro_batches, const std::vector<StageCost>& costs);
 
 std::string_view method_name(PartitionMethod m);
 

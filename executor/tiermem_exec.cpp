@@ -13,6 +13,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -25,6 +26,7 @@
 #include "executor/partitioner.hpp"
 #include "executor/split.hpp"
 #include "executor/runtime/env.hpp"
+#include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/sample.hpp"
 #include "executor/runtime/trainer.hpp"
 #include "tiermem_config.h"
@@ -69,15 +71,60 @@ constexpr const char* k_budget_help =
     "6GiB; when its parameters, gradients, optimizer state and activations do not fit, the first three live one "
     "tier down (DRAM under VRAM, PMEM under DRAM) and stream through a window (offload)";
 
-int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram, int64_t budget) {
+// --stage-gflops: each stage's GEMM rate, in GFLOP/s, comma-separated; the
+// links all `link_gbps` GB/s with `link_us` of latency.
+Result<std::vector<StageCost>> stage_costs_of(const std::string& rates, int stages, double link_gbps, double link_us) {
+  std::vector<StageCost> out;
+  std::stringstream in(rates);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const double gflops = std::strtod(item.c_str(), &end);
+    if (item.empty() || *end != '\0' || !(gflops > 0)) {
+      return Status(ErrorCode::invalid_argument, "--stage-gflops: '" + item + "' is not a rate above 0 (GFLOP/s)");
+    }
+    out.push_back({.device = "stage " + std::to_string(out.size()),
+                   .flops_per_second = gflops * 1e9,
+                   .link_bytes_per_second = link_gbps * 1e9,
+                   .link_latency_seconds = link_us * 1e-6});
+  }
+  if (static_cast<int>(out.size()) != stages) {
+    return Status(ErrorCode::invalid_argument, "--stage-gflops gives " + std::to_string(out.size()) +
+                                                   " rate(s) for " + std::to_string(stages) + " stage(s)");
+  }
+  if (!(link_gbps > 0) || !(link_us >= 0)) {
+    return Status(ErrorCode::invalid_argument, "--link-gbps must be above 0 and --link-us at least 0");
+  }
+  out.back().link_bytes_per_second = 0;  // the last stage's is the one before it (partitioner.hpp)
+  out.back().link_latency_seconds = 0;
+  return out;
+}
+
+int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram, int64_t budget,
+         const std::string& rates, double link_gbps, double link_us) {
   auto g = training_graph(model, micro_batches, stages, split);
   if (!g.ok()) return fail(g.status());
   auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
   if (!p.ok()) return fail(p.status());
+  if (!rates.empty()) {
+    auto costs = stage_costs_of(rates, stages, link_gbps, link_us);
+    if (!costs.ok()) return fail(costs.status());
+    JobPlan job;
+    job.graph = *g;
+    job.micro_batches = micro_batches;
+    job.costs = *costs;
+    job.flops_predicted_seconds = predict_stage_seconds(*g, *p, micro_batches, *costs);
+    auto by_time = partition_by_time(*g, micro_batches, *costs);
+    if (!by_time.ok()) return fail(by_time.status());
+    p = by_time;
+    job.partition = *p;
+    std::printf("%s\n", describe_stages(job).c_str());
+  }
   std::printf("model %s: %zu tensors, %zu ops (%zu forward, %zu backward, %zu update), %" PRId64 " parameters\n",
               g->name.c_str(), g->tensors.size(), g->ops.size(), g->ops_of(Phase::forward).size(),
               g->ops_of(Phase::backward).size(), g->ops_of(Phase::update).size(), g->param_elements());
-  std::printf("%d stage(s) by METIS: cut %s per micro-batch, imbalance flops %.1f%%, memory %.1f%%\n\n", stages,
+  std::printf("%d stage(s) by %s: cut %s per micro-batch, imbalance flops %.1f%%, memory %.1f%%\n\n", stages,
+              p->method == PartitionMethod::time ? "time" : "METIS",
               format_size(static_cast<uint64_t>(p->cut_bytes)).c_str(), 100 * p->flops_imbalance,
               100 * p->memory_imbalance);
   int64_t total = 0;
@@ -207,6 +254,17 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   train_cmd->add_option("--micro-batches", opt.micro_batches, "micro-batches per step")->capture_default_str();
+  train_cmd->add_option("--balance", opt.balance,
+                        "how the pipeline's stages are cut: flops (METIS, FLOPs and memory even), time (each rank "
+                        "measures its device's GEMM rate and its link at start; the stages take equal predicted "
+                        "time), auto (time when the ranks' devices differ)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "flops", "time"}));
+  train_cmd->add_option("--slowdown", opt.slowdown,
+                        "emulate a device this many times slower (CPU ranks): every kernel takes that much longer, "
+                        "the rest asleep; for experiments with mixed meshes")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1000.0));
   train_cmd->add_option("--epochs", opt.epochs, "epochs to train")->capture_default_str();
   train_cmd->add_option("--steps", opt.steps, "stop after this many steps (instead of --epochs)");
   train_cmd->add_option("--seed", opt.seed, "seed of initialisation, data split and shuffling")->capture_default_str();
@@ -267,9 +325,19 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   std::string plan_budget;
   plan_cmd->add_option("--vram-budget,--budget", plan_budget, k_budget_help);
+  std::string stage_gflops;
+  double link_gbps = 10, link_us = 10;
+  plan_cmd->add_option("--stage-gflops", stage_gflops,
+                       "each stage's GEMM rate in GFLOP/s, comma-separated (e.g. 50000,40,40,40 for a GPU and three "
+                       "CPU stages, as a job's ranks print them): cut the stages by predicted time, not FLOPs");
+  plan_cmd->add_option("--link-gbps", link_gbps, "with --stage-gflops: GB/s between neighbouring stages")
+      ->capture_default_str();
+  plan_cmd->add_option("--link-us", link_us, "with --stage-gflops: microseconds of latency between them")
+      ->capture_default_str();
   plan_cmd->callback([&] {
     auto budget = budget_of(plan_budget);
-    rc = budget.ok() ? plan(model, stages, micro_batches, !no_split, plan_device != "cpu", *budget)
+    rc = budget.ok() ? plan(model, stages, micro_batches, !no_split, plan_device != "cpu", *budget, stage_gflops,
+                            link_gbps, link_us)
                      : fail(budget.status());
   });
 

@@ -17,13 +17,18 @@ Status Trace::write(const std::string& path, int rank) const {
   if (f == nullptr) return Status(ErrorCode::io_error, "cannot write trace " + path);
   static const char* const k_cat[] = {"compute", "comm", "sync"};
   std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-  std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank, rank);
-  for (const Event& e : m_events) {
-    std::string name;
-    for (char c : *e.name) {
-      if (c == '"' || c == '\\') name += '\\';
-      name += c;
+  auto escaped = [](const std::string& text) {
+    std::string out;
+    for (char c : text) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
     }
+    return out;
+  };
+  std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d%s%s\"}}", rank, rank,
+               m_label.empty() ? "" : ": ", escaped(m_label).c_str());
+  for (const Event& e : m_events) {
+    const std::string name = escaped(*e.name);
     std::fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d}",
                  name.c_str(), k_cat[static_cast<size_t>(e.kind)], static_cast<double>(e.begin_ns) / 1e3,
                  static_cast<double>(e.end_ns - e.begin_ns) / 1e3, rank, static_cast<int>(e.kind));

@@ -38,6 +38,9 @@ class Trace {
 
   // Writes the Chrome trace JSON (rank = process id in the trace).
   Status write(const std::string& path, int rank) const;
+  // Words after "rank N" in the trace's name of the process (its stage, the
+  // predicted and measured step time).
+  void set_label(std::string label) { m_label = std::move(label); }
 
  private:
   struct Event {
@@ -49,6 +52,7 @@ class Trace {
            std::chrono::steady_clock::time_point end);
 
   bool m_record;
+  std::string m_label;
   std::chrono::steady_clock::time_point m_start;
   std::vector<Event> m_events;
   double m_totals[3] = {0, 0, 0};

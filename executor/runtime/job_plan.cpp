@@ -1,6 +1,8 @@
 #include "executor/runtime/job_plan.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <numeric>
 
 #include <tiermem/status_macros.h>
 
@@ -46,6 +48,16 @@ Status check_dataset(const Graph& graph, const Split& data) {
   return Status();
 }
 
+// What follows from the partition: the channels, this stage's memory, the
+// loss's stage.
+Status place(const TrainOptions& options, JobPlan* job) {
+  job->channels = channels_of(job->graph, job->partition);
+  TIERMEM_ASSIGN_OR_RETURN(job->plan, plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches,
+                                                  {.vram = options.device != "cpu", .budget = options.budget}));
+  job->loss_stage = job->partition.of_op[job->graph.tensors[job->graph.loss].producer];
+  return Status();
+}
+
 Status plan_graph(const TrainOptions& options, JobPlan* job) {
   // Every rank of a tensor-parallel group cuts its own part; the graphs of
   // the group have one shape, so they partition alike.
@@ -60,14 +72,66 @@ Status plan_graph(const TrainOptions& options, JobPlan* job) {
       add_training(job->graph, 1.0f / static_cast<float>(job->micro_batches * job->topo.replicas)));
   TIERMEM_ASSIGN_OR_RETURN(job->partition,
                            partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
-  job->channels = channels_of(job->graph, job->partition);
-  TIERMEM_ASSIGN_OR_RETURN(job->plan, plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches,
-                                                  {.vram = options.device != "cpu", .budget = options.budget}));
-  job->loss_stage = job->partition.of_op[job->graph.tensors[job->graph.loss].producer];
-  return Status();
+  return place(options, job);
 }
 
 }  // namespace
+
+bool wants_costs(const TrainOptions& options, const JobPlan& job) {
+  return job.topo.stages > 1 && options.balance != "flops";
+}
+
+Status balance_by_time(const TrainOptions& options, std::vector<StageCost> costs, JobPlan* job) {
+  if (options.balance == "auto" && !costs_differ(costs)) {
+    // One kind of device: time follows FLOPs; the FLOP-balanced METIS cut
+    // stays, with the prediction beside it.
+    job->partition.predicted_seconds = predict_stage_seconds(job->graph, job->partition, job->micro_batches, costs);
+    job->costs = std::move(costs);
+    return Status();
+  }
+  job->flops_predicted_seconds = predict_stage_seconds(job->graph, job->partition, job->micro_batches, costs);
+  TIERMEM_ASSIGN_OR_RETURN(job->partition, partition_by_time(job->graph, job->micro_batches, costs));
+  job->costs = std::move(costs);
+  return place(options, job);
+}
+
+std::string describe_stages(const JobPlan& job) {
+  if (job.costs.empty()) return "";
+  const Partition& p = job.partition;
+  auto slowest = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+  char line[512];
+  std::string out;
+  if (p.by_time) {
+    std::snprintf(line, sizeof line,
+                  "partition by time (each stage's measured device and link): slowest stage predicted %.2f ms per "
+                  "step, against %.2f ms balancing FLOPs\n",
+                  1e3 * slowest(p.predicted_seconds), 1e3 * slowest(job.flops_predicted_seconds));
+  } else {
+    std::snprintf(line, sizeof line,
+                  "partition by FLOPs (%s): slowest stage predicted %.2f ms per step\n",
+                  costs_differ(job.costs) ? "--balance flops" : "the stages run on one kind of device",
+                  1e3 * slowest(p.predicted_seconds));
+  }
+  out += line;
+  const std::vector<int> forward = job.graph.ops_of(Phase::forward);
+  const double total = std::accumulate(p.part_flops.begin(), p.part_flops.end(), 0.0);
+  for (int s = 0; s < p.parts; ++s) {
+    const int ops = static_cast<int>(std::count(p.of_forward_op.begin(), p.of_forward_op.end(), s));
+    const StageCost& c = job.costs[static_cast<size_t>(s)];
+    std::snprintf(line, sizeof line, "  stage %d on %s (%.3g GFLOP/s", s, c.device.c_str(), c.flops_per_second / 1e9);
+    out += line;
+    if (c.link_bytes_per_second > 0) {
+      std::snprintf(line, sizeof line, "; link %.3g GB/s, %.0f us", c.link_bytes_per_second / 1e9,
+                    1e6 * c.link_latency_seconds);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "): %d forward op(s), %.1f%% of the FLOPs, predicted %.2f ms per step\n", ops,
+                  total > 0 ? 100 * p.part_flops[static_cast<size_t>(s)] / total : 0.0,
+                  1e3 * p.predicted_seconds[static_cast<size_t>(s)]);
+    out += line;
+  }
+  return out;
+}
 
 int64_t JobPlan::arena_bytes(const std::string& name) const {
   for (const ArenaPlan& a : plan.arenas) {
@@ -108,6 +172,18 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   job.topo.replicas = groups / job.topo.stages;
   job.topo.rank = env.rank;
   if (options.micro_batches < 1) return Status(ErrorCode::invalid_argument, "--micro-batches must be at least 1");
+  if (options.balance != "auto" && options.balance != "flops" && options.balance != "time") {
+    return Status(ErrorCode::invalid_argument, "--balance '" + options.balance + "' is not auto, flops or time");
+  }
+  if (!(options.slowdown >= 1 && options.slowdown <= 1000)) {
+    return Status(ErrorCode::invalid_argument, "--slowdown " + std::to_string(options.slowdown) +
+                                                   " is not a factor from 1 to 1000");
+  }
+  if (options.slowdown > 1 && options.device != "cpu") {
+    // A GPU's kernels are queued, not run, when the call returns: there is
+    // nothing to time and stretch on the host.
+    return Status(ErrorCode::invalid_argument, "--slowdown emulates a slower device on CPU ranks (--device cpu) only");
+  }
   if (options.replicas > 0 && job.topo.stages > 1) {
     // A pipeline rank that moved would need the boundary messages its
     // neighbours sent to its old mailbox again: not built.
@@ -132,6 +208,22 @@ int64_t gemm_operand_elements(const Graph& graph) {
     for (int t : op.in) most = std::max(most, graph.tensors[t].elements());
   }
   return most;
+}
+
+GemmShape heaviest_gemm(const Graph& graph) {
+  GemmShape best;
+  double most = 0;
+  for (const Op& op : graph.ops) {
+    if (op.kind != OpKind::matmul) continue;
+    const Tensor& a = graph.tensors[op.in[0]];
+    const Tensor& b = graph.tensors[op.in[1]];
+    const double flops = static_cast<double>(a.shape[0]) * static_cast<double>(a.shape[1]) * static_cast<double>(b.shape[1]);
+    if (flops > most) {
+      most = flops;
+      best = {a.shape[0], a.shape[1], b.shape[1]};
+    }
+  }
+  return best;
 }
 
 int64_t sample_rows(const Graph& graph) {

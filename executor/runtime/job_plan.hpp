@@ -17,6 +17,7 @@
 #include "executor/partitioner.hpp"
 #include "executor/runtime/channels.hpp"
 #include "executor/runtime/env.hpp"
+#include "executor/runtime/profile.hpp"
 #include "executor/runtime/trainer.hpp"
 
 namespace tiermem::exec {
@@ -35,6 +36,11 @@ struct JobPlan {
   int64_t steps_per_epoch = 1;
   int64_t total_steps = 0;
   int64_t eval_batches = 0;
+  // Each stage's device and link as measured at start (profile.hpp); empty
+  // when the job did not measure (one stage, --balance flops).
+  std::vector<StageCost> costs;
+  // Partitioned by time: what the FLOP-balanced cut was predicted to take.
+  std::vector<double> flops_predicted_seconds;
 
   // The rank that prints progress: the loss's stage, first replica.
   bool reporter() const { return topo.stage() == loss_stage && topo.replica() == 0 && topo.tp() == 0; }
@@ -53,9 +59,24 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env);
 // those of loading it; invalid_argument for a model whose inputs do not
 // match it.
 Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job);
+// Whether the job measures its ranks' devices for the partition: a pipeline
+// (more than one stage) unless --balance flops.
+bool wants_costs(const TrainOptions& options, const JobPlan& job);
+// The partition again from the measured costs (--balance time; auto when
+// the stages' devices differ, else the FLOP-balanced cut is kept and only
+// its prediction added), with its channels and memory plan. Every rank gets
+// the same costs, so every rank the same partition. Errors: those of
+// partition_by_time and plan_memory.
+Status balance_by_time(const TrainOptions& options, std::vector<StageCost> costs, JobPlan* job);
+// For people: how the stages were cut, each stage's device, share of the
+// FLOPs and predicted time; "" when the job did not measure its devices.
+std::string describe_stages(const JobPlan& job);
 // Elements of an INPUT per sample: the tokens of a sequence, for a text
 // dataset (load_dataset's `sequence`).
 int64_t sample_rows(const Graph& graph);
+// The shape of the graph's GEMM with the most FLOPs (512^3 when it has none):
+// what a rank calibrates its device at (profile.hpp).
+GemmShape heaviest_gemm(const Graph& graph);
 // The most elements an operand of the graph's GEMMs has (Compute::set_precision).
 int64_t gemm_operand_elements(const Graph& graph);
 

@@ -32,7 +32,8 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
                          Arenas& arenas, Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace,
                          bool resumed, Compute& compute)
     : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_mail(mailboxes), m_tp(tp),
-      m_peers(peers), m_trace(trace), m_compute(compute), m_stream(job, arenas, compute, trace),
+      m_peers(peers), m_trace(trace), m_slowdown(options.slowdown), m_compute(compute),
+      m_stream(job, arenas, compute, trace),
       m_update_compute(&compute), m_eval_resume(resumed) {
   const MemoryPlan& plan = job.plan;
   if (plan.offload && compute.memory_is_device() && options.update_on_host) {
@@ -258,6 +259,7 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
                                             op.phase == Phase::backward));
   } else {
     auto span = m_trace.span(SpanKind::compute, op.name);
+    Slowdown::Scope slowed(m_slowdown);
     run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward);
   }
   record_eval(op, resolve, eval, eval_batch);
@@ -327,6 +329,7 @@ Status StageRunner::all_reduce(int64_t step) {
 // optimizer op writes is copied over.
 Status StageRunner::update() {
   auto span = m_trace.span(SpanKind::compute, k_update);
+  Slowdown::Scope slowed(m_slowdown);
   Compute& compute = *m_update_compute;
   for (int t : m_carried) {
     compute.copy(memory(t, -1, true), memory(t, -1, false), static_cast<size_t>(m_job.graph.tensors[t].bytes()));

@@ -24,6 +24,7 @@
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
 #include "executor/runtime/param_stream.hpp"
+#include "executor/runtime/slowdown.hpp"
 #include "executor/runtime/tp_exchange.hpp"
 #include "executor/trace.hpp"
 
@@ -111,6 +112,7 @@ class StageRunner {
   TpExchange& m_tp;
   const RankPeers& m_peers;
   Trace& m_trace;
+  Slowdown m_slowdown;  // --slowdown: an emulated slower device
   Compute& m_compute;
   // Offload: parameters and gradients through the window, and the
   // optimizer on the host (the CPU's Adam over the home tier, ZeRO-Offload's

@@ -29,6 +29,16 @@ Status Trainer::set_up() {
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
   if (m_opt.restart) TIERMEM_RETURN_IF_ERROR(forget_earlier_run());
+  if (wants_costs(m_opt, m_job)) {
+    // Every rank's device and link, then the partition by them: the same
+    // figures on every rank, so the same stages.
+    TIERMEM_RETURN_IF_ERROR(
+        m_profiles.exchange(*m_dir, m_job.topo, *m_compute, heaviest_gemm(m_job.graph), m_opt.slowdown, m_opt.quiet));
+    TIERMEM_RETURN_IF_ERROR(balance_by_time(m_opt, m_profiles.stage_costs(m_job.topo), &m_job));
+    if (m_env.rank == 0 && !m_opt.quiet && m_profiles.measured_now()) {
+      std::printf("%s", describe_stages(m_job).c_str());
+    }
+  }
   TIERMEM_RETURN_IF_ERROR(
       m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job) + TpExchange::bytes(m_job), *m_compute));
   TIERMEM_RETURN_IF_ERROR(m_arenas.initialise(m_job, m_opt, *m_compute));
@@ -37,6 +47,7 @@ Status Trainer::set_up() {
     // again (a resumed job's memory stays).
     if (!m_arenas.resumed()) {
       for (const Gva g : m_arenas.release()) (void)m_client->free(g);
+      if (m_profiles.measured_now()) (void)m_client->free(m_profiles.take_region().gva);
     }
     return s;
   }
@@ -100,6 +111,7 @@ Status Trainer::train_steps() {
   }
   if (Status s = stage.finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
   progress.finish(m_job.total_steps - first, eval);
+  report_stage_time(m_job.total_steps - first);
   if (stage.stream().active() && !m_opt.quiet && m_job.total_steps > first) {
     const auto steps = static_cast<uint64_t>(m_job.total_steps - first);
     std::printf("offload: %s loaded and %s drained per step through a %s window (optimizer on the %s)\n",
@@ -111,7 +123,20 @@ Status Trainer::train_steps() {
   return Status();
 }
 
-Status Trainer::write_trace() const {
+void Trainer::report_stage_time(int64_t steps) {
+  if (m_job.costs.empty() || steps <= 0) return;
+  const auto s = static_cast<size_t>(m_job.topo.stage());
+  const double compute = 1e3 * m_trace.seconds(SpanKind::compute) / static_cast<double>(steps);
+  const double comm = 1e3 * m_trace.seconds(SpanKind::comm) / static_cast<double>(steps);
+  const double predicted = 1e3 * m_job.partition.predicted_seconds[s];
+  char text[256];
+  std::snprintf(text, sizeof text, "stage %zu on %s: predicted %.2f ms per step, measured %.2f ms computing and %.2f ms "
+                "sending and receiving", s, m_job.costs[s].device.c_str(), predicted, compute, comm);
+  m_trace.set_label(text);
+  if (!m_opt.quiet) std::fprintf(stderr, "rank %d: %s\n", m_env.rank, text);
+}
+
+Status Trainer::write_trace() {
   if (m_opt.trace.empty()) return Status();
   const std::string path = m_env.world > 1 ? m_opt.trace + ".rank" + std::to_string(m_env.rank) : m_opt.trace;
   return m_trace.write(path, m_env.rank);

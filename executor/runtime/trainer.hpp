@@ -43,6 +43,13 @@ struct TrainOptions {
   int stages = 0;                // pipeline stages; 0: one per rank (per tensor-parallel group)
   int tensor_parallel = 1;       // ranks sharing each split block (tensor_parallel.hpp)
   int micro_batches = 2;
+  // How the stages are cut (partitioner.hpp): "flops" (METIS, FLOP- and
+  // memory-balanced), "time" (by each stage's measured device and link),
+  // "auto" (time when the stages' devices differ).
+  std::string balance = "auto";
+  // > 1: every kernel of this (CPU) rank takes this many times as long
+  // (slowdown.hpp): an emulated slower device.
+  double slowdown = 1;
   // Bytes of the tier the kernels compute in (VRAM on a GPU, DRAM on the
   // CPU) for this rank's tensors; 0: no limit. What does not fit is
   // offloaded (memory_plan.hpp): parameters, gradients and optimizer state

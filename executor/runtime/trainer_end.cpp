@@ -77,7 +77,9 @@ Status Trainer::finish() {
   uint64_t bytes = 0;
   int freed = 0;
   Status first_error;
-  for (const Gva g : m_arenas.release()) {
+  std::vector<Gva> mine = m_arenas.release();
+  if (const OwnRegion profile = m_profiles.take_region(); !profile.gva.is_null()) mine.push_back(profile.gva);
+  for (const Gva g : mine) {
     auto t = m_client->translate(g);
     const Status s = m_client->free(g);
     if (s.ok()) {

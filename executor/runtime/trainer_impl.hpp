@@ -10,6 +10,7 @@
 #include "executor/runtime/arenas.hpp"
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
+#include "executor/runtime/profile.hpp"
 #include "executor/runtime/tp_exchange.hpp"
 #include "executor/runtime/trainer.hpp"
 #include "executor/trace.hpp"
@@ -26,7 +27,10 @@ class Trainer {
   Status set_up();
   // Steps from the committed one to the last, with evaluation and progress.
   Status train_steps();
-  Status write_trace() const;
+  Status write_trace();
+  // Each stage's predicted step time beside the one measured here (a
+  // pipeline that measured its devices): on stderr and in the trace.
+  void report_stage_time(int64_t steps);
   // --restart: frees this rank's allocations of an earlier run of the job.
   Status forget_earlier_run();
   // The job's end: marks this rank done and, unless --keep, frees its
@@ -41,6 +45,7 @@ class Trainer {
   std::unique_ptr<Client> m_client;
   std::unique_ptr<JobDirectory> m_dir;
   Arenas m_arenas;
+  Profiles m_profiles;  // the ranks' devices (a pipeline), for the partition
   RankPeers m_peers;
   std::optional<Mailboxes> m_mail;
   std::optional<TpExchange> m_tp;
