@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -371,6 +372,98 @@ TEST(MemoryPlanTest, OffloadedStaysCoverEveryUseAndNeverShareLiveWindowBytes) {
     }
   }
   EXPECT_GE(offloaded, 8) << "most stages offload within a third of their state";
+}
+
+
+// Device-aware (partition_by_time): stages with `gflops` each, links of
+// 10 GB/s and 10 us.
+std::vector<StageCost> costs_of(const std::vector<double>& gflops) {
+  std::vector<StageCost> out;
+  for (double g : gflops) {
+    out.push_back({.device = "d", .flops_per_second = g * 1e9, .link_bytes_per_second = 10e9,
+                   .link_latency_seconds = 10e-6});
+  }
+  out.back().link_bytes_per_second = 0;
+  out.back().link_latency_seconds = 0;
+  return out;
+}
+
+double slowest(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+TEST(PartitionTest, ByTimeTheSlowStageTakesLessWorkAndTheBottleneckBeatsFlopBalance) {
+  for (const char* name : {"gpt_tiny", "ffn4_fashion"}) {
+    const Graph g = training(name);
+    const auto costs = costs_of({40, 13, 40});
+    auto flops = partition(g, 3, PartitionMethod::metis, k_micro_batches);
+    auto timed = partition_by_time(g, k_micro_batches, costs);
+    ASSERT_TRUE(flops.ok() && timed.ok()) << name;
+    EXPECT_TRUE(timed->by_time);
+    ASSERT_EQ(timed->predicted_seconds.size(), 3u);
+    EXPECT_EQ(timed->predicted_seconds, predict_stage_seconds(g, *timed, k_micro_batches, costs)) << name;
+    const double before = slowest(predict_stage_seconds(g, *flops, k_micro_batches, costs));
+    EXPECT_LE(slowest(timed->predicted_seconds), before) << name;
+    EXPECT_LT(timed->part_flops[1], timed->part_flops[0]) << name;
+    EXPECT_LT(timed->part_flops[1], timed->part_flops[2]) << name;
+    EXPECT_EQ(timed->cut_bytes, cut_of(g, *timed)) << name;
+    // A pipeline: every stage used, no op before one it reads from.
+    std::set<int> used(timed->of_forward_op.begin(), timed->of_forward_op.end());
+    EXPECT_EQ(used.size(), 3u) << name;
+    const std::vector<int> forward = g.ops_of(Phase::forward);
+    std::vector<int> stage(g.ops.size(), -1);
+    for (size_t v = 0; v < forward.size(); ++v) stage[forward[v]] = timed->of_forward_op[v];
+    for (int op : forward) {
+      for (int t : g.ops[op].in) {
+        if (g.tensors[t].producer >= 0 && stage[g.tensors[t].producer] >= 0) {
+          EXPECT_LE(stage[g.tensors[t].producer], stage[op]) << name << ": " << g.ops[op].name;
+        }
+      }
+    }
+  }
+  // gpt_tiny's blocks are many ops of like size: a third of the speed takes
+  // well under a third of the work, and the bottleneck falls by half or more.
+  const Graph g = training("gpt_tiny");
+  const auto costs = costs_of({40, 13, 40});
+  auto timed = partition_by_time(g, k_micro_batches, costs);
+  auto flops = partition(g, 3, PartitionMethod::metis, k_micro_batches);
+  ASSERT_TRUE(timed.ok() && flops.ok());
+  const double total = timed->part_flops[0] + timed->part_flops[1] + timed->part_flops[2];
+  EXPECT_LT(timed->part_flops[1] / total, 0.2);
+  EXPECT_LT(slowest(timed->predicted_seconds), 0.6 * slowest(predict_stage_seconds(g, *flops, k_micro_batches, costs)));
+}
+
+TEST(PartitionTest, ByTimeOnOneKindOfDeviceIsAsGoodAsFlopBalanceAndPredictsExactly) {
+  const Graph g = training("gpt_tiny");
+  const auto costs = costs_of({40, 40, 40, 40});
+  auto flops = partition(g, 4, PartitionMethod::metis, k_micro_batches);
+  auto timed = partition_by_time(g, k_micro_batches, costs);
+  ASSERT_TRUE(flops.ok() && timed.ok());
+  EXPECT_LE(slowest(timed->predicted_seconds),
+            slowest(predict_stage_seconds(g, *flops, k_micro_batches, costs)) * (1 + 1e-9));
+  EXPECT_FALSE(costs_differ(costs));
+  EXPECT_TRUE(costs_differ(costs_of({40, 13, 40})));
+  // One stage: its FLOPs at its rate, nothing sent.
+  auto one = partition(g, 1, PartitionMethod::metis, k_micro_batches);
+  ASSERT_TRUE(one.ok());
+  const auto alone = costs_of({40});
+  const double flops_total = one->part_flops[0];
+  EXPECT_NEAR(predict_stage_seconds(g, *one, k_micro_batches, alone)[0], k_micro_batches * flops_total / 40e9,
+              1e-12);
+  // A GPU-like stage beside slow ones takes most of the work.
+  auto gpu = partition_by_time(g, k_micro_batches, costs_of({50000, 40}));
+  ASSERT_TRUE(gpu.ok());
+  EXPECT_GT(gpu->part_flops[0], 4 * gpu->part_flops[1]);
+}
+
+TEST(PartitionTest, ByTimeRefusesARateNotAboveZeroAndTooManyStages) {
+  const Graph g = training("mlp_digits");
+  auto zero = partition_by_time(g, k_micro_batches, costs_of({40, 0}));
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().code(), ErrorCode::invalid_argument);
+  EXPECT_NE(zero.status().message().find("stage 1"), std::string::npos) << zero.status().to_string();
+  auto many = partition_by_time(g, k_micro_batches, costs_of(std::vector<double>(64, 40)));
+  ASSERT_FALSE(many.ok());
+  EXPECT_EQ(many.status().code(), ErrorCode::invalid_argument);
+  EXPECT_FALSE(partition(g, 2, PartitionMethod::time, k_micro_batches).ok());
 }
 
 }  // namespace
