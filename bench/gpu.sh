@@ -21,6 +21,9 @@
 # 4. bf16: see its section.
 # 5. Offload (--vram-budget): see the section at the end. GPU_BENCH_ONLY=offload
 #    runs only gpu_bench and that section.
+# 6. Device-aware partitioning (issue 32): one GPU rank and three CPU ranks
+#    train one pipeline, cut by FLOPs and by time; see balance_section.
+#    GPU_BENCH_ONLY=balance runs only gpu_bench and that section.
 set -euo pipefail
 build=${1:?usage: bench/gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
@@ -34,8 +37,8 @@ gpu_lines=$("$build/bench/gpu_bench")
 echo "$gpu_lines"
 
 exec=${TIERMEM_EXEC:-$build/executor/tiermem-exec}
-# Section 5 alone needs no PyTorch.
-if [ ! -x "$exec" ] || { [ "${GPU_BENCH_ONLY:-}" != offload ] &&
+# Sections 5 and 6 alone need no PyTorch.
+if [ ! -x "$exec" ] || { [ "${GPU_BENCH_ONLY:-}" != offload ] && [ "${GPU_BENCH_ONLY:-}" != balance ] &&
                          ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }; then
   echo "# gpu training: tiermem-exec or PyTorch with CUDA missing, skipped"
   exit 0
@@ -139,8 +142,48 @@ offload_section() {
         printf "offload_%s_vs_all_in_vram_ratio %.3f\n", w, a / o }'
   done
 }
+balance_section() {
+  # 6. A mixed mesh: rank 0 on the GPU (stage 0), ranks 1-3 on the host's
+  #    cores (a quarter each), one pipeline of $BALANCE_MODEL (default
+  #    config/models/gpt_tiny.pbtxt, whole ops) over the one daemon:
+  #    --balance flops (METIS's even FLOPs) against --balance auto (each
+  #    rank's measured device: by time), and the GPU rank alone. Prints
+  #    balance_mixed_<how>_step_ms_median, balance_mixed_time_vs_flops_ratio
+  #    (goal <= 0.5) and balance_mixed_time_vs_gpu_alone_ratio.
+  local model=${BALANCE_MODEL:-$top/config/models/gpt_tiny.pbtxt} n=${BALANCE_STEPS:-100}
+  local corpus=${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}
+  mixed() {  # mixed NAME ARGS: the median step of one run of the four ranks
+    local name=$1 r device
+    shift
+    for r in 0 1 2 3; do
+      device=cpu
+      [ $r -eq 0 ] && device=cuda
+      TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=4 TIERMEM_LOCAL_WORLD_SIZE=4 \
+        "$exec" train "$model" --job "$name" --device $device --steps "$n" --log-every 100000 --data "$corpus" \
+        --no-split "$@" >"$TIERMEM_CLUSTER_DIR/$name.rank$r.log" 2>&1 &
+    done
+    wait
+    cat "$TIERMEM_CLUSTER_DIR/$name".rank*.log | median
+  }
+  local flops by_time alone
+  flops=$(mixed mix-flops --balance flops)
+  by_time=$(mixed mix-time --balance auto)
+  grep -h -E '^(partition by|  stage |rank [0-9]: (stage|.*GEMMs))' "$TIERMEM_CLUSTER_DIR"/mix-time.rank*.log | sed 's/^/# /'
+  alone=$("$exec" train "$model" --job mix-alone --device cuda --steps "$n" --log-every 100000 --data "$corpus" \
+    --no-split | median)
+  echo "balance_mixed_flops_step_ms_median $flops ms"
+  echo "balance_mixed_time_step_ms_median $by_time ms"
+  echo "balance_gpu_alone_step_ms_median $alone ms"
+  awk -v t="$by_time" -v f="$flops" -v a="$alone" 'BEGIN { if (t > 0 && f > 0 && a > 0) {
+    printf "balance_mixed_time_vs_flops_ratio %.3f\n", t / f
+    printf "balance_mixed_time_vs_gpu_alone_ratio %.3f\n", t / a } }'
+}
 if [ "${GPU_BENCH_ONLY:-}" = offload ]; then
   offload_section
+  exit 0
+fi
+if [ "${GPU_BENCH_ONLY:-}" = balance ]; then
+  balance_section
   exit 0
 fi
 echo "# training step time on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $steps steps, medians"
@@ -193,3 +236,4 @@ for precision in fp32 bf16; do
   report "$tag" "$out"
 done
 offload_section
+balance_section
