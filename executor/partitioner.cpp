@@ -268,6 +268,26 @@ double flops_imbalance_floor(const Graph& graph, int parts, int micro_batches) {
   return std::max(0.0, *std::max_element(flops.begin(), flops.end()) / (total / parts) - 1);
 }
 
+Result<Partition> partition_from(const Graph& graph, int parts, int micro_batches, std::vector<int> of_forward_op) {
+  const Weights w = weigh(graph, micro_batches);
+  if (of_forward_op.size() != w.forward.size()) {
+    return Status(ErrorCode::invalid_argument, "a partition of " + std::to_string(of_forward_op.size()) +
+                                                   " forward ops for a graph of " + std::to_string(w.forward.size()));
+  }
+  for (int x : of_forward_op) {
+    if (x < 0 || x >= parts) {
+      return Status(ErrorCode::invalid_argument, "stage " + std::to_string(x) + " of a partition into " +
+                                                     std::to_string(parts));
+    }
+  }
+  Partition p;
+  p.method = PartitionMethod::time;
+  p.parts = parts;
+  p.of_forward_op = std::move(of_forward_op);
+  measure(graph, w, &p);
+  return p;
+}
+
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
                             uint64_t seed) {
   const Weights w = weigh(graph, micro_batches);

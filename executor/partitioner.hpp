@@ -83,6 +83,11 @@ double flops_imbalance_floor(const Graph& graph, int parts, int micro_batches);
 // (index into graph.ops_of(forward)).
 std::vector<double> forward_op_flops(const Graph& graph, int micro_batches);
 
+// The partition that puts forward op v on stage of_forward_op[v] (stages
+// 0..parts-1, in pipeline order), measured like any other. Errors:
+// invalid_argument (a length or stage out of range).
+Result<Partition> partition_from(const Graph& graph, int parts, int micro_batches, std::vector<int> of_forward_op);
+
 // Errors: invalid_argument (more parts than forward ops), internal (METIS).
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
                             uint64_t seed = 1);

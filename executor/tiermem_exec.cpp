@@ -265,6 +265,33 @@ int main(int argc, char** argv) {
                         "the rest asleep; for experiments with mixed meshes")
       ->capture_default_str()
       ->check(CLI::Range(1.0, 1000.0));
+  train_cmd->add_option("--slowdown-from", opt.slowdown_from,
+                        "with --slowdown: the step the slowdown starts at (0: from the start, the device's "
+                        "calibration too); a rank that turns slow mid-run, for --replan")
+      ->capture_default_str();
+  train_cmd->add_flag("--replan", opt.replan.enabled,
+                      "cut the pipeline again while it trains when it stays slow and a cut by the stages' measured "
+                      "speeds is predicted faster; the parameters and optimizer state of the ops that change "
+                      "stages move through tiermem at a step boundary");
+  train_cmd->add_option("--replan-every-ms", opt.replan.every_ms, "with --replan: milliseconds between looks")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600000));
+  train_cmd->add_option("--replan-p99-ms", opt.replan.p99_ms,
+                        "with --replan: the step time's P99 (of the last 64) it must stay over")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600000.0));
+  train_cmd->add_option("--replan-cpu-percent", opt.replan.cpu_percent,
+                        "with --replan: the busiest node's CPU use it must stay over (0: any)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  train_cmd->add_option("--replan-min-gain", opt.replan.min_gain,
+                        "with --replan: how much faster the new cut's slowest stage must be predicted (0.2: 20 %)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
+  train_cmd->add_option("--replan-patience", opt.replan.patience,
+                        "with --replan: looks in a row the thresholds must hold")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   train_cmd->add_option("--epochs", opt.epochs, "epochs to train")->capture_default_str();
   train_cmd->add_option("--steps", opt.steps, "stop after this many steps (instead of --epochs)");
   train_cmd->add_option("--seed", opt.seed, "seed of initialisation, data split and shuffling")->capture_default_str();

@@ -1,6 +1,7 @@
 #include "executor/runtime/job.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <thread>
 
@@ -37,8 +38,27 @@ constexpr int64_t k_local_wait_sleep_us = 100;
 
 }  // namespace
 
+namespace {
+// What every generation of the plan shares.
+bool shared_by_generations(const std::string& what) { return what == "profile"; }
+}  // namespace
+
 std::string JobDirectory::name(int rank, const std::string& what) const {
-  return m_job + ".r" + std::to_string(rank) + "." + what;
+  const std::string base = m_job + ".r" + std::to_string(rank) + ".";
+  if (m_generation == 0 || shared_by_generations(what)) return base + what;
+  return base + "g" + std::to_string(m_generation) + "." + what;
+}
+
+int64_t JobDirectory::generation_of(int rank, const std::string& name) const {
+  const std::string base = m_job + ".r" + std::to_string(rank) + ".";
+  if (name.rfind(base, 0) != 0) return -1;
+  const std::string what = name.substr(base.size());
+  if (shared_by_generations(what)) return -1;
+  if (what.size() > 1 && what[0] == 'g' && std::isdigit(static_cast<unsigned char>(what[1]))) {
+    const size_t dot = what.find('.');
+    if (dot != std::string::npos) return std::stoll(what.substr(1, dot - 1));
+  }
+  return 0;
 }
 
 Result<OwnRegion> JobDirectory::own(const std::string& what, uint64_t size, AllocOptions options, bool map) {

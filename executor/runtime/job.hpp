@@ -32,7 +32,16 @@ class JobDirectory {
   JobDirectory(Client& client, std::string job, int rank, std::chrono::milliseconds timeout)
       : m_client(client), m_job(std::move(job)), m_rank(rank), m_timeout(timeout) {}
 
+  // "<job>.r<rank>.<what>", and in generation g > 0 of the plan (runtime
+  // repartitioning: replan.hpp) "<job>.r<rank>.g<g>.<what>", except for the
+  // allocations every generation shares (the profile).
   std::string name(int rank, const std::string& what) const;
+  void set_generation(uint64_t generation) { m_generation = generation; }
+  uint64_t generation() const { return m_generation; }
+  // The generation an allocation of this job's rank `rank` named `name` is
+  // of (0 for one without a "g<N>." part); -1 for a name that is not one of
+  // this rank's, or one all generations share.
+  int64_t generation_of(int rank, const std::string& name) const;
 
   // This rank's allocation `what`: found again by name, or created (zeroed)
   // on the local node, and mapped unless `map` is false (a replicated one
@@ -97,6 +106,7 @@ class JobDirectory {
   std::map<std::pair<NodeId, uint32_t>, std::pair<Gva, Gva>> m_moved;
   std::chrono::steady_clock::time_point m_last_follow{};
   uint64_t m_moves = 0;
+  uint64_t m_generation = 0;
 };
 
 // Waits (spinning, then yielding, then sleeping) until `word` in local memory

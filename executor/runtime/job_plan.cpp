@@ -77,14 +77,19 @@ Status plan_graph(const TrainOptions& options, JobPlan* job) {
 
 }  // namespace
 
+Status apply_partition(const TrainOptions& options, Partition partition, JobPlan* job) {
+  job->partition = std::move(partition);
+  return place(options, job);
+}
+
 bool wants_costs(const TrainOptions& options, const JobPlan& job) {
-  return job.topo.stages > 1 && options.balance != "flops";
+  return job.topo.stages > 1 && (options.balance != "flops" || options.replan.enabled);
 }
 
 Status balance_by_time(const TrainOptions& options, std::vector<StageCost> costs, JobPlan* job) {
-  if (options.balance == "auto" && !costs_differ(costs)) {
+  if (options.balance == "flops" || (options.balance == "auto" && !costs_differ(costs))) {
     // One kind of device: time follows FLOPs; the FLOP-balanced METIS cut
-    // stays, with the prediction beside it.
+    // stays, with the prediction beside it (so with --balance flops).
     job->partition.predicted_seconds = predict_stage_seconds(job->graph, job->partition, job->micro_batches, costs);
     job->costs = std::move(costs);
     return Status();

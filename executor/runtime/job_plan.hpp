@@ -60,7 +60,7 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env);
 // match it.
 Status attach_data(Result<Split> data, const TrainOptions& options, JobPlan* job);
 // Whether the job measures its ranks' devices for the partition: a pipeline
-// (more than one stage) unless --balance flops.
+// (more than one stage) unless --balance flops, or one that re-plans.
 bool wants_costs(const TrainOptions& options, const JobPlan& job);
 // The partition again from the measured costs (--balance time; auto when
 // the stages' devices differ, else the FLOP-balanced cut is kept and only
@@ -68,6 +68,9 @@ bool wants_costs(const TrainOptions& options, const JobPlan& job);
 // the same costs, so every rank the same partition. Errors: those of
 // partition_by_time and plan_memory.
 Status balance_by_time(const TrainOptions& options, std::vector<StageCost> costs, JobPlan* job);
+// Takes `partition` for the job: its channels, this stage's memory plan and
+// the loss's stage follow. Errors: those of plan_memory.
+Status apply_partition(const TrainOptions& options, Partition partition, JobPlan* job);
 // For people: how the stages were cut, each stage's device, share of the
 // FLOPs and predicted time; "" when the job did not measure its devices.
 std::string describe_stages(const JobPlan& job);

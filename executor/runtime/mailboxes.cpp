@@ -1,6 +1,7 @@
 #include "executor/runtime/mailboxes.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -178,6 +179,24 @@ Status Mailboxes::send(const Channel& c, const void* data, uint64_t sequence, bo
   }
   if (!s.ok()) return s.with_context("sending '" + t.name + "' to rank " + std::to_string(receiver));
   return m_dir.raise(m_peers.ctl_word(receiver, sequence_word(c, eval)), sequence);
+}
+
+void Mailboxes::start_at(int64_t steps) const {
+  const uint64_t training = static_cast<uint64_t>(steps) * static_cast<uint64_t>(m_job.micro_batches);
+  const uint64_t evals = static_cast<uint64_t>(steps / m_job.steps_per_epoch) * static_cast<uint64_t>(m_job.eval_batches);
+  auto set = [&](size_t word, uint64_t value) {
+    std::atomic_ref<uint64_t>(m_arenas.ctl()[word]).store(value, std::memory_order_release);
+  };
+  for (const Channel& c : m_job.channels) {
+    if (c.to == m_job.topo.stage()) {
+      set(sequence_word(c, false), training);
+      if (c.forward) set(sequence_word(c, true), evals);
+    }
+    if (c.from == m_job.topo.stage()) {
+      set(consumed_word(c, false), training);
+      if (c.forward) set(consumed_word(c, true), evals);
+    }
+  }
 }
 
 Status Mailboxes::consumed_step(int64_t step) {

@@ -77,6 +77,10 @@ class Mailboxes {
   Status consumed_step(int64_t step);
   // Evaluation message `sequence` on every forward channel into this stage.
   Status consumed_eval(uint64_t sequence);
+  // A new generation of the plan (runtime repartitioning, replan.hpp): this
+  // stage's words in its new control allocation as a run of this cut would
+  // have left them after `steps` steps and their evaluations.
+  void start_at(int64_t steps) const;
   // After a restart: the last evaluation message this stage's neighbours
   // already got from it and took from it (0: none).
   Result<uint64_t> eval_messages_done();

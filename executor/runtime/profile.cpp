@@ -20,7 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t k_profile_magic = 0x3130464f'52504d54;  // "TMPROF01"
 constexpr size_t k_phase = 0, k_magic = 1;
-constexpr size_t k_figures = 16, k_device = 64, k_device_bytes = 64;
+constexpr size_t k_figures = 16, k_plan_inputs = 40, k_device = 64, k_device_bytes = 64;
 constexpr int64_t k_probe = 4096;
 constexpr int k_latency_reads = 21, k_bandwidth_reads = 9;
 
@@ -43,6 +43,10 @@ RankProfile parse(const std::byte* bytes) {
   p.flops_per_second = figures[0];
   p.link_bytes_per_second = figures[1];
   p.link_latency_seconds = figures[2];
+  uint64_t words[2];
+  std::memcpy(words, bytes + k_plan_inputs, sizeof words);
+  p.budget = static_cast<int64_t>(words[0]);
+  p.device_memory = (words[1] & 1) != 0;
   const auto* name = reinterpret_cast<const char*>(bytes + k_device);
   p.device.assign(name, strnlen(name, k_device_bytes - 1));
   return p;
@@ -51,6 +55,8 @@ RankProfile parse(const std::byte* bytes) {
 void write_figures(const OwnRegion& r, const RankProfile& p) {
   const double figures[3] = {p.flops_per_second, p.link_bytes_per_second, p.link_latency_seconds};
   std::memcpy(r.data() + k_figures, figures, sizeof figures);
+  const uint64_t words[2] = {static_cast<uint64_t>(p.budget), p.device_memory ? 1u : 0u};
+  std::memcpy(r.data() + k_plan_inputs, words, sizeof words);
   std::memset(r.data() + k_device, 0, k_device_bytes);
   std::memcpy(r.data() + k_device, p.device.data(), std::min(p.device.size(), k_device_bytes - 1));
 }
@@ -133,7 +139,7 @@ Result<double> measure_gemm_rate(Compute& compute, GemmShape shape, double slowd
 }
 
 Status Profiles::exchange(JobDirectory& dir, const Topology& topo, Compute& compute, GemmShape gemm,
-                          double slowdown, bool quiet) {
+                          double slowdown, int64_t budget, bool quiet) {
   TIERMEM_ASSIGN_OR_RETURN(m_region, dir.own("profile", k_profile_bytes, {.tier = Tier::dram}));
   RankProfile mine;
   if (m_region.existed && load_word(m_region, k_magic) == k_profile_magic && load_word(m_region, k_phase) >= 2) {
@@ -141,6 +147,8 @@ Status Profiles::exchange(JobDirectory& dir, const Topology& topo, Compute& comp
   } else {
     m_measured_now = true;
     mine.device = compute.name();
+    mine.budget = budget;
+    mine.device_memory = compute.memory_is_device();
     if (slowdown > 1) {
       char text[32];
       std::snprintf(text, sizeof text, ", slowed %gx", slowdown);

@@ -12,6 +12,10 @@
 //   word 0   phase: 1 rate measured, 2 link measured too (readers wait for 2)
 //   word 1   magic "TMPROF01"
 //   16..39   doubles: GEMM FLOP/s, link bytes/s, link latency (s)
+//   40..55   the rank's --vram-budget (bytes) and flags (1: tensors in
+//            device memory), so that any rank can compute any other's
+//            memory plan (runtime repartitioning copies from it)
+//   128..    the step sample, 256..4 KiB rank 0's plan record (replan.hpp)
 //   64..127  the device's name, NUL-terminated
 //   4 KiB..  the bytes the previous stage reads to time the link
 #pragma once
@@ -36,6 +40,8 @@ struct RankProfile {
   double flops_per_second = 0;
   double link_bytes_per_second = 0;  // to the next stage's rank; 0 for the last stage
   double link_latency_seconds = 0;
+  int64_t budget = 0;          // --vram-budget
+  bool device_memory = false;  // its tensors are in VRAM
 };
 
 // A GEMM's shape: [m, k] x [k, n].
@@ -55,7 +61,7 @@ class Profiles {
   // for every rank's. `gemm`: the shape to calibrate at. Errors: those of the
   // allocation, of reading the others', timeout naming the rank awaited.
   Status exchange(JobDirectory& dir, const Topology& topo, Compute& compute, GemmShape gemm, double slowdown,
-                  bool quiet);
+                  int64_t budget, bool quiet);
 
   const std::vector<RankProfile>& ranks() const { return m_ranks; }
   // Every stage's cost for partition_by_time: a device's rate is the median

@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstring>
 
+#include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
 namespace tiermem::exec {
@@ -46,17 +47,37 @@ void print_header(const JobPlan& job) {
 Progress::Progress(const JobPlan& job, const TrainOptions& options, const Trace& trace, bool resumed)
     : m_job(job), m_options(options), m_trace(trace), m_resumed(resumed), m_print(job.reporter() && !options.quiet) {}
 
+Status Progress::open_losses(bool append) {
+  if (m_options.losses.empty() || !m_job.reporter()) return Status();
+  m_losses.reset(std::fopen(m_options.losses.c_str(), append ? "a" : "w"));
+  if (!m_losses) {
+    return Status(ErrorCode::io_error, "cannot open the losses file " + m_options.losses + ": " + std::strerror(errno));
+  }
+  return Status();
+}
+
 Status Progress::start() {
   if (m_print) print_header(m_job);
-  if (!m_options.losses.empty() && m_job.reporter()) {
-    m_losses.reset(std::fopen(m_options.losses.c_str(), m_resumed ? "a" : "w"));
-    if (!m_losses) {
-      return Status(ErrorCode::io_error, "cannot open the losses file " + m_options.losses + ": " + std::strerror(errno));
-    }
-  }
+  TIERMEM_RETURN_IF_ERROR(open_losses(m_resumed));
   m_started = m_window_start = std::chrono::steady_clock::now();
   m_step_seconds.reserve(static_cast<size_t>(m_job.total_steps));
   return Status();
+}
+
+Status Progress::cut_changed() {
+  const bool reporter = m_job.reporter();
+  m_print = reporter && !m_options.quiet;
+  // The progress line's window starts again on the rank that reports now.
+  m_window_start = std::chrono::steady_clock::now();
+  m_window_steps = m_window_correct = m_window_rows = 0;
+  m_window_loss = 0;
+  m_window_comm = m_trace.seconds(SpanKind::comm) + m_trace.seconds(SpanKind::sync);
+  m_window_compute = m_trace.seconds(SpanKind::compute);
+  if (!reporter) {
+    m_losses.reset();
+    return Status();
+  }
+  return m_losses ? Status() : open_losses(true);
 }
 
 void Progress::step_done(int64_t step, const StepStats& stats, double seconds, const EvalResult& test) {

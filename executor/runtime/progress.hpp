@@ -31,9 +31,15 @@ class Progress {
   void step_done(int64_t step, const StepStats& stats, double seconds, const EvalResult& test);
   // `steps` run by this process in all.
   void finish(int64_t steps, const EvalResult& test);
+  // The job moved to another cut (replan.hpp): the loss may be on another
+  // stage now, whose rank reports from here on (the losses file appended
+  // to). Errors: io_error.
+  Status cut_changed();
 
  private:
   void log_window(int64_t step, bool epoch_end, const EvalResult& test);
+  // The losses file, when this rank reports (replaced, or appended to).
+  Status open_losses(bool append);
 
   struct CloseFile {
     void operator()(std::FILE* f) const { std::fclose(f); }
@@ -43,7 +49,7 @@ class Progress {
   const TrainOptions& m_options;
   const Trace& m_trace;
   const bool m_resumed;
-  const bool m_print;  // the reporting rank, not --quiet
+  bool m_print;  // the reporting rank, not --quiet
   std::unique_ptr<std::FILE, CloseFile> m_losses;
   std::chrono::steady_clock::time_point m_started, m_window_start;
   std::vector<double> m_step_seconds;  // for the median in the summary

@@ -28,14 +28,17 @@ class Slowdown {
     m_owed -= std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  // Stretches the scope it lives in.
+  // Stretches the scope it lives in (unless `on` is false).
   class Scope {
    public:
-    explicit Scope(Slowdown& s) : m_s(s), m_begin(std::chrono::steady_clock::now()) {}
-    ~Scope() { m_s.stretch(std::chrono::steady_clock::now() - m_begin); }
+    explicit Scope(Slowdown& s, bool on = true) : m_s(s), m_on(on), m_begin(std::chrono::steady_clock::now()) {}
+    ~Scope() {
+      if (m_on) m_s.stretch(std::chrono::steady_clock::now() - m_begin);
+    }
 
    private:
     Slowdown& m_s;
+    bool m_on;
     std::chrono::steady_clock::time_point m_begin;
   };
 

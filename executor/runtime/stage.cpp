@@ -259,7 +259,7 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
                                             op.phase == Phase::backward));
   } else {
     auto span = m_trace.span(SpanKind::compute, op.name);
-    Slowdown::Scope slowed(m_slowdown);
+    Slowdown::Scope slowed(m_slowdown, m_step >= m_options.slowdown_from);
     run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward);
   }
   record_eval(op, resolve, eval, eval_batch);
@@ -329,7 +329,7 @@ Status StageRunner::all_reduce(int64_t step) {
 // optimizer op writes is copied over.
 Status StageRunner::update() {
   auto span = m_trace.span(SpanKind::compute, k_update);
-  Slowdown::Scope slowed(m_slowdown);
+  Slowdown::Scope slowed(m_slowdown, m_step >= m_options.slowdown_from);
   Compute& compute = *m_update_compute;
   for (int t : m_carried) {
     compute.copy(memory(t, -1, true), memory(t, -1, false), static_cast<size_t>(m_job.graph.tensors[t].bytes()));

@@ -33,11 +33,18 @@ Status Trainer::set_up() {
     // Every rank's device and link, then the partition by them: the same
     // figures on every rank, so the same stages.
     TIERMEM_RETURN_IF_ERROR(
-        m_profiles.exchange(*m_dir, m_job.topo, *m_compute, heaviest_gemm(m_job.graph), m_opt.slowdown, m_opt.quiet));
+        m_profiles.exchange(*m_dir, m_job.topo, *m_compute, heaviest_gemm(m_job.graph),
+                            m_opt.slowdown_from == 0 ? m_opt.slowdown : 1, m_opt.budget, m_opt.quiet));
     TIERMEM_RETURN_IF_ERROR(balance_by_time(m_opt, m_profiles.stage_costs(m_job.topo), &m_job));
     if (m_env.rank == 0 && !m_opt.quiet && m_profiles.measured_now()) {
       std::printf("%s", describe_stages(m_job).c_str());
     }
+  }
+  if (m_opt.replan.enabled) {
+    TIERMEM_RETURN_IF_ERROR(check_replan());
+    TIERMEM_RETURN_IF_ERROR(adopt_generation());
+    m_samples.emplace(m_profiles.region());
+    if (m_env.rank == 0) m_policy.emplace(m_opt.replan, m_job);
   }
   TIERMEM_RETURN_IF_ERROR(
       m_arenas.allocate(*m_dir, m_job, m_opt, Mailboxes::bytes(m_job) + TpExchange::bytes(m_job), *m_compute));
@@ -91,32 +98,40 @@ Status Trainer::train_steps() {
     std::atomic_ref<uint64_t> barrier(m_arenas.ctl()[k_barrier]);
     if (barrier.load() < static_cast<uint64_t>(first)) barrier.store(static_cast<uint64_t>(first));
   }
-  StageRunner stage(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, *m_tp, m_peers, m_trace, m_arenas.resumed(),
-                    *m_compute);
+  // A unique_ptr: a re-plan builds the stage again (trainer_move.cpp).
+  auto stage = std::make_unique<StageRunner>(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, *m_tp, m_peers,
+                                             m_trace, m_arenas.resumed(), *m_compute);
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());
   TIERMEM_RETURN_IF_ERROR(progress.start());
   EvalResult eval;
   const bool evaluates = m_job.topo.replica() == 0;
   if (m_arenas.resumed() && first % m_job.steps_per_epoch == 0 && evaluates) {
     // The evaluation due after the committed step may have been cut short.
-    TIERMEM_RETURN_IF_ERROR(stage.evaluate(first, &eval));
+    TIERMEM_RETURN_IF_ERROR(stage->evaluate(first, &eval));
   }
+  m_last_compute = m_trace.seconds(SpanKind::compute);
+  double seconds = 0;
   for (int64_t step = first; step < m_job.total_steps; ++step) {
+    if (m_samples) {
+      if (Status s = at_boundary(step, first, seconds, &stage, &progress); !s.ok()) {
+        return s.with_context("the boundary before step " + std::to_string(step));
+      }
+    }
     const auto started = std::chrono::steady_clock::now();
     StepStats stats;
-    if (Status s = stage.run_step(step, &stats); !s.ok()) return s.with_context("step " + std::to_string(step));
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    if ((step + 1) % m_job.steps_per_epoch == 0 && evaluates) TIERMEM_RETURN_IF_ERROR(stage.evaluate(step + 1, &eval));
+    if (Status s = stage->run_step(step, &stats); !s.ok()) return s.with_context("step " + std::to_string(step));
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if ((step + 1) % m_job.steps_per_epoch == 0 && evaluates) TIERMEM_RETURN_IF_ERROR(stage->evaluate(step + 1, &eval));
     progress.step_done(step, stats, seconds, eval);
   }
-  if (Status s = stage.finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
+  if (Status s = stage->finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
   progress.finish(m_job.total_steps - first, eval);
   report_stage_time(m_job.total_steps - first);
-  if (stage.stream().active() && !m_opt.quiet && m_job.total_steps > first) {
+  if (stage->stream().active() && !m_opt.quiet && m_job.total_steps > first) {
     const auto steps = static_cast<uint64_t>(m_job.total_steps - first);
     std::printf("offload: %s loaded and %s drained per step through a %s window (optimizer on the %s)\n",
-                format_size(static_cast<uint64_t>(stage.stream().loaded_bytes()) / steps).c_str(),
-                format_size(static_cast<uint64_t>(stage.stream().drained_bytes()) / steps).c_str(),
+                format_size(static_cast<uint64_t>(stage->stream().loaded_bytes()) / steps).c_str(),
+                format_size(static_cast<uint64_t>(stage->stream().drained_bytes()) / steps).c_str(),
                 format_size(static_cast<uint64_t>(m_job.plan.window_peak)).c_str(),
                 m_opt.update_on_host ? "host" : "compute");
   }

@@ -33,6 +33,20 @@
 
 namespace tiermem::exec {
 
+// Runtime repartitioning (X11, replan.hpp): when rank 0 sees the job stay
+// slow - the step time's P99 over `p99_ms` and a node's CPU over
+// `cpu_percent`, in `patience` looks `every_ms` apart - and a cut by the
+// stages' measured speed predicts a slowest stage at least `min_gain`
+// faster, every rank moves to that cut at the next step boundary.
+struct ReplanOptions {
+  bool enabled = false;
+  int every_ms = 500;
+  double p99_ms = 200;
+  double cpu_percent = 85;
+  double min_gain = 0.2;
+  int patience = 2;
+};
+
 struct TrainOptions {
   std::string model;
   std::string job = "tiermem-job";
@@ -50,6 +64,8 @@ struct TrainOptions {
   // > 1: every kernel of this (CPU) rank takes this many times as long
   // (slowdown.hpp): an emulated slower device.
   double slowdown = 1;
+  int64_t slowdown_from = 0;  // the step the slowdown starts at (0: from the start, calibration too)
+  ReplanOptions replan;
   // Bytes of the tier the kernels compute in (VRAM on a GPU, DRAM on the
   // CPU) for this rank's tensors; 0: no limit. What does not fit is
   // offloaded (memory_plan.hpp): parameters, gradients and optimizer state

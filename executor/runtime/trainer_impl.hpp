@@ -11,6 +11,9 @@
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
 #include "executor/runtime/profile.hpp"
+#include "executor/runtime/progress.hpp"
+#include "executor/runtime/replan.hpp"
+#include "executor/runtime/stage.hpp"
 #include "executor/runtime/tp_exchange.hpp"
 #include "executor/runtime/trainer.hpp"
 #include "executor/trace.hpp"
@@ -31,6 +34,21 @@ class Trainer {
   // Each stage's predicted step time beside the one measured here (a
   // pipeline that measured its devices): on stderr and in the trace.
   void report_stage_time(int64_t steps);
+  // Runtime repartitioning (replan.hpp, trainer_move.cpp). Refuses what it
+  // cannot move yet (invalid_argument).
+  Status check_replan() const;
+  // At start: the generation the record commits, its cut, and the
+  // leftovers of others freed.
+  Status adopt_generation();
+  Status free_other_generations();
+  // At the boundary before `step`: publishes, looks (rank 0), moves when
+  // the record says so. `first`: the process's first step.
+  Status at_boundary(int64_t step, int64_t first, double wall, std::unique_ptr<StageRunner>* stage,
+                     Progress* progress);
+  Status move_to(int64_t step, const PlanRecord& record, std::unique_ptr<StageRunner>* stage);
+  // Copies the committed state of every tensor this rank holds in the new
+  // plan from its owner in `old` (whose arenas are `old_arenas` here).
+  Status copy_state(const JobPlan& old, const Arenas& old_arenas, int64_t step, int* moved, uint64_t* moved_bytes);
   // --restart: frees this rank's allocations of an earlier run of the job.
   Status forget_earlier_run();
   // The job's end: marks this rank done and, unless --keep, frees its
@@ -46,6 +64,9 @@ class Trainer {
   std::unique_ptr<JobDirectory> m_dir;
   Arenas m_arenas;
   Profiles m_profiles;  // the ranks' devices (a pipeline), for the partition
+  std::optional<ReplanPolicy> m_policy;       // rank 0 of a job that re-plans
+  std::optional<SamplePublisher> m_samples;   // a job that re-plans
+  double m_last_compute = 0;                  // the trace's compute seconds at the last boundary
   RankPeers m_peers;
   std::optional<Mailboxes> m_mail;
   std::optional<TpExchange> m_tp;
