@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -31,6 +33,8 @@ constexpr int64_t k_rates[2] = {k_record + 32, k_record + 32 + 8 * k_max_stages}
 constexpr int64_t k_cuts[2] = {k_record + 32 + 16 * k_max_stages, k_record + 32 + 16 * k_max_stages + 2 * k_max_ops};
 static_assert(k_cuts[1] + 2 * k_max_ops <= 4096);
 constexpr int k_window = 64;  // steps in the P99
+constexpr int k_settle_steps = 10;  // steps of a cut before its first look
+constexpr double k_dead_band = 1.25;  // a stage's time within 1.25x of its baseline has not changed
 
 int64_t now_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -154,25 +158,39 @@ bool record_fits(const JobPlan& job) {
 }
 
 Result<std::optional<ReplanPolicy::Decision>> ReplanPolicy::look(JobDirectory& dir, int64_t step) {
+  // The first look at a cut (its baseline) as soon as its steps settled,
+  // then every every_ms.
   const int64_t t = now_ms();
-  if (t - m_last_look_ms < m_opt.every_ms) return std::optional<Decision>();
-  m_last_look_ms = t;
+  if (!m_baseline.empty() && t - m_last_look_ms < m_opt.every_ms) return std::optional<Decision>();
   const Topology& topo = m_job.topo;
   std::vector<double> compute(static_cast<size_t>(topo.stages), 0);
   double p99 = 0, cpu = 0;
   for (int r = 0; r < topo.world(); ++r) {
     TIERMEM_ASSIGN_OR_RETURN(const StepSample s, read_sample(dir, r));
     // Too few steps of this cut yet (the first after a move are slower).
-    if (s.steps < static_cast<uint64_t>(m_fresh_from + 3)) return std::optional<Decision>();
+    if (s.steps < static_cast<uint64_t>(m_fresh_from + k_settle_steps)) return std::optional<Decision>();
     double& c = compute[static_cast<size_t>(r % topo.stages)];
     c = std::max(c, s.compute_seconds);
     p99 = std::max(p99, s.step_p99_seconds);
     cpu = std::max(cpu, s.cpu_busy);
   }
-  // Each stage's speed as measured: its FLOPs over its compute time.
+  // Each stage's speed against what it was when this cut was made: the
+  // first look at the cut takes every stage's compute time per step as its
+  // baseline (the cost model counts FLOPs, and a stage of many light ops
+  // takes longer than its FLOPs say: only a change is the device's). A
+  // stage whose time moved by less than k_dead_band is as it was.
+  m_last_look_ms = t;
+  if (m_baseline.empty()) {
+    m_baseline = compute;
+    return std::optional<Decision>();
+  }
   std::vector<StageCost> costs = m_job.costs;
+  std::vector<double> factor(compute.size(), 1.0);
   for (size_t s = 0; s < costs.size(); ++s) {
-    if (compute[s] > 0) costs[s].flops_per_second = m_job.micro_batches * m_job.partition.part_flops[s] / compute[s];
+    if (compute[s] <= 0 || m_baseline[s] <= 0) continue;
+    const double f = compute[s] / m_baseline[s];
+    if (f > k_dead_band || f < 1 / k_dead_band) factor[s] = f;
+    costs[s].flops_per_second /= factor[s];
   }
   const std::vector<double> now = predict_stage_seconds(m_job.graph, m_job.partition, m_job.micro_batches, costs);
   TIERMEM_ASSIGN_OR_RETURN(Partition better, partition_by_time(m_job.graph, m_job.micro_batches, costs));
@@ -183,23 +201,24 @@ Result<std::optional<ReplanPolicy::Decision>> ReplanPolicy::look(JobDirectory& d
   m_over = over ? m_over + 1 : 0;
   if (m_over < m_opt.patience) return std::optional<Decision>();
   m_over = 0;
-  const size_t worst = static_cast<size_t>(std::max_element(now.begin(), now.end()) - now.begin());
+  const size_t worst = static_cast<size_t>(
+      std::max_element(factor.begin(), factor.end(), [](double a, double b) { return std::abs(std::log(a)) < std::abs(std::log(b)); }) -
+      factor.begin());
   char text[400];
   std::snprintf(text, sizeof text,
                 "step time P99 %.1f ms (threshold %.0f ms) and CPU %.0f%% (threshold %.0f%%) for %d looks %d ms "
-                "apart; stage %zu computes at %.3g GFLOP/s (%.0f%% of the rate it was cut for); slowest stage "
+                "apart; stage %zu computes %.3g ms per step, %.2fx its %.3g ms when the job was cut; slowest stage "
                 "predicted %.2f ms per step now, %.2f ms cut again",
                 p99 * 1e3, m_opt.p99_ms, cpu * 100, m_opt.cpu_percent, m_opt.patience, m_opt.every_ms, worst,
-                costs[worst].flops_per_second / 1e9,
-                100 * costs[worst].flops_per_second / m_job.costs[worst].flops_per_second, slowest * 1e3, then * 1e3);
+                compute[worst] * 1e3, factor[worst], m_baseline[worst] * 1e3, slowest * 1e3, then * 1e3);
   (void)step;
   return std::optional<Decision>(Decision{std::move(better), std::move(costs), text});
 }
 
 void ReplanPolicy::moved(int64_t step) {
   m_fresh_from = step;
+  m_baseline.clear();
   m_over = 0;
-  m_last_look_ms = now_ms();
 }
 
 }  // namespace tiermem::exec

@@ -5,10 +5,13 @@
 // - Every rank publishes a step sample into its profile allocation
 //   (profile.hpp) after each step: its compute seconds per step (a moving
 //   average), the P99 of its last 64 step times and its host's CPU use.
-// - Rank 0 looks at every rank's sample every ReplanOptions::every_ms; when
+// - Rank 0 looks at every rank's sample every ReplanOptions::every_ms. The
+//   first look at a cut takes each stage's compute time as its baseline; a
+//   stage that computes f times slower (or faster) than that since (f
+//   beyond 1.25) has a device f times slower: its rate divided by f. When
 //   the step time and the CPU stay over their thresholds for `patience`
-//   looks, and the cut by each stage's *measured* speed (its FLOPs over its
-//   compute time) predicts a slowest stage `min_gain` faster, it writes a
+//   looks, and the cut by those rates predicts a slowest stage `min_gain`
+//   faster than the current cut under them, it writes a
 //   plan record into its profile: the next generation's cut and the step to
 //   move at (the next boundary, which no rank can pass before reading it).
 // - At that boundary every rank builds the new generation's memory under new
@@ -103,6 +106,7 @@ class ReplanPolicy {
   int64_t m_last_look_ms = 0;
   int64_t m_fresh_from = 0;  // samples taken after this many steps count
   int m_over = 0;            // looks in a row over the thresholds
+  std::vector<double> m_baseline;  // each stage's compute seconds per step at the first look at this cut
 };
 
 }  // namespace tiermem::exec

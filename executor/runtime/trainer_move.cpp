@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <thread>
 
 #include <tiermem/status_macros.h>
@@ -22,13 +23,18 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// "11 ops (16.3% of the FLOPs), 1 op (41.9%), 1 op (41.9%)"
 std::string cut_text(const Partition& p) {
+  const double total = std::accumulate(p.part_flops.begin(), p.part_flops.end(), 0.0);
   std::string out;
+  char share[32];
   for (int s = 0; s < p.parts; ++s) {
     const auto ops = std::count(p.of_forward_op.begin(), p.of_forward_op.end(), s);
-    out += (s == 0 ? "" : ", ") + std::to_string(ops);
+    std::snprintf(share, sizeof share, "%.1f%%", total > 0 ? 100 * p.part_flops[static_cast<size_t>(s)] / total : 0.0);
+    out += (s == 0 ? "" : ", ") + std::to_string(ops) + (ops == 1 ? " op (" : " ops (") + share +
+           (s == 0 ? " of the FLOPs)" : ")");
   }
-  return out + " forward ops";
+  return out;
 }
 
 }  // namespace
