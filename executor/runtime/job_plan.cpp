@@ -184,6 +184,10 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
     return Status(ErrorCode::invalid_argument, "--slowdown " + std::to_string(options.slowdown) +
                                                    " is not a factor from 1 to 1000");
   }
+  if (options.slowdown_from < 0) {
+    return Status(ErrorCode::invalid_argument, "--slowdown-from " + std::to_string(options.slowdown_from) +
+                                                   " is not a step (0 or more)");
+  }
   if (options.slowdown > 1 && options.device != "cpu") {
     // A GPU's kernels are queued, not run, when the call returns: there is
     // nothing to time and stretch on the host.

@@ -112,7 +112,14 @@ struct Mailboxes::InFlight {
 Mailboxes::Mailboxes(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
                      const Arenas& arenas, const RankPeers& peers, Trace& trace)
     : m_job(job), m_options(options), m_client(client), m_dir(dir), m_arenas(arenas), m_peers(peers),
-      m_trace(trace) {}
+      m_trace(trace) {
+  for (const auto& [id, at] : peers.mbox) {
+    // A receiver whose tier cannot be told now is taken as VRAM: sends from
+    // device memory go as they did before mixed jobs.
+    auto t = client.translate(at);
+    if (!t.ok() || t->allocation.tier == Tier::vram) m_receiver_device.insert(id);
+  }
+}
 
 Mailboxes::~Mailboxes() = default;  // a batch on its way is waited for
 

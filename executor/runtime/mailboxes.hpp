@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <tiermem/client.h>
@@ -71,6 +72,9 @@ class Mailboxes {
   Status drain();
   // The mailboxes are VRAM (a GPU job: the tensors are device memory too).
   bool in_device_memory() const { return m_arenas.mbox().mapping.device() >= 0; }
+  // Whether channel c's receiver keeps its mailbox in VRAM (a stage on a
+  // GPU); false for a CPU stage's host memory (a mixed job).
+  bool receiver_in_device(const Channel& c) const { return m_receiver_device.count(c.id) != 0; }
 
   // Every training message of `step` into this stage is used up: their
   // senders may reuse the slots.
@@ -103,6 +107,7 @@ class Mailboxes {
   Trace& m_trace;
   struct InFlight;
   std::unique_ptr<InFlight> m_in_flight;
+  std::set<int> m_receiver_device;  // outgoing channels whose receiver's mailbox is VRAM
 };
 
 }  // namespace tiermem::exec

@@ -115,7 +115,7 @@ Result<double> measure_gemm_rate(Compute& compute, GemmShape shape, double slowd
   }
   compute.zero(a, static_cast<size_t>(m * k * 4));
   compute.zero(b, static_cast<size_t>(k * n * 4));
-  // Warm-up (threads, kernels, clocks), and how many make a run of 2 ms.
+  // Warm-up (threads, kernels, clocks), and how many make a run of 5 ms.
   auto timed = [&](int reps) -> Result<double> {
     const auto t = Clock::now();
     for (int i = 0; i < reps; ++i) compute.matmul(a, b, c, m, k, n, false);
@@ -124,7 +124,7 @@ Result<double> measure_gemm_rate(Compute& compute, GemmShape shape, double slowd
   };
   TIERMEM_RETURN_IF_ERROR(timed(1).status());
   TIERMEM_ASSIGN_OR_RETURN(const double once, timed(1));
-  const int reps = static_cast<int>(std::clamp(2e-3 / std::max(once, 1e-9), 1.0, 1000.0));
+  const int reps = static_cast<int>(std::clamp(5e-3 / std::max(once, 1e-9), 1.0, 1000.0));
   Slowdown slow(slowdown);
   std::vector<double> runs;
   for (int r = 0; r < 5; ++r) {

@@ -51,7 +51,8 @@ struct GemmShape {
 
 // The GEMM rate of `compute` (FLOP/s) at `shape` (the model's heaviest
 // GEMM: the rate its ops will see, not the device's peak), in the precision
-// set, timed over runs of 2 ms after a warm-up; stretched by `slowdown`.
+// set, the median of five runs of 5 ms after a warm-up; stretched by
+// `slowdown`.
 // Errors: tier_exhausted when no buffer for the operands was had.
 Result<double> measure_gemm_rate(Compute& compute, GemmShape shape, double slowdown);
 

@@ -215,6 +215,24 @@ Status StageRunner::send_outputs(int op_id, int mb, bool eval, uint64_t eval_seq
       const uint64_t sequence = eval ? eval_sequence : m_mail.training_sequence(c, mb, m_step);
       // The library's copy does not wait for the kernels' stream.
       TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+      if (m_mail.in_device_memory() && !m_mail.receiver_in_device(c)) {
+        // A GPU stage sending to a CPU stage (a mixed job): through pinned
+        // host memory by this compute's own copy. (The library's copy from a
+        // tiermem VRAM mapping into a host-memory allocation failed on the
+        // H200 with CUDA's invalid value; see docs/ARCHITECTURE.md.)
+        const auto bytes = static_cast<size_t>(m_job.graph.tensors[t].bytes());
+        if (m_send_staging_bytes < bytes) {
+          m_send_staging = m_compute.host_buffer(bytes);
+          m_send_staging_bytes = m_send_staging != nullptr ? bytes : 0;
+          if (m_send_staging == nullptr) {
+            return Status(ErrorCode::tier_exhausted, "no pinned host memory to stage '" +
+                                                         m_job.graph.tensors[t].name + "' for a CPU stage");
+          }
+        }
+        m_compute.copy(m_send_staging, data, bytes);
+        TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+        data = m_send_staging;
+      }
       TIERMEM_RETURN_IF_ERROR(m_mail.send(c, data, sequence, eval));
     }
   }

@@ -113,6 +113,8 @@ class StageRunner {
   const RankPeers& m_peers;
   Trace& m_trace;
   Slowdown m_slowdown;  // --slowdown: an emulated slower device
+  void* m_send_staging = nullptr;  // pinned host memory for sends to CPU stages (mixed jobs)
+  size_t m_send_staging_bytes = 0;
   Compute& m_compute;
   // Offload: parameters and gradients through the window, and the
   // optimizer on the host (the CPU's Adam over the home tier, ZeRO-Offload's

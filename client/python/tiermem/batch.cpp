@@ -9,7 +9,7 @@
 
 #include <tiermem/batch.h>
 
-#include "client/python/tiermem/py_common.hpp"
+#include "py_common.hpp"
 
 namespace tiermem::py {
 namespace {

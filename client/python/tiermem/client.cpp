@@ -4,7 +4,7 @@
 
 #include <optional>
 
-#include "client/python/tiermem/py_common.hpp"
+#include "py_common.hpp"
 
 namespace tiermem::py {
 namespace {

@@ -1,6 +1,6 @@
 // tiermem's exceptions: one class per error area, each with the library's
 // code and message.
-#include "client/python/tiermem/py_common.hpp"
+#include "py_common.hpp"
 
 namespace tiermem::py {
 namespace {

@@ -1,6 +1,6 @@
 // tiermem._tiermem: the extension module under the `tiermem` package.
 #include "tiermem_config.h"
-#include "client/python/tiermem/py_common.hpp"
+#include "py_common.hpp"
 
 PYBIND11_MODULE(_tiermem, m) {
   m.doc() = "libtiermem for Python: one memory view over VRAM, DRAM and PMEM of a cluster";

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <functional>
 
-#include "client/python/tiermem/py_common.hpp"
+#include "py_common.hpp"
 
 namespace tiermem::py {
 namespace {
