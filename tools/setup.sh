@@ -26,7 +26,7 @@ packages=(
   iproute2 procps python3-torch python3-sklearn dataset-fashion-mnist
   python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest prometheus systemd
   hipcc libamdhip64-dev
-  debhelper dh-python lintian fakeroot
+  debhelper dh-python lintian fakeroot python3-setuptools-whl python3-wheel-whl
 )
 
 log() { printf 'setup: %s\n' "$*" >&2; }

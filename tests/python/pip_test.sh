@@ -5,8 +5,9 @@
 # /usr/bin/python3 and once with the first other python3 on the PATH (pyenv's
 # on the development machines) when there is one; then tiermem.__version__ is
 # the library's and the module allocates, writes and reads through a real
-# daemon. Offline: --no-build-isolation --no-index (setuptools from the
-# environment, pybind11 from Debian's pybind11-dev headers).
+# daemon. Offline: --no-build-isolation --no-index (setuptools and wheel
+# from Debian's python3-setuptools-whl and python3-wheel-whl, pybind11 from
+# Debian's pybind11-dev headers).
 # Usage: pip_test.sh BUILD_DIR
 set -euo pipefail
 build=$(cd "${1:?usage: pip_test.sh BUILD_DIR}" && pwd)
@@ -32,6 +33,10 @@ for py in "${pythons[@]}"; do
   cp -r "$top/client/python" "$src"
   rm -rf "$src/build" "$src"/*.egg-info
   "$py" -m venv "$env_dir"
+  # Offline: the build's own requirements from Debian's wheels (pip would
+  # fetch them from PyPI; pybind11 then comes from pybind11-dev's headers).
+  "$env_dir/bin/python" -m pip install -q --no-index --find-links /usr/share/python-wheels setuptools wheel \
+    >"$work/wheels$n.log" 2>&1 || { cat "$work/wheels$n.log"; echo "pip_test: FAILED: setuptools and wheel"; failed=1; continue; }
   label="$("$env_dir/bin/python" -c 'import sys; print("CPython %d.%d.%d" % sys.version_info[:3])') ($py)"
   echo "== pip install ./client/python with $label"
   if ! PKG_CONFIG_PATH=$build/meson-uninstalled CC="$(command -v ccache >/dev/null && echo 'ccache gcc' || echo gcc)" \
