@@ -9,7 +9,8 @@
 # nothing behind but the system user and group (Debian keeps those).
 #
 # It installs into /usr and /etc: it runs as root only, and not when
-# TIERMEM_PACKAGE_TEST=0 (exit 77: skipped). Usage: deb_test.sh OUTDIR
+# TIERMEM_PACKAGE_TEST=0 (exit 77: skipped); TIERMEM_DEBS=DIR takes the
+# packages built there instead of building them. Usage: deb_test.sh OUTDIR
 set -euo pipefail
 out=${1:-$(mktemp -d /tmp/tiermem-debtest-XXXXXX)}
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -17,7 +18,7 @@ if [ "$(id -u)" -ne 0 ] || [ "${TIERMEM_PACKAGE_TEST:-1}" = 0 ]; then
   echo "deb_test: skipped (needs root; TIERMEM_PACKAGE_TEST=0 skips it)"
   exit 77
 fi
-for tool in dpkg-buildpackage lintian dh apt-get runuser systemd-sysusers; do
+for tool in dpkg-buildpackage lintian dh apt-get runuser setpriv systemd-sysusers; do
   command -v "$tool" >/dev/null || { echo "deb_test: $tool is missing (tools/setup.sh deps installs it)"; exit 1; }
 done
 packages=(tiermemd libtiermem0 libtiermem-dev tiermem-tools python3-tiermem)
@@ -29,24 +30,35 @@ cleanup() {
   userdel "$user" 2>/dev/null || true
   userdel "$outsider" 2>/dev/null || true
   DEBIAN_FRONTEND=noninteractive apt-get purge -y -q "${packages[@]}" >/dev/null 2>&1 || true
-  rm -rf /run/tiermem
+  rm -rf /run/tiermem "/dev/shm/tiermem-debtest-$$"
 }
 trap cleanup EXIT
 cleanup  # an earlier run's leftovers
 
-echo "== building the packages"
-"$top/tools/deb-build.sh" "$out" || fail "the packages did not build, or lintian found errors or warnings"
-for p in "${packages[@]}"; do ls "$out/${p}_"*.deb >/dev/null || fail "no $p package"; done
+if [ -n "${TIERMEM_DEBS:-}" ]; then
+  echo "== the packages built already in $TIERMEM_DEBS"
+  mkdir -p "$out"
+  cp "$TIERMEM_DEBS"/*.deb "$out/"
+else
+  echo "== building the packages"
+  "$top/tools/deb-build.sh" "$out" || fail "the packages did not build, or lintian found errors or warnings"
+fi
+debs=()
+for p in "${packages[@]}"; do
+  deb=$(ls "$out/${p}_"*.deb 2>/dev/null | head -1)
+  [ -n "$deb" ] || fail "no $p package"
+  debs+=("$deb")
+done
 
 echo "== installing them"
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$out"/*.deb >"$out/install.log" 2>&1 ||
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${debs[@]}" >"$out/install.log" 2>&1 ||
   { tail -20 "$out/install.log"; fail "apt-get install"; }
 dpkg-query -L "${packages[@]}" | sort -u >"$out/files.txt"
 getent group tiermem >/dev/null || fail "no group tiermem after install"
 id -u tiermem >/dev/null || fail "no user tiermem after install"
 [ -f /etc/tiermem/tiermemd.toml ] || fail "no /etc/tiermem/tiermemd.toml"
 [ -L /etc/systemd/system/multi-user.target.wants/tiermemd.service ] || fail "tiermemd.service is not enabled"
-systemd-analyze verify /usr/lib/systemd/system/tiermemd.service 2>&1 | grep -v "^$" | sed 's/^/  verify: /' || true
+systemd-analyze verify /lib/systemd/system/tiermemd.service 2>&1 | grep -v "^$" | sed 's/^/  verify: /' || true
 for m in tiermemd.8 tiermemctl.8 tiermem-exec.1 tiermemd.toml.5; do
   grep -q "/man/man${m##*.}/$m.gz$" "$out/files.txt" || fail "man page $m is not installed"
 done
@@ -57,9 +69,19 @@ grep -q "/libtiermem.a$" "$out/files.txt" || fail "no static library"
 echo "== the daemon as its own user, from the packaged configuration"
 # What the unit's RuntimeDirectory= and StateDirectory= make.
 install -d -m 0750 -o tiermem -g tiermem /run/tiermem /var/lib/tiermem
-runuser -u tiermem -- /usr/sbin/tiermemd --check-config --config /etc/tiermem/tiermemd.toml >"$out/check.log" 2>&1 ||
+# The packaged configuration but for the DRAM tier's directory: a machine
+# that ran daemons as root may hold /dev/shm/tiermem-node1 (the daemon then
+# refuses, rightly, to take another user's memory).
+config=$out/tiermemd.toml
+awk -v dram="/dev/shm/tiermem-debtest-$$" '/^\[/ { section = $0 }
+  section == "[tiers.dram]" && /^path *=/ { print "path = \"" dram "\""; next } { print }' \
+  /etc/tiermem/tiermemd.toml >"$config"
+grep -q "tiermem-debtest-$$" "$config" || fail "no [tiers.dram] path in the packaged configuration"
+chmod 0644 "$config"
+runuser -u tiermem -- /usr/sbin/tiermemd --check-config --config "$config" >"$out/check.log" 2>&1 ||
   { cat "$out/check.log"; fail "tiermemd --check-config"; }
-runuser -u tiermem -- /usr/sbin/tiermemd --config /etc/tiermem/tiermemd.toml >"$out/daemon.log" 2>&1 &
+# setpriv execs it (runuser would stay between as its parent).
+setpriv --reuid=tiermem --regid=tiermem --init-groups /usr/sbin/tiermemd --config "$config" >"$out/daemon.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ -S /run/tiermem/tiermemd.sock ] && break; sleep 0.1; done
 [ -S /run/tiermem/tiermemd.sock ] || { cat "$out/daemon.log"; fail "no socket at /run/tiermem/tiermemd.sock"; }
