@@ -43,8 +43,11 @@ median_between() {  # median step ms of the windows ending in (FROM, TO]
   awk -v a="$1" -v b="$2" '$1 > a && $1 <= b { print $2 }' <<<"$windows" | sort -g |
     awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print 0 }'
 }
+# Windows of 10 steps: slowed ones end after the slowdown and by the
+# decision (the move is at the boundary after it); after-move ones start
+# 20 steps past it.
 before=$(median_between 30 "$slow_from")
-slowed=$(median_between $((slow_from + 20)) "$decided")
+slowed=$(median_between $((slow_from + 9)) "$decided")
 after=$(median_between $((decided + 30)) "$steps")
 echo "replan_before_slowdown_step_ms_median $before ms"
 echo "replan_slowed_step_ms_median $slowed ms"
@@ -52,5 +55,6 @@ echo "replan_after_step_ms_median $after ms"
 echo "replan_move_ms $move_ms ms"
 echo "replan_decided_steps_after_slowdown $((decided - slow_from)) steps"
 awk -v s="$slowed" -v a="$after" -v m="$move_ms" 'BEGIN {
+  if (s <= 0 || a <= 0) { print "# no whole window of 10 steps between the slowdown and the move"; exit }
   printf "replan_after_vs_slowed_ratio %.3f\n", a / s
   if (s > a) printf "replan_payback_steps %.1f steps\n", m / (s - a) }'

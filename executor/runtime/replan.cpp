@@ -33,7 +33,7 @@ constexpr int64_t k_rates[2] = {k_record + 32, k_record + 32 + 8 * k_max_stages}
 constexpr int64_t k_cuts[2] = {k_record + 32 + 16 * k_max_stages, k_record + 32 + 16 * k_max_stages + 2 * k_max_ops};
 static_assert(k_cuts[1] + 2 * k_max_ops <= 4096);
 constexpr int k_window = 64;  // steps in the P99
-constexpr int k_settle_steps = 10;  // steps of a cut before its first look
+constexpr int k_settle_steps = 50;  // steps of a cut before its first look (its warm-up is slower)
 constexpr double k_dead_band = 1.25;  // a stage's time within 1.25x of its baseline has not changed
 
 int64_t now_ms() {

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/exec_cluster_test.hpp"
 #include "tests/support/exec_rank.hpp"
 #include "tests/support/test_daemon.hpp"
 
@@ -53,17 +54,8 @@ void expect_close(const std::string& ours, const std::string& reference, int ste
   EXPECT_EQ(n, steps) << ours;
 }
 
-class BalanceTest : public ::testing::Test {
+class BalanceTest : public test::ExecClusterTest {
  protected:
-  void SetUp() override {
-    m_cluster = std::make_unique<test::TestCluster>(2, test::DaemonOptions{.dram = "64MiB", .pmem = "8MiB"});
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
-    m_dir = m_cluster->dir();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-  }
   std::vector<std::string> args(const std::string& job, int steps) const {
     return {source("config/models/gpt_tiny.pbtxt"), "--data", source("tests/data/corpus.txt"), "--steps",
             std::to_string(steps), "--log-every", "1", "--job", job, "--losses", losses(job),
@@ -90,9 +82,6 @@ class BalanceTest : public ::testing::Test {
     }
     return logs;
   }
-
-  std::unique_ptr<test::TestCluster> m_cluster;
-  std::string m_dir;
 };
 
 TEST_F(BalanceTest, ASlowedRankGetsAStageSizedToItsSpeedAndTrainsAsOneRankDoes) {

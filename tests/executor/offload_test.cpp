@@ -20,6 +20,7 @@
 
 #include <tiermem/client.h>
 
+#include "tests/support/exec_cluster_test.hpp"
 #include "tests/support/exec_rank.hpp"
 #include "tests/support/test_daemon.hpp"
 
@@ -35,17 +36,9 @@ std::vector<double> values(const std::string& text) {
   return out;
 }
 
-class OffloadTest : public ::testing::Test {
+class OffloadTest : public test::ExecClusterTest {
  protected:
-  void SetUp() override {
-    m_cluster = std::make_unique<test::TestCluster>(2, test::DaemonOptions{.dram = "128MiB", .pmem = "256MiB"});
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
-    m_dir = m_cluster->dir();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-  }
+  test::DaemonOptions daemon_options() const override { return {.dram = "128MiB", .pmem = "256MiB"}; }
   // Runs `world` ranks (rank r on node r % 2 + 1); rank 0's log.
   std::string run(int world, const std::string& job, std::vector<std::string> extra, int* rc = nullptr) {
     std::vector<std::string> args{source("tests/data/gpt_wide.pbtxt"), "--job", job, "--losses", losses(job)};
@@ -72,9 +65,6 @@ class OffloadTest : public ::testing::Test {
     return logs;
   }
   std::string losses(const std::string& job) const { return m_dir + "/" + job + ".losses"; }
-
-  std::unique_ptr<test::TestCluster> m_cluster;
-  std::string m_dir;
 };
 
 TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/exec_cluster_test.hpp"
 #include "tests/support/exec_rank.hpp"
 #include "tests/support/test_daemon.hpp"
 
@@ -30,17 +31,8 @@ using namespace std::chrono_literals;
 constexpr int k_world = 3;
 constexpr int k_slow_rank = 1;
 
-class ReplanTest : public ::testing::Test {
+class ReplanTest : public test::ExecClusterTest {
  protected:
-  void SetUp() override {
-    m_cluster = std::make_unique<test::TestCluster>(2, test::DaemonOptions{.dram = "64MiB", .pmem = "8MiB"});
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
-    m_dir = m_cluster->dir();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-  }
   std::string losses(const std::string& job) const { return m_dir + "/" + job + ".losses"; }
   // Rank `rank` of `job`; the slow rank with `slow` (its --slowdown arguments).
   std::unique_ptr<test::ExecRank> start(int rank, const std::string& job, int steps, std::vector<std::string> extra,
@@ -65,9 +57,6 @@ class ReplanTest : public ::testing::Test {
     }
     return logs;
   }
-
-  std::unique_ptr<test::TestCluster> m_cluster;
-  std::string m_dir;
 };
 
 // Looks every 200 ms; the step time and CPU thresholds off (this machine's

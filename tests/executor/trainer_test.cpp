@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/exec_cluster_test.hpp"
 #include "tests/support/exec_rank.hpp"
 #include "tests/support/test_daemon.hpp"
 
@@ -42,17 +43,8 @@ std::string slurp(const std::string& path) {
 
 using Rank = test::ExecRank;
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public test::ExecClusterTest {
  protected:
-  void SetUp() override {
-    m_cluster = std::make_unique<test::TestCluster>(2, test::DaemonOptions{.dram = "64MiB", .pmem = "8MiB"});
-    ASSERT_TRUE(m_cluster->ready()) << m_cluster->logs();
-    ASSERT_TRUE(m_cluster->wait_connected()) << m_cluster->logs();
-    m_dir = m_cluster->dir();
-  }
-  void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
-  }
   std::string socket(int node) { return m_cluster->node(node).socket(); }
   // Runs `world` ranks, rank r on node r % 2 + 1; returns rank 0's log.
   std::string run(int world, std::vector<std::string> args, int* rc = nullptr) {
@@ -73,9 +65,6 @@ class TrainerTest : public ::testing::Test {
     return logs;
   }
   void resume_after(const std::string& job, const std::function<void(Rank&)>& disturb);
-
-  std::unique_ptr<test::TestCluster> m_cluster;
-  std::string m_dir;
   int m_runs = 0;
 };
 
