@@ -13,10 +13,12 @@
 // loaded on first use, so that tiermem-exec runs where no CUDA library is.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <tiermem/status.h>
 
@@ -26,6 +28,49 @@ namespace tiermem::exec {
 // fp32 accumulation into fp32 results (mixed precision; parameters,
 // optimizer state, activations and gradients stay fp32 in the tiers).
 enum class Precision { fp32, bf16 };
+
+// A group of ranks that sum tensors of their computes' memory together: NCCL
+// on GPUs (executor/cuda/nccl_collective.cpp), made by Compute::join_collective.
+// Calls are queued on the compute's stream in order with its kernels, or
+// (all_reduce_beside) on a stream of the group's own; every member must make
+// the same calls in the same order. A member that dies or stops leaves the
+// others' calls waiting: Compute::sync() then gives up after the group's
+// timeout, aborts the group and reports it (the job restarts as a whole).
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  // Members, and this one's place among them.
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // While the group is being made (join_collective returns at once): true
+  // once made; an error when it failed. abort() gives a join up (a newer
+  // id was published) or the made group (no call on it may follow).
+  virtual Result<bool> joined() = 0;
+  virtual void abort() = 0;
+  // out = the group's sum of `in` (fp32; out may be in), queued on the
+  // compute's stream.
+  virtual void all_reduce(const float* in, float* out, int64_t count) = 0;
+  // The same in place, on the group's stream: it starts once everything
+  // queued on the compute before the call is done and runs beside what is
+  // queued after (a gradient bucket while the backward pass goes on).
+  // Returns its ticket; wait_beside makes what the compute queues from then
+  // on wait for it (and those before it).
+  virtual uint64_t all_reduce_beside(float* data, int64_t count) = 0;
+  virtual void wait_beside(uint64_t ticket) = 0;
+  // Point to point, queued on the compute's stream: `bytes` to member
+  // `peer`, or from it into `data`. Each pair's sends and receives match in
+  // the order they are made.
+  virtual void send(const void* data, size_t bytes, int peer) = 0;
+  virtual void receive(void* data, size_t bytes, int peer) = 0;
+  // The group's sum of host words (blocking; the mesh check). Errors: the
+  // group's, timeout.
+  virtual Result<std::vector<uint64_t>> sum_words(const std::vector<uint64_t>& mine) = 0;
+  // What the beside calls took so far: bytes reduced and seconds on the
+  // group's stream (its events), for the bus bandwidth report.
+  virtual void beside_time(uint64_t* bytes, double* seconds) = 0;
+  // "NCCL 2.27.3".
+  virtual std::string library() const = 0;
+};
 
 class Compute {
  public:
@@ -142,6 +187,25 @@ class Compute {
     return true;
   }
   virtual void unpin_host(void* p) { (void)p; }
+
+  // ---- collectives (several GPUs: NCCL) ----
+  // The id a group is made with (ncclUniqueId's bytes), made by one member
+  // and handed to the others (runtime/collectives.hpp: through tiermem).
+  // Errors: not_supported (the CPU, a build without NCCL).
+  virtual Result<std::string> collective_id() {
+    return Status(ErrorCode::not_supported, "collectives through NCCL need a GPU (" + name() + " reduces through tiermem)");
+  }
+  // Starts joining group `id` as member `rank` of `size` (poll joined()).
+  // `timeout` bounds every wait on the group. Errors: not_supported, those
+  // of the library.
+  virtual Result<std::unique_ptr<Collective>> join_collective(const std::string& id, int size, int rank,
+                                                              std::chrono::milliseconds timeout) {
+    (void)id;
+    (void)size;
+    (void)rank;
+    (void)timeout;
+    return Status(ErrorCode::not_supported, "collectives through NCCL need a GPU (" + name() + " reduces through tiermem)");
+  }
 
   // ---- capture and replay ----
   // Whether begin_capture can work here (the CPU: no).

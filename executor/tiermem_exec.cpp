@@ -250,10 +250,22 @@ int main(int argc, char** argv) {
                          "data-parallel replicas)");
   train_cmd->add_option("--tensor-parallel", opt.tensor_parallel,
                         "ranks that split each attention (by heads) and MLP (by columns) between them, Megatron-style, "
-                        "summing their partial results through tiermem (CPU ranks)")
+                        "summing their partial results (NCCL between GPU ranks, tiermem otherwise: --collectives)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   train_cmd->add_option("--micro-batches", opt.micro_batches, "micro-batches per step")->capture_default_str();
+  train_cmd->add_option("--collectives", opt.collectives,
+                        "how data-parallel replicas all-reduce their gradients and tensor-parallel ranks sum their "
+                        "parts: auto (NCCL in a group whose ranks are all on GPUs, the gradients in buckets beside "
+                        "the backward pass; tiermem otherwise), nccl (an error where a member cannot), tiermem")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "nccl", "tiermem"}));
+  int64_t bucket_mib = 25;
+  train_cmd->add_option("--bucket-mib", bucket_mib,
+                        "with NCCL: MiB of gradients per all-reduce bucket (whole gradients; a larger one is a "
+                        "bucket of its own)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
   train_cmd->add_option("--balance", opt.balance,
                         "how the pipeline's stages are cut: flops (METIS, FLOPs and memory even), time (each rank "
                         "measures its device's GEMM rate and its link at start; the stages take equal predicted "
@@ -321,6 +333,7 @@ int main(int argc, char** argv) {
                       "job kept with --keep is refused otherwise)");
   train_cmd->callback([&] {
     opt.shuffle = !no_shuffle;
+    opt.bucket_bytes = bucket_mib << 20;
     opt.graphs = !no_graphs;
     opt.split = !train_no_split;
     opt.timeout = std::chrono::seconds(timeout_s);

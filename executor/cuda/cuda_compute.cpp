@@ -18,6 +18,7 @@
 
 #include "executor/compute.hpp"
 #include "executor/cuda/kernels.cuh"
+#include "executor/cuda/nccl_collective.hpp"
 #include "executor/kernels.hpp"
 
 namespace tiermem::exec {
@@ -252,6 +253,10 @@ class CudaCompute final : public Compute {
     return p;
   }
   Status sync() override {
+    if (!m_capturing && !m_groups.empty()) {
+      // Collectives on the streams: a member that died must not hang us.
+      if (Status s = m_groups.wait_idle(m_stream, m_side); !s.ok()) fail(s.message());
+    }
     if (!m_capturing) {
       if (cudaError_t e = cudaStreamSynchronize(m_stream); e != cudaSuccess) fail(std::string("stream: ") + cudaGetErrorString(e));
       if (m_side != nullptr) {
@@ -324,6 +329,12 @@ class CudaCompute final : public Compute {
     if (it == m_registered.end()) return;
     cudaHostUnregister(p);
     m_registered.erase(it);
+  }
+
+  Result<std::string> collective_id() override { return nccl::unique_id(); }
+  Result<std::unique_ptr<Collective>> join_collective(const std::string& id, int size, int rank,
+                                                      std::chrono::milliseconds timeout) override {
+    return nccl::join(m_groups, m_stream, id, size, rank, timeout);
   }
 
   bool can_capture() const override { return true; }
@@ -460,6 +471,7 @@ class CudaCompute final : public Compute {
   float* m_rows = nullptr;  // softmax_xent's per-row scratch
   int64_t m_rows_capacity = 0;
   bool m_capturing = false;
+  nccl::Registry m_groups;  // live collectives (they go before this compute)
   std::string m_error;
   std::map<int, cudaGraphExec_t> m_graphs;
   std::vector<void*> m_device, m_host;

@@ -149,11 +149,12 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   JobPlan job;
   TIERMEM_ASSIGN_OR_RETURN(job.graph, load_model(options.model));
   if (options.tensor_parallel < 1) return Status(ErrorCode::invalid_argument, "--tensor-parallel must be at least 1");
-  if (options.tensor_parallel > 1 && options.device != "cpu") {
-    // The partial sums of a group on GPUs go device to device (NCCL), which
-    // is not built: issue 25.
+  if (options.tensor_parallel > 1 && options.device != "cpu" && options.collectives == "tiermem") {
+    // tp_exchange.cpp sums the parts on the host: a group on GPUs sums them
+    // device to device through NCCL (collectives.hpp).
     return Status(ErrorCode::invalid_argument, "--tensor-parallel " + std::to_string(options.tensor_parallel) +
-                                                   " runs on CPU ranks only (--device cpu) for now");
+                                                   " on GPU ranks sums the parts through NCCL: --collectives auto "
+                                                   "or nccl, not tiermem");
   }
   if (options.tensor_parallel > 1 && options.replicas > 0) {
     return Status(ErrorCode::invalid_argument, "--replicas cannot go with --tensor-parallel yet: a rank that moved would "

@@ -268,7 +268,10 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
       }
     }
   }
-  if (m_tp.handles(op_id)) {
+  if (m_tp.handles(op_id) && m_tpc != nullptr) {
+    tp_sum(static_cast<const float*>(resolve(op.in[0])), static_cast<float*>(resolve(op.out[0])),
+           m_job.graph.tensors[op.in[0]].elements(), op.phase == Phase::backward);
+  } else if (m_tp.handles(op_id)) {
     // The group's sum (it times itself, as communication).
     TIERMEM_RETURN_IF_ERROR(m_tp.all_reduce(op_id, pos, m_step, eval, eval_sequence,
                                             static_cast<const float*>(resolve(op.in[0])),
@@ -284,8 +287,51 @@ Status StageRunner::run_scheduled(int op_id, int mb, int pos, bool eval, uint64_
   return send_outputs(op_id, mb, eval, eval_sequence);
 }
 
+Status StageRunner::use_collectives(Collective* dp, Collective* tp, std::vector<GradBucket> buckets) {
+  m_dp = dp;
+  m_tpc = tp;
+  m_buckets = std::move(buckets);
+  m_buckets_at.clear();
+  if (m_dp != nullptr) {
+    for (size_t i = 0; i < m_buckets.size(); ++i) m_buckets_at[m_buckets[i].ready].push_back(i);
+  }
+  if (m_tpc == nullptr) return Status();
+  int64_t most = 0;
+  for (const Op& op : m_job.graph.ops) {
+    if (op.kind == OpKind::tp_all_reduce) most = std::max(most, m_job.graph.tensors[op.in[0]].elements());
+  }
+  m_tp_scratch = static_cast<float*>(m_compute.device_buffer(static_cast<size_t>(most) * 4));
+  if (m_tp_scratch == nullptr) {
+    return Status(ErrorCode::tier_exhausted, "no memory on " + m_compute.name() + " for the tensor-parallel sums (" +
+                                                 std::to_string(most * 4) + " bytes)");
+  }
+  return Status();
+}
+
+void StageRunner::reduce_buckets_after(int pos) {
+  auto it = m_buckets_at.find(pos);
+  if (it == m_buckets_at.end()) return;
+  for (size_t i : it->second) {
+    const GradBucket& b = m_buckets[i];
+    m_dp_ticket = m_dp->all_reduce_beside(reinterpret_cast<float*>(m_arenas.grads().data() + b.offset), b.bytes / 4);
+  }
+}
+
+void StageRunner::tp_sum(const float* part, float* out, int64_t elements, bool accumulate) {
+  auto span = m_trace.span(SpanKind::comm, k_all_reduce);  // the host's part: queueing it
+  if (!accumulate) {
+    m_tpc->all_reduce(part, out, elements);
+    return;
+  }
+  // Backward adds the sum to what the gradient holds already, as
+  // TpExchange does: out + (the group's sum).
+  m_tpc->all_reduce(part, m_tp_scratch, elements);
+  m_compute.add(out, m_tp_scratch, out, elements);
+}
+
 Status StageRunner::all_reduce(int64_t step) {
   if (m_job.topo.replicas == 1) return Status();
+  if (m_dp != nullptr) return Status();  // done in buckets beside the backward pass (compute_step)
   auto span = m_trace.span(SpanKind::comm, k_all_reduce);
   const auto bytes = static_cast<size_t>(m_arenas.grads_bytes());
   const int64_t half = step % 2;
@@ -387,7 +433,10 @@ Status StageRunner::compute_step(int64_t step) {
     m_stream.before(static_cast<int>(pos), step % 2);
     TIERMEM_RETURN_IF_ERROR(run_scheduled(op, mb, static_cast<int>(pos), false, 0, 0));
     m_stream.after(static_cast<int>(pos));
+    if (m_dp != nullptr) reduce_buckets_after(static_cast<int>(pos));
   }
+  // The optimizer waits for the last bucket (and so for every one).
+  if (m_dp != nullptr) m_dp->wait_beside(m_dp_ticket);
   // The last message on its way: what it sends is reused next step.
   TIERMEM_RETURN_IF_ERROR(m_mail.drain());
   if (!m_capturing) {

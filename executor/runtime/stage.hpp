@@ -19,6 +19,7 @@
 #include <tiermem/client.h>
 
 #include "executor/compute.hpp"
+#include "executor/grad_buckets.hpp"
 #include "executor/interpreter.hpp"
 #include "executor/runtime/arenas.hpp"
 #include "executor/runtime/job_plan.hpp"
@@ -47,6 +48,12 @@ class StageRunner {
  public:
   StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, Arenas& arenas,
               Mailboxes& mailboxes, TpExchange& tp, const RankPeers& peers, Trace& trace, bool resumed, Compute& compute);
+
+  // Groups that reduce through NCCL (collectives.hpp; null: through
+  // tiermem): the data-parallel one all-reduces `buckets` beside the
+  // backward pass, the tensor-parallel one sums the parts. Errors:
+  // tier_exhausted (no device memory for the sums' scratch).
+  Status use_collectives(Collective* dp, Collective* tp, std::vector<GradBucket> buckets);
 
   // Whether steps are captured once and replayed (a GPU, --graphs, a stage
   // that exchanges no messages and has no replicas).
@@ -90,6 +97,10 @@ class StageRunner {
   void count_correct(const float* logits, const int32_t* labels, const std::vector<int64_t>& shape, int64_t eval_batch);
   Status compute_step(int64_t step);
   Status all_reduce(int64_t step);
+  // NCCL: the buckets ready after position `pos` on the group's stream.
+  void reduce_buckets_after(int pos);
+  // NCCL: the tensor-parallel group's sum of `part` into `out`.
+  void tp_sum(const float* part, float* out, int64_t elements, bool accumulate);
   Status update();
   Status barrier(uint64_t value);
   // Raises the committed step (and stops there when a test asked).
@@ -116,6 +127,12 @@ class StageRunner {
   void* m_send_staging = nullptr;  // pinned host memory for sends to CPU stages (mixed jobs)
   size_t m_send_staging_bytes = 0;
   Compute& m_compute;
+  Collective* m_dp = nullptr;   // NCCL data-parallel group
+  Collective* m_tpc = nullptr;  // NCCL tensor-parallel group
+  std::vector<GradBucket> m_buckets;
+  std::map<int, std::vector<size_t>> m_buckets_at;  // schedule position -> buckets ready after it
+  uint64_t m_dp_ticket = 0;
+  float* m_tp_scratch = nullptr;  // a backward sum before it is added
   // Offload: parameters and gradients through the window, and the
   // optimizer on the host (the CPU's Adam over the home tier, ZeRO-Offload's
   // way) when the kernels run on a GPU.

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <future>
 
 #include <tiermem/status_macros.h>
@@ -25,6 +26,9 @@ Status Trainer::set_up() {
   TIERMEM_ASSIGN_OR_RETURN(m_compute, make_compute(m_opt.device));
   TIERMEM_RETURN_IF_ERROR(m_compute->set_precision(m_opt.precision == "bf16" ? Precision::bf16 : Precision::fp32,
                                                    gemm_operand_elements(m_job.graph)));
+  // What this rank can reduce through, refused now where --collectives
+  // asks for what cannot be (before anything is allocated).
+  TIERMEM_ASSIGN_OR_RETURN(m_ability, collective_ability(m_opt, *m_compute));
   TIERMEM_ASSIGN_OR_RETURN(
       m_client, Client::connect({.socket_path = m_opt.socket, .client_name = "tiermem-exec rank " + std::to_string(m_env.rank)}));
   m_dir = std::make_unique<JobDirectory>(*m_client, m_opt.job, m_env.rank, m_opt.timeout);
@@ -81,11 +85,14 @@ Status Trainer::set_up() {
                  m_env.rank, m_arenas.committed());
   }
   publish_boundary(m_job, m_arenas);
+  const uint64_t collectives[2] = {static_cast<uint64_t>(m_ability), m_job.plan.offload ? 2u : 1u};
+  std::memcpy(m_arenas.info().data() + k_info_collectives, collectives, sizeof collectives);
   TIERMEM_ASSIGN_OR_RETURN(m_peers, find_peers(*m_dir, m_job, m_arenas, !m_opt.quiet && !m_arenas.resumed()));
   m_mail.emplace(m_job, m_opt, *m_client, *m_dir, m_arenas, m_peers, m_trace);
   m_tp.emplace(m_job, m_opt, *m_client, *m_dir, m_arenas, m_peers, m_trace);
   TIERMEM_RETURN_IF_ERROR(check_shapes(*m_client, *m_dir, m_job));
-  return validate_mesh(*m_client, *m_dir, m_job, m_arenas, m_peers, m_opt, m_arenas.resumed());
+  TIERMEM_RETURN_IF_ERROR(validate_mesh(*m_client, *m_dir, m_job, m_arenas, m_peers, m_opt, m_arenas.resumed()));
+  return make_collectives();
 }
 
 Status Trainer::train_steps() {
@@ -101,6 +108,7 @@ Status Trainer::train_steps() {
   // A unique_ptr: a re-plan builds the stage again (trainer_move.cpp).
   auto stage = std::make_unique<StageRunner>(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, *m_tp, m_peers,
                                              m_trace, m_arenas.resumed(), *m_compute);
+  TIERMEM_RETURN_IF_ERROR(stage->use_collectives(m_collectives.dp.get(), m_collectives.tp.get(), m_buckets));
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());
   TIERMEM_RETURN_IF_ERROR(progress.start());
   EvalResult eval;
@@ -127,6 +135,7 @@ Status Trainer::train_steps() {
   if (Status s = stage->finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
   progress.finish(m_job.total_steps - first, eval);
   report_stage_time(m_job.total_steps - first);
+  report_collectives();
   if (stage->stream().active() && !m_opt.quiet && m_job.total_steps > first) {
     const auto steps = static_cast<uint64_t>(m_job.total_steps - first);
     std::printf("offload: %s loaded and %s drained per step through a %s window (optimizer on the %s)\n",

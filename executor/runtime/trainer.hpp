@@ -57,6 +57,11 @@ struct TrainOptions {
   int stages = 0;                // pipeline stages; 0: one per rank (per tensor-parallel group)
   int tensor_parallel = 1;       // ranks sharing each split block (tensor_parallel.hpp)
   int micro_batches = 2;
+  // How data-parallel gradients and tensor-parallel sums are reduced
+  // (collectives.hpp): "auto" (NCCL where every member of a group is a GPU
+  // rank), "nccl" (an error where it cannot be), "tiermem".
+  std::string collectives = "auto";
+  int64_t bucket_bytes = 25 << 20;  // gradient buckets all-reduced beside the backward pass (NCCL)
   // How the stages are cut (partitioner.hpp): "flops" (METIS, FLOP- and
   // memory-balanced), "time" (by each stage's measured device and link),
   // "auto" (time when the stages' devices differ).

@@ -7,7 +7,9 @@
 #include <memory>
 #include <optional>
 
+#include "executor/grad_buckets.hpp"
 #include "executor/runtime/arenas.hpp"
+#include "executor/runtime/collectives.hpp"
 #include "executor/runtime/job_plan.hpp"
 #include "executor/runtime/mailboxes.hpp"
 #include "executor/runtime/profile.hpp"
@@ -34,6 +36,13 @@ class Trainer {
   // Each stage's predicted step time beside the one measured here (a
   // pipeline that measured its devices): on stderr and in the trace.
   void report_stage_time(int64_t steps);
+  // The groups that reduce through NCCL (collectives.hpp), made and
+  // checked; after the mesh check, so every rank is up.
+  Status make_collectives();
+  // Whether `group` reduces through NCCL, from its members' published
+  // abilities (`for_gradients`: an offloaded member cannot).
+  Result<bool> group_decision(const GroupSpec& group, bool for_gradients);
+  void report_collectives();
   // Runtime repartitioning (replan.hpp, trainer_move.cpp). Refuses what it
   // cannot move yet (invalid_argument).
   Status check_replan() const;
@@ -61,6 +70,7 @@ class Trainer {
   JobPlan m_job;
   std::unique_ptr<Compute> m_compute;  // before the arenas: they are its memory
   std::unique_ptr<Client> m_client;
+  CollectiveAbility m_ability = CollectiveAbility::unknown;
   std::unique_ptr<JobDirectory> m_dir;
   Arenas m_arenas;
   Profiles m_profiles;  // the ranks' devices (a pipeline), for the partition
@@ -70,6 +80,8 @@ class Trainer {
   RankPeers m_peers;
   std::optional<Mailboxes> m_mail;
   std::optional<TpExchange> m_tp;
+  RankCollectives m_collectives;  // after the compute: they go first
+  std::vector<GradBucket> m_buckets;  // the data-parallel group's, through NCCL
 };
 
 }  // namespace tiermem::exec
