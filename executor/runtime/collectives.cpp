@@ -172,14 +172,22 @@ Result<std::optional<IdRecord>> read_id(JobDirectory& dir, const GroupSpec& grou
 
 Result<std::unique_ptr<Collective>> make_group(Compute& compute, JobDirectory& dir, const GroupSpec& group,
                                                uint64_t fingerprint, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   const int size = static_cast<int>(group.ranks.size());
+  GroupJoin how;
+  how.make_id = [&] { return compute.collective_id(); };
+  how.join = [&](const std::string& id) { return compute.join_collective(id, size, group.me, timeout); };
+  return make_group(how, dir, group, fingerprint, timeout);
+}
+
+Result<std::unique_ptr<Collective>> make_group(const GroupJoin& how, JobDirectory& dir, const GroupSpec& group,
+                                               uint64_t fingerprint, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   const std::string what = who(group);
   std::unique_ptr<Collective> made;
   if (group.me == 0) {
-    TIERMEM_ASSIGN_OR_RETURN(std::string id, compute.collective_id());
+    TIERMEM_ASSIGN_OR_RETURN(std::string id, how.make_id());
     TIERMEM_RETURN_IF_ERROR(publish_id(dir, group, {random_nonce(), id}).with_context(what));
-    TIERMEM_ASSIGN_OR_RETURN(made, compute.join_collective(id, size, 0, timeout));
+    TIERMEM_ASSIGN_OR_RETURN(made, how.join(id));
     Status error;
     switch (await_join(*made, deadline, nullptr, &error)) {
       case JoinOutcome::made: break;
@@ -206,7 +214,7 @@ Result<std::unique_ptr<Collective>> make_group(Compute& compute, JobDirectory& d
         continue;
       }
       const IdRecord rec = **record;
-      TIERMEM_ASSIGN_OR_RETURN(auto joining, compute.join_collective(rec.id, size, group.me, timeout));
+      TIERMEM_ASSIGN_OR_RETURN(auto joining, how.join(rec.id));
       auto superseded = [&] {
         auto now = read_id(dir, group);
         return now.ok() && now->has_value() && (*now)->nonce != rec.nonce;

@@ -88,6 +88,14 @@ Result<std::optional<IdRecord>> read_id(JobDirectory& dir, const GroupSpec& grou
 // failed check, the library's.
 Result<std::unique_ptr<Collective>> make_group(Compute& compute, JobDirectory& dir, const GroupSpec& group,
                                                uint64_t fingerprint, std::chrono::milliseconds timeout);
+// The same with the id's making and the join given (the compute's, or a
+// test's).
+struct GroupJoin {
+  std::function<Result<std::string>()> make_id;
+  std::function<Result<std::unique_ptr<Collective>>(const std::string& id)> join;
+};
+Result<std::unique_ptr<Collective>> make_group(const GroupJoin& how, JobDirectory& dir, const GroupSpec& group,
+                                               uint64_t fingerprint, std::chrono::milliseconds timeout);
 
 // A rank's groups that reduce through NCCL (null: through tiermem).
 struct RankCollectives {

@@ -389,6 +389,16 @@ TEST_F(TrainerTest, AnUnknownDeviceAndAMissingGpuAreClearErrors) {
   EXPECT_EQ(rc, 1);
   EXPECT_NE(logs.find("--precision bf16 runs on a GPU"), std::string::npos) << logs;
   EXPECT_EQ(test::run_ctl(socket(1), {"ls"}).out.find("cpubf16."), std::string::npos);
+  // NCCL is for GPU ranks: asked for on a CPU rank, refused before
+  // anything is allocated; an unknown kind of collectives too.
+  logs = run(2, {model("mlp_digits"), "--job", "cpunccl", "--stages", "1", "--collectives", "nccl", "--steps", "2"}, &rc);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(logs.find("--collectives nccl needs a GPU rank (--device cuda[:N]); cpu reduces through tiermem"),
+            std::string::npos) << logs;
+  EXPECT_EQ(test::run_ctl(socket(1), {"ls"}).out.find("cpunccl."), std::string::npos);
+  logs = run(1, {model("mlp_digits"), "--job", "mpi", "--collectives", "mpi", "--steps", "2"}, &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(logs.find("--collectives"), std::string::npos) << logs;
   logs = run(1, {model("mlp_digits"), "--job", "fp16", "--precision", "fp16", "--steps", "2"}, &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(logs.find("fp16"), std::string::npos) << logs;
@@ -621,9 +631,13 @@ TEST_F(TrainerTest, TensorParallelGptFollowsOneRankAndComposesWithPipelineAndDat
   logs = run(3, {model("gpt_tiny"), "--data", corpus, "--job", "tp-odd", "--tensor-parallel", "2"}, &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_NE(logs.find("a world of 3 ranks cannot be split into tensor-parallel groups of 2"), std::string::npos) << logs;
-  logs = run(2, {model("gpt_tiny"), "--data", corpus, "--job", "tp-gpu", "--tensor-parallel", "2", "--device", "cuda"}, &rc);
+  // GPU ranks sum their parts through NCCL (tests/gpu); through tiermem
+  // they cannot (the sums are on the host).
+  logs = run(2, {model("gpt_tiny"), "--data", corpus, "--job", "tp-gpu", "--tensor-parallel", "2", "--device", "cuda",
+                 "--collectives", "tiermem"}, &rc);
   EXPECT_EQ(rc, 1);
-  EXPECT_NE(logs.find("runs on CPU ranks only"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("on GPU ranks sums the parts through NCCL: --collectives auto or nccl, not tiermem"),
+            std::string::npos) << logs;
 }
 
 // A tensor-parallel rank killed mid-run (SIGKILL, each of the two in turn)
