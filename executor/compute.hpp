@@ -82,6 +82,10 @@ class Compute {
   virtual bool memory_is_device() const = 0;
   // The CUDA ordinal of that memory in this process; -1 for the CPU.
   virtual int device() const = 0;
+  // The device's UUID ("GPU-..."), the same in every process that sees it;
+  // empty for the CPU. Two ranks on one GPU cannot be members of one NCCL
+  // group (collectives.hpp).
+  virtual std::string device_uuid() const { return std::string(); }
 
   // ---- kernels: the contract of kernels.hpp ----
   virtual void matmul(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool accumulate) = 0;

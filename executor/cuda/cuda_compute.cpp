@@ -56,6 +56,12 @@ class CudaCompute final : public Compute {
       return "cannot use CUDA device " + std::to_string(ordinal) + ": " + cudaGetErrorString(cudaGetLastError());
     }
     m_name = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ")";
+    m_uuid = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      char hex[3];
+      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(prop.uuid.bytes[i]));
+      m_uuid += hex;
+    }
     if (cudaError_t e = cudaStreamCreateWithFlags(&m_stream, cudaStreamNonBlocking); e != cudaSuccess) {
       return std::string("cudaStreamCreate: ") + cudaGetErrorString(e);
     }
@@ -87,6 +93,7 @@ class CudaCompute final : public Compute {
   std::string name() const override { return m_name; }
   bool memory_is_device() const override { return true; }
   int device() const override { return m_ordinal; }
+  std::string device_uuid() const override { return m_uuid; }
 
   // Row-major C = A.B is column-major C^T = B^T.A^T: the operands swap.
   void matmul(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool acc) override {
@@ -447,6 +454,7 @@ class CudaCompute final : public Compute {
 
   int m_ordinal = -1;
   std::string m_name;
+  std::string m_uuid;
   cudaStream_t m_stream = nullptr;
   static constexpr uint64_t k_side_ring = 64;
   cudaStream_t m_side = nullptr;              // side copies (offload)

@@ -55,8 +55,9 @@ enum CtlWord : size_t {
 inline constexpr int64_t k_info_bytes = 64 << 10;
 inline constexpr int64_t k_info_mesh = 32 << 10;  // the mesh check's floats
 inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
-// Two words: the rank's CollectiveAbility and 1 + whether its stage is
-// offloaded (collectives.hpp; 0: not published yet).
+// Three words: the rank's CollectiveAbility, 1 + whether its stage is
+// offloaded, and a hash of its GPU's UUID (0: the CPU) (collectives.hpp;
+// 0, 0: not published yet).
 inline constexpr int64_t k_info_collectives = 34 << 10;
 
 // The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.

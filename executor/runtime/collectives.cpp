@@ -122,12 +122,28 @@ std::optional<GroupSpec> tp_group(const Topology& topo) {
   return g;
 }
 
-Result<bool> group_uses_nccl(const GroupSpec& group, const std::vector<CollectiveAbility>& abilities) {
+uint64_t device_key(const Compute& compute) {
+  const std::string uuid = compute.device_uuid();
+  return uuid.empty() ? 0 : XXH3_64bits(uuid.data(), uuid.size()) | 1;
+}
+
+Result<bool> group_uses_nccl(const GroupSpec& group, const std::vector<CollectiveAbility>& abilities,
+                             const std::vector<uint64_t>& devices) {
   int cannot = -1, must = -1;
   for (size_t i = 0; i < abilities.size() && i < group.ranks.size(); ++i) {
     if (abilities[i] == CollectiveAbility::must_nccl && must < 0) must = group.ranks[i];
     if (abilities[i] != CollectiveAbility::nccl && abilities[i] != CollectiveAbility::must_nccl && cannot < 0) {
       cannot = group.ranks[i];
+    }
+  }
+  for (size_t i = 0; i < devices.size() && i < group.ranks.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[i] == 0 || devices[i] != devices[j]) continue;
+      if (must < 0) return false;
+      return Status(ErrorCode::failed_precondition,
+                    who(group) + ": ranks " + std::to_string(group.ranks[j]) + " and " + std::to_string(group.ranks[i]) +
+                        " compute on the same GPU, and NCCL takes one GPU per member; give each its own "
+                        "(--device cuda:N), or --collectives auto to reduce through tiermem");
     }
   }
   if (cannot < 0) return true;

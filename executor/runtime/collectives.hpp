@@ -63,10 +63,15 @@ struct GroupSpec {
 std::optional<GroupSpec> dp_group(const Topology& topo);
 std::optional<GroupSpec> tp_group(const Topology& topo);
 
-// Whether `group` reduces through NCCL, from its members' abilities (in the
-// order of group.ranks). Errors: failed_precondition naming a member that
-// cannot while another must.
-Result<bool> group_uses_nccl(const GroupSpec& group, const std::vector<CollectiveAbility>& abilities);
+// A hash of the compute's GPU (0: the CPU), published beside the ability.
+uint64_t device_key(const Compute& compute);
+
+// Whether `group` reduces through NCCL, from its members' abilities and
+// device keys (in the order of group.ranks; two members on one GPU cannot
+// be one NCCL group: NCCL refuses it). Errors: failed_precondition naming a
+// member that cannot while another must.
+Result<bool> group_uses_nccl(const GroupSpec& group, const std::vector<CollectiveAbility>& abilities,
+                             const std::vector<uint64_t>& devices = {});
 
 // The leader's record of a group's id.
 struct IdRecord {

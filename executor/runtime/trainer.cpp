@@ -85,7 +85,8 @@ Status Trainer::set_up() {
                  m_env.rank, m_arenas.committed());
   }
   publish_boundary(m_job, m_arenas);
-  const uint64_t collectives[2] = {static_cast<uint64_t>(m_ability), m_job.plan.offload ? 2u : 1u};
+  const uint64_t collectives[3] = {static_cast<uint64_t>(m_ability), m_job.plan.offload ? 2u : 1u,
+                                   device_key(*m_compute)};
   std::memcpy(m_arenas.info().data() + k_info_collectives, collectives, sizeof collectives);
   TIERMEM_ASSIGN_OR_RETURN(m_peers, find_peers(*m_dir, m_job, m_arenas, !m_opt.quiet && !m_arenas.resumed()));
   m_mail.emplace(m_job, m_opt, *m_client, *m_dir, m_arenas, m_peers, m_trace);

@@ -35,9 +35,10 @@ uint64_t tp_fingerprint(const JobPlan& job) {
 
 Result<bool> Trainer::group_decision(const GroupSpec& group, bool for_gradients) {
   std::vector<CollectiveAbility> abilities;
+  std::vector<uint64_t> devices;
   const auto deadline = std::chrono::steady_clock::now() + m_opt.timeout;
   for (int r : group.ranks) {
-    uint64_t words[2] = {static_cast<uint64_t>(m_ability), m_job.plan.offload ? 2u : 1u};
+    uint64_t words[3] = {static_cast<uint64_t>(m_ability), m_job.plan.offload ? 2u : 1u, device_key(*m_compute)};
     if (r != m_env.rank) {
       TIERMEM_ASSIGN_OR_RETURN(Gva info, m_dir->peer(r, "info"));
       for (;;) {
@@ -54,8 +55,37 @@ Result<bool> Trainer::group_decision(const GroupSpec& group, bool for_gradients)
     // all-reduced from the home tier through tiermem.
     if (for_gradients && words[1] == 2 && ability == CollectiveAbility::nccl) ability = CollectiveAbility::tiermem;
     abilities.push_back(ability);
+    devices.push_back(words[2]);
   }
-  return group_uses_nccl(group, abilities);
+  TIERMEM_ASSIGN_OR_RETURN(const bool nccl, group_uses_nccl(group, abilities, devices));
+  if (!nccl || !for_gradients) return nccl;
+  // A member that died between the group's all-reduce of a step and its
+  // commit resumes a step behind the others. NCCL would sum gradients of
+  // different steps: this run reduces through tiermem, whose published
+  // gradients are numbered by step (every member reads the same words, so
+  // all decide alike).
+  std::string steps;
+  bool differ = false;
+  for (int r : group.ranks) {
+    uint64_t committed = static_cast<uint64_t>(m_arenas.committed());
+    if (r != m_env.rank) {
+      TIERMEM_ASSIGN_OR_RETURN(committed, m_dir->load(m_peers.ctl_word(r, k_committed)));
+    }
+    differ = differ || committed != static_cast<uint64_t>(m_arenas.committed());
+    steps += (steps.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " at " + std::to_string(committed));
+  }
+  if (!differ) return true;
+  if (m_ability == CollectiveAbility::must_nccl) {
+    return Status(ErrorCode::failed_precondition,
+                  "data-parallel group " + group.name + " resumes from different steps (" + steps +
+                      "): NCCL would sum gradients of different steps; --collectives auto finishes the resume "
+                      "through tiermem");
+  }
+  if (!m_opt.quiet) {
+    std::fprintf(stderr, "rank %d: data-parallel group %s resumes from different steps (%s): its gradients go through "
+                 "tiermem in this run\n", m_env.rank, group.name.c_str(), steps.c_str());
+  }
+  return false;
 }
 
 Status Trainer::make_collectives() {

@@ -251,6 +251,13 @@ TEST(CollectiveGroupsTest, NcclOnlyWhereEveryMemberCanAndAClearErrorWhereOneMust
   EXPECT_EQ(bad.status().code(), ErrorCode::failed_precondition);
   EXPECT_NE(bad.status().message().find("rank 0 asks for --collectives nccl but rank 2"), std::string::npos)
       << bad.status().message();
+  // Two members on one GPU: through tiermem, or refused when NCCL is a must.
+  EXPECT_FALSE(*group_uses_nccl(g, {A::nccl, A::nccl, A::nccl}, {11, 13, 11}));
+  EXPECT_TRUE(*group_uses_nccl(g, {A::nccl, A::nccl, A::nccl}, {11, 13, 15}));
+  auto shared = group_uses_nccl(g, {A::nccl, A::must_nccl, A::nccl}, {11, 13, 11});
+  ASSERT_FALSE(shared.ok());
+  EXPECT_NE(shared.status().message().find("ranks 0 and 2 compute on the same GPU"), std::string::npos)
+      << shared.status().message();
 }
 
 }  // namespace

@@ -86,7 +86,8 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
         << "\"\nmax_inline_bytes = \"" << o.max_inline << "\"\n" << o.control_toml
         << "[mapping]\npage_size = \"" << o.page_size << "\"\n" << o.mapping_toml
         << "[tiers.vram]\nenabled = " << (o.vram ? "true" : "false") << "\nrequired = "
-        << (o.vram ? "true" : "false") << "\ncapacity = \"" << o.vram_capacity << "\"\n"
+        << (o.vram ? "true" : "false") << "\ndevice = " << o.vram_device << "\ncapacity = \"" << o.vram_capacity
+        << "\"\n"
         << "[tiers.dram]\ncapacity = \"" << o.dram << "\"\npath = \"" << m_dram_dir << "\"\n"
         << "[tiers.pmem]\npath = \"" << m_pmem_dir << "\"\ncapacity = \"" << o.pmem << "\"\n"
         << "[log]\nlevel = \"debug\"\n";

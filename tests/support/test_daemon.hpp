@@ -25,6 +25,7 @@ struct DaemonOptions {
   std::string max_inline = "1MiB";
   bool vram = false;
   std::string vram_capacity = "256MiB";
+  int vram_device = 0;  // [tiers.vram] device (the CUDA ordinal)
   std::string extra_toml;  // appended verbatim (new tables only)
   std::string control_toml;  // keys added to [control]
   std::string mapping_toml;  // keys added to [mapping] (sub_page_max = "0", ...)
