@@ -24,6 +24,10 @@
 # 6. Device-aware partitioning (issue 32): one GPU rank and three CPU ranks
 #    train one pipeline, cut by FLOPs and by time; see balance_section.
 #    GPU_BENCH_ONLY=balance runs only gpu_bench and that section.
+# 7. Several GPUs (issue 25; skipped with one): raw ncclAllReduce
+#    (build/bench/nccl_bench) against the executor's data-parallel
+#    all-reduce, and the step on 2 GPUs against 1; see nccl_section.
+#    GPU_BENCH_ONLY=nccl runs only gpu_bench and that section.
 set -euo pipefail
 build=${1:?usage: bench/gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
@@ -39,6 +43,7 @@ echo "$gpu_lines"
 exec=${TIERMEM_EXEC:-$build/executor/tiermem-exec}
 # Sections 5 and 6 alone need no PyTorch.
 if [ ! -x "$exec" ] || { [ "${GPU_BENCH_ONLY:-}" != offload ] && [ "${GPU_BENCH_ONLY:-}" != balance ] &&
+                         [ "${GPU_BENCH_ONLY:-}" != nccl ] &&
                          ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; }; then
   echo "# gpu training: tiermem-exec or PyTorch with CUDA missing, skipped"
   exit 0
@@ -178,6 +183,66 @@ balance_section() {
     printf "balance_mixed_time_vs_flops_ratio %.3f\n", t / f
     printf "balance_mixed_time_vs_gpu_alone_ratio %.3f\n", t / a } }'
 }
+nccl_section() {
+  # 7. Two GPUs, a daemon on each (TIERMEM_VRAM_DEVICES=0,1), two
+  #    data-parallel ranks of $NCCL_MODEL (default bench/models/gpt_medium:
+  #    4 x 512, 16 sequences of 128, GEMM-bound), 4 micro-batches each,
+  #    gradients all-reduced through NCCL in $NCCL_BUCKET_MIB (25) MiB
+  #    buckets beside the backward pass. Prints
+  #    - nccl_allreduce_<bytes>_busbw (raw, one process over both GPUs) at
+  #      the bucket size and the whole gradient size;
+  #    - nccl_exec_allreduce_busbw: the ranks' own (the group's stream timed
+  #      by CUDA events; it includes waiting for the slower rank);
+  #    - nccl_exec_vs_raw_busbw_ratio (goal >= 0.9);
+  #    - nccl_dp_{1,2}gpu_step_ms_median and nccl_dp_scaling_efficiency:
+  #      the step of one GPU with 4 micro-batches over the step of each of
+  #      two GPUs with 4 micro-batches each (weak scaling: the global batch
+  #      doubles; goal >= 0.9), both launched (a data-parallel step is not
+  #      replayed), and the one-GPU step replayed for reference.
+  local gpus
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+  if [ "$gpus" -lt 2 ] || [ ! -x "$build/bench/nccl_bench" ]; then
+    echo "# nccl: $gpus GPU(s) or no nccl_bench: section 7 skipped"
+    return 0
+  fi
+  local model=${NCCL_MODEL:-$top/bench/models/gpt_medium.pbtxt} n=${NCCL_STEPS:-100} mib=${NCCL_BUCKET_MIB:-25}
+  local corpus=${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}
+  "$top/tools/local-cluster.sh" stop >/dev/null 2>&1 || true
+  TIERMEM_VRAM_DEVICES=0,1 "$top/tools/local-cluster.sh" start "$build" 2 >/dev/null
+  local one one_graph two r
+  one=$("$exec" train "$model" --job nccl-one --device cuda:0 --steps "$n" --micro-batches 4 --no-graphs \
+    --log-every 100000 --data "$corpus" | median)
+  one_graph=$("$exec" train "$model" --job nccl-one-g --device cuda:0 --steps "$n" --micro-batches 4 \
+    --log-every 100000 --data "$corpus" | median)
+  for r in 0 1; do
+    TIERMEM_RANK=$r TIERMEM_WORLD_SIZE=2 TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node$((r + 1))/tiermemd.sock \
+      "$exec" train "$model" --job nccl-two --device cuda:$r --stages 1 --steps "$n" --micro-batches 4 \
+      --bucket-mib "$mib" --log-every 100000 --data "$corpus" >"$TIERMEM_CLUSTER_DIR/nccl-two.rank$r.log" 2>&1 &
+  done
+  wait
+  grep -h -E 'NCCL|bus bandwidth' "$TIERMEM_CLUSTER_DIR"/nccl-two.rank*.log | sed 's/^/# /'
+  two=$(median <"$TIERMEM_CLUSTER_DIR/nccl-two.rank0.log")
+  local grads exec_bus raw
+  grads=$(sed -n 's/.*all-reduce through NCCL [0-9.]*: \([0-9.]*\) MB in .*/\1/p' "$TIERMEM_CLUSTER_DIR/nccl-two.rank0.log" |
+    awk -v n="$n" '{ printf "%d", $1 * 1e6 / n }')
+  exec_bus=$(sed -n 's/.*bus bandwidth \([0-9.]*\) GB\/s.*/\1/p' "$TIERMEM_CLUSTER_DIR"/nccl-two.rank*.log | sort -n | tail -1)
+  local raw_lines
+  raw_lines=$("$build/bench/nccl_bench" $((mib << 20)) ${grads:+"$grads"})
+  echo "$raw_lines"
+  raw=$(value "nccl_allreduce_$((mib << 20))_busbw" <<<"$raw_lines")
+  echo "nccl_dp_1gpu_step_ms_median $one ms"
+  echo "nccl_dp_1gpu_replayed_step_ms_median $one_graph ms"
+  echo "nccl_dp_2gpu_step_ms_median $two ms"
+  echo "nccl_exec_allreduce_busbw ${exec_bus:-0} GB/s"
+  awk -v e="${exec_bus:-0}" -v r="${raw:-0}" -v a="$one" -v b="$two" -v g="$one_graph" 'BEGIN {
+    if (r > 0) printf "nccl_exec_vs_raw_busbw_ratio %.3f\n", e / r
+    if (a > 0 && b > 0) printf "nccl_dp_scaling_efficiency %.3f\n", a / b
+    if (g > 0 && b > 0) printf "nccl_dp_scaling_vs_replayed_ratio %.3f\n", g / b }'
+}
+if [ "${GPU_BENCH_ONLY:-}" = nccl ]; then
+  nccl_section
+  exit 0
+fi
 if [ "${GPU_BENCH_ONLY:-}" = offload ]; then
   offload_section
   exit 0
@@ -237,3 +302,4 @@ for precision in fp32 bf16; do
 done
 offload_section
 balance_section
+nccl_section

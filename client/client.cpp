@@ -328,6 +328,7 @@ AccessCounters Client::access_counters() const {
   c.direct_remote += m_earlier.direct_remote;
   c.message += m_earlier.message;
   c.through_daemon += m_earlier.through_daemon;
+  c.staged_device += m_earlier.staged_device;
   return c;
 }
 

@@ -36,11 +36,13 @@ Status no_staging(size_t length) {
 // range is there, and through host memory otherwise (copied in before a
 // write, out after a read).
 template <typename F, typename D>
-Status on_host(void* data, size_t length, bool to_memory, F&& copy, D&& direct) {
+Status on_host(const std::atomic<const ClientCore*>& core, void* data, size_t length, bool to_memory, F&& copy,
+               D&& direct) {
   if (length == 0) return copy(data);
   TIERMEM_ASSIGN_OR_RETURN(const detail::BufferKind kind, detail::classify_buffer(data));
   if (kind == detail::BufferKind::host) return copy(data);
   if (Status s = direct(data); s.code() != ErrorCode::not_supported) return s;
+  if (const ClientCore* c = core.load(std::memory_order_acquire)) c->count_staged();
   std::unique_ptr<std::byte[]> pageable;
   std::byte* staged = detail::pinned_staging(data, length);
   if (staged == nullptr) {
@@ -128,28 +130,28 @@ Status Client::copy_device(Gva gva, void* data, size_t length, bool to_memory) {
 
 Status Client::write(Gva gva, const void* data, size_t length) {
   return on_host(
-      const_cast<void*>(data), length, true,
+      m_current, const_cast<void*>(data), length, true,
       [&](void* p) { return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length); }); },
       [&](void* p) { return copy_device(gva, p, length, true); });
 }
 
 Status Client::read(Gva gva, void* data, size_t length) {
   return on_host(
-      data, length, false,
+      m_current, data, length, false,
       [&](void* p) { return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length); }); },
       [&](void* p) { return copy_device(gva, p, length, false); });
 }
 
 Status Client::write(Gva gva, const void* data, size_t length, QosClass qos) {
   return on_host(
-      const_cast<void*>(data), length, true,
+      m_current, const_cast<void*>(data), length, true,
       [&](void* p) { return run("write", true, [&](ClientCore& c) { return c.write(gva, p, length, qos); }); },
       [&](void* p) { return copy_device(gva, p, length, true); });
 }
 
 Status Client::read(Gva gva, void* data, size_t length, QosClass qos) {
   return on_host(
-      data, length, false,
+      m_current, data, length, false,
       [&](void* p) { return run("read", true, [&](ClientCore& c) { return c.read(gva, p, length, qos); }); },
       [&](void* p) { return copy_device(gva, p, length, false); });
 }

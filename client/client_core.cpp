@@ -58,17 +58,18 @@ class ClientAccess final : public MemoryAccess {
     return record(*inner, *log, home);
   }
   Result<FrameData*> frames(NodeId node, Tier tier) override {
-    if (m_device_only && (node != m_core.node() || tier != Tier::vram)) {
-      return Status(ErrorCode::not_supported, "a device buffer goes straight only to this node's VRAM");
+    if (m_device_only && tier != Tier::vram) {
+      return Status(ErrorCode::not_supported, "a device buffer goes straight only to VRAM");
     }
     if (node == m_core.node()) return m_core.local_frames(tier);
     if (auto s = sibling(node)) {
-      // A daemon of this host: its files, or (VRAM, not shared as files
-      // with other nodes' clients) through that daemon.
-      if (tier == Tier::vram) {
-        return Status(ErrorCode::not_supported, "node " + std::to_string(node) + "'s VRAM goes through its daemon");
-      }
+      // A daemon of this host: its files, or its VRAM imported as this
+      // node's is (another GPU: copies GPU to GPU).
+      if (tier == Tier::vram) return ClientCore::sibling_vram(*s);
       return s->regions->frames(tier);
+    }
+    if (m_device_only) {
+      return Status(ErrorCode::not_supported, "a device buffer goes straight only to the VRAM of this host's nodes");
     }
     TIERMEM_ASSIGN_OR_RETURN(auto r, remote(node));
     RemoteFrameData* f = r->frames[static_cast<size_t>(tier)].get();
@@ -293,6 +294,7 @@ AccessCounters ClientCore::counters() const {
   c.message = m_message.load(std::memory_order_relaxed);
   c.through_daemon = m_through_daemon.load(std::memory_order_relaxed);
   c.requests_sent = m_nodes.requests_sent();
+  c.staged_device = m_staged_device.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -387,9 +389,11 @@ Status ClientCore::check_lent_extents(const CachedAllocation& a) {
 Result<Path> ClientCore::path_to(NodeId node, std::optional<Tier> tier, uint64_t first, uint64_t length,
                                  std::vector<NodeId>* stale) {
   if (node == this->node()) return Path::local;
-  if (sibling(node).ok()) {
-    // Another node's VRAM is not handed over as files: through its daemon.
-    return tier == Tier::vram ? Path::daemon : Path::mapped;
+  if (auto s = sibling(node); s.ok()) {
+    // Another node's VRAM on this host: imported (another GPU), else
+    // through its daemon.
+    if (tier == Tier::vram) return sibling_vram(**s).ok() ? Path::mapped : Path::daemon;
+    return Path::mapped;
   }
   auto r = remote(node);
   if (!r.ok()) {
@@ -560,6 +564,33 @@ Status ClientCore::copy(Gva gva, std::byte* buf, size_t length, bool to_memory, 
 
 LayoutView ClientCore::layout_of(const CachedAllocation& a) const {
   return {a.base.node, a.first_page, page_size(), a.size, a.extents, a.page_versions, a.base.offset % page_size()};
+}
+
+Result<FrameData*> ClientCore::sibling_vram(SiblingNode& s) {
+  std::call_once(s.device_once, [&s] {
+    if (s.regions->device_windows().empty()) {
+      s.device_status = Status(ErrorCode::not_supported, "node " + std::to_string(s.node) + " shares no VRAM");
+      return;
+    }
+    // A chunk its daemon does not hand over is not_supported: the copy then
+    // goes through that daemon, as before this path existed.
+    auto fetch = [&s](uint64_t offset, uint64_t length) -> Result<std::vector<std::pair<uint64_t, UniqueFd>>> {
+      std::lock_guard lock(s.device_mutex);
+      auto got = ControlStub::over(*s.connection).device_chunks(Tier::vram, offset, length);
+      if (got.ok()) return got;
+      return Status(ErrorCode::not_supported, "node " + std::to_string(s.node) + "'s VRAM chunks: " +
+                                                  got.status().message());
+    };
+    auto f = DeviceFrameData::open(s.regions->device_uuid(), s.regions->device_chunk(), s.regions->device_windows(),
+                                   std::move(fetch));
+    if (f.ok()) {
+      s.device = std::move(f).value();
+    } else {
+      s.device_status = f.status();
+    }
+  });
+  if (!s.device) return s.device_status;
+  return static_cast<FrameData*>(s.device.get());
 }
 
 Status ClientCore::copy_device(Gva gva, std::byte* buf, size_t length, bool to_memory) {

@@ -90,10 +90,21 @@ struct SiblingNode {
   proto::HelloResponse hello;
   std::atomic<bool> lost{false};
   std::unique_ptr<NodeRegions> regions;
+  // Its VRAM (another GPU of this host), imported chunk by chunk from its
+  // daemon as this node's is: copies go GPU to GPU (peer to peer where the
+  // GPUs reach each other), never through host memory. Opened on first use.
+  std::mutex device_mutex;  // the connection, while a fetch uses it
+  std::once_flag device_once;
+  std::unique_ptr<DeviceFrameData> device;
+  Status device_status;
 };
 
 class ClientCore {
  public:
+  // A sibling's VRAM frames (SiblingNode::device). Errors: not_supported
+  // (no VRAM shared, its GPU not visible here, no driver).
+  static Result<FrameData*> sibling_vram(SiblingNode& s);
+
   // `mapped`: the allocations this process still maps (one entry per
   // mapping), whose pins the daemon may have kept for it (mapped_kept()).
   // `client_id`: the Client object's (the daemon keeps leases by it).
@@ -158,6 +169,8 @@ class ClientCore {
   // The CUDA device ordinal of imported VRAM in this process (-1: none).
   int device_ordinal() const { return m_local.device_ordinal(); }
   AccessCounters counters() const;
+  // A device buffer copied through host memory (AccessCounters::staged_device).
+  void count_staged() const { m_staged_device.fetch_add(1, std::memory_order_relaxed); }
   // The cached translation of the allocation holding `gva`, if any (no request).
   std::shared_ptr<const CachedAllocation> peek(Gva gva);
   // Drops a cached translation (after free or migration).
@@ -260,6 +273,7 @@ class ClientCore {
 
   // Successful operations by path (access_counters()).
   std::atomic<uint64_t> m_direct_local{0}, m_direct_remote{0}, m_message{0}, m_through_daemon{0};
+  mutable std::atomic<uint64_t> m_staged_device{0};
 
   std::mutex m_lost_mutex;
   std::function<void(ClientCore*)> m_on_lost;

@@ -29,6 +29,21 @@ Result<std::unique_ptr<DeviceFrameData>> DeviceFrameData::open(const std::string
       return Status(ErrorCode::not_supported, "the daemon's GPU: primary context: " + d->error(r));
     }
     std::unique_ptr<DeviceFrameData> f(new DeviceFrameData(*d, device, ctx, chunk_bytes, std::move(fetch)));
+    cuda::MemAccessDesc own;
+    own.location = {cuda::k_location_device, device};
+    own.flags = cuda::k_access_read_write;
+    f->m_access.push_back(own);
+    for (int j = 0; j < count; ++j) {
+      cuda::CUdevice peer = 0;
+      int can = 0;
+      if (j == i || d->device_get(&peer, j) != cuda::k_success ||
+          d->device_can_access_peer(&can, peer, device) != cuda::k_success || can == 0) {
+        continue;
+      }
+      cuda::MemAccessDesc other = own;
+      other.location = {cuda::k_location_device, peer};
+      f->m_access.push_back(other);
+    }
     for (const DeviceWindow& w : windows) {
       Window win;
       win.frames = w;
@@ -76,10 +91,7 @@ Status DeviceFrameData::import(const Window& w, uint64_t chunk_offset, int fd) {
     e = d.mem_map(at, m_chunk, 0, handle, 0);
     (void)d.mem_release(handle);  // the mapping holds the memory
     if (e != cuda::k_success) return e;
-    cuda::MemAccessDesc access;
-    access.location = {cuda::k_location_device, m_device};
-    access.flags = cuda::k_access_read_write;
-    e = d.mem_set_access(at, m_chunk, &access, 1);
+    e = d.mem_set_access(at, m_chunk, m_access.data(), m_access.size());
     if (e != cuda::k_success) (void)d.mem_unmap(at, m_chunk);
     return e;
   });

@@ -74,6 +74,10 @@ class DeviceFrameData final : public FrameData {
   };
   DeviceFrameData(const cuda::Driver& d, cuda::CUdevice device, cuda::CUcontext ctx, uint64_t chunk, Fetch fetch)
       : m_driver(d), m_device(device), m_ctx(ctx), m_chunk(chunk), m_fetch(std::move(fetch)) {}
+  // The devices whose copies and kernels may touch the frames: the GPU's
+  // own and every other of this process that reaches it peer to peer (a
+  // copy between two GPUs' tiermem memory runs on either's engines).
+  std::vector<cuda::MemAccessDesc> m_access;
   const Window* window_of(uint64_t frame_offset, size_t length) const;
   Status import(const Window& w, uint64_t chunk_offset, int fd);
   Status copy(cuda::CUdeviceptr dst, cuda::CUdeviceptr src, size_t length, const char* what);

@@ -33,6 +33,7 @@ const Driver* resolve(void* lib) {
       find(lib, "cuInit", &d.init) && find(lib, "cuDeviceGetCount", &d.device_get_count) &&
       find(lib, "cuDeviceGet", &d.device_get) && find(lib, "cuDeviceGetUuid_v2", &d.device_get_uuid) &&
       find(lib, "cuDeviceGetAttribute", &d.device_get_attribute) &&
+      find(lib, "cuDeviceCanAccessPeer", &d.device_can_access_peer) &&
       find(lib, "cuDevicePrimaryCtxRetain", &d.primary_ctx_retain) && find(lib, "cuCtxPushCurrent_v2", &d.ctx_push) &&
       find(lib, "cuCtxPopCurrent_v2", &d.ctx_pop) && find(lib, "cuPointerGetAttribute", &d.pointer_get_attribute) &&
       find(lib, "cuMemcpy", &d.memcpy) && find(lib, "cuMemcpyAsync", &d.memcpy_async) &&

@@ -66,6 +66,7 @@ struct Driver {
   CUresult (*device_get)(CUdevice* device, int ordinal) = nullptr;
   CUresult (*device_get_uuid)(char uuid[16], CUdevice device) = nullptr;
   CUresult (*device_get_attribute)(int* value, int attribute, CUdevice device) = nullptr;
+  CUresult (*device_can_access_peer)(int* can, CUdevice device, CUdevice peer) = nullptr;
   CUresult (*primary_ctx_retain)(CUcontext* ctx, CUdevice device) = nullptr;
   CUresult (*ctx_push)(CUcontext ctx) = nullptr;
   CUresult (*ctx_pop)(CUcontext* ctx) = nullptr;

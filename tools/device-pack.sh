@@ -25,6 +25,12 @@ for b in daemon/tiermemd tools/tiermemctl tests/gpu/vram_test tests/gpu/exec_gpu
   mkdir -p "$dest/build/$(dirname "$b")"
   strip -o "$dest/build/$b" "$build/$b"
 done
+# NCCL's test and raw bench, where this build has NCCL.
+for b in tests/gpu/nccl_gpu_test bench/nccl_bench; do
+  [ -e "$build/$b" ] || continue
+  mkdir -p "$dest/build/$(dirname "$b")"
+  strip -o "$dest/build/$b" "$build/$b"
+done
 cp -L "$build/client/libtiermem.so.0" "$dest/lib/"
 strip "$dest/lib/libtiermem.so.0"
 cp /usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz "$dest/data/"
@@ -36,11 +42,16 @@ export LD_LIBRARY_PATH=$d/lib UCX_MODULE_DIR=$d/ucx TIERMEMD=$d/build/daemon/tie
   TIERMEMCTL=$d/build/tools/tiermemctl TIERMEM_PROBE=$d/build/tests/support/tenant_probe \
   TIERMEM_EXEC=$d/build/executor/tiermem-exec TIERMEM_MODELS=$PWD/config/models TIERMEM_TEST_DATA=$PWD/tests/data TIERMEM_CORPUS=$PWD/docs/ARCHITECTURE.md \
   TIERMEM_DIGITS=$d/data/digits.csv.gz TIERMEM_FASHION=$d/data/fashion NCCL_NVLS_ENABLE=0
+# libnccl.so.2 (218 MB, more than a carry) from the machine: the CUDA
+# toolkit's, else the one PyTorch's wheels bring (nvidia-nccl).
+for n in /usr/local/cuda/lib64 $(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null); do
+  if [ -e "$n/libnccl.so.2" ]; then export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$n; break; fi
+done
 ENV
 for f in "$dest"/build/*/* "$dest"/build/tests/*/* /usr/lib/x86_64-linux-gnu/ucx/*.so; do
   [ -f "$f" ] || continue
   ldd "$f" | awk '/=> \// {print $3}'
-done | sort -u | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcudart[^/]*|libcublas[^/]*|libtiermem)\.so' |
+done | sort -u | grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcudart[^/]*|libcublas[^/]*|libnccl|libtiermem)\.so' |
   while read -r lib; do cp -L "$lib" "$dest/lib/"; done
 for m in /usr/lib/x86_64-linux-gnu/ucx/libuct_*.so /usr/lib/x86_64-linux-gnu/ucx/libucm_*.so; do
   [ -e "$m" ] && cp -L "$m" "$dest/ucx/$(basename "$m").0"

@@ -31,6 +31,7 @@ id = $node
 socket = "$ndir/tiermemd.sock"
 [tiers.vram]
 capacity = "${TIERMEM_VRAM:-512MiB}"
+device = $(vram_device "$node")
 [tiers.dram]
 capacity = "${TIERMEM_DRAM:-256MiB}"
 path = "$(shm_dir "$node")"
@@ -43,6 +44,15 @@ secret_file = "$dir/cluster.secret"
 [log]
 level = "info"
 TOML
+}
+
+# The node's GPU: $TIERMEM_VRAM_DEVICES ("0,1": node 1 on GPU 0, node 2 on
+# GPU 1, ...; a node past the list takes its last entry), else GPU 0.
+vram_device() {
+  local list=${TIERMEM_VRAM_DEVICES:-0} i=$1 d
+  IFS=, read -r -a d <<<"$list"
+  if [ "$i" -gt "${#d[@]}" ]; then i=${#d[@]}; fi
+  printf '%s' "${d[$((i - 1))]}"
 }
 
 # The node's shared memory (version words, DRAM frames) lives on tmpfs.

@@ -177,8 +177,8 @@ Status Trainer::run() {
     std::fprintf(stderr,
                  "rank %d: tiermem calls: %" PRIu64 " direct on this node, %" PRIu64
                  " direct to other nodes (mapped or one-sided), %" PRIu64 " as checked messages to other nodes, %" PRIu64
-                 " through the daemon\n",
-                 m_env.rank, a.direct_local, a.direct_remote, a.message, a.through_daemon);
+                 " with device buffers staged through host memory, %" PRIu64 " through the daemon\n",
+                 m_env.rank, a.direct_local, a.direct_remote, a.message, a.staged_device, a.through_daemon);
   }
   TIERMEM_RETURN_IF_ERROR(write_trace());
   return finish();

@@ -105,6 +105,9 @@ struct AccessCounters {
   // operation, and one per node for the operations of a Batch between two
   // fences that go by messages.
   uint64_t requests_sent = 0;
+  // Reads and writes of CUDA device buffers that went through host memory
+  // (no direct path from the buffer's GPU to where the bytes live).
+  uint64_t staged_device = 0;
 };
 
 namespace detail {

@@ -242,6 +242,7 @@ TEST_F(ExecGpuTest, PipelineAndDataParallelRanksShareOneGpu) {
     ASSERT_NE(at, std::string::npos) << log;
     const std::string line = log.substr(at, log.find('\n', at) - at);
     EXPECT_TRUE(line.ends_with(", 0 through the daemon")) << line;
+    EXPECT_NE(line.find(", 0 with device buffers staged through host memory"), std::string::npos) << line;
   }
   const auto cpu_dp = train("mlp_fashion", "cpu", {"--steps", "20", "-q", "--stages", "1"}, 2);
   const auto cuda_dp = train("mlp_fashion", "cuda", {"--steps", "20", "-q", "--stages", "1"}, 2);
