@@ -193,6 +193,11 @@ class Compute {
   virtual void unpin_host(void* p) { (void)p; }
 
   // ---- collectives (several GPUs: NCCL) ----
+  // Whether this compute can join groups (the library loads). Errors:
+  // not_supported, saying why.
+  virtual Status collectives_available() const {
+    return Status(ErrorCode::not_supported, "collectives through NCCL need a GPU (" + name() + " reduces through tiermem)");
+  }
   // The id a group is made with (ncclUniqueId's bytes), made by one member
   // and handed to the others (runtime/collectives.hpp: through tiermem).
   // Errors: not_supported (the CPU, a build without NCCL).

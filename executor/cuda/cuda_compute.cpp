@@ -338,6 +338,7 @@ class CudaCompute final : public Compute {
     m_registered.erase(it);
   }
 
+  Status collectives_available() const override { return nccl::available(); }
   Result<std::string> collective_id() override { return nccl::unique_id(); }
   Result<std::unique_ptr<Collective>> join_collective(const std::string& id, int size, int rank,
                                                       std::chrono::milliseconds timeout) override {

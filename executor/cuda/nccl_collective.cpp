@@ -317,6 +317,11 @@ std::string library_version() {
   return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
+Status available() {
+  if (!lib().error.empty()) return Status(ErrorCode::not_supported, lib().error);
+  return Status();
+}
+
 Result<std::string> unique_id() {
   if (!lib().error.empty()) return Status(ErrorCode::not_supported, lib().error);
   ncclUniqueId id;
@@ -391,6 +396,10 @@ Status Registry::wait_idle(cudaStream_t main, cudaStream_t side) {
 class Group {};
 
 std::string library_version() { return std::string(); }
+
+Status available() {
+  return Status(ErrorCode::not_supported, "this build has no NCCL (nccl.h was not found under the CUDA toolkit)");
+}
 
 Result<std::string> unique_id() {
   return Status(ErrorCode::not_supported, "this build has no NCCL (nccl.h was not found under the CUDA toolkit)");

@@ -40,6 +40,9 @@ class Registry {
 
 // Whether this build has NCCL; its version ("NCCL 2.28.9").
 std::string library_version();
+// Whether libnccl.so.2 loads and has what this build calls. Errors:
+// not_supported, saying why.
+Status available();
 // A fresh ncclUniqueId's bytes. Errors: not_supported (no NCCL), io_error.
 Result<std::string> unique_id();
 // Starts joining; the group registers itself with `registry`.

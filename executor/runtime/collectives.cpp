@@ -86,8 +86,7 @@ Result<CollectiveAbility> collective_ability(const TrainOptions& options, Comput
       return Status(ErrorCode::invalid_argument, "--collectives nccl needs a GPU rank (--device cuda[:N]); " +
                                                      compute.name() + " reduces through tiermem");
     }
-    auto id = compute.collective_id();
-    if (!id.ok()) return id.status().with_context("--collectives nccl");
+    if (Status s = compute.collectives_available(); !s.ok()) return s.with_context("--collectives nccl");
     return CollectiveAbility::must_nccl;
   }
   if (options.collectives != "auto") {
@@ -95,7 +94,7 @@ Result<CollectiveAbility> collective_ability(const TrainOptions& options, Comput
                   "--collectives is auto, nccl or tiermem, not '" + options.collectives + "'");
   }
   if (!gpu) return CollectiveAbility::tiermem;
-  return compute.collective_id().ok() ? CollectiveAbility::nccl : CollectiveAbility::tiermem;
+  return compute.collectives_available().ok() ? CollectiveAbility::nccl : CollectiveAbility::tiermem;
 }
 
 std::optional<GroupSpec> dp_group(const Topology& topo) {

@@ -156,7 +156,9 @@ TEST_F(PackageTest, CMakeConsumerFindsTheSharedAndTheStaticTarget) {
     auto all = (*c)->list();
     ASSERT_TRUE(all.ok());
     for (const AllocationInfo& a : *all) {
-      if (a.name.rfind("example-", 0) == 0) EXPECT_TRUE((*c)->free(a.gva).ok()) << a.name;
+      if (a.name.rfind("example-", 0) == 0) {
+        EXPECT_TRUE((*c)->free(a.gva).ok()) << a.name;
+      }
     }
   }
   auto ldd_static = run_command({"ldd", dir + "/build/example_static"});

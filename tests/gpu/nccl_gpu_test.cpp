@@ -5,7 +5,11 @@
 //   buckets beside the backward pass: the bits of the same replicas
 //   reducing through tiermem (two members sum a + b either way), and the
 //   CPU replicas' losses within 1e-4 relative for 50 steps; the rank says
-//   the bus bandwidth its all-reduce reached.
+//   the bus bandwidth its all-reduce reached. Two replicas of two
+//   micro-batches each train as one GPU with four (the doubled batch): the
+//   same test loss after an epoch, within 1e-4 relative (the losses file is
+//   replica 0's own half of each batch, so the epoch's test loss is the
+//   comparable figure).
 // - Tensor-parallel GPT on two GPUs: one GPU's losses within 1e-4 relative.
 // - Two pipeline stages on two GPUs: boundary tensors go GPU to GPU (the
 //   receiver's VRAM mailbox imported by the sender, the copy engines peer
@@ -150,6 +154,24 @@ TEST_F(NcclGpuTest, DataParallelReplicasAllReduceThroughNcclToTheBitsOfTiermem) 
   // A GPT (residuals, layer norms: many gradients, several buckets).
   const std::string gpt = train("gpt_tiny", {0, 1}, {"--steps", "50", "--stages", "1", "--bucket-mib", "1", "-q"});
   EXPECT_EQ(gpt, train("gpt_tiny", {0, 1}, {"--steps", "50", "--stages", "1", "--collectives", "tiermem", "-q"}));
+}
+
+double test_loss(const std::string& log) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("summary: .* test loss ([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+TEST_F(NcclGpuTest, TwoReplicasTrainAsOneGpuWithTheDoubledBatch) {
+  std::string one_log, two_log;
+  train("mlp_digits", {0}, {"--epochs", "1", "--micro-batches", "4"}, &one_log);
+  train("mlp_digits", {0, 1}, {"--epochs", "1", "--micro-batches", "2", "--stages", "1"}, &two_log);
+  EXPECT_NE(two_log.find("all-reduces the gradients of 2 replicas"), std::string::npos) << two_log;
+  const double one = test_loss(one_log), two = test_loss(two_log);
+  ASSERT_GT(one, 0) << one_log;
+  ASSERT_GT(two, 0) << two_log;
+  // Printed to four decimals: 1e-4 relative, or the print's own step.
+  EXPECT_LE(std::fabs(one - two), std::max(1e-4 * one, 1e-4)) << "one GPU " << one << ", two " << two;
 }
 
 TEST_F(NcclGpuTest, TensorParallelGptOnTwoGpusFollowsOneGpu) {
