@@ -70,6 +70,9 @@ class Collective {
   virtual void beside_time(uint64_t* bytes, double* seconds) = 0;
   // "NCCL 2.27.3".
   virtual std::string library() const = 0;
+  // The first failure of a call that returns nothing (NCCL's also reach
+  // the compute's sync()).
+  virtual Status failure() const { return Status(); }
 };
 
 class Compute {

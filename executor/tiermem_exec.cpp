@@ -260,12 +260,12 @@ int main(int argc, char** argv) {
                         "the backward pass; tiermem otherwise), nccl (an error where a member cannot), tiermem")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "nccl", "tiermem"}));
-  int64_t bucket_mib = 25;
+  double bucket_mib = 25;
   train_cmd->add_option("--bucket-mib", bucket_mib,
                         "with NCCL: MiB of gradients per all-reduce bucket (whole gradients; a larger one is a "
                         "bucket of its own)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+      ->check(CLI::Range(0.001, 4096.0));
   train_cmd->add_option("--balance", opt.balance,
                         "how the pipeline's stages are cut: flops (METIS, FLOPs and memory even), time (each rank "
                         "measures its device's GEMM rate and its link at start; the stages take equal predicted "
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
                       "job kept with --keep is refused otherwise)");
   train_cmd->callback([&] {
     opt.shuffle = !no_shuffle;
-    opt.bucket_bytes = bucket_mib << 20;
+    opt.bucket_bytes = std::max<int64_t>(4, static_cast<int64_t>(bucket_mib * (1 << 20)));
     opt.graphs = !no_graphs;
     opt.split = !train_no_split;
     opt.timeout = std::chrono::seconds(timeout_s);

@@ -223,6 +223,7 @@ class Group final : public Collective {
   }
 
   std::string library() const override { return library_version(); }
+  Status failure() const override { return m_error.empty() ? Status() : Status(ErrorCode::io_error, m_error); }
 
   // ---- for the registry ----
   bool failed() const { return !m_error.empty(); }

@@ -45,6 +45,7 @@ enum CtlWord : size_t {
   k_ping = 4,       // latency probe from rank 0
   k_done = 5,       // the job's steps, once this rank finished them (its memory may go after)
   k_moved = 6,      // a new generation of the plan: the step it starts at, once this rank copied its state
+  k_buckets = 7,    // gradient buckets published (TIERMEM_EXEC_CPU_BUCKETS: bucket_collective.hpp)
   k_pong = 8,       // rank 0: k_pong + r is rank r's answer
   k_channels = 64,  // k_channels + 2w: message sequence of channel word w (receiver's),
                     // k_channels + 2w + 1: sequence consumed (sender's); w = c for

@@ -436,7 +436,10 @@ Status StageRunner::compute_step(int64_t step) {
     if (m_dp != nullptr) reduce_buckets_after(static_cast<int>(pos));
   }
   // The optimizer waits for the last bucket (and so for every one).
-  if (m_dp != nullptr) m_dp->wait_beside(m_dp_ticket);
+  if (m_dp != nullptr) {
+    m_dp->wait_beside(m_dp_ticket);
+    TIERMEM_RETURN_IF_ERROR(m_dp->failure());
+  }
   // The last message on its way: what it sends is reused next step.
   TIERMEM_RETURN_IF_ERROR(m_mail.drain());
   if (!m_capturing) {

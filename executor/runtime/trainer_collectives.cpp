@@ -3,12 +3,14 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include <tiermem/status_macros.h>
 
 #include "executor/grad_buckets.hpp"
+#include "executor/runtime/bucket_collective.hpp"
 #include "executor/runtime/trainer_impl.hpp"
 
 namespace tiermem::exec {
@@ -104,6 +106,19 @@ Status Trainer::make_collectives() {
                     describe_buckets(buckets).c_str());
       }
       m_buckets = std::move(buckets);
+    } else if (const char* e = std::getenv("TIERMEM_EXEC_CPU_BUCKETS");
+               e != nullptr && std::string(e) == "1" && !m_compute->memory_is_device() && !m_job.plan.offload &&
+               m_opt.replicas == 0) {
+      // (Not with --replicas: a step's commit may come during the next
+      // step there, and a bucket is numbered by the committed step.)
+      // Tests: the buckets and the stage's hooks on CPU ranks, through the
+      // memory service (bucket_collective.hpp).
+      m_buckets = plan_grad_buckets(m_job.graph, m_job.plan, m_opt.bucket_bytes);
+      m_collectives.dp = std::make_unique<BucketCollective>(*m_dir, m_arenas, m_peers, *dp, m_buckets.size());
+      if (dp->me == 0 && !m_opt.quiet) {
+        std::printf("rank %d: tiermem all-reduces the gradients of %d replicas bucket by bucket (group %s): %s\n",
+                    m_env.rank, m_job.topo.replicas, dp->name.c_str(), describe_buckets(m_buckets).c_str());
+      }
     }
   }
   if (tp) {

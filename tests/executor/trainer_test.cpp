@@ -675,5 +675,49 @@ TEST_F(TrainerTest, AKilledTensorParallelRankResumesAndTheLossesAreUndisturbed) 
   }
 }
 
+// The gradient buckets data-parallel GPU ranks all-reduce through NCCL
+// while the backward pass goes on (grad_buckets.hpp, issue 25), run on CPU
+// ranks through the memory service (TIERMEM_EXEC_CPU_BUCKETS=1,
+// bucket_collective.hpp): every bucket reduced right after the last op that
+// writes a gradient in it. A bucket reduced before one of its gradients is
+// final would change the losses; reduced where they are, the sums are the
+// whole all-reduce's, bit for bit, with many small buckets, three replicas
+// and a pipeline of two stages per replica.
+TEST_F(TrainerTest, GradientBucketsReducedAfterTheirLastWriteGiveTheBitsOfTheWholeAllReduce) {
+  const std::string corpus = std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt";
+  auto losses_of = [&](int world, const std::string& job, std::vector<std::string> args, bool buckets,
+                       std::string* log = nullptr) {
+    const std::string file = m_dir + "/" + job + ".losses";
+    args.insert(args.end(), {"--job", job, "--losses", file, "--steps", "30"});
+    if (buckets) ::setenv("TIERMEM_EXEC_CPU_BUCKETS", "1", 1);
+    const std::string out = run(world, args);
+    ::unsetenv("TIERMEM_EXEC_CPU_BUCKETS");
+    if (log != nullptr) *log = out;
+    return slurp(file);
+  };
+  struct Case {
+    std::string name;
+    int world;
+    std::vector<std::string> args;
+  };
+  const std::vector<Case> cases = {
+      {"gpt2", 2, {model("gpt_tiny"), "--data", corpus, "--stages", "1", "--bucket-mib", "0.004"}},
+      {"mlp3", 3, {model("mlp_digits"), "--stages", "1", "--bucket-mib", "0.001"}},
+      {"ffn-pipe", 4, {model("ffn_block_digits"), "--stages", "2", "--bucket-mib", "0.01"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string whole = losses_of(c.world, c.name + "-whole", c.args, false);
+    ASSERT_EQ(std::count(whole.begin(), whole.end(), '\n'), 30);
+    std::string log;
+    const std::string bucketed = losses_of(c.world, c.name + "-buckets", c.args, true, &log);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(log, m, std::regex("bucket by bucket \\(group dp\\.s0\\.t0\\): ([0-9]+) gradient bucket")))
+        << log;
+    EXPECT_GE(std::stoi(m[1]), 3) << "too few buckets to show anything: " << log;
+    EXPECT_EQ(bucketed, whole) << "bucket by bucket, each after its gradients' last write: the whole all-reduce's bits";
+  }
+}
+
 }  // namespace
 }  // namespace tiermem

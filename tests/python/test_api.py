@@ -145,8 +145,10 @@ def test_atomics_and_the_control_calls(client):
     assert client.nodes()[0]["node"] == client.node
     assert client.health()["nodes"][0]["state"] == "self"
     counters = client.access_counters()
-    assert set(counters) == {"direct_local", "direct_remote", "message", "through_daemon", "requests_sent"}
+    assert set(counters) == {"direct_local", "direct_remote", "message", "through_daemon", "requests_sent",
+                             "staged_device"}
     assert counters["direct_local"] > 0 and counters["message"] == counters["direct_remote"] == 0
+    assert counters["staged_device"] == 0  # no CUDA buffer here
     client.free(a.gva)
     with pytest.raises(tiermem.RequestError) as e:
         client.lookup("ctl-calls")

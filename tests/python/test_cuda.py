@@ -39,6 +39,10 @@ def test_cuda_tensors_in_and_out_of_every_tier(daemon, tier):
         c.write(at, u)
         c.read_into(at, back)
         assert torch.equal(back, u)
+        # VRAM is reached by the copy engines from the tensor where it is;
+        # host tiers through host memory (counted: staged_device).
+        staged = c.access_counters()["staged_device"]
+        assert staged == 0 if tier == "vram" else staged >= 4, (tier, staged)
         c.free(a)
 
 

@@ -109,7 +109,8 @@ class Client:
     # Calls by path: direct_local, direct_remote (mapped or one-sided),
     # message (checked messages over the data plane), through_daemon; and
     # requests_sent: data-plane requests (a batch's operations to one node
-    # between fences share one).
+    # between fences share one); staged_device: reads and writes of CUDA
+    # device buffers that went through host memory.
     def access_counters(self) -> dict[str, int]: ...
 
 def connect(socket: Optional[str] = None, name: str = "python", direct_access: bool = True,

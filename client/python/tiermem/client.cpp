@@ -252,6 +252,7 @@ void bind_client(pyb::module_& m) {
             d["message"] = a.message;
             d["through_daemon"] = a.through_daemon;
             d["requests_sent"] = a.requests_sent;
+            d["staged_device"] = a.staged_device;
             return d;
           },
           "How this client's reads, writes and atomics travelled.")
