@@ -80,6 +80,7 @@ StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client
   m_replay = compute.can_capture() && options.graphs && !exchanges && options.dump.empty() && !plan.offload;
   if (const char* e = std::getenv("TIERMEM_EXEC_STOP_AFTER_COMMIT")) m_stop_after_commit = std::atoll(e);
   if (const char* e = std::getenv("TIERMEM_EXEC_STOP_IN_SNAPSHOT")) m_stop_in_snapshot = std::atoll(e);
+  if (const char* e = std::getenv("TIERMEM_EXEC_STOP_BEFORE_COMMIT")) m_stop_before_commit = std::atoll(e);
   m_test_order.resize(static_cast<size_t>(job.data.test.rows));
   std::iota(m_test_order.begin(), m_test_order.end(), 0);
 }
@@ -527,6 +528,13 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
 }
 
 void StageRunner::commit(int64_t steps) {
+  if (steps == m_stop_before_commit) {
+    // Fault injection for tests (TIERMEM_EXEC_STOP_BEFORE_COMMIT): the
+    // step's gradients all-reduced with the group, its update written, and
+    // not committed: this rank resumes a step behind the others.
+    std::fprintf(stderr, "rank %d: stopping before committing step %" PRId64 "\n", m_job.topo.rank, steps);
+    ::raise(SIGSTOP);
+  }
   m_arenas.commit(steps);
   if (steps == m_stop_after_commit) {
     // Fault injection for tests (TIERMEM_EXEC_STOP_AFTER_COMMIT): a real

@@ -142,6 +142,7 @@ class StageRunner {
   bool m_eval_resume;  // the first evaluation after a restart skips what is done
   int64_t m_stop_after_commit = -1;  // TIERMEM_EXEC_STOP_AFTER_COMMIT (tests)
   int64_t m_stop_in_snapshot = -1;   // TIERMEM_EXEC_STOP_IN_SNAPSHOT (tests)
+  int64_t m_stop_before_commit = -1;  // TIERMEM_EXEC_STOP_BEFORE_COMMIT (tests)
   SnapshotImage m_image;             // the snapshot on its way (--replicas)
   std::optional<Batch> m_pending;
   bool m_replay = false;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <thread>
 
+#include <tiermem/units.h>
+
 #include <tiermem/status_macros.h>
 
 #include "executor/grad_buckets.hpp"
@@ -59,35 +61,55 @@ Result<bool> Trainer::group_decision(const GroupSpec& group, bool for_gradients)
     abilities.push_back(ability);
     devices.push_back(words[2]);
   }
-  TIERMEM_ASSIGN_OR_RETURN(const bool nccl, group_uses_nccl(group, abilities, devices));
-  if (!nccl || !for_gradients) return nccl;
-  // A member that died between the group's all-reduce of a step and its
-  // commit resumes a step behind the others. NCCL would sum gradients of
-  // different steps: this run reduces through tiermem, whose published
-  // gradients are numbered by step (every member reads the same words, so
-  // all decide alike).
-  std::string steps;
-  bool differ = false;
+  return group_uses_nccl(group, abilities, devices);
+}
+
+Status Trainer::catch_up(const GroupSpec& group) {
+  const int64_t mine = m_arenas.committed();
+  int64_t most = mine;
+  int ahead = -1;
   for (int r : group.ranks) {
-    uint64_t committed = static_cast<uint64_t>(m_arenas.committed());
-    if (r != m_env.rank) {
-      TIERMEM_ASSIGN_OR_RETURN(committed, m_dir->load(m_peers.ctl_word(r, k_committed)));
+    if (r == m_env.rank) continue;
+    TIERMEM_ASSIGN_OR_RETURN(const uint64_t theirs, m_dir->load(m_peers.ctl_word(r, k_committed)));
+    if (static_cast<int64_t>(theirs) > most) {
+      most = static_cast<int64_t>(theirs);
+      ahead = r;
     }
-    differ = differ || committed != static_cast<uint64_t>(m_arenas.committed());
-    steps += (steps.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " at " + std::to_string(committed));
   }
-  if (!differ) return true;
-  if (m_ability == CollectiveAbility::must_nccl) {
+  if (ahead < 0) return Status();
+  if (most != mine + 1) {
     return Status(ErrorCode::failed_precondition,
-                  "data-parallel group " + group.name + " resumes from different steps (" + steps +
-                      "): NCCL would sum gradients of different steps; --collectives auto finishes the resume "
-                      "through tiermem");
+                  "data-parallel group " + group.name + ": rank " + std::to_string(ahead) + " committed step " +
+                      std::to_string(most) + " but this rank only " + std::to_string(mine) +
+                      "; members of a group are at most a step apart (their memory is not this job's?)");
   }
-  if (!m_opt.quiet) {
-    std::fprintf(stderr, "rank %d: data-parallel group %s resumes from different steps (%s): its gradients go through "
-                 "tiermem in this run\n", m_env.rank, group.name.c_str(), steps.c_str());
+  TIERMEM_ASSIGN_OR_RETURN(const Gva params, m_dir->peer(ahead, "params"));
+  TIERMEM_ASSIGN_OR_RETURN(const Gva optimizer, m_dir->peer(ahead, "optimizer"));
+  const int64_t parity = most % 2;  // the committed copy of `most` steps
+  std::vector<std::byte> host;
+  uint64_t bytes_taken = 0;
+  int tensors = 0;
+  for (const auto* list : {&m_job.plan.params, &m_job.plan.optimizer}) {
+    const bool is_params = list == &m_job.plan.params;
+    const int64_t arena = m_job.arena_bytes(is_params ? "params" : "optimizer");
+    for (const Placement& p : *list) {
+      const auto bytes = static_cast<size_t>(m_job.graph.tensors[p.tensor].bytes());
+      host.resize(bytes);
+      const Gva at = (is_params ? params : optimizer).plus(static_cast<uint64_t>(parity * arena + p.offset));
+      TIERMEM_RETURN_IF_ERROR(m_dir->read(at, host.data(), bytes)
+                                  .with_context("catching up: '" + m_job.graph.tensors[p.tensor].name + "'"));
+      m_compute->copy(m_arenas.memory(m_job, p.tensor, -1, parity), host.data(), bytes);
+      bytes_taken += bytes;
+      ++tensors;
+    }
   }
-  return false;
+  TIERMEM_RETURN_IF_ERROR(m_compute->sync());
+  m_arenas.commit(most);
+  std::fprintf(stderr,
+               "rank %d: a step behind its data-parallel group %s: took the committed state of step %" PRId64
+               " from rank %d (%d tensors, %s)\n",
+               m_env.rank, group.name.c_str(), most, ahead, tensors, format_size(bytes_taken).c_str());
+  return Status();
 }
 
 Status Trainer::make_collectives() {
@@ -95,6 +117,12 @@ Status Trainer::make_collectives() {
   const auto tp = tp_group(m_job.topo);
   if (dp) {
     TIERMEM_ASSIGN_OR_RETURN(const bool nccl, group_decision(*dp, true));
+    const char* cpu_buckets = std::getenv("TIERMEM_EXEC_CPU_BUCKETS");
+    const bool buckets = !nccl && cpu_buckets != nullptr && std::string(cpu_buckets) == "1" &&
+                         !m_compute->memory_is_device() && !m_job.plan.offload && m_opt.replicas == 0;
+    // Through NCCL or bucket by bucket, no gradients are published by
+    // step: a member a step behind takes the others' state instead.
+    if (nccl || buckets) TIERMEM_RETURN_IF_ERROR(catch_up(*dp));
     if (nccl) {
       auto buckets = plan_grad_buckets(m_job.graph, m_job.plan, m_opt.bucket_bytes);
       const uint64_t fingerprint = dp_fingerprint(buckets, m_arenas.grads_bytes());
@@ -106,13 +134,11 @@ Status Trainer::make_collectives() {
                     describe_buckets(buckets).c_str());
       }
       m_buckets = std::move(buckets);
-    } else if (const char* e = std::getenv("TIERMEM_EXEC_CPU_BUCKETS");
-               e != nullptr && std::string(e) == "1" && !m_compute->memory_is_device() && !m_job.plan.offload &&
-               m_opt.replicas == 0) {
-      // (Not with --replicas: a step's commit may come during the next
-      // step there, and a bucket is numbered by the committed step.)
+    } else if (buckets) {
       // Tests: the buckets and the stage's hooks on CPU ranks, through the
-      // memory service (bucket_collective.hpp).
+      // memory service (bucket_collective.hpp). Not with --replicas: a
+      // step's commit may come during the next step there, and a bucket is
+      // numbered by the committed step.
       m_buckets = plan_grad_buckets(m_job.graph, m_job.plan, m_opt.bucket_bytes);
       m_collectives.dp = std::make_unique<BucketCollective>(*m_dir, m_arenas, m_peers, *dp, m_buckets.size());
       if (dp->me == 0 && !m_opt.quiet) {

@@ -43,6 +43,14 @@ class Trainer {
   // abilities (`for_gradients`: an offloaded member cannot).
   Result<bool> group_decision(const GroupSpec& group, bool for_gradients);
   void report_collectives();
+  // A data-parallel member a step behind its group (it died between the
+  // group's all-reduce of a step and its commit) takes the committed state
+  // of that step from a member that has it: replicas hold the same bits.
+  // The behind member's gradients of the step went through NCCL (or the
+  // bucket collective) unpublished, so it could not compute it again with
+  // the others. Errors: failed_precondition (more than a step apart),
+  // those of the reads.
+  Status catch_up(const GroupSpec& group);
   // Runtime repartitioning (replan.hpp, trainer_move.cpp). Refuses what it
   // cannot move yet (invalid_argument).
   Status check_replan() const;

@@ -719,5 +719,52 @@ TEST_F(TrainerTest, GradientBucketsReducedAfterTheirLastWriteGiveTheBitsOfTheWho
   }
 }
 
+// A replica that dies between its group's all-reduce of a step and its
+// commit resumes a step behind the other. Its gradients of that step went
+// bucket by bucket (as through NCCL), published nowhere by step, so it
+// cannot compute the step again with the other: it takes the other's
+// committed state of the step (replicas hold the same bits) and goes on.
+// Every loss is the undisturbed run's.
+TEST_F(TrainerTest, AReplicaThatDiedBeforeItsCommitCatchesUpWithItsGroup) {
+  const std::vector<std::string> common{model("mlp_digits"), "--stages", "1", "--steps", "150", "--bucket-mib",
+                                        "0.001", "--log-every", "1"};
+  auto args = [&](const std::string& job) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), {"--job", job, "--losses", m_dir + "/" + job + ".losses"});
+    return a;
+  };
+  ::setenv("TIERMEM_EXEC_CPU_BUCKETS", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("TIERMEM_EXEC_CPU_BUCKETS"); }
+  } unset;
+  run(2, args("behind-ref"));
+  Rank r0(0, 2, socket(1), args("behind"), m_dir + "/behind0.log");
+  ::setenv("TIERMEM_EXEC_STOP_BEFORE_COMMIT", "60", 1);
+  Rank r1(1, 2, socket(2), args("behind"), m_dir + "/behind1.log");
+  ::unsetenv("TIERMEM_EXEC_STOP_BEFORE_COMMIT");
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (r1.log().find("stopping before committing step 60") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_NE(r1.log().find("stopping before committing step 60"), std::string::npos) << r1.log();
+  // Rank 0 commits step 60 (the all-reduce was whole) within
+  // microseconds and waits at its barrier for rank 1, which did not (its
+  // progress line comes after the barrier: nothing to watch for).
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(r0.log().find("step 60 "), std::string::npos) << r0.log();
+  r1.kill();
+  Rank again(1, 2, socket(2), args("behind"), m_dir + "/behind1b.log");
+  EXPECT_EQ(again.wait(), 0) << again.log();
+  EXPECT_EQ(r0.wait(), 0) << r0.log();
+  EXPECT_NE(again.log().find("a step behind its data-parallel group dp.s0.t0: took the committed state of step 60 "
+                             "from rank 0"),
+            std::string::npos)
+      << again.log();
+  const std::string reference = slurp(m_dir + "/behind-ref.losses");
+  ASSERT_EQ(std::count(reference.begin(), reference.end(), '\n'), 150);
+  EXPECT_EQ(slurp(m_dir + "/behind.losses"), reference);
+}
+
 }  // namespace
 }  // namespace tiermem
