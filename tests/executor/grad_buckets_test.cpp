@@ -62,7 +62,9 @@ void check(const Graph& g, const MemoryPlan& plan, int64_t cap) {
     }
     EXPECT_EQ(b.offset, lo);
     EXPECT_EQ(b.bytes, hi - lo);
-    if (b.tensors.size() > 1) EXPECT_LE(b.bytes, cap);
+    if (b.tensors.size() > 1) {
+      EXPECT_LE(b.bytes, cap);
+    }
     EXPECT_GE(b.bytes, sum);
     EXPECT_LE(b.ready, static_cast<int>(plan.schedule.size()) - 1);
   }
