@@ -57,11 +57,6 @@ class Collective {
   // on wait for it (and those before it).
   virtual uint64_t all_reduce_beside(float* data, int64_t count) = 0;
   virtual void wait_beside(uint64_t ticket) = 0;
-  // Point to point, queued on the compute's stream: `bytes` to member
-  // `peer`, or from it into `data`. Each pair's sends and receives match in
-  // the order they are made.
-  virtual void send(const void* data, size_t bytes, int peer) = 0;
-  virtual void receive(void* data, size_t bytes, int peer) = 0;
   // The group's sum of host words (blocking; the mesh check). Errors: the
   // group's, timeout.
   virtual Result<std::vector<uint64_t>> sum_words(const std::vector<uint64_t>& mine) = 0;

@@ -20,19 +20,13 @@ namespace tiermem::exec::nccl {
 // libnccl.so.2, loaded when a group is first wanted (not linked: the plugin
 // then runs where NCCL is not installed, and says so only when asked for
 // collectives). nccl.h gives the types.
+// The functions called, each as lib().Name (ncclName).
+#define TIERMEM_NCCL_FUNCTIONS(X) X(GetVersion) X(GetUniqueId) X(CommInitRankConfig) X(CommGetAsyncError) X(CommFinalize) X(CommDestroy) X(CommAbort) X(AllReduce) X(GetErrorString) X(GetLastError)
+
 struct Library {
-  decltype(&ncclGetVersion) getVersion = nullptr;
-  decltype(&ncclGetUniqueId) getUniqueId = nullptr;
-  decltype(&ncclCommInitRankConfig) commInitRankConfig = nullptr;
-  decltype(&ncclCommGetAsyncError) commGetAsyncError = nullptr;
-  decltype(&ncclCommFinalize) commFinalize = nullptr;
-  decltype(&ncclCommDestroy) commDestroy = nullptr;
-  decltype(&ncclCommAbort) commAbort = nullptr;
-  decltype(&ncclAllReduce) allReduce = nullptr;
-  decltype(&ncclSend) send = nullptr;
-  decltype(&ncclRecv) recv = nullptr;
-  decltype(&ncclGetErrorString) getErrorString = nullptr;
-  decltype(&ncclGetLastError) getLastError = nullptr;
+#define TIERMEM_NCCL_POINTER(name) decltype(&nccl##name) name = nullptr;
+  TIERMEM_NCCL_FUNCTIONS(TIERMEM_NCCL_POINTER)
+#undef TIERMEM_NCCL_POINTER
   std::string error;  // why it could not be loaded
 };
 
@@ -50,18 +44,9 @@ const Library& lib() {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
       ok = ok && fn != nullptr;
     };
-    find(l.getVersion, "ncclGetVersion");
-    find(l.getUniqueId, "ncclGetUniqueId");
-    find(l.commInitRankConfig, "ncclCommInitRankConfig");
-    find(l.commGetAsyncError, "ncclCommGetAsyncError");
-    find(l.commFinalize, "ncclCommFinalize");
-    find(l.commDestroy, "ncclCommDestroy");
-    find(l.commAbort, "ncclCommAbort");
-    find(l.allReduce, "ncclAllReduce");
-    find(l.send, "ncclSend");
-    find(l.recv, "ncclRecv");
-    find(l.getErrorString, "ncclGetErrorString");
-    find(l.getLastError, "ncclGetLastError");
+#define TIERMEM_NCCL_FIND(name) find(l.name, "nccl" #name);
+    TIERMEM_NCCL_FUNCTIONS(TIERMEM_NCCL_FIND)
+#undef TIERMEM_NCCL_FIND
     if (!ok) l.error = "libnccl.so.2 lacks a function this build needs (NCCL older than 2.18?)";
     return l;
   }();
@@ -79,21 +64,21 @@ class Group final : public Collective {
       // A made group that is idle is finalised (its peers do the same); one
       // that failed or is still joining is aborted.
       if (m_made && m_error.empty() && stream_idle()) {
-        ncclResult_t r = lib().commFinalize(m_comm);
+        ncclResult_t r = lib().CommFinalize(m_comm);
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
         ncclResult_t state = ncclInProgress;
         while (r == ncclSuccess || r == ncclInProgress) {
-          if (lib().commGetAsyncError(m_comm, &state) != ncclSuccess || state != ncclInProgress) break;
+          if (lib().CommGetAsyncError(m_comm, &state) != ncclSuccess || state != ncclInProgress) break;
           if (std::chrono::steady_clock::now() > deadline) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         if ((r == ncclSuccess || r == ncclInProgress) && state == ncclSuccess) {
-          lib().commDestroy(m_comm);
+          lib().CommDestroy(m_comm);
         } else {
-          lib().commAbort(m_comm);
+          lib().CommAbort(m_comm);
         }
       } else {
-        lib().commAbort(m_comm);
+        lib().CommAbort(m_comm);
       }
     }
     for (auto& t : m_tickets) {
@@ -114,7 +99,7 @@ class Group final : public Collective {
     std::memcpy(&uid, id.data(), sizeof uid);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t r = lib().commInitRankConfig(&m_comm, m_size, uid, m_rank, &config);
+    ncclResult_t r = lib().CommInitRankConfig(&m_comm, m_size, uid, m_rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) return describe("ncclCommInitRankConfig", r);
     if (cudaError_t e = cudaStreamCreateWithFlags(&m_side, cudaStreamNonBlocking); e != cudaSuccess) {
       return std::string("cudaStreamCreate (collectives): ") + cudaGetErrorString(e);
@@ -141,7 +126,7 @@ class Group final : public Collective {
     if (m_made) return true;
     if (!m_error.empty()) return Status(ErrorCode::io_error, m_error);
     ncclResult_t state = ncclInProgress;
-    ncclResult_t r = lib().commGetAsyncError(m_comm, &state);
+    ncclResult_t r = lib().CommGetAsyncError(m_comm, &state);
     if (r != ncclSuccess) state = r;
     if (state == ncclInProgress) return false;
     if (state != ncclSuccess) {
@@ -153,14 +138,14 @@ class Group final : public Collective {
   }
 
   void abort() override {
-    if (m_comm != nullptr) lib().commAbort(m_comm);
+    if (m_comm != nullptr) lib().CommAbort(m_comm);
     m_comm = nullptr;
     fail("the group was aborted");
   }
 
   void all_reduce(const float* in, float* out, int64_t count) override {
     if (!usable()) return;
-    call("ncclAllReduce", lib().allReduce(in, out, static_cast<size_t>(count), ncclFloat32, ncclSum, m_comm, m_compute));
+    call("ncclAllReduce", lib().AllReduce(in, out, static_cast<size_t>(count), ncclFloat32, ncclSum, m_comm, m_compute));
   }
 
   uint64_t all_reduce_beside(float* data, int64_t count) override {
@@ -171,7 +156,7 @@ class Group final : public Collective {
     cudaEventRecord(t.after, m_compute);
     cudaStreamWaitEvent(m_side, t.after, 0);
     cudaEventRecord(t.start, m_side);
-    call("ncclAllReduce", lib().allReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, m_comm, m_side));
+    call("ncclAllReduce", lib().AllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, m_comm, m_side));
     cudaEventRecord(t.done, m_side);
     t.pending = true;
     t.bytes = static_cast<uint64_t>(count) * 4;
@@ -186,15 +171,6 @@ class Group final : public Collective {
     m_waited = ticket;
   }
 
-  void send(const void* data, size_t bytes, int peer) override {
-    if (!usable()) return;
-    call("ncclSend", lib().send(data, bytes, ncclUint8, peer, m_comm, m_compute));
-  }
-  void receive(void* data, size_t bytes, int peer) override {
-    if (!usable()) return;
-    call("ncclRecv", lib().recv(data, bytes, ncclUint8, peer, m_comm, m_compute));
-  }
-
   Result<std::vector<uint64_t>> sum_words(const std::vector<uint64_t>& mine) override {
     if (mine.size() > k_max_words) {
       return Status(ErrorCode::invalid_argument, "at most " + std::to_string(k_max_words) + " words at a time");
@@ -202,7 +178,7 @@ class Group final : public Collective {
     if (!usable()) return Status(ErrorCode::io_error, m_error.empty() ? "the group is not made yet" : m_error);
     std::memcpy(m_words_host, mine.data(), mine.size() * 8);
     cudaMemcpyAsync(m_words, m_words_host, mine.size() * 8, cudaMemcpyHostToDevice, m_compute);
-    call("ncclAllReduce", lib().allReduce(m_words, m_words, mine.size(), ncclUint64, ncclSum, m_comm, m_compute));
+    call("ncclAllReduce", lib().AllReduce(m_words, m_words, mine.size(), ncclUint64, ncclSum, m_comm, m_compute));
     cudaMemcpyAsync(m_words_host, m_words, mine.size() * 8, cudaMemcpyDeviceToHost, m_compute);
     Registry one;
     one.add(this);
@@ -234,13 +210,13 @@ class Group final : public Collective {
   std::string async_error() {
     if (m_comm == nullptr || !m_made) return std::string();
     ncclResult_t state = ncclSuccess;
-    if (lib().commGetAsyncError(m_comm, &state) != ncclSuccess) return "ncclCommGetAsyncError failed";
+    if (lib().CommGetAsyncError(m_comm, &state) != ncclSuccess) return "ncclCommGetAsyncError failed";
     if (state == ncclSuccess || state == ncclInProgress) return std::string();
     return describe("the group", state);
   }
   void abort_for(const std::string& why) {
     fail(why);
-    if (m_comm != nullptr) lib().commAbort(m_comm);
+    if (m_comm != nullptr) lib().CommAbort(m_comm);
     m_comm = nullptr;
   }
 
@@ -267,7 +243,7 @@ class Group final : public Collective {
     if (r == ncclInProgress) {
       const auto deadline = std::chrono::steady_clock::now() + m_timeout;
       ncclResult_t state = ncclInProgress;
-      while (lib().commGetAsyncError(m_comm, &state) == ncclSuccess && state == ncclInProgress &&
+      while (lib().CommGetAsyncError(m_comm, &state) == ncclSuccess && state == ncclInProgress &&
              std::chrono::steady_clock::now() < deadline) {
         std::this_thread::yield();
       }
@@ -286,8 +262,8 @@ class Group final : public Collective {
     t.pending = false;
   }
   std::string describe(const char* what, ncclResult_t r) const {
-    std::string text = std::string(what) + ": " + lib().getErrorString(r);
-    const char* last = lib().getLastError(m_comm);
+    std::string text = std::string(what) + ": " + lib().GetErrorString(r);
+    const char* last = lib().GetLastError(m_comm);
     if (last != nullptr && *last != '\0') text += " (" + std::string(last) + ")";
     return "NCCL group member " + std::to_string(m_rank) + " of " + std::to_string(m_size) + ": " + text;
   }
@@ -313,7 +289,7 @@ class Group final : public Collective {
 
 std::string library_version() {
   int v = 0;
-  if (!lib().error.empty() || lib().getVersion(&v) != ncclSuccess) return "NCCL";
+  if (!lib().error.empty() || lib().GetVersion(&v) != ncclSuccess) return "NCCL";
   // 2.28.9 is 22809 (NCCL_VERSION: major * 10000 + minor * 100 + patch).
   return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
@@ -326,8 +302,8 @@ Status available() {
 Result<std::string> unique_id() {
   if (!lib().error.empty()) return Status(ErrorCode::not_supported, lib().error);
   ncclUniqueId id;
-  if (ncclResult_t r = lib().getUniqueId(&id); r != ncclSuccess) {
-    return Status(ErrorCode::io_error, std::string("ncclGetUniqueId: ") + lib().getErrorString(r));
+  if (ncclResult_t r = lib().GetUniqueId(&id); r != ncclSuccess) {
+    return Status(ErrorCode::io_error, std::string("ncclGetUniqueId: ") + lib().GetErrorString(r));
   }
   return std::string(reinterpret_cast<const char*>(&id), sizeof id);
 }

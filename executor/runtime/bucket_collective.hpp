@@ -36,8 +36,6 @@ class BucketCollective final : public Collective {
   void all_reduce(const float*, float*, int64_t) override { fail("a tensor-parallel sum"); }
   uint64_t all_reduce_beside(float* data, int64_t count) override;
   void wait_beside(uint64_t) override {}
-  void send(const void*, size_t, int) override { fail("a send"); }
-  void receive(void*, size_t, int) override { fail("a receive"); }
   Result<std::vector<uint64_t>> sum_words(const std::vector<uint64_t>&) override {
     return Status(ErrorCode::not_supported, "the bucket collective sums gradients only");
   }

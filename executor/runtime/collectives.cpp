@@ -155,7 +155,7 @@ Result<bool> group_uses_nccl(const GroupSpec& group, const std::vector<Collectiv
   return false;
 }
 
-Status publish_id(JobDirectory& dir, const GroupSpec& group, const IdRecord& record) {
+Result<Gva> publish_id(JobDirectory& dir, const GroupSpec& group, const IdRecord& record) {
   if (record.id.size() + k_record_head > k_record_sum) {
     return Status(ErrorCode::invalid_argument, "an id of " + std::to_string(record.id.size()) + " bytes does not fit the record");
   }
@@ -166,7 +166,8 @@ Status publish_id(JobDirectory& dir, const GroupSpec& group, const IdRecord& rec
   std::memcpy(bytes.data() + k_record_head, record.id.data(), record.id.size());
   const uint64_t sum = XXH3_64bits(bytes.data(), k_record_head + record.id.size());
   std::memcpy(bytes.data() + k_record_sum, &sum, 8);
-  return dir.write(region.gva, bytes.data(), bytes.size());
+  TIERMEM_RETURN_IF_ERROR(dir.write(region.gva, bytes.data(), bytes.size()));
+  return region.gva;
 }
 
 Result<std::optional<IdRecord>> read_id(JobDirectory& dir, const GroupSpec& group) {
@@ -201,7 +202,15 @@ Result<std::unique_ptr<Collective>> make_group(const GroupJoin& how, JobDirector
   std::unique_ptr<Collective> made;
   if (group.me == 0) {
     TIERMEM_ASSIGN_OR_RETURN(std::string id, how.make_id());
-    TIERMEM_RETURN_IF_ERROR(publish_id(dir, group, {random_nonce(), id}).with_context(what));
+    auto record = publish_id(dir, group, {random_nonce(), id});
+    if (!record.ok()) return record.status().with_context(what);
+    // Made or given up, the record is not needed any more (a member joins
+    // only with it, and the group is made only once every member joined).
+    struct Free {
+      JobDirectory& dir;
+      Gva at;
+      ~Free() { (void)dir.client().free(at); }
+    } free_record{dir, *record};
     TIERMEM_ASSIGN_OR_RETURN(made, how.join(id));
     Status error;
     switch (await_join(*made, deadline, nullptr, &error)) {

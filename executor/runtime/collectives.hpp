@@ -15,7 +15,9 @@
 // Rendezvous: the group's leader (its lowest rank) makes an id at every
 // start and writes it, with a fresh random nonce and a checksum, into its
 // allocation "<job>.r<leader>.nccl-<group>". The others read the record and
-// join with its id. A member that read the record of the leader's previous
+// join with its id. The leader frees the record once the group is made
+// (every member joined: NCCL's join ends only then) or given up; one left
+// by a leader that died is written over at its next start. A member that read the record of the leader's previous
 // start (the leader is restarting) fails to join or waits; it watches the
 // record while it does and joins again with the new id once the nonce
 // changes. Every wait ends at the job's --timeout with the group named.
@@ -80,9 +82,9 @@ struct IdRecord {
 };
 inline constexpr size_t k_id_record_bytes = 4096;
 // The leader writes `record` into its allocation for `group` (created on
-// first use). Errors: those of the directory; invalid_argument for an id
-// that does not fit.
-Status publish_id(JobDirectory& dir, const GroupSpec& group, const IdRecord& record);
+// first use) and returns where it is. Errors: those of the directory;
+// invalid_argument for an id that does not fit.
+Result<Gva> publish_id(JobDirectory& dir, const GroupSpec& group, const IdRecord& record);
 // The leader's record as it is now: nullopt while there is none or it is
 // torn (a write in progress: its checksum does not match).
 Result<std::optional<IdRecord>> read_id(JobDirectory& dir, const GroupSpec& group);

@@ -62,8 +62,6 @@ class StandIn final : public Collective {
   void all_reduce(const float*, float*, int64_t) override {}
   uint64_t all_reduce_beside(float*, int64_t) override { return 0; }
   void wait_beside(uint64_t) override {}
-  void send(const void*, size_t, int) override {}
-  void receive(void*, size_t, int) override {}
   Result<std::vector<uint64_t>> sum_words(const std::vector<uint64_t>& mine) override {
     std::unique_lock<std::mutex> lock(m_hub.mu);
     auto& posted = m_hub.words[m_id];
@@ -137,9 +135,26 @@ TEST_F(CollectivesTest, TheLeadersIdReachesEveryMemberThroughTiermemAndTheGroupC
     auto made = f.get();
     ASSERT_TRUE(made.ok()) << made.status().to_string();
   }
-  std::lock_guard<std::mutex> lock(m_hub.mu);
-  ASSERT_EQ(m_hub.attempts.size(), 3u);
-  for (const auto& [who, id] : m_hub.attempts) EXPECT_EQ(id, "id of start 1") << "member " << who;
+  {
+    std::lock_guard<std::mutex> lock(m_hub.mu);
+    ASSERT_EQ(m_hub.attempts.size(), 3u);
+    for (const auto& [who, id] : m_hub.attempts) EXPECT_EQ(id, "id of start 1") << "member " << who;
+  }
+  // The group made, the leader's record is gone: nothing of it left.
+  auto client = connect();
+  auto record = client->lookup("fresh.r0.nccl-dp.s0.t0");
+  ASSERT_FALSE(record.ok());
+  EXPECT_EQ(record.status().code(), ErrorCode::not_found) << record.status().to_string();
+}
+
+TEST_F(CollectivesTest, ALeaderWhoseMembersNeverComeGivesUpAndLeavesNoRecord) {
+  auto made = member("lonely", {0, 1}, 0, 1, 1s);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), ErrorCode::timeout) << made.status().to_string();
+  EXPECT_NE(made.status().message().find("the other members did not join"), std::string::npos)
+      << made.status().message();
+  auto client = connect();
+  EXPECT_EQ(client->lookup("lonely.r0.nccl-dp.s0.t0").status().code(), ErrorCode::not_found);
 }
 
 TEST_F(CollectivesTest, AMemberThatReadTheIdOfTheLeadersPreviousStartJoinsTheNewOne) {
@@ -204,6 +219,13 @@ TEST_F(CollectivesTest, ATornRecordIsNotTaken) {
   auto torn = read_id(dir, group);
   ASSERT_TRUE(torn.ok());
   EXPECT_FALSE(torn->has_value());
+  // A length word scribbled past the record: not taken, nothing read past it.
+  ASSERT_TRUE(publish_id(dir, group, IdRecord{10, "short"}).ok());
+  const uint64_t huge = ~uint64_t{0} / 2;
+  ASSERT_TRUE(dir.write(region->gva.plus(16), &huge, 8).ok());
+  auto scribbled = read_id(dir, group);
+  ASSERT_TRUE(scribbled.ok());
+  EXPECT_FALSE(scribbled->has_value());
   EXPECT_FALSE(publish_id(dir, group, IdRecord{1, std::string(k_id_record_bytes, 'z')}).ok());
 }
 
