@@ -14,7 +14,7 @@ set -euo pipefail
 build=${1:?usage: bench/balance.sh BUILD_DIR}
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ranks=${RANKS:-2} slow_rank=${SLOW_RANK:-1} slowdown=${SLOWDOWN:-3} steps=${STEPS:-200}
-model=$top/config/models/gpt_tiny.pbtxt corpus=$top/docs/ARCHITECTURE.md
+model=$top/config/models/gpt_tiny.pbtxt corpus=$top/tests/data/corpus.txt
 export TIERMEM_CLUSTER_DIR=$(mktemp -d /tmp/tiermem-bench-XXXXXX)
 export TIERMEM_BASE_PORT=$((21000 + RANDOM % 20000))
 trap '"$top/tools/local-cluster.sh" stop >/dev/null 2>&1; rm -rf "$TIERMEM_CLUSTER_DIR"' EXIT

@@ -59,19 +59,19 @@ median3() {  # the median of three runs of pipeline2 JOB [args]
   printf '%s\n%s\n%s\n' "$a" "$b" "$c" | sort -g | sed -n 2p
 }
 gpt=$top/config/models/gpt_tiny.pbtxt
-echo "# tiermem-exec: $gpt, 1 rank, --micro-batches 1, on docs/ARCHITECTURE.md; PyTorch eager, $threads threads"
+echo "# tiermem-exec: $gpt, 1 rank, --micro-batches 1, on tests/data/corpus.txt; PyTorch eager, $threads threads"
 gpt_ours=$(TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/executor/tiermem-exec" train "$gpt" \
-  --job bench5 --data "$top/docs/ARCHITECTURE.md" --micro-batches 1 --steps $steps --log-every 100000 | exec_median)
+  --job bench5 --data "$top/tests/data/corpus.txt" --micro-batches 1 --steps $steps --log-every 100000 | exec_median)
 gpt_torch=$(/usr/bin/python3 "$top/bench/torch_gpt_step.py" gpt_tiny 8 2 64 4 32 256 0.003 $steps --cpu "$threads" |
   sed -n 's/^torch_gpt_tiny_eager_step_ms_median \([0-9.e+-]*\) ms/\1/p')
 echo "# tiermem-exec: the GPT on 2 tensor-parallel ranks, one per daemon, --micro-batches 1"
-gpt_tp=$(run_model=$gpt pipeline2 bench6 --tensor-parallel 2 --data "$top/docs/ARCHITECTURE.md" --micro-batches 1)
+gpt_tp=$(run_model=$gpt pipeline2 bench6 --tensor-parallel 2 --data "$top/tests/data/corpus.txt" --micro-batches 1)
 gpt_tp_comm=$(sed -n 's/^summary: .*communication \([0-9]*\)% of step time.*/\1/p' "$TIERMEM_CLUSTER_DIR/rank0.log")
 echo "# tiermem-exec: tests/data/gpt_wide.pbtxt all in DRAM, then offloaded to PMEM (--budget 15MiB)"
 wide=$top/tests/data/gpt_wide.pbtxt
 wide_run() {
   TIERMEM_SOCKET=$TIERMEM_CLUSTER_DIR/node1/tiermemd.sock "$build/executor/tiermem-exec" train "$wide" \
-    --data "$top/docs/ARCHITECTURE.md" --steps $steps --log-every 100000 "$@" | exec_median
+    --data "$top/tests/data/corpus.txt" --steps $steps --log-every 100000 "$@" | exec_median
 }
 wide_all=$(wide_run --job bench7)
 wide_device=$(wide_run --job bench8 --budget 15MiB)

@@ -63,7 +63,7 @@ exec_model() {
   [ -e "$model" ] || model=$top/config/models/$2.pbtxt
   shift 2
   grep -q fashion-mnist "$model" && [ -n "${TIERMEM_FASHION:-}" ] && data=(--data "$TIERMEM_FASHION")
-  grep -q '"text:' "$model" && data=(--data "${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}")
+  grep -q '"text:' "$model" && data=(--data "${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}")
   local g l
   g=$("$exec" train "$model" --job "g-$tag" --device cuda --steps "$steps" --micro-batches 1 --log-every 100000 "${data[@]}" "$@" | median)
   l=$("$exec" train "$model" --job "l-$tag" --device cuda --steps "$steps" --micro-batches 1 --log-every 100000 --no-graphs \
@@ -105,7 +105,7 @@ offload_section() {
   #    (gpu_bench's 64 MiB figure, both directions), and the part of it hidden
   #    behind compute: 1 - (offloaded - all-in) / that time.
   local model=$top/bench/models/gpt_offload.pbtxt mb=${OFFLOAD_MICRO_BATCHES:-4} n=${OFFLOAD_STEPS:-30}
-  local corpus=${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}
+  local corpus=${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}
   local state budget all_out
   state=$("$exec" plan "$model" --device cuda --micro-batches "$mb" |
     awk '/arena (params|grads|optimizer)/ { v = $4; u = $5; m = $6; sub("x", "", m)
@@ -156,7 +156,7 @@ balance_section() {
   #    balance_mixed_<how>_step_ms_median, balance_mixed_time_vs_flops_ratio
   #    (goal <= 0.5) and balance_mixed_time_vs_gpu_alone_ratio.
   local model=${BALANCE_MODEL:-$top/config/models/gpt_tiny.pbtxt} n=${BALANCE_STEPS:-100}
-  local corpus=${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}
+  local corpus=${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}
   mixed() {  # mixed NAME ARGS: the median step of one run of the four ranks
     local name=$1 r device
     shift
@@ -206,7 +206,7 @@ nccl_section() {
     return 0
   fi
   local model=${NCCL_MODEL:-$top/bench/models/gpt_medium.pbtxt} n=${NCCL_STEPS:-100} mib=${NCCL_BUCKET_MIB:-25}
-  local corpus=${TIERMEM_CORPUS:-$top/docs/ARCHITECTURE.md}
+  local corpus=${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}
   "$top/tools/local-cluster.sh" stop >/dev/null 2>&1 || true
   TIERMEM_VRAM_DEVICES=0,1 "$top/tools/local-cluster.sh" start "$build" 2 >/dev/null
   local one one_graph two r

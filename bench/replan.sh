@@ -15,7 +15,7 @@ build=${1:?usage: bench/replan.sh BUILD_DIR}
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ranks=${RANKS:-4} slowdown=${SLOWDOWN:-3} slow_from=${SLOW_FROM:-150} steps=${STEPS:-800}
 read -r -a replan <<<"${REPLAN_ARGS:---replan --replan-every-ms 300 --replan-p99-ms 0 --replan-cpu-percent 0}"
-model=$top/config/models/gpt_tiny.pbtxt corpus=$top/docs/ARCHITECTURE.md
+model=$top/config/models/gpt_tiny.pbtxt corpus=$top/tests/data/corpus.txt
 export TIERMEM_CLUSTER_DIR=$(mktemp -d /tmp/tiermem-bench-XXXXXX)
 export TIERMEM_BASE_PORT=$((21000 + RANDOM % 20000))
 trap '"$top/tools/local-cluster.sh" stop >/dev/null 2>&1; rm -rf "$TIERMEM_CLUSTER_DIR"' EXIT

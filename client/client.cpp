@@ -221,6 +221,7 @@ Status Client::reconnect(const ClientCore* lost) {
       m_earlier.direct_remote += c.direct_remote;
       m_earlier.message += c.message;
       m_earlier.through_daemon += c.through_daemon;
+      m_earlier.plane_fallbacks += c.plane_fallbacks;
       std::shared_ptr<ClientCore> next = std::move(fresh).value();
       repin(*m_mapped, *next, mapped);
       m_mapped->set_core(next);
@@ -329,6 +330,7 @@ AccessCounters Client::access_counters() const {
   c.message += m_earlier.message;
   c.through_daemon += m_earlier.through_daemon;
   c.staged_device += m_earlier.staged_device;
+  c.plane_fallbacks += m_earlier.plane_fallbacks;
   return c;
 }
 

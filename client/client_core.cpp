@@ -168,6 +168,7 @@ Result<std::shared_ptr<ClientCore>> ClientCore::connect(const ClientOptions& opt
   core->m_client_name = options.client_name;
   core->m_qos.set_options(options.qos);
   if (options.timeout.count() > 0) core->m_nodes.set_timeout(std::min(options.timeout, k_timeout));
+  core->m_nodes.on_fallback(options.on_data_plane_fallback);
   return core;
 }
 
@@ -295,6 +296,7 @@ AccessCounters ClientCore::counters() const {
   c.through_daemon = m_through_daemon.load(std::memory_order_relaxed);
   c.requests_sent = m_nodes.requests_sent();
   c.staged_device = m_staged_device.load(std::memory_order_relaxed);
+  c.plane_fallbacks = m_nodes.fallbacks();
   return c;
 }
 

@@ -1,6 +1,7 @@
 // RemoteNodes: endpoints and keys of other nodes (see remote_nodes.hpp).
 #include "client/remote_nodes.hpp"
 
+#include <cstdio>
 #include <utility>
 
 #include <tiermem/status_macros.h>
@@ -56,8 +57,31 @@ Status RemoteNodes::start_transport(NodeId node, std::string_view address) {
   return Status(ErrorCode::not_supported, "no data plane here: " + m_transport_status.message());
 }
 
+void RemoteNodes::on_fallback(std::function<void(NodeId, const Status&)> told) { m_on_fallback = std::move(told); }
+
 Result<std::shared_ptr<RemoteState>> RemoteNodes::get(NodeId node, bool reconnect) {
-  std::lock_guard lock(m_mutex);
+  Status fell_back;
+  Result<std::shared_ptr<RemoteState>> got = Status(ErrorCode::internal, "not reached");
+  {
+    std::lock_guard lock(m_mutex);
+    got = get_locked(node, reconnect, &fell_back);
+  }
+  if (!fell_back.ok()) {
+    m_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    if (m_on_fallback) {
+      m_on_fallback(node, fell_back);
+    } else {
+      std::lock_guard told(m_told_mutex);
+      if (!m_told[node]) {
+        m_told[node] = true;
+        std::fprintf(stderr, "libtiermem: warning: %s\n", fell_back.message().c_str());
+      }
+    }
+  }
+  return got;
+}
+
+Result<std::shared_ptr<RemoteState>> RemoteNodes::get_locked(NodeId node, bool reconnect, Status* fell_back) {
   if (auto it = m_nodes.find(node); it != m_nodes.end() && !reconnect) return it->second;
   // A transport that could not be made is not tried again (nor the daemon
   // asked about the node for it).
@@ -97,13 +121,17 @@ Result<std::shared_ptr<RemoteState>> RemoteNodes::get(NodeId node, bool reconnec
   // Made for the first node reached, on its fabric (all nodes share one).
   TIERMEM_RETURN_IF_ERROR(start_transport(node, n.transport_address()));
   auto connected = connect_remote_node(*m_transport, wire::advert_of(n));
-  if (!connected.ok() && connected.status().code() == ErrorCode::not_supported) {
+  if (!connected.ok()) {
     // A plane this client cannot use (libfabric shm and a daemon of another
-    // user): its memory goes through the daemon, and the plane is not tried
-    // again for a while.
+    // user, a queue that fails its checks), or one that does not answer
+    // while its node's daemon does (a flood at its listener): its memory
+    // goes through the daemon, which is told, and the plane is tried again
+    // after a while.
     m_no_plane[node] = now;
-    return connected.status().with_context("node " + std::to_string(node) + "'s data plane; its memory goes through "
-                                           "the daemon");
+    *fell_back = Status(ErrorCode::not_supported,
+                        "node " + std::to_string(node) + "'s data plane cannot be used (" +
+                            connected.status().message() + "): its memory goes through the daemon");
+    return *fell_back;
   }
   TIERMEM_ASSIGN_OR_RETURN(auto rn, std::move(connected));
   {

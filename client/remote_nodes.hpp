@@ -71,6 +71,11 @@ class RemoteNodes {
   Status refresh_keys(NodeId node);
   // Forgets how to reach `node` (after a transport failure).
   void drop(NodeId node);
+  // Who is told when a node's plane cannot be used and its memory goes
+  // through the daemon (ClientOptions::on_data_plane_fallback; empty: one
+  // line on stderr the first time per node); how often that happened.
+  void on_fallback(std::function<void(NodeId, const Status&)> told);
+  uint64_t fallbacks() const { return m_fallbacks.load(std::memory_order_relaxed); }
 
   // Goes up whenever keys are added to a node held: routes decided before
   // are decided again.
@@ -83,6 +88,9 @@ class RemoteNodes {
   uint64_t requests_sent() const;
 
  private:
+  // get() under m_mutex; a plane given up for the daemon's path goes to
+  // *fell_back, to be told once the lock is let go.
+  Result<std::shared_ptr<RemoteState>> get_locked(NodeId node, bool reconnect, Status* fell_back);
   // Starts the transport for reaching `node` at `address`, on that
   // address's fabric, unless started (caller holds m_mutex). Errors:
   // not_supported (the transport could not be made, a failure kept for
@@ -119,6 +127,10 @@ class RemoteNodes {
   // inside waits that may hold m_mutex).
   std::mutex m_endpoint_mutex;
   std::map<const Endpoint*, NodeId> m_endpoint_nodes;
+  std::function<void(NodeId, const Status&)> m_on_fallback;  // set before any get()
+  std::atomic<uint64_t> m_fallbacks{0};
+  std::mutex m_told_mutex;
+  std::map<NodeId, bool> m_told;  // nodes whose fallback went to stderr
 };
 
 }  // namespace tiermem::detail

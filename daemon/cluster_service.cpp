@@ -135,6 +135,14 @@ void ClusterService::list_nodes(const Identity& who, proto::NodesResponse* out) 
       n.set_transport_address(plane);
       n.clear_tenant_planes();
     }
+    // A UCX worker address (a node whose UCX cannot listen: shared memory
+    // only) is for its peers, never for a client, operators included: over
+    // UCX 1.13's shared memory a client killed while it wires up can wedge
+    // the node's receive FIFO, and its wire-up by worker address can abort
+    // the node. Such a node's memory goes through the client's daemon.
+    if (!is_listener_address(n.transport_address()) && !is_ofi_address(n.transport_address())) {
+      n.clear_transport_address();
+    }
     for (proto::RegionKey& k : *n.mutable_regions()) k.clear_tenant_packed_key();
     *out->add_nodes() = std::move(n);
   }

@@ -188,3 +188,27 @@ Result<uint32_t> ensure_domain(AddressSpace& space, DataPlane* plane, const std:
 }
 
 }  // namespace tiermem
+
+namespace tiermem {
+
+void DataPlane::log_admissions() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - m_admissions_logged < std::chrono::seconds(2)) return;
+  m_admissions_logged = now;
+  const auto log = [](Transport& t, const std::string& whose) {
+    const Transport::AdmissionReport r = t.take_admission_report();
+    if (r.turned_away == 0) return;
+    std::string from;
+    for (const auto& [source, n] : r.sources) from += (from.empty() ? "" : ", ") + std::to_string(n) + " from " + source;
+    spdlog::warn("{}: {} connection(s) turned away that had not said hello with the admission token (each source "
+                 "has a budget of such connections; its oldest go first): {}",
+                 whose, r.turned_away, from);
+  };
+  if (m_transport) log(*m_transport, "the node's data plane");
+  // Never waits on a plane being made (that takes tens of ms): next time.
+  std::unique_lock lock(m_register_mutex, std::try_to_lock);
+  if (!lock) return;
+  for (const auto& [tenant, plane] : m_planes) log(*plane, "tenant '" + tenant + "''s data plane");
+}
+
+}  // namespace tiermem

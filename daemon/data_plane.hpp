@@ -22,6 +22,7 @@
 // (libfabric has no listener: its address carries a token on every provider.)
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,6 +65,10 @@ class DataPlane {
   proto::NodeInfo self() const;
   // Whether tenants get planes of their own (the node's transport listens).
   bool tenant_planes() const { return m_planes_enabled; }
+  // Logs the connections its transports turned away before they proved
+  // anything (Transport::take_admission_report), per plane and source, at
+  // most every 2 s (tiermemd's timer calls it often).
+  void log_admissions();
 
  private:
   DataPlane() = default;
@@ -93,6 +98,7 @@ class DataPlane {
   std::vector<std::unique_ptr<RegisteredRegion>> m_regions;
   mutable std::mutex m_mutex;
   proto::NodeInfo m_self;
+  std::chrono::steady_clock::time_point m_admissions_logged;
 };
 
 // The fabric `config` chooses ([transport] fabric and provider).

@@ -154,6 +154,10 @@ std::string RequestHandler::metrics() {
   out.sample("tiermem_locks_broken_total", {{"node", node}}, m_sessions.locks_broken() + r.locks_broken);
   out.family("tiermem_truncations_repaired_total", "counter", "Memory files a client truncated, extended again.");
   out.sample("tiermem_truncations_repaired_total", {{"node", node}}, TruncationGuard::repairs());
+  out.family("tiermem_files_trimmed_total", "counter", "Tenants' memory files grown past their size, cut back.");
+  out.sample("tiermem_files_trimmed_total", {{"node", node}}, m_files_trimmed.load());
+  out.family("tiermem_trimmed_bytes_total", "counter", "Storage given back by cutting tenants' grown files.");
+  out.sample("tiermem_trimmed_bytes_total", {{"node", node}}, m_trimmed_bytes.load());
   return out.take();
 }
 

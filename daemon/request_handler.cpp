@@ -1,6 +1,9 @@
 #include "daemon/request_handler.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <tiermem/status_macros.h>
+#include <tiermem/units.h>
 
 #include "convert.hpp"
 #include "common/deadline.hpp"
@@ -267,6 +270,32 @@ void RequestHandler::list(const Identity& who, proto::ListResponse* out) {
   }
 }
 
+void RequestHandler::log_admissions() {
+  if (m_data_plane != nullptr) m_data_plane->log_admissions();
+}
+
+void RequestHandler::trim_tenant_files() {
+  const uint64_t unbacked = TruncationGuard::unbacked_pages();
+  if (const uint64_t seen = m_unbacked_seen.exchange(unbacked); unbacked > seen) {
+    spdlog::error("{} page(s) of tenants' memory files got no storage when this daemon touched them (holes their "
+                  "tenant punched, on a full file system): the daemon sees zeros there, and those tenants' memory on "
+                  "them is lost; free space on the tiers' file systems",
+                  unbacked - seen);
+  }
+  for (const AddressSpace::FileTrim& t : m_space.trim_tenant_files()) {
+    if (!t.error.ok()) {
+      spdlog::error("tenant '{}' grew {} past its {} and it could not be cut back: {}", t.tenant, t.path,
+                    format_size(t.size), t.error.message());
+      continue;
+    }
+    m_files_trimmed.fetch_add(1);
+    m_trimmed_bytes.fetch_add(t.storage_freed);
+    spdlog::warn("tenant '{}' grew {} to {} ({} past the {} it was given); cut back, {} of storage given back",
+                 t.tenant, t.path, format_size(t.found_bytes), format_size(t.found_bytes > t.size ? t.found_bytes - t.size : 0),
+                 format_size(t.size), format_size(t.storage_freed));
+  }
+}
+
 void RequestHandler::stat(const Identity& who, proto::StatResponse* out) {
   out->set_node_id(m_space.node());
   out->set_page_size(m_space.page_size());
@@ -281,6 +310,8 @@ void RequestHandler::stat(const Identity& who, proto::StatResponse* out) {
   out->set_fabric(fabric_name(m_data_plane));
   out->set_locks_broken(m_sessions.locks_broken());
   out->set_truncations_repaired(TruncationGuard::repairs());
+  out->set_files_trimmed(m_files_trimmed.load());
+  out->set_trimmed_bytes(m_trimmed_bytes.load());
   const RecoveryReport& r = m_space.recovery();
   proto::RecoveryInfo* ri = out->mutable_recovery();
   ri->set_durable(m_space.durable());

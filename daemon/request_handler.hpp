@@ -34,6 +34,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -83,6 +84,12 @@ class RequestHandler {
   CheckIns& check_ins() { return m_sessions.check_ins(); }
   // Frees the session allocations whose lease ended (tiermemd's timer).
   void sweep_leases() { m_sessions.sweep_leases(); }
+  // Cuts tenants' files grown past their sizes back (AddressSpace::
+  // trim_tenant_files) and logs each, naming the tenant (tiermemd's timer,
+  // and once at start).
+  void trim_tenant_files();
+  // Logs the connections the data plane's listeners turned away (tiermemd's timer).
+  void log_admissions();
   // The Prometheus text exposition of this daemon now: its counters, and
   // gauges of tiers, tenants, peers, clients and recovery (metrics.cpp,
   // handler_metrics.cpp).
@@ -149,6 +156,9 @@ class RequestHandler {
   DataPlane* m_data_plane;
   PeerManager* m_peers;
   std::chrono::steady_clock::time_point m_started;
+  // Tenants' files found grown and cut back, and the storage that gave back.
+  std::atomic<uint64_t> m_files_trimmed{0}, m_trimmed_bytes{0};
+  std::atomic<uint64_t> m_unbacked_seen{0};  // TruncationGuard::unbacked_pages() logged so far
   Metrics m_metrics;
   bool m_counting = false;  // metrics.enabled
   SessionService m_sessions;  // the session family's state and services

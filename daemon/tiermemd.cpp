@@ -10,6 +10,7 @@
 #include <netdb.h>
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
 
 #include <chrono>
@@ -258,6 +259,19 @@ Status open_cluster(const DaemonConfig& c, Node* node) {
   return Status();
 }
 
+// Every connection holds descriptors: the soft limit (1024 by default
+// outside systemd) up to the hard one, so that the listeners' admission
+// budgets, not the descriptors, bound what unproven connections can take.
+void raise_file_limit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur >= files.rlim_max) return;
+  const rlim_t was = files.rlim_cur;
+  files.rlim_cur = files.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &files) == 0) {
+    spdlog::debug("open files limit raised from {} to {}", was, files.rlim_cur);
+  }
+}
+
 size_t peers_of(const std::vector<ClusterMember>& members) { return members.empty() ? 0 : members.size() - 1; }
 
 // Builds everything before serving. Returns the process exit code on
@@ -274,6 +288,7 @@ int start(const DaemonConfig& config, Node* node) {
   const ConfigCheck checked = check_config_here(config, peers_of(node->members));
   for (const Status& problem : checked.problems) spdlog::critical("cannot start: {}", problem.to_string());
   if (!checked.problems.empty()) return 2;
+  raise_file_limit();
   auto dp = DataPlane::start(config, listen_ip_of(node->control));
   Status s = explain_transport_failure(config, dp.status());
   if (s.ok()) node->data_plane = std::move(dp).value();
@@ -359,6 +374,8 @@ void start_checkin_sweep(asio::steady_timer& timer, RequestHandler& handler) {
   static std::function<void()> sweep;
   sweep = [&timer, &handler]() {
     handler.sweep_leases();
+    handler.trim_tenant_files();
+    handler.log_admissions();
     timer.expires_after(handler.check_ins().sweep());
     timer.async_wait([](const boost::system::error_code& ec) {
       if (!ec) sweep();

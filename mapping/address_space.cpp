@@ -85,6 +85,19 @@ Result<std::unique_ptr<AddressSpace>> AddressSpace::create(const AddressSpaceOpt
     }
     TIERMEM_ASSIGN_OR_RETURN(meta, open_pmem_metadata(*options.metadata, g));
   }
+  // A tenant may have grown its files past its quota before this start and
+  // filled their file system: that growth goes before anything here needs
+  // storage there (version words, headers). A file that cannot be cut is
+  // met again when its domain opens.
+  if (meta && !meta->image().created) {
+    for (const DomainRecord& d : meta->image().domains) {
+      for (size_t i = 0; i < tiers.size(); ++i) {
+        if (tiers[i] && tiers[i]->per_domain() && d.limit_pages[i] > 0) {
+          (void)tiers[i]->trim_unopened(d.domain, d.limit_pages[i] * options.page_size);
+        }
+      }
+    }
+  }
   VersionSegments::Options vo;
   vo.dir = options.versions_dir;
   vo.node = options.node;
@@ -195,6 +208,49 @@ std::optional<uint32_t> AddressSpace::find_domain(const std::string& tenant) con
 std::string AddressSpace::tenant_of_domain(uint32_t domain) const {
   std::shared_lock lock(m_mutex);
   return m_domains.tenant_of(domain);
+}
+
+std::vector<AddressSpace::FileTrim> AddressSpace::trim_tenant_files() {
+  std::vector<FileTrim> out;
+  {
+    std::shared_lock lock(m_mutex);
+    trim_tenant_files_locked();
+  }
+  std::lock_guard trims(m_trims_mutex);
+  out.swap(m_trims);
+  return out;
+}
+
+bool AddressSpace::trim_tenant_files_locked() {
+  bool freed = false;
+  auto note = [&](uint32_t d, const Result<SegmentTrim>& t, const std::string& path, uint64_t size) {
+    if (t.ok() && !t->trimmed) return;
+    FileTrim f;
+    f.tenant = m_domains.tenant_of(d);
+    f.path = path;
+    f.size = size;
+    if (!t.ok()) {
+      f.error = t.status();
+    } else {
+      f.found_bytes = t->size_before;
+      f.storage_freed = t->storage_before > t->storage_after ? t->storage_before - t->storage_after : 0;
+      freed |= f.storage_freed > 0;
+    }
+    std::lock_guard trims(m_trims_mutex);
+    if (m_trims.size() < 1000) m_trims.push_back(std::move(f));
+  };
+  for (uint32_t d = 0; d < m_domains.size(); ++d) {
+    if (!m_domains.at(d).assigned) continue;
+    for (Tier tier : {Tier::dram, Tier::pmem}) {
+      TierBackend* b = m_tiers[static_cast<size_t>(tier)].backend.get();
+      if (b == nullptr || !b->per_domain()) continue;
+      std::string path;
+      note(d, b->trim_domain_file(d, &path), path, b->domain_bytes(d));
+    }
+    std::string path;
+    note(d, m_versions->trim_words(d, &path), path, m_versions->file_bytes());
+  }
+  return freed;
 }
 
 DomainFiles AddressSpace::domain_files(uint32_t domain) const {

@@ -40,6 +40,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <shared_mutex>
@@ -365,6 +366,23 @@ class AddressSpace {
                       std::vector<Extent>* remote_frames);
   void abort_move(const PageMove& move);
 
+  // A tenant's file found grown past its size and cut back.
+  struct FileTrim {
+    std::string tenant;
+    std::string path;
+    uint64_t size = 0;           // what the daemon gave the file
+    uint64_t found_bytes = 0;    // its length as found
+    uint64_t storage_freed = 0;  // storage the file system got back
+    Status error;                // the file could not be cut back
+  };
+  // Cuts the DRAM, PMEM and version-word files of every tenant's domain back
+  // to their sizes (trim_segment): a tenant holds their descriptors and can
+  // grow them (ftruncate, fallocate) past its quota. Returns each file it
+  // cut (or could not cut) since the last call, this one's and those an
+  // allocation cut when the file system was full, for the caller to
+  // report. Cheap when nothing grew: one fstat per file.
+  std::vector<FileTrim> trim_tenant_files();
+
   std::vector<TierStat> tier_stats() const;
   size_t allocation_count() const;
   std::vector<AllocationInfo> list() const;
@@ -448,6 +466,9 @@ class AddressSpace {
   void map_new_pages(const Allocation& a, Tier tier, const std::vector<UnitRange>& frames);
   Status copy(Gva gva, std::byte* buffer, size_t length, bool to_memory, MemoryAccess* elsewhere);
   uint64_t frame_pages_of(Tier tier, uint32_t domain, const TenantLimits& limits) const;
+  // trim_tenant_files under m_mutex (shared or exclusive); what it cut goes
+  // to m_trims. True when it gave storage back.
+  bool trim_tenant_files_locked();
 
   NodeId m_node;
   mutable std::shared_mutex m_mutex;
@@ -465,6 +486,8 @@ class AddressSpace {
   SlabSet m_slabs;  // the pages sub-page allocations share
   LocalVersionWords m_local_words;
   std::array<std::optional<BackendFrameData>, 4> m_local_frames;
+  std::mutex m_trims_mutex;
+  std::vector<FileTrim> m_trims;  // cut, not reported yet
 };
 
 }  // namespace tiermem

@@ -31,7 +31,13 @@ Status AddressSpace::prepare_frames(Tier tier, const std::vector<UnitRange>& fra
     // New memory reads as zeros (nothing of a freed allocation may show
     // through) and has its storage now.
     if (!overwritten) TIERMEM_RETURN_IF_ERROR(b.discard(f.start * page_size(), f.count * page_size()));
-    TIERMEM_RETURN_IF_ERROR(b.commit(f.start * page_size(), f.count * page_size()));
+    Status committed = b.commit(f.start * page_size(), f.count * page_size());
+    // The file system is full: perhaps a tenant grew its files past their
+    // sizes since the last sweep. That growth goes first, then once more.
+    if (committed.code() == ErrorCode::tier_exhausted && trim_tenant_files_locked()) {
+      committed = b.commit(f.start * page_size(), f.count * page_size());
+    }
+    TIERMEM_RETURN_IF_ERROR(committed);
   }
   return Status();
 }

@@ -13,10 +13,12 @@
 #include <mutex>
 #include <condition_variable>
 #include <thread>
+#include <vector>
 
 #include <tiermem/status_macros.h>
 
 #include "common/random.hpp"
+#include "tiers/tier_backend.hpp"
 
 namespace tiermem {
 namespace {
@@ -28,13 +30,25 @@ std::string header_path(const std::string& dir, uint32_t domain) { return dir + 
 // first page of versions.<k>, its words after it.
 constexpr uint64_t k_legacy_layout = 1;
 
-// Waits until no word in `words` is odd (locked) or the deadline passes;
-// returns how many are still locked.
-size_t wait_unlocked(const uint64_t* words, uint64_t count, std::chrono::steady_clock::time_point deadline) {
+// Waits until no word of the `count` at byte `offset` of the file at
+// `path` is odd (locked) or the deadline passes; returns how many are still
+// locked. Read with pread, never mapped: the file is a tenant's, which may
+// have punched holes in it and filled its file system, and a read fault on
+// a hole of a shared mapping needs storage (SIGBUS when there is none),
+// where pread sees zeros.
+size_t wait_unlocked(const std::string& path, uint64_t offset, uint64_t count,
+                     std::chrono::steady_clock::time_point deadline) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd.valid()) return 0;
+  std::vector<uint64_t> words(std::min<uint64_t>(count, uint64_t{1} << 16));
   for (;;) {
     size_t locked = 0;
-    for (uint64_t i = 0; i < count; ++i) {
-      locked += std::atomic_ref<const uint64_t>(words[i]).load(std::memory_order_acquire) & 1;
+    for (uint64_t at = 0; at < count; at += words.size()) {
+      const uint64_t n = std::min<uint64_t>(words.size(), count - at);
+      const ssize_t got = ::pread(fd.get(), words.data(), n * sizeof(uint64_t),
+                                  static_cast<off_t>(offset + at * sizeof(uint64_t)));
+      if (got <= 0) break;
+      for (size_t i = 0; i < static_cast<size_t>(got) / sizeof(uint64_t); ++i) locked += words[i] & 1;
     }
     if (locked == 0 || std::chrono::steady_clock::now() >= deadline) return locked;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -73,20 +87,26 @@ size_t retire_one(const std::string& header, const std::string& words,
   auto* hdr = reinterpret_cast<SegmentHeader*>(h.data);
   if (hdr->magic != SegmentHeader::k_magic) return 0;
   std::atomic_ref<uint64_t>(hdr->incarnation).store(0, std::memory_order_seq_cst);
-  FileMap w(words, true);
-  const uint64_t count = std::min<uint64_t>(hdr->pages, w.size / sizeof(uint64_t));
-  return w.data == nullptr ? 0 : wait_unlocked(reinterpret_cast<const uint64_t*>(w.data), count, deadline);
+  struct stat st {};
+  if (::stat(words.c_str(), &st) != 0) return 0;
+  const uint64_t count = std::min<uint64_t>(hdr->pages, static_cast<uint64_t>(st.st_size) / sizeof(uint64_t));
+  return wait_unlocked(words, 0, count, deadline);
 }
 
 // The same for a words file of layout 1, whose header is its first page.
 size_t retire_legacy(const std::string& words, std::chrono::steady_clock::time_point deadline) {
-  FileMap w(words, false);
-  if (w.size < k_segment_header_bytes) return 0;
-  auto* hdr = reinterpret_cast<SegmentHeader*>(w.data);
-  if (hdr->magic != SegmentHeader::k_magic || hdr->layout != k_legacy_layout) return 0;
-  std::atomic_ref<uint64_t>(hdr->incarnation).store(0, std::memory_order_seq_cst);
-  const uint64_t count = std::min<uint64_t>(hdr->pages, (w.size - k_segment_header_bytes) / sizeof(uint64_t));
-  return wait_unlocked(reinterpret_cast<const uint64_t*>(w.data + k_segment_header_bytes), count, deadline);
+  uint64_t pages = 0, size = 0;
+  {
+    FileMap w(words, false);
+    if (w.size < k_segment_header_bytes) return 0;
+    auto* hdr = reinterpret_cast<SegmentHeader*>(w.data);
+    if (hdr->magic != SegmentHeader::k_magic || hdr->layout != k_legacy_layout) return 0;
+    std::atomic_ref<uint64_t>(hdr->incarnation).store(0, std::memory_order_seq_cst);
+    pages = hdr->pages;
+    size = w.size;
+  }
+  const uint64_t count = std::min<uint64_t>(pages, (size - k_segment_header_bytes) / sizeof(uint64_t));
+  return wait_unlocked(words, k_segment_header_bytes, count, deadline);
 }
 
 }  // namespace
@@ -154,6 +174,7 @@ Result<std::unique_ptr<VersionSegments>> VersionSegments::create(const Options& 
                                                    std::to_string(k_pages_per_domain_unit) + " pages per domain");
   }
   auto s = std::unique_ptr<VersionSegments>(new VersionSegments);
+  s->m_dir = o.dir;
   s->m_domains = o.domains;
   s->m_pages_per_domain = o.pages_per_domain;
   s->m_domains_state.resize(o.domains);
@@ -188,6 +209,10 @@ Status VersionSegments::open_domain(const Options& o, uint32_t d) {
   if (::ftruncate(st.words_fd.get(), static_cast<off_t>(file_bytes())) != 0) {
     return Status(ErrorCode::io_error, "sizing " + wpath + ": " + std::strerror(errno));
   }
+  // Storage for every page the daemon writes, now: on a full file system a
+  // write into a hole would raise SIGBUS; this says which file instead.
+  TIERMEM_RETURN_IF_ERROR(commit_file_range(st.header_fd.get(), 0, k_segment_header_bytes, "the segment header " + hpath));
+  TIERMEM_RETURN_IF_ERROR(commit_file_range(st.words_fd.get(), 0, file_bytes(), "the version words " + wpath));
   st.header_reader.reset(::open(hpath.c_str(), O_RDONLY | O_CLOEXEC));
   if (!st.header_reader.valid()) {
     return Status(ErrorCode::io_error, "opening " + hpath + " for reading: " + std::strerror(errno));
@@ -225,6 +250,12 @@ SegmentHeader* VersionSegments::header_of(uint32_t domain) const {
 }
 
 const SegmentHeader& VersionSegments::header(uint32_t domain) const { return *header_of(domain); }
+
+Result<SegmentTrim> VersionSegments::trim_words(uint32_t d, std::string* path) const {
+  if (d >= m_domains) return SegmentTrim{};
+  *path = words_path(m_dir, d);
+  return trim_segment(m_domains_state[d].words_fd.get(), file_bytes(), *path);
+}
 
 void VersionSegments::set_tenant(uint32_t domain, std::string_view tenant) {
   SegmentHeader* h = header_of(domain);

@@ -112,6 +112,10 @@ class VersionSegments {
   void* domain_words(uint32_t domain) const { return m_words + uint64_t{domain} * m_pages_per_domain; }
   uint64_t domain_words_bytes() const { return m_pages_per_domain * sizeof(uint64_t); }
 
+  // Domain `d`'s words file cut back to file_bytes() where its tenant grew
+  // it (trim_segment); `*path` names it.
+  Result<SegmentTrim> trim_words(uint32_t d, std::string* path) const;
+
   const SegmentHeader& header(uint32_t domain) const;
   void set_tenant(uint32_t domain, std::string_view tenant);
   // Marks every domain as served by no daemon (incarnation 0): a daemon
@@ -139,6 +143,7 @@ class VersionSegments {
     bool adopted = false;
     std::string why;
   };
+  std::string m_dir;
   uint32_t m_domains = 0;
   uint64_t m_pages_per_domain = 0;
   std::vector<DomainState> m_domains_state;

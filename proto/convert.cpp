@@ -219,6 +219,8 @@ NodeStat from_proto(const proto::StatResponse& s) {
   out.fabric = s.fabric().empty() ? "ucx" : s.fabric();  // a daemon from before libfabric: UCX
   out.locks_broken = s.locks_broken();
   out.truncations_repaired = s.truncations_repaired();
+  out.files_trimmed = s.files_trimmed();
+  out.trimmed_bytes = s.trimmed_bytes();
   const proto::RecoveryInfo& r = s.recovery();
   out.recovery.durable = r.durable();
   out.recovery.memory_adopted = r.memory_adopted();

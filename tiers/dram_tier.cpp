@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -42,13 +43,35 @@ class DramTier final : public TierBackend {
     std::error_code ec;
     std::filesystem::remove(m_dir + "/dram." + std::to_string(d), ec);
   }
+  Result<SegmentTrim> trim_domain_file(uint32_t d, std::string* path) override {
+    std::lock_guard lock(m_mutex);
+    if (d >= m_bytes.size() || m_bytes[d] == 0) return SegmentTrim{};
+    *path = m_dir + "/dram." + std::to_string(d);
+    auto t = trim_segment(m_fds[d].get(), m_bytes[d], *path);
+    // What open_domain cut at this start is told once, with the first look.
+    if (auto at_open = m_trimmed_at_open.extract(d); t.ok() && !at_open.empty() && !t->trimmed) {
+      return at_open.mapped();
+    }
+    return t;
+  }
+  Result<SegmentTrim> trim_unopened(uint32_t d, uint64_t bytes) override {
+    std::lock_guard lock(m_mutex);
+    TIERMEM_ASSIGN_OR_RETURN(const SegmentTrim t, trim_segment_file(m_dir + "/dram." + std::to_string(d), bytes));
+    if (t.trimmed) m_trimmed_at_open[d] = t;
+    return t;
+  }
   Status open_domain(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
     bool done = false;
     TIERMEM_RETURN_IF_ERROR(
         check_open_domain("DRAM", d, bytes, m_bytes.size(), m_span, d < m_bytes.size() ? m_bytes[d] : 0, &done));
     if (done) return Status();
-    TIERMEM_ASSIGN_OR_RETURN(auto fd, open_segment(m_dir + "/dram." + std::to_string(d), bytes));
+    const std::string path = m_dir + "/dram." + std::to_string(d);
+    TIERMEM_ASSIGN_OR_RETURN(auto fd, open_segment(path, bytes));
+    // Grown by its tenant before this start: its growth goes first, before
+    // anything here needs storage of the file system it may have filled.
+    TIERMEM_ASSIGN_OR_RETURN(const SegmentTrim trimmed, trim_segment(fd.get(), bytes, path));
+    if (trimmed.trimmed) m_trimmed_at_open[d] = trimmed;
     TIERMEM_RETURN_IF_ERROR(m_space.map(uint64_t{d} * m_span, bytes, fd.get(), 0));
     m_fds[d] = std::move(fd);
     m_bytes[d] = bytes;
@@ -149,6 +172,7 @@ class DramTier final : public TierBackend {
   }
 
   static constexpr uint64_t k_pin_chunk = 64ull << 20;
+  std::map<uint32_t, SegmentTrim> m_trimmed_at_open;  // by domain, until trim_domain_file tells it
   std::vector<UniqueFd> m_fds;
   std::vector<uint64_t> m_bytes;
   HostPinner m_pin;

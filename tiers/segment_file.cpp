@@ -111,3 +111,37 @@ Result<UniqueFd> open_segment(const std::string& path, uint64_t size) {
 }
 
 }  // namespace tiermem
+
+namespace tiermem {
+
+Result<SegmentTrim> trim_segment(int fd, uint64_t size, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return errno_error("stat of " + path);
+  SegmentTrim t;
+  t.size_before = static_cast<uint64_t>(st.st_size);
+  t.storage_before = static_cast<uint64_t>(st.st_blocks) * 512;
+  t.storage_after = t.storage_before;
+  // Storage past the end shows as more blocks than the length holds; a
+  // file system's own blocks (extent trees) stay well under the slack.
+  const uint64_t slack = (1 << 20) + size / 64;
+  if (t.size_before <= size && t.storage_before <= round_up(size, 4096) + slack) return t;
+  if (t.size_before < size) return t;  // short and holding more than its size? not a growth to cut
+  // Cutting to the same length gives back storage past it as well.
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return errno_error("cutting " + path + " back to its size");
+  if (::fstat(fd, &st) == 0) t.storage_after = static_cast<uint64_t>(st.st_blocks) * 512;
+  t.trimmed = true;
+  return t;
+}
+
+Result<SegmentTrim> trim_segment_file(const std::string& path, uint64_t size) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return SegmentTrim{};
+    return errno_error("opening " + path);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return SegmentTrim{};
+  return trim_segment(fd.get(), size, path);
+}
+
+}  // namespace tiermem

@@ -67,6 +67,25 @@ class Reservation {
 // Errors: io_error with the path.
 Result<UniqueFd> open_segment(const std::string& path, uint64_t size);
 
+// What trim_segment found of a file and did to it.
+struct SegmentTrim {
+  uint64_t size_before = 0;     // its length as found
+  uint64_t storage_before = 0;  // bytes of storage it held (st_blocks), as found
+  uint64_t storage_after = 0;   // and after
+  bool trimmed = false;         // it was longer than `size`, or held storage past it, and was cut back
+};
+
+// Cuts the file of `fd` back to `size` when it is longer or holds storage
+// past `size` (fallocate with FALLOC_FL_KEEP_SIZE): whoever holds its
+// descriptor (a tenant) may grow it, and the storage it took is given back
+// to the file system. A file shorter than `size` is left as it is (the
+// TruncationGuard and recovery judge that). Async-signal-safe apart from the
+// Status it returns. Errors: io_error with `path`.
+Result<SegmentTrim> trim_segment(int fd, uint64_t size, const std::string& path);
+// trim_segment of the regular file at `path` (not following a link); nothing
+// when there is none.
+Result<SegmentTrim> trim_segment_file(const std::string& path, uint64_t size);
+
 // `n` rounded up to a multiple of `unit` (a power of two).
 inline uint64_t round_up(uint64_t n, uint64_t unit) { return (n + unit - 1) & ~(unit - 1); }
 

@@ -28,6 +28,8 @@
 #include <tiermem/status.h>
 #include <tiermem/types.h>
 
+#include "tiers/segment_file.hpp"
+
 namespace tiermem {
 
 // One range of a batched copy between tiers: `length` bytes from
@@ -75,6 +77,16 @@ class TierBackend {
   // it kept their bytes. 0: no file. A tier without files (VRAM) never
   // keeps its memory.
   virtual uint64_t domain_file_bytes(uint32_t /*d*/) const { return 0; }
+  // Domain `d`'s file cut back to the size open_domain gave it, where the
+  // tenant holding its descriptor grew it or gave it storage past its end
+  // (trim_segment); `*path` names the file. Nothing on a tier without files
+  // or a domain not open. Errors: io_error.
+  virtual Result<SegmentTrim> trim_domain_file(uint32_t /*d*/, std::string* /*path*/) { return SegmentTrim{}; }
+  // The same for a domain not opened yet, whose file an earlier daemon gave
+  // `bytes`: at a start, before anything needs storage of a file system its
+  // tenant may have filled. What it cut is told by the first
+  // trim_domain_file after open_domain. Nothing without a file.
+  virtual Result<SegmentTrim> trim_unopened(uint32_t /*d*/, uint64_t /*bytes*/) { return SegmentTrim{}; }
   // Removes domain `d`'s file before open_domain makes a new one: what it
   // held is gone, and a client still mapping it keeps an unlinked file that
   // nobody else is given.

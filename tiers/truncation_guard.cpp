@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -35,8 +37,42 @@ struct sigaction g_previous {};
 std::mutex g_install_mutex;
 bool g_installed = false;
 
-// True when the fault at `address` was in a watched mapping whose file had
-// been cut short, and the file is whole again.
+std::atomic<uint64_t> g_unbacked{0};
+std::atomic_flag g_repairing = ATOMIC_FLAG_INIT;
+constexpr uint64_t k_page = 4096;
+
+// Every watched file longer than the furthest any mapping of it reaches,
+// cut back to that (a tenant grew it and may have filled the file system).
+// Only system calls: fstat and ftruncate are async-signal-safe.
+void cut_grown_files() {
+  for (Slot& s : g_slots) {
+    if (s.start.load(std::memory_order_acquire) == 0) continue;
+    struct stat st {};
+    if (::fstat(s.fd.load(std::memory_order_relaxed), &st) != 0) continue;
+    uint64_t end = 0;
+    for (Slot& o : g_slots) {  // the furthest end of any mapping of this file
+      if (o.start.load(std::memory_order_acquire) == 0) continue;
+      struct stat ot {};
+      if (::fstat(o.fd.load(std::memory_order_relaxed), &ot) != 0 || ot.st_dev != st.st_dev || ot.st_ino != st.st_ino) {
+        continue;
+      }
+      end = std::max<uint64_t>(end, o.file_offset.load(std::memory_order_relaxed) + o.length.load(std::memory_order_relaxed));
+    }
+    const uint64_t blocks = static_cast<uint64_t>(st.st_blocks) * 512;
+    if (end > 0 && (static_cast<uint64_t>(st.st_size) > end || blocks > end + (1 << 20))) {
+      (void)::ftruncate(s.fd.load(std::memory_order_relaxed), static_cast<off_t>(end));
+    }
+  }
+}
+
+// Makes the access at `address`, in a watched mapping, possible again; false
+// when the address is in none. A file cut short is extended again (the cut
+// part reads as zeros: the tenant who cut it lost it). A page that cannot
+// get storage (a hole, on a file system a tenant filled) gets it after grown
+// files are cut back; failing that, the daemon's view of that one page
+// becomes a private page of zeros, so the daemon never dies of it: the page
+// is the file's tenant's (it made the hole) and only that tenant's memory is
+// then wrong (counted, unbacked_pages()).
 bool repair(uintptr_t address) {
   for (Slot& s : g_slots) {
     const uintptr_t start = s.start.load(std::memory_order_acquire);
@@ -44,9 +80,21 @@ bool repair(uintptr_t address) {
     const int fd = s.fd.load(std::memory_order_relaxed);
     const uint64_t needed = s.file_offset.load(std::memory_order_relaxed) + s.length.load(std::memory_order_relaxed);
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) >= needed) return false;
-    if (::ftruncate(fd, static_cast<off_t>(needed)) != 0) return false;
-    g_repairs.fetch_add(1, std::memory_order_relaxed);
+    if (::fstat(fd, &st) != 0) return false;
+    if (static_cast<uint64_t>(st.st_size) < needed) {
+      if (::ftruncate(fd, static_cast<off_t>(needed)) != 0) return false;
+      g_repairs.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    const uintptr_t page = address & ~uintptr_t{k_page - 1};
+    const off_t file_page = static_cast<off_t>(s.file_offset.load(std::memory_order_relaxed) + (page - start));
+    if (::fallocate(fd, 0, file_page, k_page) == 0) return true;
+    cut_grown_files();
+    if (::fallocate(fd, 0, file_page, k_page) == 0) return true;
+    void* p = ::mmap(reinterpret_cast<void*>(page), k_page, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) return false;
+    g_unbacked.fetch_add(1, std::memory_order_relaxed);
     return true;
   }
   return false;
@@ -54,9 +102,15 @@ bool repair(uintptr_t address) {
 
 void on_sigbus(int sig, siginfo_t* info, void* context) {
   const int saved = errno;
-  if (info != nullptr && info->si_code == BUS_ADRERR && repair(reinterpret_cast<uintptr_t>(info->si_addr))) {
-    errno = saved;
-    return;  // the access is retried, and now finds the file whole
+  if (info != nullptr && info->si_code == BUS_ADRERR) {
+    while (g_repairing.test_and_set(std::memory_order_acquire)) {
+    }
+    const bool repaired = repair(reinterpret_cast<uintptr_t>(info->si_addr));
+    g_repairing.clear(std::memory_order_release);
+    if (repaired) {
+      errno = saved;
+      return;  // the access is retried, and now finds the page backed
+    }
   }
   errno = saved;
   if ((g_previous.sa_flags & SA_SIGINFO) != 0 && g_previous.sa_sigaction != nullptr) {
@@ -96,6 +150,8 @@ Status TruncationGuard::install() {
 }
 
 uint64_t TruncationGuard::repairs() { return g_repairs.load(std::memory_order_relaxed); }
+
+uint64_t TruncationGuard::unbacked_pages() { return g_unbacked.load(std::memory_order_relaxed); }
 
 Result<TruncationGuard> TruncationGuard::watch(std::byte* start, size_t length, int fd, uint64_t file_offset) {
   {

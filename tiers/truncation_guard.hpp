@@ -6,6 +6,9 @@
 // SIGBUS at an address of a watched mapping whose file is now too short
 // makes the handler extend the file to its size again (the cut-off part
 // reads as zeros: the tenant who cut it lost it) and the access is retried.
+// A fault on a page that gets no storage (a hole, and the file system full)
+// makes it cut back watched files their tenants grew, and failing that put
+// a private page under the address (see repair() in the .cpp).
 // Any other SIGBUS (a media error on PMEM, say) goes on to the handler that
 // was there before, or the default action.
 #pragma once
@@ -37,6 +40,11 @@ class TruncationGuard {
   static Status install();
   // Times a file was found cut short and extended again.
   static uint64_t repairs();
+  // Pages of watched files that could get no storage when the daemon touched
+  // them (a hole its tenant punched, on a full file system, even after grown
+  // files were cut back): the daemon sees a private page of zeros there
+  // instead of dying.
+  static uint64_t unbacked_pages();
 
  private:
   explicit TruncationGuard(int slot) : m_slot(slot) {}

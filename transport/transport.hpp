@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -184,6 +185,15 @@ class Transport {
 
   // Requests sent to peers as messages (resends not counted).
   virtual uint64_t requests_sent() const { return 0; }
+  // Connections a listening transport turned away before they proved
+  // anything (its admission budget per source, or its window), for its owner
+  // to log: what happened since the last call. `sources`: per source, how
+  // many ("127.0.0.1 uid 1001" for a process of this host).
+  struct AdmissionReport {
+    uint64_t turned_away = 0;
+    std::map<std::string, uint64_t> sources;
+  };
+  virtual AdmissionReport take_admission_report() { return {}; }
 
   // Drives progress once; true when something happened.
   virtual bool progress() = 0;

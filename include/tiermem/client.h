@@ -87,6 +87,14 @@ struct ClientOptions {
   // why. Called on a thread of the library, with no lock of the Client
   // held (it may call the Client); it must not block for long.
   std::function<void(Gva, const Status&)> on_mapping_revoked;
+  // Told when memory of another node that this client would reach through
+  // the data plane goes through its daemon instead because the node's plane
+  // could not be used: it did not answer (a flood of unproven connections
+  // at its listener, say), or it is not one this process may attach to. The
+  // node and why; the plane is tried again a second later, and told again
+  // if it fails again. Unset: one line on stderr the first time per node.
+  // Called as on_mapping_revoked is.
+  std::function<void(NodeId, const Status&)> on_data_plane_fallback;
 };
 
 // How a client's reads, writes and atomics travelled (C3), one count per
@@ -108,6 +116,9 @@ struct AccessCounters {
   // Reads and writes of CUDA device buffers that went through host memory
   // (no direct path from the buffer's GPU to where the bytes live).
   uint64_t staged_device = 0;
+  // Times a node's data plane could not be used and its memory went through
+  // the daemon instead (ClientOptions::on_data_plane_fallback says why).
+  uint64_t plane_fallbacks = 0;
 };
 
 namespace detail {

@@ -166,6 +166,10 @@ struct NodeStat {
   // extended again (the cut-off part reads as zeros).
   uint64_t locks_broken = 0;
   uint64_t truncations_repaired = 0;
+  // Memory files a tenant grew past what it was given (its quota), cut back,
+  // and the storage that gave back to the file system.
+  uint64_t files_trimmed = 0;
+  uint64_t trimmed_bytes = 0;
   // What the daemon's start found in its durable metadata (H5).
   struct Recovery {
     bool durable = false;         // changes are recorded (metadata.enabled)

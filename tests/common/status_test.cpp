@@ -35,7 +35,7 @@ TEST(ResultTest, AnOkStatusIsNotAValue) {
 
 // value() of an error is a documented precondition violation: the process
 // stops with the status's message, in every build type (this test runs in
-// the release-like build the README uses, as in a debug one).
+// the release-like build tools/setup.sh makes, as in a debug one).
 TEST(ResultDeathTest, ValueOfAnErrorStopsWithTheMessage) {
   Result<int> bad(ErrorCode::not_found, "no allocation is named 'w'");
   EXPECT_DEATH((void)bad.value(), "value\\(\\) of an error result: not_found: no allocation is named 'w'");

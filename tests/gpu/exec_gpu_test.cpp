@@ -41,7 +41,7 @@ std::vector<std::string> data_args(const std::string& name) {
   // The GPT reads the repository's own docs: the device machine has no
   // fortunes package.
   if (name.rfind("gpt", 0) == 0) {
-    return {"--data", env_or("TIERMEM_CORPUS", std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md")};
+    return {"--data", env_or("TIERMEM_CORPUS", std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt")};
   }
   const bool digits = name.find("digits") != std::string::npos;
   const char* var = digits ? "TIERMEM_DIGITS" : "TIERMEM_FASHION";

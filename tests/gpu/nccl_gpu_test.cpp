@@ -47,7 +47,7 @@ std::string model(const std::string& name) {
 
 std::vector<std::string> data_args(const std::string& name) {
   if (name.rfind("gpt", 0) == 0) {
-    return {"--data", env_or("TIERMEM_CORPUS", std::string(TIERMEM_SOURCE_ROOT) + "/docs/ARCHITECTURE.md")};
+    return {"--data", env_or("TIERMEM_CORPUS", std::string(TIERMEM_SOURCE_ROOT) + "/tests/data/corpus.txt")};
   }
   const char* v = std::getenv(name.find("digits") != std::string::npos ? "TIERMEM_DIGITS" : "TIERMEM_FASHION");
   if (v == nullptr || *v == '\0') return {};

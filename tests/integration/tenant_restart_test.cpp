@@ -143,6 +143,20 @@ TEST_P(TenantDamageTest, ATenantDamagingItsOwnFilesLosesOnlyItsOwnMemoryAcrossAR
   if (c.bob_dram_lost || c.bob_pmem_lost) {
     EXPECT_NE(report.find("of tenant 'bob': "), std::string::npos) << "the reason is given: " << report;
   }
+  if (std::string(c.what).ends_with("-grow")) {
+    // Cut back to his quota at the start (and said so at its first sweep).
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (root->stat()->files_trimmed == 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_GE(root->stat()->files_trimmed, 1u) << daemon.log();
+    for (const auto& dir : {daemon.dram_dir(), daemon.pmem_dir()}) {
+      for (const auto& e : std::filesystem::directory_iterator(dir)) {
+        if (!e.is_regular_file()) continue;
+        EXPECT_LT(e.file_size(), uint64_t{1} << 30) << e.path() << " is still grown";
+      }
+    }
+  }
   const Outcome bob_sees = as(&*s_bob, sock, {"recovery"});
   ASSERT_TRUE(bob_sees.ok) << bob_sees.text;
   EXPECT_EQ(bob_sees.text.find("bob-") != std::string::npos, c.bob_dram_lost || c.bob_pmem_lost) << bob_sees.text;
@@ -170,7 +184,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DamageCase{"versions-odd", false, false, false, false, true},
                       DamageCase{"versions-odd", true, false, false, false, true},
                       DamageCase{"dram-cut", false, true}, DamageCase{"dram-cut", true, true},
-                      DamageCase{"pmem-cut", false, false, true}, DamageCase{"pmem-cut", true, false, true}),
+                      DamageCase{"pmem-cut", false, false, true}, DamageCase{"pmem-cut", true, false, true},
+                      DamageCase{"dram-grow", false}, DamageCase{"dram-grow", true},
+                      DamageCase{"pmem-grow", false}, DamageCase{"pmem-grow", true}),
     case_name);
 
 // Frames a node lent to another node's pages belong to a domain of the

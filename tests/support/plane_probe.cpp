@@ -12,14 +12,31 @@
 //       with a guessed token and with this tenant's own token. Prints
 //       "ok refused=N reached=M distinct=D" (D: 1 when the two planes'
 //       addresses differ), M counting what got through.
+//   plane_probe SOCKET flood NODE FILE COUNT SECONDS ucx|tcp
+//       what anyone on the host can do to a plane's listener, whose port
+//       `ss -ltn` shows: COUNT connections to the listener of the plane in
+//       FILE that never say hello, held SECONDS: UCX connections (through
+//       UCX's connection manager) or bare TCP ones. Prints "ok flooding N"
+//       (N made) once they are up, then holds them and exits 0.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <ucp/api/ucp.h>
+
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <tiermem/gva.h>
 #include <tiermem/status_macros.h>
@@ -136,6 +153,91 @@ int attack(const char* socket, NodeId node, const std::string& file) {
                               " distinct=" + std::to_string(distinct ? 1 : 0));
 }
 
+// Connections that never say hello (see the header comment).
+int flood(const std::string& file, int count, int seconds, const std::string& mode) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  proto::NodeInfo theirs;
+  if (!in || !theirs.ParseFromString(bytes.str())) {
+    return report(Status(ErrorCode::invalid_argument, "cannot read or parse " + file));
+  }
+  char ip[64] = {};
+  unsigned port = 0;
+  if (std::sscanf(theirs.transport_address().c_str(), "tmucx-listener %63s %u", ip, &port) != 2) {
+    return report(Status(ErrorCode::invalid_argument, "not a UCX listener: " + theirs.transport_address()));
+  }
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    files.rlim_cur = files.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &files);
+  }
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, ip, &to.sin_addr);
+  int made = 0;
+  std::vector<int> sockets;
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  std::vector<ucp_ep_h> eps;
+  if (mode == "tcp") {
+    for (int i = 0; i < count; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+        ::close(fd);
+        continue;
+      }
+      sockets.push_back(fd);
+      ++made;
+    }
+  } else {
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    ucp_config_t* config = nullptr;
+    if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK || ucp_init(&params, config, &context) != UCS_OK) {
+      return report(Status(ErrorCode::transport_error, "UCX would not start"));
+    }
+    ucp_config_release(config);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (ucp_worker_create(context, &wp, &worker) != UCS_OK) {
+      return report(Status(ErrorCode::transport_error, "no UCX worker"));
+    }
+    for (int i = 0; i < count; ++i) {
+      ucp_ep_params_t p{};
+      p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&to);
+      p.sockaddr.addrlen = sizeof to;
+      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      p.err_handler.cb = [](void*, ucp_ep_h, ucs_status_t) {};  // turned away: expected
+      ucp_ep_h ep = nullptr;
+      if (ucp_ep_create(worker, &p, &ep) != UCS_OK) continue;
+      eps.push_back(ep);
+      ++made;
+      for (int k = 0; k < 4; ++k) ucp_worker_progress(worker);
+    }
+  }
+  std::printf("ok flooding %d\n", made);
+  std::fflush(stdout);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (worker != nullptr) {
+      ucp_worker_progress(worker);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  // Gone without a word: the process exits, its sockets with it.
+  std::_Exit(0);
+}
+
 int keys(const char* socket, NodeId node, const std::string& file) {
   auto view = view_of(socket, node);
   if (!view.ok()) return report(view.status());
@@ -151,6 +253,9 @@ int keys(const char* socket, NodeId node, const std::string& file) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 8 && std::string(argv[2]) == "flood") {
+    return flood(argv[4], std::atoi(argv[5]), std::atoi(argv[6]), argv[7]);
+  }
   if (argc != 5) {
     std::fprintf(stderr, "usage: plane_probe SOCKET keys|attack NODE FILE\n");
     return 2;

@@ -25,7 +25,18 @@
 //                  versions-cut    its version words file, to 0 bytes
 //                  versions-odd    every word of its version words made odd (locked)
 //                  dram-cut | pmem-cut   its DRAM or PMEM file, to 0 bytes
+//                  dram-grow | pmem-grow  its DRAM or PMEM file 1 GiB longer,
+//                                  16 MiB of it written (storage taken)
+//                  dram-fill       every page of its DRAM and version-word
+//                                  files made a hole (fallocate PUNCH_HOLE),
+//                                  then its DRAM file 1 GiB longer, written
+//                                  until the file system is full: the
+//                                  daemon's next touch of those pages needs
+//                                  storage that is not there
 //     recovery   what stat says this start lost: "lost ... | anew ..." lines
+//     route GVA  reads 8 bytes at GVA and prints how the call travelled:
+//                "message=N through_daemon=N direct=N fallbacks=N" and
+//                the time it took, "ms=N"
 //     maphold GVA   maps GVA, writes "held" through the mapping and prints
 //                "ok mapped"; waits (up to 30 s) until the mapping is revoked
 //                and prints "revoked CODE MESSAGE" (or "still ok"); then
@@ -33,6 +44,7 @@
 //                and prints "wrote"
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -174,6 +186,32 @@ int damage(const char* socket, const std::string& what) {
     const int fd = what == "dram-cut" ? dram : pmem;
     if (fd < 0) return report(Status(tiermem::ErrorCode::not_found, "no such file was handed out"));
     if (::ftruncate(fd, 0) != 0) return failed("ftruncate");
+  } else if (what == "dram-grow" || what == "pmem-grow" || what == "dram-fill") {
+    const int fd = what == "pmem-grow" ? pmem : dram;
+    if (fd < 0) return report(Status(tiermem::ErrorCode::not_found, "no such file was handed out"));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return failed("fstat");
+    const off_t end = st.st_size;
+    if (::ftruncate(fd, end + (off_t{1} << 30)) != 0) return failed("ftruncate");
+    const std::vector<char> chunk(1 << 20, 'B');
+    const int chunks = what == "dram-fill" ? 1024 : 16;
+    if (what == "dram-fill") {
+      // Holes first, then the file system filled: the daemon's next touch
+      // of these pages needs storage that is not there.
+      if (::fallocate(dram, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, end) != 0) return failed("punching DRAM");
+      if (::fallocate(versions, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(versions_bytes)) != 0) {
+        return failed("punching the version words");
+      }
+    }
+    for (int i = 0; i < chunks; ++i) {
+      errno = 0;
+      const ssize_t wrote = ::pwrite(fd, chunk.data(), chunk.size(), end + off_t{i} * (1 << 20));
+      if (wrote != static_cast<ssize_t>(chunk.size())) {
+        // Full (a short write, or ENOSPC): what dram-fill wanted.
+        if (what == "dram-fill" && (wrote >= 0 || errno == ENOSPC)) break;
+        return failed("pwrite");
+      }
+    }
   } else {
     return report(Status(tiermem::ErrorCode::invalid_argument, "no such damage: " + what));
   }
@@ -220,7 +258,13 @@ int main(int argc, char** argv) {
   if (a[0] == "device_chunks" && a.size() >= 3) {
     return device_chunks(argv[1], std::strtoull(a[1].c_str(), nullptr, 10), std::strtoull(a[2].c_str(), nullptr, 10));
   }
-  auto client = tiermem::Client::connect({.socket_path = argv[1], .client_name = "probe", .direct_access = direct});
+  std::string fell_back;  // why a data plane was given up (route prints it)
+  auto client = tiermem::Client::connect({.socket_path = argv[1],
+                                          .client_name = "probe",
+                                          .direct_access = direct,
+                                          .on_data_plane_fallback = [&](tiermem::NodeId, const Status& why) {
+                                            fell_back = why.message();
+                                          }});
   if (!client.ok()) return report(client.status());
   tiermem::Client& c = **client;
   const std::string& op = a[0];
@@ -293,6 +337,17 @@ int main(int argc, char** argv) {
     std::memcpy(m->data(), "late", 4);
     std::printf("wrote\n");
     return 0;
+  }
+  if (op == "route") {
+    uint64_t word = 0;
+    const auto start = std::chrono::steady_clock::now();
+    const Status s = c.read(gva, &word, sizeof word);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    const tiermem::AccessCounters n = c.access_counters();
+    return report(s, "message=" + std::to_string(n.message) + " through_daemon=" + std::to_string(n.through_daemon) +
+                         " direct=" + std::to_string(n.direct_remote) + " fallbacks=" +
+                         std::to_string(n.plane_fallbacks) + " ms=" + std::to_string(ms.count()) +
+                         (fell_back.empty() ? "" : " why=" + fell_back));
   }
   if (op == "translate") {
     auto t = c.translate(gva);

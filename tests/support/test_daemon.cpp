@@ -76,7 +76,9 @@ TestDaemon::TestDaemon(const DaemonOptions& o) : m_options(o) {
   // The node's shared memory and its PMEM pool go to /dev/shm where it
   // exists: persisting there is a memory copy, on the test machine's disk
   // it is an msync of milliseconds.
-  const std::string shm_parent = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : m_dir;
+  const std::string shm_parent = !o.shm_parent.empty()                    ? o.shm_parent
+                                 : std::filesystem::is_directory("/dev/shm") ? "/dev/shm"
+                                                                             : m_dir;
   m_pmem_dir = make_temp_dir_in(shm_parent, "tiermem-pmem");
   m_dram_dir = make_temp_dir_in(shm_parent, "tiermem-dram");
   {

@@ -37,6 +37,7 @@ struct DaemonOptions {
   std::string fabric;        // [transport] fabric ("ucx", "libfabric"); empty: the default (ucx)
   std::string provider;      // [transport] provider (libfabric's)
   std::string dir;           // working directory; empty: a new temporary one
+  std::string shm_parent;    // where its DRAM and PMEM directories go; empty: /dev/shm
   bool metrics = false;      // [metrics] listen on 127.0.0.1 and a free port (metrics_port())
   // Prefix for the command (e.g. {"ip", "netns", "exec", "ns1"}).
   std::vector<std::string> wrapper;

@@ -26,6 +26,8 @@ int cmd_status(const Context& ctx) {
                 {"allocations", stat->allocations},
                 {"locks_broken", stat->locks_broken},
                 {"truncations_repaired", stat->truncations_repaired},
+                {"files_trimmed", stat->files_trimmed},
+                {"trimmed_bytes", stat->trimmed_bytes},
                 {"recovery",
                  {{"durable", r.durable},
                   {"pool", r.pool},
@@ -53,6 +55,10 @@ int cmd_status(const Context& ctx) {
     std::printf("repaired: %llu page lock(s) of dead clients broken, %llu truncated memory file(s) restored\n",
                 static_cast<unsigned long long>(stat->locks_broken),
                 static_cast<unsigned long long>(stat->truncations_repaired));
+  }
+  if (stat->files_trimmed > 0) {
+    std::printf("trimmed: %llu tenant file(s) grown past their size cut back, %s of storage given back\n",
+                static_cast<unsigned long long>(stat->files_trimmed), format_size(stat->trimmed_bytes).c_str());
   }
   if (!r.durable) {
     std::printf("metadata: none (metadata.enabled = false): allocations end with this daemon\n");

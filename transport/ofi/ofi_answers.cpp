@@ -14,7 +14,7 @@
 
 #include "transport/ofi/ofi_internal.hpp"
 #include "transport/ofi/ofi_loader.hpp"
-#include "transport/ofi/ofi_shm_sweep.hpp"
+#include "transport/ofi/ofi_shm_files.hpp"
 
 namespace tiermem::ofi_detail {
 
@@ -240,6 +240,14 @@ void OfiTransport::run(fi_addr_t from, const MessageRequest& request, const std:
 void OfiTransport::on_hello(const OfiHead& head, const std::byte* name, size_t name_length) {
   const MessageRequest& h = head.request;
   if (name_length == 0 || name_length > k_name_max) return;
+  // The provider would map the queue the name says: only one that passes
+  // the checks (ofi_shm_files.hpp). Nobody to tell otherwise.
+  if (m_provider == "shm" &&
+      !check_shm_queue(std::string_view(reinterpret_cast<const char*>(name),
+                                        ::strnlen(reinterpret_cast<const char*>(name), name_length)))
+           .ok()) {
+    return;
+  }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   if (fi_av_insert(m_av, name, 1, &addr, 0, nullptr) != 1) return;
   if (m_provider == "shm") {
@@ -372,16 +380,12 @@ void OfiTransport::sweep_landings() {
 }
 
 void OfiTransport::watch_asker(fi_addr_t addr, const std::byte* name, size_t name_length) {
-  // shm names an endpoint "fi_shm://<pid>:<domain>:<endpoint>". A name that
+  // shm names say the pid of their process (ofi_shm_files.hpp). A name that
   // says another pid only makes its own address live as long as that pid.
-  const std::string_view text(reinterpret_cast<const char*>(name), name_length);
-  constexpr std::string_view k_scheme = "fi_shm://";
-  if (!text.starts_with(k_scheme)) return;
-  long pid = 0;
-  for (size_t i = k_scheme.size(); i < text.size() && text[i] >= '0' && text[i] <= '9' && pid < (1L << 31); ++i) {
-    pid = pid * 10 + (text[i] - '0');
-  }
-  if (pid <= 0 || pid >= (1L << 31)) return;
+  const std::string_view text(reinterpret_cast<const char*>(name), ::strnlen(reinterpret_cast<const char*>(name), name_length));
+  if (!text.starts_with(k_shm_scheme)) return;
+  const pid_t pid = pid_of_shm_queue(text);
+  if (pid <= 0) return;
   auto [it, fresh] = m_asker_processes.try_emplace(static_cast<pid_t>(pid));
   if (fresh) {
     it->second.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));

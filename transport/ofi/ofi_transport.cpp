@@ -11,10 +11,12 @@
 #include <set>
 #include <sstream>
 
+#include <tiermem/status_macros.h>
+
 #include "common/deadline.hpp"
 #include "transport/ofi/ofi_internal.hpp"
 #include "transport/ofi/ofi_loader.hpp"
-#include "transport/ofi/ofi_shm_sweep.hpp"
+#include "transport/ofi/ofi_shm_files.hpp"
 
 namespace tiermem {
 namespace ofi_detail {
@@ -163,11 +165,23 @@ Status OfiTransport::open_fabric(const OfiOptions& options) {
   if (int r = fi_endpoint(m_domain, m_info, &m_ep, nullptr); r != 0) return ofi_error("fi_endpoint", r);
   if (int r = fi_ep_bind(m_ep, &m_cq->fid, FI_TRANSMIT | FI_RECV); r != 0) return ofi_error("binding the CQ", r);
   if (int r = fi_ep_bind(m_ep, &m_av->fid, 0); r != 0) return ofi_error("binding the AV", r);
+  if (options.provider == "shm") {
+    // A queue name nobody can guess and make first (ofi_shm_files.hpp).
+    TIERMEM_ASSIGN_OR_RETURN(std::string queue, fresh_shm_queue_name());
+    if (int r = fi_setname(&m_ep->fid, queue.data(), queue.size() + 1); r != 0) {
+      return ofi_error("naming the shm queue " + queue + " (fi_setname)", r);
+    }
+  }
   if (int r = fi_enable(m_ep); r != 0) return ofi_error("fi_enable", r);
   char name[k_name_max];
   size_t length = sizeof name;
   if (int r = fi_getname(&m_ep->fid, name, &length); r != 0) return ofi_error("fi_getname", r);
   m_name.assign(name, length);
+  if (options.provider == "shm") {
+    if (Status s = check_shm_queue(std::string_view(name, ::strnlen(name, length))); !s.ok()) {
+      return s.with_context("this transport's own queue");
+    }
+  }
   choose_one_sided(options, rma_caps);
   return Status();
 }
@@ -257,6 +271,13 @@ Result<std::shared_ptr<Endpoint>> OfiTransport::connect(std::string_view address
                                                    "; this transport runs " + m_provider);
   }
   const uint64_t admission = std::strtoull(admission_hex.c_str(), nullptr, 16);
+  if (m_provider == "shm") {
+    // The provider maps the peer's queue and trusts what it reads there:
+    // only a queue of this user, closed to others, long enough.
+    if (Status s = check_shm_queue(std::string_view(name.data(), ::strnlen(name.data(), name.size()))); !s.ok()) {
+      return s.with_context("libfabric shm does not attach to process " + std::to_string(pid));
+    }
+  }
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
   if (int n = fi_av_insert(m_av, name.data(), 1, &addr, 0, nullptr); n != 1) {
     if (m_provider == "shm") {

@@ -21,6 +21,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include <sys/socket.h>
+
 #include <ucp/api/ucp.h>
 
 #include "transport/answer_records.hpp"
@@ -245,6 +247,7 @@ class UcxTransport final : public Transport {
   Status flush(Endpoint& ep, std::chrono::milliseconds timeout) override;
   bool progress() override { return ucp_worker_progress(m_worker) != 0; }
   uint64_t requests_sent() const override { return m_requests_sent.load(std::memory_order_relaxed); }
+  AdmissionReport take_admission_report() override;
   void check_while_waiting(WaitCheck check, std::chrono::milliseconds interval) override {
     m_wait_check = std::move(check);
     m_check_interval = interval;
@@ -277,6 +280,14 @@ class UcxTransport final : public Transport {
   // Closes accepted endpoints that did not say hello in time; true while
   // some wait for theirs.
   bool expire_unadmitted();
+  // Connections accepted on the listener's port that never became a
+  // connection request (bare TCP: UCX's connection manager holds each
+  // without a bound, and at its destruction UCX 1.13 crashes on them): shut
+  // down once older than k_admission_window, or all of them and every
+  // unadmitted one when `everything` (before the listener goes). UCX then
+  // drops them through its own error path. Progress thread only; a look at
+  // most every second unless `everything`. Returns how many it shut down.
+  size_t reap_unproven(bool everything);
 
   static Status peer_failed() {
     return Status(ErrorCode::transport_error, "the peer's endpoint failed (peer down or unreachable)");
@@ -374,18 +385,48 @@ class UcxTransport final : public Transport {
   std::string m_address;         // what peers connect to: the listener's or the worker's
   std::string m_worker_address;  // for answer endpoints over shared memory (hello)
   ucp_listener_h m_listener = nullptr;
+  sockaddr_storage m_listen_addr{};  // where it listens (ip and port)
   uint64_t m_admission = 0;  // 0: no listener, requests need no token
+  // Admission: connections that have proven nothing yet (no hello with the
+  // token) are held at most k_admission_window, at most k_per_source of them
+  // per source (its address and, for a process of this host, its uid), and
+  // at most m_max_unadmitted in all. A source over its budget loses its own
+  // oldest; over the total, the source holding the most loses its oldest.
+  // So one source flooding the port turns away only its own connections.
+  struct Pending {
+    ucp_conn_request_h request = nullptr;
+    std::string source;  // "127.0.0.1 uid 1001", "10.0.0.7"
+    std::chrono::steady_clock::time_point since;
+    std::string peer;    // its address and port, "127.0.0.1:41234"
+  };
   struct Accepted {
     std::chrono::steady_clock::time_point since;
     bool admitted = false;
+    std::string source;
+    std::string peer;
   };
+  std::map<std::string, std::chrono::steady_clock::time_point> m_unproven_seen;  // by peer (progress thread)
+  std::chrono::steady_clock::time_point m_last_reap;
   std::mutex m_accept_lock;
-  std::vector<ucp_conn_request_h> m_conn_requests;      // waiting to be accepted
+  std::vector<Pending> m_conn_requests;                  // waiting to be accepted
   std::unordered_map<ucp_ep_h, Accepted> m_accepted;     // endpoints made from them
   std::unordered_set<ucp_ep_h> m_admitted_early;         // said hello before they were listed
+  std::unordered_map<std::string, size_t> m_unadmitted_by;  // per source: pending and accepted, not admitted
+  std::map<std::string, uint64_t> m_turned_away;         // per source, since take_admission_report
   std::atomic<size_t> m_unadmitted{0};
+  size_t m_max_unadmitted = 4096;
   static constexpr std::chrono::milliseconds k_admission_window{2000};
-  static constexpr size_t k_max_unadmitted = 1024;
+  static constexpr size_t k_per_source = 64;
+  // The source of a connection request (under no lock: a netlink lookup),
+  // and its peer's address and port into *peer.
+  std::string source_of(ucp_conn_request_h request, std::string* peer) const;
+  // Takes the oldest unadmitted connection of `source` off the lists (caller
+  // holds m_accept_lock): a pending request into *reject, or an accepted
+  // endpoint into *drop. False when `source` has none that can be taken.
+  bool evict_oldest_locked(const std::string& source, std::vector<ucp_conn_request_h>* reject,
+                           std::vector<ucp_ep_h>* drop);
+  // One fewer unadmitted connection of `source` (caller holds m_accept_lock).
+  void uncount_locked(const std::string& source);
   std::thread m_progress;
   std::atomic<bool> m_stop{false};
   std::atomic<bool> m_peer_errors{true};  // endpoints with peer failure detection

@@ -14,17 +14,28 @@
 //
 // The address on the wire: "tmucx-listener <ip> <port> <token in hex>".
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
+#include <set>
+#include <vector>
 
 #include <tiermem/status_macros.h>
 
 #include "common/deadline.hpp"
+#include "common/socket_owner.hpp"
+#include "common/unique_fd.hpp"
 #include "transport/ucx/ucx_internal.hpp"
 
 namespace tiermem {
@@ -108,6 +119,14 @@ Status UcxTransport::listen(const std::string& ip) {
   } else {
     port = ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
   }
+  m_listen_addr = attr.sockaddr;
+  // Far above any honest use, and within the descriptors this process may
+  // open (each connection holds some): a flood runs out of budget, not the
+  // process out of descriptors.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    m_max_unadmitted = std::clamp<size_t>(files.rlim_cur / 8, k_per_source, 4096);
+  }
   while (m_admission == 0) m_admission = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
   char text[128];
   std::snprintf(text, sizeof text, "%s %u %016" PRIx64, ip.c_str(), static_cast<unsigned>(port), m_admission);
@@ -115,20 +134,88 @@ Status UcxTransport::listen(const std::string& ip) {
   return Status();
 }
 
+std::string UcxTransport::source_of(ucp_conn_request_h request, std::string* peer) const {
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) != UCS_OK) return "an unknown address";
+  *peer = endpoint_text(attr.client_address);
+  std::string source = address_text(attr.client_address);
+  // Users of one host all come from its addresses: a process of this host
+  // is told apart by its uid.
+  if (auto uid = local_socket_owner(attr.client_address, m_listen_addr)) source += " uid " + std::to_string(*uid);
+  return source;
+}
+
+void UcxTransport::uncount_locked(const std::string& source) {
+  auto it = m_unadmitted_by.find(source);
+  if (it != m_unadmitted_by.end() && --it->second == 0) m_unadmitted_by.erase(it);
+  m_unadmitted.fetch_sub(1);
+}
+
+bool UcxTransport::evict_oldest_locked(const std::string& source, std::vector<ucp_conn_request_h>* reject,
+                                       std::vector<ucp_ep_h>* drop) {
+  // The oldest of the source's: a pending request (oldest first in the
+  // list) or an accepted endpoint, whichever came first.
+  auto pending = std::find_if(m_conn_requests.begin(), m_conn_requests.end(),
+                              [&](const Pending& p) { return p.source == source; });
+  auto accepted = m_accepted.end();
+  for (auto it = m_accepted.begin(); it != m_accepted.end(); ++it) {
+    if (!it->second.admitted && it->second.source == source &&
+        (accepted == m_accepted.end() || it->second.since < accepted->second.since)) {
+      accepted = it;
+    }
+  }
+  if (pending == m_conn_requests.end() && accepted == m_accepted.end()) return false;
+  if (pending != m_conn_requests.end() &&
+      (accepted == m_accepted.end() || pending->since <= accepted->second.since)) {
+    reject->push_back(pending->request);
+    m_conn_requests.erase(pending);
+  } else {
+    drop->push_back(accepted->first);
+    m_accepted.erase(accepted);
+  }
+  uncount_locked(source);
+  ++m_turned_away[source];
+  return true;
+}
+
 // No UCX call is made under m_accept_lock: UCX may call back into us (a
 // connection request, an endpoint's error) from inside any of its calls.
 void UcxTransport::on_conn_request(ucp_conn_request_h request, void* arg) {
   auto& self = *static_cast<UcxTransport*>(arg);
-  bool full = false;
+  std::string peer;
+  std::string source = self.source_of(request, &peer);
+  std::vector<ucp_conn_request_h> reject;
+  std::vector<ucp_ep_h> drop;
+  bool refused = false;
   {
     std::lock_guard lock(self.m_accept_lock);
-    // Too many connections that have not proven anything yet?
-    full = self.m_conn_requests.size() + self.m_unadmitted.load() >= k_max_unadmitted;
-    if (!full) self.m_conn_requests.push_back(request);
+    bool room = true;
+    if (self.m_unadmitted_by[source] >= k_per_source) {
+      room = self.evict_oldest_locked(source, &reject, &drop);
+    } else if (self.m_unadmitted.load() >= self.m_max_unadmitted) {
+      // The source holding the most gives way.
+      const auto busiest = std::max_element(self.m_unadmitted_by.begin(), self.m_unadmitted_by.end(),
+                                            [](const auto& a, const auto& b) { return a.second < b.second; });
+      room = busiest != self.m_unadmitted_by.end() && self.evict_oldest_locked(busiest->first, &reject, &drop);
+    }
+    if (room) {
+      self.m_conn_requests.push_back({request, source, std::chrono::steady_clock::now(), std::move(peer)});
+      ++self.m_unadmitted_by[source];
+      self.m_unadmitted.fetch_add(1);
+    } else {
+      ++self.m_turned_away[source];
+      if (auto it = self.m_unadmitted_by.find(source); it != self.m_unadmitted_by.end() && it->second == 0) {
+        self.m_unadmitted_by.erase(it);
+      }
+      refused = true;
+    }
   }
-  if (full) {
-    (void)ucp_listener_reject(self.m_listener, request);
-    return;
+  if (refused) reject.push_back(request);
+  for (ucp_conn_request_h r : reject) (void)ucp_listener_reject(self.m_listener, r);
+  if (!drop.empty()) {
+    std::lock_guard lock(self.m_origins_lock);
+    for (ucp_ep_h ep : drop) self.m_disconnecting.push_back(ep);  // closed by the progress thread
   }
   // Accepted by the progress thread, outside UCX's callback.
   const uint64_t one = 1;
@@ -136,17 +223,17 @@ void UcxTransport::on_conn_request(ucp_conn_request_h request, void* arg) {
 }
 
 void UcxTransport::accept_pending() {
-  std::vector<ucp_conn_request_h> requests;
+  std::vector<Pending> requests;
   {
     std::lock_guard lock(m_accept_lock);
     if (m_conn_requests.empty()) return;
     requests.swap(m_conn_requests);
   }
-  for (ucp_conn_request_h request : requests) {
+  for (Pending& request : requests) {
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.conn_request = request;
+    p.conn_request = request.request;
     p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     p.err_handler.cb = &UcxTransport::on_accepted_error;
     p.err_handler.arg = this;
@@ -154,12 +241,16 @@ void UcxTransport::accept_pending() {
     // Listed once made (outside the lock, see on_conn_request): an error
     // reported before it is listed finds nothing to drop, and the endpoint,
     // never admitted, is closed when its window ends.
-    if (ucp_ep_create(m_worker, &p, &ep) != UCS_OK) continue;
+    const bool made = ucp_ep_create(m_worker, &p, &ep) == UCS_OK;
     std::lock_guard lock(m_accept_lock);
+    if (!made) {
+      uncount_locked(request.source);
+      continue;
+    }
     // Its hello may have been run by another thread's progress already.
     const bool admitted = m_admitted_early.erase(ep) != 0;
-    m_accepted[ep] = Accepted{std::chrono::steady_clock::now(), admitted};
-    if (!admitted) m_unadmitted.fetch_add(1);
+    m_accepted[ep] = Accepted{request.since, admitted, std::move(request.source), std::move(request.peer)};
+    if (admitted) uncount_locked(m_accepted[ep].source);
   }
 }
 
@@ -172,7 +263,7 @@ void UcxTransport::drop_accepted(ucp_ep_h ep, bool tell_peer) {
     std::lock_guard lock(m_accept_lock);
     auto it = m_accepted.find(ep);
     if (it == m_accepted.end()) return;  // not ours, or dropped already
-    if (!it->second.admitted) m_unadmitted.fetch_sub(1);
+    if (!it->second.admitted) uncount_locked(it->second.source);
     m_accepted.erase(it);
   }
   std::lock_guard lock(m_origins_lock);
@@ -185,12 +276,108 @@ void UcxTransport::admit(ucp_ep_h ep) {
   if (it == m_accepted.end()) {
     // Not listed yet (accept_pending lists it after ucp_ep_create returned);
     // bounded: only endpoints this transport just accepted say hello.
-    if (m_admitted_early.size() < k_max_unadmitted) m_admitted_early.insert(ep);
+    if (m_admitted_early.size() < m_max_unadmitted) m_admitted_early.insert(ep);
     return;
   }
   if (it->second.admitted) return;
   it->second.admitted = true;
-  m_unadmitted.fetch_sub(1);
+  uncount_locked(it->second.source);
+}
+
+size_t UcxTransport::reap_unproven(bool everything) {
+  if (m_listener == nullptr) return 0;
+  const auto now = std::chrono::steady_clock::now();
+  // Every 100 ms while connections that never spoke are held, else every second.
+  if (!everything && now - m_last_reap < (m_unproven_seen.empty() ? std::chrono::milliseconds(1000)
+                                                                  : std::chrono::milliseconds(100))) {
+    return 0;
+  }
+  m_last_reap = now;
+  const uint16_t port = port_of(m_listen_addr);
+  // Peers UCX turned into connection requests: ours to judge (admission).
+  std::set<std::string> known, admitted;
+  {
+    std::lock_guard lock(m_accept_lock);
+    for (const Pending& p : m_conn_requests) known.insert(p.peer);
+    for (const auto& [ep, a] : m_accepted) (a.admitted ? admitted : known).insert(a.peer);
+  }
+  std::map<std::string, std::chrono::steady_clock::time_point> seen;
+  std::unique_ptr<DIR, int (*)(DIR*)> fds(::opendir("/proc/self/fd"), ::closedir);
+  if (fds == nullptr) return 0;
+  size_t shut = 0;
+  const auto shut_down = [&](int fd, const sockaddr_storage& remote) {
+    ::shutdown(fd, SHUT_RDWR);
+    ++shut;
+    std::string source = address_text(remote);
+    if (auto uid = local_socket_owner(remote, m_listen_addr)) source += " uid " + std::to_string(*uid);
+    std::lock_guard lock(m_accept_lock);
+    ++m_turned_away[source];
+  };
+  struct Unproven {
+    std::chrono::steady_clock::time_point first;
+    std::string peer, address;
+    sockaddr_storage remote;
+    UniqueFd fd;
+  };
+  std::vector<Unproven> unproven;
+  while (const dirent* e = ::readdir(fds.get())) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    // A copy, checked again: the number may be closed and reused meanwhile,
+    // and the copy keeps the socket it names.
+    UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!copy.valid()) continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t length = sizeof local;
+    if (::getsockname(copy.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0 || port_of(local) != port ||
+        (local.ss_family != AF_INET && local.ss_family != AF_INET6)) {
+      continue;
+    }
+    length = sizeof remote;
+    if (::getpeername(copy.get(), reinterpret_cast<sockaddr*>(&remote), &length) != 0) continue;  // the listener
+    const std::string peer = endpoint_text(remote);
+    if (admitted.count(peer) != 0) continue;
+    if (!everything) {
+      if (known.count(peer) != 0) continue;  // its window runs (expire_unadmitted)
+      auto it = m_unproven_seen.find(peer);
+      const auto first = it == m_unproven_seen.end() ? now : it->second;
+      seen[peer] = first;
+      if (now - first <= k_admission_window) {
+        // Within its window, but within its source's budget too.
+        unproven.push_back({first, peer, address_text(remote), remote, UniqueFd(copy.release())});
+        continue;
+      }
+    }
+    shut_down(copy.get(), remote);
+  }
+  // A source past its budget of connections that never spoke loses its
+  // oldest now, not when their window ends: a flood must not hold the
+  // worker's descriptors for the window.
+  // Sources are told apart by address, and on an address past the budget
+  // (every local user comes from 127.0.0.1) by uid too: only then is the
+  // kernel asked whose each connection is.
+  std::map<std::string, size_t> per_address, per_source;
+  for (const Unproven& u : unproven) ++per_address[u.address];
+  std::sort(unproven.begin(), unproven.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (Unproven& u : unproven) {
+    if (per_address[u.address] <= k_per_source) continue;
+    std::string source = u.address;
+    if (auto uid = local_socket_owner(u.remote, m_listen_addr)) source += " uid " + std::to_string(*uid);
+    if (++per_source[source] > k_per_source) {
+      shut_down(u.fd.get(), u.remote);
+      seen.erase(u.peer);
+    }
+  }
+  m_unproven_seen.swap(seen);
+  return shut;
+}
+
+Transport::AdmissionReport UcxTransport::take_admission_report() {
+  AdmissionReport r;
+  std::lock_guard lock(m_accept_lock);
+  r.sources.swap(m_turned_away);
+  for (const auto& [source, n] : r.sources) r.turned_away += n;
+  return r;
 }
 
 bool UcxTransport::expire_unadmitted() {

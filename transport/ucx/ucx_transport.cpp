@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,11 +13,13 @@
 #include <random>
 #include <set>
 
+#include <ucs/config/global_opts.h>
 #include <ucs/debug/log_def.h>
 
 #include <tiermem/status_macros.h>
 
 #include "common/deadline.hpp"
+
 #include "transport/ucx/ucx_internal.hpp"
 
 namespace tiermem {
@@ -66,10 +69,33 @@ UcxTransport::~UcxTransport() {
     (void)::write(m_wake_fd, &one, sizeof one);
     m_progress.join();
   }
+  if (m_listener != nullptr) {
+    // Before the listener goes, no connection of its port may be half made
+    // in UCX's connection manager: UCX 1.13 crashes destroying the listener
+    // and the worker with such ones (a bare TCP connection that never spoke,
+    // or one whose request arrives after the listener is gone). Every
+    // connection not admitted is shut down, UCX drops them on its own error
+    // path while the worker progresses, and the requests still queued are
+    // rejected while their listener exists.
+    if (reap_unproven(true) > 0) {
+      // Until UCX has had 20 ms without news (at most 1 s).
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      auto quiet_since = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() < give_up &&
+             std::chrono::steady_clock::now() - quiet_since < std::chrono::milliseconds(20)) {
+        if (ucp_worker_progress(m_worker) != 0) {
+          quiet_since = std::chrono::steady_clock::now();
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+    }
+    for (const Pending& p : m_conn_requests) (void)ucp_listener_reject(m_listener, p.request);
+    m_conn_requests.clear();
+    ucp_listener_destroy(m_listener);
+    m_listener = nullptr;
+  }
   if (m_wake_fd >= 0) ::close(m_wake_fd);
-  // Requests not accepted are rejected while their listener still exists.
-  for (ucp_conn_request_h request : m_conn_requests) (void)ucp_listener_reject(m_listener, request);
-  if (m_listener != nullptr) ucp_listener_destroy(m_listener);
   for (auto& [ep, accepted] : m_accepted) m_closing.push_back(ep);
   for (auto& [origin, ep] : m_origin_eps) m_closing.push_back(ep);
   for (ucp_ep_h ep : m_disconnecting) m_closing.push_back(ep);
@@ -454,6 +480,7 @@ void UcxTransport::progress_loop(int efd) {
     if (clock::now() - last_news < budget) continue;
     accept_pending();
     const bool waiting_for_hellos = expire_unadmitted();
+    reap_unproven(false);
     close_replaced_answer_eps();
     if (ucp_worker_arm(m_worker) == UCS_ERR_BUSY) continue;
     // No timeout: a request (its bytes on a socket, or UCX's own events:
@@ -462,7 +489,8 @@ void UcxTransport::progress_loop(int efd) {
     // (but while accepted connections have yet to say hello: then it looks
     // every 100 ms to close those past their window).
     pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
-    (void)::poll(fds, 2, waiting_for_hellos ? 100 : -1);
+    // A listener's looks every second for bare connections to reap.
+    (void)::poll(fds, 2, waiting_for_hellos || !m_unproven_seen.empty() ? 100 : m_listener != nullptr ? 1000 : -1);
     if ((fds[1].revents & POLLIN) != 0) {
       uint64_t n = 0;
       (void)::read(m_wake_fd, &n, sizeof n);
@@ -498,7 +526,23 @@ std::string UcxEndpoint::transports() const {
 Result<std::unique_ptr<Transport>> make_ucx_transport(const UcxOptions& options) {
   using namespace ucx_detail;
   static std::once_flag log_once;
-  std::call_once(log_once, [] { ucs_log_push_handler(&log_to_stderr); });
+  std::call_once(log_once, [] {
+    ucs_log_push_handler(&log_to_stderr);
+    // UCX 1.13 serves at most UCX_ASYNC_MAX_EVENTS (1024) descriptors per
+    // worker: past that a listener's connection manager fails to take new
+    // connections (every client after is reset) and crashes at its
+    // destruction, so 1,100 bare connections to a listener took a plane
+    // down. The bound follows this process's descriptor limit instead
+    // (each connection costs a descriptor first), unless the operator set it.
+    if (std::getenv("UCX_ASYNC_MAX_EVENTS") == nullptr) {
+      rlimit files{};
+      size_t events = 16384;
+      if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+        events = std::clamp<size_t>(files.rlim_cur, 1024, 65536);
+      }
+      (void)ucs_global_opts_set_value("ASYNC_MAX_EVENTS", std::to_string(events).c_str());
+    }
+  });
   auto t = std::make_unique<UcxTransport>();
   UcxOptions o = options;
   if (const char* e = std::getenv("TIERMEM_RMA_EMULATION"); e != nullptr && *e != '\0') o.emulation = e;

@@ -76,6 +76,8 @@ pyb::dict node_stat_dict(const NodeStat& s) {
   d["fabric"] = s.fabric;
   d["locks_broken"] = s.locks_broken;
   d["truncations_repaired"] = s.truncations_repaired;
+  d["files_trimmed"] = s.files_trimmed;
+  d["trimmed_bytes"] = s.trimmed_bytes;
   pyb::dict r;
   r["durable"] = s.recovery.durable;
   r["memory_adopted"] = s.recovery.memory_adopted;

@@ -6,6 +6,7 @@
 // mid-operation, a provider without what tiermem needs.
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,7 +25,7 @@
 
 #include "common/frame.hpp"
 #include "common/shared_memory.hpp"
-#include "transport/ofi/ofi_shm_sweep.hpp"
+#include "transport/ofi/ofi_shm_files.hpp"
 #include "transport/transport.hpp"
 #include "tests/transport/transport_cases.hpp"
 
@@ -352,12 +353,11 @@ TEST(OfiTransport, RxmReceivePoolIsSizedDownUnlessTheOperatorSetIt) {
   EXPECT_EQ(std::string(now), operators.empty() ? "128" : operators);
 }
 
-// The files of /dev/shm whose names start with "<pid>:".
+// The queues of /dev/shm that name `pid` (ofi_shm_files.hpp).
 std::vector<std::string> queues_of(pid_t pid) {
   std::vector<std::string> found;
-  const std::string prefix = std::to_string(pid) + ":";
   for (const auto& f : std::filesystem::directory_iterator("/dev/shm")) {
-    if (f.path().filename().string().starts_with(prefix)) found.push_back(f.path().filename());
+    if (ofi_detail::pid_of_shm_queue(f.path().filename().string()) == pid) found.push_back(f.path().filename());
   }
   return found;
 }
@@ -396,26 +396,116 @@ TEST(OfiTransport, QueuesOfKilledProcessesAreSweptAndNothingElse) {
   const std::string dir = ::testing::TempDir() + "/shm-sweep-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const std::string dead = std::to_string(child), me = std::to_string(::getpid());
-  for (const std::string& name : {dead + ":0:0", dead + ":0:0.bak", dead + ":x:0", std::string("notaqueue"), me + ":1:2"}) {
+  const std::string hex(32, 'a');
+  for (const std::string& name : {dead + ":0:0", "tm-" + dead + "-" + hex, dead + ":0:0.bak", dead + ":x:0",
+                                  "tm-" + dead + "-" + hex + "x", std::string("notaqueue"), me + ":1:2",
+                                  "tm-" + me + "-" + hex}) {
     std::FILE* f = std::fopen((dir + "/" + name).c_str(), "w");
     ASSERT_NE(f, nullptr) << name;
     std::fclose(f);
   }
   std::filesystem::create_directory(dir + "/" + dead + ":1:1");  // not a file
-  EXPECT_EQ(ofi_detail::sweep_dead_shm_queues(dir).files, 1u);
+  EXPECT_EQ(ofi_detail::sweep_dead_shm_queues(dir).files, 2u);
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + dead + ":0:0"));
-  for (const std::string& kept : {dead + ":0:0.bak", dead + ":x:0", std::string("notaqueue"), me + ":1:2", dead + ":1:1"}) {
+  EXPECT_FALSE(std::filesystem::exists(dir + "/tm-" + dead + "-" + hex));
+  for (const std::string& kept : {dead + ":0:0.bak", dead + ":x:0", "tm-" + dead + "-" + hex + "x",
+                                  std::string("notaqueue"), me + ":1:2", "tm-" + me + "-" + hex, dead + ":1:1"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/" + kept)) << kept << " was removed";
   }
   std::filesystem::remove_all(dir);
 }
 
+// shm queue names cannot be guessed: each is this process's pid and 128
+// random bits, and a transport's own queue is one of them.
+TEST(OfiTransport, ShmQueueNamesAreOurOwnAndUnpredictable) {
+  auto a = ofi_detail::fresh_shm_queue_name();
+  auto b = ofi_detail::fresh_shm_queue_name();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  EXPECT_EQ(ofi_detail::pid_of_shm_queue(*a), ::getpid()) << *a;
+  EXPECT_EQ(a->size(), std::string("fi_shm://tm-").size() + std::to_string(::getpid()).size() + 1 + 32) << *a;
+  EXPECT_EQ(ofi_detail::pid_of_shm_queue("fi_shm://123:0:4"), 123);
+  EXPECT_EQ(ofi_detail::pid_of_shm_queue("tm-123-xyz"), 0);
+  EXPECT_EQ(ofi_detail::pid_of_shm_queue("../123:0:4"), 0);
+  OfiOptions o;
+  o.provider = "shm";
+  auto t = make_ofi_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  EXPECT_NE((*t)->address().find(" " + std::to_string(::getpid()) + " "), std::string::npos);
+  bool found = false;
+  for (const auto& f : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = f.path().filename().string();
+    found |= name.starts_with("tm-" + std::to_string(::getpid()) + "-");
+  }
+  EXPECT_TRUE(found) << "no queue of this process named tm-<pid>-<random>";
+}
+
+// A peer address naming a queue file that is not a queue of this user, or
+// is open to others, or is too short to hold one, or is not a regular file,
+// is refused before the provider maps anything: not_supported, naming the
+// file and its owner; never SIGBUS.
+TEST(OfiTransport, PeerQueuesThatFailTheirChecksAreRefusedNotMapped) {
+  OfiOptions o;
+  o.provider = "shm";
+  auto t = make_ofi_transport(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const std::string stem = "tm-" + std::to_string(::getpid()) + "-check";
+  struct Case {
+    std::string name;
+    std::string why;
+  };
+  std::vector<Case> cases = {{stem + "-empty", "bytes, too few"},
+                             {stem + "-open", "open to other users"},
+                             {stem + "-fifo", "not a regular file"},
+                             {stem + "-link", "cannot be opened"},
+                             {stem + "-theirs", "belongs to another user"},
+                             {stem + "-missing", "cannot be opened"}};
+  const std::string dir = "/dev/shm/";
+  { std::ofstream(dir + cases[0].name); }
+  ::chmod((dir + cases[0].name).c_str(), 0600);
+  { std::ofstream(dir + cases[1].name); }
+  ::truncate((dir + cases[1].name).c_str(), 16 << 20);
+  ::chmod((dir + cases[1].name).c_str(), 0666);
+  ASSERT_EQ(::mkfifo((dir + cases[2].name).c_str(), 0600), 0);
+  ASSERT_EQ(::symlink((dir + cases[1].name).c_str(), (dir + cases[3].name).c_str()), 0);
+  { std::ofstream(dir + cases[4].name); }
+  ::truncate((dir + cases[4].name).c_str(), 16 << 20);
+  ::chmod((dir + cases[4].name).c_str(), 0600);
+  const bool root = ::geteuid() == 0;
+  if (root) {
+    ASSERT_EQ(::chown((dir + cases[4].name).c_str(), 65534, 65534), 0);
+  }
+  for (const Case& c : cases) {
+    if (!root && c.name.ends_with("-theirs")) {
+      continue;
+    }
+    std::string hex_name;
+    const std::string full = "fi_shm://" + c.name;
+    for (unsigned char ch : full + std::string(1, '\0')) {
+      static constexpr char k_hex[] = "0123456789abcdef";
+      hex_name += k_hex[ch >> 4];
+      hex_name += k_hex[ch & 15];
+    }
+    const std::string address = "tmofi1 shm 1 " + std::to_string(::getpid()) + " " + hex_name;
+    auto ep = (*t)->connect(address);
+    ASSERT_FALSE(ep.ok()) << c.name;
+    EXPECT_EQ(ep.status().code(), ErrorCode::not_supported) << ep.status().to_string();
+    EXPECT_NE(ep.status().message().find(dir + c.name), std::string::npos) << ep.status().to_string();
+    EXPECT_NE(ep.status().message().find(c.why), std::string::npos) << ep.status().to_string();
+  }
+  for (const Case& c : cases) std::filesystem::remove(dir + c.name);
+}
+
 // How many of this process's mappings are of queues of `pid`.
 int queues_mapped(pid_t pid) {
   std::ifstream maps("/proc/self/maps");
-  const std::string of = "/dev/shm/" + std::to_string(pid) + ":";
   int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find(of) != std::string::npos ? 1 : 0;
+  for (std::string line; std::getline(maps, line);) {
+    const size_t at = line.find("/dev/shm/");
+    if (at == std::string::npos) continue;
+    const std::string name = line.substr(at + 9, line.find(' ', at) - at - 9);  // without " (deleted)"
+    n += ofi_detail::pid_of_shm_queue(name) == pid ? 1 : 0;
+  }
   return n;
 }
 
