@@ -195,7 +195,14 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
     spdlog::debug("session {} closed", m_state.id);
   }
 
+  // Once, from whichever thread comes first: the session's own coroutine
+  // when it ends, or ControlServer::stop() on another io thread (two closes
+  // of one socket at once deregistered it twice, and a SIGTERM that came as
+  // a client hung up crashed the daemon in asio's reactor).
   void close() override {
+    std::lock_guard lock(m_close_mutex);
+    if (m_closed) return;
+    m_closed = true;
     boost::system::error_code ec;
     m_socket.close(ec);
   }
@@ -416,6 +423,8 @@ class Session final : public SessionBase, public std::enable_shared_from_this<Se
   }
 
   Socket m_socket;
+  std::mutex m_close_mutex;  // close() once
+  bool m_closed = false;
   RequestHandler& m_handler;
   const DaemonConfig& m_config;
   asio::thread_pool& m_pool;

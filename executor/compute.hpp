@@ -22,6 +22,8 @@
 
 #include <tiermem/status.h>
 
+#include "executor/elementwise_math.hpp"
+
 namespace tiermem::exec {
 
 // What the GEMMs compute in: fp32 throughout, or (GPUs) bf16 operands with
@@ -102,6 +104,11 @@ class Compute {
   virtual void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) = 0;
   virtual void gelu(const float* x, float* y, int64_t count) = 0;
   virtual void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) = 0;
+  // y = fn(x) and dx (+)= dy * fn'(x), element-wise: the functions of
+  // elementwise_math.hpp, whose math the CPU and the GPU share.
+  virtual void unary(elementwise::Unary fn, const float* x, float* y, int64_t count) = 0;
+  virtual void unary_grad(elementwise::Unary fn, const float* x, const float* dy, float* dx, int64_t count,
+                          bool accumulate) = 0;
   virtual void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                           int64_t m, int64_t n) = 0;
   virtual void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd,

@@ -65,6 +65,11 @@ class CpuCompute final : public Compute {
   void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
     k::gelu_grad(x, dy, dx, count, acc);
   }
+  void unary(elementwise::Unary fn, const float* x, float* y, int64_t count) override { k::unary(fn, x, y, count); }
+  void unary_grad(elementwise::Unary fn, const float* x, const float* dy, float* dx, int64_t count,
+                  bool acc) override {
+    k::unary_grad(fn, x, dy, dx, count, acc);
+  }
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                   int64_t m, int64_t n) override {
     k::layer_norm(x, gamma, beta, y, mean, rstd, m, n);

@@ -12,6 +12,8 @@
 
 #include <tiermem/status_macros.h>
 
+#include "executor/ops/op_registry.hpp"
+
 namespace tiermem::exec {
 namespace {
 
@@ -22,26 +24,6 @@ class Errors final : public google::protobuf::io::ErrorCollector {
     if (first.empty()) first = std::to_string(line + 1) + ":" + std::to_string(column + 1) + ": " + message;
   }
   std::string first;
-};
-
-struct Rule {
-  proto::OpType type;
-  OpKind kind;
-  size_t inputs;
-  const char* name;
-};
-constexpr Rule k_rules[] = {
-    {proto::MATMUL, OpKind::matmul, 2, "MATMUL"},
-    {proto::BIAS_ADD, OpKind::bias_add, 2, "BIAS_ADD"},
-    {proto::RELU, OpKind::relu, 1, "RELU"},
-    {proto::GELU, OpKind::gelu, 1, "GELU"},
-    {proto::LAYER_NORM, OpKind::layer_norm, 3, "LAYER_NORM"},
-    {proto::ADD, OpKind::add, 2, "ADD"},
-    {proto::SOFTMAX_CROSS_ENTROPY, OpKind::softmax_xent, 2, "SOFTMAX_CROSS_ENTROPY"},
-    {proto::CONCAT, OpKind::concat, 0, "CONCAT"},  // 0: two or more
-    {proto::EMBEDDING, OpKind::embedding, 2, "EMBEDDING"},
-    {proto::POSITION_EMBEDDING, OpKind::position_embedding, 2, "POSITION_EMBEDDING"},
-    {proto::CAUSAL_ATTENTION, OpKind::attention, 1, "CAUSAL_ATTENTION"},
 };
 
 class Builder {
@@ -172,90 +154,24 @@ class Builder {
     return Status();
   }
 
-  // The shape an op produces from its inputs, or a shape mismatch error.
-  Result<std::vector<int64_t>> infer(const proto::OpDef& op, OpKind kind, const std::vector<int>& in) {
-    auto shape = [&](size_t i) -> const std::vector<int64_t>& { return m_graph.tensors[in[i]].shape; };
-    auto name = [&](size_t i) { return "'" + m_graph.tensors[in[i]].name + "' " + shape_text(shape(i)); };
-    auto mismatch = [&](const std::string& why) {
-      return fail("op '" + op.name() + "' (" + proto::OpType_Name(op.type()) + "): " + why);
-    };
+  // The shape an op produces from its inputs (its spec's rule), or a
+  // mismatch error.
+  Result<std::vector<int64_t>> infer(const proto::OpDef& op, const OpSpec& spec, const std::vector<int>& in) {
+    ShapeQuery q{op, {}, std::string(m_source)};
+    for (int t : in) q.in.push_back(&m_graph.tensors[static_cast<size_t>(t)]);
     for (size_t i = 0; i < in.size(); ++i) {
-      const bool labels = kind == OpKind::softmax_xent && i == 1;
-      const bool ids = kind == OpKind::embedding && i == 0;
-      if ((m_graph.tensors[in[i]].dtype == DType::i32) != (labels || ids)) {
-        return mismatch(name(i) + (labels ? " must be I32 labels" : ids ? " must be I32 token ids" : " must be F32"));
+      const char* i32 = nullptr;
+      for (const auto& [place, what] : spec.i32_inputs) {
+        if (place == i) i32 = what;
+      }
+      if ((q.in[i]->dtype == DType::i32) != (i32 != nullptr)) {
+        return q.mismatch(q.name(i) + (i32 != nullptr ? " must be I32 " + std::string(i32) : std::string(" must be F32")));
       }
     }
-    if (kind != OpKind::attention && (op.heads() != 0 || op.context() != 0)) {
-      return mismatch("only CAUSAL_ATTENTION takes heads and context");
+    if (!spec.sequence_fields && (op.heads() != 0 || op.context() != 0)) {
+      return q.mismatch("only CAUSAL_ATTENTION takes heads and context");
     }
-    switch (kind) {
-      case OpKind::matmul:
-        if (shape(0).size() != 2 || shape(1).size() != 2) return mismatch(name(0) + " and " + name(1) + " must be matrices");
-        if (shape(0)[1] != shape(1)[0]) {
-          return mismatch(name(0) + " times " + name(1) + ": the inner dimensions " + std::to_string(shape(0)[1]) +
-                          " and " + std::to_string(shape(1)[0]) + " differ");
-        }
-        return std::vector<int64_t>{shape(0)[0], shape(1)[1]};
-      case OpKind::bias_add:
-        if (shape(0).size() != 2 || shape(1).size() != 1 || shape(1)[0] != shape(0)[1]) {
-          return mismatch("bias " + name(1) + " does not match the columns of " + name(0));
-        }
-        return shape(0);
-      case OpKind::relu:
-      case OpKind::gelu:
-        return shape(0);
-      case OpKind::layer_norm:
-        if (shape(0).size() != 2 || shape(1) != std::vector<int64_t>{shape(0)[1]} || shape(2) != shape(1)) {
-          return mismatch("gamma " + name(1) + " and beta " + name(2) + " must match the last dimension of " + name(0));
-        }
-        return shape(0);
-      case OpKind::add:
-        if (shape(0) != shape(1)) return mismatch(name(0) + " and " + name(1) + " must have the same shape");
-        return shape(0);
-      case OpKind::softmax_xent:
-        if (shape(0).size() != 2 || shape(1) != std::vector<int64_t>{shape(0)[0]}) {
-          return mismatch("labels " + name(1) + " must have one entry per row of logits " + name(0));
-        }
-        return std::vector<int64_t>{1};
-      case OpKind::concat: {
-        int64_t columns = 0;
-        for (size_t i = 0; i < in.size(); ++i) {
-          if (shape(i).size() != 2 || shape(i)[0] != shape(0)[0]) {
-            return mismatch(name(i) + " must be a matrix with the " + std::to_string(shape(0)[0]) + " rows of " + name(0));
-          }
-          columns += shape(i)[1];
-        }
-        return std::vector<int64_t>{shape(0)[0], columns};
-      }
-      case OpKind::embedding:
-        if (shape(0).size() != 1 || shape(1).size() != 2) {
-          return mismatch("ids " + name(0) + " must be a vector and the table " + name(1) + " a matrix");
-        }
-        return std::vector<int64_t>{shape(0)[0], shape(1)[1]};
-      case OpKind::position_embedding:
-        if (shape(0).size() != 2 || shape(1).size() != 2 || shape(1)[1] != shape(0)[1] ||
-            shape(0)[0] % shape(1)[0] != 0) {
-          return mismatch("the table " + name(1) + " must have the columns of " + name(0) +
-                          " and a number of rows (the context) that divides its rows");
-        }
-        return shape(0);
-      case OpKind::attention: {
-        if (shape(0).size() != 2 || shape(0)[1] % 3 != 0) {
-          return mismatch(name(0) + " must be a matrix of queries, keys and values side by side (3 x D columns)");
-        }
-        const int64_t d = shape(0)[1] / 3;
-        if (op.heads() <= 0 || d % op.heads() != 0) {
-          return mismatch("heads (" + std::to_string(op.heads()) + ") must divide the width " + std::to_string(d));
-        }
-        if (op.context() <= 0 || shape(0)[0] % op.context() != 0) {
-          return mismatch("context (" + std::to_string(op.context()) + ") must divide the rows of " + name(0));
-        }
-        return std::vector<int64_t>{shape(0)[0], d};
-      }
-      default:
-        return mismatch("not a forward op");
-    }
+    return spec.shape(q);
   }
 
   int output(const std::string& name, const std::vector<int64_t>& shape, int op, Role role) {
@@ -273,21 +189,25 @@ class Builder {
   }
 
   Status add_op(const proto::OpDef& def) {
-    const Rule* rule = nullptr;
-    for (const Rule& r : k_rules) {
-      if (r.type == def.type()) rule = &r;
+    const OpSpec* spec = model_op_spec(def.type());
+    if (spec == nullptr) {
+      if (def.type() == proto::OP_UNSPECIFIED || !proto::OpType_IsValid(def.type())) {
+        return fail("op '" + def.name() + "' has no type");
+      }
+      return fail("op '" + def.name() + "' is of type " + proto::OpType_Name(def.type()) +
+                  ", which the executor derives (backward, optimizer, tensor-parallel ops): a model file holds "
+                  "forward ops only");
     }
-    if (rule == nullptr) return fail("op '" + def.name() + "' has no type");
-    const bool arity = rule->inputs == 0 ? def.input_size() >= 2 : static_cast<size_t>(def.input_size()) == rule->inputs;
+    const bool arity = spec->model_inputs == -2 ? def.input_size() >= 2 : def.input_size() == spec->model_inputs;
     if (!arity || def.output_size() != 1) {
-      return fail("op '" + def.name() + "' (" + rule->name + ") takes " +
-                  (rule->inputs == 0 ? std::string("two or more") : std::to_string(rule->inputs)) +
+      return fail("op '" + def.name() + "' (" + proto::OpType_Name(def.type()) + ") takes " +
+                  (spec->model_inputs == -2 ? std::string("two or more") : std::to_string(spec->model_inputs)) +
                   " input(s) and 1 output, not " + std::to_string(def.input_size()) + " and " +
                   std::to_string(def.output_size()));
     }
     Op op;
     op.name = def.name();
-    op.kind = rule->kind;
+    op.kind = spec->kind;
     op.phase = Phase::forward;
     op.heads = def.heads();
     op.context = def.context();
@@ -299,7 +219,7 @@ class Builder {
       }
       op.in.push_back(t);
     }
-    TIERMEM_ASSIGN_OR_RETURN(auto shape, infer(def, rule->kind, op.in));
+    TIERMEM_ASSIGN_OR_RETURN(auto shape, infer(def, *spec, op.in));
     const int id = static_cast<int>(m_graph.ops.size());
     const std::string& out = def.output(0);
     if (const int existing = m_graph.find(out); existing >= 0) {
@@ -313,14 +233,10 @@ class Builder {
       }
     }
     op.out.push_back(output(out, shape, id, Role::activation));
-    if (rule->kind == OpKind::layer_norm) {
-      // Saved for the backward pass: per-row mean and 1/stddev.
-      op.out.push_back(output(def.name() + ".mean", {shape.at(0)}, id, Role::activation));
-      op.out.push_back(output(def.name() + ".rstd", {shape.at(0)}, id, Role::activation));
-    }
-    if (rule->kind == OpKind::attention) {
-      // Saved for the backward pass: every head's softmax, row by row.
-      op.out.push_back(output(def.name() + ".probs", {shape.at(0) * op.heads, op.context}, id, Role::activation));
+    if (spec->saved != nullptr) {
+      for (const SavedOutput& saved : spec->saved(op, shape)) {
+        op.out.push_back(output(def.name() + saved.suffix, saved.shape, id, Role::activation));
+      }
     }
     op.accumulate.assign(op.out.size(), false);
     m_graph.ops.push_back(std::move(op));
@@ -333,39 +249,6 @@ class Builder {
 };
 
 }  // namespace
-
-std::string_view op_kind_name(OpKind kind) {
-  switch (kind) {
-    case OpKind::matmul: return "matmul";
-    case OpKind::bias_add: return "bias_add";
-    case OpKind::relu: return "relu";
-    case OpKind::gelu: return "gelu";
-    case OpKind::layer_norm: return "layer_norm";
-    case OpKind::add: return "add";
-    case OpKind::softmax_xent: return "softmax_xent";
-    case OpKind::concat: return "concat";
-    case OpKind::embedding: return "embedding";
-    case OpKind::position_embedding: return "position_embedding";
-    case OpKind::attention: return "attention";
-    case OpKind::tp_identity: return "tp_identity";
-    case OpKind::tp_all_reduce: return "tp_all_reduce";
-    case OpKind::slice_grad: return "slice_grad";
-    case OpKind::embedding_grad: return "embedding_grad";
-    case OpKind::position_embedding_grad: return "position_embedding_grad";
-    case OpKind::attention_grad: return "attention_grad";
-    case OpKind::matmul_grad_a: return "matmul_grad_a";
-    case OpKind::matmul_grad_b: return "matmul_grad_b";
-    case OpKind::bias_grad: return "bias_grad";
-    case OpKind::pass_grad: return "pass_grad";
-    case OpKind::relu_grad: return "relu_grad";
-    case OpKind::gelu_grad: return "gelu_grad";
-    case OpKind::layer_norm_grad: return "layer_norm_grad";
-    case OpKind::softmax_xent_grad: return "softmax_xent_grad";
-    case OpKind::sgd: return "sgd";
-    case OpKind::adam: return "adam";
-  }
-  return "?";
-}
 
 std::string_view role_name(Role role) {
   switch (role) {

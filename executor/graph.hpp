@@ -18,35 +18,13 @@ namespace tiermem::exec {
 enum class DType : uint8_t { f32, i32 };
 enum class Role : uint8_t { activation, param, grad, optimizer_state, input, label };
 
-enum class OpKind : uint8_t {
-  // forward (model files)
-  matmul, bias_add, relu, gelu, layer_norm, add, softmax_xent,
-  concat,             // along columns; in: X0 [M,N0], X1 [M,N1], ...   out: Y [M,sum N]
-  embedding,          // in: ids [M] (I32), table [V,D]   out: Y [M,D]
-  position_embedding, // in: X [M,D], table [T,D]          out: Y = X + table[row mod T]
-  attention,          // in: QKV [M,3D]   out: Y [M,D], P [M*heads, context] (softmax, for backward)
-  // tensor parallelism (tensor_parallel.hpp; inserted, never in model files)
-  tp_identity,        // Y = X; its gradient is the all-reduce of dY over the group
-  tp_all_reduce,      // Y = the sum of X over the tensor-parallel group (the runtime's)
-  // backward (autodiff)
-  matmul_grad_a,      // dA (+)= dY . B^T             in: dY, B        out: dA
-  matmul_grad_b,      // dB (+)= A^T . dY             in: A, dY        out: dB
-  bias_grad,          // db (+)= sum over rows of dY  in: dY           out: db
-  pass_grad,          // dX (+)= dY                   in: dY           out: dX
-  relu_grad,          // dX (+)= dY * (X > 0)         in: X, dY        out: dX
-  gelu_grad,          // dX (+)= dY * gelu'(X)        in: X, dY        out: dX
-  layer_norm_grad,    // in: X, gamma, mean, rstd, dY   out: dX, dgamma, dbeta
-  softmax_xent_grad,  // dL = (softmax(L) - onehot(y)) * scale   in: L, y   out: dL
-  slice_grad,         // dX (+)= dY[:, column : column + cols(dX)]  in: dY  out: dX
-  embedding_grad,     // dtable[ids[i]] += dY[i]           in: ids, dY    out: dtable
-  position_embedding_grad,  // dtable[i mod T] += dY[i]    in: dY         out: dtable
-  attention_grad,     // dQKV (+)= ...                     in: QKV, P, dY out: dQKV
-  // update (optimizer)
-  sgd,                // in: param, grad, velocity  (param and velocity updated in place)
-  adam,               // in: param, grad, m, v
-};
+// The kind of an op: the graph IR's (graph.proto), forward ones that model
+// files name and those the executor derives; executor/ops/ declares what
+// each is and does (op_registry.hpp).
+using OpKind = proto::OpType;
 enum class Phase : uint8_t { forward, backward, update };
 
+// "matmul" (executor/ops/).
 std::string_view op_kind_name(OpKind kind);
 std::string_view role_name(Role role);
 
@@ -82,7 +60,7 @@ struct Tensor {
 
 struct Op {
   std::string name;
-  OpKind kind = OpKind::matmul;
+  OpKind kind = proto::OP_UNSPECIFIED;
   Phase phase = Phase::forward;
   std::vector<int> in, out;
   std::vector<bool> accumulate;  // per output: add into it instead of overwriting

@@ -9,12 +9,10 @@
 #include <vector>
 
 #include "executor/compute.hpp"
+#include "executor/ops/op_registry.hpp"
 
 namespace tiermem::exec {
 namespace {
-
-float* f(const TensorMemory& mem, int t) { return static_cast<float*>(mem(t)); }
-const int32_t* labels(const TensorMemory& mem, int t) { return static_cast<const int32_t*>(mem(t)); }
 
 uint64_t fnv1a(const std::string& s, uint64_t seed) {
   uint64_t h = 1469598103934665603ull ^ seed;
@@ -29,126 +27,14 @@ uint64_t fnv1a(const std::string& s, uint64_t seed) {
 
 void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, bool force_accumulate,
             const TensorMemory* committed) {
-  const TensorMemory& from = committed != nullptr ? *committed : mem;
-  auto shape = [&](int t) -> const std::vector<int64_t>& { return g.tensors[t].shape; };
-  auto acc = [&](size_t i) { return force_accumulate || op.accumulate[i]; };
-  auto count = [&](int t) { return g.tensors[t].elements(); };
-  switch (op.kind) {
-    case OpKind::matmul:
-      k.matmul(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1],
-                shape(op.in[1])[1], false);
-      break;
-    case OpKind::bias_add:
-      k.bias_add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1]);
-      break;
-    case OpKind::relu: k.relu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
-    case OpKind::gelu: k.gelu(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0])); break;
-    case OpKind::add: k.add(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0])); break;
-    case OpKind::layer_norm:
-      k.layer_norm(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.out[0]), f(mem, op.out[1]),
-                    f(mem, op.out[2]), shape(op.in[0])[0], shape(op.in[0])[1]);
-      break;
-    case OpKind::softmax_xent:
-      k.softmax_xent(f(mem, op.in[0]), labels(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0],
-                     shape(op.in[0])[1]);
-      break;
-    case OpKind::concat: {
-      const auto& y = shape(op.out[0]);
-      int64_t column = 0;
-      for (int t : op.in) {
-        k.copy_columns(f(mem, t), f(mem, op.out[0]), y[0], shape(t)[1], y[1], column);
-        column += shape(t)[1];
-      }
-      break;
-    }
-    case OpKind::embedding:
-      k.embedding(labels(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0],
-                  shape(op.in[1])[1]);
-      break;
-    case OpKind::position_embedding:
-      k.position_embedding(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0],
-                           shape(op.in[0])[1], shape(op.in[1])[0]);
-      break;
-    case OpKind::attention:
-      k.attention(f(mem, op.in[0]), f(mem, op.out[0]), f(mem, op.out[1]), shape(op.in[0])[0], shape(op.out[0])[1],
-                  op.heads, op.context);
-      break;
-    case OpKind::embedding_grad: {  // in: ids, dY; out: dtable
-      const auto& table = shape(op.out[0]);
-      k.embedding_grad(labels(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], table[1],
-                       table[0], acc(0));
-      break;
-    }
-    case OpKind::position_embedding_grad: {  // in: dY; out: dtable
-      const auto& table = shape(op.out[0]);
-      k.position_embedding_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], table[1], table[0], acc(0));
-      break;
-    }
-    case OpKind::attention_grad:  // in: QKV, P, dY; out: dQKV
-      k.attention_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.out[0]), shape(op.in[0])[0],
-                       shape(op.in[2])[1], op.heads, op.context, acc(0));
-      break;
-    case OpKind::slice_grad: {
-      const auto& dy = shape(op.in[0]);
-      k.slice_columns_grad(f(mem, op.in[0]), f(mem, op.out[0]), dy[0], shape(op.out[0])[1], dy[1], op.column, acc(0));
-      break;
-    }
-    case OpKind::matmul_grad_a: {  // in: dY [M,N], B [K,N]; out: dA [M,K]
-      const auto& b = shape(op.in[1]);
-      k.matmul_grad_a(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), shape(op.in[0])[0], b[0], b[1], acc(0));
-      break;
-    }
-    case OpKind::matmul_grad_b: {  // in: A [M,K], dY [M,N]; out: dB [K,N]
-      const auto& a = shape(op.in[0]);
-      k.matmul_grad_b(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), a[0], a[1], shape(op.in[1])[1], acc(0));
-      break;
-    }
-    case OpKind::bias_grad:
-      k.bias_grad(f(mem, op.in[0]), f(mem, op.out[0]), shape(op.in[0])[0], shape(op.in[0])[1], acc(0));
-      break;
-    case OpKind::pass_grad:
-    // Tensor parallelism: the local part (the runtime adds the group's for
-    // an all-reduce: StageRunner).
-    case OpKind::tp_identity:
-    case OpKind::tp_all_reduce: k.pass_grad(f(mem, op.in[0]), f(mem, op.out[0]), count(op.in[0]), acc(0)); break;
-    case OpKind::relu_grad:
-      k.relu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
-      break;
-    case OpKind::gelu_grad:
-      k.gelu_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.out[0]), count(op.in[0]), acc(0));
-      break;
-    case OpKind::layer_norm_grad:
-      k.layer_norm_grad(f(mem, op.in[0]), f(mem, op.in[1]), f(mem, op.in[2]), f(mem, op.in[3]), f(mem, op.in[4]),
-                         f(mem, op.out[0]), f(mem, op.out[1]), f(mem, op.out[2]), shape(op.in[0])[0],
-                         shape(op.in[0])[1], acc(0), acc(1));
-      break;
-    case OpKind::softmax_xent_grad: {
-      const auto& l = shape(op.in[0]);
-      k.softmax_xent_grad(f(mem, op.in[0]), labels(mem, op.in[1]), f(mem, op.out[0]), l[0], l[1],
-                           g.grad_scale / static_cast<float>(l[0]), acc(0));
-      break;
-    }
-    case OpKind::sgd: {
-      const auto& o = g.optimizer;
-      k.sgd(f(from, op.in[0]), f(mem, op.in[0]), f(mem, op.in[1]), f(from, op.in[2]), f(mem, op.in[2]),
-            count(op.in[0]), o.learning_rate(), o.momentum(), o.weight_decay());
-      break;
-    }
-    case OpKind::adam: {
-      const auto& o = g.optimizer;
-      k.adam(f(from, op.in[0]), f(mem, op.in[0]), f(mem, op.in[1]), f(from, op.in[2]), f(mem, op.in[2]),
-             f(from, op.in[3]), f(mem, op.in[3]), count(op.in[0]), o.learning_rate(), o.beta1(), o.beta2(),
-             o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
-      break;
-    }
-  }
+  op_spec(op.kind).run(OpCall{k, g, op, mem, committed != nullptr ? *committed : mem, force_accumulate});
 }
 
 void run_update(Compute& k, const Graph& g, const Op& op, const std::vector<float*>& a, int64_t count) {
   const auto& o = g.optimizer;
-  if (op.kind == OpKind::sgd) {
+  if (op.kind == proto::SGD_UPDATE) {
     k.sgd(a[0], a[0], a[1], a[2], a[2], count, o.learning_rate(), o.momentum(), o.weight_decay());
-  } else if (op.kind == OpKind::adam) {
+  } else if (op.kind == proto::ADAM_UPDATE) {
     k.adam(a[0], a[0], a[1], a[2], a[2], a[3], a[3], count, o.learning_rate(), o.beta1(), o.beta2(),
            o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
   }

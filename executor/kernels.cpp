@@ -150,6 +150,50 @@ inline float gelu_derivative(float v) {
 }
 }  // namespace
 
+namespace {
+
+// One loop per function (the switch stays out of it, so that it vectorises).
+template <typename F>
+void unary_loop(const float* x, float* y, int64_t count) {
+#pragma omp parallel for simd if (count > k_parallel)
+  for (int64_t i = 0; i < count; ++i) y[i] = F::value(x[i]);
+}
+
+template <typename F>
+void unary_grad_loop(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  if (accumulate) {
+#pragma omp parallel for simd if (count > k_parallel)
+    for (int64_t i = 0; i < count; ++i) dx[i] += dy[i] * F::derivative(x[i]);
+  } else {
+#pragma omp parallel for simd if (count > k_parallel)
+    for (int64_t i = 0; i < count; ++i) dx[i] = dy[i] * F::derivative(x[i]);
+  }
+}
+
+}  // namespace
+
+void unary(elementwise::Unary fn, const float* x, float* y, int64_t count) {
+  switch (fn) {
+#define TIERMEM_UNARY_CASE(name, Function)                     \
+  case elementwise::Unary::name:                               \
+    unary_loop<elementwise::Function>(x, y, count);            \
+    return;
+    TIERMEM_UNARY_FUNCTIONS(TIERMEM_UNARY_CASE)
+#undef TIERMEM_UNARY_CASE
+  }
+}
+
+void unary_grad(elementwise::Unary fn, const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  switch (fn) {
+#define TIERMEM_UNARY_GRAD_CASE(name, Function)                          \
+  case elementwise::Unary::name:                                         \
+    unary_grad_loop<elementwise::Function>(x, dy, dx, count, accumulate); \
+    return;
+    TIERMEM_UNARY_FUNCTIONS(TIERMEM_UNARY_GRAD_CASE)
+#undef TIERMEM_UNARY_GRAD_CASE
+  }
+}
+
 void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
   // Two loops, so that neither branches on `accumulate` (and both vectorise).
   if (accumulate) {

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "executor/elementwise_math.hpp"
+
 namespace tiermem::exec::kernels {
 
 // C[M,N] (+)= A[M,K] . B[K,N]
@@ -29,6 +31,9 @@ void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool a
 // GELU, tanh approximation (PyTorch's approximate="tanh").
 void gelu(const float* x, float* y, int64_t count);
 void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+// y = fn(x), dx (+)= dy * fn'(x): the functions of elementwise_math.hpp.
+void unary(elementwise::Unary fn, const float* x, float* y, int64_t count);
+void unary_grad(elementwise::Unary fn, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
 
 inline constexpr float k_layer_norm_epsilon = 1e-5f;
 void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,

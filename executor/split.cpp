@@ -86,7 +86,7 @@ class Rewriter {
     int64_t column = 0;
     Op concat;
     concat.name = op.name + ".concat";
-    concat.kind = OpKind::concat;
+    concat.kind = proto::CONCAT;
     concat.phase = Phase::forward;
     for (size_t j = 0; j < widths.size(); ++j) {
       const int64_t cols = widths[j];
@@ -151,7 +151,7 @@ Result<std::vector<std::string>> split_for_balance(Graph& forward, int parts, in
   bool any = false;
   for (size_t i = 0; i < forward.ops.size(); ++i) {
     const Op& op = forward.ops[i];
-    if (op.kind != OpKind::matmul || flops[i] <= budget) continue;
+    if (op.kind != proto::MATMUL || flops[i] <= budget) continue;
     const Tensor& w = forward.tensors[op.in[1]];
     if (w.role != Role::param || w.shape.size() != 2) continue;
     // Blocks are named <tensor>.c<j>: leave an op whole whose names are taken.

@@ -58,12 +58,12 @@ class Sharder {
     const Op& op = m_g.ops[i];
     // Every parameter cut is read by its op alone (a weight shared with
     // another op, tied, stays whole: the block is not split).
-    if (op.kind != OpKind::matmul || !is_param_matrix(op.in[1]) || only_consumer(op.in[1]) != i) return std::nullopt;
+    if (op.kind != proto::MATMUL || !is_param_matrix(op.in[1]) || only_consumer(op.in[1]) != i) return std::nullopt;
     Block b;
     b.column = i;
     int out = op.out[0];
     int next = only_consumer(out);
-    if (next >= 0 && m_g.ops[next].kind == OpKind::bias_add && m_g.ops[next].in[0] == out &&
+    if (next >= 0 && m_g.ops[next].kind == proto::BIAS_ADD && m_g.ops[next].in[0] == out &&
         m_g.tensors[m_g.ops[next].in[1]].role == Role::param && only_consumer(m_g.ops[next].in[1]) == next) {
       b.bias = next;
       out = m_g.ops[next].out[0];
@@ -71,11 +71,11 @@ class Sharder {
     }
     if (next < 0) return std::nullopt;
     const Op& middle = m_g.ops[next];
-    const bool activation = middle.kind == OpKind::relu || middle.kind == OpKind::gelu;
-    if (!(activation || middle.kind == OpKind::attention) || middle.in[0] != out) return std::nullopt;
+    const bool activation = middle.kind == proto::RELU || middle.kind == proto::GELU;
+    if (!(activation || middle.kind == proto::CAUSAL_ATTENTION) || middle.in[0] != out) return std::nullopt;
     b.middle = next;
     const int row = only_consumer(middle.out[0]);
-    if (row < 0 || m_g.ops[row].kind != OpKind::matmul || m_g.ops[row].in[0] != middle.out[0] ||
+    if (row < 0 || m_g.ops[row].kind != proto::MATMUL || m_g.ops[row].in[0] != middle.out[0] ||
         !is_param_matrix(m_g.ops[row].in[1]) || only_consumer(m_g.ops[row].in[1]) != row) {
       return std::nullopt;
     }
@@ -104,7 +104,7 @@ class Sharder {
     Ranges columns;
     int64_t width = 0, rows_from = 0, rows = 0;  // the part's columns; W2's rows
     std::string what;
-    if (middle.kind == OpKind::attention) {
+    if (middle.kind == proto::CAUSAL_ATTENTION) {
       if (middle.heads % m_ways != 0) {
         return Status(ErrorCode::invalid_argument, "--tensor-parallel " + std::to_string(m_ways) + ": op '" +
                                                        middle.name + "' has " + std::to_string(middle.heads) +
@@ -167,7 +167,7 @@ class Sharder {
       if (before.count(static_cast<int>(i)) != 0) {
         Op in;
         in.name = op.name + ".tp_in";
-        in.kind = OpKind::tp_identity;
+        in.kind = proto::TP_IDENTITY;
         in.in = {op.in[0]};
         in.out = {add_tensor(m_g.tensors[op.in[0]], op.name + ".tp_in")};
         in.accumulate = {false};
@@ -177,7 +177,7 @@ class Sharder {
       if (after.count(static_cast<int>(i)) != 0) {
         Op sum;
         sum.name = op.name + ".tp_sum";
-        sum.kind = OpKind::tp_all_reduce;
+        sum.kind = proto::TP_ALL_REDUCE;
         sum.out = {op.out[0]};
         sum.accumulate = {false};
         op.out[0] = add_tensor(m_g.tensors[op.out[0]], op.name + ".partial");

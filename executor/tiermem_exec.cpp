@@ -349,6 +349,7 @@ int main(int argc, char** argv) {
       rc = fail(env.status());
       return;
     }
+    opt.hooks = read_runtime_hooks();  // the test hooks, once
     rc = train(opt, *env);
   });
 

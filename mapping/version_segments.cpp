@@ -209,10 +209,11 @@ Status VersionSegments::open_domain(const Options& o, uint32_t d) {
   if (::ftruncate(st.words_fd.get(), static_cast<off_t>(file_bytes())) != 0) {
     return Status(ErrorCode::io_error, "sizing " + wpath + ": " + std::strerror(errno));
   }
-  // Storage for every page the daemon writes, now: on a full file system a
-  // write into a hole would raise SIGBUS; this says which file instead.
+  // The header's storage now: the daemon writes it at once, and on a full
+  // file system a write into a hole raises SIGBUS; this says which file
+  // instead. (The words get storage as their pages are used, some MiB per
+  // domain; a hole the tenant punches is TruncationGuard's.)
   TIERMEM_RETURN_IF_ERROR(commit_file_range(st.header_fd.get(), 0, k_segment_header_bytes, "the segment header " + hpath));
-  TIERMEM_RETURN_IF_ERROR(commit_file_range(st.words_fd.get(), 0, file_bytes(), "the version words " + wpath));
   st.header_reader.reset(::open(hpath.c_str(), O_RDONLY | O_CLOEXEC));
   if (!st.header_reader.valid()) {
     return Status(ErrorCode::io_error, "opening " + hpath + " for reading: " + std::strerror(errno));

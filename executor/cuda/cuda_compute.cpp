@@ -184,6 +184,13 @@ class CudaCompute final : public Compute {
   void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
     kc::gelu_grad(m_stream, x, dy, dx, count, acc);
   }
+  void unary(elementwise::Unary fn, const float* x, float* y, int64_t count) override {
+    kc::unary(m_stream, static_cast<int>(fn), x, y, count);
+  }
+  void unary_grad(elementwise::Unary fn, const float* x, const float* dy, float* dx, int64_t count,
+                  bool acc) override {
+    kc::unary_grad(m_stream, static_cast<int>(fn), x, dy, dx, count, acc);
+  }
   void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                   int64_t m, int64_t n) override {
     kc::layer_norm(m_stream, x, gamma, beta, y, mean, rstd, m, n, kernels::k_layer_norm_epsilon);

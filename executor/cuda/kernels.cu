@@ -3,6 +3,7 @@
 // (executor/kernels.cpp) in float; sums over rows run per column in a fixed
 // order, so a step gives the same bits every time.
 #include "executor/cuda/kernels.cuh"
+#include "executor/elementwise_math.hpp"
 #include "executor/optimizer_math.hpp"
 
 #include <algorithm>
@@ -135,6 +136,20 @@ __global__ void gelu_k(const float* x, float* y, int64_t count) {
   TIERMEM_FOR_EACH(i, count) {
     const float v = x[i];
     y[i] = 0.5f * v * (1.0f + tanhf(k_sqrt_2_over_pi * (v + k_gelu_c * v * v * v)));
+  }
+}
+
+// One kernel per element-wise function of elementwise_math.hpp.
+template <typename F>
+__global__ void unary_k(const float* x, float* y, int64_t count) {
+  TIERMEM_FOR_EACH(i, count) y[i] = F::value(x[i]);
+}
+
+template <typename F>
+__global__ void unary_grad_k(const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  TIERMEM_FOR_EACH(i, count) {
+    const float g = dy[i] * F::derivative(x[i]);
+    dx[i] = accumulate ? dx[i] + g : g;
   }
 }
 
@@ -339,6 +354,28 @@ void gelu(cudaStream_t s, const float* x, float* y, int64_t count) {
 
 void gelu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
   gelu_grad_k<<<blocks_for(count), k_threads, 0, s>>>(x, dy, dx, count, accumulate);
+}
+
+void unary(cudaStream_t s, int fn, const float* x, float* y, int64_t count) {
+  switch (static_cast<elementwise::Unary>(fn)) {
+#define TIERMEM_UNARY_LAUNCH(name, Function)                                                 \
+  case elementwise::Unary::name:                                                             \
+    unary_k<elementwise::Function><<<blocks_for(count), k_threads, 0, s>>>(x, y, count);     \
+    return;
+    TIERMEM_UNARY_FUNCTIONS(TIERMEM_UNARY_LAUNCH)
+#undef TIERMEM_UNARY_LAUNCH
+  }
+}
+
+void unary_grad(cudaStream_t s, int fn, const float* x, const float* dy, float* dx, int64_t count, bool accumulate) {
+  switch (static_cast<elementwise::Unary>(fn)) {
+#define TIERMEM_UNARY_GRAD_LAUNCH(name, Function)                                                                  \
+  case elementwise::Unary::name:                                                                                   \
+    unary_grad_k<elementwise::Function><<<blocks_for(count), k_threads, 0, s>>>(x, dy, dx, count, accumulate);     \
+    return;
+    TIERMEM_UNARY_FUNCTIONS(TIERMEM_UNARY_GRAD_LAUNCH)
+#undef TIERMEM_UNARY_GRAD_LAUNCH
+  }
 }
 
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,

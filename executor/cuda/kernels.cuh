@@ -28,6 +28,10 @@ void relu(cudaStream_t s, const float* x, float* y, int64_t count);
 void relu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
 void gelu(cudaStream_t s, const float* x, float* y, int64_t count);
 void gelu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+// y = fn(x), dx (+)= dy * fn'(x) for fn an elementwise::Unary (its number:
+// this header stays free of the executor's).
+void unary(cudaStream_t s, int fn, const float* x, float* y, int64_t count);
+void unary_grad(cudaStream_t s, int fn, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                 float* rstd, int64_t m, int64_t n, float epsilon);
 void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,

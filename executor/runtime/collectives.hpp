@@ -40,7 +40,7 @@
 #include "executor/compute.hpp"
 #include "executor/runtime/job.hpp"
 #include "executor/runtime/job_plan.hpp"
-#include "executor/runtime/trainer.hpp"
+#include "executor/runtime/options.hpp"
 
 namespace tiermem::exec {
 

@@ -37,7 +37,7 @@ Status check_dataset(const Graph& graph, const Split& data) {
   }
   // Every token id a table is indexed by must be one of its rows.
   for (const Op& op : graph.ops) {
-    if (op.kind != OpKind::embedding || graph.tensors[op.in[0]].role != Role::input) continue;
+    if (op.kind != proto::EMBEDDING || graph.tensors[op.in[0]].role != Role::input) continue;
     const int64_t rows = graph.tensors[op.in[1]].shape[0];
     if (rows < data.train.classes) {
       return Status(ErrorCode::invalid_argument, "op '" + op.name + "': the table has " + std::to_string(rows) +
@@ -214,7 +214,7 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
 int64_t gemm_operand_elements(const Graph& graph) {
   int64_t most = 0;
   for (const Op& op : graph.ops) {
-    if (op.kind != OpKind::matmul && op.kind != OpKind::matmul_grad_a && op.kind != OpKind::matmul_grad_b) continue;
+    if (op.kind != proto::MATMUL && op.kind != proto::MATMUL_GRAD_A && op.kind != proto::MATMUL_GRAD_B) continue;
     for (int t : op.in) most = std::max(most, graph.tensors[t].elements());
   }
   return most;
@@ -224,7 +224,7 @@ GemmShape heaviest_gemm(const Graph& graph) {
   GemmShape best;
   double most = 0;
   for (const Op& op : graph.ops) {
-    if (op.kind != OpKind::matmul) continue;
+    if (op.kind != proto::MATMUL) continue;
     const Tensor& a = graph.tensors[op.in[0]];
     const Tensor& b = graph.tensors[op.in[1]];
     const double flops = static_cast<double>(a.shape[0]) * static_cast<double>(a.shape[1]) * static_cast<double>(b.shape[1]);

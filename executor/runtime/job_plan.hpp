@@ -18,7 +18,7 @@
 #include "executor/runtime/channels.hpp"
 #include "executor/runtime/env.hpp"
 #include "executor/runtime/profile.hpp"
-#include "executor/runtime/trainer.hpp"
+#include "executor/runtime/options.hpp"
 
 namespace tiermem::exec {
 

@@ -36,7 +36,7 @@
 
 #include "executor/runtime/job.hpp"
 #include "executor/runtime/job_plan.hpp"
-#include "executor/runtime/trainer.hpp"
+#include "executor/runtime/options.hpp"
 
 namespace tiermem::exec {
 

@@ -58,7 +58,7 @@ Status sample_text(const SampleOptions& o) {
   const int ids = tensor_of(g, Role::input);
   int logits = -1;
   for (const Op& op : g.ops) {
-    if (op.kind == OpKind::softmax_xent) logits = op.in[0];
+    if (op.kind == proto::SOFTMAX_CROSS_ENTROPY) logits = op.in[0];
   }
   if (ids < 0 || g.tensors[static_cast<size_t>(ids)].dtype != DType::i32 || logits < 0 ||
       g.dataset.rfind("text:", 0) != 0) {
@@ -75,7 +75,7 @@ Status sample_text(const SampleOptions& o) {
                                                    " classes; a model of bytes draws from 256");
   }
   for (const Op& op : g.ops) {
-    if (op.kind == OpKind::embedding && op.in[0] == ids && g.tensors[static_cast<size_t>(op.in[1])].shape[0] < 256) {
+    if (op.kind == proto::EMBEDDING && op.in[0] == ids && g.tensors[static_cast<size_t>(op.in[1])].shape[0] < 256) {
       return Status(ErrorCode::invalid_argument, "op '" + op.name + "': its table has " +
                                                      std::to_string(g.tensors[static_cast<size_t>(op.in[1])].shape[0]) +
                                                      " rows, fewer than the 256 byte values it is indexed by");

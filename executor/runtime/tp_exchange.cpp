@@ -19,7 +19,7 @@ Counts counts(const JobPlan& job) {
   Counts c;
   for (const auto& [op, mb] : job.plan.schedule) {
     const Op& o = job.graph.ops[op];
-    if (o.kind != OpKind::tp_all_reduce) continue;
+    if (o.kind != proto::TP_ALL_REDUCE) continue;
     ++c.per_step;
     if (o.phase == Phase::forward && mb == 0) ++c.per_eval;
     c.slot_bytes = std::max(c.slot_bytes, (job.graph.tensors[o.in[0]].bytes() + 63) / 64 * 64);
@@ -48,7 +48,7 @@ TpExchange::TpExchange(const JobPlan& job, const TrainOptions& options, Client& 
   for (size_t pos = 0; pos < job.plan.schedule.size(); ++pos) {
     const auto [op, mb] = job.plan.schedule[pos];
     const Op& o = job.graph.ops[op];
-    if (o.kind != OpKind::tp_all_reduce) continue;
+    if (o.kind != proto::TP_ALL_REDUCE) continue;
     m_ops.insert(op);
     m_train_index[static_cast<int>(pos)] = train++;
     if (o.phase == Phase::forward && mb == 0) m_eval_index[op] = eval++;

@@ -107,9 +107,7 @@ Status Trainer::train_steps() {
     if (barrier.load() < static_cast<uint64_t>(first)) barrier.store(static_cast<uint64_t>(first));
   }
   // A unique_ptr: a re-plan builds the stage again (trainer_move.cpp).
-  auto stage = std::make_unique<StageRunner>(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, *m_tp, m_peers,
-                                             m_trace, m_arenas.resumed(), *m_compute);
-  TIERMEM_RETURN_IF_ERROR(stage->use_collectives(m_collectives.dp.get(), m_collectives.tp.get(), m_buckets));
+  TIERMEM_ASSIGN_OR_RETURN(auto stage, make_stage(m_arenas.resumed()));
   Progress progress(m_job, m_opt, m_trace, m_arenas.resumed());
   TIERMEM_RETURN_IF_ERROR(progress.start());
   EvalResult eval;
@@ -146,6 +144,14 @@ Status Trainer::train_steps() {
                 m_opt.update_on_host ? "host" : "compute");
   }
   return Status();
+}
+
+Result<std::unique_ptr<StageRunner>> Trainer::make_stage(bool resumed) {
+  TIERMEM_ASSIGN_OR_RETURN(StageSums sums,
+                           make_stage_sums({m_job, *m_compute, *m_client, *m_dir, m_arenas, m_peers, m_trace, *m_tp,
+                                            m_collectives.dp.get(), m_collectives.tp.get(), m_buckets}));
+  return std::make_unique<StageRunner>(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, resumed,
+                                       *m_compute, std::move(sums));
 }
 
 void Trainer::report_stage_time(int64_t steps) {

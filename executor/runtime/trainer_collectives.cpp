@@ -30,7 +30,7 @@ uint64_t tp_fingerprint(const JobPlan& job) {
   std::vector<int64_t> words;
   for (const auto& [op, mb] : job.plan.schedule) {
     const Op& o = job.graph.ops[static_cast<size_t>(op)];
-    if (o.kind == OpKind::tp_all_reduce) words.push_back(job.graph.tensors[o.in[0]].elements());
+    if (o.kind == proto::TP_ALL_REDUCE) words.push_back(job.graph.tensors[o.in[0]].elements());
   }
   return XXH3_64bits(words.data(), words.size() * 8);
 }
@@ -117,8 +117,7 @@ Status Trainer::make_collectives() {
   const auto tp = tp_group(m_job.topo);
   if (dp) {
     TIERMEM_ASSIGN_OR_RETURN(const bool nccl, group_decision(*dp, true));
-    const char* cpu_buckets = std::getenv("TIERMEM_EXEC_CPU_BUCKETS");
-    const bool buckets = !nccl && cpu_buckets != nullptr && std::string(cpu_buckets) == "1" &&
+    const bool buckets = !nccl && m_opt.hooks.cpu_buckets &&
                          !m_compute->memory_is_device() && !m_job.plan.offload && m_opt.replicas == 0;
     // Through NCCL or bucket by bucket, no gradients are published by
     // step: a member a step behind takes the others' state instead.

@@ -30,6 +30,8 @@ class Trainer {
  private:
   // Plan, connect, allocate, initialise, find the peers, check.
   Status set_up();
+  // The stage's runner for the job as planned now, with its sums.
+  Result<std::unique_ptr<StageRunner>> make_stage(bool resumed);
   // Steps from the committed one to the last, with evaluation and progress.
   Status train_steps();
   Status write_trace();

@@ -149,7 +149,7 @@ Status Trainer::copy_state(const JobPlan& old, const Arenas& old_arenas, int64_t
     TIERMEM_ASSIGN_OR_RETURN(optimizer[s], m_dir->peer(old.topo.rank_of(s, 0), "optimizer"));
   }
   const int64_t parity = step % 2;  // the committed copy of `step` steps
-  const char* stop = std::getenv("TIERMEM_EXEC_STOP_IN_MOVE");
+  const bool stop = m_opt.hooks.stop_in_move;
   std::vector<std::byte> host;
   int copied = 0;
   for (const auto* list : {&m_job.plan.params, &m_job.plan.optimizer}) {
@@ -184,7 +184,7 @@ Status Trainer::copy_state(const JobPlan& old, const Arenas& old_arenas, int64_t
         ++*moved;
         *moved_bytes += bytes;
       }
-      if (++copied == 1 && stop != nullptr) {
+      if (++copied == 1 && stop) {
         // Fault injection for tests: a real SIGSTOP in the middle of a move.
         std::fprintf(stderr, "rank %d: stopping in the move at step %" PRId64 "\n", m_env.rank, step);
         ::raise(SIGSTOP);
@@ -256,8 +256,7 @@ Status Trainer::move_to(int64_t step, const PlanRecord& record, std::unique_ptr<
     }
   }
   for (const Gva g : old_arenas.release()) TIERMEM_RETURN_IF_ERROR(m_client->free(g).with_context("freeing the old cut"));
-  *stage = std::make_unique<StageRunner>(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, *m_tp, m_peers, m_trace,
-                                         false, *m_compute);
+  TIERMEM_ASSIGN_OR_RETURN(*stage, make_stage(false));
   if (m_policy) m_policy->moved(step);
   const int stage_now = m_job.topo.stage();
   std::fprintf(stderr,

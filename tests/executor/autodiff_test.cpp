@@ -44,7 +44,7 @@ float forward(const Graph& g, Buffers& b) {
   float loss = 0;
   for (int i : g.ops_of(Phase::forward)) {
     auto r = run_op(g, g.ops[i], std::ref(b));
-    if (g.ops[i].kind == OpKind::softmax_xent) loss = r.loss;
+    if (g.ops[i].kind == proto::SOFTMAX_CROSS_ENTROPY) loss = r.loss;
   }
   return loss;
 }
@@ -94,6 +94,21 @@ op { name: "r" type: RELU input: "z" output: "a" }
 op { name: "fc2" type: MATMUL input: ["a", "w2"] output: "logits" }
 op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
 loss: "l" optimizer { type: SGD learning_rate: 0.1 })");
+}
+
+TEST(AutodiffTest, Silu) {
+  // An op of the element-wise family (elementwise_math.hpp, unary_op_specs).
+  check_gradients(R"(
+name: "g" micro_batch: 6
+tensor { name: "x" shape: [6, 4] role: INPUT }
+tensor { name: "y" shape: [6] role: LABEL dtype: I32 }
+tensor { name: "w1" shape: [4, 8] role: PARAM }
+tensor { name: "w2" shape: [8, 5] role: PARAM }
+op { name: "fc1" type: MATMUL input: ["x", "w1"] output: "h" }
+op { name: "act" type: SILU input: "h" output: "a" }
+op { name: "fc2" type: MATMUL input: ["a", "w2"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
 }
 
 TEST(AutodiffTest, LayerNormGeluResidualAdd) {

@@ -237,7 +237,7 @@ TEST(SplitTest, SplitGraphStartsFromAndComputesTheSame) {
     float loss = 0;
     for (const Op& op : g.ops) {
       auto r = run_op(g, op, [&](int t) -> void* { return mem[t].data(); });
-      if (op.kind == OpKind::softmax_xent) loss = r.loss;
+      if (op.kind == proto::SOFTMAX_CROSS_ENTROPY) loss = r.loss;
     }
     return loss;
   };
@@ -329,8 +329,12 @@ TEST(MemoryPlanTest, OffloadedStaysCoverEveryUseAndNeverShareLiveWindowBytes) {
         EXPECT_LE(plan.in_compute_tier, budget);
         EXPECT_EQ(plan.home, Tier::dram);
         for (const ArenaPlan& a : plan.arenas) {
-          if (a.name == "params" || a.name == "grads" || a.name == "optimizer") EXPECT_EQ(a.tier, Tier::dram) << a.name;
-          if (a.name == "work" || a.name == "window") EXPECT_EQ(a.tier, Tier::vram) << a.name;
+          if (a.name == "params" || a.name == "grads" || a.name == "optimizer") {
+            EXPECT_EQ(a.tier, Tier::dram) << a.name;
+          }
+          if (a.name == "work" || a.name == "window") {
+            EXPECT_EQ(a.tier, Tier::vram) << a.name;
+          }
         }
         auto sorted = [](std::vector<std::pair<int, int>> v) {
           std::sort(v.begin(), v.end());
@@ -348,7 +352,9 @@ TEST(MemoryPlanTest, OffloadedStaysCoverEveryUseAndNeverShareLiveWindowBytes) {
             return false;
           };
           for (int t : op.in) {
-            if (g.tensors[t].role == Role::param) EXPECT_TRUE(covered(t, false)) << g.tensors[t].name << " at " << pos;
+            if (g.tensors[t].role == Role::param) {
+              EXPECT_TRUE(covered(t, false)) << g.tensors[t].name << " at " << pos;
+            }
           }
           for (int t : op.out) {
             if (g.tensors[t].role == Role::grad && g.tensors[t].of_param) {

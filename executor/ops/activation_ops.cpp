@@ -1,0 +1,73 @@
+// Activations: RELU, GELU (tanh approximation) and the element-wise
+// functions of elementwise_math.hpp (SILU), with their gradients.
+#include "executor/ops/op_registry.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+double elements(const Graph& g, int t) { return static_cast<double>(g.tensors[static_cast<size_t>(t)].elements()); }
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops;
+  OpSpec s;
+
+  s = {};
+  s.kind = proto::RELU;
+  s.name = "relu";
+  s.model_inputs = 1;
+  s.shape = same_shape_as_input;
+  s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 1); };
+  s.gradient = [](GradientEmitter& e, const Op& op) {
+    if (e.needs(op.in[0])) e.emit(".grad", proto::RELU_GRAD, {op.in[0], e.dy()}, {op.in[0]}, elements(e.graph(), op.out[0]));
+  };
+  s.run = [](const OpCall& c) { c.k.relu(c.f(c.op.in[0]), c.f(c.op.out[0]), c.count(c.op.in[0])); };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::RELU_GRAD;  // dX (+)= dY * (X > 0)
+  s.name = "relu_grad";
+  s.phase = Phase::backward;
+  s.run = [](const OpCall& c) {
+    c.k.relu_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.count(c.op.in[0]), c.acc(0));
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::GELU;
+  s.name = "gelu";
+  s.model_inputs = 1;
+  s.shape = same_shape_as_input;
+  s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 20); };
+  s.gradient = [](GradientEmitter& e, const Op& op) {
+    if (e.needs(op.in[0])) {
+      e.emit(".grad", proto::GELU_GRAD, {op.in[0], e.dy()}, {op.in[0]}, 20 * elements(e.graph(), op.out[0]));
+    }
+  };
+  s.run = [](const OpCall& c) { c.k.gelu(c.f(c.op.in[0]), c.f(c.op.out[0]), c.count(c.op.in[0])); };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::GELU_GRAD;  // dX (+)= dY * gelu'(X)
+  s.name = "gelu_grad";
+  s.phase = Phase::backward;
+  s.run = [](const OpCall& c) {
+    c.k.gelu_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.count(c.op.in[0]), c.acc(0));
+  };
+  ops.push_back(s);
+
+  // The element-wise family: one line per function.
+  using elementwise::Unary;
+  for (const auto& spec : unary_op_specs<proto::SILU, proto::SILU_GRAD, Unary::silu, 4.0>("silu", "silu_grad")) {
+    ops.push_back(spec);
+  }
+  return ops;
+}
+
+}  // namespace
+
+const std::vector<OpSpec>& activation_ops() {
+  static const std::vector<OpSpec> ops = make();
+  return ops;
+}
+
+}  // namespace tiermem::exec

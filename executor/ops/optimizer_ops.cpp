@@ -1,0 +1,44 @@
+// The optimizers' update ops (autodiff.cpp adds one per PARAM): each reads
+// the parameter and its state from the committed copy and writes the next.
+#include "executor/ops/op_registry.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops;
+  OpSpec s;
+
+  s = {};
+  s.kind = proto::SGD_UPDATE;  // in: param, grad, velocity
+  s.name = "sgd";
+  s.phase = Phase::update;
+  s.run = [](const OpCall& c) {
+    const auto& o = c.g.optimizer;
+    c.k.sgd(c.from(c.op.in[0]), c.f(c.op.in[0]), c.f(c.op.in[1]), c.from(c.op.in[2]), c.f(c.op.in[2]),
+            c.count(c.op.in[0]), o.learning_rate(), o.momentum(), o.weight_decay());
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::ADAM_UPDATE;  // in: param, grad, m, v
+  s.name = "adam";
+  s.phase = Phase::update;
+  s.run = [](const OpCall& c) {
+    const auto& o = c.g.optimizer;
+    c.k.adam(c.from(c.op.in[0]), c.f(c.op.in[0]), c.f(c.op.in[1]), c.from(c.op.in[2]), c.f(c.op.in[2]),
+             c.from(c.op.in[3]), c.f(c.op.in[3]), c.count(c.op.in[0]), o.learning_rate(), o.beta1(), o.beta2(),
+             o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
+  };
+  ops.push_back(s);
+  return ops;
+}
+
+}  // namespace
+
+const std::vector<OpSpec>& optimizer_ops() {
+  static const std::vector<OpSpec> ops = make();
+  return ops;
+}
+
+}  // namespace tiermem::exec

@@ -1,0 +1,137 @@
+// Sequences (a GPT): the rows of a tensor are tokens, sequences of `context`
+// rows one after the other. EMBEDDING, POSITION_EMBEDDING, CAUSAL_ATTENTION
+// and their gradients.
+#include "executor/ops/op_registry.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+double elements(const Graph& g, int t) { return static_cast<double>(g.tensors[static_cast<size_t>(t)].elements()); }
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops;
+  OpSpec s;
+
+  s = {};
+  s.kind = proto::EMBEDDING;  // ids [M] (I32), table [V,D] -> [M,D]
+  s.name = "embedding";
+  s.model_inputs = 2;
+  s.i32_inputs = {{0, "token ids"}};
+  s.shape = [](const ShapeQuery& q) -> Result<std::vector<int64_t>> {
+    if (q.shape(0).size() != 1 || q.shape(1).size() != 2) {
+      return q.mismatch("ids " + q.name(0) + " must be a vector and the table " + q.name(1) + " a matrix");
+    }
+    return std::vector<int64_t>{q.shape(0)[0], q.shape(1)[1]};
+  };
+  s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 1); };
+  s.gradient = [](GradientEmitter& e, const Op& op) {
+    if (e.needs(op.in[1])) {
+      e.emit(".grad", proto::EMBEDDING_GRAD, {op.in[0], e.dy()}, {op.in[1]}, elements(e.graph(), op.out[0]));
+    }
+  };
+  s.run = [](const OpCall& c) {
+    c.k.embedding(c.i32(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], c.shape(c.op.in[1])[1]);
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::EMBEDDING_GRAD;  // in: ids, dY; out: dtable
+  s.name = "embedding_grad";
+  s.phase = Phase::backward;
+  s.run = [](const OpCall& c) {
+    const auto& table = c.shape(c.op.out[0]);
+    c.k.embedding_grad(c.i32(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], table[1], table[0],
+                       c.acc(0));
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::POSITION_EMBEDDING;  // x [M,D], table [T,D] -> x + table[row mod T]
+  s.name = "position_embedding";
+  s.model_inputs = 2;
+  s.shape = [](const ShapeQuery& q) -> Result<std::vector<int64_t>> {
+    if (q.shape(0).size() != 2 || q.shape(1).size() != 2 || q.shape(1)[1] != q.shape(0)[1] ||
+        q.shape(0)[0] % q.shape(1)[0] != 0) {
+      return q.mismatch("the table " + q.name(1) + " must have the columns of " + q.name(0) +
+                        " and a number of rows (the context) that divides its rows");
+    }
+    return q.shape(0);
+  };
+  s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 1); };
+  s.gradient = [](GradientEmitter& e, const Op& op) {
+    const double n = elements(e.graph(), op.out[0]);
+    if (e.needs(op.in[0])) e.emit(".grad_x", proto::PASS_GRAD, {e.dy()}, {op.in[0]}, n);
+    if (e.needs(op.in[1])) e.emit(".grad_table", proto::POSITION_EMBEDDING_GRAD, {e.dy()}, {op.in[1]}, n);
+  };
+  s.run = [](const OpCall& c) {
+    c.k.position_embedding(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
+                           c.shape(c.op.in[0])[1], c.shape(c.op.in[1])[0]);
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::POSITION_EMBEDDING_GRAD;  // in: dY; out: dtable
+  s.name = "position_embedding_grad";
+  s.phase = Phase::backward;
+  s.run = [](const OpCall& c) {
+    const auto& table = c.shape(c.op.out[0]);
+    c.k.position_embedding_grad(c.f(c.op.in[0]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], table[1], table[0], c.acc(0));
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::CAUSAL_ATTENTION;  // in: QKV [M,3D]   out: Y [M,D], P [M*heads, context]
+  s.name = "attention";
+  s.model_inputs = 1;
+  s.sequence_fields = true;
+  s.shape = [](const ShapeQuery& q) -> Result<std::vector<int64_t>> {
+    if (q.shape(0).size() != 2 || q.shape(0)[1] % 3 != 0) {
+      return q.mismatch(q.name(0) + " must be a matrix of queries, keys and values side by side (3 x D columns)");
+    }
+    const int64_t d = q.shape(0)[1] / 3;
+    if (q.def.heads() <= 0 || d % q.def.heads() != 0) {
+      return q.mismatch("heads (" + std::to_string(q.def.heads()) + ") must divide the width " + std::to_string(d));
+    }
+    if (q.def.context() <= 0 || q.shape(0)[0] % q.def.context() != 0) {
+      return q.mismatch("context (" + std::to_string(q.def.context()) + ") must divide the rows of " + q.name(0));
+    }
+    return std::vector<int64_t>{q.shape(0)[0], d};
+  };
+  // Saved for the backward pass: every head's softmax, row by row.
+  s.saved = [](const Op& op, const std::vector<int64_t>& y) {
+    return std::vector<SavedOutput>{{".probs", {y.at(0) * op.heads, op.context}}};
+  };
+  // q k^T and p v over every sequence and head (the masked half too).
+  s.flops = [](const Graph& g, const Op& op) { return 4.0 * elements(g, op.out[0]) * static_cast<double>(op.context); };
+  s.gradient = [](GradientEmitter& e, const Op& op) {
+    if (!e.needs(op.in[0])) return;
+    Op& grad = e.emit(".grad", proto::CAUSAL_ATTENTION_GRAD, {op.in[0], op.out[1], e.dy()}, {op.in[0]}, 2 * op.flops);
+    grad.heads = op.heads;
+    grad.context = op.context;
+  };
+  s.run = [](const OpCall& c) {
+    c.k.attention(c.f(c.op.in[0]), c.f(c.op.out[0]), c.f(c.op.out[1]), c.shape(c.op.in[0])[0], c.shape(c.op.out[0])[1],
+                  c.op.heads, c.op.context);
+  };
+  ops.push_back(s);
+
+  s = {};
+  s.kind = proto::CAUSAL_ATTENTION_GRAD;  // in: QKV, P, dY; out: dQKV
+  s.name = "attention_grad";
+  s.phase = Phase::backward;
+  s.run = [](const OpCall& c) {
+    c.k.attention_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.in[2]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
+                       c.shape(c.op.in[2])[1], c.op.heads, c.op.context, c.acc(0));
+  };
+  ops.push_back(s);
+  return ops;
+}
+
+}  // namespace
+
+const std::vector<OpSpec>& sequence_ops() {
+  static const std::vector<OpSpec> ops = make();
+  return ops;
+}
+
+}  // namespace tiermem::exec

@@ -1,0 +1,74 @@
+// The op registry (executor/ops/): one spec per kind of the graph IR, with
+// what each place of the executor asks of it, and model files held to it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "executor/compute.hpp"
+#include "executor/elementwise_math.hpp"
+#include "executor/graph.hpp"
+#include "executor/ops/op_registry.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+TEST(OpRegistryTest, EveryKindOfTheIrHasOneSpecWithARuleForEachUse) {
+  const auto* kinds = proto::OpType_descriptor();
+  std::set<std::string> names;
+  size_t kinds_seen = 0;
+  for (int i = 0; i < kinds->value_count(); ++i) {
+    const auto kind = static_cast<OpKind>(kinds->value(i)->number());
+    if (kind == proto::OP_UNSPECIFIED) continue;
+    ++kinds_seen;
+    const OpSpec& spec = op_spec(kind);
+    EXPECT_EQ(spec.kind, kind);
+    EXPECT_TRUE(names.insert(std::string(spec.name)).second) << "two kinds are called " << spec.name;
+    EXPECT_EQ(op_kind_name(kind), spec.name);
+    EXPECT_NE(spec.run, nullptr) << spec.name;
+    if (spec.model_inputs != -1) {
+      // What a model file may name: a shape rule, FLOPs, a forward op.
+      EXPECT_EQ(model_op_spec(kind), &spec);
+      EXPECT_NE(spec.shape, nullptr) << spec.name;
+      EXPECT_NE(spec.flops, nullptr) << spec.name;
+      EXPECT_EQ(spec.phase, Phase::forward) << spec.name;
+    } else {
+      EXPECT_EQ(model_op_spec(kind), nullptr) << spec.name;
+    }
+  }
+  EXPECT_EQ(all_op_specs().size(), kinds_seen);
+}
+
+TEST(OpRegistryTest, AModelFileNamingADerivedKindIsRefusedSayingWhy) {
+  auto g = parse_model(R"(
+name: "g" micro_batch: 2
+tensor { name: "x" shape: [2, 4] role: INPUT }
+op { name: "bad" type: MATMUL_GRAD_A input: ["x", "x"] output: "y" }
+loss: "y")", "model.pbtxt");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), ErrorCode::config_error);
+  EXPECT_NE(g.status().message().find("'bad' is of type MATMUL_GRAD_A, which the executor derives"), std::string::npos)
+      << g.status().message();
+}
+
+TEST(OpRegistryTest, SiluAndItsDerivativeOnTheCpuAreTheFormula) {
+  auto cpu = make_cpu_compute();
+  std::vector<float> x(1000), y(1000), dy(1000, 1.0f), dx(1000, 0.5f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -20.0f + 40.0f * static_cast<float>(i) / 999.0f;
+  cpu->unary(elementwise::Unary::silu, x.data(), y.data(), static_cast<int64_t>(x.size()));
+  cpu->unary_grad(elementwise::Unary::silu, x.data(), dy.data(), dx.data(), static_cast<int64_t>(x.size()), true);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double s = 1 / (1 + std::exp(-v));
+    EXPECT_NEAR(y[i], v * s, 1e-6 + 1e-5 * std::abs(v * s)) << v;
+    const double h = 1e-3;
+    const double numeric = ((v + h) / (1 + std::exp(-(v + h))) - (v - h) / (1 + std::exp(-(v - h)))) / (2 * h);
+    EXPECT_NEAR(dx[i] - 0.5, numeric, 1e-4) << v;  // accumulated onto 0.5
+  }
+  EXPECT_STREQ(elementwise::unary_name(elementwise::Unary::silu), "silu");
+}
+
+}  // namespace
+}  // namespace tiermem::exec
