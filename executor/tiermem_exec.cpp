@@ -26,9 +26,9 @@
 #include "executor/partitioner.hpp"
 #include "executor/split.hpp"
 #include "executor/runtime/env.hpp"
-#include "executor/runtime/job_plan.hpp"
-#include "executor/runtime/sample.hpp"
-#include "executor/runtime/trainer.hpp"
+#include "executor/runtime/plan/job_plan.hpp"
+#include "executor/runtime/control/sample.hpp"
+#include "executor/runtime/control/trainer.hpp"
 #include "tiermem_config.h"
 
 namespace {

@@ -7,7 +7,7 @@
 // needs GPUs (suite gpu): here each member's join is a stand-in that joins
 // once its id's leader opened it, as NCCL's bootstrap does, and sums words
 // between the members in this process.
-#include "executor/runtime/collectives.hpp"
+#include "executor/runtime/exchange/collectives.hpp"
 
 #include <gtest/gtest.h>
 

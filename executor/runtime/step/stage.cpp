@@ -1,0 +1,164 @@
+#include "executor/runtime/step/stage.hpp"
+
+#include <tiermem/status_macros.h>
+
+#include "executor/interpreter.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+const std::string k_update = "optimizer";
+
+// Offloaded steps interleave copies on a second queue, decided per step:
+// launched, not replayed.
+bool captures_steps(const JobPlan& job, const TrainOptions& options, const Schedule& schedule, const Compute& compute) {
+  return compute.can_capture() && options.graphs && !schedule.exchanges() && options.dump.empty() && !job.plan.offload;
+}
+
+}  // namespace
+
+StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
+                         Arenas& arenas, Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed,
+                         Compute& compute, StageSums sums)
+    : m_job(job), m_options(options), m_arenas(arenas), m_mail(mailboxes), m_trace(trace), m_compute(compute),
+      m_slowdown(options.slowdown), m_schedule(job), m_replay(captures_steps(job, options, m_schedule, compute)),
+      m_feeder(job, m_schedule, options, arenas, mailboxes, compute, m_replay), m_sums(std::move(sums)),
+      m_stream(job, arenas, compute, trace), m_update_compute(&compute),
+      m_committer(job, options, client, dir, arenas, peers, trace, compute),
+      m_evaluator(job, m_schedule, m_feeder, mailboxes, compute, resumed) {
+  if (job.plan.offload && compute.memory_is_device() && options.update_on_host) {
+    m_host_compute = make_cpu_compute();
+    m_update_compute = m_host_compute.get();
+  }
+}
+
+Status StageRunner::run_op_at(int op_id, const StepPoint& at) {
+  const Op& op = m_job.graph.ops[op_id];
+  if (at.pos >= 0) {
+    for (int w : m_schedule.zero_at(at.pos)) {
+      const Placement& p = m_job.plan.work[static_cast<size_t>(w)];
+      m_compute.zero(m_arenas.work().data() + p.offset, static_cast<size_t>(m_job.graph.tensors[p.tensor].bytes()));
+    }
+  }
+  std::vector<void*> pointers(m_job.graph.tensors.size(), nullptr);
+  TIERMEM_RETURN_IF_ERROR(m_feeder.gather_inputs(op, at, &pointers));
+  if (at.pos < 0) m_stream.load_for(op, at.step % 2);
+  const TensorMemory resolve = [&](int t) -> void* {
+    if (pointers[t] != nullptr) return pointers[t];
+    void* streamed = m_stream.memory(t);
+    return streamed != nullptr ? streamed : m_feeder.memory(t, at.mb, at.step);
+  };
+  for (const auto* list : {&op.in, &op.out}) {
+    for (int t : *list) {
+      if (resolve(t) == nullptr) {
+        return Status(ErrorCode::internal, "no memory for '" + m_job.graph.tensors[t].name + "' of op '" + op.name + "'");
+      }
+    }
+  }
+  if (m_schedule.is_partial_sum(op_id)) {
+    TIERMEM_RETURN_IF_ERROR(m_sums.parts->sum(op_id, at, static_cast<const float*>(resolve(op.in[0])),
+                                              static_cast<float*>(resolve(op.out[0])),
+                                              m_job.graph.tensors[op.in[0]].elements(), op.phase == Phase::backward));
+  } else {
+    auto span = m_trace.span(SpanKind::compute, op.name);
+    Slowdown::Scope slowed(m_slowdown, at.step >= m_options.slowdown_from);
+    run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward);
+  }
+  m_evaluator.ran(op, resolve, at);
+  return m_feeder.send_outputs(op_id, at);
+}
+
+Status StageRunner::run_position(int pos, int64_t step) {
+  const auto [op, mb] = m_job.plan.schedule[static_cast<size_t>(pos)];
+  m_stream.before(pos, step % 2);
+  TIERMEM_RETURN_IF_ERROR(run_op_at(op, StepPoint{.step = step, .pos = pos, .mb = mb}));
+  m_stream.after(pos);
+  m_sums.gradients->after_position(pos);
+  return Status();
+}
+
+// The next copy of parameters and state from the committed one, which stays
+// whole (a crash while the next is written resumes from it): the optimizer
+// ops read the committed copy and write the next in one pass, and what no
+// optimizer op writes is copied over.
+Status StageRunner::update(int64_t step) {
+  auto span = m_trace.span(SpanKind::compute, k_update);
+  Slowdown::Scope slowed(m_slowdown, step >= m_options.slowdown_from);
+  Compute& compute = *m_update_compute;
+  for (int t : m_schedule.carried()) {
+    compute.copy(m_feeder.memory(t, -1, step, true), m_feeder.memory(t, -1, step, false),
+                 static_cast<size_t>(m_job.graph.tensors[t].bytes()));
+  }
+  // Offloaded, on the compute: chunks through the window.
+  if (m_stream.active() && !m_options.update_on_host) return m_stream.update(m_schedule.update_ops(), step % 2);
+  const TensorMemory committed = [&](int t) { return m_feeder.memory(t, -1, step, false); };
+  for (int i : m_schedule.update_ops()) {
+    run_op(compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)],
+           [&](int t) { return m_feeder.memory(t, -1, step, true); }, false, &committed);
+  }
+  return Status();
+}
+
+// The ops of the step and the optimizer, queued (on a GPU) or run.
+Status StageRunner::compute_step(int64_t step) {
+  m_compute.reset_stats();
+  // Offloaded, every gradient starts zeroed in the window and is drained
+  // home whole (one never written stays as allocated: zero).
+  if (!m_stream.active()) m_compute.zero(m_arenas.grads().data(), static_cast<size_t>(m_arenas.grads_bytes()));
+  for (size_t pos = 0; pos < m_schedule.positions().size(); ++pos) {
+    TIERMEM_RETURN_IF_ERROR(run_position(static_cast<int>(pos), step));
+  }
+  TIERMEM_RETURN_IF_ERROR(m_sums.gradients->all_queued());
+  // The last message on its way: what it sends is reused next step.
+  TIERMEM_RETURN_IF_ERROR(m_mail.drain());
+  if (!m_capturing) {
+    TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+    TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
+    TIERMEM_RETURN_IF_ERROR(m_sums.gradients->after_sync(step));
+    // The step before committed before its parameters are written over.
+    TIERMEM_RETURN_IF_ERROR(m_committer.settle());
+  }
+  return update(step);
+}
+
+Status StageRunner::replay_step(int64_t step) {
+  TIERMEM_RETURN_IF_ERROR(m_committer.settle());
+  const int slot = static_cast<int>(step % 2);
+  if (!m_compute.captured(slot)) {
+    TIERMEM_RETURN_IF_ERROR(m_compute.begin_capture());
+    m_capturing = true;
+    Status s = compute_step(step);
+    m_capturing = false;
+    Status captured = m_compute.end_capture(slot);
+    TIERMEM_RETURN_IF_ERROR(s);
+    TIERMEM_RETURN_IF_ERROR(captured);
+  } else if (m_prefilled != step) {
+    TIERMEM_RETURN_IF_ERROR(m_feeder.fill_batches(step));
+  }
+  TIERMEM_RETURN_IF_ERROR(m_compute.replay(slot));
+  // While it runs: the next step's batches into the other staging, when
+  // that step is a replay too (its capture is made).
+  if (!m_compute.captured(1 - slot)) return Status();
+  Status s = m_feeder.fill_batches(step + 1);
+  m_prefilled = s.ok() ? step + 1 : -1;
+  return s;
+}
+
+Status StageRunner::run_step(int64_t step, StepStats* stats) {
+  m_feeder.begin_pass();
+  m_compute.set_step(step + 1);
+  if (m_update_compute != &m_compute) m_update_compute->set_step(step + 1);
+  TIERMEM_RETURN_IF_ERROR(m_replay ? replay_step(step) : compute_step(step));
+  StepStats taken;
+  m_compute.take_stats(&taken.loss_sum, &taken.correct);
+  taken.rows = m_schedule.loss_rows();
+  TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+  *stats = taken;
+  return m_committer.end_step(step);
+}
+
+Status StageRunner::evaluate(int64_t committed, EvalResult* result) {
+  return m_evaluator.evaluate(committed, result, [this](int op, const StepPoint& at) { return run_op_at(op, at); });
+}
+
+}  // namespace tiermem::exec

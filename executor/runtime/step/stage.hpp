@@ -1,0 +1,100 @@
+// One pipeline stage of a training job (X5, X7): its step as a list of
+// phases, each run by a part that owns its state:
+//   - Schedule (schedule.hpp): the order of the stage's ops and micro-batches;
+//   - Feeder (feeder.hpp): batches, boundary activations and partial
+//     gradients in, outputs out;
+//   - the sums (sums.hpp): the gradients over the replicas, tensor-parallel
+//     parts over their group, each chosen when the job was planned;
+//   - ParamStream (param_stream.hpp): offloaded parameters through a window;
+//   - Committer (committer.hpp): snapshot, commit, barrier;
+//   - Evaluator (evaluator.hpp): the forward pass over the test set.
+// A step: zero the gradients; run every position of the schedule (the
+// gradient buckets start as they finish); wait for the sums; the optimizer
+// writes the next copy of parameters and state; commit; barrier. On a GPU a
+// stage that exchanges nothing captures its step once and replays it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <tiermem/client.h>
+
+#include "executor/compute.hpp"
+#include "executor/runtime/state/arenas.hpp"
+#include "executor/runtime/step/committer.hpp"
+#include "executor/runtime/step/evaluator.hpp"
+#include "executor/runtime/step/feeder.hpp"
+#include "executor/runtime/plan/job_plan.hpp"
+#include "executor/runtime/exchange/mailboxes.hpp"
+#include "executor/runtime/state/param_stream.hpp"
+#include "executor/runtime/plan/schedule.hpp"
+#include "executor/runtime/step/slowdown.hpp"
+#include "executor/runtime/exchange/sums.hpp"
+#include "executor/trace.hpp"
+
+namespace tiermem::exec {
+
+// What the loss op saw in one step (on the stage that holds it).
+struct StepStats {
+  double loss_sum = 0;  // over the micro-batches
+  int64_t correct = 0;
+  int64_t rows = 0;
+};
+
+class StageRunner {
+ public:
+  // `resumed`: this rank restarted (its first evaluation may skip batches).
+  StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir, Arenas& arenas,
+              Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed, Compute& compute,
+              StageSums sums);
+
+  // Whether steps are captured once and replayed (a GPU, --graphs, a stage
+  // that exchanges no messages and has no replicas).
+  bool replays() const { return m_replay; }
+
+  // Runs training step `step` and commits it: at once, or (--replicas) once
+  // its snapshot, written while the next step computes, is whole on every
+  // copy (finish() for the last). Errors: those of the messages, the sums,
+  // the snapshot and the barrier (timeouts name the rank awaited).
+  Status run_step(int64_t step, StepStats* stats);
+  // Commits the last step run once its snapshot is whole.
+  Status finish() { return m_committer.settle(); }
+  // Offload's copies (param_stream.hpp).
+  const ParamStream& stream() const { return m_stream; }
+  // The evaluation of the parameters committed after `committed` steps
+  // (Evaluator::evaluate).
+  Status evaluate(int64_t committed, EvalResult* result);
+
+ private:
+  // The phases of a step.
+  Status compute_step(int64_t step);                 // every position, the sums, the update
+  Status replay_step(int64_t step);                  // the same, captured once and replayed
+  Status run_position(int pos, int64_t step);        // one (op, micro-batch) of the schedule
+  Status update(int64_t step);                       // the optimizer: the next parameters and state
+  // Runs op `op_id` at `at`, with what it receives before and sends after.
+  Status run_op_at(int op_id, const StepPoint& at);
+
+  const JobPlan& m_job;
+  const TrainOptions& m_options;
+  Arenas& m_arenas;
+  Mailboxes& m_mail;
+  Trace& m_trace;
+  Compute& m_compute;
+  Slowdown m_slowdown;  // --slowdown: an emulated slower device
+  Schedule m_schedule;
+  bool m_replay;
+  Feeder m_feeder;
+  StageSums m_sums;
+  // Offload: parameters and gradients through the window, and the
+  // optimizer on the host (the CPU's Adam over the home tier, ZeRO-Offload's
+  // way) when the kernels run on a GPU.
+  ParamStream m_stream;
+  std::unique_ptr<Compute> m_host_compute;
+  Compute* m_update_compute;
+  Committer m_committer;
+  Evaluator m_evaluator;
+  bool m_capturing = false;
+  int64_t m_prefilled = -1;  // the step whose batches are in their staging already
+};
+
+}  // namespace tiermem::exec
