@@ -7,11 +7,8 @@ namespace {
 
 double elements(const Graph& g, int t) { return static_cast<double>(g.tensors[static_cast<size_t>(t)].elements()); }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops;
+OpSpec relu() {
   OpSpec s;
-
-  s = {};
   s.kind = proto::RELU;
   s.name = "relu";
   s.model_inputs = 1;
@@ -21,18 +18,22 @@ std::vector<OpSpec> make() {
     if (e.needs(op.in[0])) e.emit(".grad", proto::RELU_GRAD, {op.in[0], e.dy()}, {op.in[0]}, elements(e.graph(), op.out[0]));
   };
   s.run = [](const OpCall& c) { c.k.relu(c.f(c.op.in[0]), c.f(c.op.out[0]), c.count(c.op.in[0])); };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec relu_grad() {
+  OpSpec s;
   s.kind = proto::RELU_GRAD;  // dX (+)= dY * (X > 0)
   s.name = "relu_grad";
   s.phase = Phase::backward;
   s.run = [](const OpCall& c) {
     c.k.relu_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.count(c.op.in[0]), c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec gelu() {
+  OpSpec s;
   s.kind = proto::GELU;
   s.name = "gelu";
   s.model_inputs = 1;
@@ -44,22 +45,29 @@ std::vector<OpSpec> make() {
     }
   };
   s.run = [](const OpCall& c) { c.k.gelu(c.f(c.op.in[0]), c.f(c.op.out[0]), c.count(c.op.in[0])); };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec gelu_grad() {
+  OpSpec s;
   s.kind = proto::GELU_GRAD;  // dX (+)= dY * gelu'(X)
   s.name = "gelu_grad";
   s.phase = Phase::backward;
   s.run = [](const OpCall& c) {
     c.k.gelu_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.count(c.op.in[0]), c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops = {relu(), relu_grad(), gelu(), gelu_grad()};
 
   // The element-wise family: one line per function.
   using elementwise::Unary;
   for (const auto& spec : unary_op_specs<proto::SILU, proto::SILU_GRAD, Unary::silu, 4.0>("silu", "silu_grad")) {
     ops.push_back(spec);
   }
+
   return ops;
 }
 

@@ -8,11 +8,8 @@ double output_elements(const Graph& g, const Op& op) {
   return static_cast<double>(g.tensors[static_cast<size_t>(op.out[0])].elements());
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops;
+OpSpec matmul() {
   OpSpec s;
-
-  s = {};
   s.kind = proto::MATMUL;
   s.name = "matmul";
   s.model_inputs = 2;
@@ -39,9 +36,11 @@ std::vector<OpSpec> make() {
     c.k.matmul(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], c.shape(c.op.in[0])[1],
                c.shape(c.op.in[1])[1], false);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec matmul_grad_a() {
+  OpSpec s;
   s.kind = proto::MATMUL_GRAD_A;  // in: dY [M,N], B [K,N]; out: dA [M,K]
   s.name = "matmul_grad_a";
   s.phase = Phase::backward;
@@ -49,9 +48,11 @@ std::vector<OpSpec> make() {
     const auto& b = c.shape(c.op.in[1]);
     c.k.matmul_grad_a(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], b[0], b[1], c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec matmul_grad_b() {
+  OpSpec s;
   s.kind = proto::MATMUL_GRAD_B;  // in: A [M,K], dY [M,N]; out: dB [K,N]
   s.name = "matmul_grad_b";
   s.phase = Phase::backward;
@@ -59,9 +60,11 @@ std::vector<OpSpec> make() {
     const auto& a = c.shape(c.op.in[0]);
     c.k.matmul_grad_b(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), a[0], a[1], c.shape(c.op.in[1])[1], c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec bias_add() {
+  OpSpec s;
   s.kind = proto::BIAS_ADD;
   s.name = "bias_add";
   s.model_inputs = 2;
@@ -80,25 +83,31 @@ std::vector<OpSpec> make() {
   s.run = [](const OpCall& c) {
     c.k.bias_add(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], c.shape(c.op.in[0])[1]);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec bias_grad() {
+  OpSpec s;
   s.kind = proto::BIAS_GRAD;
   s.name = "bias_grad";
   s.phase = Phase::backward;
   s.run = [](const OpCall& c) {
     c.k.bias_grad(c.f(c.op.in[0]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], c.shape(c.op.in[0])[1], c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec pass_grad() {
+  OpSpec s;
   s.kind = proto::PASS_GRAD;
   s.name = "pass_grad";
   s.phase = Phase::backward;
   s.run = [](const OpCall& c) { c.k.pass_grad(c.f(c.op.in[0]), c.f(c.op.out[0]), c.count(c.op.in[0]), c.acc(0)); };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec add() {
+  OpSpec s;
   s.kind = proto::ADD;
   s.name = "add";
   s.model_inputs = 2;
@@ -115,9 +124,11 @@ std::vector<OpSpec> make() {
   s.run = [](const OpCall& c) {
     c.k.add(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.count(c.op.in[0]));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec concat() {
+  OpSpec s;
   s.kind = proto::CONCAT;  // along columns; in: X0 [M,N0], X1 [M,N1], ...   out: Y [M,sum N]
   s.name = "concat";
   s.model_inputs = -2;
@@ -152,9 +163,11 @@ std::vector<OpSpec> make() {
       column += c.shape(t)[1];
     }
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec slice_grad() {
+  OpSpec s;
   s.kind = proto::SLICE_GRAD;  // dX (+)= dY[:, column : column + cols(dX)]
   s.name = "slice_grad";
   s.phase = Phase::backward;
@@ -163,7 +176,11 @@ std::vector<OpSpec> make() {
     c.k.slice_columns_grad(c.f(c.op.in[0]), c.f(c.op.out[0]), dy[0], c.shape(c.op.out[0])[1], dy[1], c.op.column,
                            c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops = {matmul(), matmul_grad_a(), matmul_grad_b(), bias_add(), bias_grad(), pass_grad(), add(), concat(), slice_grad()};
   return ops;
 }
 

@@ -6,11 +6,8 @@ namespace {
 
 double elements(const Graph& g, int t) { return static_cast<double>(g.tensors[static_cast<size_t>(t)].elements()); }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops;
+OpSpec layer_norm() {
   OpSpec s;
-
-  s = {};
   s.kind = proto::LAYER_NORM;  // over the last dimension; in: x, gamma, beta
   s.name = "layer_norm";
   s.model_inputs = 3;
@@ -38,9 +35,11 @@ std::vector<OpSpec> make() {
     c.k.layer_norm(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.in[2]), c.f(c.op.out[0]), c.f(c.op.out[1]),
                    c.f(c.op.out[2]), c.shape(c.op.in[0])[0], c.shape(c.op.in[0])[1]);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec layer_norm_grad() {
+  OpSpec s;
   s.kind = proto::LAYER_NORM_GRAD;  // in: X, gamma, mean, rstd, dY   out: dX, dgamma, dbeta
   s.name = "layer_norm_grad";
   s.phase = Phase::backward;
@@ -49,9 +48,11 @@ std::vector<OpSpec> make() {
                         c.f(c.op.out[0]), c.f(c.op.out[1]), c.f(c.op.out[2]), c.shape(c.op.in[0])[0],
                         c.shape(c.op.in[0])[1], c.acc(0), c.acc(1));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec softmax_cross_entropy() {
+  OpSpec s;
   s.kind = proto::SOFTMAX_CROSS_ENTROPY;  // logits [M,C], labels [M] -> mean loss [1]
   s.name = "softmax_xent";
   s.model_inputs = 2;
@@ -74,9 +75,11 @@ std::vector<OpSpec> make() {
     c.k.softmax_xent(c.f(c.op.in[0]), c.i32(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
                      c.shape(c.op.in[0])[1]);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec softmax_cross_entropy_grad() {
+  OpSpec s;
   s.kind = proto::SOFTMAX_CROSS_ENTROPY_GRAD;  // dL = (softmax(L) - onehot(y)) * scale
   s.name = "softmax_xent_grad";
   s.phase = Phase::backward;
@@ -85,7 +88,11 @@ std::vector<OpSpec> make() {
     c.k.softmax_xent_grad(c.f(c.op.in[0]), c.i32(c.op.in[1]), c.f(c.op.out[0]), l[0], l[1],
                           c.g.grad_scale / static_cast<float>(l[0]), c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops = {layer_norm(), layer_norm_grad(), softmax_cross_entropy(), softmax_cross_entropy_grad()};
   return ops;
 }
 

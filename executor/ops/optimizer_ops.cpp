@@ -5,11 +5,8 @@
 namespace tiermem::exec {
 namespace {
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops;
+OpSpec sgd_update() {
   OpSpec s;
-
-  s = {};
   s.kind = proto::SGD_UPDATE;  // in: param, grad, velocity
   s.name = "sgd";
   s.phase = Phase::update;
@@ -18,9 +15,11 @@ std::vector<OpSpec> make() {
     c.k.sgd(c.from(c.op.in[0]), c.f(c.op.in[0]), c.f(c.op.in[1]), c.from(c.op.in[2]), c.f(c.op.in[2]),
             c.count(c.op.in[0]), o.learning_rate(), o.momentum(), o.weight_decay());
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec adam_update() {
+  OpSpec s;
   s.kind = proto::ADAM_UPDATE;  // in: param, grad, m, v
   s.name = "adam";
   s.phase = Phase::update;
@@ -30,7 +29,11 @@ std::vector<OpSpec> make() {
              c.from(c.op.in[3]), c.f(c.op.in[3]), c.count(c.op.in[0]), o.learning_rate(), o.beta1(), o.beta2(),
              o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
   };
-  ops.push_back(s);
+  return s;
+}
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops = {sgd_update(), adam_update()};
   return ops;
 }
 

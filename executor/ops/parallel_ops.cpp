@@ -10,11 +10,8 @@ double elements(const Graph& g, int t) { return static_cast<double>(g.tensors[st
 
 void local_part(const OpCall& c) { c.k.pass_grad(c.f(c.op.in[0]), c.f(c.op.out[0]), c.count(c.op.in[0]), c.acc(0)); }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops;
+OpSpec tp_identity() {
   OpSpec s;
-
-  s = {};
   s.kind = proto::TP_IDENTITY;  // Y = X; its gradient is the all-reduce of dY over the group
   s.name = "tp_identity";
   s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 1); };
@@ -23,9 +20,11 @@ std::vector<OpSpec> make() {
     if (e.needs(op.in[0])) e.emit(".grad", proto::TP_ALL_REDUCE, {e.dy()}, {op.in[0]}, elements(e.graph(), op.out[0]));
   };
   s.run = local_part;
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec tp_all_reduce() {
+  OpSpec s;
   s.kind = proto::TP_ALL_REDUCE;  // Y = the sum of X over the tensor-parallel group (the runtime's)
   s.name = "tp_all_reduce";
   s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 1); };
@@ -33,7 +32,11 @@ std::vector<OpSpec> make() {
     if (e.needs(op.in[0])) e.emit(".grad", proto::PASS_GRAD, {e.dy()}, {op.in[0]}, elements(e.graph(), op.out[0]));
   };
   s.run = local_part;
-  ops.push_back(s);
+  return s;
+}
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops = {tp_identity(), tp_all_reduce()};
   return ops;
 }
 

@@ -8,11 +8,8 @@ namespace {
 
 double elements(const Graph& g, int t) { return static_cast<double>(g.tensors[static_cast<size_t>(t)].elements()); }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops;
+OpSpec embedding() {
   OpSpec s;
-
-  s = {};
   s.kind = proto::EMBEDDING;  // ids [M] (I32), table [V,D] -> [M,D]
   s.name = "embedding";
   s.model_inputs = 2;
@@ -32,9 +29,11 @@ std::vector<OpSpec> make() {
   s.run = [](const OpCall& c) {
     c.k.embedding(c.i32(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], c.shape(c.op.in[1])[1]);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec embedding_grad() {
+  OpSpec s;
   s.kind = proto::EMBEDDING_GRAD;  // in: ids, dY; out: dtable
   s.name = "embedding_grad";
   s.phase = Phase::backward;
@@ -43,9 +42,11 @@ std::vector<OpSpec> make() {
     c.k.embedding_grad(c.i32(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], table[1], table[0],
                        c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec position_embedding() {
+  OpSpec s;
   s.kind = proto::POSITION_EMBEDDING;  // x [M,D], table [T,D] -> x + table[row mod T]
   s.name = "position_embedding";
   s.model_inputs = 2;
@@ -67,9 +68,11 @@ std::vector<OpSpec> make() {
     c.k.position_embedding(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
                            c.shape(c.op.in[0])[1], c.shape(c.op.in[1])[0]);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec position_embedding_grad() {
+  OpSpec s;
   s.kind = proto::POSITION_EMBEDDING_GRAD;  // in: dY; out: dtable
   s.name = "position_embedding_grad";
   s.phase = Phase::backward;
@@ -77,9 +80,11 @@ std::vector<OpSpec> make() {
     const auto& table = c.shape(c.op.out[0]);
     c.k.position_embedding_grad(c.f(c.op.in[0]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0], table[1], table[0], c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec causal_attention() {
+  OpSpec s;
   s.kind = proto::CAUSAL_ATTENTION;  // in: QKV [M,3D]   out: Y [M,D], P [M*heads, context]
   s.name = "attention";
   s.model_inputs = 1;
@@ -113,9 +118,11 @@ std::vector<OpSpec> make() {
     c.k.attention(c.f(c.op.in[0]), c.f(c.op.out[0]), c.f(c.op.out[1]), c.shape(c.op.in[0])[0], c.shape(c.op.out[0])[1],
                   c.op.heads, c.op.context);
   };
-  ops.push_back(s);
+  return s;
+}
 
-  s = {};
+OpSpec causal_attention_grad() {
+  OpSpec s;
   s.kind = proto::CAUSAL_ATTENTION_GRAD;  // in: QKV, P, dY; out: dQKV
   s.name = "attention_grad";
   s.phase = Phase::backward;
@@ -123,7 +130,11 @@ std::vector<OpSpec> make() {
     c.k.attention_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.in[2]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
                        c.shape(c.op.in[2])[1], c.op.heads, c.op.context, c.acc(0));
   };
-  ops.push_back(s);
+  return s;
+}
+
+std::vector<OpSpec> make() {
+  std::vector<OpSpec> ops = {embedding(), embedding_grad(), position_embedding(), position_embedding_grad(), causal_attention(), causal_attention_grad()};
   return ops;
 }
 

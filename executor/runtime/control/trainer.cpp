@@ -150,8 +150,8 @@ Result<std::unique_ptr<StageRunner>> Trainer::make_stage(bool resumed) {
   TIERMEM_ASSIGN_OR_RETURN(StageSums sums,
                            make_stage_sums({m_job, *m_compute, *m_client, *m_dir, m_arenas, m_peers, m_trace, *m_tp,
                                             m_collectives.dp.get(), m_collectives.tp.get(), m_buckets}));
-  return std::make_unique<StageRunner>(m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, resumed,
-                                       *m_compute, std::move(sums));
+  const StageParts parts{m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, *m_compute};
+  return std::make_unique<StageRunner>(parts, resumed, std::move(sums));
 }
 
 void Trainer::report_stage_time(int64_t steps) {

@@ -17,16 +17,15 @@ bool captures_steps(const JobPlan& job, const TrainOptions& options, const Sched
 
 }  // namespace
 
-StageRunner::StageRunner(const JobPlan& job, const TrainOptions& options, Client& client, JobDirectory& dir,
-                         Arenas& arenas, Mailboxes& mailboxes, const RankPeers& peers, Trace& trace, bool resumed,
-                         Compute& compute, StageSums sums)
-    : m_job(job), m_options(options), m_arenas(arenas), m_mail(mailboxes), m_trace(trace), m_compute(compute),
-      m_slowdown(options.slowdown), m_schedule(job), m_replay(captures_steps(job, options, m_schedule, compute)),
-      m_feeder(job, m_schedule, options, arenas, mailboxes, compute, m_replay), m_sums(std::move(sums)),
-      m_stream(job, arenas, compute, trace), m_update_compute(&compute),
-      m_committer(job, options, client, dir, arenas, peers, trace, compute),
-      m_evaluator(job, m_schedule, m_feeder, mailboxes, compute, resumed) {
-  if (job.plan.offload && compute.memory_is_device() && options.update_on_host) {
+StageRunner::StageRunner(const StageParts& p, bool resumed, StageSums sums)
+    : m_job(p.job), m_options(p.options), m_arenas(p.arenas), m_mail(p.mail), m_trace(p.trace), m_compute(p.compute),
+      m_slowdown(p.options.slowdown), m_schedule(p.job),
+      m_replay(captures_steps(p.job, p.options, m_schedule, p.compute)),
+      m_feeder(p.job, m_schedule, p.options, p.arenas, p.mail, p.compute, m_replay), m_sums(std::move(sums)),
+      m_stream(p.job, p.arenas, p.compute, p.trace), m_update_compute(&p.compute),
+      m_committer(p.job, p.options, p.client, p.dir, p.arenas, p.peers, p.trace, p.compute),
+      m_evaluator(p.job, m_schedule, m_feeder, p.mail, p.compute, resumed) {
+  if (p.job.plan.offload && p.compute.memory_is_device() && p.options.update_on_host) {
     m_host_compute = make_cpu_compute();
     m_update_compute = m_host_compute.get();
   }
