@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <set>
 #include <vector>
@@ -47,17 +46,12 @@ class DramTier final : public TierBackend {
     std::lock_guard lock(m_mutex);
     if (d >= m_bytes.size() || m_bytes[d] == 0) return SegmentTrim{};
     *path = m_dir + "/dram." + std::to_string(d);
-    auto t = trim_segment(m_fds[d].get(), m_bytes[d], *path);
-    // What open_domain cut at this start is told once, with the first look.
-    if (auto at_open = m_trimmed_at_open.extract(d); t.ok() && !at_open.empty() && !t->trimmed) {
-      return at_open.mapped();
-    }
-    return t;
+    return m_trims.look(d, trim_segment(m_fds[d].get(), m_bytes[d], *path));
   }
   Result<SegmentTrim> trim_unopened(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
-    TIERMEM_ASSIGN_OR_RETURN(const SegmentTrim t, trim_segment_file(m_dir + "/dram." + std::to_string(d), bytes));
-    if (t.trimmed) m_trimmed_at_open[d] = t;
+    auto t = trim_segment_file(m_dir + "/dram." + std::to_string(d), bytes);
+    m_trims.at_start(d, t);
     return t;
   }
   Status open_domain(uint32_t d, uint64_t bytes) override {
@@ -71,7 +65,7 @@ class DramTier final : public TierBackend {
     // Grown by its tenant before this start: its growth goes first, before
     // anything here needs storage of the file system it may have filled.
     TIERMEM_ASSIGN_OR_RETURN(const SegmentTrim trimmed, trim_segment(fd.get(), bytes, path));
-    if (trimmed.trimmed) m_trimmed_at_open[d] = trimmed;
+    m_trims.at_start(d, trimmed);
     TIERMEM_RETURN_IF_ERROR(m_space.map(uint64_t{d} * m_span, bytes, fd.get(), 0));
     m_fds[d] = std::move(fd);
     m_bytes[d] = bytes;
@@ -172,7 +166,7 @@ class DramTier final : public TierBackend {
   }
 
   static constexpr uint64_t k_pin_chunk = 64ull << 20;
-  std::map<uint32_t, SegmentTrim> m_trimmed_at_open;  // by domain, until trim_domain_file tells it
+  DomainTrims m_trims;
   std::vector<UniqueFd> m_fds;
   std::vector<uint64_t> m_bytes;
   HostPinner m_pin;

@@ -9,7 +9,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <vector>
 
@@ -69,17 +68,12 @@ class PmemTier final : public TierBackend {
     std::lock_guard lock(m_mutex);
     if (d >= m_domains.size() || m_domains[d].bytes == 0) return SegmentTrim{};
     *path = m_dir + "/pmem." + std::to_string(d);
-    auto t = trim_segment(m_domains[d].fd.get(), m_domains[d].bytes, *path);
-    // What open_domain cut at this start is told once, with the first look.
-    if (auto at_open = m_trimmed_at_open.extract(d); t.ok() && !at_open.empty() && !t->trimmed) {
-      return at_open.mapped();
-    }
-    return t;
+    return m_trims.look(d, trim_segment(m_domains[d].fd.get(), m_domains[d].bytes, *path));
   }
   Result<SegmentTrim> trim_unopened(uint32_t d, uint64_t bytes) override {
     std::lock_guard lock(m_mutex);
-    TIERMEM_ASSIGN_OR_RETURN(const SegmentTrim t, trim_segment_file(m_dir + "/pmem." + std::to_string(d), bytes));
-    if (t.trimmed) m_trimmed_at_open[d] = t;
+    auto t = trim_segment_file(m_dir + "/pmem." + std::to_string(d), bytes);
+    m_trims.at_start(d, t);
     return t;
   }
   Status open_domain(uint32_t d, uint64_t bytes) override {
@@ -94,7 +88,7 @@ class PmemTier final : public TierBackend {
     // Grown by its tenant before this start: its growth goes first, before
     // anything here needs storage of the file system it may have filled.
     TIERMEM_ASSIGN_OR_RETURN(const SegmentTrim trimmed, trim_segment(dom.fd.get(), bytes, path));
-    if (trimmed.trimmed) m_trimmed_at_open[d] = trimmed;
+    m_trims.at_start(d, trimmed);
     TIERMEM_ASSIGN_OR_RETURN(dom.map, PmemMap::map(dom.fd.get(), bytes, "PMEM pool " + path, m_rsv, uint64_t{d} * m_span));
     TIERMEM_ASSIGN_OR_RETURN(dom.guard, TruncationGuard::watch(m_base + uint64_t{d} * m_span, bytes, dom.fd.get(), 0));
     dom.bytes = bytes;
@@ -139,7 +133,7 @@ class PmemTier final : public TierBackend {
   std::byte* m_base;
   mutable std::mutex m_mutex;
   std::vector<PmemDomain> m_domains;
-  std::map<uint32_t, SegmentTrim> m_trimmed_at_open;  // by domain, until trim_domain_file tells it
+  DomainTrims m_trims;
 };
 
 }  // namespace

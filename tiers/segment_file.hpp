@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,25 @@ Result<SegmentTrim> trim_segment(int fd, uint64_t size, const std::string& path)
 // trim_segment of the regular file at `path` (not following a link); nothing
 // when there is none.
 Result<SegmentTrim> trim_segment_file(const std::string& path, uint64_t size);
+
+// The trims of a tier's domain files: those a start made (before or as a
+// domain opened) are kept and told once, by the first look after it
+// (TierBackend::trim_domain_file). Not thread-safe: the tier's lock guards it.
+class DomainTrims {
+ public:
+  // A trim of domain `d`'s file at this start (kept when it cut something).
+  void at_start(uint32_t d, const Result<SegmentTrim>& t) {
+    if (t.ok() && t->trimmed) m_at_start[d] = *t;
+  }
+  // The look at `d` now: what it cut, else what the start cut (once).
+  Result<SegmentTrim> look(uint32_t d, Result<SegmentTrim> now) {
+    if (auto at_start = m_at_start.extract(d); now.ok() && !at_start.empty() && !now->trimmed) return at_start.mapped();
+    return now;
+  }
+
+ private:
+  std::map<uint32_t, SegmentTrim> m_at_start;
+};
 
 // `n` rounded up to a multiple of `unit` (a power of two).
 inline uint64_t round_up(uint64_t n, uint64_t unit) { return (n + unit - 1) & ~(unit - 1); }

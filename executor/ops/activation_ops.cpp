@@ -59,22 +59,14 @@ OpSpec gelu_grad() {
   return s;
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops = {relu(), relu_grad(), gelu(), gelu_grad()};
-
-  // The element-wise family: one line per function.
-  using elementwise::Unary;
-  for (const auto& spec : unary_op_specs<proto::SILU, proto::SILU_GRAD, Unary::silu, 4.0>("silu", "silu_grad")) {
-    ops.push_back(spec);
-  }
-
-  return ops;
-}
-
 }  // namespace
 
 const std::vector<OpSpec>& activation_ops() {
-  static const std::vector<OpSpec> ops = make();
+  // The element-wise family: one line per function.
+  using elementwise::Unary;
+  static const std::vector<OpSpec> ops =
+      join({relu(), relu_grad(), gelu(), gelu_grad()},
+           unary_op_specs<proto::SILU, proto::SILU_GRAD, Unary::silu, 4.0>("silu", "silu_grad"));
   return ops;
 }
 

@@ -179,15 +179,20 @@ OpSpec slice_grad() {
   return s;
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops = {matmul(), matmul_grad_a(), matmul_grad_b(), bias_add(), bias_grad(), pass_grad(), add(), concat(), slice_grad()};
-  return ops;
-}
-
 }  // namespace
 
 const std::vector<OpSpec>& dense_ops() {
-  static const std::vector<OpSpec> ops = make();
+  static const std::vector<OpSpec> ops = {
+      matmul(),
+      matmul_grad_a(),
+      matmul_grad_b(),
+      bias_add(),
+      bias_grad(),
+      pass_grad(),
+      add(),
+      concat(),
+      slice_grad(),
+  };
   return ops;
 }
 

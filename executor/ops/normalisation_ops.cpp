@@ -91,15 +91,15 @@ OpSpec softmax_cross_entropy_grad() {
   return s;
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops = {layer_norm(), layer_norm_grad(), softmax_cross_entropy(), softmax_cross_entropy_grad()};
-  return ops;
-}
-
 }  // namespace
 
 const std::vector<OpSpec>& normalisation_ops() {
-  static const std::vector<OpSpec> ops = make();
+  static const std::vector<OpSpec> ops = {
+      layer_norm(),
+      layer_norm_grad(),
+      softmax_cross_entropy(),
+      softmax_cross_entropy_grad(),
+  };
   return ops;
 }
 

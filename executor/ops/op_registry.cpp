@@ -72,6 +72,11 @@ std::vector<const OpSpec*> all_op_specs() {
 
 std::string_view op_kind_name(OpKind kind) { return op_spec(kind).name; }
 
+std::vector<OpSpec> join(std::vector<OpSpec> a, const std::vector<OpSpec>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 Result<std::vector<int64_t>> same_shape_as_input(const ShapeQuery& q) { return q.shape(0); }
 
 double flops_per_output_element(const Graph& g, const Op& op, double per_element) {

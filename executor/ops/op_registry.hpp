@@ -129,6 +129,9 @@ const std::vector<OpSpec>& sequence_ops();
 const std::vector<OpSpec>& parallel_ops();
 const std::vector<OpSpec>& optimizer_ops();
 
+// `a` followed by `b` (a family's specs and those made for it).
+std::vector<OpSpec> join(std::vector<OpSpec> a, const std::vector<OpSpec>& b);
+
 // Shape rules several families share.
 Result<std::vector<int64_t>> same_shape_as_input(const ShapeQuery& q);
 // FLOPs of `per_element` per element of the op's first output.

@@ -32,15 +32,10 @@ OpSpec adam_update() {
   return s;
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops = {sgd_update(), adam_update()};
-  return ops;
-}
-
 }  // namespace
 
 const std::vector<OpSpec>& optimizer_ops() {
-  static const std::vector<OpSpec> ops = make();
+  static const std::vector<OpSpec> ops = {sgd_update(), adam_update()};
   return ops;
 }
 

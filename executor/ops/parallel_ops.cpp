@@ -35,15 +35,10 @@ OpSpec tp_all_reduce() {
   return s;
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops = {tp_identity(), tp_all_reduce()};
-  return ops;
-}
-
 }  // namespace
 
 const std::vector<OpSpec>& parallel_ops() {
-  static const std::vector<OpSpec> ops = make();
+  static const std::vector<OpSpec> ops = {tp_identity(), tp_all_reduce()};
   return ops;
 }
 

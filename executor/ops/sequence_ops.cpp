@@ -133,15 +133,17 @@ OpSpec causal_attention_grad() {
   return s;
 }
 
-std::vector<OpSpec> make() {
-  std::vector<OpSpec> ops = {embedding(), embedding_grad(), position_embedding(), position_embedding_grad(), causal_attention(), causal_attention_grad()};
-  return ops;
-}
-
 }  // namespace
 
 const std::vector<OpSpec>& sequence_ops() {
-  static const std::vector<OpSpec> ops = make();
+  static const std::vector<OpSpec> ops = {
+      embedding(),
+      embedding_grad(),
+      position_embedding(),
+      position_embedding_grad(),
+      causal_attention(),
+      causal_attention_grad(),
+  };
   return ops;
 }
 

@@ -239,8 +239,10 @@ TEST_F(RuntimePartsTest, GradientBucketsStartAfterTheirLastWriterAndTheOptimizer
   RecordingCollective group;
   const auto buckets = plan_grad_buckets(m_job.graph, m_job.plan, 4096);
   ASSERT_GT(buckets.size(), 1u);
-  auto sums = make_stage_sums({m_job, *m_compute, *m_client, *m_dir, m_arenas, peers, m_trace, tp, &group, nullptr,
-                               buckets});
+  RankPeers none;
+  Mailboxes mail(m_job, m_options, *m_client, *m_dir, m_arenas, none, m_trace);
+  const RankParts rank{m_job, m_options, *m_client, *m_dir, m_arenas, mail, peers, m_trace, *m_compute};
+  auto sums = make_stage_sums(rank, tp, &group, nullptr, buckets);
   ASSERT_TRUE(sums.ok()) << sums.status().to_string();
   size_t started = 0;
   for (size_t pos = 0; pos < m_schedule->positions().size(); ++pos) {

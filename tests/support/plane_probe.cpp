@@ -94,14 +94,22 @@ std::string token_of(const std::string& address) {
   return address.substr(at, length);
 }
 
-int attack(const char* socket, NodeId node, const std::string& file) {
+// Another tenant's view of a node, as `keys` wrote it.
+Result<proto::NodeInfo> read_view(const std::string& file) {
   std::ifstream in(file, std::ios::binary);
   std::stringstream bytes;
   bytes << in.rdbuf();
-  proto::NodeInfo theirs;
-  if (!in || !theirs.ParseFromString(bytes.str())) {
-    return report(Status(ErrorCode::invalid_argument, "cannot read or parse " + file));
+  proto::NodeInfo view;
+  if (!in || !view.ParseFromString(bytes.str())) {
+    return Status(ErrorCode::invalid_argument, "cannot read or parse " + file);
   }
+  return view;
+}
+
+int attack(const char* socket, NodeId node, const std::string& file) {
+  auto view = read_view(file);
+  if (!view.ok()) return report(view.status());
+  const proto::NodeInfo& theirs = *view;
   auto mine = view_of(socket, node);
   if (!mine.ok()) return report(mine.status());
   if (mine->transport_address().empty() || theirs.transport_address().empty()) {
@@ -155,13 +163,9 @@ int attack(const char* socket, NodeId node, const std::string& file) {
 
 // Connections that never say hello (see the header comment).
 int flood(const std::string& file, int count, int seconds, const std::string& mode) {
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  proto::NodeInfo theirs;
-  if (!in || !theirs.ParseFromString(bytes.str())) {
-    return report(Status(ErrorCode::invalid_argument, "cannot read or parse " + file));
-  }
+  auto view = read_view(file);
+  if (!view.ok()) return report(view.status());
+  const proto::NodeInfo& theirs = *view;
   char ip[64] = {};
   unsigned port = 0;
   if (std::sscanf(theirs.transport_address().c_str(), "tmucx-listener %63s %u", ip, &port) != 2) {

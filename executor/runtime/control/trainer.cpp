@@ -147,10 +147,9 @@ Status Trainer::train_steps() {
 }
 
 Result<std::unique_ptr<StageRunner>> Trainer::make_stage(bool resumed) {
-  TIERMEM_ASSIGN_OR_RETURN(StageSums sums,
-                           make_stage_sums({m_job, *m_compute, *m_client, *m_dir, m_arenas, m_peers, m_trace, *m_tp,
-                                            m_collectives.dp.get(), m_collectives.tp.get(), m_buckets}));
-  const StageParts parts{m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, *m_compute};
+  const RankParts parts{m_job, m_opt, *m_client, *m_dir, m_arenas, *m_mail, m_peers, m_trace, *m_compute};
+  TIERMEM_ASSIGN_OR_RETURN(StageSums sums, make_stage_sums(parts, *m_tp, m_collectives.dp.get(),
+                                                           m_collectives.tp.get(), m_buckets));
   return std::make_unique<StageRunner>(parts, resumed, std::move(sums));
 }
 

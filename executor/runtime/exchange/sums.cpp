@@ -53,7 +53,7 @@ class BucketGradientSum final : public GradientSum {
 // Whole, through the memory service, once the step's compute is done.
 class PublishedGradientSum final : public GradientSum {
  public:
-  explicit PublishedGradientSum(const SumParts& p)
+  explicit PublishedGradientSum(const RankParts& p)
       : m_job(p.job), m_compute(p.compute), m_client(p.client), m_dir(p.dir), m_arenas(p.arenas), m_peers(p.peers),
         m_trace(p.trace) {}
   void after_position(int) override {}
@@ -173,18 +173,19 @@ class CollectivePartialSum final : public PartialSum {
 
 }  // namespace
 
-Result<StageSums> make_stage_sums(SumParts p) {
+Result<StageSums> make_stage_sums(const RankParts& p, TpExchange& tp, Collective* dp_group, Collective* tp_group,
+                                  std::vector<GradBucket> buckets) {
   StageSums sums;
   if (p.job.topo.replicas == 1) {
     sums.gradients = std::make_unique<NoGradientSum>();
-  } else if (p.dp_group != nullptr) {
-    sums.gradients = std::make_unique<BucketGradientSum>(*p.dp_group, std::move(p.buckets), p.arenas);
+  } else if (dp_group != nullptr) {
+    sums.gradients = std::make_unique<BucketGradientSum>(*dp_group, std::move(buckets), p.arenas);
   } else {
     sums.gradients = std::make_unique<PublishedGradientSum>(p);
   }
   if (p.job.topo.tensor_parallel == 1) {
     sums.parts = std::make_unique<NoPartialSum>();
-  } else if (p.tp_group != nullptr) {
+  } else if (tp_group != nullptr) {
     int64_t most = 0;
     for (const Op& op : p.job.graph.ops) {
       if (op.kind == proto::TP_ALL_REDUCE) most = std::max(most, p.job.graph.tensors[op.in[0]].elements());
@@ -195,9 +196,9 @@ Result<StageSums> make_stage_sums(SumParts p) {
                                                    " for the tensor-parallel sums (" + std::to_string(most * 4) +
                                                    " bytes)");
     }
-    sums.parts = std::make_unique<CollectivePartialSum>(*p.tp_group, p.compute, p.trace, scratch);
+    sums.parts = std::make_unique<CollectivePartialSum>(*tp_group, p.compute, p.trace, scratch);
   } else {
-    sums.parts = std::make_unique<ExchangePartialSum>(p.tp);
+    sums.parts = std::make_unique<ExchangePartialSum>(tp);
   }
   return sums;
 }

@@ -27,6 +27,7 @@
 #include "executor/runtime/state/job.hpp"
 #include "executor/runtime/plan/job_plan.hpp"
 #include "executor/runtime/exchange/mailboxes.hpp"
+#include "executor/runtime/exchange/rank_parts.hpp"
 #include "executor/runtime/plan/schedule.hpp"
 #include "executor/runtime/exchange/tp_exchange.hpp"
 #include "executor/trace.hpp"
@@ -60,23 +61,12 @@ struct StageSums {
   std::unique_ptr<PartialSum> parts;
 };
 
-// What the sums of a stage use.
-struct SumParts {
-  const JobPlan& job;
-  Compute& compute;
-  Client& client;
-  JobDirectory& dir;
-  Arenas& arenas;
-  const RankPeers& peers;
-  Trace& trace;
-  TpExchange& tp;
-  Collective* dp_group;  // the data-parallel group's collective (NCCL, buckets), or null: the memory service whole
-  Collective* tp_group;  // the tensor-parallel group's NCCL collective, or null: the memory service
-  std::vector<GradBucket> buckets;  // dp_group's
-};
-
-// The stage's sums, as the job was planned. Errors: tier_exhausted (no
-// device memory for the tensor-parallel sums' scratch).
-Result<StageSums> make_stage_sums(SumParts parts);
+// The stage's sums as the job was planned: over `dp_group` (a collective:
+// NCCL, or the memory service's buckets; null: the memory service whole)
+// with `buckets`, and `tp_group` (NCCL; null: `tp`, the memory service).
+// Errors: tier_exhausted (no device memory for the tensor-parallel sums'
+// scratch).
+Result<StageSums> make_stage_sums(const RankParts& rank, TpExchange& tp, Collective* dp_group, Collective* tp_group,
+                                  std::vector<GradBucket> buckets);
 
 }  // namespace tiermem::exec

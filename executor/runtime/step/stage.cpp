@@ -17,7 +17,7 @@ bool captures_steps(const JobPlan& job, const TrainOptions& options, const Sched
 
 }  // namespace
 
-StageRunner::StageRunner(const StageParts& p, bool resumed, StageSums sums)
+StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
     : m_job(p.job), m_options(p.options), m_arenas(p.arenas), m_mail(p.mail), m_trace(p.trace), m_compute(p.compute),
       m_slowdown(p.options.slowdown), m_schedule(p.job),
       m_replay(captures_steps(p.job, p.options, m_schedule, p.compute)),

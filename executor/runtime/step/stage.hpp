@@ -26,6 +26,7 @@
 #include "executor/runtime/step/feeder.hpp"
 #include "executor/runtime/plan/job_plan.hpp"
 #include "executor/runtime/exchange/mailboxes.hpp"
+#include "executor/runtime/exchange/rank_parts.hpp"
 #include "executor/runtime/state/param_stream.hpp"
 #include "executor/runtime/plan/schedule.hpp"
 #include "executor/runtime/step/slowdown.hpp"
@@ -41,25 +42,11 @@ struct StepStats {
   int64_t rows = 0;
 };
 
-// What a stage runs on: the rank's job, memory, messages and compute (the
-// trainer's; they outlive the stage).
-struct StageParts {
-  const JobPlan& job;
-  const TrainOptions& options;
-  Client& client;
-  JobDirectory& dir;
-  Arenas& arenas;
-  Mailboxes& mail;
-  const RankPeers& peers;
-  Trace& trace;
-  Compute& compute;
-};
-
 class StageRunner {
  public:
   // `resumed`: this rank restarted (its first evaluation may skip batches);
   // `sums`: the stage's (make_stage_sums).
-  StageRunner(const StageParts& parts, bool resumed, StageSums sums);
+  StageRunner(const RankParts& parts, bool resumed, StageSums sums);
 
   // Whether steps are captured once and replayed (a GPU, --graphs, a stage
   // that exchanges no messages and has no replicas).
