@@ -40,7 +40,7 @@ cat >"$dest/env.sh" <<'ENV'
 d=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LD_LIBRARY_PATH=$d/lib UCX_MODULE_DIR=$d/ucx TIERMEMD=$d/build/daemon/tiermemd \
   TIERMEMCTL=$d/build/tools/tiermemctl TIERMEM_PROBE=$d/build/tests/support/tenant_probe \
-  TIERMEM_EXEC=$d/build/executor/tiermem-exec TIERMEM_MODELS=$PWD/config/models TIERMEM_TEST_DATA=$PWD/tests/data TIERMEM_CORPUS=$PWD/docs/ARCHITECTURE.md \
+  TIERMEM_EXEC=$d/build/executor/tiermem-exec TIERMEM_MODELS=$PWD/config/models TIERMEM_TEST_DATA=$PWD/tests/data TIERMEM_CORPUS=$PWD/tests/data/corpus.txt \
   TIERMEM_DIGITS=$d/data/digits.csv.gz TIERMEM_FASHION=$d/data/fashion NCCL_NVLS_ENABLE=0
 # libnccl.so.2 (218 MB, more than a carry) from the machine: the CUDA
 # toolkit's, else the one PyTorch's wheels bring (nvidia-nccl).
