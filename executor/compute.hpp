@@ -109,6 +109,13 @@ class Compute {
   virtual void unary(elementwise::Unary fn, const float* x, float* y, int64_t count) = 0;
   virtual void unary_grad(elementwise::Unary fn, const float* x, const float* dy, float* dx, int64_t count,
                           bool accumulate) = 0;
+  // y (+)= a * b, element-wise.
+  virtual void mul(const float* a, const float* b, float* y, int64_t count, bool accumulate) = 0;
+  virtual void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n,
+                        float epsilon) = 0;
+  virtual void rms_norm_grad(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw,
+                             int64_t m, int64_t n, bool accumulate_dx, bool accumulate_w) = 0;
+  // Layer norm over rows of n; beta and dbeta may be null (no bias).
   virtual void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                           int64_t m, int64_t n) = 0;
   virtual void layer_norm_grad(const float* x, const float* gamma, const float* mean, const float* rstd,
@@ -126,9 +133,12 @@ class Compute {
   virtual void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) = 0;
   virtual void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
                                        bool accumulate) = 0;
-  virtual void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) = 0;
+  virtual void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
+                         int64_t kv_heads, int64_t t) = 0;
   virtual void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                              int64_t heads, int64_t t, bool accumulate) = 0;
+                              int64_t heads, int64_t kv_heads, int64_t t, bool accumulate) = 0;
+  virtual void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t,
+                      float theta, bool inverse, bool accumulate) = 0;
   // The optimizers read parameter and state from the `*_in` arrays and write
   // the updated values to the others (kernels::sgd/adam): the trainer's next
   // copy from its committed one in one pass, or in place.

@@ -50,12 +50,25 @@ class CpuCompute final : public Compute {
   void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool acc) override {
     k::position_embedding_grad(dy, dtable, m, d, t, acc);
   }
-  void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) override {
-    k::attention(qkv, y, probs, m, d, heads, t);
+  void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
+                 int64_t t) override {
+    k::attention(qkv, y, probs, m, d, heads, kv_heads, t);
   }
   void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                      int64_t heads, int64_t t, bool acc) override {
-    k::attention_grad(qkv, probs, dy, dqkv, m, d, heads, t, acc);
+                      int64_t heads, int64_t kv_heads, int64_t t, bool acc) override {
+    k::attention_grad(qkv, probs, dy, dqkv, m, d, heads, kv_heads, t, acc);
+  }
+  void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
+              bool inverse, bool acc) override {
+    k::rotary(x, y, m, cols, heads, dh, t, theta, inverse, acc);
+  }
+  void mul(const float* a, const float* b, float* y, int64_t count, bool acc) override { k::mul(a, b, y, count, acc); }
+  void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n, float epsilon) override {
+    k::rms_norm(x, w, y, rstd, m, n, epsilon);
+  }
+  void rms_norm_grad(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw, int64_t m,
+                     int64_t n, bool acc_dx, bool acc_w) override {
+    k::rms_norm_grad(x, w, rstd, dy, dx, dw, m, n, acc_dx, acc_w);
   }
   void relu(const float* x, float* y, int64_t count) override { k::relu(x, y, count); }
   void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {

@@ -26,8 +26,18 @@ struct Silu {
   }
 };
 
+// x * Phi(x), Phi the standard normal CDF (PyTorch's exact F.gelu).
+struct GeluExact {
+  static TIERMEM_ELEMENTWISE float value(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+  static TIERMEM_ELEMENTWISE float derivative(float x) {
+    const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
+    return cdf + x * pdf;
+  }
+};
+
 // X(name, Function): every function, in the order of Unary.
-#define TIERMEM_UNARY_FUNCTIONS(X) X(silu, Silu)
+#define TIERMEM_UNARY_FUNCTIONS(X) X(silu, Silu) X(gelu_exact, GeluExact)
 
 enum class Unary : int {
 #define TIERMEM_UNARY_ENUM(name, Function) name,

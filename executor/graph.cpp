@@ -168,9 +168,12 @@ class Builder {
         return q.mismatch(q.name(i) + (i32 != nullptr ? " must be I32 " + std::string(i32) : std::string(" must be F32")));
       }
     }
-    if (!spec.sequence_fields && (op.heads() != 0 || op.context() != 0)) {
-      return q.mismatch("only CAUSAL_ATTENTION takes heads and context");
+    if (!spec.sequence_fields && (op.heads() != 0 || op.context() != 0 || op.kv_heads() != 0)) {
+      return q.mismatch("only CAUSAL_ATTENTION and ROTARY take heads, kv_heads and context");
     }
+    if (op.theta() != 0 && !spec.takes_theta) return q.mismatch("only ROTARY takes theta");
+    if (op.epsilon() != 0 && !spec.takes_epsilon) return q.mismatch("only RMS_NORM takes epsilon");
+    if (!(op.epsilon() >= 0) || op.epsilon() > 1) return q.mismatch("epsilon must be in [0, 1]");
     return spec.shape(q);
   }
 
@@ -198,10 +201,15 @@ class Builder {
                   ", which the executor derives (backward, optimizer, tensor-parallel ops): a model file holds "
                   "forward ops only");
     }
-    const bool arity = spec->model_inputs == -2 ? def.input_size() >= 2 : def.input_size() == spec->model_inputs;
+    const int fewest = spec->model_inputs == -2 ? 2 : spec->model_inputs - spec->optional_inputs;
+    const bool arity = spec->model_inputs == -2 ? def.input_size() >= 2
+                                                : def.input_size() >= fewest && def.input_size() <= spec->model_inputs;
     if (!arity || def.output_size() != 1) {
-      return fail("op '" + def.name() + "' (" + proto::OpType_Name(def.type()) + ") takes " +
-                  (spec->model_inputs == -2 ? std::string("two or more") : std::to_string(spec->model_inputs)) +
+      const std::string takes = spec->model_inputs == -2 ? std::string("two or more")
+                                : fewest == spec->model_inputs
+                                    ? std::to_string(spec->model_inputs)
+                                    : std::to_string(fewest) + " to " + std::to_string(spec->model_inputs);
+      return fail("op '" + def.name() + "' (" + proto::OpType_Name(def.type()) + ") takes " + takes +
                   " input(s) and 1 output, not " + std::to_string(def.input_size()) + " and " +
                   std::to_string(def.output_size()));
     }
@@ -211,6 +219,9 @@ class Builder {
     op.phase = Phase::forward;
     op.heads = def.heads();
     op.context = def.context();
+    op.kv_heads = def.kv_heads();
+    op.theta = def.theta();
+    op.epsilon = def.epsilon();
     for (const std::string& in : def.input()) {
       const int t = m_graph.find(in);
       if (t < 0 || (m_graph.tensors[t].role == Role::activation && m_graph.tensors[t].producer < 0)) {

@@ -66,8 +66,11 @@ struct Op {
   std::vector<bool> accumulate;  // per output: add into it instead of overwriting
   int origin = -1;               // backward/update ops: the forward op (or param) they come from
   int64_t column = 0;            // slice_grad: the first column of dY it takes
-  int64_t heads = 0;             // attention (and its gradient): heads
-  int64_t context = 0;           // attention: rows per sequence
+  int64_t heads = 0;             // attention, rotary (and their gradients): heads
+  int64_t context = 0;           // attention, rotary: rows per sequence
+  int64_t kv_heads = 0;          // attention, rotary: key/value heads (grouped-query; 0: heads)
+  float theta = 0;               // rotary: the angles' base
+  float epsilon = 0;             // rms norm
   double flops = 0;
 };
 

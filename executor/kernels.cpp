@@ -205,6 +205,51 @@ void gelu_grad(const float* x, const float* dy, float* dx, int64_t count, bool a
   }
 }
 
+void mul(const float* a, const float* b, float* y, int64_t count, bool accumulate) {
+  if (accumulate) {
+#pragma omp parallel for simd if (count > k_parallel)
+    for (int64_t i = 0; i < count; ++i) y[i] += a[i] * b[i];
+  } else {
+#pragma omp parallel for simd if (count > k_parallel)
+    for (int64_t i = 0; i < count; ++i) y[i] = a[i] * b[i];
+  }
+}
+
+void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n, float epsilon) {
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * n;
+    float ms = 0;
+    for (int64_t j = 0; j < n; ++j) ms += row[j] * row[j];
+    const float rs = 1.0f / std::sqrt(ms / static_cast<float>(n) + epsilon);
+    rstd[r] = rs;
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = row[j] * rs * w[j];
+  }
+}
+
+void rms_norm_grad(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw, int64_t m,
+                   int64_t n, bool accumulate_dx, bool accumulate_w) {
+  // xhat = x rstd, y = xhat w: dx = rstd (g - xhat mean(g xhat)), g = dy w.
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * n;
+    const float* dyr = dy + r * n;
+    float sum_gx = 0;
+    for (int64_t j = 0; j < n; ++j) sum_gx += dyr[j] * w[j] * xr[j] * rstd[r];
+    const float mean_gx = sum_gx / static_cast<float>(n);
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = rstd[r] * (dyr[j] * w[j] - xr[j] * rstd[r] * mean_gx);
+      dx[r * n + j] = accumulate_dx ? dx[r * n + j] + d : d;
+    }
+  }
+#pragma omp parallel for if (m * n > k_parallel)
+  for (int64_t j = 0; j < n; ++j) {
+    float s = 0;
+    for (int64_t r = 0; r < m; ++r) s += dy[r * n + j] * x[r * n + j] * rstd[r];
+    dw[j] = accumulate_w ? dw[j] + s : s;
+  }
+}
+
 void layer_norm(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                 int64_t m, int64_t n) {
 #pragma omp parallel for if (m * n > k_parallel)
@@ -219,7 +264,7 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float* y,
     const float rs = 1.0f / std::sqrt(var + k_layer_norm_epsilon);
     mean[r] = mu;
     rstd[r] = rs;
-    for (int64_t j = 0; j < n; ++j) y[r * n + j] = (row[j] - mu) * rs * gamma[j] + beta[j];
+    for (int64_t j = 0; j < n; ++j) y[r * n + j] = (row[j] - mu) * rs * gamma[j] + (beta != nullptr ? beta[j] : 0.0f);
   }
 }
 
@@ -255,7 +300,7 @@ void layer_norm_grad(const float* x, const float* gamma, const float* mean, cons
       sb += dy[r * n + j];
     }
     dgamma[j] = accumulate_params ? dgamma[j] + sg : sg;
-    dbeta[j] = accumulate_params ? dbeta[j] + sb : sb;
+    if (dbeta != nullptr) dbeta[j] = accumulate_params ? dbeta[j] + sb : sb;
   }
 }
 

@@ -21,6 +21,8 @@ void bias_add(const float* x, const float* bias, float* y, int64_t m, int64_t n)
 void bias_grad(const float* dy, float* dbias, int64_t m, int64_t n, bool accumulate);
 void pass_grad(const float* dy, float* dx, int64_t count, bool accumulate);
 void add(const float* a, const float* b, float* y, int64_t count);
+// y (+)= a * b, element-wise (MUL, and each of its gradients).
+void mul(const float* a, const float* b, float* y, int64_t count, bool accumulate);
 // Y[:, column : column + n] = X[M,n] for Y with `y_cols` columns (one input of a concat).
 void copy_columns(const float* x, float* y, int64_t m, int64_t n, int64_t y_cols, int64_t column);
 // dX[M,n] (+)= dY[:, column : column + n] for dY with `dy_cols` columns.
@@ -42,6 +44,11 @@ void layer_norm_grad(const float* x, const float* gamma, const float* mean, cons
                      float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n, bool accumulate_dx,
                      bool accumulate_params);
 
+// RMS norm over rows of n: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + epsilon).
+void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n, float epsilon);
+void rms_norm_grad(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw, int64_t m,
+                   int64_t n, bool accumulate_dx, bool accumulate_w);
+
 // Mean cross-entropy of softmax(logits) against labels; *correct gets the
 // number of rows whose arg-max is the label.
 float softmax_xent(const float* logits, const int32_t* labels, int64_t m, int64_t c, int64_t* correct);
@@ -60,13 +67,24 @@ void embedding_grad(const int32_t* ids, const float* dy, float* dtable, int64_t 
 void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t);
 // dtable[r] (+)= sum over rows i with i mod t = r of dy[i]
 void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool accumulate);
-// Causal multi-head self-attention: qkv [m, 3d] (queries, keys, values),
-// y [m, d], probs [m * heads, t] (row (s * heads + h) * t + i: the softmax
-// of query i of sequence s, head h, over keys 0..i; zero past i).
-void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t);
+// Causal multi-head self-attention: qkv [m, d + 2 dkv] (queries, keys,
+// values; dkv = d / heads x kv_heads), y [m, d], probs [m * heads, t] (row
+// (s * heads + h) * t + i: the softmax of query i of sequence s, head h,
+// over keys 0..i; zero past i). Query head h reads key/value head
+// h / (heads / kv_heads).
+void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
+               int64_t t);
 // dqkv (+)= the gradient of the above; `probs` is overwritten (its last use).
 void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                    int64_t heads, int64_t t, bool accumulate);
+                    int64_t heads, int64_t kv_heads, int64_t t, bool accumulate);
+// The angle of pair c (of a head of width dh) at position p: p * theta^(-2c/dh),
+// computed as PyTorch's rotary embeddings compute it (float32).
+float rotary_angle(int64_t p, int64_t c, int64_t dh, float theta);
+// Rotary positions: x and y [m, cols]; the first `heads` heads of width dh
+// of each row have each pair (c, c + dh/2) turned by rotary_angle(row mod
+// t, c) (back, for the gradient: `inverse`); the other columns are copied.
+void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
+            bool inverse, bool accumulate);
 
 // PyTorch's SGD (dampening 0) and Adam, weight decay as L2 on the gradient.
 // Each reads the parameter and its state from the `*_in` arrays and writes

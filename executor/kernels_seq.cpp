@@ -47,14 +47,15 @@ void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t 
   }
 }
 
-void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) {
-  const int64_t dh = d / heads, ld = 3 * d;
+void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
+               int64_t t) {
+  const int64_t dh = d / heads, group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   for (int64_t s = 0; s < m / t; ++s) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* q = qkv + s * t * ld + h * dh;
-      const float* k = q + d;
-      const float* v = q + 2 * d;
+      const float* k = qkv + s * t * ld + d + (h / group) * dh;
+      const float* v = k + dkv;
       float* p = probs + (s * heads + h) * t * t;
       // Scores q k^T (the masked half too: one GEMM), then each row's
       // softmax over keys 0..i.
@@ -80,23 +81,25 @@ void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, i
 }
 
 void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                    int64_t heads, int64_t t, bool accumulate) {
-  const int64_t dh = d / heads, ld = 3 * d;
+                    int64_t heads, int64_t kv_heads, int64_t t, bool accumulate) {
+  const int64_t dh = d / heads, group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  const float beta = accumulate ? 1.0f : 0.0f;
   std::vector<float> dp(static_cast<size_t>(t * t));
   for (int64_t s = 0; s < m / t; ++s) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* q = qkv + s * t * ld + h * dh;
-      const float* k = q + d;
-      const float* v = q + 2 * d;
+      const float* k = qkv + s * t * ld + d + (h / group) * dh;
+      const float* v = k + dkv;
       const float* g = dy + s * t * d + h * dh;
       float* dq = dqkv + s * t * ld + h * dh;
-      float* dk = dq + d;
-      float* dv = dq + 2 * d;
+      float* dk = dqkv + s * t * ld + d + (h / group) * dh;
+      float* dv = dk + dkv;
+      // The heads of a group add into their key and value head's gradient.
+      const float beta = accumulate ? 1.0f : 0.0f;
+      const float beta_kv = accumulate || h % group != 0 ? 1.0f : 0.0f;
       float* p = probs + (s * heads + h) * t * t;
       // dV = P^T dY; dP = dY V^T
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(t), i32(dh), i32(t), 1.0f, p, i32(t), g, i32(d), beta,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(t), i32(dh), i32(t), 1.0f, p, i32(t), g, i32(d), beta_kv,
                   dv, i32(ld));
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(t), i32(t), i32(dh), 1.0f, g, i32(d), v, i32(ld), 0.0f,
                   dp.data(), i32(t));
@@ -111,9 +114,45 @@ void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv
       // dQ = dS K * scale; dK = dS^T Q * scale
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(t), i32(dh), i32(t), scale, p, i32(t), k, i32(ld),
                   beta, dq, i32(ld));
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(t), i32(dh), i32(t), scale, p, i32(t), q, i32(ld), beta,
-                  dk, i32(ld));
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(t), i32(dh), i32(t), scale, p, i32(t), q, i32(ld),
+                  beta_kv, dk, i32(ld));
     }
+  }
+}
+
+float rotary_angle(int64_t p, int64_t c, int64_t dh, float theta) {
+  const float inv = 1.0f / std::pow(theta, static_cast<float>(2 * c) / static_cast<float>(dh));
+  return static_cast<float>(p) * inv;
+}
+
+void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
+            bool inverse, bool accumulate) {
+  const int64_t half = dh / 2, rotated = heads * dh;
+  std::vector<float> cosines(static_cast<size_t>(t * half)), sines(cosines.size());
+  for (int64_t p = 0; p < t; ++p) {
+    for (int64_t c = 0; c < half; ++c) {
+      const float a = rotary_angle(p, c, dh, theta);
+      cosines[static_cast<size_t>(p * half + c)] = std::cos(a);
+      sines[static_cast<size_t>(p * half + c)] = inverse ? -std::sin(a) : std::sin(a);
+    }
+  }
+#pragma omp parallel for if (m * cols > (int64_t{1} << 15))
+  for (int64_t r = 0; r < m; ++r) {
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    const float* cs = cosines.data() + (r % t) * half;
+    const float* sn = sines.data() + (r % t) * half;
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* a = xr + h * dh;
+      float* b = yr + h * dh;
+      for (int64_t c = 0; c < half; ++c) {
+        const float lo = a[c] * cs[c] - a[c + half] * sn[c];
+        const float hi = a[c + half] * cs[c] + a[c] * sn[c];
+        b[c] = accumulate ? b[c] + lo : lo;
+        b[c + half] = accumulate ? b[c + half] + hi : hi;
+      }
+    }
+    for (int64_t c = rotated; c < cols; ++c) yr[c] = accumulate ? yr[c] + xr[c] : xr[c];
   }
 }
 

@@ -143,11 +143,12 @@ class CudaCompute final : public Compute {
   // Attention as GEMMs batched over (sequence, head) on q, k and v packed
   // per head ([b, t, dh]): S = scale Q K^T into probs (the masked half
   // too), the causal softmax in place, O = P V, O to y.
-  void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t t) override {
+  void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
+                 int64_t t) override {
     float* q = attention_scratch(m * d, 5);
     if (q == nullptr) return;
     float *k = q + m * d, *v = k + m * d, *o = v + m * d;
-    pack_qkv(qkv, q, k, v, m, d, heads, t);
+    pack_qkv(qkv, q, k, v, m, d, heads, kv_heads, t);
     const int64_t batch = m / t * heads, dh = d / heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     batched(false, true, t, t, dh, scale, q, dh, t * dh, k, dh, t * dh, probs, t, t * t, batch, false);
@@ -158,23 +159,39 @@ class CudaCompute final : public Compute {
   // dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)) into probs' place,
   // dQ = scale dS K, dK = scale dS^T Q; each to its columns of dqkv.
   void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                      int64_t heads, int64_t t, bool acc) override {
+                      int64_t heads, int64_t kv_heads, int64_t t, bool acc) override {
     const int64_t batch = m / t * heads, dh = d / heads, n = m * d;
+    const int64_t group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
     float* q = attention_scratch(n, 5);
     float* dp = q == nullptr ? nullptr : attention_probs_scratch(batch * t * t);
     if (q == nullptr || dp == nullptr) return;
     float *k = q + n, *v = k + n, *dout = v + n, *grad = dout + n;
-    pack_qkv(qkv, q, k, v, m, d, heads, t);
+    pack_qkv(qkv, q, k, v, m, d, heads, kv_heads, t);
     kc::heads_gather(m_stream, dy, d, 0, dout, m, d, heads, t);
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     batched(true, false, t, dh, t, 1.0f, probs, t, t * t, dout, dh, t * dh, grad, dh, t * dh, batch, false);
-    kc::heads_scatter(m_stream, grad, dqkv, 3 * d, 2 * d, m, d, heads, t, acc);
+    kc::heads_scatter(m_stream, grad, dqkv, ld, d + dkv, m, d, heads, t, acc, group);
     batched(false, true, t, t, dh, 1.0f, dout, dh, t * dh, v, dh, t * dh, dp, t, t * t, batch, false);
     kc::causal_softmax_grad(m_stream, probs, dp, batch * t, t);
     batched(false, false, t, dh, t, scale, probs, t, t * t, k, dh, t * dh, grad, dh, t * dh, batch, false);
-    kc::heads_scatter(m_stream, grad, dqkv, 3 * d, 0, m, d, heads, t, acc);
+    kc::heads_scatter(m_stream, grad, dqkv, ld, 0, m, d, heads, t, acc);
     batched(true, false, t, dh, t, scale, probs, t, t * t, q, dh, t * dh, grad, dh, t * dh, batch, false);
-    kc::heads_scatter(m_stream, grad, dqkv, 3 * d, d, m, d, heads, t, acc);
+    kc::heads_scatter(m_stream, grad, dqkv, ld, d, m, d, heads, t, acc, group);
+  }
+  void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
+              bool inverse, bool acc) override {
+    kc::rotary(m_stream, x, y, m, cols, heads, dh, t, theta, inverse, acc);
+  }
+  void mul(const float* a, const float* b, float* y, int64_t count, bool acc) override {
+    kc::mul(m_stream, a, b, y, count, acc);
+  }
+  void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n, float epsilon) override {
+    kc::rms_norm(m_stream, x, w, y, rstd, m, n, epsilon);
+  }
+  void rms_norm_grad(const float* x, const float* w, const float* rstd, const float* dy, float* dx, float* dw, int64_t m,
+                     int64_t n, bool acc_dx, bool acc_w) override {
+    float* scratch = grown(&m_sums, &m_sums_room, kc::column_sums_scratch(m, n), "column sums");
+    if (scratch != nullptr) kc::rms_norm_grad(m_stream, x, w, rstd, dy, dx, dw, m, n, acc_dx, acc_w, scratch);
   }
   void relu(const float* x, float* y, int64_t count) override { kc::relu(m_stream, x, y, count); }
   void relu_grad(const float* x, const float* dy, float* dx, int64_t count, bool acc) override {
@@ -423,10 +440,14 @@ class CudaCompute final : public Compute {
         stride_a, &beta, c, static_cast<int>(ldc), stride_c, static_cast<int>(batch));
     if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasSgemmStridedBatched: ") + cublasGetStatusString(s));
   }
-  void pack_qkv(const float* qkv, float* q, float* k, float* v, int64_t m, int64_t d, int64_t heads, int64_t t) {
-    kc::heads_gather(m_stream, qkv, 3 * d, 0, q, m, d, heads, t);
-    kc::heads_gather(m_stream, qkv, 3 * d, d, k, m, d, heads, t);
-    kc::heads_gather(m_stream, qkv, 3 * d, 2 * d, v, m, d, heads, t);
+  // q, k and v packed per query head (a key/value head repeated for each
+  // query head of its group).
+  void pack_qkv(const float* qkv, float* q, float* k, float* v, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
+                int64_t t) {
+    const int64_t group = heads / kv_heads, dkv = d / heads * kv_heads, ld = d + 2 * dkv;
+    kc::heads_gather(m_stream, qkv, ld, 0, q, m, d, heads, t);
+    kc::heads_gather(m_stream, qkv, ld, d, k, m, d, heads, t, group);
+    kc::heads_gather(m_stream, qkv, ld, d + dkv, v, m, d, heads, t, group);
   }
   // Scratch for `count` packed tensors of `elements` floats (one room, grown
   // as needed; an old one stays for the steps captured with it).

@@ -51,7 +51,7 @@ __global__ void column_partials_k(const float* dy, const float* x, const float* 
     for (int64_t r = first + threadIdx.y; r < last; r += 8) {
       const float g = dy[r * n + j];
       s += g;
-      if (k_layer_norm) sx += g * ((x[r * n + j] - mean[r]) * rstd[r]);
+      if (k_layer_norm) sx += g * ((x[r * n + j] - (mean != nullptr ? mean[r] : 0.0f)) * rstd[r]);  // null: RMS
     }
   }
   part[threadIdx.y][threadIdx.x] = s;
@@ -76,7 +76,7 @@ __global__ void column_totals_k(const float* partial, const float* partial_x, fl
       total += partial[c * n + j];
       if (k_layer_norm) total_x += partial_x[c * n + j];
     }
-    sum_dy[j] = accumulate ? sum_dy[j] + total : total;
+    if (sum_dy != nullptr) sum_dy[j] = accumulate ? sum_dy[j] + total : total;  // null: a layer norm without beta
     if (k_layer_norm) sum_dyx[j] = accumulate ? sum_dyx[j] + total_x : total_x;
   }
 }
@@ -92,6 +92,36 @@ void column_sums(cudaStream_t s, const float* dy, const float* x, const float* m
 }
 
 __global__ void accumulate_k(const float* dy, float* dx, int64_t count) { TIERMEM_FOR_EACH(i, count) dx[i] += dy[i]; }
+
+__global__ void mul_k(const float* a, const float* b, float* y, int64_t count, bool accumulate) {
+  TIERMEM_FOR_EACH(i, count) y[i] = accumulate ? y[i] + a[i] * b[i] : a[i] * b[i];
+}
+
+// Rotary positions: one thread per pair (c, c + dh/2) of a turned head of a
+// row; the columns past the turned heads are copied by the same threads.
+__global__ void rotary_k(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t,
+                         float theta, bool inverse, bool accumulate) {
+  const int64_t half = dh / 2, pairs = heads * half, rest = cols - heads * dh;
+  const int64_t per_row = pairs + rest;
+  TIERMEM_FOR_EACH(i, m * per_row) {
+    const int64_t r = i / per_row, k = i % per_row;
+    const float* xr = x + r * cols;
+    float* yr = y + r * cols;
+    if (k >= pairs) {
+      const int64_t c = heads * dh + (k - pairs);
+      yr[c] = accumulate ? yr[c] + xr[c] : xr[c];
+      continue;
+    }
+    const int64_t h = k / half, c = k % half;
+    const float inv = 1.0f / powf(theta, static_cast<float>(2 * c) / static_cast<float>(dh));
+    const float angle = static_cast<float>(r % t) * inv;
+    const float cs = cosf(angle), sn = inverse ? -sinf(angle) : sinf(angle);
+    const float a = xr[h * dh + c], b = xr[h * dh + c + half];
+    const float lo = a * cs - b * sn, hi = b * cs + a * sn;
+    yr[h * dh + c] = accumulate ? yr[h * dh + c] + lo : lo;
+    yr[h * dh + c + half] = accumulate ? yr[h * dh + c + half] + hi : hi;
+  }
+}
 
 // bf16 by its bits (the upper half of a float), rounded to nearest even; a
 // NaN stays a (quiet) NaN. Plain bits: the same source builds for HIP.
@@ -190,7 +220,35 @@ __global__ void layer_norm_k(const float* x, const float* gamma, const float* be
     mean[blockIdx.x] = mu;
     rstd[blockIdx.x] = rs;
   }
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) y[blockIdx.x * n + j] = (row[j] - mu) * rs * gamma[j] + beta[j];
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
+    y[blockIdx.x * n + j] = (row[j] - mu) * rs * gamma[j] + (beta != nullptr ? beta[j] : 0.0f);
+  }
+}
+
+// RMS norm, one block per row.
+__global__ void rms_norm_k(const float* x, const float* w, float* y, float* rstd, int64_t n, float epsilon) {
+  __shared__ float shared[k_threads / 32];
+  const float* row = x + blockIdx.x * n;
+  float q = 0;
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) q += row[j] * row[j];
+  const float rs = 1.0f / sqrtf(block_sum(q, shared) / static_cast<float>(n) + epsilon);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) y[blockIdx.x * n + j] = row[j] * rs * w[j];
+}
+
+__global__ void rms_norm_dx_k(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                              int64_t n, bool accumulate) {
+  __shared__ float shared[k_threads / 32];
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * n;
+  const float* dyr = dy + r * n;
+  float sgx = 0;
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) sgx += dyr[j] * w[j] * xr[j] * rstd[r];
+  const float mean_gx = block_sum(sgx, shared) / static_cast<float>(n);
+  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
+    const float d = rstd[r] * (dyr[j] * w[j] - xr[j] * rstd[r] * mean_gx);
+    dx[r * n + j] = accumulate ? dx[r * n + j] + d : d;
+  }
 }
 
 __global__ void layer_norm_dx_k(const float* x, const float* gamma, const float* mean, const float* rstd,
@@ -390,6 +448,27 @@ void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const f
   column_sums<true>(s, dy, x, mean, rstd, dbeta, dgamma, m, n, accumulate_params, scratch);
 }
 
+void mul(cudaStream_t s, const float* a, const float* b, float* y, int64_t count, bool accumulate) {
+  mul_k<<<blocks_for(count), k_threads, 0, s>>>(a, b, y, count, accumulate);
+}
+
+void rms_norm(cudaStream_t s, const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n,
+              float epsilon) {
+  rms_norm_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, w, y, rstd, n, epsilon);
+}
+
+void rms_norm_grad(cudaStream_t s, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                   float* dw, int64_t m, int64_t n, bool accumulate_dx, bool accumulate_w, float* scratch) {
+  rms_norm_dx_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, w, rstd, dy, dx, n, accumulate_dx);
+  column_sums<true>(s, dy, x, nullptr, rstd, nullptr, dw, m, n, accumulate_w, scratch);
+}
+
+void rotary(cudaStream_t s, const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t,
+            float theta, bool inverse, bool accumulate) {
+  const int64_t per_row = heads * (dh / 2) + (cols - heads * dh);
+  rotary_k<<<blocks_for(m * per_row), k_threads, 0, s>>>(x, y, m, cols, heads, dh, t, theta, inverse, accumulate);
+}
+
 void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
                   float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits) {
   softmax_xent_rows_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, m, c, row_loss, row_right);
@@ -499,23 +578,27 @@ __global__ void position_embedding_grad_k(const float* dy, float* dtable, int64_
 // [m, ld] tensor (columns col0 + h dh ...) to rows [b][i][c] of a packed
 // [b, t, dh] one; scatter writes them back (adding when accumulate).
 __global__ void heads_gather_k(const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
-                               int64_t heads, int64_t t) {
+                               int64_t heads, int64_t t, int64_t group) {
   const int64_t dh = d / heads, rows = m * heads;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {  // row = b t + i, b = s heads + h
     const int64_t b = row / t, i = row % t, s = b / heads, h = b % heads;
-    const float* from = x + (s * t + i) * ld + col0 + h * dh;
+    const float* from = x + (s * t + i) * ld + col0 + (h / group) * dh;
     for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) packed[row * dh + c] = from[c];
   }
 }
 
+// Into heads / group heads of x: each the sum, in order, of the `group`
+// packed heads that read it (grouped-query attention's dK, dV; group 1: a copy).
 __global__ void heads_scatter_k(const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
-                                int64_t heads, int64_t t, bool accumulate) {
-  const int64_t dh = d / heads, rows = m * heads;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const int64_t b = row / t, i = row % t, s = b / heads, h = b % heads;
-    float* to = x + (s * t + i) * ld + col0 + h * dh;
+                                int64_t heads, int64_t t, bool accumulate, int64_t group) {
+  const int64_t dh = d / heads, kv = heads / group, rows = m * kv;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {  // row = b t + i, b = s kv + g
+    const int64_t b = row / t, i = row % t, s = b / kv, g = b % kv;
+    float* to = x + (s * t + i) * ld + col0 + g * dh;
     for (int64_t c = threadIdx.x; c < dh; c += blockDim.x) {
-      to[c] = accumulate ? to[c] + packed[row * dh + c] : packed[row * dh + c];
+      float sum = 0;
+      for (int64_t j = 0; j < group; ++j) sum += packed[((s * heads + g * group + j) * t + i) * dh + c];
+      to[c] = accumulate ? to[c] + sum : sum;
     }
   }
 }
@@ -571,15 +654,15 @@ void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int
 }
 
 void heads_gather(cudaStream_t s, const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
-                  int64_t heads, int64_t t) {
+                  int64_t heads, int64_t t, int64_t group) {
   heads_gather_k<<<static_cast<unsigned>(std::min<int64_t>(m * heads, 65535)), 64, 0, s>>>(x, ld, col0, packed, m, d,
-                                                                                          heads, t);
+                                                                                          heads, t, group);
 }
 
 void heads_scatter(cudaStream_t s, const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
-                   int64_t heads, int64_t t, bool accumulate) {
-  heads_scatter_k<<<static_cast<unsigned>(std::min<int64_t>(m * heads, 65535)), 64, 0, s>>>(packed, x, ld, col0, m, d,
-                                                                                           heads, t, accumulate);
+                   int64_t heads, int64_t t, bool accumulate, int64_t group) {
+  heads_scatter_k<<<static_cast<unsigned>(std::min<int64_t>(m * (heads / group), 65535)), 64, 0, s>>>(
+      packed, x, ld, col0, m, d, heads, t, accumulate, group);
 }
 
 void causal_softmax(cudaStream_t s, float* p, int64_t rows, int64_t t) {

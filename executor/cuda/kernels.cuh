@@ -32,6 +32,16 @@ void gelu_grad(cudaStream_t s, const float* x, const float* dy, float* dx, int64
 // this header stays free of the executor's).
 void unary(cudaStream_t s, int fn, const float* x, float* y, int64_t count);
 void unary_grad(cudaStream_t s, int fn, const float* x, const float* dy, float* dx, int64_t count, bool accumulate);
+void mul(cudaStream_t s, const float* a, const float* b, float* y, int64_t count, bool accumulate);
+void rms_norm(cudaStream_t s, const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n,
+              float epsilon);
+// dw through `scratch` (column_sums_scratch(m, n) floats).
+void rms_norm_grad(cudaStream_t s, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
+                   float* dw, int64_t m, int64_t n, bool accumulate_dx, bool accumulate_w, float* scratch);
+// kernels::rotary's contract.
+void rotary(cudaStream_t s, const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t,
+            float theta, bool inverse, bool accumulate);
+// beta and dbeta may be null (no bias).
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                 float* rstd, int64_t m, int64_t n, float epsilon);
 void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
@@ -65,13 +75,16 @@ void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int
                              bool accumulate);
 // Attention's pieces around cuBLAS's batched GEMMs (cuda_compute.cpp): heads
 // of a [m, ld] tensor (columns col0 + h d/heads ...) to a packed
-// [sequences x heads, t, d/heads] one and back (adding when accumulate);
+// [sequences x heads, t, d/heads] one and back (adding when accumulate;
+// with `group` > 1, packed head h reads column head h / group, and the
+// scatter sums each group of packed heads into their column head:
+// grouped-query attention's keys and values);
 // a causal softmax of rows of t scores in place (row r is query r % t), and
 // its gradient dS = P (dP - rowsum(P dP)) into P's place.
 void heads_gather(cudaStream_t s, const float* x, int64_t ld, int64_t col0, float* packed, int64_t m, int64_t d,
-                  int64_t heads, int64_t t);
+                  int64_t heads, int64_t t, int64_t group = 1);
 void heads_scatter(cudaStream_t s, const float* packed, float* x, int64_t ld, int64_t col0, int64_t m, int64_t d,
-                   int64_t heads, int64_t t, bool accumulate);
+                   int64_t heads, int64_t t, bool accumulate, int64_t group = 1);
 void causal_softmax(cudaStream_t s, float* p, int64_t rows, int64_t t);
 void causal_softmax_grad(cudaStream_t s, float* p, const float* dp, int64_t rows, int64_t t);
 

@@ -1,5 +1,5 @@
 // Activations: RELU, GELU (tanh approximation) and the element-wise
-// functions of elementwise_math.hpp (SILU), with their gradients.
+// functions of elementwise_math.hpp (SILU, GELU_EXACT), with their gradients.
 #include "executor/ops/op_registry.hpp"
 
 namespace tiermem::exec {
@@ -66,7 +66,9 @@ const std::vector<OpSpec>& activation_ops() {
   using elementwise::Unary;
   static const std::vector<OpSpec> ops =
       join({relu(), relu_grad(), gelu(), gelu_grad()},
-           unary_op_specs<proto::SILU, proto::SILU_GRAD, Unary::silu, 4.0>("silu", "silu_grad"));
+           join(unary_op_specs<proto::SILU, proto::SILU_GRAD, Unary::silu, 4.0>("silu", "silu_grad"),
+                unary_op_specs<proto::GELU_EXACT, proto::GELU_EXACT_GRAD, Unary::gelu_exact, 20.0>(
+                    "gelu_exact", "gelu_exact_grad")));
   return ops;
 }
 

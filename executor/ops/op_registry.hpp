@@ -90,14 +90,22 @@ struct OpSpec {
   // A model file may name it with this many inputs (-2: two or more); -1:
   // derived only (autodiff, the optimizer, tensor parallelism).
   int model_inputs = -1;
+  // Of those, how many at the end a model file may leave out (LAYER_NORM's
+  // beta).
+  int optional_inputs = 0;
   // Inputs that are I32 rather than F32, by place, with what they are
   // ("labels", "token ids") for the error when they are not.
   std::vector<std::pair<size_t, const char*>> i32_inputs;
   // Its gradient rule runs with no gradient of its output: the loss op,
   // where the backward pass starts.
   bool starts_backward = false;
-  // Takes `heads` and `context` (CAUSAL_ATTENTION).
+  // A GEMM: the bf16 path converts its operands (job_plan's staging size).
+  bool gemm = false;
+  // Takes `heads`, `kv_heads` and `context` (CAUSAL_ATTENTION, ROTARY).
   bool sequence_fields = false;
+  // Takes `epsilon` (RMS_NORM), `theta` (ROTARY).
+  bool takes_epsilon = false;
+  bool takes_theta = false;
   // Model ops: the shape of the result, or mismatch().
   Result<std::vector<int64_t>> (*shape)(const ShapeQuery&) = nullptr;
   // Model ops: what it saves for its backward pass (none: nullptr).

@@ -1,6 +1,8 @@
 // Sequences (a GPT): the rows of a tensor are tokens, sequences of `context`
 // rows one after the other. EMBEDDING, POSITION_EMBEDDING, CAUSAL_ATTENTION
-// and their gradients.
+// (grouped-query too), ROTARY and their gradients.
+#include <tiermem/status_macros.h>
+
 #include "executor/ops/op_registry.hpp"
 
 namespace tiermem::exec {
@@ -83,24 +85,46 @@ OpSpec position_embedding_grad() {
   return s;
 }
 
+// The width of a head of an op on qkv [M, (heads + 2 kv_heads) x dh]
+// (CAUSAL_ATTENTION, ROTARY), or why its fields do not fit.
+Result<int64_t> head_width(const ShapeQuery& q) {
+  const int64_t heads = q.def.heads(), kv = q.def.kv_heads() == 0 ? heads : q.def.kv_heads();
+  if (heads <= 0 || kv <= 0 || heads % kv != 0) {
+    return q.mismatch("heads (" + std::to_string(heads) + ") must be positive and a multiple of kv_heads (" +
+                      std::to_string(kv) + ")");
+  }
+  if (q.shape(0).size() != 2 || q.shape(0)[1] % (heads + 2 * kv) != 0) {
+    return q.mismatch(q.name(0) + " must be a matrix of queries, keys and values side by side: " +
+                      std::to_string(heads) + " query heads and " + std::to_string(kv) +
+                      " key and value heads of one width");
+  }
+  const int64_t dh = q.shape(0)[1] / (heads + 2 * kv);
+  if (q.def.context() <= 0 || q.shape(0)[0] % q.def.context() != 0) {
+    return q.mismatch("context (" + std::to_string(q.def.context()) + ") must divide the rows of " + q.name(0));
+  }
+  return dh;
+}
+
+int64_t kv_heads_of(const Op& op) { return op.kv_heads == 0 ? op.heads : op.kv_heads; }
+
+// ROTARY and its gradient: the query and key heads of each row turned.
+void run_rotary(const OpCall& c, bool inverse) {
+  const auto& x = c.shape(c.op.in[0]);
+  const int64_t turned = c.op.heads + kv_heads_of(c.op);
+  const int64_t dh = x[1] / (c.op.heads + 2 * kv_heads_of(c.op));
+  c.k.rotary(c.f(c.op.in[0]), c.f(c.op.out[0]), x[0], x[1], turned, dh, c.op.context, c.op.theta, inverse,
+             inverse && c.acc(0));
+}
+
 OpSpec causal_attention() {
   OpSpec s;
-  s.kind = proto::CAUSAL_ATTENTION;  // in: QKV [M,3D]   out: Y [M,D], P [M*heads, context]
+  s.kind = proto::CAUSAL_ATTENTION;  // in: QKV [M, D + 2 Dkv]   out: Y [M,D], P [M*heads, context]
   s.name = "attention";
   s.model_inputs = 1;
   s.sequence_fields = true;
   s.shape = [](const ShapeQuery& q) -> Result<std::vector<int64_t>> {
-    if (q.shape(0).size() != 2 || q.shape(0)[1] % 3 != 0) {
-      return q.mismatch(q.name(0) + " must be a matrix of queries, keys and values side by side (3 x D columns)");
-    }
-    const int64_t d = q.shape(0)[1] / 3;
-    if (q.def.heads() <= 0 || d % q.def.heads() != 0) {
-      return q.mismatch("heads (" + std::to_string(q.def.heads()) + ") must divide the width " + std::to_string(d));
-    }
-    if (q.def.context() <= 0 || q.shape(0)[0] % q.def.context() != 0) {
-      return q.mismatch("context (" + std::to_string(q.def.context()) + ") must divide the rows of " + q.name(0));
-    }
-    return std::vector<int64_t>{q.shape(0)[0], d};
+    TIERMEM_ASSIGN_OR_RETURN(const int64_t dh, head_width(q));
+    return std::vector<int64_t>{q.shape(0)[0], dh * q.def.heads()};
   };
   // Saved for the backward pass: every head's softmax, row by row.
   s.saved = [](const Op& op, const std::vector<int64_t>& y) {
@@ -112,11 +136,12 @@ OpSpec causal_attention() {
     if (!e.needs(op.in[0])) return;
     Op& grad = e.emit(".grad", proto::CAUSAL_ATTENTION_GRAD, {op.in[0], op.out[1], e.dy()}, {op.in[0]}, 2 * op.flops);
     grad.heads = op.heads;
+    grad.kv_heads = op.kv_heads;
     grad.context = op.context;
   };
   s.run = [](const OpCall& c) {
     c.k.attention(c.f(c.op.in[0]), c.f(c.op.out[0]), c.f(c.op.out[1]), c.shape(c.op.in[0])[0], c.shape(c.op.out[0])[1],
-                  c.op.heads, c.op.context);
+                  c.op.heads, kv_heads_of(c.op), c.op.context);
   };
   return s;
 }
@@ -128,8 +153,45 @@ OpSpec causal_attention_grad() {
   s.phase = Phase::backward;
   s.run = [](const OpCall& c) {
     c.k.attention_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.in[2]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
-                       c.shape(c.op.in[2])[1], c.op.heads, c.op.context, c.acc(0));
+                       c.shape(c.op.in[2])[1], c.op.heads, kv_heads_of(c.op), c.op.context, c.acc(0));
   };
+  return s;
+}
+
+// Rotary positions (Llama's, as Hugging Face's rotate_half writes them) on
+// the query and key heads of a qkv tensor; the values pass.
+OpSpec rotary() {
+  OpSpec s;
+  s.kind = proto::ROTARY;  // in: QKV   out: QKV with its q and k heads turned
+  s.name = "rotary";
+  s.model_inputs = 1;
+  s.sequence_fields = true;
+  s.takes_theta = true;
+  s.shape = [](const ShapeQuery& q) -> Result<std::vector<int64_t>> {
+    TIERMEM_ASSIGN_OR_RETURN(const int64_t dh, head_width(q));
+    if (dh % 2 != 0) return q.mismatch("heads of " + std::to_string(dh) + " columns: rotary positions turn pairs");
+    if (!(q.def.theta() > 1)) return q.mismatch("theta (" + std::to_string(q.def.theta()) + ") must be above 1");
+    return q.shape(0);
+  };
+  s.flops = [](const Graph& g, const Op& op) { return flops_per_output_element(g, op, 3); };
+  s.gradient = [](GradientEmitter& e, const Op& op) {
+    if (!e.needs(op.in[0])) return;
+    Op& grad = e.emit(".grad", proto::ROTARY_GRAD, {e.dy()}, {op.in[0]}, op.flops);
+    grad.heads = op.heads;
+    grad.kv_heads = op.kv_heads;
+    grad.context = op.context;
+    grad.theta = op.theta;
+  };
+  s.run = [](const OpCall& c) { run_rotary(c, false); };
+  return s;
+}
+
+OpSpec rotary_grad() {
+  OpSpec s;
+  s.kind = proto::ROTARY_GRAD;  // dX (+)= dY turned back
+  s.name = "rotary_grad";
+  s.phase = Phase::backward;
+  s.run = [](const OpCall& c) { run_rotary(c, true); };
   return s;
 }
 
@@ -143,6 +205,8 @@ const std::vector<OpSpec>& sequence_ops() {
       position_embedding_grad(),
       causal_attention(),
       causal_attention_grad(),
+      rotary(),
+      rotary_grad(),
   };
   return ops;
 }

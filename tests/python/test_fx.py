@@ -75,7 +75,16 @@ class ExactGelu(torch.nn.Module):
 
 
 def test_what_the_ir_cannot_express_is_refused_by_name_and_line(tmp_path):
-    with pytest.raises(tiermem.fx.UnsupportedError, match=r"sigmoid has no op in the IR \(File .*test_fx.py"):
+    with pytest.raises(tiermem.fx.UnsupportedError,
+                       match=r"aten\.sigmoid: the IR has no sigmoid op \(test_fx\.py:\d+ in forward: "
+                             r"return torch\.sigmoid\(self\.fc\(x\)\)"):
         tiermem.fx.export(Sigmoid(), torch.zeros(2, 8), str(tmp_path / "s.pbtxt"), dataset="digits")
-    with pytest.raises(tiermem.fx.UnsupportedError, match=r"GELU\(approximate='tanh'\) maps, not 'none'"):
-        tiermem.fx.export(ExactGelu(), torch.zeros(2, 8), str(tmp_path / "g.pbtxt"), dataset="digits")
+    assert not os.path.exists(tmp_path / "s.pbtxt")
+
+
+def test_exact_gelu_maps_to_its_own_op_not_the_tanh_one(tmp_path):
+    """nn.GELU() is erf's GELU: it used to be refused; it maps to GELU_EXACT
+    (the tanh approximation stays GELU)."""
+    path = tiermem.fx.export(ExactGelu(), torch.zeros(2, 8), str(tmp_path / "g.pbtxt"), dataset="digits")
+    text = open(path).read()
+    assert "type: GELU_EXACT" in text and "type: GELU " not in text

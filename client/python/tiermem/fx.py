@@ -1,53 +1,68 @@
-"""Import a PyTorch module as a tiermem-exec model (X1): trace it with
-torch.fx, map its modules and functions to the graph IR, copy its parameters,
-and write the model file that `tiermem-exec train` takes.
+"""Import a PyTorch module as a tiermem-exec model (X1): run it once on
+example inputs and capture what it computes at the ATen level, map that to
+the graph IR, check the IR against the module, and write the model file that
+`tiermem-exec train` takes, with the module's parameters beside it.
 
     import tiermem.fx
-    model = MyGpt()                                    # a torch.nn.Module of token ids [B, T]
-    tiermem.fx.export(model, torch.zeros(8, 32, dtype=torch.long), "gpt.pbtxt",
-                      dataset="text:fortunes", optimizer={"type": "ADAM", "learning_rate": 3e-3})
+    from model import GPT, GPTConfig                  # nanoGPT's model.py, unchanged
+    model = GPT(GPTConfig(block_size=64, vocab_size=256, n_layer=4, n_head=4, n_embd=128, dropout=0.0))
+    ids = torch.zeros(8, 64, dtype=torch.long)
+    tiermem.fx.export(model, (ids, ids), "gpt.pbtxt", dataset="text:fortunes",
+                      optimizer={"type": "ADAM", "learning_rate": 1e-3})
     # tiermem-exec train gpt.pbtxt ...
 
-The module takes one tensor of token ids [B, T] (or features [B, C]) and
-returns logits [B, T, V] ([B, V]); the loss is softmax cross-entropy against
-the next token (the label of each row). Tensors of the IR are matrices whose
-rows are tokens: [B, T, C] becomes [B*T, C]. What maps:
+The inputs: token ids [B, T] (or features [B, C]) and, optionally, the
+targets [B, T] (the next token of each position: what tiermem-exec's text
+datasets give; for features, a class per sample). B is the micro-batch. A
+module given the targets returns its loss (alone or beside the logits: a
+cross-entropy, as nanoGPT's does); one given only the ids returns logits
+[B, T, V], and the loss is cross-entropy against the next token.
 
-    torch.nn.Embedding                   EMBEDDING (the first op on the ids)
-    x + parameter [T, C]                 POSITION_EMBEDDING
-    torch.nn.Linear                      MATMUL (+ BIAS_ADD)
-    torch.nn.LayerNorm (eps 1e-5)        LAYER_NORM
-    GELU (approximate='tanh'), ReLU      GELU, RELU (modules or functions)
-    x + y (activations)                  ADD
-    CausalSelfAttention                  MATMUL, BIAS_ADD, CAUSAL_ATTENTION, MATMUL, BIAS_ADD
+The module runs under make_fx (torch.fx.experimental.proxy_tensor) in
+training mode, its parameters and buffers passed in, so code on sizes,
+branches, buffers and tied parameters trace as they run; what maps
+(_lower.py has the rules):
 
-CausalSelfAttention is this module's class, or any module whose class has
-that name and holds `qkv` (Linear C -> 3C), `proj` (Linear C -> C) and
-`heads`: traced as a whole, not through its body. Anything else is an
-UnsupportedError naming the op and the line of the module that made it.
-The parameters go into files beside the model (PATH.params/NAME.f32), which
-the model names (`init: FILE`): training starts where the module is.
+    aten.embedding (ids)                 EMBEDDING
+    embedding of arange(T), or x + P[T,C] POSITION_EMBEDDING (rows 0..T-1)
+    mm / addmm / + bias (Linear, Conv1D) MATMUL (+ BIAS_ADD); MATMUL_NT for a tied head
+    native_layer_norm, eps 1e-5          LAYER_NORM (with or without bias)
+    gelu (tanh / exact), relu, silu      GELU, GELU_EXACT, RELU, SILU
+    x + y                                ADD
+    causal self-attention                (CONCAT +) CAUSAL_ATTENTION
+    log_softmax + nll_loss (mean)        SOFTMAX_CROSS_ENTROPY
+
+Attention is whatever region of the graph, from the activations it reads to
+the heads put back side by side, computes softmax(q k^T / sqrt(d)) v with a
+causal mask, however it is written (a mask buffer or triu, a scale by
+multiply or divide, SDPA with is_causal): the region is run on random values
+against the IR's op and maps only if they agree.
+
+A parameter held under several names (nanoGPT's lm_head tied to wte) is one
+parameter. Before anything is written the IR is run in PyTorch on the
+example inputs: its loss and every parameter's gradient must be the
+module's, or the export is refused. Anything the IR cannot express (dropout
+with p > 0, RMSNorm, rotary positions, grouped-query attention, for now) is
+an UnsupportedError naming the ATen op, the module and the source line.
 """
 
 import math
-import operator
 import os
 
 import torch
-import torch.fx
-import torch.nn.functional as F
-from torch.fx.passes.shape_prop import ShapeProp
+
+from tiermem._capture import capture
+from tiermem._check import check
+from tiermem._lower import Lowering, UnsupportedError
 
 __all__ = ["CausalSelfAttention", "UnsupportedError", "export"]
 
 
-class UnsupportedError(ValueError):
-    """A module or function the IR has no op for (names it and where)."""
-
-
 class CausalSelfAttention(torch.nn.Module):
     """Multi-head causal self-attention: q, k and v from one Linear, each
-    token attending to itself and those before it, then a projection."""
+    token attending to itself and those before it, then a projection. (Any
+    module computing this maps; this one is here for models written for an
+    earlier tiermem.fx.)"""
 
     def __init__(self, width, heads):
         super().__init__()
@@ -66,182 +81,90 @@ class CausalSelfAttention(torch.nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
-def _is_attention(m):
-    return isinstance(m, CausalSelfAttention) or (
-        type(m).__name__ == "CausalSelfAttention" and isinstance(getattr(m, "qkv", None), torch.nn.Linear)
-        and isinstance(getattr(m, "proj", None), torch.nn.Linear) and isinstance(getattr(m, "heads", None), int))
+def _line(t):
+    line = f'tensor {{ name: "{t["name"]}" shape: [{", ".join(str(d) for d in t["shape"])}] role: {t["role"]}'
+    if t["dtype"] != "F32":
+        line += f" dtype: {t['dtype']}"
+    return line
 
 
-_LEAVES = (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm, torch.nn.GELU, torch.nn.ReLU)
+def _write(ir, path, header, loss, optimizer):
+    params_dir = path + ".params"
+    lines = list(header)
+    for t in ir.tensors:
+        line = _line(t)
+        if t["values"] is not None:
+            os.makedirs(params_dir, exist_ok=True)
+            file = t["name"] + ".f32"
+            t["values"].detach().to(torch.float32).contiguous().cpu().numpy().tofile(os.path.join(params_dir, file))
+            line += f' init: FILE init_file: "{os.path.basename(params_dir)}/{file}"'
+        lines.append(line + " }")
+    for op in ir.ops:
+        ins = ", ".join(f'"{i}"' for i in op["inputs"])
+        fields = "".join(f" {k}: {v}" for k, v in op["fields"].items())
+        lines.append(f'op {{ name: "{op["output"]}" type: {op["kind"]} input: [{ins}] output: "{op["output"]}"'
+                     f"{fields} }}")
+    opt = " ".join(f"{k}: {v}" for k, v in optimizer.items())
+    lines += [f'loss: "{loss}"', f"optimizer {{ {opt} }}"]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
 
 
-class _Tracer(torch.fx.Tracer):
-    def __init__(self):
-        super().__init__()
-        self.record_stack_traces = True
-
-    def is_leaf_module(self, m, qualname):
-        return isinstance(m, _LEAVES) or _is_attention(m) or super().is_leaf_module(m, qualname)
-
-
-def _where(node):
-    """The line of the module that made `node` (the last frame of its trace)."""
-    trace = (node.stack_trace or "").strip().splitlines()
-    frames = [l.strip() for l in trace if l.strip().startswith("File ")]
-    # The frame of a module's forward (torch.fx records the whole stack).
-    forward = [f for f in frames if f.endswith("in forward") and "/torch/" not in f]
-    return forward[-1] if forward else frames[-1] if frames else "(no source line recorded)"
-
-
-class _Writer:
-    def __init__(self, path, micro_batch, context):
-        self.path, self.micro_batch, self.context = path, micro_batch, context
-        self.params_dir = path + ".params"
-        self.tensors, self.ops, self.names = [], [], set()
-
-    def unique(self, name):
-        name = name.replace("/", ".")
-        base, n = name, 1
-        while name in self.names:
-            name, n = f"{base}.{n}", n + 1
-        self.names.add(name)
-        return name
-
-    def tensor(self, name, shape, role, dtype="F32", values=None):
-        line = f'tensor {{ name: "{name}" shape: [{", ".join(str(int(d)) for d in shape)}] role: {role}'
-        if dtype != "F32":
-            line += f" dtype: {dtype}"
-        if values is not None:
-            os.makedirs(self.params_dir, exist_ok=True)
-            file = name + ".f32"
-            values.detach().to(torch.float32).contiguous().cpu().numpy().tofile(os.path.join(self.params_dir, file))
-            line += f' init: FILE init_file: "{os.path.basename(self.params_dir)}/{file}"'
-        self.tensors.append(line + " }")
-        return name
-
-    def param(self, name, value):
-        return self.tensor(self.unique(name), list(value.shape), "PARAM", values=value)
-
-    def op(self, kind, inputs, name_hint, extra=""):
-        out = self.unique(name_hint)
-        ins = ", ".join(f'"{i}"' for i in inputs)
-        self.ops.append(f'op {{ name: "{out}" type: {kind} input: [{ins}] output: "{out}"{extra} }}')
-        return out
+def _optimizer(given):
+    """The optimizer's fields, PyTorch's defaults where not given (Adam:
+    betas 0.9, 0.999, eps 1e-8; SGD: no momentum)."""
+    given = dict(given or {})
+    kind = str(given.get("type", "ADAM")).upper()
+    if kind not in ("ADAM", "SGD"):
+        raise ValueError(f"optimizer type {kind!r}: ADAM or SGD")
+    opt = {"type": kind, "learning_rate": 1e-3}
+    if kind == "ADAM":
+        opt.update(beta1=0.9, beta2=0.999, epsilon=1e-8)
+    known = set(opt) | {"weight_decay", "momentum"}
+    unknown = set(given) - known
+    if unknown:
+        raise ValueError(f"optimizer fields {sorted(unknown)}: the IR's are {sorted(known)}")
+    opt.update(given)
+    opt["type"] = kind
+    return opt
 
 
 def export(module, example_input, path, *, dataset, optimizer=None, name=None, description=""):
-    """Traces `module` on `example_input` (token ids [B, T], or features
-    [B, C]) and writes PATH (the model) and PATH.params/ (its parameters).
-    B is the micro-batch. `optimizer`: {"type": "ADAM"|"SGD", "learning_rate",
-    "beta1", "beta2", "epsilon", "momentum", "weight_decay"} (Adam, 1e-3 if
-    not given). Raises UnsupportedError for what the IR cannot express.
-    Returns PATH."""
-    module = module.eval()
-    tracer = _Tracer()
-    graph = tracer.trace(module)
-    gm = torch.fx.GraphModule(tracer.root, graph)
-    ShapeProp(gm).propagate(example_input)
-    tokens = example_input.dtype in (torch.int32, torch.int64)
-    micro_batch = int(example_input.shape[0])
-    context = int(example_input.shape[1]) if tokens and example_input.dim() == 2 else 1
-    rows = micro_batch * context
-    w = _Writer(path, micro_batch, context)
-    modules = dict(gm.named_modules())
-    ir = {}  # fx node -> IR tensor name (activations) or ("param", name, value)
-
-    def shape(node):
-        return list(node.meta["tensor_meta"].shape)
-
-    def cols(node):
-        return int(shape(node)[-1])
-
-    def arg(a):
-        if a not in ir:
-            raise UnsupportedError(f"{a.name}: its value comes from what the importer does not map ({_where(a)})")
-        return ir[a]
-
-    def linear(lin, x, hint):
-        y = w.op("MATMUL", [x, w.param(hint + ".weight", lin.weight.t())], hint)
-        if lin.bias is not None:
-            y = w.op("BIAS_ADD", [y, w.param(hint + ".bias", lin.bias)], hint + ".add_bias")
-        return y
-
-    logits = None
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            if ir:
-                raise UnsupportedError(f"{node.name}: the module takes one input, the ids or features ({_where(node)})")
-            if tokens:
-                ir[node] = w.tensor("ids", [rows], "INPUT", dtype="I32")
-            else:
-                ir[node] = w.tensor("x", [micro_batch, int(example_input.shape[1])], "INPUT")
-        elif node.op == "get_attr":
-            value = gm
-            for part in node.target.split("."):
-                value = getattr(value, part)
-            ir[node] = ("param", node.target, value)
-        elif node.op == "call_module":
-            m = modules[node.target]
-            x = arg(node.args[0])
-            if isinstance(m, torch.nn.Embedding):
-                ir[node] = w.op("EMBEDDING", [x, w.param(node.target + ".weight", m.weight)], node.target)
-            elif isinstance(m, torch.nn.Linear):
-                ir[node] = linear(m, x, node.target)
-            elif isinstance(m, torch.nn.LayerNorm):
-                if abs(m.eps - 1e-5) > 1e-12 or not m.elementwise_affine or len(m.normalized_shape) != 1:
-                    raise UnsupportedError(f"{node.target}: LayerNorm with eps 1e-5 over the last dimension, "
-                                           f"with weight and bias, is what maps ({_where(node)})")
-                ir[node] = w.op("LAYER_NORM", [x, w.param(node.target + ".weight", m.weight),
-                                               w.param(node.target + ".bias", m.bias)], node.target)
-            elif isinstance(m, torch.nn.GELU):
-                if m.approximate != "tanh":
-                    raise UnsupportedError(f"{node.target}: GELU(approximate='tanh') maps, not '{m.approximate}' "
-                                           f"({_where(node)})")
-                ir[node] = w.op("GELU", [x], node.target)
-            elif isinstance(m, torch.nn.ReLU):
-                ir[node] = w.op("RELU", [x], node.target)
-            elif _is_attention(m):
-                qkv = linear(m.qkv, x, node.target + ".qkv")
-                att = w.op("CAUSAL_ATTENTION", [qkv], node.target + ".attention",
-                           f" heads: {m.heads} context: {context}")
-                ir[node] = linear(m.proj, att, node.target + ".proj")
-            else:
-                raise UnsupportedError(f"module {node.target} ({type(m).__name__}) has no op in the IR ({_where(node)})")
-        elif node.op in ("call_function", "call_method"):
-            target = node.target
-            if target in (operator.add, torch.add, "add") and len(node.args) == 2:
-                a, b = (arg(v) for v in node.args)
-                if isinstance(b, tuple):
-                    a, b = b, a
-                if isinstance(a, tuple):  # a parameter [T, C] added to every sequence
-                    _, pname, value = a
-                    if list(value.shape) != [context, cols(node)]:
-                        raise UnsupportedError(f"{pname} {list(value.shape)} added to {node.args}: a parameter "
-                                               f"added maps as a position table [context, C] ({_where(node)})")
-                    ir[node] = w.op("POSITION_EMBEDDING", [b, w.param(pname, value)], node.name)
-                else:
-                    ir[node] = w.op("ADD", [a, b], node.name)
-            elif target in (F.gelu,) and node.kwargs.get("approximate") == "tanh":
-                ir[node] = w.op("GELU", [arg(node.args[0])], node.name)
-            elif target in (F.relu, torch.relu, "relu"):
-                ir[node] = w.op("RELU", [arg(node.args[0])], node.name)
-            else:
-                what = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-                raise UnsupportedError(f"{what} has no op in the IR ({_where(node)})")
-        elif node.op == "output":
-            logits = arg(node.args[0])
-    if logits is None or isinstance(logits, tuple):
-        raise UnsupportedError("the module returns no logits the importer made")
-    label_rows = rows if tokens else micro_batch
-    label = w.tensor(w.unique("next" if tokens else "y"), [label_rows], "LABEL", dtype="I32")
-    loss = w.op("SOFTMAX_CROSS_ENTROPY", [logits, label], "loss")
-    opt = {"type": "ADAM", "learning_rate": 1e-3}
-    opt.update(optimizer or {})
-    fields = " ".join(f"{k}: {v}" for k, v in opt.items())
-    header = [f"# Exported by tiermem.fx from {type(module).__name__} ({os.path.basename(path)}.params/: its parameters)",
-              f'name: "{name or type(module).__name__}"',
-              f'description: "{description or type(module).__name__ + " from PyTorch"}"',
-              f'dataset: "{dataset}"', f"micro_batch: {micro_batch}"]
-    with open(path, "w") as f:
-        f.write("\n".join(header + w.tensors + w.ops + [f'loss: "{loss}"', f"optimizer {{ {fields} }}"]) + "\n")
+    """Captures `module` on `example_input` (token ids [B, T] or features
+    [B, C], or a tuple of them and the targets) and writes PATH (the model)
+    and PATH.params/ (its parameters). `optimizer`: {"type": "ADAM"|"SGD",
+    "learning_rate", "beta1", "beta2", "epsilon", "momentum",
+    "weight_decay"} (Adam at 1e-3 if not given; PyTorch's defaults for what
+    is not given: betas 0.9 and 0.999, eps 1e-8). Raises UnsupportedError for
+    what the IR cannot express, and where the IR it made does not give the
+    module's loss and gradients. Returns PATH."""
+    inputs = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    if not inputs or not isinstance(inputs[0], torch.Tensor):
+        raise ValueError("example_input: a tensor of token ids or features, or a tuple (ids, targets)")
+    first = inputs[0]
+    tokens = first.dtype in (torch.int32, torch.int64)
+    if tokens and first.dim() != 2:
+        raise ValueError(f"token ids [B, T] expected, not {list(first.shape)}")
+    if not tokens and first.dim() != 2:
+        raise ValueError(f"features [B, C] expected, not {list(first.shape)}")
+    micro_batch = int(first.shape[0])
+    context = int(first.shape[1]) if tokens else 1
+    was_training = module.training
+    module.train()
+    try:
+        captured = capture(module, inputs)
+    finally:
+        module.train(was_training)
+    lowering = Lowering(captured, tokens, micro_batch, context)
+    ir = lowering.run()
+    check(captured, lowering, inputs)
+    opt = _optimizer(optimizer)
+    title = type(module).__name__
+    header = [f"# Exported by tiermem.fx from {title} ({os.path.basename(path)}.params/: its parameters)"]
+    header += [f"# {note}" for note in ir.notes]
+    header += [f'name: "{name or title}"', f'description: "{description or title + " from PyTorch"}"',
+               f'dataset: "{dataset}"', f"micro_batch: {micro_batch}"]
+    _write(ir, path, header, lowering.loss.ir, opt)
     return path

@@ -6,6 +6,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "executor/ops/op_registry.hpp"
 #include "executor/split.hpp"
 #include "executor/tensor_parallel.hpp"
 
@@ -214,7 +215,7 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
 int64_t gemm_operand_elements(const Graph& graph) {
   int64_t most = 0;
   for (const Op& op : graph.ops) {
-    if (op.kind != proto::MATMUL && op.kind != proto::MATMUL_GRAD_A && op.kind != proto::MATMUL_GRAD_B) continue;
+    if (!op_spec(op.kind).gemm) continue;
     for (int t : op.in) most = std::max(most, graph.tensors[t].elements());
   }
   return most;
