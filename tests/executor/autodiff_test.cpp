@@ -132,6 +132,80 @@ op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l"
 loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
 }
 
+TEST(AutodiffTest, ExactGeluAndALayerNormWithoutBeta) {
+  // nanoGPT's MLP activation (nn.GELU(), erf) and its bias=False layer norm:
+  // LAYER_NORM with two inputs has no beta, and its gradient op no dbeta.
+  check_gradients(R"(
+name: "g" micro_batch: 5
+tensor { name: "x" shape: [5, 4] role: INPUT }
+tensor { name: "y" shape: [5] role: LABEL dtype: I32 }
+tensor { name: "w0" shape: [4, 6] role: PARAM }
+tensor { name: "g1" shape: [6] role: PARAM }
+tensor { name: "w1" shape: [6, 6] role: PARAM }
+tensor { name: "w2" shape: [6, 5] role: PARAM }
+op { name: "embed" type: MATMUL input: ["x", "w0"] output: "e" }
+op { name: "ln" type: LAYER_NORM input: ["e", "g1"] output: "n" }
+op { name: "fc" type: MATMUL input: ["n", "w1"] output: "u" }
+op { name: "gelu" type: GELU_EXACT input: "u" output: "a" }
+op { name: "res" type: ADD input: ["e", "a"] output: "r" }
+op { name: "head" type: MATMUL input: ["r", "w2"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
+}
+
+TEST(AutodiffTest, AHeadTiedToTheEmbeddingIsOneParameterWhoseGradientSumsBothUses) {
+  // nanoGPT's lm_head.weight = wte.weight: the table [V,D] is read by the
+  // embedding and, transposed, by the head (MATMUL_NT); its gradient is the
+  // sum of both (checked numerically through the one tensor).
+  check_gradients(R"(
+name: "g" micro_batch: 2
+tensor { name: "ids" shape: [8] role: INPUT dtype: I32 }
+tensor { name: "next" shape: [8] role: LABEL dtype: I32 }
+tensor { name: "wte" shape: [11, 6] role: PARAM }
+tensor { name: "g1" shape: [6] role: PARAM }
+op { name: "tok" type: EMBEDDING input: ["ids", "wte"] output: "e" }
+op { name: "ln" type: LAYER_NORM input: ["e", "g1"] output: "n" }
+op { name: "head" type: MATMUL_NT input: ["n", "wte"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "next"] output: "l" }
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
+}
+
+TEST(AutodiffTest, ALlamaBlockRmsNormRotaryGroupedQueryAttentionAndSwiGlu) {
+  // Llama's parts: RMS_NORM, rotary positions on the query and key heads,
+  // attention with 2 query heads sharing 1 key/value head, and SwiGLU
+  // (MUL of silu(gate) and up).
+  check_gradients(R"(
+name: "llama" micro_batch: 2
+tensor { name: "ids" shape: [8] role: INPUT dtype: I32 }
+tensor { name: "y" shape: [8] role: LABEL dtype: I32 }
+tensor { name: "tok" shape: [5, 8] role: PARAM }
+tensor { name: "w1" shape: [8] role: PARAM }
+tensor { name: "wqkv" shape: [8, 16] role: PARAM }
+tensor { name: "wo" shape: [8, 8] role: PARAM }
+tensor { name: "w2" shape: [8] role: PARAM }
+tensor { name: "wg" shape: [8, 6] role: PARAM }
+tensor { name: "wu" shape: [8, 6] role: PARAM }
+tensor { name: "wd" shape: [6, 8] role: PARAM }
+tensor { name: "head" shape: [8, 5] role: PARAM }
+op { name: "emb" type: EMBEDDING input: ["ids", "tok"] output: "e" }
+op { name: "n1" type: RMS_NORM input: ["e", "w1"] output: "n" epsilon: 1e-6 }
+op { name: "qkv" type: MATMUL input: ["n", "wqkv"] output: "q" }
+op { name: "rot" type: ROTARY input: ["q"] output: "r" heads: 2 kv_heads: 1 context: 4 theta: 10000 }
+op { name: "att" type: CAUSAL_ATTENTION input: ["r"] output: "a" heads: 2 kv_heads: 1 context: 4 }
+op { name: "proj" type: MATMUL input: ["a", "wo"] output: "o" }
+op { name: "res" type: ADD input: ["e", "o"] output: "h" }
+op { name: "n2" type: RMS_NORM input: ["h", "w2"] output: "m" }
+op { name: "gate" type: MATMUL input: ["m", "wg"] output: "g" }
+op { name: "act" type: SILU input: ["g"] output: "s" }
+op { name: "up" type: MATMUL input: ["m", "wu"] output: "u" }
+op { name: "prod" type: MUL input: ["s", "u"] output: "p" }
+op { name: "down" type: MATMUL input: ["p", "wd"] output: "dn" }
+op { name: "res2" type: ADD input: ["h", "dn"] output: "z" }
+op { name: "out" type: MATMUL input: ["z", "head"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
+}
+
 TEST(AutodiffTest, ConcatOfColumnBlocks) {
   // Three column blocks of one layer, of uneven widths (as split_for_balance
   // makes them), joined by a CONCAT: each block gets its slice of dY, and the
@@ -202,10 +276,17 @@ loss: "l" optimizer { type: SGD learning_rate: 0.1 })";
       {R"(op { name: "pe" type: POSITION_EMBEDDING input: ["e", "pos"] output: "z" })",
        "a number of rows (the context) that divides its rows"},
       {R"(op { name: "att" type: CAUSAL_ATTENTION input: ["e"] output: "z" heads: 4 context: 4 })",
-       "heads (4) must divide the width 2"},
+       "side by side: 4 query heads and 4 key and value heads of one width"},
+      {R"(op { name: "att" type: CAUSAL_ATTENTION input: ["e"] output: "z" heads: 3 kv_heads: 2 context: 4 })",
+       "heads (3) must be positive and a multiple of kv_heads (2)"},
+      {R"(op { name: "rot" type: ROTARY input: ["e"] output: "z" heads: 2 context: 4 theta: 10000 })",
+       "heads of 1 columns: rotary positions turn pairs"},
+      {R"(op { name: "rot" type: ROTARY input: ["e"] output: "z" heads: 1 context: 4 })",
+       "theta (0.000000) must be above 1"},
+      {R"(op { name: "act" type: RELU input: ["e"] output: "z" theta: 10000 })", "only ROTARY takes theta"},
       {R"(op { name: "att" type: CAUSAL_ATTENTION input: ["e"] output: "z" heads: 1 context: 3 })",
        "context (3) must divide the rows"},
-      {R"(op { name: "att" type: RELU input: ["e"] output: "z" heads: 1 })", "only CAUSAL_ATTENTION takes heads"},
+      {R"(op { name: "att" type: RELU input: ["e"] output: "z" heads: 1 })", "only CAUSAL_ATTENTION and ROTARY take heads"},
       {R"(op { name: "e2" type: EMBEDDING input: ["e", "tok"] output: "z" })", "must be I32 token ids"},
   };
   for (const auto& c : cases) {

@@ -70,5 +70,23 @@ TEST(OpRegistryTest, SiluAndItsDerivativeOnTheCpuAreTheFormula) {
   EXPECT_STREQ(elementwise::unary_name(elementwise::Unary::silu), "silu");
 }
 
+TEST(OpRegistryTest, ExactGeluAndItsDerivativeOnTheCpuAreTheFormula) {
+  // PyTorch's nn.GELU(): x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+  auto cpu = make_cpu_compute();
+  std::vector<float> x(1000), y(1000), dy(1000, 1.0f), dx(1000, 0.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -8.0f + 16.0f * static_cast<float>(i) / 999.0f;
+  cpu->unary(elementwise::Unary::gelu_exact, x.data(), y.data(), static_cast<int64_t>(x.size()));
+  cpu->unary_grad(elementwise::Unary::gelu_exact, x.data(), dy.data(), dx.data(), static_cast<int64_t>(x.size()),
+                  false);
+  const auto gelu = [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); };
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    EXPECT_NEAR(y[i], gelu(v), 1e-6 + 1e-5 * std::abs(gelu(v))) << v;
+    const double h = 1e-3;
+    EXPECT_NEAR(dx[i], (gelu(v + h) - gelu(v - h)) / (2 * h), 1e-4) << v;
+  }
+  EXPECT_STREQ(elementwise::unary_name(elementwise::Unary::gelu_exact), "gelu_exact");
+}
+
 }  // namespace
 }  // namespace tiermem::exec
