@@ -4,8 +4,9 @@
 # (tests/python/models/nanogpt_model.py) at the size of
 # config/models/gpt_tiny.pbtxt (2 blocks of 64, 4 heads, context 32, MLP 256,
 # biases, bytes as tokens, 8 sequences a micro-batch) is exported by
-# tiermem.fx and trained beside gpt_tiny itself, alternating, 3 rounds of
-# STEPS steps each: the median step of each, and
+# tiermem.fx and trained beside gpt_tiny itself, alternating, ROUNDS rounds
+# (default 7) of STEPS steps each: the median over rounds of each run's
+# median step, and
 # import_nanogpt_vs_ours_ratio = ours / imported (goal >= 0.95: within 5 %).
 # The two differ only where nanoGPT does (exact GELU, a tied head read
 # transposed). Then a Llama in Hugging Face's form of the same width
@@ -45,15 +46,16 @@ median_step() {  # MODEL: the median step (ms) of one run
     --job "import$RANDOM" --steps "$steps" --micro-batches 1 --log-every 100000 \
     --data "$top/tests/data/corpus.txt" "${device[@]}" | sed -n 's/^summary: .*(median \([0-9.]*\) ms).*/\1/p'
 }
+rounds=${ROUNDS:-7}
 ours=() imported=() llama=()
-for round in 1 2 3; do
+for round in $(seq 1 "$rounds"); do
   ours+=("$(median_step "$top/config/models/gpt_tiny.pbtxt")")
   imported+=("$(median_step "$out/nanogpt.pbtxt")")
   llama+=("$(median_step "$out/llama.pbtxt")")
 done
-median() { printf '%s\n' "$@" | sort -g | sed -n 2p; }
+median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p"; }
 o=$(median "${ours[@]}") i=$(median "${imported[@]}") l=$(median "${llama[@]}")
-echo "# ${device[*]}, $steps steps, 3 rounds alternating (ours: ${ours[*]}; imported: ${imported[*]}; llama: ${llama[*]})"
+echo "# ${device[*]}, $steps steps, $rounds rounds alternating (ours: ${ours[*]}; imported: ${imported[*]}; llama: ${llama[*]})"
 echo "ours_gpt_tiny_step_ms $o ms"
 echo "import_nanogpt_step_ms $i ms"
 echo "import_llama_step_ms $l ms"

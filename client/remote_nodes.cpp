@@ -121,6 +121,16 @@ Result<std::shared_ptr<RemoteState>> RemoteNodes::get_locked(NodeId node, bool r
   // Made for the first node reached, on its fabric (all nodes share one).
   TIERMEM_RETURN_IF_ERROR(start_transport(node, n.transport_address()));
   auto connected = connect_remote_node(*m_transport, wire::advert_of(n));
+  if (!connected.ok() && connected.status().code() != ErrorCode::not_supported) {
+    // Not answering: the node may be down (the daemon's view lags a kill),
+    // and then the caller turns to its copies. Only a node whose daemon
+    // answers now has a plane that fails while it is up.
+    auto fresh = m_daemon.describe(node, true);
+    if (!fresh.ok() || fresh->state() != proto::NodeInfo::CONNECTED ||
+        static_cast<NodeHealth>(fresh->health()) == NodeHealth::unreachable) {
+      return connected.status().with_context("node " + std::to_string(node));
+    }
+  }
   if (!connected.ok()) {
     // A plane this client cannot use (libfabric shm and a daemon of another
     // user, a queue that fails its checks), or one that does not answer

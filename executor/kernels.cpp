@@ -97,28 +97,9 @@ namespace {
 constexpr float k_sqrt_2_over_pi = 0.7978845608028654f;
 constexpr float k_gelu_c = 0.044715f;
 
-// e^x for x <= 0 (below -87: e^-87, 1.6e-38) with nothing but arithmetic,
-// so that a loop of it vectorises (libm's tanhf took 19 ns an element: GELU
-// and its gradient were half of the GPT's CPU step; expf held the softmax
-// back): x = k ln 2 + r with |r| <= ln 2 / 2 (ln 2 split in two, Cody-Waite,
-// so k ln 2 is exact), e^r by its Taylor polynomial to degree 6 (relative
-// error below 1.3e-7 there), 2^k through the exponent's bits (k >= -126: a
-// normal float).
-inline float exp_nonpositive(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float t = x * 1.44269504088896341f;
-  const int32_t ki = static_cast<int32_t>(t - 0.5f);  // rounded (t <= 0)
-  const float k = static_cast<float>(ki);
-  const float r = (x - k * 0.693145751953125f) - k * 1.428606765330187e-06f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  return p * std::bit_cast<float>((ki + 127) << 23);
-}
+// e^x for x <= 0, arithmetic alone (elementwise_math.hpp: shared with the
+// element-wise family and the GPU).
+using elementwise::exp_nonpositive;
 
 // tanh u = sign(u) (1 - e) / (1 + e), e = e^-2|u|; |u| beyond 9 is 9 (tanh
 // 9 is 1 to the float). Absolute error below 1.3e-7 over all floats (near

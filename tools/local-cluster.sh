@@ -55,11 +55,15 @@ vram_device() {
   printf '%s' "${d[$((i - 1))]}"
 }
 
-# The node's shared memory (version words, DRAM frames) lives on tmpfs.
+# The node's shared memory (version words, DRAM frames) lives on tmpfs,
+# named after the cluster's directory too: two local clusters (two
+# TIERMEM_CLUSTER_DIRs) never share it.
 shm_dir() {
-  local base=/dev/shm
+  local base=/dev/shm tag
   [ -d "$base" ] || base=$dir
-  printf '%s/tiermem-local-%s-node%s' "$base" "$(id -u)" "$1"
+  case $dir in /*) tag=$dir ;; *) tag=$PWD/$dir ;; esac
+  tag=$(printf '%s' "$tag" | cksum | cut -d' ' -f1)
+  printf '%s/tiermem-local-%s-%s-node%s' "$base" "$(id -u)" "$tag" "$1"
 }
 
 # One secret for the cluster, readable by its owner only.

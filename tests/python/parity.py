@@ -66,26 +66,42 @@ def worst_relative(ours, theirs):
     return max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
 
 
+def perturbed(module, seed, size=1e-7):
+    """A copy of `module` with every parameter moved by `size` (relative,
+    random): what one rounding of fp32 does."""
+    copy_ = copy.deepcopy(module)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in copy_.parameters():
+            p.mul_(1 + size * torch.randn(p.shape, generator=g))
+    return copy_
+
+
 def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1e-4):
     """Asserts tiermem-exec's losses `ours` are PyTorch's: the module trained
-    on the same batches in fp32 and in fp64. Each step is within `tolerance`
-    (relative) of PyTorch fp32, except where the training itself is
-    ill-conditioned (PyTorch fp32 strays from fp64 by more than a tenth of
-    it: no fp32 implementation can follow another there); at those steps,
-    ours is no farther from fp64 than twice PyTorch fp32's distance, plus
-    the tolerance. Returns (worst against fp32, worst of fp32 against fp64)."""
+    on the same batches. Each step is within `tolerance` (relative) of
+    PyTorch fp32, except at steps where training is too sensitive for any
+    fp32 implementation to follow another that closely: where PyTorch itself,
+    started from parameters moved by one fp32 rounding (1e-7, two draws) or
+    run in fp64, lands more than a tenth of the tolerance away. There, ours
+    is within ten times the farthest of those. Returns (worst against
+    PyTorch fp32, worst of PyTorch's own spread)."""
     steps = len(ours)
-    fp32 = copy.deepcopy(module)
-    fp64 = copy.deepcopy(module).double()
-    theirs = train_with_pytorch(fp32, dump, steps, shape, loss_of, make_optimizer(fp32.parameters()))
-    exact = train_with_pytorch(fp64, dump, steps, shape, loss_of, make_optimizer(fp64.parameters()))
+
+    def run(m):
+        return train_with_pytorch(m, dump, steps, shape, loss_of, make_optimizer(m.parameters()))
+
+    theirs = run(copy.deepcopy(module))
+    spreads = [run(perturbed(module, seed)) for seed in (1, 2)] + [run(copy.deepcopy(module).double())]
     bad = []
-    for i, (a, b, c) in enumerate(zip(ours, theirs, exact)):
+    worst_spread = 0.0
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        spread = max(abs(other[i] - b) for other in spreads)
+        worst_spread = max(worst_spread, spread / abs(b))
         if abs(a - b) <= tolerance * abs(b):
             continue
-        noise = abs(b - c)
-        if noise > tolerance / 10 * abs(c) and abs(a - c) <= 2 * noise + tolerance * abs(c):
+        if spread > tolerance / 10 * abs(b) and abs(a - b) <= 10 * spread:
             continue
-        bad.append((i, a, b, c))
-    assert not bad, f"steps (step, ours, PyTorch fp32, PyTorch fp64) off: {bad}"
-    return worst_relative(ours, theirs), worst_relative(theirs, exact)
+        bad.append((i, a, b, spread))
+    assert not bad, f"steps (step, ours, PyTorch fp32, PyTorch's own spread) off: {bad}"
+    return worst_relative(ours, theirs), worst_spread

@@ -102,6 +102,9 @@ Status check_shm_queue(std::string_view name, const std::string& dir) {
   // O_NONBLOCK: a FIFO planted under the name must not block the open.
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) {
+    // Gone: its process exited (or was killed and swept), not a queue to
+    // refuse; the caller treats it as a peer that is down.
+    if (errno == ENOENT) return Status(ErrorCode::connection_failed, "shm queue " + path + " does not exist");
     return Status(ErrorCode::not_supported, "shm queue " + path + " cannot be opened: " + std::strerror(errno));
   }
   struct stat st {};

@@ -129,8 +129,12 @@ def capture(module, inputs):
         if key not in named:
             named[key] = (name, p)
         aliases.setdefault(key, []).append(name)
-    params = {name: p for name, p in named.values()}
-    buffers = dict(module.named_buffers())
+    # Detached aliases (the same memory) are what the trace sees: make_fx
+    # tags the tensors it is given (PyTorch 1.13 in their __dict__), and the
+    # user's parameters must come out of an export as they went in (a
+    # tagged one no longer deep-copies).
+    params = {name: p.detach() for name, p in named.values()}
+    buffers = {name: b.detach() for name, b in module.named_buffers()}
 
     def call(params, buffers, *args):
         # Every name of a tied tensor gets the one placeholder.

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Imported models against PyTorch, on the device tiermem-exec trains on
+(issue 48): nanoGPT's model.py as published (bias on and off), a GPT-2 and
+a Llama in Hugging Face's form (tests/python/models/) are exported with this
+machine's PyTorch (1.13's make_fx, or 2.x's: nanoGPT then takes its
+scaled_dot_product_attention path), trained by tiermem-exec for STEPS Adam
+steps, and trained by PyTorch on the same batches. Prints, per model:
+
+    import_<model>_fp32_vs_torch_worst_rel   the largest relative difference of a loss, fp32
+    import_<model>_torch_vs_torch_moved_1e-7_worst_rel  PyTorch against itself started from
+        parameters moved by 1e-7 (one fp32 rounding): how sensitive the run is
+    import_<model>_bf16_vs_torch_autocast_worst_rel  --precision bf16 against torch.autocast(bf16) (cuda)
+
+Goals: fp32 within 1e-4 (where the run is not more sensitive than that),
+bf16 within 2e-2. PyTorch runs on the same device, TF32 off.
+Usage: bench/import_parity.py --socket SOCK [--exec tiermem-exec] [--device cuda] [--steps 50]
+"""
+
+import argparse
+import copy
+import os
+import pathlib
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python", "models"))
+
+import parity  # noqa: E402
+import tiermem.fx  # noqa: E402
+from gpt2_hf_style import GPT2LMHeadModel  # noqa: E402
+from llama_style import LlamaForCausalLM  # noqa: E402
+from nanogpt_model import GPT, GPTConfig  # noqa: E402
+
+B, T = 4, 16
+
+
+class Daemon:
+    def __init__(self, socket):
+        self.socket = socket
+
+
+def models():
+    def nano(bias):
+        return GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=bias))
+    yield "nanogpt", lambda: nano(True), 1
+    yield "nanogpt_nobias", lambda: nano(False), 1
+    yield "gpt2", lambda: GPT2LMHeadModel(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4), 0
+    yield "llama", lambda: LlamaForCausalLM(num_hidden_layers=2), 0
+    yield "llama_tied", lambda: LlamaForCausalLM(num_hidden_layers=2, tie_word_embeddings=True), 0
+
+
+def torch_losses(module, dump, steps, which, device, autocast=False):
+    module = module.to(device)
+    optimizer = torch.optim.Adam(module.parameters(), lr=3e-3)
+    out = []
+    for step in range(steps):
+        ids, nxt = parity.batch(dump, step, (B, T))
+        ids, nxt = ids.to(device), nxt.to(device)
+        optimizer.zero_grad()
+        if autocast:
+            with torch.autocast(device_type=device, dtype=torch.bfloat16):
+                loss = module(ids, nxt)[which]
+        else:
+            loss = module(ids, nxt)[which]
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--exec", default=os.environ.get("TIERMEM_EXEC", "tiermem-exec"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--steps", type=int, default=50)
+    args = ap.parse_args()
+    parity.EXEC = args.exec
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="import-parity-"))
+    daemon = Daemon(args.socket)
+    print(f"# PyTorch {torch.__version__}, tiermem-exec --device {args.device}, {args.steps} Adam steps of "
+          f"{B} x {T} tokens")
+    for name, make, which in models():
+        torch.manual_seed(11)
+        module = make()
+        reference = copy.deepcopy(module)
+        ids = torch.randint(0, 256, (B, T))
+        path = tiermem.fx.export(module, (ids, ids), str(tmp / f"{name}.pbtxt"), dataset="text:fortunes",
+                                 optimizer={"type": "ADAM", "learning_rate": 3e-3})
+        ours, dump = parity.train_with_tiermem(path, daemon, tmp, args.steps, f"{name}{os.getpid()}",
+                                               ["--device", args.device])
+        theirs = torch_losses(copy.deepcopy(reference), dump, args.steps, which, args.device)
+        moved = torch_losses(parity.perturbed(reference, 1), dump, args.steps, which, args.device)
+        print(f"import_{name}_fp32_vs_torch_worst_rel {parity.worst_relative(ours, theirs):.3e}")
+        print(f"import_{name}_torch_vs_torch_moved_1e-7_worst_rel {parity.worst_relative(moved, theirs):.3e}")
+        if args.device == "cuda":
+            bf16, _ = parity.train_with_tiermem(path, daemon, tmp, args.steps, f"{name}bf{os.getpid()}",
+                                                ["--device", "cuda", "--precision", "bf16"])
+            auto = torch_losses(copy.deepcopy(reference), dump, args.steps, which, "cuda", autocast=True)
+            print(f"import_{name}_bf16_vs_torch_autocast_worst_rel {parity.worst_relative(bf16, auto):.3e}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
