@@ -26,7 +26,9 @@ trap '"$top/tools/local-cluster.sh" stop >/dev/null 2>&1; rm -rf "$TIERMEM_CLUST
 out=$TIERMEM_CLUSTER_DIR/models
 mkdir -p "$out"
 
-PYTHONPATH=$build/client/python:$top/tests/python/models /usr/bin/python3 - "$out" <<'PY' >/dev/null
+# The tiermem package: the build tree's (elsewhere: TIERMEM_PYTHONPATH, e.g.
+# a device pack's py/pkg) and the Python with torch (PYTHON).
+PYTHONPATH=${TIERMEM_PYTHONPATH:-$build/client/python}:$top/tests/python/models ${PYTHON:-/usr/bin/python3} - "$out" <<'PY' >/dev/null
 import sys, torch, tiermem.fx
 from nanogpt_model import GPT, GPTConfig
 from llama_style import LlamaForCausalLM

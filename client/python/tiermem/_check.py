@@ -103,7 +103,7 @@ def check(captured, lowering, inputs):
         ours = ours_all[lowering.loss.ir]
         names = [t["name"] for t in ir.tensors if t["role"] == "PARAM"]
         our_grads = dict(zip(names, torch.autograd.grad(ours, [tensors[n] for n in names], allow_unused=True)))
-    a, b = float(ours), float(theirs)
+    a, b = ours.item(), theirs.item()
     if not math.isfinite(a) or abs(a - b) > LOSS_TOLERANCE * max(1.0, abs(b)):
         raise UnsupportedError(f"the exported graph's loss on the example inputs is {a:.7g} where the module's is "
                                f"{b:.7g}: the IR does not compute what the module does, nothing was written")

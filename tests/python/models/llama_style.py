@@ -150,7 +150,8 @@ class LlamaForCausalLM(nn.Module):
         t = input_ids.shape[1]
         position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0)
         # The causal mask as HF's eager path builds it: 0 where allowed, the dtype's minimum above the diagonal.
-        mask = torch.full((t, t), torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype).triu(1)[None, None, :, :]
+        mask = torch.full((t, t), torch.finfo(inputs_embeds.dtype).min, dtype=inputs_embeds.dtype,
+                          device=input_ids.device).triu(1)[None, None, :, :]
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states = inputs_embeds
         for layer in self.layers:
