@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Imported models against PyTorch, on the device tiermem-exec trains on
-(issue 48): nanoGPT's model.py as published (bias on and off), a GPT-2 and
+(issue 48): nanoGPT's model.py as published (bias on and off; and with its
+own AdamW and train.py's learning-rate schedule), a GPT-2 and
 a Llama in Hugging Face's form (tests/python/models/) are exported with this
 machine's PyTorch (1.13's make_fx, or 2.x's: nanoGPT then takes its
 scaled_dot_product_attention path), trained by tiermem-exec for STEPS Adam
@@ -49,16 +50,18 @@ class Daemon:
 def models():
     def nano(bias):
         return GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=bias))
-    yield "nanogpt", lambda: nano(True), 1
-    yield "nanogpt_nobias", lambda: nano(False), 1
-    yield "gpt2", lambda: GPT2LMHeadModel(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4), 0
-    yield "llama", lambda: LlamaForCausalLM(num_hidden_layers=2), 0
-    yield "llama_tied", lambda: LlamaForCausalLM(num_hidden_layers=2, tie_word_embeddings=True), 0
+    yield "nanogpt", lambda: nano(True), 1, None
+    yield "nanogpt_nobias", lambda: nano(False), 1, None
+    # nanoGPT's own optimizer (AdamW, decay and no-decay groups) and train.py's schedule.
+    yield "nanogpt_adamw", lambda: nano(True), 1, lambda m: m.configure_optimizers(1.0, 3e-3, (0.9, 0.95), "cpu")
+    yield "gpt2", lambda: GPT2LMHeadModel(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4), 0, None
+    yield "llama", lambda: LlamaForCausalLM(num_hidden_layers=2), 0, None
+    yield "llama_tied", lambda: LlamaForCausalLM(num_hidden_layers=2, tie_word_embeddings=True), 0, None
 
 
-def torch_losses(module, dump, steps, which, device, autocast=False, noise=0.0, seed=0):
+def torch_losses(module, dump, steps, which, device, make_opt, autocast=False, noise=0.0, seed=0):
     module = module.to(device)
-    optimizer = torch.optim.Adam(module.parameters(), lr=3e-3)
+    optimizer = make_opt(module) if make_opt else torch.optim.Adam(module.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(seed)
     out = []
     for step in range(steps):
@@ -68,6 +71,9 @@ def torch_losses(module, dump, steps, which, device, autocast=False, noise=0.0, 
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=autocast):
             loss = module(ids, nxt)[which]
         loss.backward()
+        if make_opt:
+            for group in optimizer.param_groups:
+                group["lr"] = parity.nanogpt_get_lr(step)
         optimizer.step()
         out.append(loss.item())
         if noise:
@@ -101,25 +107,28 @@ def main():
     daemon = Daemon(args.socket)
     print(f"# PyTorch {torch.__version__}, tiermem-exec --device {args.device}, {args.steps} Adam steps of "
           f"{B} x {T} tokens")
-    for name, make, which in models():
+    for name, make, which, make_opt in models():
         torch.manual_seed(11)
         module = make()
         reference = copy.deepcopy(module)
         ids = torch.randint(0, 256, (B, T))
+        optimizer = make_opt(module) if make_opt else {"type": "ADAM", "learning_rate": 3e-3}
+        schedule = {"warmup_steps": 5, "decay_steps": 40, "min_learning_rate": 3e-4} if make_opt else None
         path = tiermem.fx.export(module, (ids, ids), str(tmp / f"{name}.pbtxt"), dataset="text:fortunes",
-                                 optimizer={"type": "ADAM", "learning_rate": 3e-3})
+                                 optimizer=optimizer, schedule=schedule)
         ours, dump = parity.train_with_tiermem(path, daemon, tmp, args.steps, f"{name}{os.getpid()}",
                                                ["--device", args.device])
-        theirs = torch_losses(copy.deepcopy(reference), dump, args.steps, which, args.device)
-        moved = [torch_losses(copy.deepcopy(reference), dump, args.steps, which, args.device, noise=1e-7, seed=seed)
+        theirs = torch_losses(copy.deepcopy(reference), dump, args.steps, which, args.device, make_opt)
+        moved = [torch_losses(copy.deepcopy(reference), dump, args.steps, which, args.device, make_opt,
+                              noise=1e-7, seed=seed)
                  for seed in (1, 2)]
         report(name, "fp32_vs_torch", ours, theirs, moved)
         if args.device == "cuda":
             bf16, _ = parity.train_with_tiermem(path, daemon, tmp, args.steps, f"{name}bf{os.getpid()}",
                                                 ["--device", "cuda", "--precision", "bf16"])
-            auto = torch_losses(copy.deepcopy(reference), dump, args.steps, which, "cuda", autocast=True)
-            auto_moved = [torch_losses(copy.deepcopy(reference), dump, args.steps, which, "cuda", autocast=True,
-                                       noise=4e-3, seed=1)]
+            auto = torch_losses(copy.deepcopy(reference), dump, args.steps, which, "cuda", make_opt, autocast=True)
+            auto_moved = [torch_losses(copy.deepcopy(reference), dump, args.steps, which, "cuda", make_opt,
+                                       autocast=True, noise=4e-3, seed=1)]
             report(name, "bf16_vs_torch_autocast", bf16, auto, auto_moved)
         sys.stdout.flush()
 

@@ -96,7 +96,7 @@ class Differentiator final : public GradientEmitter {
       op.phase = Phase::update;
       op.origin = p;
       op.in = {p, m_g.tensors[p].grad};
-      const bool adam = opt.type() == proto::OptimizerDef::ADAM;
+      const bool adam = opt.type() == proto::OptimizerDef::ADAM || opt.type() == proto::OptimizerDef::ADAMW;
       op.kind = adam ? proto::ADAM_UPDATE : proto::SGD_UPDATE;
       for (const char* state : adam ? std::vector<const char*>{"m", "v"} : std::vector<const char*>{"velocity"}) {
         Tensor s;

@@ -23,6 +23,7 @@
 #include <tiermem/status.h>
 
 #include "executor/elementwise_math.hpp"
+#include "executor/optimizer_math.hpp"
 
 namespace tiermem::exec {
 
@@ -141,14 +142,14 @@ class Compute {
                       float theta, bool inverse, bool accumulate) = 0;
   // The optimizers read parameter and state from the `*_in` arrays and write
   // the updated values to the others (kernels::sgd/adam): the trainer's next
-  // copy from its committed one in one pass, or in place.
+  // copy from its committed one in one pass, or in place. The schedule's
+  // learning rate and Adam's bias correction take the step of set_step()
+  // (from 1), read when the kernel runs: a replayed step takes the step set
+  // before the replay.
   virtual void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-                   int64_t count, float lr, float momentum, float weight_decay) = 0;
-  // Adam's bias correction takes the step of set_step() (from 1), read when
-  // the kernel runs: a replayed step takes the step set before the replay.
+                   int64_t count, const OptimizerHyper& h) = 0;
   virtual void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-                    const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
-                    float weight_decay) = 0;
+                    const float* v_in, float* v, int64_t count, const OptimizerHyper& h) = 0;
   virtual void set_step(int64_t step) = 0;
   // The GEMMs from here on; `max_operand` is the most elements a GEMM
   // operand has (its bf16 copy's room, taken now: none may be allocated

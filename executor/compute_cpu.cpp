@@ -103,12 +103,12 @@ class CpuCompute final : public Compute {
     k::softmax_xent_grad(logits, labels, dlogits, m, c, scale, acc);
   }
   void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-           int64_t count, float lr, float momentum, float weight_decay) override {
-    k::sgd(param_in, param, grad, velocity_in, velocity, count, lr, momentum, weight_decay);
+           int64_t count, const OptimizerHyper& h) override {
+    k::sgd(param_in, param, grad, velocity_in, velocity, count, h, m_step);
   }
   void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
-            float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay) override {
-    k::adam(param_in, param, grad, m_in, m, v_in, v, count, lr, beta1, beta2, epsilon, weight_decay, m_step);
+            float* v, int64_t count, const OptimizerHyper& h) override {
+    k::adam(param_in, param, grad, m_in, m, v_in, v, count, h, m_step);
   }
   void set_step(int64_t step) override { m_step = step; }
 

@@ -36,6 +36,7 @@ class Builder {
     m_graph.micro_batch = m_def.micro_batch();
     m_graph.optimizer = m_def.optimizer();
     if (m_graph.micro_batch <= 0) return fail("micro_batch must be set to the rows of a micro-batch");
+    TIERMEM_RETURN_IF_ERROR(check_optimizer(m_def.optimizer()));
     for (const proto::TensorDef& t : m_def.tensor()) {
       TIERMEM_RETURN_IF_ERROR(declare(t));
     }
@@ -58,6 +59,20 @@ class Builder {
     return Status(ErrorCode::config_error, std::string(m_source) + ": " + why);
   }
 
+  Status check_optimizer(const proto::OptimizerDef& o) const {
+    if (o.warmup_steps() < 0 || o.decay_steps() < 0) return fail("optimizer: warmup_steps and decay_steps count steps (>= 0)");
+    if (o.decay_steps() > 0 && o.decay_steps() <= o.warmup_steps()) {
+      return fail("optimizer: decay_steps (" + std::to_string(o.decay_steps()) + ") must be past warmup_steps (" +
+                  std::to_string(o.warmup_steps()) + ")");
+    }
+    if (!(o.min_learning_rate() >= 0) || o.min_learning_rate() > o.learning_rate()) {
+      return fail("optimizer: min_learning_rate must be in [0, learning_rate]");
+    }
+    if (o.min_learning_rate() > 0 && o.decay_steps() == 0) return fail("optimizer: min_learning_rate needs decay_steps");
+    if (!(o.weight_decay() >= 0)) return fail("optimizer: weight_decay must be >= 0");
+    return Status();
+  }
+
   Status declare(const proto::TensorDef& t) {
     if (t.name().empty()) return fail("a tensor has no name");
     if (m_graph.find(t.name()) >= 0) return fail("tensor '" + t.name() + "' is declared twice");
@@ -72,6 +87,10 @@ class Builder {
     tensor.role = static_cast<Role>(t.role());
     tensor.init = t.init();
     tensor.init_fan_in = t.init_fan_in();
+    tensor.decay = !t.no_weight_decay();
+    if (t.no_weight_decay() && tensor.role != Role::param) {
+      return fail("tensor '" + t.name() + "': no_weight_decay is for PARAMs");
+    }
     if (tensor.init == proto::FILE || !t.init_file().empty()) TIERMEM_RETURN_IF_ERROR(init_file(t, &tensor));
     if (tensor.role == Role::grad || tensor.role == Role::optimizer_state) {
       return fail("tensor '" + t.name() + "' is " + std::string(role_name(tensor.role)) +
@@ -306,6 +325,22 @@ int64_t Graph::param_elements() const {
   int64_t n = 0;
   for (int p : params()) n += tensors[p].elements();
   return n;
+}
+
+OptimizerHyper optimizer_hyper(const Graph& g, int param) {
+  const proto::OptimizerDef& o = g.optimizer;
+  OptimizerHyper h;
+  h.lr = o.learning_rate();
+  h.beta1 = o.beta1();
+  h.beta2 = o.beta2();
+  h.epsilon = o.epsilon() > 0 ? o.epsilon() : 1e-8f;
+  h.momentum = o.momentum();
+  h.weight_decay = g.tensors[static_cast<size_t>(param)].decay ? o.weight_decay() : 0.0f;
+  h.decoupled = o.type() == proto::OptimizerDef::ADAMW;
+  h.warmup = o.warmup_steps();
+  h.decay = o.decay_steps();
+  h.min_lr = o.min_learning_rate();
+  return h;
 }
 
 void init_as_part_of(const Tensor& whole, int64_t row, const std::vector<std::pair<int64_t, int64_t>>& columns,

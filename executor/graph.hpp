@@ -11,6 +11,7 @@
 
 #include <tiermem/status.h>
 
+#include "executor/optimizer_math.hpp"
 #include "graph.pb.h"
 
 namespace tiermem::exec {
@@ -56,6 +57,7 @@ struct Tensor {
            (role == Role::grad && !of_param);
   }
   bool of_param = false;  // GRAD tensors: the gradient of a PARAM
+  bool decay = true;      // PARAM: its optimizer applies the weight decay (false: the no-decay group)
 };
 
 struct Op {
@@ -101,6 +103,10 @@ std::string shape_text(const std::vector<int64_t>& shape);
 // itself be a part of a larger parameter.
 void init_as_part_of(const Tensor& whole, int64_t row, const std::vector<std::pair<int64_t, int64_t>>& columns,
                      Tensor* part);
+
+// What the update of PARAM `param` reads: the optimizer's fields, the
+// weight decay of the parameter's group.
+OptimizerHyper optimizer_hyper(const Graph& g, int param);
 
 // Parses and validates a model. Errors: config_error naming the file, and the
 // line for syntax errors (an unknown op type is one), the op and tensors for

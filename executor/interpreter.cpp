@@ -31,12 +31,10 @@ void run_op(Compute& k, const Graph& g, const Op& op, const TensorMemory& mem, b
 }
 
 void run_update(Compute& k, const Graph& g, const Op& op, const std::vector<float*>& a, int64_t count) {
-  const auto& o = g.optimizer;
   if (op.kind == proto::SGD_UPDATE) {
-    k.sgd(a[0], a[0], a[1], a[2], a[2], count, o.learning_rate(), o.momentum(), o.weight_decay());
+    k.sgd(a[0], a[0], a[1], a[2], a[2], count, optimizer_hyper(g, op.origin));
   } else if (op.kind == proto::ADAM_UPDATE) {
-    k.adam(a[0], a[0], a[1], a[2], a[2], a[3], a[3], count, o.learning_rate(), o.beta1(), o.beta2(),
-           o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
+    k.adam(a[0], a[0], a[1], a[2], a[2], a[3], a[3], count, optimizer_hyper(g, op.origin));
   }
 }
 

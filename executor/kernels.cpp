@@ -347,22 +347,23 @@ void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogit
 }
 
 void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-         int64_t count, float lr, float momentum, float weight_decay) {
+         int64_t count, const OptimizerHyper& h, int64_t step) {
+  const float lr = learning_rate_at(h, step);
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    sgd_element(param_in[i], grad[i], velocity_in[i], lr, momentum, weight_decay, &param[i], &velocity[i]);
+    sgd_element(param_in[i], grad[i], velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
   }
 }
 
 void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
-          float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay,
-          int64_t step) {
-  const float step_size = lr / (1.0f - std::pow(beta1, static_cast<float>(step)));
-  const float c2_sqrt = std::sqrt(1.0f - std::pow(beta2, static_cast<float>(step)));
+          float* v, int64_t count, const OptimizerHyper& h, int64_t step) {
+  const float lr = learning_rate_at(h, step);
+  const float step_size = lr / (1.0f - std::pow(h.beta1, static_cast<float>(step)));
+  const float c2_sqrt = std::sqrt(1.0f - std::pow(h.beta2, static_cast<float>(step)));
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    adam_element(param_in[i], grad[i], m_in[i], v_in[i], step_size, c2_sqrt, beta1, beta2, epsilon, weight_decay,
-                 &param[i], &m[i], &v[i]);
+    adam_element(param_in[i], grad[i], m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
+                 h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
   }
 }
 

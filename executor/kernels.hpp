@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "executor/elementwise_math.hpp"
+#include "executor/optimizer_math.hpp"
 
 namespace tiermem::exec::kernels {
 
@@ -86,14 +87,14 @@ float rotary_angle(int64_t p, int64_t c, int64_t dh, float theta);
 void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
             bool inverse, bool accumulate);
 
-// PyTorch's SGD (dampening 0) and Adam, weight decay as L2 on the gradient.
+// PyTorch's SGD (dampening 0), Adam and AdamW (optimizer_math.hpp), at step
+// `step` (from 1: the schedule's learning rate, Adam's bias correction).
 // Each reads the parameter and its state from the `*_in` arrays and writes
 // the updated ones to `param`/`velocity`/`m`/`v`: the same arrays update in
 // place, others leave the inputs as they were (the trainer's committed copy).
 void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-         int64_t count, float lr, float momentum, float weight_decay);
+         int64_t count, const OptimizerHyper& h, int64_t step);
 void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
-          float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay,
-          int64_t step);
+          float* v, int64_t count, const OptimizerHyper& h, int64_t step);
 
 }  // namespace tiermem::exec::kernels

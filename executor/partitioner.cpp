@@ -42,7 +42,7 @@ Weights weigh(const Graph& g, int micro_batches) {
   }
   // A parameter lives with (the first of) the ops that read it: value, gradient
   // and optimizer state.
-  const int states = g.optimizer.type() == proto::OptimizerDef::ADAM ? 2 : 1;
+  const int states = g.optimizer.type() == proto::OptimizerDef::SGD ? 1 : 2;
   std::map<int, int> owner;
   for (size_t v = 0; v < w.forward.size(); ++v) {
     for (int t : g.ops[w.forward[v]].in) {

@@ -237,13 +237,12 @@ class CudaCompute final : public Compute {
     kc::softmax_xent_grad(m_stream, logits, labels, dlogits, m, c, scale, acc);
   }
   void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-           int64_t count, float lr, float momentum, float weight_decay) override {
-    kc::sgd(m_stream, param_in, param, grad, velocity_in, velocity, count, lr, momentum, weight_decay);
+           int64_t count, const OptimizerHyper& h) override {
+    kc::sgd(m_stream, param_in, param, grad, velocity_in, velocity, count, h, m_step_device);
   }
   void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
-            float* v, int64_t count, float lr, float beta1, float beta2, float epsilon, float weight_decay) override {
-    kc::adam(m_stream, param_in, param, grad, m_in, m, v_in, v, count, lr, beta1, beta2, epsilon, weight_decay,
-             m_step_device);
+            float* v, int64_t count, const OptimizerHyper& h) override {
+    kc::adam(m_stream, param_in, param, grad, m_in, m, v_in, v, count, h, m_step_device);
   }
   // The step into device memory, queued before what follows (a replay
   // included): every Adam thread reads it there, not over PCIe.

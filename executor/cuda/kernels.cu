@@ -345,21 +345,22 @@ __global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, 
 }
 
 __global__ void sgd_k(const float* param_in, float* param, const float* grad, const float* velocity_in,
-                      float* velocity, int64_t count, float lr, float momentum, float weight_decay) {
+                      float* velocity, int64_t count, OptimizerHyper h, const int64_t* step) {
+  const float lr = learning_rate_at(h, *step);
   TIERMEM_FOR_EACH(i, count) {
-    sgd_element(param_in[i], grad[i], velocity_in[i], lr, momentum, weight_decay, &param[i], &velocity[i]);
+    sgd_element(param_in[i], grad[i], velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
   }
 }
 
 __global__ void adam_k(const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-                       const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
-                       float weight_decay, const int64_t* step) {
+                       const float* v_in, float* v, int64_t count, OptimizerHyper h, const int64_t* step) {
   const float t = static_cast<float>(*step);
-  const float step_size = lr / (1.0f - powf(beta1, t));
-  const float c2_sqrt = sqrtf(1.0f - powf(beta2, t));
+  const float lr = learning_rate_at(h, *step);
+  const float step_size = lr / (1.0f - powf(h.beta1, t));
+  const float c2_sqrt = sqrtf(1.0f - powf(h.beta2, t));
   TIERMEM_FOR_EACH(i, count) {
-    adam_element(param_in[i], grad[i], m_in[i], v_in[i], step_size, c2_sqrt, beta1, beta2, epsilon, weight_decay,
-                 &param[i], &m[i], &v[i]);
+    adam_element(param_in[i], grad[i], m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
+                 h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
   }
 }
 
@@ -481,16 +482,13 @@ void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* label
 }
 
 void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
-         float* velocity, int64_t count, float lr, float momentum, float weight_decay) {
-  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, velocity_in, velocity, count, lr, momentum,
-                                                weight_decay);
+         float* velocity, int64_t count, const OptimizerHyper& h, const int64_t* step) {
+  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, velocity_in, velocity, count, h, step);
 }
 
 void adam(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-          const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
-          float weight_decay, const int64_t* step) {
-  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, m_in, m, v_in, v, count, lr, beta1, beta2,
-                                                 epsilon, weight_decay, step);
+          const float* v_in, float* v, int64_t count, const OptimizerHyper& h, const int64_t* step) {
+  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, m_in, m, v_in, v, count, h, step);
 }
 
 }  // namespace tiermem::exec::cuda

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "executor/cuda/gpu_platform.cuh"
+#include "executor/optimizer_math.hpp"
 
 #include <cstdint>
 
@@ -54,13 +55,12 @@ void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, fl
 void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
                        int64_t c, float scale, bool accumulate);
 // Out of place (the `*_in` arrays read, the others written) or in place, as
-// kernels::sgd/adam.
+// kernels::sgd/adam; `step`: device memory, read when the kernel runs (the
+// schedule's learning rate and Adam's bias correction).
 void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
-         float* velocity, int64_t count, float lr, float momentum, float weight_decay);
-// `step`: device memory, read when the kernel runs.
+         float* velocity, int64_t count, const OptimizerHyper& h, const int64_t* step);
 void adam(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-          const float* v_in, float* v, int64_t count, float lr, float beta1, float beta2, float epsilon,
-          float weight_decay, const int64_t* step);
+          const float* v_in, float* v, int64_t count, const OptimizerHyper& h, const int64_t* step);
 
 // Sequences (kernels::embedding ... position_embedding_grad, same contracts;
 // the attention is cuda_compute.cpp's, batched GEMMs around the kernels below).

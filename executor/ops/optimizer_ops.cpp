@@ -11,23 +11,20 @@ OpSpec sgd_update() {
   s.name = "sgd";
   s.phase = Phase::update;
   s.run = [](const OpCall& c) {
-    const auto& o = c.g.optimizer;
     c.k.sgd(c.from(c.op.in[0]), c.f(c.op.in[0]), c.f(c.op.in[1]), c.from(c.op.in[2]), c.f(c.op.in[2]),
-            c.count(c.op.in[0]), o.learning_rate(), o.momentum(), o.weight_decay());
+            c.count(c.op.in[0]), optimizer_hyper(c.g, c.op.origin));
   };
   return s;
 }
 
 OpSpec adam_update() {
   OpSpec s;
-  s.kind = proto::ADAM_UPDATE;  // in: param, grad, m, v
+  s.kind = proto::ADAM_UPDATE;  // in: param, grad, m, v (Adam and AdamW)
   s.name = "adam";
   s.phase = Phase::update;
   s.run = [](const OpCall& c) {
-    const auto& o = c.g.optimizer;
     c.k.adam(c.from(c.op.in[0]), c.f(c.op.in[0]), c.f(c.op.in[1]), c.from(c.op.in[2]), c.f(c.op.in[2]),
-             c.from(c.op.in[3]), c.f(c.op.in[3]), c.count(c.op.in[0]), o.learning_rate(), o.beta1(), o.beta2(),
-             o.epsilon() > 0 ? o.epsilon() : 1e-8f, o.weight_decay());
+             c.from(c.op.in[3]), c.f(c.op.in[3]), c.count(c.op.in[0]), optimizer_hyper(c.g, c.op.origin));
   };
   return s;
 }

@@ -321,6 +321,66 @@ loss: "l" optimizer { type: SGD learning_rate: 0.5 momentum: 0.9 })", "o");
   EXPECT_FLOAT_EQ(w[0], 1 - 0.5f * 0.1f - 0.5f * (0.9f * 0.1f + 0.1f));
 }
 
+TEST(AutodiffTest, AdamWDecaysOnlyItsGroupAtTheScheduledLearningRate) {
+  // AdamW (decoupled weight decay, PyTorch's AdamW), a parameter in the
+  // no-decay group, and nanoGPT's schedule (warm-up 2 steps, cosine to
+  // min_learning_rate at step 6): each update against the formulas by hand.
+  auto g = parse_model(R"(
+name: "o" micro_batch: 1
+tensor { name: "x" shape: [1, 1] role: INPUT }
+tensor { name: "y" shape: [1] role: LABEL dtype: I32 }
+tensor { name: "w" shape: [1, 2] role: PARAM }
+tensor { name: "b" shape: [2] role: PARAM no_weight_decay: true }
+op { name: "fc" type: MATMUL input: ["x", "w"] output: "h" }
+op { name: "bias" type: BIAS_ADD input: ["h", "b"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAMW learning_rate: 0.1 beta1: 0.9 beta2: 0.99 epsilon: 1e-8 weight_decay: 0.5
+                      warmup_steps: 2 decay_steps: 6 min_learning_rate: 0.01 })", "o");
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  ASSERT_TRUE(add_training(*g, 1.0f).ok());
+  const auto lr_at = [](int64_t step) {  // nanoGPT's get_lr(step - 1)
+    const int64_t it = step - 1;
+    if (it < 2) return 0.1 * (it + 1) / 3.0;
+    if (it > 6) return 0.01;
+    return 0.01 + 0.5 * (1 + std::cos(M_PI * (it - 2) / 4.0)) * (0.1 - 0.01);
+  };
+  for (const int u : g->ops_of(Phase::update)) {
+    const Op& update = g->ops[u];
+    const bool decays = g->tensors[update.origin].name == "w";
+    std::vector<float> p{1, 2}, grad{0.1f, -0.2f}, m{0, 0}, v{0, 0};
+    std::vector<void*> mem(g->tensors.size());
+    mem[update.in[0]] = p.data();
+    mem[update.in[1]] = grad.data();
+    mem[update.in[2]] = m.data();
+    mem[update.in[3]] = v.data();
+    double want = 1, mm = 0, vv = 0;
+    for (int64_t step = 1; step <= 9; ++step) {
+      run_op(*g, update, [&](int t) { return mem[t]; }, false, step);
+      const double lr = lr_at(step);
+      if (decays) want *= 1 - lr * 0.5;
+      mm = 0.9 * mm + 0.1 * 0.1;
+      vv = 0.99 * vv + 0.01 * 0.01;
+      want -= lr / (1 - std::pow(0.9, step)) * mm / (std::sqrt(vv) / std::sqrt(1 - std::pow(0.99, step)) + 1e-8);
+      EXPECT_NEAR(p[0], want, 1e-5) << g->tensors[update.origin].name << " step " << step;
+    }
+  }
+  // What does not fit is refused, naming it.
+  for (const auto& [fields, why] : std::vector<std::pair<std::string, std::string>>{
+           {"warmup_steps: 5 decay_steps: 3", "decay_steps (3) must be past warmup_steps (5)"},
+           {"min_learning_rate: 0.5", "min_learning_rate must be in [0, learning_rate]"},
+           {"min_learning_rate: 0.01", "min_learning_rate needs decay_steps"}}) {
+    auto bad = parse_model(R"(name: "o" micro_batch: 1
+tensor { name: "x" shape: [1, 1] role: INPUT }
+tensor { name: "y" shape: [1] role: LABEL dtype: I32 }
+tensor { name: "w" shape: [1, 2] role: PARAM }
+op { name: "fc" type: MATMUL input: ["x", "w"] output: "logits" }
+op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
+loss: "l" optimizer { type: ADAMW learning_rate: 0.1 )" + fields + " }", "o");
+    ASSERT_FALSE(bad.ok()) << fields;
+    EXPECT_NE(bad.status().message().find(why), std::string::npos) << bad.status().to_string();
+  }
+}
+
 TEST(AutodiffTest, AnUpdateOutOfPlaceLeavesTheCommittedCopyAndMatchesInPlace) {
   // The trainer's optimizer reads the committed parameters and state and
   // writes the next copy: the committed copy must stay as it was (a crash

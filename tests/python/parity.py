@@ -3,6 +3,7 @@ PyTorch on the same batches (the ones tiermem-exec dumps), for the
 importer's parity tests."""
 
 import copy
+import math
 import os
 import subprocess
 
@@ -48,9 +49,10 @@ def batch(dump, step, shape):
     return ids.view(shape), nxt.view(shape)
 
 
-def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0, seed=0):
+def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0, seed=0, lr_at=None):
     """The module's losses over the same batches: `loss_of(module, ids,
-    next)` gives the loss of one batch. With `noise`, every parameter is
+    next)` gives the loss of one batch; `lr_at(it)`, the learning rate of
+    iteration `it` (from 0), set before each step. With `noise`, every parameter is
     moved by that much (relative, random) after each step: rounding of
     another implementation's order of sums, as PyTorch's own spread."""
     theirs = []
@@ -60,6 +62,9 @@ def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0
         optimizer.zero_grad()
         loss = loss_of(module, ids, nxt)
         loss.backward()
+        if lr_at is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
         optimizer.step()
         theirs.append(loss.item())
         if noise:
@@ -67,6 +72,17 @@ def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0
                 for p in module.parameters():
                     p.mul_(1 + noise * torch.randn(p.shape, generator=g).to(p.device, p.dtype))
     return theirs
+
+
+def nanogpt_get_lr(it, learning_rate=3e-3, warmup_iters=5, lr_decay_iters=40, min_lr=3e-4):
+    """nanoGPT's train.py get_lr, as published."""
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
 
 
 def worst_relative(ours, theirs):
@@ -84,11 +100,12 @@ def perturbed(module, seed, size=1e-7):
     return copy_
 
 
-def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1e-4):
+def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1e-4, lr_at=None):
     """Asserts tiermem-exec's losses `ours` are PyTorch's: the module trained
     on the same batches. Each step is within `tolerance` (relative) of
     PyTorch fp32, except at steps where training is too sensitive for any
-    fp32 implementation to follow another that closely: where PyTorch itself,
+    fp32 implementation to follow another that closely (`make_optimizer(m)`
+    builds the optimizer of a copy m of the module; `lr_at`, the schedule): where PyTorch itself,
     its parameters moved by 1e-7 (one fp32 rounding) after every step (two
     draws), or run in fp64, lands more than a tenth of the tolerance away.
     There, ours is within ten times the farthest of those. Returns (worst
@@ -96,7 +113,8 @@ def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1
     steps = len(ours)
 
     def run(m, noise=0.0, seed=0):
-        return train_with_pytorch(m, dump, steps, shape, loss_of, make_optimizer(m.parameters()), noise, seed)
+        return train_with_pytorch(m, dump, steps, shape, loss_of, make_optimizer(m), noise, seed,
+                                  lr_at)
 
     theirs = run(copy.deepcopy(module))
     spreads = [run(copy.deepcopy(module), 1e-7, seed) for seed in (1, 2)] + [run(copy.deepcopy(module).double())]

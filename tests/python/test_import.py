@@ -1,11 +1,12 @@
 """tiermem.fx on models as their authors wrote them: nanoGPT's model.py,
 unchanged (tests/python/models/), with and without biases, its head tied to
-its embedding; a GPT-2 and a Llama (RMSNorm, rotary positions, SwiGLU,
-grouped-query attention, tied and untied) in Hugging Face's form. Each exports, trains in tiermem-exec from the module's own
-parameters, and every loss of 50 Adam steps is within 1e-4 (relative) of the
-same module trained by PyTorch on the same batches. What the IR cannot
-express is refused naming the ATen op, the module and the line; what used to
-be changed silently (a tied head untied) is checked."""
+its embedding, with its own AdamW and schedule; a GPT-2 and a Llama
+(RMSNorm, rotary positions, SwiGLU, grouped-query attention, tied and
+untied) in Hugging Face's form. Each exports, trains in tiermem-exec from
+the module's own parameters, and every loss of 50 steps is within 1e-4
+(relative) of the same module trained by PyTorch on the same batches. What
+the IR cannot express is refused naming the ATen op, the module and the
+line; what used to be changed silently (a tied head untied) is checked."""
 
 import copy
 import os
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import tiermem.fx
-from parity import check_parity, train_with_tiermem, worst_relative
+from parity import check_parity, nanogpt_get_lr, train_with_pytorch, train_with_tiermem, worst_relative
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "models"))
@@ -60,7 +61,7 @@ def test_nanogpt_as_published_trains_as_pytorch_trains_it(daemon, tmp_path, bias
     assert ("type: BIAS_ADD" in text) == bias
     ours, dump = train_with_tiermem(path, daemon, tmp_path, STEPS, "nanogpt")
     worst, noise = check_parity(ours, reference, dump, (B, T), lambda m, ids, nxt: m(ids, nxt)[1],
-                                lambda p: torch.optim.Adam(p, lr=3e-3, betas=(0.9, 0.99), eps=1e-8))
+                                lambda m: torch.optim.Adam(m.parameters(), lr=3e-3, betas=(0.9, 0.99), eps=1e-8))
     print(f"nanoGPT (bias={bias}, tied head): largest relative difference to PyTorch over {STEPS} Adam steps: "
           f"{worst:.2e} (PyTorch's own spread: {noise:.2e}); loss {ours[0]:.4f} -> {ours[-1]:.4f}")
     assert ours[-1] < ours[0] * 0.8  # it learnt
@@ -81,7 +82,7 @@ def test_a_gpt2_written_as_hugging_face_writes_it_trains_as_pytorch_trains_it(da
     assert 'type: MATMUL_NT input: ["ln_f", "wte.weight"]' in text
     ours, dump = train_with_tiermem(path, daemon, tmp_path, STEPS, "gpt2")
     worst, noise = check_parity(ours, reference, dump, (B, T), lambda m, ids, nxt: m(ids, nxt)[0],
-                                lambda p: torch.optim.Adam(p, lr=3e-3))
+                                lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
     print(f"GPT-2 (Hugging Face's form): largest relative difference to PyTorch over {STEPS} Adam steps: "
           f"{worst:.2e} (PyTorch's own spread: {noise:.2e}); loss {ours[0]:.4f} -> {ours[-1]:.4f}")
 
@@ -104,7 +105,7 @@ def test_a_llama_written_as_hugging_face_writes_it_trains_as_pytorch_trains_it(d
     assert ("MATMUL_NT" in text) == tied
     ours, dump = train_with_tiermem(path, daemon, tmp_path, STEPS, "llama")
     worst, noise = check_parity(ours, reference, dump, (B, T), lambda m, ids, nxt: m(ids, nxt)[0],
-                                lambda p: torch.optim.Adam(p, lr=3e-3))
+                                lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
     print(f"Llama ({'tied' if tied else 'untied'}): largest relative difference to PyTorch over {STEPS} Adam "
           f"steps: {worst:.2e} (PyTorch's own spread: {noise:.2e}); loss {ours[0]:.4f} -> {ours[-1]:.4f}")
 
@@ -151,7 +152,74 @@ def test_a_tied_head_untied_in_pytorch_trains_as_two_parameters(daemon, tmp_path
     assert 'name: "lm_head.weight"' in text and "MATMUL_NT" not in text
     ours, dump = train_with_tiermem(path, daemon, tmp_path, 20, "untied")
     check_parity(ours, reference, dump, (B, T), lambda m, ids, nxt: m(ids, nxt)[1],
-                 lambda p: torch.optim.Adam(p, lr=3e-3))
+                 lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
+
+
+def test_nanogpts_own_adamw_and_schedule_train_as_its_train_py_trains(daemon, tmp_path):
+    """The optimizer nanoGPT's configure_optimizers builds (AdamW: matmul
+    weights and embeddings decay, biases and norms do not) goes into the
+    export as it is, with train.py's schedule (warm-up, cosine to min_lr):
+    50 steps match PyTorch stepping that optimizer at get_lr's rates. The
+    decay is strong enough that decaying every parameter would be seen."""
+    module = nanogpt(True, seed=5)
+    reference = copy.deepcopy(module)
+
+    def configure(m):
+        return m.configure_optimizers(1.0, 3e-3, (0.9, 0.95), "cpu")
+
+    schedule = {"warmup_steps": 5, "decay_steps": 40, "min_learning_rate": 3e-4}
+    path = tiermem.fx.export(module, example(), str(tmp_path / "adamw.pbtxt"), dataset="text:fortunes",
+                             optimizer=configure(module), schedule=schedule)
+    text = model_text(path)
+    assert re.search(r"optimizer \{ type: ADAMW learning_rate: 0.003 beta1: 0.9 beta2: 0.95 .*weight_decay: 1.0 "
+                     r"warmup_steps: 5 decay_steps: 40 min_learning_rate: 0.0003 \}", text), text
+    without = set(re.findall(r'tensor \{ name: "([^"]+)"[^\n]*no_weight_decay: true', text))
+    assert without == {n for n, p in module.named_parameters() if p.dim() < 2}
+    ours, dump = train_with_tiermem(path, daemon, tmp_path, STEPS, "adamw")
+    worst, noise = check_parity(ours, reference, dump, (B, T), lambda m, ids, nxt: m(ids, nxt)[1], configure,
+                                lr_at=nanogpt_get_lr)
+    print(f"nanoGPT with its AdamW and get_lr: largest relative difference to PyTorch over {STEPS} steps: "
+          f"{worst:.2e} (PyTorch's own spread: {noise:.2e}); loss {ours[0]:.4f} -> {ours[-1]:.4f}")
+    every = train_with_pytorch(copy.deepcopy(reference), dump, STEPS, (B, T), lambda m, ids, nxt: m(ids, nxt)[1],
+                               torch.optim.AdamW(reference.parameters(), 3e-3, (0.9, 0.95), weight_decay=1.0),
+                               lr_at=nanogpt_get_lr)
+    assert worst_relative(ours, every) > 1e-3, "the test cannot tell which parameters decay"
+
+
+def test_an_optimizer_the_ir_cannot_run_is_refused_naming_what(tmp_path):
+    module = nanogpt(True, seed=6)
+    out = str(tmp_path / "o.pbtxt")
+
+    def refused(optimizer, match, schedule=None, error=tiermem.fx.UnsupportedError):
+        with pytest.raises(error, match=match):
+            tiermem.fx.export(module, example(), out, dataset="text:fortunes", optimizer=optimizer,
+                              schedule=schedule)
+        assert not os.path.exists(out)
+
+    params = list(module.parameters())
+    refused(torch.optim.RMSprop(params), r"optimizer RMSprop: tiermem-exec runs torch\.optim's SGD, Adam and AdamW")
+    refused(torch.optim.Adam(params, amsgrad=True), r"AMSGrad is not in the IR's ADAM")
+    refused(torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True), r"Nesterov momentum is not in the IR's SGD")
+    refused(torch.optim.AdamW([{"params": params[:3], "lr": 1e-3}, {"params": params[3:]}], lr=1e-4),
+            r"parameter groups differ in learning rate \(0\.0001, 0\.001\)")
+    refused(torch.optim.AdamW([{"params": params[:3], "weight_decay": 0.1}, {"params": params[3:]}]),
+            r"weight decays \[0\.01, 0\.1\]")
+    refused(torch.optim.Adam(params[1:]), r"transformer\.\w+\.weight not in the optimizer")
+    stepped = torch.optim.Adam(params)
+    module(*example())[1].backward()
+    stepped.step()
+    refused(stepped, r"the optimizer has taken steps")
+    scheduled = torch.optim.Adam(params)
+    torch.optim.lr_scheduler.LambdaLR(scheduled, lambda epoch: 1.0)
+    refused(scheduled, r"a learning-rate scheduler is attached")
+    refused(torch.optim.Adam(params + [torch.nn.Parameter(torch.zeros(3))]), r"a tensor \[3\] that is not a parameter")
+    refused({"type": "ADAMW"}, r"warmup_steps 10 and decay_steps 5", {"warmup_steps": 10, "decay_steps": 5},
+            ValueError)
+    refused({"type": "ADAMW", "min_learning_rate": 1e-5}, r"give decay_steps", None, ValueError)
+    refused({"type": "LAMB"}, r"ADAM, ADAMW or SGD", None, ValueError)
+    # A dict takes PyTorch's defaults: AdamW's weight decay is 1e-2.
+    tiermem.fx.export(module, example(), out, dataset="text:fortunes", optimizer={"type": "adamw"})
+    assert re.search(r"optimizer \{ type: ADAMW .*weight_decay: 0.01 \}", model_text(out))
 
 
 def test_the_module_comes_out_of_an_export_as_it_went_in(tmp_path):

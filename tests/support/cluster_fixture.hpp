@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "tests/support/failure_recap.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem::test {
@@ -56,7 +57,9 @@ class ClusterFixture {
     return true;
   }
   void stop_cluster() {
-    if (m_cluster != nullptr && ::testing::Test::HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+    if (m_cluster != nullptr && ::testing::Test::HasFailure()) {
+      std::fprintf(stderr, "%s\n%s", m_cluster->logs().c_str(), failure_recap().c_str());
+    }
     m_cluster.reset();
     ::unsetenv("UCX_TLS");
     ::unsetenv("TIERMEM_MAP_SAME_HOST");

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "tests/support/failure_recap.hpp"
 #include "tests/support/test_daemon.hpp"
 
 namespace tiermem::test {
@@ -23,7 +24,7 @@ class ExecClusterTest : public ::testing::Test {
     m_dir = m_cluster->dir();
   }
   void TearDown() override {
-    if (HasFailure()) std::fprintf(stderr, "%s\n", m_cluster->logs().c_str());
+    if (HasFailure()) std::fprintf(stderr, "%s\n%s", m_cluster->logs().c_str(), failure_recap().c_str());
   }
 
   std::unique_ptr<TestCluster> m_cluster;

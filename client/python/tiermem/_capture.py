@@ -111,7 +111,7 @@ def _recording(root):
             h.remove()
 
 
-def _all_parameters(module):
+def all_parameters(module):
     """(name, tensor) under every name (named_parameters drops the second
     name of a tied tensor; PyTorch 1.13 has no remove_duplicate=False)."""
     for prefix, m in module.named_modules(remove_duplicate=False):
@@ -124,7 +124,7 @@ def capture(module, inputs):
     """Runs `module(*inputs)` under make_fx; returns a Captured."""
     named = {}
     aliases = {}
-    for name, p in _all_parameters(module):
+    for name, p in all_parameters(module):
         key = id(p)
         if key not in named:
             named[key] = (name, p)

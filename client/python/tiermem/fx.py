@@ -28,22 +28,29 @@ branches, buffers and tied parameters trace as they run; what maps
     mm / addmm / + bias (Linear, Conv1D) MATMUL (+ BIAS_ADD); MATMUL_NT for a tied head
     native_layer_norm, eps 1e-5          LAYER_NORM (with or without bias)
     gelu (tanh / exact), relu, silu      GELU, GELU_EXACT, RELU, SILU
-    x + y                                ADD
-    causal self-attention                (CONCAT +) CAUSAL_ATTENTION
+    RMS norm (any way it is written)     RMS_NORM (its eps from the graph)
+    x + y, x * y                         ADD, MUL (SwiGLU's gate)
+    causal self-attention                (CONCAT +) CAUSAL_ATTENTION (heads, grouped-query kv heads)
+    rotary positions (half rotation)     ROTARY (theta from the module's inv_freq)
     log_softmax + nll_loss (mean)        SOFTMAX_CROSS_ENTROPY
 
 Attention is whatever region of the graph, from the activations it reads to
 the heads put back side by side, computes softmax(q k^T / sqrt(d)) v with a
 causal mask, however it is written (a mask buffer or triu, a scale by
 multiply or divide, SDPA with is_causal): the region is run on random values
-against the IR's op and maps only if they agree.
+against the IR's op and maps only if they agree; so are RMS norms, rotary
+positions and elementwise activations written in small ops.
 
 A parameter held under several names (nanoGPT's lm_head tied to wte) is one
 parameter. Before anything is written the IR is run in PyTorch on the
 example inputs: its loss and every parameter's gradient must be the
 module's, or the export is refused. Anything the IR cannot express (dropout
-with p > 0, RMSNorm, rotary positions, grouped-query attention, for now) is
-an UnsupportedError naming the ATen op, the module and the source line.
+with p > 0, a layer norm's eps other than 1e-5, ops outside these patterns)
+is an UnsupportedError naming the ATen op, the module and the source line.
+
+The optimizer is the one the user built (torch.optim's SGD, Adam, AdamW;
+nanoGPT's decay and no-decay groups) or a dict of its fields, with nanoGPT's
+learning-rate schedule; see export().
 """
 
 import math
@@ -54,8 +61,9 @@ import torch
 from tiermem._capture import capture
 from tiermem._check import check
 from tiermem._lower import Lowering, UnsupportedError
+from tiermem._optim import learning_rate_at, optimizer_fields
 
-__all__ = ["CausalSelfAttention", "UnsupportedError", "export"]
+__all__ = ["CausalSelfAttention", "UnsupportedError", "export", "learning_rate_at"]
 
 
 class CausalSelfAttention(torch.nn.Module):
@@ -88,11 +96,13 @@ def _line(t):
     return line
 
 
-def _write(ir, path, header, loss, optimizer):
+def _write(ir, path, header, loss, optimizer, no_decay=()):
     params_dir = path + ".params"
     lines = list(header)
     for t in ir.tensors:
         line = _line(t)
+        if t["name"] in no_decay:
+            line += " no_weight_decay: true"
         if t["values"] is not None:
             os.makedirs(params_dir, exist_ok=True)
             file = t["name"] + ".f32"
@@ -112,34 +122,25 @@ def _write(ir, path, header, loss, optimizer):
     os.replace(tmp, path)
 
 
-def _optimizer(given):
-    """The optimizer's fields, PyTorch's defaults where not given (Adam:
-    betas 0.9, 0.999, eps 1e-8; SGD: no momentum)."""
-    given = dict(given or {})
-    kind = str(given.get("type", "ADAM")).upper()
-    if kind not in ("ADAM", "SGD"):
-        raise ValueError(f"optimizer type {kind!r}: ADAM or SGD")
-    opt = {"type": kind, "learning_rate": 1e-3}
-    if kind == "ADAM":
-        opt.update(beta1=0.9, beta2=0.999, epsilon=1e-8)
-    known = set(opt) | {"weight_decay", "momentum"}
-    unknown = set(given) - known
-    if unknown:
-        raise ValueError(f"optimizer fields {sorted(unknown)}: the IR's are {sorted(known)}")
-    opt.update(given)
-    opt["type"] = kind
-    return opt
-
-
-def export(module, example_input, path, *, dataset, optimizer=None, name=None, description=""):
+def export(module, example_input, path, *, dataset, optimizer=None, schedule=None, name=None, description=""):
     """Captures `module` on `example_input` (token ids [B, T] or features
     [B, C], or a tuple of them and the targets) and writes PATH (the model)
-    and PATH.params/ (its parameters). `optimizer`: {"type": "ADAM"|"SGD",
-    "learning_rate", "beta1", "beta2", "epsilon", "momentum",
-    "weight_decay"} (Adam at 1e-3 if not given; PyTorch's defaults for what
-    is not given: betas 0.9 and 0.999, eps 1e-8). Raises UnsupportedError for
-    what the IR cannot express, and where the IR it made does not give the
-    module's loss and gradients. Returns PATH."""
+    and PATH.params/ (its parameters).
+
+    `optimizer`: the torch.optim SGD, Adam or AdamW built for the module
+    (before its first step; parameter groups may differ in weight decay
+    only, as nanoGPT's configure_optimizers makes them: the group without
+    decay is marked in the IR), or a dict of the IR's fields {"type":
+    "ADAM"|"ADAMW"|"SGD", "learning_rate", "beta1", "beta2", "epsilon",
+    "momentum", "weight_decay"} with PyTorch's defaults for what is not
+    given (Adam at 1e-3 if nothing is). `schedule`: {"warmup_steps",
+    "decay_steps", "min_learning_rate"}, nanoGPT's get_lr (linear warm-up,
+    cosine to the floor at decay_steps); none: a constant learning rate.
+
+    Raises UnsupportedError for what the IR cannot express, and where the IR
+    it made does not give the module's loss and gradients. Returns PATH."""
+    # The optimizer first: a refusal costs no capture.
+    opt, without = optimizer_fields(optimizer, schedule, module)
     inputs = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
     if not inputs or not isinstance(inputs[0], torch.Tensor):
         raise ValueError("example_input: a tensor of token ids or features, or a tuple (ids, targets)")
@@ -160,11 +161,11 @@ def export(module, example_input, path, *, dataset, optimizer=None, name=None, d
     lowering = Lowering(captured, tokens, micro_batch, context)
     ir = lowering.run()
     check(captured, lowering, inputs)
-    opt = _optimizer(optimizer)
+    no_decay = {ir_name for ir_name, (node, _) in ir.sources.items() if id(captured.params[node][1]) in without}
     title = type(module).__name__
     header = [f"# Exported by tiermem.fx from {title} ({os.path.basename(path)}.params/: its parameters)"]
     header += [f"# {note}" for note in ir.notes]
     header += [f'name: "{name or title}"', f'description: "{description or title + " from PyTorch"}"',
                f'dataset: "{dataset}"', f"micro_batch: {micro_batch}"]
-    _write(ir, path, header, lowering.loss.ir, opt)
+    _write(ir, path, header, lowering.loss.ir, opt, no_decay)
     return path
