@@ -11,13 +11,14 @@ line; what used to be changed silently (a tied head untied) is checked."""
 import copy
 import os
 import re
+import subprocess
 import sys
 
 import pytest
 import torch
 
 import tiermem.fx
-from parity import check_parity, nanogpt_get_lr, train_with_pytorch, train_with_tiermem, worst_relative
+from parity import EXEC, check_parity, nanogpt_get_lr, train_with_pytorch, train_with_tiermem, worst_relative
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "models"))
@@ -220,6 +221,42 @@ def test_an_optimizer_the_ir_cannot_run_is_refused_naming_what(tmp_path):
     # A dict takes PyTorch's defaults: AdamW's weight decay is 1e-2.
     tiermem.fx.export(module, example(), out, dataset="text:fortunes", optimizer={"type": "adamw"})
     assert re.search(r"optimizer \{ type: ADAMW .*weight_decay: 0.01 \}", model_text(out))
+
+
+def test_an_imported_llama_samples_the_bytes_pytorch_draws_from_it(daemon, tmp_path):
+    """`tiermem-exec sample` on an imported model (a Llama, exported from a
+    slice of a longer batch: strided ids), trained a few steps, draws at
+    temperature 0 what PyTorch's greedy decoding of the same module trained
+    on the same batches draws: each byte is PyTorch's most likely next one
+    (within 1e-4 of its logit: near ties go either way) over the window of
+    the last T bytes, newlines before the prompt, as sample keeps it."""
+    torch.manual_seed(12)
+    module = LlamaForCausalLM(num_hidden_layers=2)
+    reference = copy.deepcopy(module)
+    ids = torch.randint(0, 256, (B, 2 * T))[:, :T]
+    assert not ids.is_contiguous()
+    path = tiermem.fx.export(module, (ids, ids), str(tmp_path / "sample.pbtxt"), dataset="text:fortunes",
+                             optimizer={"type": "ADAM", "learning_rate": 3e-3})
+    steps = 5
+    _, dump = train_with_tiermem(path, daemon, tmp_path, steps, "sample", ["--keep"])
+    train_with_pytorch(reference, dump, steps, (B, T), lambda m, i, n: m(i, n)[0],
+                       torch.optim.Adam(reference.parameters(), lr=3e-3))
+    prompt, count = b"The ", 24
+    drawn = subprocess.run([EXEC, "sample", path, "--socket", daemon.socket, "--job", "sample", "--prompt",
+                            prompt.decode(), "--bytes", str(count), "--temperature", "0"], capture_output=True,
+                           timeout=120)
+    assert drawn.returncode == 0, drawn.stderr.decode()
+    assert drawn.stdout.startswith(prompt) and drawn.stdout.endswith(b"\n") and len(drawn.stdout) == 4 + count + 1
+    ours = list(drawn.stdout[len(prompt):-1])
+    assert len(set(ours)) > 1, f"a test on one repeated byte tells nothing: {drawn.stdout!r}"
+    window = list(b"\n" * T + prompt)[-T:]
+    with torch.no_grad():
+        for n, byte in enumerate(ours):
+            logits = reference(torch.tensor([window]))[1][0, -1]
+            assert logits.max() - logits[byte] <= 1e-4, (f"byte {n} of {drawn.stdout!r}: {byte} where PyTorch's "
+                                                          f"most likely is {int(logits.argmax())}")
+            window = window[1:] + [byte]
+    print(f"sampled at temperature 0 after {steps} steps: {drawn.stdout!r}")
 
 
 def test_the_module_comes_out_of_an_export_as_it_went_in(tmp_path):

@@ -142,6 +142,9 @@ def export(module, example_input, path, *, dataset, optimizer=None, schedule=Non
     # The optimizer first: a refusal costs no capture.
     opt, without = optimizer_fields(optimizer, schedule, module)
     inputs = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    # Training feeds whole rows: a slice of a batch (strided) is traced as
+    # the rows it holds.
+    inputs = tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in inputs)
     if not inputs or not isinstance(inputs[0], torch.Tensor):
         raise ValueError("example_input: a tensor of token ids or features, or a tuple (ids, targets)")
     first = inputs[0]
