@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Imported models against PyTorch, on the device tiermem-exec trains on
 (issue 48): nanoGPT's model.py as published (bias on and off; and with its
-own AdamW and train.py's learning-rate schedule), a GPT-2 and
+own AdamW, train.py's learning-rate schedule and clipping), a GPT-2 and
 a Llama in Hugging Face's form (tests/python/models/) are exported with this
 machine's PyTorch (1.13's make_fx, or 2.x's: nanoGPT then takes its
 scaled_dot_product_attention path), trained by tiermem-exec for STEPS Adam
@@ -52,7 +52,7 @@ def models():
         return GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=4, n_embd=32, dropout=0.0, bias=bias))
     yield "nanogpt", lambda: nano(True), 1, None
     yield "nanogpt_nobias", lambda: nano(False), 1, None
-    # nanoGPT's own optimizer (AdamW, decay and no-decay groups) and train.py's schedule.
+    # nanoGPT's own optimizer (AdamW, decay and no-decay groups), train.py's schedule and grad_clip 1.0.
     yield "nanogpt_adamw", lambda: nano(True), 1, lambda m: m.configure_optimizers(1.0, 3e-3, (0.9, 0.95), "cpu")
     yield "gpt2", lambda: GPT2LMHeadModel(vocab_size=256, n_positions=32, n_embd=32, n_layer=2, n_head=4), 0, None
     yield "llama", lambda: LlamaForCausalLM(num_hidden_layers=2), 0, None
@@ -74,6 +74,7 @@ def torch_losses(module, dump, steps, which, device, make_opt, autocast=False, n
         if make_opt:
             for group in optimizer.param_groups:
                 group["lr"] = parity.nanogpt_get_lr(step)
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         optimizer.step()
         out.append(loss.item())
         if noise:
@@ -115,7 +116,7 @@ def main():
         optimizer = make_opt(module) if make_opt else {"type": "ADAM", "learning_rate": 3e-3}
         schedule = {"warmup_steps": 5, "decay_steps": 40, "min_learning_rate": 3e-4} if make_opt else None
         path = tiermem.fx.export(module, (ids, ids), str(tmp / f"{name}.pbtxt"), dataset="text:fortunes",
-                                 optimizer=optimizer, schedule=schedule)
+                                 optimizer=optimizer, schedule=schedule, grad_clip=1.0 if make_opt else None)
         ours, dump = parity.train_with_tiermem(path, daemon, tmp, args.steps, f"{name}{os.getpid()}",
                                                ["--device", args.device])
         theirs = torch_losses(copy.deepcopy(reference), dump, args.steps, which, args.device, make_opt)

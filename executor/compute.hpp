@@ -151,6 +151,12 @@ class Compute {
   virtual void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m,
                     const float* v_in, float* v, int64_t count, const OptimizerHyper& h) = 0;
   virtual void set_step(int64_t step) = 0;
+  // Clipping by the global norm: the norm of grads[0, count) (every
+  // parameter gradient of the step: the grads arena) sets the scale, read
+  // when the kernels run, that sgd and adam apply to the gradients they read
+  // while the optimizer has a max_grad_norm (clip_scale in
+  // optimizer_math.hpp). Queued on a GPU, and captured with the step.
+  virtual void clip_gradients(const float* grads, int64_t count, float max_norm) = 0;
   // The GEMMs from here on; `max_operand` is the most elements a GEMM
   // operand has (its bf16 copy's room, taken now: none may be allocated
   // while a step is captured). Errors: not_supported (bf16 on the CPU),

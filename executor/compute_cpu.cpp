@@ -104,13 +104,16 @@ class CpuCompute final : public Compute {
   }
   void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
            int64_t count, const OptimizerHyper& h) override {
-    k::sgd(param_in, param, grad, velocity_in, velocity, count, h, m_step);
+    k::sgd(param_in, param, grad, velocity_in, velocity, count, h, m_step, h.max_grad_norm > 0 ? m_grad_scale : 1.0f);
   }
   void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
             float* v, int64_t count, const OptimizerHyper& h) override {
-    k::adam(param_in, param, grad, m_in, m, v_in, v, count, h, m_step);
+    k::adam(param_in, param, grad, m_in, m, v_in, v, count, h, m_step, h.max_grad_norm > 0 ? m_grad_scale : 1.0f);
   }
   void set_step(int64_t step) override { m_step = step; }
+  void clip_gradients(const float* grads, int64_t count, float max_norm) override {
+    m_grad_scale = clip_scale(max_norm, k::sum_squares(grads, count));
+  }
 
   void reset_stats() override { m_loss_sum = 0, m_correct = 0; }
   void take_stats(double* loss_sum, int64_t* correct) override {
@@ -139,6 +142,7 @@ class CpuCompute final : public Compute {
   }
 
   int64_t m_step = 1;
+  float m_grad_scale = 1.0f;
   double m_loss_sum = 0;
   int64_t m_correct = 0;
   std::vector<std::vector<std::byte>> m_buffers;

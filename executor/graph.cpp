@@ -70,6 +70,7 @@ class Builder {
     }
     if (o.min_learning_rate() > 0 && o.decay_steps() == 0) return fail("optimizer: min_learning_rate needs decay_steps");
     if (!(o.weight_decay() >= 0)) return fail("optimizer: weight_decay must be >= 0");
+    if (!(o.max_grad_norm() >= 0)) return fail("optimizer: max_grad_norm must be >= 0 (0: no clipping)");
     return Status();
   }
 
@@ -340,6 +341,7 @@ OptimizerHyper optimizer_hyper(const Graph& g, int param) {
   h.warmup = o.warmup_steps();
   h.decay = o.decay_steps();
   h.min_lr = o.min_learning_rate();
+  h.max_grad_norm = o.max_grad_norm();
   return h;
 }
 

@@ -347,24 +347,40 @@ void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogit
 }
 
 void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-         int64_t count, const OptimizerHyper& h, int64_t step) {
+         int64_t count, const OptimizerHyper& h, int64_t step, float grad_scale) {
   const float lr = learning_rate_at(h, step);
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    sgd_element(param_in[i], grad[i], velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
+    sgd_element(param_in[i], grad[i] * grad_scale, velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
   }
 }
 
 void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
-          float* v, int64_t count, const OptimizerHyper& h, int64_t step) {
+          float* v, int64_t count, const OptimizerHyper& h, int64_t step, float grad_scale) {
   const float lr = learning_rate_at(h, step);
   const float step_size = lr / (1.0f - std::pow(h.beta1, static_cast<float>(step)));
   const float c2_sqrt = std::sqrt(1.0f - std::pow(h.beta2, static_cast<float>(step)));
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    adam_element(param_in[i], grad[i], m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
+    adam_element(param_in[i], grad[i] * grad_scale, m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
                  h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
   }
+}
+
+double sum_squares(const float* x, int64_t count) {
+  // Chunks summed in parallel, then the chunks in order.
+  constexpr int64_t k_chunk = int64_t{1} << 16;
+  const int64_t chunks = (count + k_chunk - 1) / k_chunk;
+  std::vector<double> partial(static_cast<size_t>(chunks));
+#pragma omp parallel for if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    double s = 0;
+    for (int64_t i = c * k_chunk; i < std::min(count, (c + 1) * k_chunk); ++i) s += static_cast<double>(x[i]) * x[i];
+    partial[static_cast<size_t>(c)] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
 }
 
 }  // namespace tiermem::exec::kernels

@@ -92,9 +92,13 @@ void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, in
 // Each reads the parameter and its state from the `*_in` arrays and writes
 // the updated ones to `param`/`velocity`/`m`/`v`: the same arrays update in
 // place, others leave the inputs as they were (the trainer's committed copy).
+// Every gradient is read times `grad_scale` (clipping: clip_scale).
 void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
-         int64_t count, const OptimizerHyper& h, int64_t step);
+         int64_t count, const OptimizerHyper& h, int64_t step, float grad_scale);
 void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
-          float* v, int64_t count, const OptimizerHyper& h, int64_t step);
+          float* v, int64_t count, const OptimizerHyper& h, int64_t step, float grad_scale);
+// The sum of the squares of x[0, count), in double, in a fixed order (the
+// same bits whatever the threads).
+double sum_squares(const float* x, int64_t count);
 
 }  // namespace tiermem::exec::kernels

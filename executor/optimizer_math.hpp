@@ -30,7 +30,17 @@ struct OptimizerHyper {
   // cosine to min_lr at step `decay`, min_lr after; both 0: constant.
   int64_t warmup = 0, decay = 0;
   float min_lr = 0;
+  // Clipping by the global gradient norm (0: none): the optimizer reads
+  // every gradient scaled by clip_scale of the step's norm.
+  float max_grad_norm = 0;
 };
+
+// PyTorch's clip_grad_norm_: min(1, max_norm / (norm + 1e-6)) for the
+// norm whose square is `sum_squares`.
+TIERMEM_HOST_DEVICE inline float clip_scale(float max_norm, double sum_squares) {
+  const float c = max_norm / (static_cast<float>(sqrt(sum_squares)) + 1e-6f);
+  return c < 1.0f ? c : 1.0f;
+}
 
 // The learning rate of step `step` (from 1), as nanoGPT's get_lr(it) for
 // it = step - 1: lr (it + 1) / (warmup + 1) while it < warmup; then, with a
@@ -53,7 +63,7 @@ TIERMEM_HOST_DEVICE inline void sgd_element(float param, float grad, float veloc
   *param_out = param - lr * v;
 }
 
-// `lr`: this step's; `step_size`: lr / (1 - beta1^t); `c2_sqrt`: sqrt(1 -
+// `grad`: as clipped. `lr`: this step's; `step_size`: lr / (1 - beta1^t); `c2_sqrt`: sqrt(1 -
 // beta2^t), for step t. Adam's weight decay is L2 on the gradient; AdamW's
 // (`decoupled`) shrinks the parameter first, as PyTorch's AdamW does.
 TIERMEM_HOST_DEVICE inline void adam_element(float param, float grad, float m, float v, float lr, float step_size,

@@ -81,7 +81,10 @@ class CudaCompute final : public Compute {
     m_step_host = static_cast<int64_t*>(host_buffer(sizeof(int64_t)));
     m_step_device = static_cast<int64_t*>(device_buffer(sizeof(int64_t)));
     m_stats_host = static_cast<double*>(host_buffer(64));
-    if (m_stats == nullptr || m_step_host == nullptr || m_step_device == nullptr || m_stats_host == nullptr) {
+    m_clip_partials = static_cast<double*>(device_buffer(sizeof(double) * kc::clip_partials));
+    m_grad_scale = static_cast<float*>(device_buffer(sizeof(float)));
+    if (m_stats == nullptr || m_step_host == nullptr || m_step_device == nullptr || m_stats_host == nullptr ||
+        m_clip_partials == nullptr || m_grad_scale == nullptr) {
       return "out of memory on " + m_name;
     }
     set_step(1);
@@ -238,11 +241,14 @@ class CudaCompute final : public Compute {
   }
   void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
            int64_t count, const OptimizerHyper& h) override {
-    kc::sgd(m_stream, param_in, param, grad, velocity_in, velocity, count, h, m_step_device);
+    kc::sgd(m_stream, param_in, param, grad, velocity_in, velocity, count, h, m_step_device, m_grad_scale);
   }
   void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
             float* v, int64_t count, const OptimizerHyper& h) override {
-    kc::adam(m_stream, param_in, param, grad, m_in, m, v_in, v, count, h, m_step_device);
+    kc::adam(m_stream, param_in, param, grad, m_in, m, v_in, v, count, h, m_step_device, m_grad_scale);
+  }
+  void clip_gradients(const float* grads, int64_t count, float max_norm) override {
+    kc::clip_gradients(m_stream, grads, count, max_norm, m_clip_partials, m_grad_scale);
   }
   // The step into device memory, queued before what follows (a replay
   // included): every Adam thread reads it there, not over PCIe.
@@ -494,6 +500,8 @@ class CudaCompute final : public Compute {
   double* m_stats_host = nullptr;  // pinned: where take_stats reads them to
   int64_t* m_step_host = nullptr;  // pinned: Adam's step, set_step's copy source
   int64_t* m_step_device = nullptr;
+  double* m_clip_partials = nullptr;  // clip_gradients' first pass
+  float* m_grad_scale = nullptr;      // clip_gradients' result, read by sgd and adam
   Precision m_precision = Precision::fp32;
   uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
   uint16_t* m_bf16_b = nullptr;

@@ -344,22 +344,57 @@ __global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, 
   }
 }
 
+// Sums of squares for clipping: each of clip_partials blocks sums a
+// grid-stride share per thread in double, then its threads in a fixed tree;
+// then one block adds the partials the same way.
+__device__ double block_sum(double v) {
+  __shared__ double part[k_threads];
+  part[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = k_threads / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+    __syncthreads();
+  }
+  return part[0];
+}
+
+__global__ void sum_squares_k(const float* x, int64_t n, double* partial) {
+  double s = 0;
+  TIERMEM_FOR_EACH(i, n) {
+    const double v = x[i];
+    s += v * v;
+  }
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+__global__ void clip_scale_k(const double* partial, float max_norm, float* grad_scale) {
+  double s = 0;
+  for (int i = threadIdx.x; i < clip_partials; i += k_threads) s += partial[i];
+  const double total = block_sum(s);
+  if (threadIdx.x == 0) *grad_scale = clip_scale(max_norm, total);
+}
+
 __global__ void sgd_k(const float* param_in, float* param, const float* grad, const float* velocity_in,
-                      float* velocity, int64_t count, OptimizerHyper h, const int64_t* step) {
+                      float* velocity, int64_t count, OptimizerHyper h, const int64_t* step,
+                      const float* grad_scale) {
   const float lr = learning_rate_at(h, *step);
+  const float gs = h.max_grad_norm > 0 ? *grad_scale : 1.0f;
   TIERMEM_FOR_EACH(i, count) {
-    sgd_element(param_in[i], grad[i], velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
+    sgd_element(param_in[i], grad[i] * gs, velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
   }
 }
 
 __global__ void adam_k(const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-                       const float* v_in, float* v, int64_t count, OptimizerHyper h, const int64_t* step) {
+                       const float* v_in, float* v, int64_t count, OptimizerHyper h, const int64_t* step,
+                       const float* grad_scale) {
   const float t = static_cast<float>(*step);
+  const float gs = h.max_grad_norm > 0 ? *grad_scale : 1.0f;
   const float lr = learning_rate_at(h, *step);
   const float step_size = lr / (1.0f - powf(h.beta1, t));
   const float c2_sqrt = sqrtf(1.0f - powf(h.beta2, t));
   TIERMEM_FOR_EACH(i, count) {
-    adam_element(param_in[i], grad[i], m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
+    adam_element(param_in[i], grad[i] * gs, m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
                  h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
   }
 }
@@ -482,13 +517,22 @@ void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* label
 }
 
 void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
-         float* velocity, int64_t count, const OptimizerHyper& h, const int64_t* step) {
-  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, velocity_in, velocity, count, h, step);
+         float* velocity, int64_t count, const OptimizerHyper& h, const int64_t* step, const float* grad_scale) {
+  sgd_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, velocity_in, velocity, count, h, step,
+                                                grad_scale);
 }
 
 void adam(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-          const float* v_in, float* v, int64_t count, const OptimizerHyper& h, const int64_t* step) {
-  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, m_in, m, v_in, v, count, h, step);
+          const float* v_in, float* v, int64_t count, const OptimizerHyper& h, const int64_t* step,
+          const float* grad_scale) {
+  adam_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, m_in, m, v_in, v, count, h, step,
+                                                 grad_scale);
+}
+
+void clip_gradients(cudaStream_t s, const float* grads, int64_t count, float max_norm, double* partial,
+                    float* grad_scale) {
+  sum_squares_k<<<clip_partials, k_threads, 0, s>>>(grads, count, partial);
+  clip_scale_k<<<1, k_threads, 0, s>>>(partial, max_norm, grad_scale);
 }
 
 }  // namespace tiermem::exec::cuda

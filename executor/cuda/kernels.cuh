@@ -55,12 +55,20 @@ void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, fl
 void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
                        int64_t c, float scale, bool accumulate);
 // Out of place (the `*_in` arrays read, the others written) or in place, as
-// kernels::sgd/adam; `step`: device memory, read when the kernel runs (the
-// schedule's learning rate and Adam's bias correction).
+// kernels::sgd/adam; `step` and `grad_scale`: device memory, read when the
+// kernel runs (the schedule's learning rate and Adam's bias correction; the
+// gradients' scale where h.max_grad_norm > 0).
 void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
-         float* velocity, int64_t count, const OptimizerHyper& h, const int64_t* step);
+         float* velocity, int64_t count, const OptimizerHyper& h, const int64_t* step, const float* grad_scale);
 void adam(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* m_in, float* m,
-          const float* v_in, float* v, int64_t count, const OptimizerHyper& h, const int64_t* step);
+          const float* v_in, float* v, int64_t count, const OptimizerHyper& h, const int64_t* step,
+          const float* grad_scale);
+// *grad_scale = clip_scale(max_norm, the sum of the squares of grads[0,
+// count)), in two passes through `partial` (clip_partials doubles): a fixed
+// order, the same bits every run.
+constexpr int clip_partials = 512;
+void clip_gradients(cudaStream_t s, const float* grads, int64_t count, float max_norm, double* partial,
+                    float* grad_scale);
 
 // Sequences (kernels::embedding ... position_embedding_grad, same contracts;
 // the attention is cuda_compute.cpp's, batched GEMMs around the kernels below).

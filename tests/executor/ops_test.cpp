@@ -89,4 +89,30 @@ TEST(OpRegistryTest, ExactGeluAndItsDerivativeOnTheCpuAreTheFormula) {
 }
 
 }  // namespace
+TEST(OpRegistryTest, ClippingScalesEveryGradientByTheGlobalNormAsPyTorchDoes) {
+  // 200,000 gradients (past one chunk of the sum) of norm 5: with a largest
+  // norm of 1 every update reads them at 1 / (5 + 1e-6); with 10 as they
+  // are; an optimizer without max_grad_norm ignores the scale.
+  auto cpu = make_cpu_compute();
+  const int64_t n = 200000;
+  std::vector<float> grads(static_cast<size_t>(n), 0.0f);
+  grads[0] = 3.0f;
+  grads[static_cast<size_t>(n - 1)] = 4.0f;
+  auto sgd_step = [&](float max_norm, bool clip) {
+    OptimizerHyper h;
+    h.lr = 1.0f;
+    h.max_grad_norm = max_norm;
+    if (clip) cpu->clip_gradients(grads.data(), n, max_norm);
+    std::vector<float> p(2, 0.0f), vel(2, 0.0f), g = {grads[0], grads[static_cast<size_t>(n - 1)]};
+    cpu->sgd(p.data(), p.data(), g.data(), vel.data(), vel.data(), 2, h);
+    return p;
+  };
+  auto clipped = sgd_step(1.0f, true);
+  EXPECT_FLOAT_EQ(clipped[0], -3.0f / (5.0f + 1e-6f));
+  EXPECT_FLOAT_EQ(clipped[1], -4.0f / (5.0f + 1e-6f));
+  EXPECT_FLOAT_EQ(sgd_step(10.0f, true)[1], -4.0f) << "a norm under the largest is left as it is";
+  EXPECT_FLOAT_EQ(sgd_step(0.0f, false)[1], -4.0f) << "without max_grad_norm the scale is not read";
+  EXPECT_FLOAT_EQ(clip_scale(1.0f, 25.0), 1.0f / (5.0f + 1e-6f));
+}
+
 }  // namespace tiermem::exec

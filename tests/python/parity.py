@@ -49,10 +49,13 @@ def batch(dump, step, shape):
     return ids.view(shape), nxt.view(shape)
 
 
-def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0, seed=0, lr_at=None):
+def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0, seed=0, lr_at=None, clip=None,
+                       norms=None):
     """The module's losses over the same batches: `loss_of(module, ids,
     next)` gives the loss of one batch; `lr_at(it)`, the learning rate of
-    iteration `it` (from 0), set before each step. With `noise`, every parameter is
+    iteration `it` (from 0), set before each step; `clip`, the largest
+    global gradient norm (clip_grad_norm_, as nanoGPT's train.py), each
+    step's norm appended to `norms`. With `noise`, every parameter is
     moved by that much (relative, random) after each step: rounding of
     another implementation's order of sums, as PyTorch's own spread."""
     theirs = []
@@ -65,6 +68,10 @@ def train_with_pytorch(module, dump, steps, shape, loss_of, optimizer, noise=0.0
         if lr_at is not None:
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step)
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+            if norms is not None:
+                norms.append(float(norm))
         optimizer.step()
         theirs.append(loss.item())
         if noise:
@@ -100,12 +107,13 @@ def perturbed(module, seed, size=1e-7):
     return copy_
 
 
-def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1e-4, lr_at=None):
+def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1e-4, lr_at=None, clip=None):
     """Asserts tiermem-exec's losses `ours` are PyTorch's: the module trained
     on the same batches. Each step is within `tolerance` (relative) of
     PyTorch fp32, except at steps where training is too sensitive for any
     fp32 implementation to follow another that closely (`make_optimizer(m)`
-    builds the optimizer of a copy m of the module; `lr_at`, the schedule): where PyTorch itself,
+    builds the optimizer of a copy m of the module; `lr_at`, the schedule;
+    `clip`, the clipping): where PyTorch itself,
     its parameters moved by 1e-7 (one fp32 rounding) after every step (two
     draws), or run in fp64, lands more than a tenth of the tolerance away.
     There, ours is within ten times the farthest of those. Returns (worst
@@ -114,7 +122,7 @@ def check_parity(ours, module, dump, shape, loss_of, make_optimizer, tolerance=1
 
     def run(m, noise=0.0, seed=0):
         return train_with_pytorch(m, dump, steps, shape, loss_of, make_optimizer(m), noise, seed,
-                                  lr_at)
+                                  lr_at, clip)
 
     theirs = run(copy.deepcopy(module))
     spreads = [run(copy.deepcopy(module), 1e-7, seed) for seed in (1, 2)] + [run(copy.deepcopy(module).double())]

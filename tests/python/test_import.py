@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import tiermem.fx
-from parity import EXEC, check_parity, nanogpt_get_lr, train_with_pytorch, train_with_tiermem, worst_relative
+from parity import CORPUS, EXEC, check_parity, nanogpt_get_lr, train_with_pytorch, train_with_tiermem, worst_relative
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "models"))
@@ -156,12 +156,14 @@ def test_a_tied_head_untied_in_pytorch_trains_as_two_parameters(daemon, tmp_path
                  lambda m: torch.optim.Adam(m.parameters(), lr=3e-3))
 
 
-def test_nanogpts_own_adamw_and_schedule_train_as_its_train_py_trains(daemon, tmp_path):
+def test_nanogpts_own_adamw_schedule_and_clipping_train_as_its_train_py_trains(daemon, tmp_path):
     """The optimizer nanoGPT's configure_optimizers builds (AdamW: matmul
     weights and embeddings decay, biases and norms do not) goes into the
-    export as it is, with train.py's schedule (warm-up, cosine to min_lr):
-    50 steps match PyTorch stepping that optimizer at get_lr's rates. The
-    decay is strong enough that decaying every parameter would be seen."""
+    export as it is, with train.py's schedule (warm-up, cosine to min_lr)
+    and its grad_clip (1.0: clip_grad_norm_ before each step): 50 steps
+    match PyTorch stepping that optimizer at get_lr's rates, clipping. The
+    decay is strong enough that decaying every parameter would be seen, and
+    the clipping acts on most steps."""
     module = nanogpt(True, seed=5)
     reference = copy.deepcopy(module)
 
@@ -170,21 +172,43 @@ def test_nanogpts_own_adamw_and_schedule_train_as_its_train_py_trains(daemon, tm
 
     schedule = {"warmup_steps": 5, "decay_steps": 40, "min_learning_rate": 3e-4}
     path = tiermem.fx.export(module, example(), str(tmp_path / "adamw.pbtxt"), dataset="text:fortunes",
-                             optimizer=configure(module), schedule=schedule)
+                             optimizer=configure(module), schedule=schedule, grad_clip=1.0)
     text = model_text(path)
     assert re.search(r"optimizer \{ type: ADAMW learning_rate: 0.003 beta1: 0.9 beta2: 0.95 .*weight_decay: 1.0 "
-                     r"warmup_steps: 5 decay_steps: 40 min_learning_rate: 0.0003 \}", text), text
+                     r"warmup_steps: 5 decay_steps: 40 min_learning_rate: 0.0003 max_grad_norm: 1.0 \}", text), text
     without = set(re.findall(r'tensor \{ name: "([^"]+)"[^\n]*no_weight_decay: true', text))
     assert without == {n for n, p in module.named_parameters() if p.dim() < 2}
     ours, dump = train_with_tiermem(path, daemon, tmp_path, STEPS, "adamw")
     worst, noise = check_parity(ours, reference, dump, (B, T), lambda m, ids, nxt: m(ids, nxt)[1], configure,
-                                lr_at=nanogpt_get_lr)
-    print(f"nanoGPT with its AdamW and get_lr: largest relative difference to PyTorch over {STEPS} steps: "
+                                lr_at=nanogpt_get_lr, clip=1.0)
+    print(f"nanoGPT with its AdamW, get_lr and grad_clip: largest relative difference to PyTorch over {STEPS} steps: "
           f"{worst:.2e} (PyTorch's own spread: {noise:.2e}); loss {ours[0]:.4f} -> {ours[-1]:.4f}")
-    every = train_with_pytorch(copy.deepcopy(reference), dump, STEPS, (B, T), lambda m, ids, nxt: m(ids, nxt)[1],
-                               torch.optim.AdamW(reference.parameters(), 3e-3, (0.9, 0.95), weight_decay=1.0),
-                               lr_at=nanogpt_get_lr)
+    every = copy.deepcopy(reference)
+    every = train_with_pytorch(every, dump, STEPS, (B, T), lambda m, ids, nxt: m(ids, nxt)[1],
+                               torch.optim.AdamW(every.parameters(), 3e-3, (0.9, 0.95), weight_decay=1.0),
+                               lr_at=nanogpt_get_lr, clip=1.0)
     assert worst_relative(ours, every) > 1e-3, "the test cannot tell which parameters decay"
+    norms, clipped = [], copy.deepcopy(reference)
+    train_with_pytorch(clipped, dump, STEPS, (B, T), lambda m, ids, nxt: m(ids, nxt)[1], configure(clipped),
+                       lr_at=nanogpt_get_lr, clip=1.0, norms=norms)
+    assert sum(n > 1.0 for n in norms) > STEPS // 2, f"the clipping would not be seen: norms {norms}"
+
+
+def test_clipping_over_pipeline_stages_is_refused_at_start(daemon, tmp_path):
+    """The global norm is every gradient's: two stages would sum their
+    squares first (not built), so the job is refused before training."""
+    path = tiermem.fx.export(nanogpt(True, seed=7), example(), str(tmp_path / "clip.pbtxt"), dataset="text:fortunes",
+                             optimizer={"type": "ADAMW"}, grad_clip=1.0)
+    args = [EXEC, "train", path, "--socket", daemon.socket, "--job", "clip-stages", "--data", CORPUS, "--steps", "2",
+            "--stages", "2", "-q"]
+    ranks = [subprocess.Popen(args, env=dict(os.environ, TIERMEM_RANK=str(r), TIERMEM_WORLD_SIZE="2",
+                                             TIERMEM_LOCAL_WORLD_SIZE="2"),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
+    for rank in ranks:
+        out, _ = rank.communicate(timeout=120)
+        assert rank.returncode != 0, out.decode()
+        assert "clips gradients by their global norm (optimizer max_grad_norm 1)" in out.decode(), out.decode()
+        assert "not yet over 2 pipeline stages" in out.decode(), out.decode()
 
 
 def test_an_optimizer_the_ir_cannot_run_is_refused_naming_what(tmp_path):

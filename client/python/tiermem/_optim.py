@@ -43,7 +43,7 @@ def _from_dict(given):
     if kind not in _TYPES:
         raise ValueError(f"optimizer type {kind!r}: ADAM, ADAMW or SGD")
     opt = _defaults(kind)
-    known = set(opt) | {"weight_decay", "momentum"} | set(_SCHEDULE)
+    known = set(opt) | {"weight_decay", "momentum", "max_grad_norm"} | set(_SCHEDULE)
     unknown = set(given) - known
     if unknown:
         raise ValueError(f"optimizer fields {sorted(unknown)}: the IR's are {sorted(known)}")
@@ -116,9 +116,10 @@ def _from_torch(optimizer, names_of):
     return opt, without
 
 
-def optimizer_fields(optimizer, schedule, module):
+def optimizer_fields(optimizer, schedule, module, grad_clip=None):
     """(OptimizerDef's fields, ids of the module's parameters in the group
-    without weight decay) for `export`'s optimizer= and schedule=."""
+    without weight decay) for `export`'s optimizer=, schedule= and
+    grad_clip=."""
     if optimizer is None or isinstance(optimizer, dict):
         opt, without = _from_dict(optimizer or {"type": "ADAM"}), set()
     elif isinstance(optimizer, torch.optim.Optimizer):
@@ -135,6 +136,12 @@ def optimizer_fields(optimizer, schedule, module):
             raise ValueError("the schedule is given twice: in optimizer= and in schedule=")
         given = _schedule(schedule)
     opt.update(given)
+    if grad_clip is not None:
+        if "max_grad_norm" in opt:
+            raise ValueError("the clipping is given twice: max_grad_norm in optimizer= and grad_clip=")
+        opt["max_grad_norm"] = float(grad_clip)
+    if not opt.get("max_grad_norm", 0.0) >= 0:
+        raise ValueError(f"grad_clip {opt['max_grad_norm']}: the largest global gradient norm (> 0), or 0: none")
     warmup, decay = opt.get("warmup_steps", 0), opt.get("decay_steps", 0)
     if warmup < 0 or decay < 0 or (decay and decay <= warmup):
         raise ValueError(f"schedule: warmup_steps {warmup} and decay_steps {decay} (past the warm-up, or 0: none)")

@@ -122,7 +122,8 @@ def _write(ir, path, header, loss, optimizer, no_decay=()):
     os.replace(tmp, path)
 
 
-def export(module, example_input, path, *, dataset, optimizer=None, schedule=None, name=None, description=""):
+def export(module, example_input, path, *, dataset, optimizer=None, schedule=None, grad_clip=None, name=None,
+           description=""):
     """Captures `module` on `example_input` (token ids [B, T] or features
     [B, C], or a tuple of them and the targets) and writes PATH (the model)
     and PATH.params/ (its parameters).
@@ -136,11 +137,14 @@ def export(module, example_input, path, *, dataset, optimizer=None, schedule=Non
     given (Adam at 1e-3 if nothing is). `schedule`: {"warmup_steps",
     "decay_steps", "min_learning_rate"}, nanoGPT's get_lr (linear warm-up,
     cosine to the floor at decay_steps); none: a constant learning rate.
+    `grad_clip`: the largest global gradient norm, as the training loop's
+    torch.nn.utils.clip_grad_norm_(parameters, grad_clip) (nanoGPT's
+    grad_clip); none or 0: no clipping.
 
     Raises UnsupportedError for what the IR cannot express, and where the IR
     it made does not give the module's loss and gradients. Returns PATH."""
     # The optimizer first: a refusal costs no capture.
-    opt, without = optimizer_fields(optimizer, schedule, module)
+    opt, without = optimizer_fields(optimizer, schedule, module, grad_clip)
     inputs = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
     # Training feeds whole rows: a slice of a batch (strided) is traced as
     # the rows it holds.

@@ -209,6 +209,21 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
   }
   job.micro_batches = options.micro_batches;
   TIERMEM_RETURN_IF_ERROR(plan_graph(options, &job));
+  if (job.graph.optimizer.max_grad_norm() > 0 &&
+      (job.topo.stages > 1 || job.topo.tensor_parallel > 1 || job.plan.offload)) {
+    // The norm is every gradient's: stages and tensor-parallel ranks would
+    // sum their parts' squares first, and an offloaded stage streams its
+    // gradients through the update; neither is built.
+    char norm[32];
+    std::snprintf(norm, sizeof norm, "%g", static_cast<double>(job.graph.optimizer.max_grad_norm()));
+    return Status(ErrorCode::invalid_argument,
+                  "the model clips gradients by their global norm (optimizer max_grad_norm " + std::string(norm) +
+                      "): that runs on one rank's whole model (data-parallel replicas too), not yet " +
+                      (job.topo.stages > 1             ? "over " + std::to_string(job.topo.stages) + " pipeline stages"
+                       : job.topo.tensor_parallel > 1 ? "over " + std::to_string(job.topo.tensor_parallel) +
+                                                            " tensor-parallel ranks"
+                                                      : std::string("offloaded (beyond the memory budget)")));
+  }
   return job;
 }
 

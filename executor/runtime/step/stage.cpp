@@ -90,6 +90,11 @@ Status StageRunner::update(int64_t step) {
   }
   // Offloaded, on the compute: chunks through the window.
   if (m_stream.active() && !m_options.update_on_host) return m_stream.update(m_schedule.update_ops(), step % 2);
+  // Clipping: the norm of every gradient of the step (the stage's, which
+  // plan_model checked is the job's), before any update reads one.
+  if (const float max_norm = m_job.graph.optimizer.max_grad_norm(); max_norm > 0) {
+    compute.clip_gradients(m_arenas.grads().as<float>(), m_arenas.grads_bytes() / 4, max_norm);
+  }
   const TensorMemory committed = [&](int t) { return m_feeder.memory(t, -1, step, false); };
   for (int i : m_schedule.update_ops()) {
     run_op(compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)],
