@@ -5,8 +5,6 @@ rate schedule (nanoGPT's get_lr: linear warm-up, cosine decay to a floor).
 What the IR cannot express is refused, naming it: nothing is changed
 silently."""
 
-import math
-
 import torch
 
 from tiermem._capture import all_parameters
@@ -149,17 +147,3 @@ def optimizer_fields(optimizer, schedule, module, grad_clip=None):
         raise ValueError("schedule: min_learning_rate is where decay_steps ends; give decay_steps")
     return opt, without
 
-
-def learning_rate_at(opt, it):
-    """The learning rate of iteration `it` (from 0), as tiermem-exec and
-    nanoGPT's get_lr compute it: for a PyTorch run of the same schedule."""
-    lr = opt["learning_rate"]
-    warmup, decay, floor = opt.get("warmup_steps", 0), opt.get("decay_steps", 0), opt.get("min_learning_rate", 0.0)
-    if it < warmup:
-        return lr * (it + 1) / (warmup + 1)
-    if not decay:
-        return lr
-    if it > decay:
-        return floor
-    ratio = (it - warmup) / (decay - warmup)
-    return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - floor)

@@ -61,9 +61,9 @@ import torch
 from tiermem._capture import capture
 from tiermem._check import check
 from tiermem._lower import Lowering, UnsupportedError
-from tiermem._optim import learning_rate_at, optimizer_fields
+from tiermem._optim import optimizer_fields
 
-__all__ = ["CausalSelfAttention", "UnsupportedError", "export", "learning_rate_at"]
+__all__ = ["CausalSelfAttention", "UnsupportedError", "export"]
 
 
 class CausalSelfAttention(torch.nn.Module):
