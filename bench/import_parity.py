@@ -15,8 +15,10 @@ every step by 1e-7 (fp32: one rounding; two draws) or 4e-3 (bf16: one
 rounding), against PyTorch: how sensitive the run is, at the worst step and
 over the run.
 
+    import_nanogpt_dropout_mean_loss_vs_torch_ratio  dropout 0.2, 500 steps: the last 100's mean loss
+
 Goals: fp32 within 1e-4 (where the run is not more sensitive than that),
-bf16 within 2e-2. PyTorch runs on the same device, TF32 off.
+bf16 within 2e-2, dropout within 3 %. PyTorch runs on the same device, TF32 off.
 Usage: bench/import_parity.py --socket SOCK [--exec tiermem-exec] [--device cuda] [--steps 50]
 """
 
@@ -132,6 +134,37 @@ def main():
                                        autocast=True, noise=4e-3, seed=1)]
             report(name, "bf16_vs_torch_autocast", bf16, auto, auto_moved)
         sys.stdout.flush()
+    dropout(args, tmp, daemon)
+
+
+def dropout(args, tmp, daemon, steps=500, tail=100):
+    """nanoGPT with dropout 0.2 (this PyTorch's export: 2.x takes SDPA's
+    dropout_p): our masks against PyTorch's, the mean loss of the last
+    `tail` of `steps` steps on the same batches (goal: within 3 %), and the
+    same seed twice (the same bits)."""
+    torch.manual_seed(11)
+    module = GPT(GPTConfig(block_size=32, vocab_size=256, n_layer=2, n_head=4, n_embd=32, dropout=0.2, bias=True))
+    reference = copy.deepcopy(module)
+    ids = torch.randint(0, 256, (B, T))
+    path = tiermem.fx.export(module, (ids, ids), str(tmp / "dropout.pbtxt"), dataset="text:fortunes",
+                             optimizer={"type": "ADAM", "learning_rate": 1e-3})
+    run = ["--device", args.device, "--seed", "5"]
+    ours, dump = parity.train_with_tiermem(path, daemon, tmp, steps, f"drop{os.getpid()}", run)
+    again, _ = parity.train_with_tiermem(path, daemon, tmp, steps, f"dropagain{os.getpid()}", run)
+    module = reference.to(args.device)
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3)
+    theirs = []
+    for step in range(steps):
+        ids, nxt = (x.to(args.device) for x in parity.batch(dump, step, (B, T)))
+        optimizer.zero_grad()
+        loss = module(ids, nxt)[1]
+        loss.backward()
+        optimizer.step()
+        theirs.append(loss.item())
+    mine, pytorch = sum(ours[-tail:]) / tail, sum(theirs[-tail:]) / tail
+    print(f"import_nanogpt_dropout_mean_loss_vs_torch_ratio {mine / pytorch:.4f} (steps {steps - tail}-{steps}: "
+          f"ours {mine:.4f}, PyTorch {pytorch:.4f}; {open(path).read().count('probability: 0.2')} ops drop out; "
+          f"same seed again: {'the same bits' if again == ours else 'OTHER BITS'})")
 
 
 if __name__ == "__main__":

@@ -134,10 +134,27 @@ class Compute {
   virtual void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) = 0;
   virtual void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,
                                        bool accumulate) = 0;
+  // With `p` > 0 (and dropout on), the probabilities are dropped out (the
+  // draws of `salt`, index (s * heads + h) * t * t + i * t + j) before they
+  // weigh the values; `probs` keeps them as they were, and the gradient
+  // draws the same again.
   virtual void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
-                         int64_t kv_heads, int64_t t) = 0;
+                         int64_t kv_heads, int64_t t, float p, uint64_t salt) = 0;
   virtual void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                              int64_t heads, int64_t kv_heads, int64_t t, bool accumulate) = 0;
+                              int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t salt,
+                              bool accumulate) = 0;
+  // Dropout (dropout_math.hpp): y (+)= x * the factor of each element, drawn
+  // from the seed of set_dropout, `salt` (the op's), the step of set_step
+  // and the draw of set_draw; the forward op and its gradient call it alike.
+  // Off (set_dropout's `training` false: evaluation, sample, the default)
+  // every dropout is the identity.
+  virtual void dropout(const float* x, float* y, int64_t count, float p, uint64_t salt, bool accumulate) = 0;
+  void set_dropout(uint64_t seed, bool training) {
+    m_dropout_seed = seed;
+    m_dropout_on = training;
+  }
+  // Which micro-batch of which replica the ops from here on run on.
+  void set_draw(uint64_t draw) { m_draw = draw; }
   virtual void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t,
                       float theta, bool inverse, bool accumulate) = 0;
   // The optimizers read parameter and state from the `*_in` arrays and write
@@ -248,6 +265,13 @@ class Compute {
   virtual bool captured(int slot) const = 0;
   // Runs what slot recorded (queued, like any call).
   virtual Status replay(int slot) = 0;
+
+ protected:
+  // The probability a dropout runs at now: 0 when dropout is off.
+  float dropout_p(float p) const { return m_dropout_on ? p : 0.0f; }
+  uint64_t m_dropout_seed = 0;
+  uint64_t m_draw = 0;
+  bool m_dropout_on = false;
 };
 
 // The CPU (kernels.hpp; statistics on the host).

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "executor/compute.hpp"
+#include "executor/dropout_math.hpp"
 #include "executor/kernels.hpp"
 
 namespace tiermem::exec {
@@ -51,12 +52,15 @@ class CpuCompute final : public Compute {
     k::position_embedding_grad(dy, dtable, m, d, t, acc);
   }
   void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
-                 int64_t t) override {
-    k::attention(qkv, y, probs, m, d, heads, kv_heads, t);
+                 int64_t t, float p, uint64_t salt) override {
+    k::attention(qkv, y, probs, m, d, heads, kv_heads, t, dropout_p(p), key(salt));
   }
   void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                      int64_t heads, int64_t kv_heads, int64_t t, bool acc) override {
-    k::attention_grad(qkv, probs, dy, dqkv, m, d, heads, kv_heads, t, acc);
+                      int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t salt, bool acc) override {
+    k::attention_grad(qkv, probs, dy, dqkv, m, d, heads, kv_heads, t, dropout_p(p), key(salt), acc);
+  }
+  void dropout(const float* x, float* y, int64_t count, float p, uint64_t salt, bool acc) override {
+    k::dropout(x, y, count, dropout_p(p), key(salt), acc);
   }
   void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
               bool inverse, bool acc) override {
@@ -140,6 +144,8 @@ class CpuCompute final : public Compute {
     m_buffers.emplace_back(bytes);
     return m_buffers.back().data();
   }
+
+  uint64_t key(uint64_t salt) const { return dropout_key(m_dropout_seed, salt, m_step, m_draw); }
 
   int64_t m_step = 1;
   float m_grad_scale = 1.0f;

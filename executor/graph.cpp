@@ -12,6 +12,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "executor/dropout_math.hpp"
 #include "executor/ops/op_registry.hpp"
 
 namespace tiermem::exec {
@@ -194,6 +195,10 @@ class Builder {
     if (op.theta() != 0 && !spec.takes_theta) return q.mismatch("only ROTARY takes theta");
     if (op.epsilon() != 0 && !spec.takes_epsilon) return q.mismatch("only RMS_NORM takes epsilon");
     if (!(op.epsilon() >= 0) || op.epsilon() > 1) return q.mismatch("epsilon must be in [0, 1]");
+    if (op.probability() != 0 && !spec.takes_probability) {
+      return q.mismatch("only DROPOUT and CAUSAL_ATTENTION take a probability");
+    }
+    if (!(op.probability() >= 0) || !(op.probability() < 1)) return q.mismatch("probability must be in [0, 1)");
     return spec.shape(q);
   }
 
@@ -242,6 +247,8 @@ class Builder {
     op.kv_heads = def.kv_heads();
     op.theta = def.theta();
     op.epsilon = def.epsilon();
+    op.probability = def.probability();
+    op.salt = dropout_salt(op.name.data(), op.name.size());
     for (const std::string& in : def.input()) {
       const int t = m_graph.find(in);
       if (t < 0 || (m_graph.tensors[t].role == Role::activation && m_graph.tensors[t].producer < 0)) {

@@ -73,6 +73,8 @@ struct Op {
   int64_t kv_heads = 0;          // attention, rotary: key/value heads (grouped-query; 0: heads)
   float theta = 0;               // rotary: the angles' base
   float epsilon = 0;             // rms norm
+  float probability = 0;         // dropout, attention (its probabilities; and their gradients)
+  uint64_t salt = 0;             // dropout, attention: dropout_salt of the forward op's name
   double flops = 0;
 };
 

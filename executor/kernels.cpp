@@ -351,7 +351,8 @@ void sgd(const float* param_in, float* param, const float* grad, const float* ve
   const float lr = learning_rate_at(h, step);
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    sgd_element(param_in[i], grad[i] * grad_scale, velocity_in[i], lr, h.momentum, h.weight_decay, &param[i], &velocity[i]);
+    sgd_element(param_in[i], grad[i] * grad_scale, velocity_in[i], lr, h.momentum, h.weight_decay, &param[i],
+                &velocity[i]);
   }
 }
 
@@ -362,8 +363,8 @@ void adam(const float* param_in, float* param, const float* grad, const float* m
   const float c2_sqrt = std::sqrt(1.0f - std::pow(h.beta2, static_cast<float>(step)));
 #pragma omp parallel for if (count > k_parallel)
   for (int64_t i = 0; i < count; ++i) {
-    adam_element(param_in[i], grad[i] * grad_scale, m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2, h.epsilon,
-                 h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
+    adam_element(param_in[i], grad[i] * grad_scale, m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2,
+                 h.epsilon, h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
   }
 }
 

@@ -73,11 +73,16 @@ void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t 
 // (s * heads + h) * t + i: the softmax of query i of sequence s, head h,
 // over keys 0..i; zero past i). Query head h reads key/value head
 // h / (heads / kv_heads).
+// With p > 0 the probabilities weigh the values dropped out (the factors of
+// `key`, dropout_math.hpp; index (s * heads + h) * t * t + i * t + j);
+// `probs` keeps them as they were.
 void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
-               int64_t t);
+               int64_t t, float p, uint64_t key);
 // dqkv (+)= the gradient of the above; `probs` is overwritten (its last use).
 void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                    int64_t heads, int64_t kv_heads, int64_t t, bool accumulate);
+                    int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t key, bool accumulate);
+// y (+)= x * dropout_factor(key, i, p) (p = 0: y (+)= x).
+void dropout(const float* x, float* y, int64_t count, float p, uint64_t key, bool accumulate);
 // The angle of pair c (of a head of width dh) at position p: p * theta^(-2c/dh),
 // computed as PyTorch's rotary embeddings compute it (float32).
 float rotary_angle(int64_t p, int64_t c, int64_t dh, float theta);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "executor/dropout_math.hpp"
 #include "executor/kernels.hpp"
 
 namespace tiermem::exec::kernels {
@@ -47,10 +48,32 @@ void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t 
   }
 }
 
+namespace {
+
+// The probabilities of one sequence and head dropped out into `out` (t x t).
+void dropped(const float* p, float* out, int64_t t, float prob, uint64_t key, uint64_t first) {
+  for (int64_t i = 0; i < t * t; ++i) out[i] = p[i] * dropout_factor(key, first + static_cast<uint64_t>(i), prob);
+}
+
+}  // namespace
+
+void dropout(const float* x, float* y, int64_t count, float p, uint64_t key, bool accumulate) {
+  if (p == 0) {
+    for (int64_t i = 0; i < count; ++i) y[i] = accumulate ? y[i] + x[i] : x[i];
+    return;
+  }
+#pragma omp parallel for if (count > (int64_t{1} << 16))
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i] * dropout_factor(key, static_cast<uint64_t>(i), p);
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
 void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
-               int64_t t) {
+               int64_t t, float prob, uint64_t key) {
   const int64_t dh = d / heads, group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  std::vector<float> kept(prob > 0 ? static_cast<size_t>(t * t) : 0);
   for (int64_t s = 0; s < m / t; ++s) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* q = qkv + s * t * ld + h * dh;
@@ -74,17 +97,23 @@ void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, i
         for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
         std::fill(row + i + 1, row + t, 0.0f);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(t), i32(dh), i32(t), 1.0f, p, i32(t), v, i32(ld),
-                  0.0f, y + s * t * d + h * dh, i32(d));
+      const float* weights = p;
+      if (prob > 0) {
+        dropped(p, kept.data(), t, prob, key, static_cast<uint64_t>((s * heads + h) * t * t));
+        weights = kept.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i32(t), i32(dh), i32(t), 1.0f, weights, i32(t), v,
+                  i32(ld), 0.0f, y + s * t * d + h * dh, i32(d));
     }
   }
 }
 
 void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                    int64_t heads, int64_t kv_heads, int64_t t, bool accumulate) {
+                    int64_t heads, int64_t kv_heads, int64_t t, float prob, uint64_t key, bool accumulate) {
   const int64_t dh = d / heads, group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   std::vector<float> dp(static_cast<size_t>(t * t));
+  std::vector<float> kept(prob > 0 ? static_cast<size_t>(t * t) : 0);
   for (int64_t s = 0; s < m / t; ++s) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* q = qkv + s * t * ld + h * dh;
@@ -98,11 +127,19 @@ void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv
       const float beta = accumulate ? 1.0f : 0.0f;
       const float beta_kv = accumulate || h % group != 0 ? 1.0f : 0.0f;
       float* p = probs + (s * heads + h) * t * t;
-      // dV = P^T dY; dP = dY V^T
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(t), i32(dh), i32(t), 1.0f, p, i32(t), g, i32(d), beta_kv,
-                  dv, i32(ld));
+      // dV = P'^T dY, P' the probabilities as dropped out; dP = dY V^T,
+      // times the same factors.
+      const uint64_t first = static_cast<uint64_t>((s * heads + h) * t * t);
+      const float* weights = p;
+      if (prob > 0) {
+        dropped(p, kept.data(), t, prob, key, first);
+        weights = kept.data();
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i32(t), i32(dh), i32(t), 1.0f, weights, i32(t), g, i32(d),
+                  beta_kv, dv, i32(ld));
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i32(t), i32(t), i32(dh), 1.0f, g, i32(d), v, i32(ld), 0.0f,
                   dp.data(), i32(t));
+      if (prob > 0) dropped(dp.data(), dp.data(), t, prob, key, first);
       // dS = P * (dP - rowsum(P * dP)), into P's place (zero past i, as P).
       for (int64_t i = 0; i < t; ++i) {
         float* row = p + i * t;

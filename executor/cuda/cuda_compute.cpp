@@ -146,23 +146,30 @@ class CudaCompute final : public Compute {
   // Attention as GEMMs batched over (sequence, head) on q, k and v packed
   // per head ([b, t, dh]): S = scale Q K^T into probs (the masked half
   // too), the causal softmax in place, O = P V, O to y.
+  // With dropout, P' (P dropped out) in the dP scratch weighs V; P stays.
   void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
-                 int64_t t) override {
+                 int64_t t, float p, uint64_t salt) override {
+    p = dropout_p(p);
+    const int64_t batch = m / t * heads, dh = d / heads;
     float* q = attention_scratch(m * d, 5);
-    if (q == nullptr) return;
+    float* kept = q == nullptr || p == 0 ? probs : attention_probs_scratch(batch * t * t);
+    if (q == nullptr || kept == nullptr) return;
     float *k = q + m * d, *v = k + m * d, *o = v + m * d;
     pack_qkv(qkv, q, k, v, m, d, heads, kv_heads, t);
-    const int64_t batch = m / t * heads, dh = d / heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
     batched(false, true, t, t, dh, scale, q, dh, t * dh, k, dh, t * dh, probs, t, t * t, batch, false);
     kc::causal_softmax(m_stream, probs, batch * t, t);
-    batched(false, false, t, dh, t, 1.0f, probs, t, t * t, v, dh, t * dh, o, dh, t * dh, batch, false);
+    if (p > 0) drop(probs, kept, batch * t * t, p, salt);
+    batched(false, false, t, dh, t, 1.0f, kept, t, t * t, v, dh, t * dh, o, dh, t * dh, batch, false);
     kc::heads_scatter(m_stream, o, y, d, 0, m, d, heads, t, false);
   }
   // dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(P dP)) into probs' place,
   // dQ = scale dS K, dK = scale dS^T Q; each to its columns of dqkv.
+  // With dropout: dV = P'^T dO (P' drawn again into the dP scratch), and dP
+  // times the same factors before the softmax's gradient.
   void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
-                      int64_t heads, int64_t kv_heads, int64_t t, bool acc) override {
+                      int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t salt, bool acc) override {
+    p = dropout_p(p);
     const int64_t batch = m / t * heads, dh = d / heads, n = m * d;
     const int64_t group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
     float* q = attention_scratch(n, 5);
@@ -172,14 +179,20 @@ class CudaCompute final : public Compute {
     pack_qkv(qkv, q, k, v, m, d, heads, kv_heads, t);
     kc::heads_gather(m_stream, dy, d, 0, dout, m, d, heads, t);
     const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-    batched(true, false, t, dh, t, 1.0f, probs, t, t * t, dout, dh, t * dh, grad, dh, t * dh, batch, false);
+    if (p > 0) drop(probs, dp, batch * t * t, p, salt);
+    const float* weights = p > 0 ? dp : probs;
+    batched(true, false, t, dh, t, 1.0f, weights, t, t * t, dout, dh, t * dh, grad, dh, t * dh, batch, false);
     kc::heads_scatter(m_stream, grad, dqkv, ld, d + dkv, m, d, heads, t, acc, group);
     batched(false, true, t, t, dh, 1.0f, dout, dh, t * dh, v, dh, t * dh, dp, t, t * t, batch, false);
+    if (p > 0) drop(dp, dp, batch * t * t, p, salt);
     kc::causal_softmax_grad(m_stream, probs, dp, batch * t, t);
     batched(false, false, t, dh, t, scale, probs, t, t * t, k, dh, t * dh, grad, dh, t * dh, batch, false);
     kc::heads_scatter(m_stream, grad, dqkv, ld, 0, m, d, heads, t, acc);
     batched(true, false, t, dh, t, scale, probs, t, t * t, q, dh, t * dh, grad, dh, t * dh, batch, false);
     kc::heads_scatter(m_stream, grad, dqkv, ld, d, m, d, heads, t, acc, group);
+  }
+  void dropout(const float* x, float* y, int64_t count, float p, uint64_t salt, bool acc) override {
+    drop(x, y, count, dropout_p(p), salt, acc);
   }
   void rotary(const float* x, float* y, int64_t m, int64_t cols, int64_t heads, int64_t dh, int64_t t, float theta,
               bool inverse, bool acc) override {
@@ -456,6 +469,11 @@ class CudaCompute final : public Compute {
   }
   // Scratch for `count` packed tensors of `elements` floats (one room, grown
   // as needed; an old one stays for the steps captured with it).
+  // The step's draws read the step where the kernel runs (a replay too);
+  // the draw (micro-batch) is the launch's.
+  void drop(const float* x, float* y, int64_t count, float p, uint64_t salt, bool acc = false) {
+    kc::dropout(m_stream, x, y, count, p, m_dropout_seed, salt, m_step_device, m_draw, acc);
+  }
   float* attention_scratch(int64_t elements, int count) {
     return grown(&m_attention, &m_attention_room, elements * count, "attention");
   }

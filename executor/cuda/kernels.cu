@@ -375,6 +375,15 @@ __global__ void clip_scale_k(const double* partial, float max_norm, float* grad_
   if (threadIdx.x == 0) *grad_scale = clip_scale(max_norm, total);
 }
 
+__global__ void dropout_k(const float* x, float* y, int64_t count, float p, uint64_t seed, uint64_t salt,
+                          const int64_t* step, uint64_t draw, bool accumulate) {
+  const uint64_t key = dropout_key(seed, salt, *step, draw);
+  TIERMEM_FOR_EACH(i, count) {
+    const float v = p > 0 ? x[i] * dropout_factor(key, static_cast<uint64_t>(i), p) : x[i];
+    y[i] = accumulate ? y[i] + v : v;
+  }
+}
+
 __global__ void sgd_k(const float* param_in, float* param, const float* grad, const float* velocity_in,
                       float* velocity, int64_t count, OptimizerHyper h, const int64_t* step,
                       const float* grad_scale) {
@@ -527,6 +536,11 @@ void adam(cudaStream_t s, const float* param_in, float* param, const float* grad
           const float* grad_scale) {
   adam_k<<<blocks_for(count), k_threads, 0, s>>>(param_in, param, grad, m_in, m, v_in, v, count, h, step,
                                                  grad_scale);
+}
+
+void dropout(cudaStream_t s, const float* x, float* y, int64_t count, float p, uint64_t seed, uint64_t salt,
+             const int64_t* step, uint64_t draw, bool accumulate) {
+  dropout_k<<<blocks_for(count), k_threads, 0, s>>>(x, y, count, p, seed, salt, step, draw, accumulate);
 }
 
 void clip_gradients(cudaStream_t s, const float* grads, int64_t count, float max_norm, double* partial,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "executor/cuda/gpu_platform.cuh"
+#include "executor/dropout_math.hpp"
 #include "executor/optimizer_math.hpp"
 
 #include <cstdint>
@@ -67,6 +68,10 @@ void adam(cudaStream_t s, const float* param_in, float* param, const float* grad
 // count)), in two passes through `partial` (clip_partials doubles): a fixed
 // order, the same bits every run.
 constexpr int clip_partials = 512;
+// y (+)= x * dropout_factor(dropout_key(seed, salt, *step, draw), i, p)
+// (x may be y); p = 0: y (+)= x.
+void dropout(cudaStream_t s, const float* x, float* y, int64_t count, float p, uint64_t seed, uint64_t salt,
+             const int64_t* step, uint64_t draw, bool accumulate);
 void clip_gradients(cudaStream_t s, const float* grads, int64_t count, float max_norm, double* partial,
                     float* grad_scale);
 

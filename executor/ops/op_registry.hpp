@@ -106,6 +106,8 @@ struct OpSpec {
   // Takes `epsilon` (RMS_NORM), `theta` (ROTARY).
   bool takes_epsilon = false;
   bool takes_theta = false;
+  // Takes `probability` (DROPOUT; CAUSAL_ATTENTION's dropout).
+  bool takes_probability = false;
   // Model ops: the shape of the result, or mismatch().
   Result<std::vector<int64_t>> (*shape)(const ShapeQuery&) = nullptr;
   // Model ops: what it saves for its backward pass (none: nullptr).

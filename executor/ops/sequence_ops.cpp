@@ -122,6 +122,7 @@ OpSpec causal_attention() {
   s.name = "attention";
   s.model_inputs = 1;
   s.sequence_fields = true;
+  s.takes_probability = true;  // dropout of the probabilities (saved before it: the backward draws it again)
   s.shape = [](const ShapeQuery& q) -> Result<std::vector<int64_t>> {
     TIERMEM_ASSIGN_OR_RETURN(const int64_t dh, head_width(q));
     return std::vector<int64_t>{q.shape(0)[0], dh * q.def.heads()};
@@ -138,10 +139,12 @@ OpSpec causal_attention() {
     grad.heads = op.heads;
     grad.kv_heads = op.kv_heads;
     grad.context = op.context;
+    grad.probability = op.probability;
+    grad.salt = op.salt;
   };
   s.run = [](const OpCall& c) {
     c.k.attention(c.f(c.op.in[0]), c.f(c.op.out[0]), c.f(c.op.out[1]), c.shape(c.op.in[0])[0], c.shape(c.op.out[0])[1],
-                  c.op.heads, kv_heads_of(c.op), c.op.context);
+                  c.op.heads, kv_heads_of(c.op), c.op.context, c.op.probability, c.op.salt);
   };
   return s;
 }
@@ -153,7 +156,8 @@ OpSpec causal_attention_grad() {
   s.phase = Phase::backward;
   s.run = [](const OpCall& c) {
     c.k.attention_grad(c.f(c.op.in[0]), c.f(c.op.in[1]), c.f(c.op.in[2]), c.f(c.op.out[0]), c.shape(c.op.in[0])[0],
-                       c.shape(c.op.in[2])[1], c.op.heads, kv_heads_of(c.op), c.op.context, c.acc(0));
+                       c.shape(c.op.in[2])[1], c.op.heads, kv_heads_of(c.op), c.op.context, c.op.probability,
+                       c.op.salt, c.acc(0));
   };
   return s;
 }

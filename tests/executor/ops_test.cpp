@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "executor/compute.hpp"
+#include "executor/dropout_math.hpp"
 #include "executor/elementwise_math.hpp"
 #include "executor/graph.hpp"
 #include "executor/ops/op_registry.hpp"
@@ -113,6 +114,106 @@ TEST(OpRegistryTest, ClippingScalesEveryGradientByTheGlobalNormAsPyTorchDoes) {
   EXPECT_FLOAT_EQ(sgd_step(10.0f, true)[1], -4.0f) << "a norm under the largest is left as it is";
   EXPECT_FLOAT_EQ(sgd_step(0.0f, false)[1], -4.0f) << "without max_grad_norm the scale is not read";
   EXPECT_FLOAT_EQ(clip_scale(1.0f, 25.0), 1.0f / (5.0f + 1e-6f));
+}
+
+TEST(OpRegistryTest, DropoutDrawsFromCountersAndItsGradientDrawsTheSameAgain) {
+  auto cpu = make_cpu_compute();
+  const int64_t n = 100000;
+  std::vector<float> x(static_cast<size_t>(n), 1.0f), y(x.size()), again(x.size()), dx(x.size(), 0.5f);
+  cpu->set_step(3);
+  cpu->set_draw(2);
+  cpu->dropout(x.data(), y.data(), n, 0.2f, 77, false);
+  EXPECT_EQ(y, x) << "off (the default: evaluation, sample) dropout is the identity";
+  cpu->set_dropout(11, true);
+  cpu->dropout(x.data(), y.data(), n, 0.2f, 77, false);
+  int64_t dropped = 0;
+  for (float v : y) {
+    if (v == 0) {
+      ++dropped;
+    } else {
+      ASSERT_EQ(v, 1.0f / 0.8f);
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(dropped) / n, 0.2, 0.005);
+  cpu->dropout(x.data(), dx.data(), n, 0.2f, 77, true);  // the gradient, added to 0.5
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(dx[i] - 0.5f, y[i]) << i;
+  // Another step, draw (micro-batch), op or seed: other masks.
+  auto differing = [&] {
+    cpu->dropout(x.data(), again.data(), n, 0.2f, 77, false);
+    int64_t d = 0;
+    for (size_t i = 0; i < y.size(); ++i) d += again[i] != y[i];
+    return static_cast<double>(d) / n;
+  };
+  EXPECT_EQ(differing(), 0.0);
+  cpu->set_step(4);
+  EXPECT_NEAR(differing(), 2 * 0.2 * 0.8, 0.01);
+  cpu->set_step(3);
+  cpu->set_draw(3);
+  EXPECT_NEAR(differing(), 2 * 0.2 * 0.8, 0.01);
+  cpu->set_draw(2);
+  cpu->set_dropout(12, true);
+  EXPECT_NEAR(differing(), 2 * 0.2 * 0.8, 0.01);
+}
+
+TEST(OpRegistryTest, AttentionDropsItsProbabilitiesAndItsGradientIsThatFunctions) {
+  // Two sequences of 4 tokens, 2 heads of width 2: y = (P * factors) V,
+  // P kept as it was; the gradient against central differences of the
+  // same draws.
+  auto cpu = make_cpu_compute();
+  const int64_t t = 4, m = 2 * t, heads = 2, dh = 2, d = heads * dh, ld = 3 * d;
+  const float p = 0.5f;
+  const uint64_t salt = 5;
+  cpu->set_dropout(3, true);
+  cpu->set_step(1);
+  cpu->set_draw(0);
+  std::vector<float> qkv(static_cast<size_t>(m * ld)), w(static_cast<size_t>(m * d));
+  for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = std::sin(0.7f * static_cast<float>(i));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(1.3f * static_cast<float>(i));
+  auto forward = [&](const std::vector<float>& in, std::vector<float>* probs, float prob) {
+    std::vector<float> y(static_cast<size_t>(m * d));
+    probs->assign(static_cast<size_t>(m * heads * t), 0.0f);
+    cpu->attention(in.data(), y.data(), probs->data(), m, d, heads, heads, t, prob, salt);
+    return y;
+  };
+  std::vector<float> probs, plain_probs;
+  const auto y = forward(qkv, &probs, p);
+  const auto plain = forward(qkv, &plain_probs, 0.0f);
+  EXPECT_EQ(probs, plain_probs) << "the saved probabilities are those before the dropout";
+  const uint64_t key = dropout_key(3, salt, 1, 0);
+  int dropped = 0;
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t c = 0; c < dh; ++c) {
+          double want = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            const int64_t index = ((s * heads + h) * t + i) * t + j;
+            const float f = dropout_factor(key, static_cast<uint64_t>(index), p);
+            dropped += f == 0;
+            const float v = qkv[static_cast<size_t>((s * t + j) * ld + 2 * d + h * dh + c)];
+            want += probs[static_cast<size_t>(index)] * f * v;
+          }
+          EXPECT_NEAR(y[static_cast<size_t>((s * t + i) * d + h * dh + c)], want, 1e-5);
+        }
+      }
+    }
+  }
+  EXPECT_GT(dropped, 0);
+  auto loss = [&](const std::vector<float>& in) {
+    std::vector<float> scratch;
+    const auto out = forward(in, &scratch, p);
+    double l = 0;
+    for (size_t i = 0; i < out.size(); ++i) l += out[i] * w[i];
+    return l;
+  };
+  std::vector<float> dqkv(qkv.size()), saved = probs;
+  cpu->attention_grad(qkv.data(), saved.data(), w.data(), dqkv.data(), m, d, heads, heads, t, p, salt, false);
+  for (size_t i = 0; i < qkv.size(); i += 5) {
+    auto up = qkv, down = qkv;
+    up[i] += 1e-2f;
+    down[i] -= 1e-2f;
+    EXPECT_NEAR(dqkv[i], (loss(up) - loss(down)) / 2e-2, 2e-3) << "qkv element " << i;
+  }
 }
 
 }  // namespace tiermem::exec

@@ -205,9 +205,10 @@ TEST_F(ExecGpuTest, AnOffloadedGptTrainsToTheBitsOfTheOneAllInVram) {
 
 // The ops of imported models (tests/data/llama_tiny.pbtxt: RMS_NORM,
 // ROTARY, grouped-query attention, SILU and MUL, LAYER_NORM without beta,
-// GELU_EXACT, a tied head's MATMUL_NT) on the GPU's kernels: the CPU's
-// losses within 1e-4 relative for 50 steps; a replayed step the bits of a
-// launched one; in bf16, within 2e-2 of fp32.
+// GELU_EXACT, a tied head's MATMUL_NT, DROPOUT and the attention's, AdamW
+// with its schedule and clipping) on the GPU's kernels: the CPU's losses
+// (the same dropout masks) within 1e-4 relative for 50 steps; a replayed
+// step the bits of a launched one; in bf16, within 2e-2 of fp32.
 TEST_F(ExecGpuTest, TheOpsOfImportedModelsMatchTheCpu) {
   auto run_llama = [&](const std::string& device, std::vector<std::string> extra) {
     const std::string job = "llama-" + std::to_string(m_runs);

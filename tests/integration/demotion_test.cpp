@@ -142,6 +142,20 @@ TEST_P(DemotionTest, ColdPagesMoveDownWhileReadersAndWritersGoOnAndNothingIsLost
     }
   });
 
+  // The hot pages are written all along from here: both writers have had
+  // writes acknowledged (on a loaded machine a writer's first connection
+  // may take longer than the colds below take to fill: its pages would be
+  // the coldest of all, never written).
+  const auto writing = std::chrono::steady_clock::now() + 20s;
+  while ((acked[0].load() == 0 || acked[1].load() == 0) && errors.load() == 0 &&
+         std::chrono::steady_clock::now() < writing) {
+    std::this_thread::sleep_for(10ms);
+  }
+  if (acked[0].load() == 0 || acked[1].load() == 0) {
+    stop = true;
+    for (auto& t : threads) t.join();
+    FAIL() << "the hot allocation's writers got no write acknowledged in 20 s: " << first_error;
+  }
   // The cold allocations, filled once; DRAM passes 75 % with the last. The
   // others wait a second first (ten rounds unwritten): colder than a hot
   // page whose writer a loaded machine starved for a round or two.

@@ -3,6 +3,10 @@ op by op, must give the module's loss and the module's gradient for every
 parameter on the example inputs, or the export is refused. A change of the
 model the importer did not mean (a tie lost, a mask read wrong, a scale
 dropped) shows as a loss or a gradient that differs; nothing is written then.
+Dropout is checked as the identity on both sides (its draws are PyTorch's in
+the module and tiermem-exec's in the IR): the module's masks keep
+everything, the IR's DROPOUT passes its input, its attention keeps every
+probability.
 """
 
 import math
@@ -10,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from tiermem._lower import UnsupportedError, causal_attention, rotary
+from tiermem._lower import UnsupportedError, _op_name, sdpa_dropout, causal_attention, rotary
 
 # fp32 sums in a different order: far below what a changed model gives.
 LOSS_TOLERANCE = 1e-4
@@ -56,6 +60,8 @@ def _ir_forward(ir, tensors, context):
         elif kind == "CAUSAL_ATTENTION":
             f = op["fields"]
             y = causal_attention(x[0], f["heads"], f["context"], f.get("kv_heads"))
+        elif kind == "DROPOUT":
+            y = x[0]
         elif kind == "SOFTMAX_CROSS_ENTROPY":
             y = F.cross_entropy(x[0], x[1].long())
         else:
@@ -75,8 +81,28 @@ def check(captured, lowering, inputs):
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
+            self.current = n
             values[n] = super().run_node(n)
             return values[n]
+
+        def call_function(self, target, args, kwargs):
+            # Dropout keeps everything: 1.13's mask (bernoulli_ of keep, then
+            # divided by keep) is keep, 2.x's native_dropout the identity,
+            # SDPA's dropout_p 0.
+            name = _op_name(self.current)
+            if name == "bernoulli_" and len(args) > 1 and isinstance(args[1], float):
+                return torch.full_like(args[0], args[1])
+            if name == "native_dropout":
+                return args[0], torch.ones_like(args[0], dtype=torch.bool)
+            if "scaled_dot_product" in name:
+                index, p = sdpa_dropout(self.current)
+                if p > 0:
+                    args, kwargs = list(args), dict(kwargs)
+                    if index >= 0:
+                        args[index] = 0.0
+                    else:
+                        kwargs["dropout_p"] = 0.0
+            return super().call_function(target, tuple(args), kwargs)
 
     with torch.enable_grad():
         Recorder(gm).run(*args)

@@ -77,6 +77,23 @@ class Opaque:
         self.origin, self.why = origin, why
 
 
+class Fresh:
+    """empty_like of an activation: a tensor about to be filled (dropout's
+    mask, on PyTorch 1.13)."""
+
+
+class Mask:
+    """Dropout's mask: bernoulli(keep) of a Fresh tensor, and once divided
+    by keep, the factors dropout multiplies by."""
+
+    def __init__(self, keep, scaled=False):
+        self.keep, self.scaled = keep, scaled
+
+    @property
+    def probability(self):
+        return float(f"{1 - self.keep:.9g}")
+
+
 class Packed:
     """A tuple result some of whose parts map (layer norm, the loss)."""
 
@@ -117,8 +134,8 @@ _RANDOM = {"bernoulli_", "bernoulli", "native_dropout", "rand", "rand_like", "ra
 
 # What an op that is refused is, when its name alone does not say.
 _HINTS = {
-    "bernoulli_": "dropout with p > 0, which the IR has no op for yet: train with dropout=0",
-    "native_dropout": "dropout with p > 0, which the IR has no op for yet: train with dropout=0",
+    "bernoulli_": "random draws other than dropout's mask (bernoulli(1 - p) / (1 - p) times an activation)",
+    "native_dropout": "dropout of something other than an activation or attention's probabilities",
     "pow": "a power outside what the importer recognises (RMSNorm x * rsqrt(mean(x**2) + eps) * w, "
            "gelu_new written out)",
     "rsqrt": "a reciprocal square root outside RMSNorm (x * rsqrt(mean(x**2) + eps) * w)",
@@ -273,8 +290,19 @@ class Lowering:
 
     def call(self, node):
         name = _op_name(node)
-        if name in _RANDOM:  # the IR draws no random numbers (yet): refused wherever it is
+        mask = self.dropout_mask(node, name)
+        if mask is not None:
+            return mask
+        if name in _RANDOM and name != "native_dropout":  # the IR draws dropout's masks, no other
             self.refuse_opaque(Opaque(node), None)
+        for a in node.all_input_nodes:
+            v = self.values.get(a)
+            if isinstance(v, Fresh):
+                self.refuse(node, f"aten.{name} reads a tensor empty_like made: the importer takes one as "
+                                  "dropout's mask only (bernoulli_ of 1 - p)")
+            if isinstance(v, Mask) and (name != "mul" or not v.scaled):
+                self.refuse(node, f"aten.{name} reads dropout's mask: the IR's DROPOUT multiplies an activation "
+                                  "(or attention's probabilities) by it, nothing else")
         if not self.depends_on_data(node):
             return Const()
         if name.endswith("_") and not name.startswith("_"):
@@ -443,8 +471,40 @@ class Lowering:
     def op_silu(self, node):
         return self.unary(node, "SILU")
 
+    def dropout_mask(self, node, name):
+        """Dropout's mask as PyTorch 1.13 draws it (empty_like, bernoulli_
+        of 1 - p, div_ by 1 - p), or None."""
+        args = node.args
+        if name == "empty_like" and self.depends_on_data(node):
+            return Fresh()
+        first = self.values.get(args[0]) if args and isinstance(args[0], torch.fx.Node) else None
+        if name == "bernoulli_" and isinstance(first, Fresh) and len(args) > 1 and isinstance(args[1], float):
+            if not 0 < args[1] <= 1:
+                self.refuse(node, f"aten.bernoulli_ of {args[1]}: dropout keeps with a chance in (0, 1]")
+            return Mask(args[1])
+        if name in ("div_", "div") and isinstance(first, Mask) and not first.scaled and len(args) > 1 and \
+                isinstance(args[1], (int, float)) and abs(args[1] - first.keep) < 1e-12:
+            return Mask(first.keep, True)
+        return None
+
+    def dropout(self, x, probability, node):
+        if probability == 0:
+            return x
+        return Rows(self.ir.op("DROPOUT", [x.ir], self.hint(node), probability=probability), x.cols)
+
+    def op_native_dropout(self, node):
+        x = self.rows_of(node.args[0], node, "input")
+        p, train = node.args[1], node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+        return Packed({0: self.dropout(x, float(f"{p:.9g}") if train else 0.0, node)})
+
     def op_mul(self, node):
         a, b = (self.value(x, node) for x in node.args[:2])
+        if isinstance(b, Mask):
+            a, b = b, a
+        if isinstance(a, Mask) and isinstance(b, Rows):
+            if self.shape(node.args[0]) != self.shape(node.args[1]):
+                self.refuse(node, "aten.mul of an activation by dropout's mask of another shape")
+            return self.dropout(b, a.probability, node)
         if isinstance(a, Rows) and isinstance(b, Rows) and self.shape(node.args[0]) == self.shape(node.args[1]):
             return Rows(self.ir.op("MUL", [a.ir, b.ir], self.hint(node)), a.cols)
         return Opaque(node)
@@ -523,7 +583,7 @@ class Lowering:
         the activations and parameters they read: mapped as one op if they
         compute one the IR has (checked on random values). Returns Rows, an
         Opaque saying why the region is not the op it looks like, or None."""
-        region, sources, params, blocked = [], [], [], []
+        region, sources, params, blocked, masks = [], [], [], [], []
         seen = set()
         stack = [(a, False) for a in reversed(end.all_input_nodes)]
         while stack:  # post-order, iteratively (a region may be long)
@@ -539,6 +599,8 @@ class Lowering:
                 sources.append(n)
             elif isinstance(v, Const):
                 pass
+            elif isinstance(v, Mask):
+                masks.append(n)
             elif isinstance(v, Param) and not v.transposed and n in self.c.params:
                 params.append(n)
             elif v is not None and not isinstance(v, Opaque):
@@ -554,7 +616,9 @@ class Lowering:
         region.append(end)
         names = {_op_name(n) for n in region}
         if {"_softmax", "softmax"} & names or any("scaled_dot_product" in n for n in names):
-            return None if params else self.attention(region, sources, end, first)
+            return None if params else self.attention(region, sources, end, first, masks)
+        if masks or "native_dropout" in names:
+            return None
         if len(sources) != 1 or self.shape(sources[0]) != self.shape(end):
             return None
         if not params:
@@ -563,17 +627,20 @@ class Lowering:
             return self.rms_norm(region, sources[0], params[0], end)
         return None
 
-    def run_region(self, region, inputs):
+    def run_region(self, region, inputs, patches=None):
         """Evaluates `region` with `inputs` (node -> tensor) in place of the
-        values it was traced with; None if it does not run."""
+        values it was traced with, and `patches` (node -> function of its
+        args and kwargs) in place of what some nodes run; None if it does not
+        run."""
         env = dict(inputs)
+        patches = patches or {}
         for n in region:
             if n in env:
                 continue
             args = torch.fx.node.map_arg(n.args, lambda a: env[a] if a in env else self.c.values[a])
             kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a] if a in env else self.c.values[a])
             try:
-                env[n] = n.target(*args, **kwargs)
+                env[n] = patches[n](args, kwargs) if n in patches else n.target(*args, **kwargs)
             except Exception:  # noqa: BLE001 - a hypothesis that does not run is not the op
                 return None
         return env
@@ -614,11 +681,55 @@ class Lowering:
                 return Rows(y, v.cols)
         return None
 
-    def attention(self, region, sources, end, first):
+    def attention_dropout(self, region, masks, first):
+        """The dropout inside an attention region: PyTorch 1.13's mask
+        (a Mask leaf), 2.x's native_dropout, or SDPA's dropout_p. Returns
+        (probability, how to run the region without it, how with a mask M
+        of its own in its place, or None where SDPA draws it inside), (0,
+        ...) where there is none, or an Opaque where it cannot map."""
+        sites = [(self.values[n].probability, n, "mask", -1) for n in masks]
+        for n in region:
+            name = _op_name(n)
+            if name == "native_dropout":
+                train = n.args[2] if len(n.args) > 2 else n.kwargs.get("train", True)
+                if train and n.args[1] > 0:
+                    sites.append((float(f"{n.args[1]:.9g}"), n, "native", -1))
+            elif "scaled_dot_product" in name:
+                index, p = sdpa_dropout(n)
+                if p > 0:
+                    sites.append((float(f"{p:.9g}"), n, "sdpa", index))
+        if not sites:
+            return 0.0, lambda: ({}, {}), None
+        if len(sites) > 1:
+            return Opaque(first, f"attention with dropout in {len(sites)} places: the IR's CAUSAL_ATTENTION "
+                                 "drops its probabilities once")
+        p, n, kind, index = sites[0]
+        if kind == "mask":
+            return p, lambda: ({n: torch.ones(self.shape(n))}, {}), (lambda m: ({n: m}, {}), self.shape(n))
+        if kind == "native":
+            def native(m):
+                return {}, {n: lambda a, k: (a[0] * m, m != 0)}
+            return p, lambda: native(torch.ones(self.shape(n))), (native, self.shape(n))
+
+        def without(a, k):  # SDPA draws its mask inside: run without it
+            a, k = list(a), dict(k)
+            if index >= 0:
+                a[index] = 0.0
+            else:
+                k["dropout_p"] = 0.0
+            return n.target(*a, **k)
+        return p, lambda: ({}, {n: without}), None
+
+    def attention(self, region, sources, end, first, masks=()):
         """Causal self-attention, if the region computes what
         CAUSAL_ATTENTION does from q, k and v among its sources: with key and
         value heads shared by groups of query heads, and with rotary
-        positions on the queries and keys, where it does."""
+        positions on the queries and keys, where it does; and with dropout
+        of its probabilities (checked with a mask of ours in its place)."""
+        dropout = self.attention_dropout(region, masks, first)
+        if isinstance(dropout, Opaque):
+            return dropout
+        probability, plain, masked = dropout
         width = self.shape(end)[-1]
         widths = [self.values[s].cols for s in sources]
         if len(sources) == 1:
@@ -645,7 +756,12 @@ class Lowering:
                 hypotheses += [(heads, kv, theta) for theta in self.theta_candidates(dh)]
         for order in orders:
             for heads, kv, theta in hypotheses:
-                if self.computes_attention(region, end, order, heads, kv, theta):
+                if self.computes_attention(region, end, order, heads, kv, theta, plain()):
+                    if masked is not None and not self.drops_probabilities(region, end, order, heads, kv, theta,
+                                                                           *masked):
+                        return Opaque(first, f"the dropout in the attention at aten.{_op_name(first)} does not "
+                                             "drop its probabilities (softmax(q k^T / sqrt(d)) before they weigh "
+                                             "v), which is the dropout CAUSAL_ATTENTION has")
                     qkv = self.values[order[0]].ir
                     if len(order) == 3:
                         qkv = self.ir.op("CONCAT", [self.values[s].ir for s in order], self.hint(end, "qkv"))
@@ -655,6 +771,8 @@ class Lowering:
                     fields["context"] = self.context
                     if theta is not None:
                         qkv = self.ir.op("ROTARY", [qkv], self.hint(end, "rotary"), **fields, theta=theta)
+                    if probability > 0:
+                        fields["probability"] = probability
                     y = self.ir.op("CAUSAL_ATTENTION", [qkv], self.hint(end, "attention"), **fields)
                     return Rows(y, width)
         tried = sorted({h for h, _, _ in hypotheses})
@@ -695,17 +813,31 @@ class Lowering:
                 heads.add(s[0] // b)
         return sorted(heads) or [1]
 
-    def computes_attention(self, region, end, order, heads, kv_heads, theta):
+    def computes_attention(self, region, end, order, heads, kv_heads, theta, replaced, dropped=None):
+        """Whether the region, its dropout `replaced` ((inputs, patches) for
+        run_region), computes CAUSAL_ATTENTION of `order`, its probabilities
+        times `dropped` [B, heads, T, T] where given."""
         gen = torch.Generator().manual_seed(1234)
         src = {s: torch.randn(self.shape(s), generator=gen) for s in set(order)}
-        env = self.run_region(region, src)
+        inputs, patches = replaced
+        env = self.run_region(region, {**src, **inputs}, patches)
         if env is None:
             return False
         qkv = torch.cat([src[s].reshape(self.rows, -1) for s in order], dim=1)
         if theta is not None:
             qkv = rotary(qkv, heads, kv_heads, self.context, theta)
-        want = causal_attention(qkv, heads, self.context, kv_heads)
+        want = causal_attention(qkv, heads, self.context, kv_heads, dropped)
         return self.agrees(env.get(end), want, 1e-4)
+
+    def drops_probabilities(self, region, end, order, heads, kv_heads, theta, replace, shape):
+        """Whether the region's dropout mask multiplies the probabilities: a
+        mask of ours in its place must give the attention of the
+        probabilities times it."""
+        if shape != [self.rows // self.context, heads, self.context, self.context]:
+            return False
+        gen = torch.Generator().manual_seed(4321)
+        m = (torch.rand(shape, generator=gen) >= 0.3).float() / 0.7
+        return self.computes_attention(region, end, order, heads, kv_heads, theta, replace(m), m)
 
     # ------------------------------------------------------------ the end
     def finish(self):
@@ -781,8 +913,10 @@ def _flatten(tree):
         yield tree
 
 
-def causal_attention(qkv, heads, context, kv_heads=None):
-    """The IR's CAUSAL_ATTENTION: qkv [R, (heads + 2 kv_heads) d] -> [R, heads d]."""
+def causal_attention(qkv, heads, context, kv_heads=None, dropped=None):
+    """The IR's CAUSAL_ATTENTION: qkv [R, (heads + 2 kv_heads) d] -> [R, heads
+    d]; its probabilities times `dropped` [B, heads, T, T] where given (a
+    dropout's mask)."""
     kv = kv_heads or heads
     rows = qkv.shape[0]
     d = qkv.shape[1] // (heads + 2 * kv)
@@ -794,8 +928,22 @@ def causal_attention(qkv, heads, context, kv_heads=None):
     v = v.repeat_interleave(heads // kv, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d)
     mask = torch.ones(context, context, dtype=torch.bool).triu(1)
-    y = scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
+    probs = scores.masked_fill(mask, float("-inf")).softmax(-1)
+    y = (probs if dropped is None else probs * dropped) @ v
     return y.transpose(1, 2).reshape(rows, heads * d)
+
+
+def sdpa_dropout(node):
+    """(the place of dropout_p among the args, its value) of a
+    scaled_dot_product op (any of PyTorch's), by its schema; (-1, 0)
+    where it has none."""
+    schema = getattr(node.target, "_schema", None)
+    for i, arg in enumerate(schema.arguments if schema is not None else []):
+        if arg.name == "dropout_p":
+            if i < len(node.args):
+                return i, float(node.args[i])
+            return -1, float(node.kwargs.get("dropout_p", 0.0))
+    return -1, 0.0
 
 
 def rotary(qkv, heads, kv_heads, context, theta):

@@ -31,6 +31,9 @@ branches, buffers and tied parameters trace as they run; what maps
     RMS norm (any way it is written)     RMS_NORM (its eps from the graph)
     x + y, x * y                         ADD, MUL (SwiGLU's gate)
     causal self-attention                (CONCAT +) CAUSAL_ATTENTION (heads, grouped-query kv heads)
+    dropout (an activation's)            DROPOUT (tiermem-exec's own masks, from counters)
+    dropout of attention's probabilities CAUSAL_ATTENTION's probability (nanoGPT's attn_dropout, SDPA's
+                                         dropout_p)
     rotary positions (half rotation)     ROTARY (theta from the module's inv_freq)
     log_softmax + nll_loss (mean)        SOFTMAX_CROSS_ENTROPY
 
@@ -44,9 +47,10 @@ positions and elementwise activations written in small ops.
 A parameter held under several names (nanoGPT's lm_head tied to wte) is one
 parameter. Before anything is written the IR is run in PyTorch on the
 example inputs: its loss and every parameter's gradient must be the
-module's, or the export is refused. Anything the IR cannot express (dropout
-with p > 0, a layer norm's eps other than 1e-5, ops outside these patterns)
-is an UnsupportedError naming the ATen op, the module and the source line.
+module's (dropout checked as the identity on both sides), or the export is
+refused. Anything the IR cannot express (a layer norm's eps other than 1e-5,
+random draws other than dropout's, ops outside these patterns) is an
+UnsupportedError naming the ATen op, the module and the source line.
 
 The optimizer is the one the user built (torch.optim's SGD, Adam, AdamW;
 nanoGPT's decay and no-decay groups) or a dict of its fields, with nanoGPT's

@@ -208,6 +208,16 @@ Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env) {
                                                    std::to_string(options.snapshot_every) + " cannot go with it");
   }
   job.micro_batches = options.micro_batches;
+  if (options.tensor_parallel > 1) {
+    for (const Op& op : job.graph.ops) {
+      // A rank's share of a split tensor would draw another rank's masks.
+      if (op.probability > 0) {
+        return Status(ErrorCode::invalid_argument, "op '" + op.name +
+                                                       "' drops out: dropout does not run tensor-parallel yet "
+                                                       "(--tensor-parallel 1, or dropout 0)");
+      }
+    }
+  }
   TIERMEM_RETURN_IF_ERROR(plan_graph(options, &job));
   if (job.graph.optimizer.max_grad_norm() > 0 &&
       (job.topo.stages > 1 || job.topo.tensor_parallel > 1 || job.plan.offload)) {

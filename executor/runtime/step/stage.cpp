@@ -1,5 +1,7 @@
 #include "executor/runtime/step/stage.hpp"
 
+#include <algorithm>
+
 #include <tiermem/status_macros.h>
 
 #include "executor/interpreter.hpp"
@@ -41,6 +43,10 @@ Status StageRunner::run_op_at(int op_id, const StepPoint& at) {
   }
   std::vector<void*> pointers(m_job.graph.tensors.size(), nullptr);
   TIERMEM_RETURN_IF_ERROR(m_feeder.gather_inputs(op, at, &pointers));
+  // Dropout draws per micro-batch of the whole step: this replica's
+  // micro-batches after those of the replicas before it.
+  m_compute.set_draw(static_cast<uint64_t>(m_job.topo.replica()) * static_cast<uint64_t>(m_job.micro_batches) +
+                     static_cast<uint64_t>(std::max(at.mb, 0)));
   if (at.pos < 0) m_stream.load_for(op, at.step % 2);
   const TensorMemory resolve = [&](int t) -> void* {
     if (pointers[t] != nullptr) return pointers[t];
@@ -150,6 +156,7 @@ Status StageRunner::replay_step(int64_t step) {
 
 Status StageRunner::run_step(int64_t step, StepStats* stats) {
   m_feeder.begin_pass();
+  m_compute.set_dropout(m_options.seed, true);
   m_compute.set_step(step + 1);
   if (m_update_compute != &m_compute) m_update_compute->set_step(step + 1);
   TIERMEM_RETURN_IF_ERROR(m_replay ? replay_step(step) : compute_step(step));
@@ -162,6 +169,7 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
 }
 
 Status StageRunner::evaluate(int64_t committed, EvalResult* result) {
+  m_compute.set_dropout(m_options.seed, false);  // evaluation drops nothing (the next step turns it on)
   return m_evaluator.evaluate(committed, result, [this](int op, const StepPoint& at) { return run_op_at(op, at); });
 }
 
