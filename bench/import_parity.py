@@ -102,6 +102,7 @@ def main():
     ap.add_argument("--exec", default=os.environ.get("TIERMEM_EXEC", "tiermem-exec"))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--only-dropout", action="store_true", help="the dropout run alone")
     args = ap.parse_args()
     parity.EXEC = args.exec
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -110,7 +111,7 @@ def main():
     daemon = Daemon(args.socket)
     print(f"# PyTorch {torch.__version__}, tiermem-exec --device {args.device}, {args.steps} Adam steps of "
           f"{B} x {T} tokens")
-    for name, make, which, make_opt in models():
+    for name, make, which, make_opt in [] if args.only_dropout else models():
         torch.manual_seed(11)
         module = make()
         reference = copy.deepcopy(module)

@@ -615,7 +615,7 @@ class Lowering:
         first = self.first_opaque(region)
         region.append(end)
         names = {_op_name(n) for n in region}
-        if {"_softmax", "softmax"} & names or any("scaled_dot_product" in n for n in names):
+        if any(("softmax" in n and "log_softmax" not in n) or "scaled_dot_product" in n for n in names):
             return None if params else self.attention(region, sources, end, first, masks)
         if masks or "native_dropout" in names:
             return None
@@ -706,10 +706,11 @@ class Lowering:
         p, n, kind, index = sites[0]
         if kind == "mask":
             return p, lambda: ({n: torch.ones(self.shape(n))}, {}), (lambda m: ({n: m}, {}), self.shape(n))
-        if kind == "native":
+        if kind == "native":  # (output, mask) of its input's shape
             def native(m):
                 return {}, {n: lambda a, k: (a[0] * m, m != 0)}
-            return p, lambda: native(torch.ones(self.shape(n))), (native, self.shape(n))
+            shape = self.shape(n.args[0])
+            return p, lambda: native(torch.ones(shape)), (native, shape)
 
         def without(a, k):  # SDPA draws its mask inside: run without it
             a, k = list(a), dict(k)
