@@ -123,12 +123,11 @@ Result<std::shared_ptr<RemoteState>> RemoteNodes::get_locked(NodeId node, bool r
   auto connected = connect_remote_node(*m_transport, wire::advert_of(n));
   if (!connected.ok() && connected.status().code() != ErrorCode::not_supported) {
     // Not answering: the node may be down (the daemon's view lags a kill),
-    // and then the caller turns to its copies. A node our daemon now sees
-    // down is; one it sees up, or cannot tell of (a loaded machine: the
-    // hello and the describe late alike), is reached through the daemon.
+    // and then the caller turns to its copies. Only a node whose daemon
+    // answers now has a plane that fails while it is up.
     auto fresh = m_daemon.describe(node, true);
-    if (fresh.ok() && (fresh->state() != proto::NodeInfo::CONNECTED ||
-                       static_cast<NodeHealth>(fresh->health()) == NodeHealth::unreachable)) {
+    if (!fresh.ok() || fresh->state() != proto::NodeInfo::CONNECTED ||
+        static_cast<NodeHealth>(fresh->health()) == NodeHealth::unreachable) {
       return connected.status().with_context("node " + std::to_string(node));
     }
   }

@@ -132,7 +132,13 @@ Status DataPlane::describe(const DaemonConfig& config, AddressSpace& space, cons
 }
 
 Status DataPlane::register_domain(AddressSpace& space, uint32_t domain) {
+  {
+    // Registered already: no wait behind another domain's registration.
+    std::lock_guard lock(m_mutex);
+    if (m_complete_domains.count(domain) != 0) return Status();
+  }
   std::lock_guard reg(m_register_mutex);
+  if (m_complete_domains.count(domain) != 0) return Status();
   const std::string tenant = space.tenant_of_domain(domain);
   std::vector<proto::RegionKey> added;
   for (Tier t : {Tier::dram, Tier::pmem}) {
@@ -167,6 +173,7 @@ Status DataPlane::register_domain(AddressSpace& space, uint32_t domain) {
   for (auto& [i, k] : versions) *m_self.mutable_regions(i) = std::move(k);
   for (proto::RegionKey& k : added) *m_self.add_regions() = std::move(k);
   if (changed) m_self.set_regions_version(m_self.regions_version() + 1);
+  m_complete_domains.insert(domain);  // under both mutexes
   return Status();
 }
 
@@ -181,9 +188,13 @@ std::string fabric_name(const DataPlane* plane) { return plane != nullptr ? plan
 
 Result<uint32_t> ensure_domain(AddressSpace& space, DataPlane* plane, const std::string& tenant,
                                const TenantLimits& limits) {
-  bool fresh = false;
-  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, space.domain_for(tenant, limits, &fresh));
-  if (fresh && plane != nullptr) TIERMEM_RETURN_IF_ERROR(plane->register_domain(space, domain));
+  TIERMEM_ASSIGN_OR_RETURN(const uint32_t domain, space.domain_for(tenant, limits, nullptr));
+  // Every caller, not only the one that made the domain: a request that
+  // finds it made waits (m_register_mutex) until its regions are in the
+  // node's description, or a peer told of frames there (reserve_frames)
+  // could ask for the keys before they exist (the CI's migration failure:
+  // "node 3's pmem tier cannot be reached one-sided").
+  if (plane != nullptr) TIERMEM_RETURN_IF_ERROR(plane->register_domain(space, domain));
   return domain;
 }
 

@@ -94,6 +94,7 @@ class DataPlane {
   std::mutex m_register_mutex;
   std::map<std::string, std::unique_ptr<Transport>> m_planes;  // by tenant
   std::set<std::pair<int, uint32_t>> m_registered_domains;     // (tier, domain)
+  std::set<uint32_t> m_complete_domains;  // register_domain ran to its end (written under both mutexes)
   // Registrations end before the transport.
   std::vector<std::unique_ptr<RegisteredRegion>> m_regions;
   mutable std::mutex m_mutex;
