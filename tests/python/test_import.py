@@ -361,22 +361,25 @@ class NarrowEps(torch.nn.Module):
         return self.head(self.norm(self.tok(ids)))
 
 
-class ScaledWrong(torch.nn.Module):
-    """Attention with the wrong scale (1/d instead of 1/sqrt(d)): not the
-    IR's attention, and not silently taken for it."""
+class TinyAttention(torch.nn.Module):
+    """Attention over embeddings of 16, 2 heads of 8, written out; `scale`
+    divides the scores and `query_dropout` drops out the queries: with 1/8
+    (not 1/sqrt(8)) or any query dropout it is not the IR's attention, and
+    not silently taken for it."""
 
-    def __init__(self):
+    def __init__(self, scale=math.sqrt(8), query_dropout=0.0):
         super().__init__()
+        self.scale, self.query_dropout = scale, query_dropout
         self.tok = torch.nn.Embedding(256, 16)
         self.qkv = torch.nn.Linear(16, 48)
         self.head = torch.nn.Linear(16, 256)
 
     def forward(self, ids):
         b, t = ids.shape
-        x = self.tok(ids)
-        q, k, v = (z.view(b, t, 2, 8).transpose(1, 2) for z in self.qkv(x).split(16, dim=2))
+        q, k, v = (z.view(b, t, 2, 8).transpose(1, 2) for z in self.qkv(self.tok(ids)).split(16, dim=2))
+        q = torch.nn.functional.dropout(q, self.query_dropout, self.training)
         mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        y = (q @ k.transpose(-2, -1) / 8).masked_fill(mask, float("-inf")).softmax(-1) @ v
+        y = (q @ k.transpose(-2, -1) / self.scale).masked_fill(mask, float("-inf")).softmax(-1) @ v
         return self.head(y.transpose(1, 2).reshape(b, t, 16))
 
 
@@ -393,38 +396,21 @@ class Noisy(torch.nn.Module):
         return self.head(x + 0.1 * torch.randn_like(x))
 
 
-class DroppedQueries(torch.nn.Module):
-    """Dropout of the queries inside an attention: not the dropout of its
-    probabilities, which is the one CAUSAL_ATTENTION has."""
-
-    def __init__(self):
-        super().__init__()
-        self.tok = torch.nn.Embedding(256, 16)
-        self.qkv = torch.nn.Linear(16, 48)
-        self.head = torch.nn.Linear(16, 256)
-
-    def forward(self, ids):
-        b, t = ids.shape
-        q, k, v = (z.view(b, t, 2, 8).transpose(1, 2) for z in self.qkv(self.tok(ids)).split(16, dim=2))
-        q = torch.nn.functional.dropout(q, 0.1, self.training)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        y = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(mask, float("-inf")).softmax(-1) @ v
-        return self.head(y.transpose(1, 2).reshape(b, t, 16))
-
-
 def test_what_the_ir_cannot_express_is_refused_naming_the_op_module_and_line(tmp_path):
     ids = torch.zeros(2, 8, dtype=torch.long)
     with pytest.raises(tiermem.fx.UnsupportedError, match=r"aten\.randn_like has no op in the IR \(test_import\.py"):
         tiermem.fx.export(Noisy(), ids, str(tmp_path / "d.pbtxt"), dataset="text:fortunes")
     with pytest.raises(tiermem.fx.UnsupportedError, match=r"does not drop its probabilities"):
-        tiermem.fx.export(DroppedQueries(), ids, str(tmp_path / "q.pbtxt"), dataset="text:fortunes")
+        tiermem.fx.export(TinyAttention(query_dropout=0.1), ids, str(tmp_path / "q.pbtxt"), dataset="text:fortunes")
     with pytest.raises(tiermem.fx.UnsupportedError,
                        match=r"layer norm with eps 1e-06: the IR's LAYER_NORM uses 1e-5 \(.*functional\.py|"
                              r"layer norm with eps 1e-06: the IR's LAYER_NORM uses 1e-5 \(test_import\.py:\d+ "
                              r"in forward \(norm\)"):
         tiermem.fx.export(NarrowEps(), ids, str(tmp_path / "r.pbtxt"), dataset="text:fortunes")
     with pytest.raises(tiermem.fx.UnsupportedError, match=r"is not causal softmax attention"):
-        tiermem.fx.export(ScaledWrong(), ids, str(tmp_path / "s.pbtxt"), dataset="text:fortunes")
+        tiermem.fx.export(TinyAttention(scale=8), ids, str(tmp_path / "s.pbtxt"), dataset="text:fortunes")
+    # The same module with 1/sqrt(d) and no query dropout maps: the refusals are for those.
+    tiermem.fx.export(TinyAttention(), ids, str(tmp_path / "a.pbtxt"), dataset="text:fortunes")
     assert not os.path.exists(tmp_path / "d.pbtxt") and not os.path.exists(tmp_path / "s.pbtxt")
 
 
