@@ -409,6 +409,17 @@ class UcxTransport final : public Transport {
   std::chrono::steady_clock::time_point m_last_reap;
   std::mutex m_accept_lock;
   std::vector<Pending> m_conn_requests;                  // waiting to be accepted
+  // Requests turned away, not yet rejected. UCX 1.13's reject registers its
+  // socket for writing and closes it at once; an event the async thread saw
+  // meanwhile is replayed later on whatever connection got the descriptor's
+  // number next, and a fresh one aborts the process (tcp_sockcm_ep.c:416,
+  // fixed upstream in UCX #11458). So a refused request's socket is shut
+  // down first (refuse_pending) and rejected only once UCX has seen it fail
+  // (k_refusal_settle later, past a progress): a failed one is rejected
+  // without writing.
+  std::vector<Pending> m_refusing;                       // to be shut down (under m_accept_lock)
+  std::vector<Pending> m_refused;                        // shut down at .since (progress thread)
+  static constexpr std::chrono::milliseconds k_refusal_settle{20};
   std::unordered_map<ucp_ep_h, Accepted> m_accepted;     // endpoints made from them
   std::unordered_set<ucp_ep_h> m_admitted_early;         // said hello before they were listed
   std::unordered_map<std::string, size_t> m_unadmitted_by;  // per source: pending and accepted, not admitted
@@ -421,10 +432,17 @@ class UcxTransport final : public Transport {
   // and its peer's address and port into *peer.
   std::string source_of(ucp_conn_request_h request, std::string* peer) const;
   // Takes the oldest unadmitted connection of `source` off the lists (caller
-  // holds m_accept_lock): a pending request into *reject, or an accepted
+  // holds m_accept_lock): a pending request into m_refusing, or an accepted
   // endpoint into *drop. False when `source` has none that can be taken.
-  bool evict_oldest_locked(const std::string& source, std::vector<ucp_conn_request_h>* reject,
-                           std::vector<ucp_ep_h>* drop);
+  bool evict_oldest_locked(const std::string& source, std::vector<ucp_ep_h>* drop);
+  // Shuts down the sockets of requests turned away and rejects those shut
+  // down k_refusal_settle ago (progress thread; see m_refusing). True while
+  // some wait.
+  bool refuse_pending();
+  // Every socket accepted on the listener's port: fn(fd, its peer), on a
+  // copy of the descriptor that keeps the socket it names.
+  template <typename Fn>
+  void for_each_listener_socket(Fn&& fn);
   // One fewer unadmitted connection of `source` (caller holds m_accept_lock).
   void uncount_locked(const std::string& source);
   std::thread m_progress;

@@ -152,8 +152,7 @@ void UcxTransport::uncount_locked(const std::string& source) {
   m_unadmitted.fetch_sub(1);
 }
 
-bool UcxTransport::evict_oldest_locked(const std::string& source, std::vector<ucp_conn_request_h>* reject,
-                                       std::vector<ucp_ep_h>* drop) {
+bool UcxTransport::evict_oldest_locked(const std::string& source, std::vector<ucp_ep_h>* drop) {
   // The oldest of the source's: a pending request (oldest first in the
   // list) or an accepted endpoint, whichever came first.
   auto pending = std::find_if(m_conn_requests.begin(), m_conn_requests.end(),
@@ -168,7 +167,7 @@ bool UcxTransport::evict_oldest_locked(const std::string& source, std::vector<uc
   if (pending == m_conn_requests.end() && accepted == m_accepted.end()) return false;
   if (pending != m_conn_requests.end() &&
       (accepted == m_accepted.end() || pending->since <= accepted->second.since)) {
-    reject->push_back(pending->request);
+    m_refusing.push_back(std::move(*pending));
     m_conn_requests.erase(pending);
   } else {
     drop->push_back(accepted->first);
@@ -181,26 +180,26 @@ bool UcxTransport::evict_oldest_locked(const std::string& source, std::vector<uc
 
 // No UCX call is made under m_accept_lock: UCX may call back into us (a
 // connection request, an endpoint's error) from inside any of its calls.
+// Nor is a request rejected here: see m_refusing.
 void UcxTransport::on_conn_request(ucp_conn_request_h request, void* arg) {
   auto& self = *static_cast<UcxTransport*>(arg);
   std::string peer;
   std::string source = self.source_of(request, &peer);
-  std::vector<ucp_conn_request_h> reject;
   std::vector<ucp_ep_h> drop;
-  bool refused = false;
   {
     std::lock_guard lock(self.m_accept_lock);
     bool room = true;
     if (self.m_unadmitted_by[source] >= k_per_source) {
-      room = self.evict_oldest_locked(source, &reject, &drop);
+      room = self.evict_oldest_locked(source, &drop);
     } else if (self.m_unadmitted.load() >= self.m_max_unadmitted) {
       // The source holding the most gives way.
       const auto busiest = std::max_element(self.m_unadmitted_by.begin(), self.m_unadmitted_by.end(),
                                             [](const auto& a, const auto& b) { return a.second < b.second; });
-      room = busiest != self.m_unadmitted_by.end() && self.evict_oldest_locked(busiest->first, &reject, &drop);
+      room = busiest != self.m_unadmitted_by.end() && self.evict_oldest_locked(busiest->first, &drop);
     }
+    Pending pending{request, source, std::chrono::steady_clock::now(), std::move(peer)};
     if (room) {
-      self.m_conn_requests.push_back({request, source, std::chrono::steady_clock::now(), std::move(peer)});
+      self.m_conn_requests.push_back(std::move(pending));
       ++self.m_unadmitted_by[source];
       self.m_unadmitted.fetch_add(1);
     } else {
@@ -208,18 +207,74 @@ void UcxTransport::on_conn_request(ucp_conn_request_h request, void* arg) {
       if (auto it = self.m_unadmitted_by.find(source); it != self.m_unadmitted_by.end() && it->second == 0) {
         self.m_unadmitted_by.erase(it);
       }
-      refused = true;
+      self.m_refusing.push_back(std::move(pending));
     }
   }
-  if (refused) reject.push_back(request);
-  for (ucp_conn_request_h r : reject) (void)ucp_listener_reject(self.m_listener, r);
   if (!drop.empty()) {
     std::lock_guard lock(self.m_origins_lock);
     for (ucp_ep_h ep : drop) self.m_disconnecting.push_back(ep);  // closed by the progress thread
   }
-  // Accepted by the progress thread, outside UCX's callback.
+  // Accepted (or refused) by the progress thread, outside UCX's callback.
   const uint64_t one = 1;
   (void)::write(self.m_wake_fd, &one, sizeof one);
+}
+
+template <typename Fn>
+void UcxTransport::for_each_listener_socket(Fn&& fn) {
+  const uint16_t port = port_of(m_listen_addr);
+  std::unique_ptr<DIR, int (*)(DIR*)> fds(::opendir("/proc/self/fd"), ::closedir);
+  if (fds == nullptr) return;
+  while (const dirent* e = ::readdir(fds.get())) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    // A copy, checked again: the number may be closed and reused meanwhile,
+    // and the copy keeps the socket it names.
+    UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!copy.valid()) continue;
+    sockaddr_storage local{}, remote{};
+    socklen_t length = sizeof local;
+    if (::getsockname(copy.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0 || port_of(local) != port ||
+        (local.ss_family != AF_INET && local.ss_family != AF_INET6)) {
+      continue;
+    }
+    length = sizeof remote;
+    if (::getpeername(copy.get(), reinterpret_cast<sockaddr*>(&remote), &length) != 0) continue;  // the listener
+    fn(std::move(copy), remote);
+  }
+}
+
+bool UcxTransport::refuse_pending() {
+  if (m_listener == nullptr) return false;
+  const auto now = std::chrono::steady_clock::now();
+  // Shut down at least k_refusal_settle ago, and the worker progressed
+  // since (the loop's first call): UCX has seen each fail, and rejects it
+  // without writing.
+  size_t kept = 0;
+  for (Pending& p : m_refused) {
+    if (now - p.since >= k_refusal_settle) {
+      (void)ucp_listener_reject(m_listener, p.request);
+    } else {
+      m_refused[kept++] = std::move(p);
+    }
+  }
+  m_refused.resize(kept);
+  std::vector<Pending> refusing;
+  {
+    std::lock_guard lock(m_accept_lock);
+    refusing.swap(m_refusing);
+  }
+  if (!refusing.empty()) {
+    std::set<std::string> peers;
+    for (const Pending& p : refusing) peers.insert(p.peer);
+    for_each_listener_socket([&](UniqueFd fd, const sockaddr_storage& remote) {
+      if (peers.count(endpoint_text(remote)) != 0) ::shutdown(fd.get(), SHUT_RDWR);
+    });
+    for (Pending& p : refusing) {
+      p.since = now;
+      m_refused.push_back(std::move(p));
+    }
+  }
+  return !m_refused.empty();
 }
 
 void UcxTransport::accept_pending() {
@@ -293,17 +348,16 @@ size_t UcxTransport::reap_unproven(bool everything) {
     return 0;
   }
   m_last_reap = now;
-  const uint16_t port = port_of(m_listen_addr);
   // Peers UCX turned into connection requests: ours to judge (admission).
   std::set<std::string> known, admitted;
   {
     std::lock_guard lock(m_accept_lock);
     for (const Pending& p : m_conn_requests) known.insert(p.peer);
+    for (const Pending& p : m_refusing) known.insert(p.peer);
     for (const auto& [ep, a] : m_accepted) (a.admitted ? admitted : known).insert(a.peer);
   }
+  for (const Pending& p : m_refused) known.insert(p.peer);
   std::map<std::string, std::chrono::steady_clock::time_point> seen;
-  std::unique_ptr<DIR, int (*)(DIR*)> fds(::opendir("/proc/self/fd"), ::closedir);
-  if (fds == nullptr) return 0;
   size_t shut = 0;
   const auto shut_down = [&](int fd, const sockaddr_storage& remote) {
     ::shutdown(fd, SHUT_RDWR);
@@ -320,36 +374,22 @@ size_t UcxTransport::reap_unproven(bool everything) {
     UniqueFd fd;
   };
   std::vector<Unproven> unproven;
-  while (const dirent* e = ::readdir(fds.get())) {
-    const int fd = std::atoi(e->d_name);
-    if (fd <= 2) continue;
-    // A copy, checked again: the number may be closed and reused meanwhile,
-    // and the copy keeps the socket it names.
-    UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (!copy.valid()) continue;
-    sockaddr_storage local{}, remote{};
-    socklen_t length = sizeof local;
-    if (::getsockname(copy.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0 || port_of(local) != port ||
-        (local.ss_family != AF_INET && local.ss_family != AF_INET6)) {
-      continue;
-    }
-    length = sizeof remote;
-    if (::getpeername(copy.get(), reinterpret_cast<sockaddr*>(&remote), &length) != 0) continue;  // the listener
+  for_each_listener_socket([&](UniqueFd copy, const sockaddr_storage& remote) {
     const std::string peer = endpoint_text(remote);
-    if (admitted.count(peer) != 0) continue;
+    if (admitted.count(peer) != 0) return;
     if (!everything) {
-      if (known.count(peer) != 0) continue;  // its window runs (expire_unadmitted)
+      if (known.count(peer) != 0) return;  // its window runs (expire_unadmitted), or it is being refused
       auto it = m_unproven_seen.find(peer);
       const auto first = it == m_unproven_seen.end() ? now : it->second;
       seen[peer] = first;
       if (now - first <= k_admission_window) {
         // Within its window, but within its source's budget too.
-        unproven.push_back({first, peer, address_text(remote), remote, UniqueFd(copy.release())});
-        continue;
+        unproven.push_back({first, peer, address_text(remote), remote, std::move(copy)});
+        return;
       }
     }
     shut_down(copy.get(), remote);
-  }
+  });
   // A source past its budget of connections that never spoke loses its
   // oldest now, not when their window ends: a flood must not hold the
   // worker's descriptors for the window.

@@ -91,7 +91,11 @@ UcxTransport::~UcxTransport() {
       }
     }
     for (const Pending& p : m_conn_requests) (void)ucp_listener_reject(m_listener, p.request);
+    for (const Pending& p : m_refusing) (void)ucp_listener_reject(m_listener, p.request);
+    for (const Pending& p : m_refused) (void)ucp_listener_reject(m_listener, p.request);
     m_conn_requests.clear();
+    m_refusing.clear();
+    m_refused.clear();
     ucp_listener_destroy(m_listener);
     m_listener = nullptr;
   }
@@ -479,6 +483,7 @@ void UcxTransport::progress_loop(int efd) {
     // (SpinPolicy); a daemon nobody asks sleeps at once.
     if (clock::now() - last_news < budget) continue;
     accept_pending();
+    const bool refusing = refuse_pending();
     const bool waiting_for_hellos = expire_unadmitted();
     reap_unproven(false);
     close_replaced_answer_eps();
@@ -490,7 +495,11 @@ void UcxTransport::progress_loop(int efd) {
     // every 100 ms to close those past their window).
     pollfd fds[2] = {{efd, POLLIN, 0}, {m_wake_fd, POLLIN, 0}};
     // A listener's looks every second for bare connections to reap.
-    (void)::poll(fds, 2, waiting_for_hellos || !m_unproven_seen.empty() ? 100 : m_listener != nullptr ? 1000 : -1);
+    (void)::poll(fds, 2,
+                 refusing                                          ? static_cast<int>(k_refusal_settle.count())
+                 : waiting_for_hellos || !m_unproven_seen.empty() ? 100
+                 : m_listener != nullptr                          ? 1000
+                                                                  : -1);
     if ((fds[1].revents & POLLIN) != 0) {
       uint64_t n = 0;
       (void)::read(m_wake_fd, &n, sizeof n);
