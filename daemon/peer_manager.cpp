@@ -1,5 +1,6 @@
 #include "daemon/peer_manager.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <spdlog/spdlog.h>
@@ -64,7 +65,13 @@ void PeerManager::fabric_failed(const Endpoint& ep, const std::string& why) {
 
 void PeerManager::start() {
   m_reaper = std::thread([this] { reap(); });
-  m_thread = std::thread([this] { run(); });
+  // One heartbeat thread per peer: a ping that waits on one peer (cut off,
+  // stopped) holds up no other peer's.
+  for (const auto& [id, peer] : m_peers) {
+    const NodeId node = id;
+    m_threads.emplace_back([this, node] { run(node); });
+  }
+  if (!m_peers.empty()) m_threads.emplace_back([this] { sweep(); });
 }
 
 void PeerManager::stop() {
@@ -73,7 +80,11 @@ void PeerManager::stop() {
     m_stop = true;
   }
   m_wake.notify_all();
-  if (m_thread.joinable()) m_thread.join();
+  m_sweep_wake.notify_all();
+  for (std::thread& t : m_threads) {
+    if (t.joinable()) t.join();
+  }
+  m_threads.clear();
   {
     std::lock_guard lock(m_reaper_mutex);
     m_reaper_stop = true;
@@ -163,6 +174,7 @@ void PeerManager::beat(NodeId node, bool answered, std::chrono::microseconds rtt
   Peer& p = *find(node);
   const auto now = std::chrono::steady_clock::now();
   NodeHealth next = p.health;
+  p.gone = !answered && refused;
   if (answered) {
     p.missed = 0;
     p.last_heartbeat_ms = now_unix_ms();
@@ -343,26 +355,48 @@ void PeerManager::check(NodeId node) {
   }
 }
 
-void PeerManager::run() {
+void PeerManager::sweep() {
   std::unique_lock lock(m_mutex);
   while (!m_stop) {
+    // A peer that answered before and has been silent for unreachable_after
+    // is UNREACHABLE now, whether or not a ping to it is still waiting (it
+    // waits up to the peer timeout; its link goes when it times out).
     const auto now = std::chrono::steady_clock::now();
     auto next = now + m_options.heartbeat_interval;
-    for (auto& [id, peer] : m_peers) {
-      if (peer.next_check <= now) {
-        const NodeId node = id;
-        lock.unlock();
-        check(node);
-        lock.lock();
-        if (m_stop) return;
-        Peer& p = *find(node);
-        p.next_check = std::chrono::steady_clock::now() +
-                       (p.state == NodeState::connected ? m_options.heartbeat_interval
-                                                        : m_options.reconnect_interval);
+    for (auto& [id, p] : m_peers) {
+      if (p.last_heartbeat_ms == 0 || p.health == NodeHealth::unreachable) continue;
+      const auto deadline = p.last_answer + m_options.unreachable_after;
+      if (deadline > now) {
+        next = std::min(next, deadline);
+        continue;
       }
-      next = std::min(next, find(id)->next_check);
+      const uint64_t silent_ms = static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - p.last_answer).count());
+      spdlog::warn("node {} health: {} -> unreachable (no heartbeat answered for {} ms; {} unanswered)", id,
+                   node_health_name(p.health), silent_ms, p.missed);
+      p.health = NodeHealth::unreachable;
+      // Since its deadline, not since this look.
+      p.health_since_ms = now_unix_ms() - (silent_ms - static_cast<uint64_t>(m_options.unreachable_after.count()));
     }
-    m_wake.wait_until(lock, next);
+    m_sweep_wake.wait_until(lock, next);
+  }
+}
+
+void PeerManager::run(NodeId node) {
+  std::unique_lock lock(m_mutex);
+  while (!m_stop) {
+    if (find(node)->next_check <= std::chrono::steady_clock::now()) {
+      lock.unlock();
+      check(node);
+      lock.lock();
+      if (m_stop) return;
+      Peer& p = *find(node);
+      p.next_check = std::chrono::steady_clock::now() +
+                     (p.state == NodeState::connected ? m_options.heartbeat_interval : m_options.reconnect_interval);
+    }
+    // Woken early when the peer is to be checked now (fabric_failed,
+    // on_peer_hello, take_connection) or the manager stops.
+    m_wake.wait_until(lock, find(node)->next_check);
   }
 }
 
@@ -529,7 +563,7 @@ std::vector<PeerHealth> PeerManager::health() const {
   std::vector<PeerHealth> out;
   for (const ClusterMember& m : m_options.members) {
     const Peer* p = find(m.id);
-    if (p != nullptr) out.push_back({m.id, p->health, p->health_since_ms});
+    if (p != nullptr) out.push_back({m.id, p->health, p->health_since_ms, p->gone});
   }
   return out;
 }

@@ -56,6 +56,9 @@ struct PeerHealth {
   NodeId node = 0;
   NodeHealth health = NodeHealth::unknown;
   uint64_t since_ms = 0;  // unix ms of the last change (0: never changed)
+  // The last check was refused by the kernel: nothing listens at the
+  // peer's address, its daemon is gone (not merely cut off or slow).
+  bool gone = false;
 };
 
 class PeerManager {
@@ -128,6 +131,7 @@ class PeerManager {
     uint64_t last_heartbeat_ms = 0;  // unix ms of the last answered one
     std::chrono::steady_clock::time_point last_answer{};  // steady: for the timeout
     uint32_t missed = 0;
+    bool gone = false;  // PeerHealth::gone
     uint64_t rtt_us = 0;
     std::string fabric_failure;  // the data plane reported the peer failed (handled by the next check)
   };
@@ -148,8 +152,12 @@ class PeerManager {
   void fabric_failed(const Endpoint& ep, const std::string& why);
   void reap();
 
-  void run();
+  // The heartbeat of one peer (a thread each).
+  void run(NodeId node);
   void check(NodeId node);
+  // Health by the clock (a thread): a peer silent for unreachable_after is
+  // UNREACHABLE then, while its ping may wait on (up to the peer timeout).
+  void sweep();
   Status handshake(NodeId node);
   Status refresh_regions(NodeId node, const std::shared_ptr<RpcConnection>& conn);
   Status apply_node_info(NodeId node, const proto::NodeInfo& info);
@@ -176,11 +184,12 @@ class PeerManager {
   ClusterSecret m_secret;
   std::function<void(NodeId, const MemoryGenerations&)> m_on_memory;
   mutable std::mutex m_mutex;
-  std::condition_variable m_wake;
+  std::condition_variable m_wake;        // heartbeat threads: check a peer now, or stop
+  std::condition_variable m_sweep_wake;  // sweep(): stop
   std::map<NodeId, Peer> m_peers;
   PeerSlots m_slots;
   bool m_stop = false;
-  std::thread m_thread;
+  std::vector<std::thread> m_threads;  // one heartbeat per peer
   uint64_t m_self_since_ms = 0;
   std::chrono::steady_clock::time_point m_started = std::chrono::steady_clock::now();
   std::mutex m_reaper_mutex;

@@ -40,6 +40,13 @@ bool replicated(const AllocationInfo& info) {
 Replicator::Replicator(AddressSpace& space, PeerManager& peers, ReplicationOptions options,
                        std::function<Status(Gva, void*, size_t)> read_home)
     : m_space(space), m_peers(peers), m_options(options), m_read_home(std::move(read_home)) {
+  for (const AllocationInfo& info : m_space.replicated()) {
+    if (info.replica_of.node != 0) m_unconfirmed.insert({info.gva.offset, info.gva.generation});
+  }
+  if (!m_unconfirmed.empty()) {
+    spdlog::info("{} copy(ies) held from before this start serve once their homes confirm them",
+                 m_unconfirmed.size());
+  }
   m_thread = std::thread([this] { run(); });
 }
 
@@ -84,7 +91,12 @@ bool Replicator::may_drop(NodeId node, std::string* why) const {
              ", not unreachable: its copy is not given up on";
       return false;
     }
-    if (for_ms < static_cast<uint64_t>(m_options.drop_after.count())) {
+    // A node whose daemon is gone (the kernel refused the connection) serves
+    // nothing, so the grace for views that disagree (a cut link) is not
+    // needed: its copies go at once. When its daemon comes back it is a new
+    // incarnation, and the copies it still holds are freed as orphans
+    // (their home no longer lists them) before it serves any.
+    if (!p.gone && for_ms < static_cast<uint64_t>(m_options.drop_after.count())) {
       *why = "node " + std::to_string(node) + " has been unreachable for " + std::to_string(for_ms) +
              " ms; its copy is dropped after " + std::to_string(m_options.drop_after.count()) + " ms";
       return false;
@@ -106,6 +118,16 @@ Status Replicator::may_serve(const AllocationInfo& copy) const {
   if (!copy.replica_ready) {
     return Status(ErrorCode::unavailable, "the copy of " + copy.replica_of.to_string() + " on node " +
                                               std::to_string(m_space.node()) + " is still being filled");
+  }
+  {
+    std::lock_guard lock(m_unconfirmed_mutex);
+    if (m_unconfirmed.count({copy.gva.offset, copy.gva.generation}) != 0) {
+      return Status(ErrorCode::unavailable,
+                    "node " + std::to_string(m_space.node()) + " held its copy of " + copy.replica_of.to_string() +
+                        " before its daemon restarted, and the home (node " +
+                        std::to_string(copy.replica_of.node) +
+                        ") has not confirmed it since: the home may have dropped it and written on");
+    }
   }
   const Quorum q = quorum();
   if (2 * q.reachable < q.members) {
@@ -392,7 +414,13 @@ void Replicator::forget_dropped(const AllocationInfo& seen) {
 }
 
 void Replicator::collect_orphan(const AllocationInfo& copy) {
-  if (copy.created_unix_ms + static_cast<uint64_t>(m_options.orphan_min_age.count()) > now_ms()) return;
+  bool unconfirmed = false;
+  {
+    std::lock_guard lock(m_unconfirmed_mutex);
+    unconfirmed = m_unconfirmed.count({copy.gva.offset, copy.gva.generation}) != 0;
+  }
+  const bool old_enough = copy.created_unix_ms + static_cast<uint64_t>(m_options.orphan_min_age.count()) <= now_ms();
+  if (!old_enough && !unconfirmed) return;
   ControlStub home_node = m_peers.stub(copy.replica_of.node, owner_of(copy), false, m_options.peer_timeout);
   auto response = home_node.translate(copy.replica_of);
   bool orphan = false;
@@ -406,11 +434,22 @@ void Replicator::collect_orphan(const AllocationInfo& copy) {
              c.gva.generation == copy.gva.generation;
     });
   }
-  if (!orphan) return;
+  if (!orphan) {
+    if (unconfirmed && response.ok()) {
+      std::lock_guard lock(m_unconfirmed_mutex);
+      m_unconfirmed.erase({copy.gva.offset, copy.gva.generation});
+      spdlog::debug("{}, a copy of {} held from before this start, is confirmed by its home", copy.gva.to_string(),
+                    copy.replica_of.to_string());
+    }
+    return;  // or its home cannot say now: asked again next time
+  }
+  if (!old_enough) return;  // its home may be recording it still
   spdlog::info("freeing {}, a copy of {} that its home no longer lists", copy.gva.to_string(),
                copy.replica_of.to_string());
   Status s = m_space.free(copy.gva);
   if (!s.ok()) spdlog::warn("freeing the orphaned copy {}: {}", copy.gva.to_string(), s.to_string());
+  std::lock_guard lock(m_unconfirmed_mutex);
+  m_unconfirmed.erase({copy.gva.offset, copy.gva.generation});
 }
 
 void Replicator::run() {

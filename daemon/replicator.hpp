@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,8 +96,8 @@ class Replicator {
   void freed(const AllocationInfo& info, const Identity& who);
 
   // Whether this node may serve a read from its copy `copy`: it is ready,
-  // and this node sees at least half of the cluster. Errors: unavailable,
-  // saying which.
+  // its home has listed it since this daemon started, and this node sees at
+  // least half of the cluster. Errors: unavailable, saying which.
   Status may_serve(const AllocationInfo& copy) const;
 
   // Stops the background work (also done by the destructor).
@@ -150,6 +151,14 @@ class Replicator {
 
   std::mutex m_locks_mutex;
   std::map<uint64_t, std::shared_ptr<std::mutex>> m_locks;  // per allocation base offset
+
+  // Copies this node held when its daemon started (offset, generation), not yet
+  // confirmed by their home: they serve nothing until the home says it
+  // still lists them (collect_orphan), since it may have dropped them and
+  // written on while this daemon was away (a daemon that comes back is a
+  // new incarnation, re-admitted as such).
+  mutable std::mutex m_unconfirmed_mutex;
+  std::set<std::pair<uint64_t, uint32_t>> m_unconfirmed;
 
   std::mutex m_mutex;
   std::condition_variable m_wake;

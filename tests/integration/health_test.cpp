@@ -112,6 +112,51 @@ TEST(HealthTest, AStoppedPeerGoesUnreachableAndComesBackHealthyAndAKilledOneIsSe
   EXPECT_NE(human.out.find("not asked: node 3"), std::string::npos) << human.out;
 }
 
+// Pings that hang (a stopped peer answers nothing, and a ping waits up to
+// the peer timeout, 3 s here) neither delay that peer's verdict past
+// unreachable_after nor hold up any other peer's heartbeat: each peer has a
+// heartbeat of its own, and health goes by the clock. Node 2 is stopped and
+// must be unreachable long before its ping times out; node 3 is killed while
+// node 2's pings still hang and must be seen at once.
+TEST(HealthTest, APeerWhosePingsHangHoldsUpNoOtherAndIsUnreachableOnTime) {
+  test::DaemonOptions o = fast_heartbeats();
+  constexpr int k_long_timeout_ms = 3000;
+  o.cluster_timing = "reconnect_interval_ms = 10\nheartbeat_interval_ms = 10\npeer_timeout_ms = " +
+                     std::to_string(k_long_timeout_ms) + "\n";
+  test::TestCluster cluster(3, o);
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("watcher");
+  ASSERT_NE(c, nullptr);
+  ASSERT_LT(until(*c, 2, NodeHealth::healthy, 2s), 2s);
+  ASSERT_LT(until(*c, 3, NodeHealth::healthy, 2s), 2s);
+
+  ASSERT_TRUE(test::stop_process(cluster.node(2).pid()));
+  const auto stopped = until(*c, 2, NodeHealth::unreachable, 6s);
+  // unreachable_after and one interval, with room for a loaded machine; the
+  // single heartbeat thread of old waited out the whole ping (3 s).
+  EXPECT_LT(stopped, std::chrono::milliseconds(k_unreachable_ms + 700))
+      << "a stopped peer took " << stopped.count() << " ms to be unreachable (peer timeout " << k_long_timeout_ms
+      << " ms)\n" << cluster.node(1).log();
+  EXPECT_EQ(test::health_of(*c, 3), NodeHealth::healthy) << "node 3 was not touched";
+
+  // Node 2's ping is still waiting (it waits 3 s): node 3 dies now.
+  cluster.node(3).kill();
+  const auto killed = until(*c, 3, NodeHealth::unreachable, 6s);
+  EXPECT_LT(killed, std::chrono::milliseconds(k_unreachable_ms + 700))
+      << "a killed peer took " << killed.count() << " ms while another's pings hung\n" << cluster.node(1).log();
+
+  ::kill(cluster.node(2).pid(), SIGCONT);
+  EXPECT_LT(until(*c, 2, NodeHealth::healthy, 10s), 10s) << cluster.node(1).log();
+  // Logged once, from healthy (no ping had failed yet: they hang) or degraded.
+  const std::string log = cluster.node(1).log();
+  size_t logged = 0;
+  for (const char* from : {"healthy", "degraded"}) {
+    const std::string line = std::string("node 2 health: ") + from + " -> unreachable";
+    for (size_t at = log.find(line); at != std::string::npos; at = log.find(line, at + 1)) ++logged;
+  }
+  EXPECT_EQ(logged, 1u) << log;
+}
+
 // With heartbeats 10 s apart, a SIGKILLed peer is still known at once: its
 // UCX endpoint fails (the TCP connection is reset), or libfabric shm's
 // watch of the peer process sees it exit, and the data plane tells the

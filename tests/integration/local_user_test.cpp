@@ -283,7 +283,9 @@ TEST_F(LocalUserTest, AFullFileSystemCostsOnlyTheTenantWhoFilledIt) {
     open_to_users(daemon);
     const Outcome back = as(&*s_alice, sock, {"--direct", "read", hers.text, "7"});
     EXPECT_TRUE(back.ok && back.text == "alice's") << back.text;
-    if (more.ok) EXPECT_TRUE(as(&*s_alice, sock, {"free", more.text}).ok);
+    if (more.ok) {
+      EXPECT_TRUE(as(&*s_alice, sock, {"free", more.text}).ok);
+    }
     const Outcome fresh = as(&*s_alice, sock, {"alloc", "4194304", "dram"});
     EXPECT_TRUE(fresh.ok) << fresh.text;
     const std::string log = daemon.log();

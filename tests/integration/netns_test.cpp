@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <thread>
 
 #include "tests/support/netns.hpp"
@@ -299,6 +301,123 @@ TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) 
     return true;
   }, 30s)) << "the home never wrote again after the heal";
   EXPECT_TRUE(wait_for(converged, 10s)) << "the copies did not converge after the heal";
+}
+
+// A link that flaps: the copy's node's veth goes down and up every 50-300
+// ms (random) for TIERMEM_FLAP_SECONDS (15 s by default; the run is
+// a minute) while the home takes writes of increasing numbers. Every write
+// is acknowledged or refused, never lost: after the heal every copy in sync
+// equals the home, which holds the last acknowledged number, and with the
+// home then cut off alone the majority reads exactly that number from the
+// copy.
+TEST_F(NetnsTest, ALinkThatFlapsLosesNoAcknowledgedWrite) {
+  start(true);
+  constexpr size_t k_size = 64 << 10;
+  auto filled = [](uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); };
+  auto wait_for = [](const std::function<bool()>& done, std::chrono::milliseconds limit) {
+    for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
+      if (done()) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return done();
+  };
+  auto home = m_daemons[0]->connect("home");
+  ASSERT_NE(home, nullptr);
+  ASSERT_TRUE(wait_for([&] {
+    return test::health_of(*home, 2) == NodeHealth::healthy && test::health_of(*home, 3) == NodeHealth::healthy;
+  }, 20s));
+  auto a = home->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const int holder = static_cast<int>(a->replicas.at(0).node), other = 5 - holder;
+  uint64_t next = 1, acked = 0;
+  int refused = 0, torn = 0;
+  const auto write = [&] {
+    const uint64_t seq = next++;
+    Status w = home->write(a->gva, filled(seq).data(), k_size);
+    if (w.ok()) {
+      acked = seq;
+      return true;
+    }
+    if (w.code() != ErrorCode::unavailable && w.code() != ErrorCode::timeout &&
+        w.code() != ErrorCode::transport_error && w.code() != ErrorCode::connection_failed) {
+      ADD_FAILURE() << "a write failed unlike a refusal: " << w.to_string();
+    }
+    ++refused;
+    return false;
+  };
+  ASSERT_TRUE(write());
+
+  const char* env = std::getenv("TIERMEM_FLAP_SECONDS");
+  const int seconds = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 15;
+  std::atomic<bool> flapping{true};
+  int flaps = 0;
+  std::thread flapper([&] {
+    std::mt19937 rng(12345);
+    std::uniform_int_distribution<int> wait_ms(50, 300);
+    bool up = true;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms(rng)));
+      up = !up;
+      if (!m_net->link(holder, up)) ADD_FAILURE() << "ip link failed";
+      ++flaps;
+    }
+    if (!up) (void)m_net->link(holder, true);
+    flapping = false;
+  });
+  while (flapping) {
+    (void)write();
+    std::this_thread::sleep_for(2ms);
+  }
+  flapper.join();
+  std::printf("%d flaps of node %d's link in %d s: %llu write(s) acknowledged, %d refused\n", flaps, holder, seconds,
+              static_cast<unsigned long long>(acked), refused);
+
+  // Healed: the home writes again, and its copies converge on it.
+  ASSERT_TRUE(wait_for([&] {
+    return test::health_of(*home, static_cast<NodeId>(holder)) == NodeHealth::healthy &&
+           test::health_of(*home, static_cast<NodeId>(other)) == NodeHealth::healthy;
+  }, 30s));
+  ASSERT_TRUE(wait_for(write, 30s)) << "the home never wrote again after the flapping";
+  std::vector<uint64_t> got(k_size / 8);
+  ASSERT_TRUE(home->read(a->gva, got.data(), k_size).ok());
+  EXPECT_EQ(got, filled(acked)) << "the home does not hold the last acknowledged write";
+  auto converged = [&] {
+    auto t = home->translate(a->gva);
+    if (!t.ok()) return false;
+    size_t in_sync = 0;
+    for (const ReplicaInfo& r : t->allocation.replicas) {
+      if (r.state != ReplicaState::in_sync) continue;
+      ++in_sync;
+      auto near = m_daemons[r.node - 1]->connect("copy");
+      std::vector<uint64_t> copy(k_size / 8);
+      if (!near || !near->read(r.gva, copy.data(), k_size).ok()) return false;
+      for (uint64_t w : copy) torn += w != copy[0] ? 1 : 0;
+      if (copy != filled(acked)) return false;
+    }
+    return in_sync == 1;
+  };
+  EXPECT_TRUE(wait_for(converged, 20s)) << "the copies did not converge on the home";
+  EXPECT_EQ(torn, 0) << "a copy held a torn write";
+
+  // The home cut off alone: the majority reads the last acknowledged write.
+  auto t = home->translate(a->gva);
+  ASSERT_TRUE(t.ok());
+  int copy_node = 0;
+  for (const ReplicaInfo& r : t->allocation.replicas) {
+    if (r.state == ReplicaState::in_sync) copy_node = static_cast<int>(r.node);
+  }
+  ASSERT_NE(copy_node, 0);
+  auto majority = Client::connect({.socket_path = m_daemons[static_cast<size_t>(copy_node - 1)]->socket(),
+                                   .client_name = "majority", .direct_access = false});
+  ASSERT_TRUE(majority.ok()) << majority.status().to_string();
+  ASSERT_TRUE(m_net->link(1, false));
+  ASSERT_TRUE(wait_for([&] { return test::health_of(**majority, 1) == NodeHealth::unreachable; }, 10s));
+  ASSERT_TRUE(wait_for([&] { return (*majority)->read(a->gva, got.data(), k_size).ok(); }, 5s))
+      << "the majority could not read the copy";
+  EXPECT_EQ(got, filled(acked)) << "an acknowledged write was lost: the copy holds " << got[0] << ", the last "
+                                << "acknowledged was " << acked;
+  ASSERT_TRUE(m_net->link(1, true));
 }
 
 }  // namespace

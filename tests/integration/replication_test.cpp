@@ -294,19 +294,20 @@ TEST_P(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterIt
   if (::testing::Test::HasFailure()) std::fprintf(stderr, "%s\n", cluster.logs().c_str());
 }
 
-TEST_P(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
+// A copy's node that is alive but silent (SIGSTOP: its views may differ
+// from the home's, as across a cut link) keeps its copy through the grace:
+// writes are refused, not acknowledged, until it has been unreachable for
+// replication.drop_after_ms; then they go on without it.
+TEST_P(ReplicationTest, AStoppedCopyIsDroppedOnlyAfterTheGrace) {
   test::TestCluster cluster(3, fast_cluster().over(GetParam()));
   auto c = owner_on(cluster);
   ASSERT_NE(c, nullptr);
   auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   const NodeId first = a->replicas.at(0).node;
-  const NodeId other = first == 2 ? 3 : 2;
   ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
 
-  cluster.node(static_cast<int>(first)).kill();
-  // Until the copy's node has been unreachable long enough, a write is
-  // refused (it cannot reach every copy); then it goes on without it.
+  ASSERT_TRUE(test::stop_process(cluster.node(static_cast<int>(first)).pid()));
   Status early = c->write(a->gva, filled(2).data(), k_size);
   EXPECT_EQ(early.code(), ErrorCode::unavailable) << early.to_string();
   EXPECT_NE(early.message().find("not acknowledged"), std::string::npos) << early.to_string();
@@ -319,7 +320,36 @@ TEST_P(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
   }
   ASSERT_TRUE(s.ok()) << s.to_string() << cluster.node(1).log();
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  EXPECT_GE(took.count(), k_unreachable_ms) << "the copy was dropped before it was due";
+  EXPECT_GE(took.count(), k_unreachable_ms) << "the copy of a stopped node was dropped before it was due";
+  ::kill(cluster.node(static_cast<int>(first)).pid(), SIGCONT);
+}
+
+// A killed copy's node is gone (the kernel refuses its connection): no grace
+// is needed, its copy is dropped as soon as that is known, replaced, and
+// freed by its node when it comes back.
+TEST_P(ReplicationTest, AKilledCopyIsDroppedAtOnceReplacedAndFreedByItsNode) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const NodeId first = a->replicas.at(0).node;
+  const NodeId other = first == 2 ? 3 : 2;
+  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
+
+  cluster.node(static_cast<int>(first)).kill();
+  const auto start = Clock::now();
+  Status s;
+  while (Clock::now() - start < 10s) {
+    s = c->write(a->gva, filled(2).data(), k_size);
+    if (s.ok()) break;
+    EXPECT_EQ(s.code(), ErrorCode::unavailable) << s.to_string();  // refused, never half acknowledged
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(s.ok()) << s.to_string() << cluster.node(1).log();
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  EXPECT_LT(took.count(), k_unreachable_ms) << "the copy of a killed node waited out the grace\n"
+                                            << cluster.node(1).log();
 
   // A new copy, filled with what the home holds, on the node that has none.
   ASSERT_TRUE(wait_for([&] { return live_copies(copies_of(*c, a->gva)) == 1 &&
@@ -346,6 +376,43 @@ TEST_P(ReplicationTest, AKilledCopyIsDroppedReplacedAndFreedByItsNode) {
   Status r = reader->read(a->gva, got.data(), k_size);
   ASSERT_TRUE(r.ok()) << r.to_string();
   EXPECT_EQ(one_value(got), 3u);
+}
+
+// A daemon that comes back holds the copies it held, but its homes may have
+// dropped them and written on meanwhile: it serves none of them until their
+// home confirms it still lists them. Here nothing confirms (no background
+// sweeps, and the home dies): a reader on the returned node must not get
+// the old bytes.
+TEST_P(ReplicationTest, ACopyHeldFromBeforeARestartServesNothingItsHomeDidNotConfirm) {
+  test::DaemonOptions o = fast_cluster().over(GetParam());
+  o.extra_toml = "[health]\ndegraded_after_missed = 2\nunreachable_after_ms = " + std::to_string(k_unreachable_ms) +
+                 "\n[replication]\nrepair_interval_ms = 600000\norphan_min_age_ms = 500\n";
+  test::TestCluster cluster(3, o);
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  const NodeId first = a->replicas.at(0).node;
+  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
+
+  cluster.node(static_cast<int>(first)).kill();
+  ASSERT_TRUE(wait_for([&] { return c->write(a->gva, filled(2).data(), k_size).ok(); }, 10s))
+      << cluster.node(1).log();
+  ASSERT_EQ(live_copies(copies_of(*c, a->gva)), 0u) << "the home wrote on without its copy";
+  ASSERT_TRUE(cluster.node(static_cast<int>(first)).restart()) << cluster.logs();
+  auto reader = cluster.node(static_cast<int>(first)).connect("reader");
+  ASSERT_NE(reader, nullptr);
+  const NodeId other = first == 2 ? 3 : 2;
+  ASSERT_TRUE(wait_for([&] { return test::health_of(*reader, other) == NodeHealth::healthy &&
+                                    test::health_of(*reader, 1) == NodeHealth::healthy; }, 10s))
+      << cluster.logs();
+  EXPECT_EQ(copies_held(*c, first), 1u) << "the returned node holds its old copy still";
+  cluster.node(1).kill();
+  std::vector<uint64_t> got(k_size / 8, 0);
+  Status r = reader->read(a->gva, got.data(), k_size);
+  ASSERT_FALSE(r.ok() && got[0] == 1) << "the returned node served the copy its home had dropped";
+  EXPECT_FALSE(r.ok()) << "read " << got[0];
+  EXPECT_NE(r.message().find("has not confirmed"), std::string::npos) << r.to_string();
 }
 
 TEST_P(ReplicationTest, ConcurrentAtomicsAndWritesLeaveEveryCopyEqualToItsHome) {
