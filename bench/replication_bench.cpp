@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   }
   const double drop_after = 2.0 * unreachable;
   bench::note(std::to_string(trials) + " trials; heartbeats every 10 ms, unreachable after " +
-              std::to_string(unreachable) + " ms, copies dropped after " + std::to_string(int(drop_after)) + " ms");
+              std::to_string(unreachable) + " ms, copies of a silent node dropped after " + std::to_string(int(drop_after)) + " ms of silence (of a killed one at once)");
   bench::figure("read_failover_ms_p50", bench::percentile(read_over, 0.5) * 1e3, "ms");
   bench::figure("write_failover_ms_p50", bench::percentile(write_over, 0.5) * 1e3, "ms");
   bench::ratio("write_failover_p50_vs_drop_after", bench::percentile(write_over, 0.5) * 1e3 / drop_after);

@@ -191,6 +191,10 @@ void PeerManager::beat(NodeId node, bool answered, std::chrono::microseconds rtt
     }
   }
   if (next == p.health) return;
+  // Back from UNREACHABLE on the link it had (sweep() set its slots down).
+  if (p.health == NodeHealth::unreachable && next != NodeHealth::unreachable && p.state == NodeState::connected) {
+    m_slots.set_up(node);
+  }
   const auto name = [](NodeHealth h) { return std::string(node_health_name(h)); };
   if (next == NodeHealth::healthy) {
     spdlog::info("node {} health: {} -> healthy (heartbeat answered in {} us)", node, name(p.health), p.rtt_us);
@@ -355,6 +359,18 @@ void PeerManager::check(NodeId node) {
   }
 }
 
+NodeHealth PeerManager::health_now(const Peer& p, uint64_t* since_ms) const {
+  *since_ms = p.health_since_ms;
+  if (p.last_heartbeat_ms == 0 || p.health == NodeHealth::unreachable) return p.health;
+  const auto silent = std::chrono::steady_clock::now() - p.last_answer;
+  if (silent < m_options.unreachable_after) return p.health;
+  // Past its deadline, whether or not the sweeper has run yet: decisions
+  // that rest on it (a copy serving, a home dropping one) go by the clock.
+  const auto late = std::chrono::duration_cast<std::chrono::milliseconds>(silent - m_options.unreachable_after);
+  *since_ms = now_unix_ms() - static_cast<uint64_t>(late.count());
+  return NodeHealth::unreachable;
+}
+
 void PeerManager::sweep() {
   std::unique_lock lock(m_mutex);
   while (!m_stop) {
@@ -375,6 +391,13 @@ void PeerManager::sweep() {
       spdlog::warn("node {} health: {} -> unreachable (no heartbeat answered for {} ms; {} unanswered)", id,
                    node_health_name(p.health), silent_ms, p.missed);
       p.health = NodeHealth::unreachable;
+      // Requests that would wait for it fail now (those under way end by
+      // their own deadline); its link stays until its ping times out, and an
+      // answer brings it back.
+      m_slots.set_down(id, Status(ErrorCode::connection_failed,
+                                  "node " + std::to_string(id) + " (" + p.member.control +
+                                      ") is unreachable: no heartbeat answered for " + std::to_string(silent_ms) +
+                                      " ms"));
       // Since its deadline, not since this look.
       p.health_since_ms = now_unix_ms() - (silent_ms - static_cast<uint64_t>(m_options.unreachable_after.count()));
     }
@@ -543,8 +566,9 @@ std::vector<proto::NodeInfo> PeerManager::nodes() const {
     info.set_state(static_cast<proto::NodeInfo::State>(p->state));
     info.set_last_error(p->last_error);
     info.set_state_since_ms(p->since_ms);
-    info.set_health(static_cast<proto::NodeInfo::Health>(p->health));
-    info.set_health_since_ms(p->health_since_ms);
+    uint64_t since_ms = 0;
+    info.set_health(static_cast<proto::NodeInfo::Health>(health_now(*p, &since_ms)));
+    info.set_health_since_ms(since_ms);
     info.set_last_heartbeat_ms(p->last_heartbeat_ms);
     info.set_missed_heartbeats(p->missed);
     info.set_heartbeat_rtt_us(p->rtt_us);
@@ -563,7 +587,13 @@ std::vector<PeerHealth> PeerManager::health() const {
   std::vector<PeerHealth> out;
   for (const ClusterMember& m : m_options.members) {
     const Peer* p = find(m.id);
-    if (p != nullptr) out.push_back({m.id, p->health, p->health_since_ms, p->gone});
+    if (p == nullptr) continue;
+    uint64_t since_ms = 0;
+    const NodeHealth h = health_now(*p, &since_ms);
+    const auto silent = std::chrono::steady_clock::now() - (p->last_heartbeat_ms != 0 ? p->last_answer : m_started);
+    const uint64_t silent_ms =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count());
+    out.push_back({m.id, h, since_ms, p->gone, silent_ms});
   }
   return out;
 }

@@ -59,6 +59,9 @@ struct PeerHealth {
   // The last check was refused by the kernel: nothing listens at the
   // peer's address, its daemon is gone (not merely cut off or slow).
   bool gone = false;
+  // How long it has been silent: since its last answered heartbeat (or
+  // since this daemon started, when it never answered).
+  uint64_t silent_ms = 0;
 };
 
 class PeerManager {
@@ -158,6 +161,10 @@ class PeerManager {
   // Health by the clock (a thread): a peer silent for unreachable_after is
   // UNREACHABLE then, while its ping may wait on (up to the peer timeout).
   void sweep();
+  // A peer's health now (caller holds m_mutex): UNREACHABLE once silent for
+  // unreachable_after even before the sweeper marks it; *since_ms when it
+  // became what it is.
+  NodeHealth health_now(const Peer& p, uint64_t* since_ms) const;
   Status handshake(NodeId node);
   Status refresh_regions(NodeId node, const std::shared_ptr<RpcConnection>& conn);
   Status apply_node_info(NodeId node, const proto::NodeInfo& info);

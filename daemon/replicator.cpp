@@ -82,22 +82,24 @@ Replicator::Quorum Replicator::quorum() const {
 }
 
 bool Replicator::may_drop(NodeId node, std::string* why) const {
-  const uint64_t now = now_ms();
   for (const PeerHealth& p : m_peers.health()) {
     if (p.node != node) continue;
-    const uint64_t for_ms = p.since_ms > 0 && now > p.since_ms ? now - p.since_ms : 0;
     if (p.health != NodeHealth::unreachable && p.health != NodeHealth::unknown) {
       *why = "node " + std::to_string(node) + " is " + std::string(node_health_name(p.health)) +
              ", not unreachable: its copy is not given up on";
       return false;
     }
+    // Silent for drop_after (default twice unreachable_after): the copy's
+    // node, cut off as well, has stopped serving one unreachable_after after
+    // it last heard from the majority (its health goes by the clock, as
+    // ours does), and the difference between the two sides' last answers
+    // (a heartbeat interval, or a stall) is covered by the rest.
     // A node whose daemon is gone (the kernel refused the connection) serves
-    // nothing, so the grace for views that disagree (a cut link) is not
-    // needed: its copies go at once. When its daemon comes back it is a new
-    // incarnation, and the copies it still holds are freed as orphans
-    // (their home no longer lists them) before it serves any.
-    if (!p.gone && for_ms < static_cast<uint64_t>(m_options.drop_after.count())) {
-      *why = "node " + std::to_string(node) + " has been unreachable for " + std::to_string(for_ms) +
+    // nothing, so that grace is not needed: its copies go at once. When its
+    // daemon comes back it is a new incarnation, whose copies serve nothing
+    // until their home confirms them (collect_orphan).
+    if (!p.gone && p.silent_ms < static_cast<uint64_t>(m_options.drop_after.count())) {
+      *why = "node " + std::to_string(node) + " has been silent for " + std::to_string(p.silent_ms) +
              " ms; its copy is dropped after " + std::to_string(m_options.drop_after.count()) + " ms";
       return false;
     }

@@ -50,8 +50,9 @@ namespace tiermem {
 class PeerManager;
 
 struct ReplicationOptions {
-  // A copy's node UNREACHABLE this long (while this node sees a majority)
-  // before the home writes on without it.
+  // A copy's node silent this long (no heartbeat answered; and this node
+  // seeing a majority) before the home writes on without it; a node whose
+  // daemon is gone (refused) at once.
   std::chrono::milliseconds drop_after{60000};
   // How often the home looks for copies to replace, and a copy's node for
   // copies nobody lists any more.

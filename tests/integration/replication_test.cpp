@@ -308,6 +308,7 @@ TEST_P(ReplicationTest, AStoppedCopyIsDroppedOnlyAfterTheGrace) {
   ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
 
   ASSERT_TRUE(test::stop_process(cluster.node(static_cast<int>(first)).pid()));
+  const auto stopped = Clock::now();
   Status early = c->write(a->gva, filled(2).data(), k_size);
   EXPECT_EQ(early.code(), ErrorCode::unavailable) << early.to_string();
   EXPECT_NE(early.message().find("not acknowledged"), std::string::npos) << early.to_string();
@@ -319,8 +320,11 @@ TEST_P(ReplicationTest, AStoppedCopyIsDroppedOnlyAfterTheGrace) {
     std::this_thread::sleep_for(20ms);
   }
   ASSERT_TRUE(s.ok()) << s.to_string() << cluster.node(1).log();
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  EXPECT_GE(took.count(), k_unreachable_ms) << "the copy of a stopped node was dropped before it was due";
+  // Due once silent for drop_after_ms (twice unreachable_after_ms here),
+  // counted from its last answer: at most a heartbeat interval (10 ms) and
+  // a round trip before it was stopped.
+  const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped);
+  EXPECT_GE(silent.count(), 2 * k_unreachable_ms - 20) << "the copy of a stopped node was dropped before it was due";
   ::kill(cluster.node(static_cast<int>(first)).pid(), SIGCONT);
 }
 
