@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -90,6 +91,55 @@ class NetnsTest : public ::testing::Test {
       std::this_thread::sleep_for(100ms);
     }
     return false;
+  }
+
+  // Replicated allocations of k_size bytes, every word one number.
+  static constexpr size_t k_size = 64 << 10;
+  static std::vector<uint64_t> filled(uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); }
+  static bool wait_for(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+    for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
+      if (done()) return true;
+      std::this_thread::sleep_for(20ms);
+    }
+    return done();
+  }
+  // A client on node 1 once it sees nodes 2 and 3 healthy, and in *a an
+  // allocation of k_size homed there with one copy (null on failure).
+  std::unique_ptr<Client> home_with_one_copy(std::optional<AllocationInfo>* a) {
+    auto home = m_daemons[0]->connect("home");
+    if (home == nullptr || !wait_for([&] {
+          return test::health_of(*home, 2) == NodeHealth::healthy && test::health_of(*home, 3) == NodeHealth::healthy;
+        }, 20s)) {
+      ADD_FAILURE() << "node 1 never saw nodes 2 and 3 healthy";
+      return nullptr;
+    }
+    auto made = home->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+    if (!made.ok()) {
+      ADD_FAILURE() << made.status().to_string();
+      return nullptr;
+    }
+    *a = *made;
+    return home;
+  }
+  // Whether `gva` (homed where `home` asks) has exactly one copy in sync and
+  // it holds `seq` in every word; *torn counts words that differ from the
+  // copy's first.
+  bool one_copy_holds(Client& home, Gva gva, uint64_t seq, int* torn = nullptr) {
+    auto t = home.translate(gva);
+    if (!t.ok()) return false;
+    size_t in_sync = 0;
+    for (const ReplicaInfo& r : t->allocation.replicas) {
+      if (r.state != ReplicaState::in_sync) continue;
+      ++in_sync;
+      auto near = m_daemons[r.node - 1]->connect("copy");
+      std::vector<uint64_t> copy(k_size / 8);
+      if (!near || !near->read(r.gva, copy.data(), k_size).ok()) return false;
+      if (torn != nullptr) {
+        for (uint64_t w : copy) *torn += w != copy[0] ? 1 : 0;
+      }
+      if (copy != filled(seq)) return false;
+    }
+    return in_sync == 1;
   }
 
   std::unique_ptr<Network> m_net;
@@ -193,15 +243,6 @@ TEST_F(NetnsTest, AWaitOnACutOffNodeEndsWhenItsDaemonSeesItUnreachable) {
 // copy; after the heal the home writes again and the copy follows.
 TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) {
   start(true);
-  constexpr size_t k_size = 64 << 10;
-  auto filled = [](uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); };
-  auto wait_for = [](const std::function<bool()>& done, std::chrono::milliseconds limit) {
-    for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
-      if (done()) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return done();
-  };
   // A client that reaches memory only through `node`'s daemon: it is on that
   // side of the partition (this process itself reaches every namespace).
   auto through = [&](int node) {
@@ -209,13 +250,9 @@ TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) 
                               .client_name = "side", .direct_access = false});
     return c.ok() ? std::move(c).value() : nullptr;
   };
-  auto home = m_daemons[0]->connect("home");
-  ASSERT_NE(home, nullptr);
-  ASSERT_TRUE(wait_for([&] {
-    return test::health_of(*home, 2) == NodeHealth::healthy && test::health_of(*home, 3) == NodeHealth::healthy;
-  }, 20s));
-  auto a = home->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  std::optional<AllocationInfo> a;
+  auto home = home_with_one_copy(&a);
+  ASSERT_TRUE(home != nullptr && a.has_value());
   const int holder = static_cast<int>(a->replicas.at(0).node), other = 5 - holder;
   uint64_t acked = 1;
   ASSERT_TRUE(home->write(a->gva, filled(acked).data(), k_size).ok());
@@ -265,19 +302,7 @@ TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) 
   EXPECT_EQ(got, filled(acked)) << "after the heal the cut-off node reads the last acknowledged write";
   // Every copy in sync holds the last acknowledged write (a dropped one is
   // listed as dropped until the repair loop forgets it).
-  auto converged = [&] {
-    auto t = home->translate(a->gva);
-    if (!t.ok()) return false;
-    size_t in_sync = 0;
-    for (const ReplicaInfo& r : t->allocation.replicas) {
-      if (r.state != ReplicaState::in_sync) continue;
-      ++in_sync;
-      auto near = m_daemons[r.node - 1]->connect("copy");
-      std::vector<uint64_t> copy(k_size / 8);
-      if (!near || !near->read(r.gva, copy.data(), k_size).ok() || copy != filled(acked)) return false;
-    }
-    return in_sync == 1;
-  };
+  auto converged = [&] { return one_copy_holds(*home, a->gva, acked); };
   EXPECT_TRUE(converged()) << "a copy differs from its home";
 
   // --- the home cut off alone ---
@@ -312,22 +337,9 @@ TEST_F(NetnsTest, OnlyTheSideWithTheHomeAndAMajorityWritesAndTheCopiesConverge) 
 // copy.
 TEST_F(NetnsTest, ALinkThatFlapsLosesNoAcknowledgedWrite) {
   start(true);
-  constexpr size_t k_size = 64 << 10;
-  auto filled = [](uint64_t seq) { return std::vector<uint64_t>(k_size / 8, seq); };
-  auto wait_for = [](const std::function<bool()>& done, std::chrono::milliseconds limit) {
-    for (auto end = std::chrono::steady_clock::now() + limit; std::chrono::steady_clock::now() < end;) {
-      if (done()) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return done();
-  };
-  auto home = m_daemons[0]->connect("home");
-  ASSERT_NE(home, nullptr);
-  ASSERT_TRUE(wait_for([&] {
-    return test::health_of(*home, 2) == NodeHealth::healthy && test::health_of(*home, 3) == NodeHealth::healthy;
-  }, 20s));
-  auto a = home->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  std::optional<AllocationInfo> a;
+  auto home = home_with_one_copy(&a);
+  ASSERT_TRUE(home != nullptr && a.has_value());
   const int holder = static_cast<int>(a->replicas.at(0).node), other = 5 - holder;
   uint64_t next = 1, acked = 0;
   int refused = 0, torn = 0;
@@ -382,21 +394,7 @@ TEST_F(NetnsTest, ALinkThatFlapsLosesNoAcknowledgedWrite) {
   std::vector<uint64_t> got(k_size / 8);
   ASSERT_TRUE(home->read(a->gva, got.data(), k_size).ok());
   EXPECT_EQ(got, filled(acked)) << "the home does not hold the last acknowledged write";
-  auto converged = [&] {
-    auto t = home->translate(a->gva);
-    if (!t.ok()) return false;
-    size_t in_sync = 0;
-    for (const ReplicaInfo& r : t->allocation.replicas) {
-      if (r.state != ReplicaState::in_sync) continue;
-      ++in_sync;
-      auto near = m_daemons[r.node - 1]->connect("copy");
-      std::vector<uint64_t> copy(k_size / 8);
-      if (!near || !near->read(r.gva, copy.data(), k_size).ok()) return false;
-      for (uint64_t w : copy) torn += w != copy[0] ? 1 : 0;
-      if (copy != filled(acked)) return false;
-    }
-    return in_sync == 1;
-  };
+  auto converged = [&] { return one_copy_holds(*home, a->gva, acked, &torn); };
   EXPECT_TRUE(wait_for(converged, 20s)) << "the copies did not converge on the home";
   EXPECT_EQ(torn, 0) << "a copy held a torn write";
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -95,6 +96,25 @@ size_t copies_held(Client& c, NodeId node) {
   size_t n = 0;
   for (const AllocationInfo& a : *list) n += a.replica_of.node != 0 ? 1 : 0;
   return n;
+}
+
+// One allocation with one copy, its words all 1, made by a client on node 1
+// (`c`, null when the test failed); `first` is its copy's node.
+std::optional<AllocationInfo> one_copy(test::TestCluster& cluster, std::unique_ptr<Client>* c, NodeId* first) {
+  *c = owner_on(cluster);
+  if (*c == nullptr) return std::nullopt;
+  auto a = (*c)->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
+  if (!a.ok() || a->replicas.empty()) {
+    ADD_FAILURE() << a.status().to_string();
+    return std::nullopt;
+  }
+  *first = a->replicas.at(0).node;
+  Status w = (*c)->write(a->gva, filled(1).data(), k_size);
+  if (!w.ok()) {
+    ADD_FAILURE() << w.to_string();
+    return std::nullopt;
+  }
+  return *a;
 }
 
 // Every case over each fabric: copies are written and read through the
@@ -300,12 +320,10 @@ TEST_P(ReplicationTest, EveryAcknowledgedWriteIsReadWhileTheHomeIsDeadAndAfterIt
 // replication.drop_after_ms; then they go on without it.
 TEST_P(ReplicationTest, AStoppedCopyIsDroppedOnlyAfterTheGrace) {
   test::TestCluster cluster(3, fast_cluster().over(GetParam()));
-  auto c = owner_on(cluster);
-  ASSERT_NE(c, nullptr);
-  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  const NodeId first = a->replicas.at(0).node;
-  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
+  std::unique_ptr<Client> c;
+  NodeId first = 0;
+  auto a = one_copy(cluster, &c, &first);
+  ASSERT_TRUE(a.has_value());
 
   ASSERT_TRUE(test::stop_process(cluster.node(static_cast<int>(first)).pid()));
   const auto stopped = Clock::now();
@@ -333,13 +351,11 @@ TEST_P(ReplicationTest, AStoppedCopyIsDroppedOnlyAfterTheGrace) {
 // freed by its node when it comes back.
 TEST_P(ReplicationTest, AKilledCopyIsDroppedAtOnceReplacedAndFreedByItsNode) {
   test::TestCluster cluster(3, fast_cluster().over(GetParam()));
-  auto c = owner_on(cluster);
-  ASSERT_NE(c, nullptr);
-  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  const NodeId first = a->replicas.at(0).node;
+  std::unique_ptr<Client> c;
+  NodeId first = 0;
+  auto a = one_copy(cluster, &c, &first);
+  ASSERT_TRUE(a.has_value());
   const NodeId other = first == 2 ? 3 : 2;
-  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
 
   cluster.node(static_cast<int>(first)).kill();
   const auto start = Clock::now();
@@ -392,12 +408,10 @@ TEST_P(ReplicationTest, ACopyHeldFromBeforeARestartServesNothingItsHomeDidNotCon
   o.extra_toml = "[health]\ndegraded_after_missed = 2\nunreachable_after_ms = " + std::to_string(k_unreachable_ms) +
                  "\n[replication]\nrepair_interval_ms = 600000\norphan_min_age_ms = 500\n";
   test::TestCluster cluster(3, o);
-  auto c = owner_on(cluster);
-  ASSERT_NE(c, nullptr);
-  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 1});
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  const NodeId first = a->replicas.at(0).node;
-  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
+  std::unique_ptr<Client> c;
+  NodeId first = 0;
+  auto a = one_copy(cluster, &c, &first);
+  ASSERT_TRUE(a.has_value());
 
   cluster.node(static_cast<int>(first)).kill();
   ASSERT_TRUE(wait_for([&] { return c->write(a->gva, filled(2).data(), k_size).ok(); }, 10s))
