@@ -11,9 +11,10 @@
 //     first (a peer request each), then its own pages (the seqlock as
 //     always); it is acknowledged once all of them hold it;
 //   - a copy that does not take a write fails the write (unavailable, not
-//     acknowledged: it may be on some copies), unless the copy's node has
-//     been UNREACHABLE for `drop_after` and this node sees a majority of the
-//     cluster: then the copy is dropped and the write goes on without it;
+//     acknowledged: it may be on some copies), unless the copy's node is
+//     UNREACHABLE and silent for `drop_after` (or its daemon is gone: its
+//     connection refused) and this node sees a majority of the cluster:
+//     then the copy is dropped and the write goes on without it;
 //   - in the background, a dropped copy is replaced on another healthy node
 //     (filled under the allocation's write lock, listed, then marked ready:
 //     a ready copy is always one its home lists), and a
