@@ -104,6 +104,7 @@ offload_section() {
   #    the copies' bytes per step, their time at cudaMemcpy's pinned rate
   #    (gpu_bench's 64 MiB figure, both directions), and the part of it hidden
   #    behind compute: 1 - (offloaded - all-in) / that time.
+  #    OFFLOAD_UPDATES="host" (or "device") runs one placement only.
   local model=$top/bench/models/gpt_offload.pbtxt mb=${OFFLOAD_MICRO_BATCHES:-4} n=${OFFLOAD_STEPS:-30}
   local corpus=${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}
   local state budget all_out
@@ -126,7 +127,7 @@ offload_section() {
   awk -v ms="$all" -v p="$params" -v t="$tokens" -v m="$mb" \
     'BEGIN { printf "offload_all_in_vram_tflops %.4g TFLOP/s\n", 6 * p * t * m / (ms * 1e-3) / 1e12 }'
   local where out off loaded drained
-  for where in device host; do
+  for where in ${OFFLOAD_UPDATES:-device host}; do
     out=$("$exec" train "$model" --job "off-$where" --device cuda --steps "$n" --micro-batches "$mb" --log-every 100000 \
       --data "$corpus" --vram-budget "$budget" --offload-update "$where")
     off=$(median <<<"$out")

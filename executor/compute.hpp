@@ -274,8 +274,10 @@ class Compute {
   bool m_dropout_on = false;
 };
 
-// The CPU (kernels.hpp; statistics on the host).
-std::unique_ptr<Compute> make_cpu_compute();
+class HostAdamPool;
+// The CPU (kernels.hpp; statistics on the host). With `adam_pool`, Adam
+// runs on its pinned threads (host_adam.hpp) instead of OpenMP's.
+std::unique_ptr<Compute> make_cpu_compute(HostAdamPool* adam_pool = nullptr);
 
 // "cpu", "cuda" (device 0) or "cuda:N". Errors: invalid_argument (another
 // name), not_supported (a build without CUDA kernels, no CUDA driver or no

@@ -5,6 +5,7 @@
 
 #include "executor/compute.hpp"
 #include "executor/dropout_math.hpp"
+#include "executor/host_adam.hpp"
 #include "executor/kernels.hpp"
 
 namespace tiermem::exec {
@@ -14,6 +15,7 @@ namespace k = kernels;
 
 class CpuCompute final : public Compute {
  public:
+  explicit CpuCompute(HostAdamPool* adam_pool) : m_adam_pool(adam_pool) {}
   std::string name() const override { return "cpu"; }
   bool memory_is_device() const override { return false; }
   int device() const override { return -1; }
@@ -112,7 +114,12 @@ class CpuCompute final : public Compute {
   }
   void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
             float* v, int64_t count, const OptimizerHyper& h) override {
-    k::adam(param_in, param, grad, m_in, m, v_in, v, count, h, m_step, h.max_grad_norm > 0 ? m_grad_scale : 1.0f);
+    const float scale = h.max_grad_norm > 0 ? m_grad_scale : 1.0f;
+    if (m_adam_pool != nullptr) {
+      m_adam_pool->adam({param_in, param, grad, m_in, m, v_in, v}, adam_step(h, m_step, scale), count);
+      return;
+    }
+    k::adam(param_in, param, grad, m_in, m, v_in, v, count, h, m_step, scale);
   }
   void set_step(int64_t step) override { m_step = step; }
   void clip_gradients(const float* grads, int64_t count, float max_norm) override {
@@ -147,6 +154,7 @@ class CpuCompute final : public Compute {
 
   uint64_t key(uint64_t salt) const { return dropout_key(m_dropout_seed, salt, m_step, m_draw); }
 
+  HostAdamPool* m_adam_pool;
   int64_t m_step = 1;
   float m_grad_scale = 1.0f;
   double m_loss_sum = 0;
@@ -156,6 +164,8 @@ class CpuCompute final : public Compute {
 
 }  // namespace
 
-std::unique_ptr<Compute> make_cpu_compute() { return std::make_unique<CpuCompute>(); }
+std::unique_ptr<Compute> make_cpu_compute(HostAdamPool* adam_pool) {
+  return std::make_unique<CpuCompute>(adam_pool);
+}
 
 }  // namespace tiermem::exec

@@ -9,6 +9,7 @@
 #include <bit>
 
 #include "executor/optimizer_math.hpp"
+#include "executor/host_adam.hpp"
 
 namespace tiermem::exec::kernels {
 namespace {
@@ -358,14 +359,13 @@ void sgd(const float* param_in, float* param, const float* grad, const float* ve
 
 void adam(const float* param_in, float* param, const float* grad, const float* m_in, float* m, const float* v_in,
           float* v, int64_t count, const OptimizerHyper& h, int64_t step, float grad_scale) {
-  const float lr = learning_rate_at(h, step);
-  const float step_size = lr / (1.0f - std::pow(h.beta1, static_cast<float>(step)));
-  const float c2_sqrt = std::sqrt(1.0f - std::pow(h.beta2, static_cast<float>(step)));
-#pragma omp parallel for if (count > k_parallel)
-  for (int64_t i = 0; i < count; ++i) {
-    adam_element(param_in[i], grad[i] * grad_scale, m_in[i], v_in[i], lr, step_size, c2_sqrt, h.beta1, h.beta2,
-                 h.epsilon, h.weight_decay, h.decoupled, &param[i], &m[i], &v[i]);
-  }
+  // The host's vectorised loop (host_adam.hpp) in chunks of 64 Ki elements.
+  const AdamArrays a{param_in, param, grad, m_in, m, v_in, v};
+  const AdamStep s = adam_step(h, step, grad_scale);
+  constexpr int64_t k_chunk = int64_t{1} << 16;
+  const int64_t chunks = (count + k_chunk - 1) / k_chunk;
+#pragma omp parallel for if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) adam_range(a, s, c * k_chunk, std::min(count, (c + 1) * k_chunk));
 }
 
 double sum_squares(const float* x, int64_t count) {

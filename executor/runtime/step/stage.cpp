@@ -28,7 +28,8 @@ StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
       m_committer(p.job, p.options, p.client, p.dir, p.arenas, p.peers, p.trace, p.compute),
       m_evaluator(p.job, m_schedule, m_feeder, p.mail, p.compute, resumed) {
   if (p.job.plan.offload && p.compute.memory_is_device() && p.options.update_on_host) {
-    m_host_compute = make_cpu_compute();
+    m_host_adam = std::make_unique<HostAdamPool>();
+    m_host_compute = make_cpu_compute(m_host_adam.get());
     m_update_compute = m_host_compute.get();
   }
 }

@@ -20,6 +20,7 @@
 #include <tiermem/client.h>
 
 #include "executor/compute.hpp"
+#include "executor/host_adam.hpp"
 #include "executor/runtime/state/arenas.hpp"
 #include "executor/runtime/step/committer.hpp"
 #include "executor/runtime/step/evaluator.hpp"
@@ -61,6 +62,8 @@ class StageRunner {
   Status finish() { return m_committer.settle(); }
   // Offload's copies (param_stream.hpp).
   const ParamStream& stream() const { return m_stream; }
+  // The host's optimizer threads (offloaded with --offload-update host), or null.
+  const HostAdamPool* host_adam() const { return m_host_adam.get(); }
   // The evaluation of the parameters committed after `committed` steps
   // (Evaluator::evaluate).
   Status evaluate(int64_t committed, EvalResult* result);
@@ -89,6 +92,7 @@ class StageRunner {
   // optimizer on the host (the CPU's Adam over the home tier, ZeRO-Offload's
   // way) when the kernels run on a GPU.
   ParamStream m_stream;
+  std::unique_ptr<HostAdamPool> m_host_adam;  // its pinned threads (host_adam.hpp)
   std::unique_ptr<Compute> m_host_compute;
   Compute* m_update_compute;
   Committer m_committer;
