@@ -64,6 +64,27 @@ StageOps ops_of(const Graph& g, const Partition& partition, int part) {
   return ops;
 }
 
+// 1F1B on stage `part` of `parts`: warm-up forwards, then one backward and
+// one forward, then the last backwards; micro-batches in descending order.
+void schedule_1f1b(const StageOps& ops, int micro_batches, int part, int parts, MemoryPlan* plan) {
+  const int warmup = std::min(parts - 1 - part, micro_batches);
+  int forwarded = 0, backwarded = 0;
+  auto forward = [&] {
+    const int m = micro_batches - 1 - forwarded++;
+    for (int op : ops.forward) plan->schedule.push_back({op, m});
+  };
+  auto backward = [&] {
+    const int m = micro_batches - 1 - backwarded++;
+    for (int op : ops.backward) plan->schedule.push_back({op, m});
+  };
+  for (int i = 0; i < warmup; ++i) forward();
+  while (forwarded < micro_batches) {
+    forward();
+    backward();
+  }
+  while (backwarded < micro_batches) backward();
+}
+
 // GPipe: forward of every micro-batch, then backward in reverse order.
 // Op-major (offload): each op for every micro-batch in a row, in the same
 // orders.
@@ -294,15 +315,27 @@ void place_update(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
   plan->window_peak = std::max(plan->window_peak, 2 * plan->update_arrays * align(plan->update_chunk * 4));
 }
 
-MemoryPlan plan_with(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram, bool offload) {
+MemoryPlan plan_with(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram, bool offload,
+                     PipelineSchedule pipeline) {
   MemoryPlan plan;
   plan.part = part;
   plan.micro_batches = micro_batches;
   plan.compute = vram ? Tier::vram : Tier::dram;
   plan.offload = offload;
   plan.home = !offload ? plan.compute : vram ? Tier::dram : Tier::pmem;
+  plan.pipeline = offload ? PipelineSchedule::gpipe : pipeline;
+  if (plan.pipeline == PipelineSchedule::one_f_one_b && partition.parts > 1) {
+    if (std::string why = flows_back(g, partition); !why.empty()) {
+      plan.pipeline = PipelineSchedule::gpipe;
+      plan.schedule_note = "1f1b asked, gpipe run: " + why;
+    }
+  }
   const StageOps ops = ops_of(g, partition, part);
-  schedule(ops, micro_batches, offload, &plan);
+  if (plan.pipeline == PipelineSchedule::one_f_one_b) {
+    schedule_1f1b(ops, micro_batches, part, partition.parts, &plan);
+  } else {
+    schedule(ops, micro_batches, offload, &plan);
+  }
   auto live = lifetimes(g, ops, &plan);
   if (!vram) {
     // On the CPU a boundary message is sent while the next ops run
@@ -339,18 +372,26 @@ MemoryPlan with_depth(const Graph& g, const Partition& partition, const MemoryPl
 
 }  // namespace
 
-MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram) {
-  MemoryPlan plan = plan_with(g, partition, part, micro_batches, vram, false);
+const char* schedule_name(PipelineSchedule s) { return s == PipelineSchedule::one_f_one_b ? "1f1b" : "gpipe"; }
+
+int MemoryPlan::message_index(bool forward, int mb) const {
+  if (pipeline == PipelineSchedule::one_f_one_b) return micro_batches - 1 - mb;
+  return forward ? mb : micro_batches - 1 - mb;
+}
+
+MemoryPlan plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches, bool vram,
+                       PipelineSchedule schedule) {
+  MemoryPlan plan = plan_with(g, partition, part, micro_batches, vram, false, schedule);
   plan.all_in_compute = plan.in_compute_tier;
   return plan;
 }
 
 Result<MemoryPlan> plan_memory(const Graph& g, const Partition& partition, int part, int micro_batches,
                                const MemoryOptions& options) {
-  MemoryPlan whole = plan_memory(g, partition, part, micro_batches, options.vram);
+  MemoryPlan whole = plan_memory(g, partition, part, micro_batches, options.vram, options.schedule);
   whole.budget = options.budget;
   if (options.budget <= 0 || whole.in_compute_tier <= options.budget) return whole;
-  MemoryPlan plan = plan_with(g, partition, part, micro_batches, options.vram, true);
+  MemoryPlan plan = plan_with(g, partition, part, micro_batches, options.vram, true, PipelineSchedule::gpipe);
   plan.budget = options.budget;
   plan.all_in_compute = whole.in_compute_tier;
   if (plan.in_compute_tier > options.budget) {
@@ -376,9 +417,11 @@ Result<MemoryPlan> plan_memory(const Graph& g, const Partition& partition, int p
 std::string format_plan(const Graph& g, const MemoryPlan& plan) {
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "stage %d: %zu scheduled op runs over %d micro-batch(es)\n", plan.part,
-                plan.schedule.size(), plan.micro_batches);
+  std::snprintf(line, sizeof line, "stage %d: %zu scheduled op runs over %d micro-batch(es), %s\n", plan.part,
+                plan.schedule.size(), plan.micro_batches,
+                plan.offload ? "op-major (offloaded)" : schedule_name(plan.pipeline));
   out += line;
+  if (!plan.schedule_note.empty()) out += "  " + plan.schedule_note + "\n";
   for (const ArenaPlan& a : plan.arenas) {
     std::snprintf(line, sizeof line, "  arena %-9s %-4s %10s x%d  %s\n", a.name.c_str(),
                   std::string(tier_name(a.tier)).c_str(), format_size(static_cast<uint64_t>(a.bytes)).c_str(),

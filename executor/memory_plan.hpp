@@ -1,6 +1,13 @@
 // The static memory plan of one pipeline stage (X4). The stage's schedule is
 // GPipe's: the forward ops for every micro-batch in flight, then the backward
-// ops in reverse micro-batch order. Every tensor instance (a tensor of one
+// ops in reverse micro-batch order; or 1F1B (PipelineSchedule): stage s of S
+// runs the forwards of min(S - s, M) micro-batches, then alternates one
+// backward and one forward, so at most S - s micro-batches' activations are
+// alive at once (one on a single stage: gradient accumulation) instead of M.
+// 1F1B takes the micro-batches in descending order, forward and backward, so
+// every parameter gradient sums its micro-batches in GPipe's order: the same
+// bits. 1F1B needs the forward pass to flow from lower stages to higher ones
+// (else the plan stays GPipe's and says why). Every tensor instance (a tensor of one
 // micro-batch) lives from its first write to its last read in that schedule;
 // instances whose lifetimes do not overlap share memory. Per-step tensors
 // (parameters, their gradients, optimizer state) have arenas of their own.
@@ -62,14 +69,22 @@ struct Visit {
   int64_t offset = 0, bytes = 0;  // in the window
 };
 
+enum class PipelineSchedule { gpipe, one_f_one_b };
+const char* schedule_name(PipelineSchedule s);
+
 struct MemoryOptions {
   bool vram = false;   // the kernels run on a GPU (the compute tier is VRAM, else DRAM)
   int64_t budget = 0;  // bytes of the compute tier for this stage's tensors; 0: no limit
+  // 1F1B bounds the activations alive at once (an offloaded plan stays
+  // op-major: each parameter loaded once per phase).
+  PipelineSchedule schedule = PipelineSchedule::gpipe;
 };
 
 struct MemoryPlan {
   int part = 0;
   int micro_batches = 1;
+  PipelineSchedule pipeline = PipelineSchedule::gpipe;  // what `schedule` follows (op-major when offloaded)
+  std::string schedule_note;  // why 1F1B was asked and not run (stages out of order), or ""
   std::vector<std::pair<int, int>> schedule;  // (op, micro-batch)
   std::vector<Placement> work;     // per-micro-batch instances in the work arena
   std::vector<Placement> params, grads, optimizer;
@@ -92,6 +107,10 @@ struct MemoryPlan {
   int64_t update_chunk = 0;
   int update_arrays = 0;
 
+  // Where micro-batch `mb`'s message comes in the order every stage handles
+  // a channel's messages of one step (0 first): forward and backward alike
+  // in 1F1B (descending micro-batches), backward reversed in GPipe's.
+  int message_index(bool forward, int mb) const;
   // The placement of an instance, or nullptr.
   const Placement* find(int tensor, int micro_batch) const;
   int64_t total_bytes() const;
@@ -99,7 +118,8 @@ struct MemoryPlan {
 
 // Plans stage `part`. `vram`: the kernels run on a GPU, and every tensor
 // goes to the VRAM tier (so do the messages; control words stay in DRAM).
-MemoryPlan plan_memory(const Graph& graph, const Partition& partition, int part, int micro_batches, bool vram = false);
+MemoryPlan plan_memory(const Graph& graph, const Partition& partition, int part, int micro_batches, bool vram = false,
+                       PipelineSchedule schedule = PipelineSchedule::gpipe);
 // The same within options.budget: everything in the compute tier when it
 // fits, else offloaded. Errors: tier_exhausted when
 // even the work arena and the window of one op's parameters exceed the

@@ -288,6 +288,80 @@ Result<Partition> partition_from(const Graph& graph, int parts, int micro_batche
   return p;
 }
 
+bool order_stages(const Graph& graph, Partition* p) {
+  const auto n = static_cast<size_t>(p->parts);
+  std::vector<std::set<int>> next(n);
+  std::vector<int> preds(n, 0);
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    if (graph.ops[i].phase != Phase::forward) continue;
+    const int to = p->of_op[i];
+    for (int t : graph.ops[i].in) {
+      const int producer = graph.tensors[static_cast<size_t>(t)].producer;
+      if (producer < 0) continue;
+      const int from = p->of_op[static_cast<size_t>(producer)];
+      if (from != to && next[static_cast<size_t>(from)].insert(to).second) ++preds[static_cast<size_t>(to)];
+    }
+  }
+  std::vector<int> order;  // order[new] = old
+  std::set<int> ready;
+  for (size_t s = 0; s < n; ++s) {
+    if (preds[s] == 0) ready.insert(static_cast<int>(s));
+  }
+  while (!ready.empty()) {
+    const int s = *ready.begin();
+    ready.erase(ready.begin());
+    order.push_back(s);
+    for (int t : next[static_cast<size_t>(s)]) {
+      if (--preds[static_cast<size_t>(t)] == 0) ready.insert(t);
+    }
+  }
+  if (order.size() != n) return false;  // a cycle
+  std::vector<int> renamed(n);  // renamed[old] = new
+  for (size_t i = 0; i < n; ++i) renamed[static_cast<size_t>(order[i])] = static_cast<int>(i);
+  for (int& s : p->of_forward_op) s = renamed[static_cast<size_t>(s)];
+  for (int& s : p->of_op) {
+    if (s >= 0) s = renamed[static_cast<size_t>(s)];
+  }
+  auto permute = [&](auto& per_part) {
+    if (per_part.size() != n) return;
+    auto old = per_part;
+    for (size_t i = 0; i < n; ++i) per_part[i] = old[static_cast<size_t>(order[i])];
+  };
+  permute(p->part_flops);
+  permute(p->part_bytes);
+  permute(p->predicted_seconds);
+  return true;
+}
+
+std::string flows_back(const Graph& graph, const Partition& p) {
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    if (graph.ops[i].phase != Phase::forward) continue;
+    for (int t : graph.ops[i].in) {
+      const int producer = graph.tensors[static_cast<size_t>(t)].producer;
+      if (producer < 0) continue;
+      const int from = p.of_op[static_cast<size_t>(producer)], to = p.of_op[i];
+      if (from > to) {
+        return "'" + graph.tensors[static_cast<size_t>(t)].name + "' goes from stage " + std::to_string(from) +
+               " back to stage " + std::to_string(to) + " in the forward pass";
+      }
+    }
+  }
+  return "";
+}
+
+Result<std::string> order_for_1f1b(const Graph& graph, int micro_batches, Partition* p) {
+  if (p->parts <= 1 || flows_back(graph, *p).empty()) return std::string();
+  Partition before = *p;
+  if (order_stages(graph, p)) return std::string("1f1b: stages renumbered along the forward pass");
+  const std::string why = flows_back(graph, before);
+  TIERMEM_ASSIGN_OR_RETURN(Partition contiguous, partition(graph, p->parts, PartitionMethod::greedy, micro_batches));
+  *p = std::move(contiguous);
+  char imbalance[64];
+  std::snprintf(imbalance, sizeof imbalance, "%.1f%%", 100 * p->flops_imbalance);
+  return "1f1b: the " + std::string(method_name(before.method)) + " cut feeds stages both ways (" + why +
+         "): cut contiguously along it instead (FLOP imbalance " + imbalance + ")";
+}
+
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
                             uint64_t seed) {
   const Weights w = weigh(graph, micro_batches);

@@ -88,6 +88,23 @@ std::vector<double> forward_op_flops(const Graph& graph, int micro_batches);
 // invalid_argument (a length or stage out of range).
 Result<Partition> partition_from(const Graph& graph, int parts, int micro_batches, std::vector<int> of_forward_op);
 
+// Numbers the stages so that the forward pass flows from lower stages to
+// higher ones (what 1F1B's warm-up needs; METIS numbers its parts as it
+// likes): a topological order of the stages, the lowest number first among
+// equals, so an ordered partition stays as it is. False, and nothing
+// changed, where the stages feed each other both ways (a residual stream
+// cut back and forth).
+bool order_stages(const Graph& graph, Partition* p);
+// "" where the forward pass flows from lower stages to higher ones only,
+// else the first tensor that goes back ("'x' goes from stage 1 back to
+// stage 0 in the forward pass").
+std::string flows_back(const Graph& graph, const Partition& p);
+// A partition 1F1B can run: the stages numbered along the forward pass
+// (order_stages), or where they feed each other both ways the contiguous
+// FLOP-balanced cut (greedy) instead. Returns what it changed, for a log
+// line ("" : nothing).
+Result<std::string> order_for_1f1b(const Graph& graph, int micro_batches, Partition* p);
+
 // Errors: invalid_argument (more parts than forward ops), internal (METIS).
 Result<Partition> partition(const Graph& graph, int parts, PartitionMethod method, int micro_batches,
                             uint64_t seed = 1);

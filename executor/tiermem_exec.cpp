@@ -70,6 +70,11 @@ constexpr const char* k_budget_help =
     "bytes of the tier the kernels compute in (VRAM on a GPU, DRAM on the CPU) this rank's tensors may take, e.g. "
     "6GiB; when its parameters, gradients, optimizer state and activations do not fit, the first three live one "
     "tier down (DRAM under VRAM, PMEM under DRAM) and stream through a window (offload)";
+constexpr const char* k_schedule_help =
+    "the order of a step's micro-batches: gpipe (every forward, then every backward: every micro-batch's "
+    "activations at once) or 1f1b (one backward after each forward once the pipeline is full: a stage keeps at most "
+    "the stages from it to the last micro-batches' activations, one on a single stage; the same bits; an offloaded "
+    "stage stays op-major)";
 
 // --stage-gflops: each stage's GEMM rate, in GFLOP/s, comma-separated; the
 // links all `link_gbps` GB/s with `link_us` of latency.
@@ -101,7 +106,7 @@ Result<std::vector<StageCost>> stage_costs_of(const std::string& rates, int stag
 }
 
 int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram, int64_t budget,
-         const std::string& rates, double link_gbps, double link_us) {
+         PipelineSchedule schedule, const std::string& rates, double link_gbps, double link_us) {
   auto g = training_graph(model, micro_batches, stages, split);
   if (!g.ok()) return fail(g.status());
   auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
@@ -127,9 +132,14 @@ int plan(const std::string& model, int stages, int micro_batches, bool split, bo
               p->method == PartitionMethod::time ? "time" : "METIS",
               format_size(static_cast<uint64_t>(p->cut_bytes)).c_str(), 100 * p->flops_imbalance,
               100 * p->memory_imbalance);
+  if (schedule == PipelineSchedule::one_f_one_b) {
+    auto reordered = order_for_1f1b(*g, micro_batches, &*p);
+    if (!reordered.ok()) return fail(reordered.status());
+    if (!reordered->empty()) std::printf("%s\n\n", reordered->c_str());
+  }
   int64_t total = 0;
   for (int s = 0; s < stages; ++s) {
-    auto planned = plan_memory(*g, *p, s, micro_batches, {.vram = vram, .budget = budget});
+    auto planned = plan_memory(*g, *p, s, micro_batches, {.vram = vram, .budget = budget, .schedule = schedule});
     if (!planned.ok()) return fail(planned.status());
     const MemoryPlan& mp = *planned;
     std::printf("%s", format_plan(*g, mp).c_str());
@@ -254,6 +264,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   train_cmd->add_option("--micro-batches", opt.micro_batches, "micro-batches per step")->capture_default_str();
+  train_cmd->add_option("--schedule", opt.schedule, k_schedule_help)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
   train_cmd->add_option("--collectives", opt.collectives,
                         "how data-parallel replicas all-reduce their gradients and tensor-parallel ranks sum their "
                         "parts: auto (NCCL in a group whose ranks are all on GPUs, the gradients in buckets beside "
@@ -359,6 +372,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("MODEL", model, "model file")->required()->check(CLI::ExistingFile);
   plan_cmd->add_option("--stages", stages, "pipeline stages")->capture_default_str();
   plan_cmd->add_option("--micro-batches", micro_batches, "micro-batches per step")->capture_default_str();
+  std::string plan_schedule = "gpipe";
+  plan_cmd->add_option("--schedule", plan_schedule, k_schedule_help)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
   bool no_split = false;
   plan_cmd->add_flag("--no-split", no_split, "keep every op whole (see `partition`)");
   std::string plan_device = "cpu";
@@ -377,8 +394,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   plan_cmd->callback([&] {
     auto budget = budget_of(plan_budget);
-    rc = budget.ok() ? plan(model, stages, micro_batches, !no_split, plan_device != "cpu", *budget, stage_gflops,
-                            link_gbps, link_us)
+    const PipelineSchedule schedule = plan_schedule == "1f1b" ? PipelineSchedule::one_f_one_b : PipelineSchedule::gpipe;
+    rc = budget.ok() ? plan(model, stages, micro_batches, !no_split, plan_device != "cpu", *budget, schedule,
+                            stage_gflops, link_gbps, link_us)
                      : fail(budget.status());
   });
 

@@ -53,6 +53,10 @@ struct TrainOptions {
   int stages = 0;                // pipeline stages; 0: one per rank (per tensor-parallel group)
   int tensor_parallel = 1;       // ranks sharing each split block (tensor_parallel.hpp)
   int micro_batches = 2;
+  // The order of a step's micro-batches (memory_plan.hpp): "gpipe" (every
+  // forward, then every backward) or "1f1b" (at most the stages after this
+  // one plus one micro-batches' activations at once; the same bits).
+  std::string schedule = "gpipe";
   // How data-parallel gradients and tensor-parallel sums are reduced
   // (collectives.hpp): "auto" (NCCL where every member of a group is a GPU
   // rank), "nccl" (an error where it cannot be), "tiermem".

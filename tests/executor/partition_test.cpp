@@ -257,6 +257,73 @@ TEST(PartitionTest, TooManyStagesIsAClearError) {
       << p.status().message();
 }
 
+// 1F1B (memory_plan.hpp): after order_for_1f1b every forward tensor flows
+// to the same or a later stage; each stage runs every (op, micro-batch)
+// once, a micro-batch's backward after its forward, micro-batches in
+// descending order, with at most (stages - stage) micro-batches between
+// their first forward and last backward; and every channel's messages come
+// in one order at both ends (message_index).
+TEST(MemoryPlanTest, OneForwardOneBackwardRunsEveryOpOnceWithFewMicroBatchesInFlight) {
+  constexpr int k_many = 6;
+  for (const char* name : k_models) {
+    for (int parts : {1, 2, 3}) {
+      Graph g = forward_graph(name);
+      ASSERT_TRUE(split_for_balance(g, parts, k_many).ok());
+      ASSERT_TRUE(add_training(g, 1.0f / k_many).ok());
+      auto p = partition(g, parts, PartitionMethod::metis, k_many);
+      ASSERT_TRUE(p.ok());
+      ASSERT_TRUE(order_for_1f1b(g, k_many, &*p).ok());
+      EXPECT_EQ(flows_back(g, *p), "") << name << " over " << parts;
+      for (int stage = 0; stage < parts; ++stage) {
+        SCOPED_TRACE(std::string(name) + " stage " + std::to_string(stage) + " of " + std::to_string(parts));
+        const MemoryPlan gpipe = plan_memory(g, *p, stage, k_many);
+        const MemoryPlan plan = plan_memory(g, *p, stage, k_many, false, PipelineSchedule::one_f_one_b);
+        ASSERT_EQ(plan.pipeline, PipelineSchedule::one_f_one_b);
+        EXPECT_TRUE(plan.schedule_note.empty()) << plan.schedule_note;
+        std::multiset<std::pair<int, int>> a(gpipe.schedule.begin(), gpipe.schedule.end());
+        std::multiset<std::pair<int, int>> b(plan.schedule.begin(), plan.schedule.end());
+        EXPECT_EQ(a, b) << "the same op runs, in another order";
+        std::map<int, int> first_forward, last_backward;
+        int previous_forward_mb = k_many;
+        for (size_t pos = 0; pos < plan.schedule.size(); ++pos) {
+          const auto [op, mb] = plan.schedule[pos];
+          if (g.ops[op].phase == Phase::forward) {
+            if (!first_forward.count(mb)) {
+              EXPECT_LT(mb, previous_forward_mb) << "micro-batches descending";
+              previous_forward_mb = mb;
+              first_forward[mb] = static_cast<int>(pos);
+            }
+          } else {
+            EXPECT_TRUE(first_forward.count(mb)) << "a backward of micro-batch " << mb << " before its forward";
+            last_backward[mb] = static_cast<int>(pos);
+          }
+        }
+        for (size_t pos = 0; pos < plan.schedule.size(); ++pos) {
+          int in_flight = 0;
+          for (const auto& [mb, start] : first_forward) {
+            if (start <= static_cast<int>(pos) && (!last_backward.count(mb) || last_backward[mb] >= static_cast<int>(pos))) {
+              ++in_flight;
+            }
+          }
+          EXPECT_LE(in_flight, parts - stage) << "at position " << pos;
+        }
+        // Never more work memory (on a GPU, where nothing sent waits for the
+        // step's end); on one stage, one micro-batch's instead of six.
+        const int64_t vram_gpipe = plan_memory(g, *p, stage, k_many, true).work_peak;
+        const int64_t vram_1f1b = plan_memory(g, *p, stage, k_many, true, PipelineSchedule::one_f_one_b).work_peak;
+        EXPECT_LE(vram_1f1b, vram_gpipe);
+        if (parts == 1) {
+          EXPECT_LT(vram_1f1b * 3, vram_gpipe);
+        }
+        for (int mb = 0; mb < k_many; ++mb) {
+          EXPECT_EQ(plan.message_index(true, mb), plan.message_index(false, mb));
+          EXPECT_EQ(gpipe.message_index(false, mb), plan.message_index(false, mb)) << "gradients in GPipe's order";
+        }
+      }
+    }
+  }
+}
+
 TEST(MemoryPlanTest, SharedWorkMemoryNeverHoldsTwoLiveTensors) {
   for (const char* name : k_models) {
     for (int parts : {1, 2, 4}) {

@@ -67,6 +67,9 @@ Status Trainer::set_up() {
                 m_opt.precision == "bf16" ? ", GEMMs in bf16 (fp32 sums)" : "",
                 m_arenas.placement(*m_compute).c_str());
   }
+  if (!m_opt.quiet && !m_job.plan.schedule_note.empty()) {
+    std::printf("rank %d: %s\n", m_env.rank, m_job.plan.schedule_note.c_str());
+  }
   if (m_arenas.resumed() && m_arenas.committed() >= m_job.total_steps) {
     return Status(ErrorCode::failed_precondition,
                   "job '" + m_opt.job + "' already finished: rank " + std::to_string(m_env.rank) + " committed step " +

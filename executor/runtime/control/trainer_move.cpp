@@ -142,7 +142,9 @@ Status Trainer::copy_state(const JobPlan& old, const Arenas& old_arenas, int64_t
   for (int s = 0; s < stages; ++s) {
     const RankProfile& owner = m_profiles.ranks()[static_cast<size_t>(old.topo.rank_of(s, 0))];
     TIERMEM_ASSIGN_OR_RETURN(MemoryPlan p, plan_memory(old.graph, old.partition, s, old.micro_batches,
-                                                       {.vram = owner.device_memory, .budget = owner.budget}));
+                                                       {.vram = owner.device_memory,
+                                                        .budget = owner.budget,
+                                                        .schedule = pipeline_schedule(m_opt)}));
     plans.push_back(std::move(p));
     if (s == old.topo.stage()) continue;
     TIERMEM_ASSIGN_OR_RETURN(params[s], m_dir->peer(old.topo.rank_of(s, 0), "params"));

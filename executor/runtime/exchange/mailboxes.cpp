@@ -45,7 +45,7 @@ int64_t Mailboxes::bytes(const JobPlan& job) {
 
 uint64_t Mailboxes::training_sequence(const Channel& c, int mb, int64_t step) const {
   // A receiver waiting for message n then knows messages up to n are written.
-  const int k = c.forward ? mb : m_job.micro_batches - 1 - mb;
+  const int k = m_job.plan.message_index(c.forward, mb);
   return static_cast<uint64_t>(step) * static_cast<uint64_t>(m_job.micro_batches) + static_cast<uint64_t>(k) + 1;
 }
 

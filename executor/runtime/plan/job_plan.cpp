@@ -11,6 +11,11 @@
 #include "executor/tensor_parallel.hpp"
 
 namespace tiermem::exec {
+
+PipelineSchedule pipeline_schedule(const TrainOptions& options) {
+  return options.schedule == "1f1b" ? PipelineSchedule::one_f_one_b : PipelineSchedule::gpipe;
+}
+
 namespace {
 
 Status check_dataset(const Graph& graph, const Split& data) {
@@ -52,9 +57,18 @@ Status check_dataset(const Graph& graph, const Split& data) {
 // What follows from the partition: the channels, this stage's memory, the
 // loss's stage.
 Status place(const TrainOptions& options, JobPlan* job) {
+  // 1F1B: the forward pass from lower stages to higher ones (renumbered,
+  // else cut contiguously).
+  std::string reordered;
+  if (pipeline_schedule(options) == PipelineSchedule::one_f_one_b) {
+    TIERMEM_ASSIGN_OR_RETURN(reordered, order_for_1f1b(job->graph, job->micro_batches, &job->partition));
+  }
   job->channels = channels_of(job->graph, job->partition);
   TIERMEM_ASSIGN_OR_RETURN(job->plan, plan_memory(job->graph, job->partition, job->topo.stage(), job->micro_batches,
-                                                  {.vram = options.device != "cpu", .budget = options.budget}));
+                                                  {.vram = options.device != "cpu",
+                                                   .budget = options.budget,
+                                                   .schedule = pipeline_schedule(options)}));
+  if (!reordered.empty()) job->plan.schedule_note = reordered;
   job->loss_stage = job->partition.of_op[job->graph.tensors[job->graph.loss].producer];
   return Status();
 }

@@ -59,6 +59,8 @@ struct JobPlan {
 // Errors: those of loading the model; invalid_argument for a world that the
 // stages do not divide, a bad --micro-batches.
 Result<JobPlan> plan_model(const TrainOptions& options, const RankEnv& env);
+// --schedule as the memory plan takes it (options.cpp checked the name).
+PipelineSchedule pipeline_schedule(const TrainOptions& options);
 // ... then the dataset (load_dataset's result) and the step counts. Errors:
 // those of loading it; invalid_argument for a model whose inputs do not
 // match it.
