@@ -56,24 +56,29 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto c = cluster.node(1).connect("health_bench");
+  // What went wrong, with what node 1 saw last and the daemons' logs.
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "health_bench: %s (node 1 sees node 3 as %d)\n%s\n", what.c_str(),
+                 static_cast<int>(test::health_of(*c, 3)), cluster.logs().c_str());
+    return 1;
+  };
   std::vector<double> stop_s, kill_s;
   for (int t = 0; t < trials; ++t) {
-    if (until(*c, NodeHealth::healthy, 10) < 0) return 1;
+    if (until(*c, NodeHealth::healthy, 10) < 0) return fail("node 3 not healthy again 10 s after SIGCONT, trial " + std::to_string(t));
     ::kill(cluster.node(3).pid(), SIGSTOP);
     stop_s.push_back(until(*c, NodeHealth::unreachable, 10));
     ::kill(cluster.node(3).pid(), SIGCONT);
   }
   for (int t = 0; t < trials; ++t) {
-    if (until(*c, NodeHealth::healthy, 10) < 0) return 1;
+    if (until(*c, NodeHealth::healthy, 10) < 0) return fail("node 3 not healthy 10 s after its restart, trial " + std::to_string(t));
     cluster.node(3).kill();
     kill_s.push_back(until(*c, NodeHealth::unreachable, 10));
-    if (!cluster.node(3).restart()) return 1;
+    if (!cluster.node(3).restart()) return fail("node 3 did not start again, trial " + std::to_string(t));
   }
   for (const auto* v : {&stop_s, &kill_s}) {
     for (double x : *v) {
       if (x < 0) {
-        std::fprintf(stderr, "a trial never saw the node unreachable\n");
-        return 1;
+        return fail("a trial never saw the node unreachable");
       }
     }
   }
