@@ -67,6 +67,7 @@ struct Op {
   std::vector<int> in, out;
   std::vector<bool> accumulate;  // per output: add into it instead of overwriting
   int origin = -1;               // backward/update ops: the forward op (or param) they come from
+  bool recompute = false;        // a forward op run again in the backward pass (checkpointing, autodiff.cpp)
   int64_t column = 0;            // slice_grad: the first column of dY it takes
   int64_t heads = 0;             // attention, rotary (and their gradients): heads
   int64_t context = 0;           // attention, rotary: rows per sequence
@@ -121,6 +122,9 @@ Result<Graph> load_model(const std::string& path);
 // Adds the backward pass (X2) and the optimizer's update ops and state.
 // `grad_scale` multiplies the loss gradient (1 / samples per optimizer step
 // beyond the micro-batch: micro-batches x data-parallel replicas).
-Status add_training(Graph& graph, float grad_scale);
+// `checkpoint_segments` > 1: activation checkpointing over that many
+// segments of the forward pass (autodiff.cpp): their inner activations are
+// computed again in the backward pass instead of kept.
+Status add_training(Graph& graph, float grad_scale, int checkpoint_segments = 0);
 
 }  // namespace tiermem::exec

@@ -39,14 +39,14 @@ using namespace tiermem::exec;
 
 // The model with its heavy ops split for `parts` stages (unless told not
 // to), and its training ops.
-Result<Graph> training_graph(const std::string& model, int micro_batches, int parts, bool split) {
+Result<Graph> training_graph(const std::string& model, int micro_batches, int parts, bool split, int checkpoint = 0) {
   TIERMEM_ASSIGN_OR_RETURN(auto g, load_model(model));
   if (split) {
     TIERMEM_ASSIGN_OR_RETURN(auto report, split_for_balance(g, parts, micro_batches));
     for (const std::string& line : report) std::printf("%s\n", line.c_str());
     if (!report.empty()) std::printf("\n");
   }
-  TIERMEM_RETURN_IF_ERROR(add_training(g, 1.0f / static_cast<float>(micro_batches)));
+  TIERMEM_RETURN_IF_ERROR(add_training(g, 1.0f / static_cast<float>(micro_batches), checkpoint));
   return g;
 }
 
@@ -70,6 +70,10 @@ constexpr const char* k_budget_help =
     "bytes of the tier the kernels compute in (VRAM on a GPU, DRAM on the CPU) this rank's tensors may take, e.g. "
     "6GiB; when its parameters, gradients, optimizer state and activations do not fit, the first three live one "
     "tier down (DRAM under VRAM, PMEM under DRAM) and stream through a window (offload)";
+constexpr const char* k_checkpoint_help =
+    "activation checkpointing: cut the forward pass into this many segments (where the fewest activation bytes "
+    "cross) and compute each segment's inner activations again in the backward pass instead of keeping them (about "
+    "a third more FLOPs, the same bits; one stage only, for now)";
 constexpr const char* k_schedule_help =
     "the order of a step's micro-batches: gpipe (every forward, then every backward: every micro-batch's "
     "activations at once) or 1f1b (one backward after each forward once the pipeline is full: a stage keeps at most "
@@ -106,8 +110,12 @@ Result<std::vector<StageCost>> stage_costs_of(const std::string& rates, int stag
 }
 
 int plan(const std::string& model, int stages, int micro_batches, bool split, bool vram, int64_t budget,
-         PipelineSchedule schedule, const std::string& rates, double link_gbps, double link_us) {
-  auto g = training_graph(model, micro_batches, stages, split);
+         PipelineSchedule schedule, int checkpoint, const std::string& rates, double link_gbps, double link_us) {
+  if (checkpoint > 1 && stages > 1) {
+    return fail(Status(ErrorCode::invalid_argument, "--checkpoint with --stages " + std::to_string(stages) +
+                                                        ": activation checkpointing runs on one stage for now"));
+  }
+  auto g = training_graph(model, micro_batches, stages, split, checkpoint);
   if (!g.ok()) return fail(g.status());
   auto p = partition(*g, stages, PartitionMethod::metis, micro_batches);
   if (!p.ok()) return fail(p.status());
@@ -267,6 +275,7 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--schedule", opt.schedule, k_schedule_help)
       ->capture_default_str()
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  train_cmd->add_option("--checkpoint", opt.checkpoint, k_checkpoint_help)->check(CLI::NonNegativeNumber);
   train_cmd->add_option("--collectives", opt.collectives,
                         "how data-parallel replicas all-reduce their gradients and tensor-parallel ranks sum their "
                         "parts: auto (NCCL in a group whose ranks are all on GPUs, the gradients in buckets beside "
@@ -376,6 +385,8 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--schedule", plan_schedule, k_schedule_help)
       ->capture_default_str()
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  int plan_checkpoint = 0;
+  plan_cmd->add_option("--checkpoint", plan_checkpoint, k_checkpoint_help)->check(CLI::NonNegativeNumber);
   bool no_split = false;
   plan_cmd->add_flag("--no-split", no_split, "keep every op whole (see `partition`)");
   std::string plan_device = "cpu";
@@ -396,7 +407,7 @@ int main(int argc, char** argv) {
     auto budget = budget_of(plan_budget);
     const PipelineSchedule schedule = plan_schedule == "1f1b" ? PipelineSchedule::one_f_one_b : PipelineSchedule::gpipe;
     rc = budget.ok() ? plan(model, stages, micro_batches, !no_split, plan_device != "cpu", *budget, schedule,
-                            stage_gflops, link_gbps, link_us)
+                            plan_checkpoint, stage_gflops, link_gbps, link_us)
                      : fail(budget.status());
   });
 

@@ -57,6 +57,9 @@ struct TrainOptions {
   // forward, then every backward) or "1f1b" (at most the stages after this
   // one plus one micro-batches' activations at once; the same bits).
   std::string schedule = "gpipe";
+  // > 1: activation checkpointing over this many segments of the forward
+  // pass (autodiff.cpp; one stage only, for now).
+  int checkpoint = 0;
   // How data-parallel gradients and tensor-parallel sums are reduced
   // (collectives.hpp): "auto" (NCCL where every member of a group is a GPU
   // rank), "nccl" (an error where it cannot be), "tiermem".

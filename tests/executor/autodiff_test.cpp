@@ -5,6 +5,8 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
+#include <algorithm>
 #include <vector>
 
 #include "executor/compute.hpp"
@@ -170,11 +172,8 @@ op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "next"] output: 
 loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
 }
 
-TEST(AutodiffTest, ALlamaBlockRmsNormRotaryGroupedQueryAttentionAndSwiGlu) {
-  // Llama's parts: RMS_NORM, rotary positions on the query and key heads,
-  // attention with 2 query heads sharing 1 key/value head, and SwiGLU
-  // (MUL of silu(gate) and up).
-  check_gradients(R"(
+// A Llama block and its head (the test below, and checkpointing's).
+constexpr const char* k_llama_block = R"(
 name: "llama" micro_batch: 2
 tensor { name: "ids" shape: [8] role: INPUT dtype: I32 }
 tensor { name: "y" shape: [8] role: LABEL dtype: I32 }
@@ -203,7 +202,13 @@ op { name: "down" type: MATMUL input: ["p", "wd"] output: "dn" }
 op { name: "res2" type: ADD input: ["h", "dn"] output: "z" }
 op { name: "out" type: MATMUL input: ["z", "head"] output: "logits" }
 op { name: "loss" type: SOFTMAX_CROSS_ENTROPY input: ["logits", "y"] output: "l" }
-loss: "l" optimizer { type: ADAM learning_rate: 0.01 })");
+loss: "l" optimizer { type: ADAM learning_rate: 0.01 })";
+
+TEST(AutodiffTest, ALlamaBlockRmsNormRotaryGroupedQueryAttentionAndSwiGlu) {
+  // Llama's parts: RMS_NORM, rotary positions on the query and key heads,
+  // attention with 2 query heads sharing 1 key/value head, and SwiGLU
+  // (MUL of silu(gate) and up).
+  check_gradients(k_llama_block);
 }
 
 TEST(AutodiffTest, ConcatOfColumnBlocks) {
@@ -420,6 +425,64 @@ loss: "l" optimizer { )") + optimizer + " }",
         EXPECT_NE(next[t], committed[t]) << optimizer << " input " << i;
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace tiermem::exec
+
+namespace tiermem::exec {
+namespace {
+
+// Activation checkpointing (add_training's segments): the backward pass
+// recomputes each segment's forward ops as "@recompute" clones, reads their
+// outputs instead of the forward pass's, never runs the loss twice, keeps
+// fewer forward activations for the backward pass, and gives every parameter
+// gradient the bits of the graph without it.
+TEST(AutodiffTest, CheckpointedSegmentsRecomputeTheirActivationsToTheSameBits) {
+  auto parsed = parse_model(k_llama_block, "checkpointed");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  Graph plain = *parsed, checkpointed = *parsed;
+  ASSERT_TRUE(add_training(plain, 1.0f).ok());
+  ASSERT_TRUE(add_training(checkpointed, 1.0f, 3).ok());
+  auto kept = [](const Graph& g) {  // forward activations a backward-phase op reads
+    std::set<int> out;
+    for (int i : g.ops_of(Phase::backward)) {
+      for (int t : g.ops[i].in) {
+        const Tensor& tensor = g.tensors[t];
+        if (tensor.role == Role::activation && tensor.producer >= 0 && g.ops[tensor.producer].phase == Phase::forward) {
+          out.insert(t);
+        }
+      }
+    }
+    return out;
+  };
+  int clones = 0;
+  for (const Op& op : checkpointed.ops) {
+    if (!op.recompute) continue;
+    ++clones;
+    EXPECT_TRUE(op.name.ends_with("@recompute")) << op.name;
+    EXPECT_EQ(op.phase, Phase::backward) << op.name;
+    EXPECT_NE(op.kind, proto::SOFTMAX_CROSS_ENTROPY) << "the loss runs once";
+    for (int t : op.out) EXPECT_EQ(checkpointed.tensors[t].producer, &op - checkpointed.ops.data()) << op.name;
+  }
+  EXPECT_GT(clones, 3);
+  const std::set<int> plain_kept = kept(plain), checkpointed_kept = kept(checkpointed);
+  EXPECT_LT(checkpointed_kept.size(), plain_kept.size());
+  EXPECT_TRUE(std::includes(plain_kept.begin(), plain_kept.end(), checkpointed_kept.begin(), checkpointed_kept.end()));
+  Buffers a = allocate(plain, 7), b = allocate(checkpointed, 7);
+  const float loss_a = forward(plain, a), loss_b = forward(checkpointed, b);
+  EXPECT_EQ(loss_a, loss_b);
+  for (int i : plain.ops_of(Phase::backward)) run_op(plain, plain.ops[i], std::ref(a));
+  for (int i : checkpointed.ops_of(Phase::backward)) run_op(checkpointed, checkpointed.ops[i], std::ref(b));
+  const std::vector<int> params = plain.params();
+  ASSERT_EQ(params, checkpointed.params());
+  for (int p : params) {
+    const int ga = plain.tensors[p].grad, gb = checkpointed.tensors[p].grad;
+    ASSERT_GE(ga, 0);
+    ASSERT_GE(gb, 0);
+    EXPECT_EQ(0, std::memcmp(a.data[ga].data(), b.data[gb].data(), a.data[ga].size() * sizeof(float)))
+        << "the gradient of " << plain.tensors[p].name;
   }
 }
 

@@ -169,6 +169,48 @@ TEST_F(OffloadTest, EvaluationAndAResumeWorkOffloaded) {
   EXPECT_EQ(test::read_file(losses("resumed")), reference);
 }
 
+// Activation checkpointing (--checkpoint, autodiff.cpp): 8 micro-batches of
+// gpt_wide keep 9.0 MiB of activations for the backward pass; over three
+// segments far less, so that 8 micro-batches fit a budget they do not fit
+// without it. The losses are the bits of the run without: all in DRAM, and
+// offloaded with the optimizer on the compute and on the host.
+TEST_F(OffloadTest, CheckpointedSegmentsFitMoreMicroBatchesToTheSameBits) {
+  auto work_mib = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv{test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--micro-batches", "8"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto plan = test::run_command(argv);
+    EXPECT_EQ(plan.exit_code, 0) << plan.out << plan.err;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(plan.out, m, std::regex(R"(arena work +dram +([0-9.]+) MiB)"))) << plan.out;
+    return m.empty() ? 0.0 : std::stod(m[1].str());
+  };
+  const double plain = work_mib({}), checkpointed = work_mib({"--checkpoint", "3"});
+  EXPECT_LT(checkpointed * 3, plain) << "three segments keep a third of the activations or less";
+  auto tight = test::run_command({test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--micro-batches",
+                                  "8", "--budget", "11MiB"});
+  EXPECT_NE(tight.exit_code, 0) << "8 micro-batches do not fit 11 MiB without checkpointing: " << tight.out;
+  EXPECT_GT(work_mib({"--budget", "11MiB", "--checkpoint", "3"}), 0) << "with it they do";
+
+  const std::vector<std::string> steps{"--steps", "12", "--micro-batches", "8", "-q"};
+  run(1, "ckpt-whole", steps);
+  const std::string whole = test::read_file(losses("ckpt-whole"));
+  ASSERT_EQ(values(whole).size(), 12u) << whole;
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"--checkpoint", "3"},
+           {"--checkpoint", "3", "--budget", "11MiB"},
+           {"--checkpoint", "3", "--budget", "11MiB", "--offload-update", "host"}}) {
+    std::vector<std::string> args = steps;
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string job = "ckpt" + std::to_string(args.size());
+    run(1, job, args);
+    EXPECT_EQ(test::read_file(losses(job)), whole) << "checkpointed, " << args.size() << " arguments: the same bits";
+  }
+  int rc = 0;
+  const std::string refused = run(2, "ckpt-stages", {"--steps", "2", "--checkpoint", "2"}, &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(refused.find("activation checkpointing runs on one stage for now"), std::string::npos) << refused;
+}
+
 TEST_F(OffloadTest, ABudgetTooSmallForTheActivationsIsRefusedBeforeAnythingIsAllocated) {
   int rc = 0;
   const std::string logs = run(1, "tiny", {"--steps", "2", "--budget", "1MiB"}, &rc);

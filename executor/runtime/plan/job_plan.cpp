@@ -83,8 +83,14 @@ Status plan_graph(const TrainOptions& options, JobPlan* job) {
     // function of the model, the stages and the micro-batches.
     TIERMEM_ASSIGN_OR_RETURN(job->split_report, split_for_balance(job->graph, job->topo.stages, job->micro_batches));
   }
-  TIERMEM_RETURN_IF_ERROR(
-      add_training(job->graph, 1.0f / static_cast<float>(job->micro_batches * job->topo.replicas)));
+  if (options.checkpoint > 1 && job->topo.stages > 1) {
+    return Status(ErrorCode::invalid_argument,
+                  "--checkpoint " + std::to_string(options.checkpoint) + " with " + std::to_string(job->topo.stages) +
+                      " pipeline stages: activation checkpointing runs on one stage for now (a recomputed segment "
+                      "would send its activations between stages again); use --stages 1 or leave it out");
+  }
+  TIERMEM_RETURN_IF_ERROR(add_training(job->graph, 1.0f / static_cast<float>(job->micro_batches * job->topo.replicas),
+                                       options.checkpoint));
   TIERMEM_ASSIGN_OR_RETURN(job->partition,
                            partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
   return place(options, job);

@@ -68,7 +68,8 @@ Status StageRunner::run_op_at(int op_id, const StepPoint& at) {
   } else {
     auto span = m_trace.span(SpanKind::compute, op.name);
     Slowdown::Scope slowed(m_slowdown, at.step >= m_options.slowdown_from);
-    run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward);
+    // Gradients sum their contributions; a recomputed forward op writes.
+    run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward && !op.recompute);
   }
   m_evaluator.ran(op, resolve, at);
   return m_feeder.send_outputs(op_id, at);
