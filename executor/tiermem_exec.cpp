@@ -73,7 +73,8 @@ constexpr const char* k_budget_help =
 constexpr const char* k_checkpoint_help =
     "activation checkpointing: cut the forward pass into this many segments (where the fewest activation bytes "
     "cross) and compute each segment's inner activations again in the backward pass instead of keeping them (about "
-    "a third more FLOPs, the same bits; one stage only, for now)";
+    "a third more FLOPs, the same bits; one stage only, for now). Left out, a budget that the activations do not fit "
+    "even offloaded gets the fewest of 2, 4, 8, ... segments that fit; 1: never";
 constexpr const char* k_schedule_help =
     "the order of a step's micro-batches: gpipe (every forward, then every backward: every micro-batch's "
     "activations at once) or 1f1b (one backward after each forward once the pipeline is full: a stage keeps at most "
@@ -114,6 +115,29 @@ int plan(const std::string& model, int stages, int micro_batches, bool split, bo
   if (checkpoint > 1 && stages > 1) {
     return fail(Status(ErrorCode::invalid_argument, "--checkpoint with --stages " + std::to_string(stages) +
                                                         ": activation checkpointing runs on one stage for now"));
+  }
+  // As the trainer plans (job_plan.cpp): activations that do not fit the
+  // budget even offloaded, on one stage, are checkpointed over the fewest
+  // of 2, 4, 8, ... segments that fit.
+  if (checkpoint == 0 && stages == 1 && budget > 0) {
+    auto fits = [&](int segments) {
+      auto graph = training_graph(model, micro_batches, 1, split, segments);
+      if (!graph.ok()) return false;
+      auto one = partition(*graph, 1, PartitionMethod::metis, micro_batches);
+      return one.ok() && plan_memory(*graph, *one, 0, micro_batches, {.vram = vram, .budget = budget}).ok();
+    };
+    if (!fits(0)) {
+      auto forward = load_model(model);
+      const int forward_ops = forward.ok() ? static_cast<int>(forward->ops_of(Phase::forward).size()) : 0;
+      for (int segments = 2; segments <= forward_ops; segments *= 2) {
+        if (fits(segments)) {
+          std::printf("activations do not fit the budget: checkpointed over %d segments (--checkpoint %d)\n\n",
+                      segments, segments);
+          checkpoint = segments;
+          break;
+        }
+      }
+    }
   }
   auto g = training_graph(model, micro_batches, stages, split, checkpoint);
   if (!g.ok()) return fail(g.status());

@@ -65,6 +65,7 @@ class OffloadTest : public test::ExecClusterTest {
     return logs;
   }
   std::string losses(const std::string& job) const { return m_dir + "/" + job + ".losses"; }
+  int m_jobs = 0;
 };
 
 TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
@@ -187,23 +188,32 @@ TEST_F(OffloadTest, CheckpointedSegmentsFitMoreMicroBatchesToTheSameBits) {
   const double plain = work_mib({}), checkpointed = work_mib({"--checkpoint", "3"});
   EXPECT_LT(checkpointed * 3, plain) << "three segments keep a third of the activations or less";
   auto tight = test::run_command({test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--micro-batches",
-                                  "8", "--budget", "11MiB"});
+                                  "8", "--budget", "11MiB", "--checkpoint", "1"});
   EXPECT_NE(tight.exit_code, 0) << "8 micro-batches do not fit 11 MiB without checkpointing: " << tight.out;
   EXPECT_GT(work_mib({"--budget", "11MiB", "--checkpoint", "3"}), 0) << "with it they do";
+  auto chosen = test::run_command({test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--micro-batches",
+                                   "8", "--budget", "11MiB"});
+  EXPECT_EQ(chosen.exit_code, 0) << chosen.out << chosen.err;
+  EXPECT_NE(chosen.out.find("activations do not fit the budget: checkpointed over 4 segments"), std::string::npos)
+      << "the planner checkpoints when nothing else fits: " << chosen.out;
 
-  const std::vector<std::string> steps{"--steps", "12", "--micro-batches", "8", "-q"};
+  const std::vector<std::string> steps{"--steps", "12", "--micro-batches", "8", "--log-every", "100"};
   run(1, "ckpt-whole", steps);
   const std::string whole = test::read_file(losses("ckpt-whole"));
   ASSERT_EQ(values(whole).size(), 12u) << whole;
   for (const auto& extra : std::vector<std::vector<std::string>>{
            {"--checkpoint", "3"},
            {"--checkpoint", "3", "--budget", "11MiB"},
-           {"--checkpoint", "3", "--budget", "11MiB", "--offload-update", "host"}}) {
+           {"--checkpoint", "3", "--budget", "11MiB", "--offload-update", "host"},
+           {"--budget", "11MiB", "--offload-update", "host"}}) {
     std::vector<std::string> args = steps;
     args.insert(args.end(), extra.begin(), extra.end());
-    const std::string job = "ckpt" + std::to_string(args.size());
-    run(1, job, args);
-    EXPECT_EQ(test::read_file(losses(job)), whole) << "checkpointed, " << args.size() << " arguments: the same bits";
+    const std::string job = "ckpt" + std::to_string(++m_jobs);
+    const std::string log = run(1, job, args);
+    EXPECT_EQ(test::read_file(losses(job)), whole) << job << " (" << extra.size() << " more arguments): the same bits";
+    if (std::find(extra.begin(), extra.end(), "--checkpoint") == extra.end()) {
+      EXPECT_NE(log.find("checkpointed over 4 segments"), std::string::npos) << "chosen by the planner: " << log;
+    }
   }
   int rc = 0;
   const std::string refused = run(2, "ckpt-stages", {"--steps", "2", "--checkpoint", "2"}, &rc);

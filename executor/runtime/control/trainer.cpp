@@ -67,6 +67,7 @@ Status Trainer::set_up() {
                 m_opt.precision == "bf16" ? ", GEMMs in bf16 (fp32 sums)" : "",
                 m_arenas.placement(*m_compute).c_str());
   }
+  if (!m_opt.quiet && !m_job.checkpoint_note.empty()) std::printf("rank %d: %s\n", m_env.rank, m_job.checkpoint_note.c_str());
   if (!m_opt.quiet && !m_job.plan.schedule_note.empty()) {
     std::printf("rank %d: %s\n", m_env.rank, m_job.plan.schedule_note.c_str());
   }

@@ -89,11 +89,33 @@ Status plan_graph(const TrainOptions& options, JobPlan* job) {
                       " pipeline stages: activation checkpointing runs on one stage for now (a recomputed segment "
                       "would send its activations between stages again); use --stages 1 or leave it out");
   }
-  TIERMEM_RETURN_IF_ERROR(add_training(job->graph, 1.0f / static_cast<float>(job->micro_batches * job->topo.replicas),
-                                       options.checkpoint));
-  TIERMEM_ASSIGN_OR_RETURN(job->partition,
-                           partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
-  return place(options, job);
+  const Graph forward = job->graph;
+  auto train_with = [&](int segments) -> Status {
+    job->graph = forward;
+    job->checkpoint = segments;
+    TIERMEM_RETURN_IF_ERROR(
+        add_training(job->graph, 1.0f / static_cast<float>(job->micro_batches * job->topo.replicas), segments));
+    TIERMEM_ASSIGN_OR_RETURN(job->partition,
+                             partition(job->graph, job->topo.stages, PartitionMethod::metis, job->micro_batches));
+    return place(options, job);
+  };
+  Status planned = train_with(options.checkpoint);
+  // A budget the activations do not fit even offloaded, on one stage and
+  // with no --checkpoint given: checkpointed over 2, 4, 8, ... segments,
+  // the fewest that fit (the same choice on every rank of the same budget).
+  if (planned.code() != ErrorCode::tier_exhausted || options.checkpoint != 0 || job->topo.stages != 1 ||
+      options.budget <= 0) {
+    return planned;
+  }
+  const auto forward_ops = static_cast<int>(forward.ops_of(Phase::forward).size());
+  for (int segments = 2; segments <= forward_ops; segments *= 2) {
+    if (train_with(segments).ok()) {
+      job->checkpoint_note = "activations do not fit the budget: checkpointed over " + std::to_string(segments) +
+                             " segments (--checkpoint " + std::to_string(segments) + ")";
+      return Status();
+    }
+  }
+  return planned.with_context("checkpointed over up to " + std::to_string(forward_ops) + " segments it does not fit either");
 }
 
 }  // namespace

@@ -34,6 +34,8 @@ struct JobPlan {
   std::vector<std::string> tp_report;     // blocks split over the tensor-parallel group
   std::vector<Channel> channels;
   MemoryPlan plan;  // of this rank's stage
+  int checkpoint = 0;          // the segments the graph was checkpointed over (autodiff.cpp; 0: none)
+  std::string checkpoint_note;  // why, when the planner chose it
   Split data;
   int micro_batches = 1;
   int loss_stage = 0;
