@@ -219,6 +219,9 @@ class Compute {
   // What is queued from here on waits for side copy `ticket` and those
   // before it.
   virtual void wait_side(uint64_t ticket) { (void)ticket; }
+  // The calling host thread waits until side copy `ticket` (and those
+  // before it) is done; any thread may call it.
+  virtual void host_wait_side(uint64_t ticket) { (void)ticket; }
   // Host memory the side copies use often (an offloaded rank's home arenas,
   // mapped from the daemon's DRAM tier): page-locked for the device so that
   // copies run on the copy engines at their speed, beside the kernels.

@@ -364,6 +364,13 @@ class CudaCompute final : public Compute {
     check(cudaStreamWaitEvent(m_stream, m_side_events[2 * (ticket % k_side_ring) + 1], 0), "wait");
     m_side_waited = ticket;
   }
+  // From another thread (the host's optimizer): the ticket's event, or a
+  // later copy's that took its slot (a longer wait, never a shorter one).
+  // Errors surface at the compute's next sync.
+  void host_wait_side(uint64_t ticket) override {
+    if (ticket == 0 || m_side == nullptr) return;
+    (void)cudaEventSynchronize(m_side_events[2 * (ticket % k_side_ring) + 1]);
+  }
 
   bool pin_host(void* p, size_t bytes) override {
     if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {

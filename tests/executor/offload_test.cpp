@@ -214,6 +214,11 @@ TEST_F(OffloadTest, CheckpointedSegmentsFitMoreMicroBatchesToTheSameBits) {
     if (std::find(extra.begin(), extra.end(), "--checkpoint") == extra.end()) {
       EXPECT_NE(log.find("checkpointed over 4 segments"), std::string::npos) << "chosen by the planner: " << log;
     }
+    if (std::find(extra.begin(), extra.end(), "host") != extra.end()) {
+      // Each parameter updated as soon as its gradient is home (no clipping here).
+      EXPECT_TRUE(std::regex_search(log, std::regex(R"(optimizer on the host; [1-9][0-9]* parameter updates a step beside the backward pass)")))
+          << log;
+    }
   }
   int rc = 0;
   const std::string refused = run(2, "ckpt-stages", {"--steps", "2", "--checkpoint", "2"}, &rc);

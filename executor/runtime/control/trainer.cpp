@@ -141,9 +141,12 @@ Status Trainer::train_steps() {
   report_collectives();
   if (stage->stream().active() && !m_opt.quiet && m_job.total_steps > first) {
     const auto steps = static_cast<uint64_t>(m_job.total_steps - first);
-    const std::string where = stage->host_adam() != nullptr ? "host: " + stage->host_adam()->describe()
-                              : m_opt.update_on_host              ? "host"
-                                                                  : "compute";
+    std::string where = stage->host_adam() != nullptr ? "host: " + stage->host_adam()->describe()
+                        : m_opt.update_on_host              ? "host"
+                                                            : "compute";
+    if (const uint64_t beside = stage->overlapped_updates(); beside > 0) {
+      where += "; " + std::to_string(beside / steps) + " parameter updates a step beside the backward pass";
+    }
     std::printf("offload: %s loaded and %s drained per step through a %s window (optimizer on the %s)\n",
                 format_size(static_cast<uint64_t>(stage->stream().loaded_bytes()) / steps).c_str(),
                 format_size(static_cast<uint64_t>(stage->stream().drained_bytes()) / steps).c_str(),

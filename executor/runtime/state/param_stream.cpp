@@ -73,6 +73,13 @@ void ParamStream::after(int pos) {
   }
 }
 
+std::vector<int> ParamStream::drained_at(int pos) const {
+  std::vector<int> out;
+  if (!active()) return out;
+  for (int i : m_drain[static_cast<size_t>(pos)]) out.push_back(m_job.plan.visits[static_cast<size_t>(i)].tensor);
+  return out;
+}
+
 void ParamStream::load_for(const Op& op, int64_t parity) {
   if (!active()) return;
   // Between steps the window is free (the step's side copies are done: it

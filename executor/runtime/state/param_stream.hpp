@@ -35,6 +35,10 @@ class ParamStream {
   // parameters are copy `parity`.
   void before(int pos, int64_t parity);
   void after(int pos);
+  // The tensors drained home after position `pos` (parameters' gradients),
+  // and the ticket of the last drain issued (side copies run in order).
+  std::vector<int> drained_at(int pos) const;
+  uint64_t last_drain() const { return m_last_drain; }
   // The optimizer on the compute (its kernels, so the bits of a run that
   // fits): every parameter and its gradient and state, chunk by chunk,
   // loaded from the committed copy `parity` into one half of the window

@@ -1,6 +1,7 @@
 #include "executor/runtime/step/stage.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include <tiermem/status_macros.h>
 
@@ -31,6 +32,18 @@ StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
     m_host_adam = std::make_unique<HostAdamPool>();
     m_host_compute = make_cpu_compute(m_host_adam.get());
     m_update_compute = m_host_compute.get();
+  }
+  if (p.job.plan.offload && p.options.update_on_host && p.job.graph.optimizer.max_grad_norm() <= 0) {
+    Compute* host = m_host_compute.get();
+    if (host == nullptr) {
+      m_overlap_compute = make_cpu_compute();
+      host = m_overlap_compute.get();
+    }
+    m_host_updater = std::make_unique<HostUpdater>(p.job.graph, p.compute, *host);
+    for (int i : m_schedule.update_ops()) {
+      const Op& op = p.job.graph.ops[static_cast<size_t>(i)];
+      if (op.in.size() >= 2) m_update_of_grad[op.in[1]] = i;
+    }
   }
 }
 
@@ -80,6 +93,21 @@ Status StageRunner::run_position(int pos, int64_t step) {
   m_stream.before(pos, step % 2);
   TIERMEM_RETURN_IF_ERROR(run_op_at(op, StepPoint{.step = step, .pos = pos, .mb = mb}));
   m_stream.after(pos);
+  if (m_host_updater != nullptr) {
+    for (int grad : m_stream.drained_at(pos)) {
+      auto it = m_update_of_grad.find(grad);
+      if (it == m_update_of_grad.end()) continue;
+      // The update writes the copy the step before last committed from:
+      // the step before committed first.
+      if (!m_settled) {
+        TIERMEM_RETURN_IF_ERROR(m_committer.settle());
+        m_settled = true;
+      }
+      m_host_updater->queue(
+          it->second, m_stream.last_drain(), [this, step](int t) { return m_feeder.memory(t, -1, step, true); },
+          [this, step](int t) { return m_feeder.memory(t, -1, step, false); });
+    }
+  }
   m_sums.gradients->after_position(pos);
   return Status();
 }
@@ -98,6 +126,9 @@ Status StageRunner::update(int64_t step) {
   }
   // Offloaded, on the compute: chunks through the window.
   if (m_stream.active() && !m_options.update_on_host) return m_stream.update(m_schedule.update_ops(), step % 2);
+  // On the host beside the backward pass: what it did not update yet.
+  std::set<int> done;
+  if (m_host_updater != nullptr) done = m_host_updater->finish();
   // Clipping: the norm of every gradient of the step (the stage's, which
   // plan_model checked is the job's), before any update reads one.
   if (const float max_norm = m_job.graph.optimizer.max_grad_norm(); max_norm > 0) {
@@ -105,6 +136,7 @@ Status StageRunner::update(int64_t step) {
   }
   const TensorMemory committed = [&](int t) { return m_feeder.memory(t, -1, step, false); };
   for (int i : m_schedule.update_ops()) {
+    if (done.count(i) != 0) continue;
     run_op(compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)],
            [&](int t) { return m_feeder.memory(t, -1, step, true); }, false, &committed);
   }
@@ -114,6 +146,7 @@ Status StageRunner::update(int64_t step) {
 // The ops of the step and the optimizer, queued (on a GPU) or run.
 Status StageRunner::compute_step(int64_t step) {
   m_compute.reset_stats();
+  m_settled = false;
   // Offloaded, every gradient starts zeroed in the window and is drained
   // home whole (one never written stays as allocated: zero).
   if (!m_stream.active()) m_compute.zero(m_arenas.grads().data(), static_cast<size_t>(m_arenas.grads_bytes()));
@@ -161,6 +194,7 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
   m_compute.set_dropout(m_options.seed, true);
   m_compute.set_step(step + 1);
   if (m_update_compute != &m_compute) m_update_compute->set_step(step + 1);
+  if (m_overlap_compute != nullptr) m_overlap_compute->set_step(step + 1);
   TIERMEM_RETURN_IF_ERROR(m_replay ? replay_step(step) : compute_step(step));
   StepStats taken;
   m_compute.take_stats(&taken.loss_sum, &taken.correct);

@@ -15,12 +15,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 
 #include <tiermem/client.h>
 
 #include "executor/compute.hpp"
 #include "executor/host_adam.hpp"
+#include "executor/runtime/step/host_updater.hpp"
 #include "executor/runtime/state/arenas.hpp"
 #include "executor/runtime/step/committer.hpp"
 #include "executor/runtime/step/evaluator.hpp"
@@ -64,6 +66,8 @@ class StageRunner {
   const ParamStream& stream() const { return m_stream; }
   // The host's optimizer threads (offloaded with --offload-update host), or null.
   const HostAdamPool* host_adam() const { return m_host_adam.get(); }
+  // Parameter updates run beside the backward pass since the start (0: none).
+  uint64_t overlapped_updates() const { return m_host_updater != nullptr ? m_host_updater->ran() : 0; }
   // The evaluation of the parameters committed after `committed` steps
   // (Evaluator::evaluate).
   Status evaluate(int64_t committed, EvalResult* result);
@@ -95,6 +99,12 @@ class StageRunner {
   std::unique_ptr<HostAdamPool> m_host_adam;  // its pinned threads (host_adam.hpp)
   std::unique_ptr<Compute> m_host_compute;
   Compute* m_update_compute;
+  // Offloaded, the optimizer on the host and no clipping: each parameter
+  // updated as soon as its gradient is home, beside the backward pass.
+  std::unique_ptr<Compute> m_overlap_compute;  // the CPU's own (a CPU rank's compute is busy with the step)
+  std::unique_ptr<HostUpdater> m_host_updater;
+  std::map<int, int> m_update_of_grad;  // parameter gradient -> its update op
+  bool m_settled = false;               // this step: the one before committed (settle) already
   Committer m_committer;
   Evaluator m_evaluator;
   bool m_capturing = false;
