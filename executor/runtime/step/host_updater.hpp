@@ -1,5 +1,6 @@
 // The optimizer on the host, overlapped with the backward pass (offloaded
-// with --offload-update host, no gradient clipping): as soon as a
+// with --offload-update host, no gradient clipping, no data-parallel
+// replicas whose sums come after the step): as soon as a
 // parameter's gradient has been drained home (its side copy done), a worker
 // thread updates that parameter on the host compute (HostAdamPool's pinned
 // threads on a GPU rank) while the compute goes on with the rest of the

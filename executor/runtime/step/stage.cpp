@@ -33,7 +33,10 @@ StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
     m_host_compute = make_cpu_compute(m_host_adam.get());
     m_update_compute = m_host_compute.get();
   }
-  if (p.job.plan.offload && p.options.update_on_host && p.job.graph.optimizer.max_grad_norm() <= 0) {
+  // Not with data-parallel replicas: their gradients are summed after the
+  // step's sync, and an update may start only from the sum.
+  if (p.job.plan.offload && p.options.update_on_host && p.job.graph.optimizer.max_grad_norm() <= 0 &&
+      p.job.topo.replicas == 1) {
     Compute* host = m_host_compute.get();
     if (host == nullptr) {
       m_overlap_compute = make_cpu_compute();

@@ -99,8 +99,9 @@ class StageRunner {
   std::unique_ptr<HostAdamPool> m_host_adam;  // its pinned threads (host_adam.hpp)
   std::unique_ptr<Compute> m_host_compute;
   Compute* m_update_compute;
-  // Offloaded, the optimizer on the host and no clipping: each parameter
-  // updated as soon as its gradient is home, beside the backward pass.
+  // Offloaded, the optimizer on the host, no clipping and one replica: each
+  // parameter updated as soon as its gradient is home, beside the backward
+  // pass.
   std::unique_ptr<Compute> m_overlap_compute;  // the CPU's own (a CPU rank's compute is busy with the step)
   std::unique_ptr<HostUpdater> m_host_updater;
   std::map<int, int> m_update_of_grad;  // parameter gradient -> its update op
