@@ -20,25 +20,42 @@ namespace {
 #define TIERMEM_ADAM_CLONES
 #endif
 
-// `decoupled` fixed per instantiation so that the loop has no branch.
+// What every element of one step's update reads, worked out once.
+struct Constants {
+  float shrink, beta1, beta2, one_b1, one_b2, step_size, c2_sqrt, eps, wd, scale;
+};
+
+inline Constants constants_of(const AdamStep& s) {
+  return {1.0f - s.lr * s.weight_decay, s.beta1, s.beta2, 1.0f - s.beta1, 1.0f - s.beta2, s.step_size, s.c2_sqrt,
+          s.epsilon, s.weight_decay, s.grad_scale};
+}
+
+// adam_element, written out (optimizer_math.hpp): the same operations;
+// `Decoupled` fixed per instantiation so that the loops have no branch.
+struct Element {
+  float p, m, v;
+};
+
+template <bool Decoupled>
+inline Element adam_one(const Constants& k, float p0, float grad, float m0, float v0) {
+  const float g0 = grad * k.scale;
+  const float p = Decoupled ? p0 * k.shrink : p0;
+  const float g = Decoupled ? g0 : g0 + k.wd * p0;
+  const float mi = k.beta1 * m0 + k.one_b1 * g;
+  const float vi = k.beta2 * v0 + k.one_b2 * g * g;
+  return {p - k.step_size * mi / (std::sqrt(vi) / k.c2_sqrt + k.eps), mi, vi};
+}
+
 template <bool Decoupled>
 inline void adam_loop(const float* __restrict param_in, float* __restrict param, const float* __restrict grad,
                       const float* __restrict m_in, float* __restrict m, const float* __restrict v_in,
                       float* __restrict v, const AdamStep& s, int64_t count) {
-  const float shrink = 1.0f - s.lr * s.weight_decay;
-  const float beta1 = s.beta1, beta2 = s.beta2, one_b1 = 1.0f - s.beta1, one_b2 = 1.0f - s.beta2;
-  const float step_size = s.step_size, c2_sqrt = s.c2_sqrt, eps = s.epsilon, wd = s.weight_decay;
-  const float scale = s.grad_scale;
+  const Constants k = constants_of(s);
   for (int64_t i = 0; i < count; ++i) {
-    // adam_element, written out (optimizer_math.hpp): the same operations.
-    const float g0 = grad[i] * scale;
-    const float p = Decoupled ? param_in[i] * shrink : param_in[i];
-    const float g = Decoupled ? g0 : g0 + wd * param_in[i];
-    const float mi = beta1 * m_in[i] + one_b1 * g;
-    const float vi = beta2 * v_in[i] + one_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p - step_size * mi / (std::sqrt(vi) / c2_sqrt + eps);
+    const Element e = adam_one<Decoupled>(k, param_in[i], grad[i], m_in[i], v_in[i]);
+    param[i] = e.p;
+    m[i] = e.m;
+    v[i] = e.v;
   }
 }
 
@@ -48,20 +65,12 @@ inline void adam_loop(const float* __restrict param_in, float* __restrict param,
 template <bool Decoupled>
 inline void adam_loop_in_place(float* param, const float* __restrict grad, float* m, float* v, const AdamStep& s,
                                int64_t count) {
-  const float shrink = 1.0f - s.lr * s.weight_decay;
-  const float beta1 = s.beta1, beta2 = s.beta2, one_b1 = 1.0f - s.beta1, one_b2 = 1.0f - s.beta2;
-  const float step_size = s.step_size, c2_sqrt = s.c2_sqrt, eps = s.epsilon, wd = s.weight_decay;
-  const float scale = s.grad_scale;
+  const Constants k = constants_of(s);
   for (int64_t i = 0; i < count; ++i) {
-    const float g0 = grad[i] * scale;
-    const float p0 = param[i];
-    const float p = Decoupled ? p0 * shrink : p0;
-    const float g = Decoupled ? g0 : g0 + wd * p0;
-    const float mi = beta1 * m[i] + one_b1 * g;
-    const float vi = beta2 * v[i] + one_b2 * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] = p - step_size * mi / (std::sqrt(vi) / c2_sqrt + eps);
+    const Element e = adam_one<Decoupled>(k, param[i], grad[i], m[i], v[i]);
+    param[i] = e.p;
+    m[i] = e.m;
+    v[i] = e.v;
   }
 }
 
