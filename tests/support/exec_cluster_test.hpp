@@ -5,10 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "tests/support/exec_rank.hpp"
 #include "tests/support/failure_recap.hpp"
 #include "tests/support/test_daemon.hpp"
 
@@ -27,8 +30,31 @@ class ExecClusterTest : public ::testing::Test {
     if (HasFailure()) std::fprintf(stderr, "%s\n%s", m_cluster->logs().c_str(), failure_recap().c_str());
   }
 
+  // Runs `world` ranks of tiermem-exec with `args`, rank r next to node
+  // r % 2 + 1, and waits for them; returns their logs. A rank that failed
+  // fails the case unless `rc` takes the worst exit code.
+  std::string run_ranks(int world, const std::vector<std::string>& args, int* rc = nullptr) {
+    std::vector<std::unique_ptr<ExecRank>> ranks;
+    for (int r = 0; r < world; ++r) {
+      ranks.push_back(std::make_unique<ExecRank>(r, world, m_cluster->node(r % 2 + 1).socket(), args,
+                                                 m_dir + "/rank" + std::to_string(r) + "-" + std::to_string(m_runs) +
+                                                     ".log"));
+    }
+    ++m_runs;
+    int worst = 0;
+    std::string logs;
+    for (auto& rank : ranks) {
+      worst = std::max(worst, rank->wait());
+      logs += rank->log();
+    }
+    if (rc != nullptr) *rc = worst;
+    else EXPECT_EQ(worst, 0) << logs;
+    return logs;
+  }
+
   std::unique_ptr<TestCluster> m_cluster;
   std::string m_dir;  // the cluster's directory: logs, losses, traces
+  int m_runs = 0;     // run_ranks calls so far
 };
 
 }  // namespace tiermem::test

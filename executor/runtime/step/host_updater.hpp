@@ -9,6 +9,7 @@
 // waits for every queued update and says which ran.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -38,7 +39,7 @@ class HostUpdater {
   // Waits for everything queued; the ops that ran since the last finish().
   std::set<int> finish();
   // Updates run beside the backward pass since the start.
-  uint64_t ran() const { return m_ran; }
+  uint64_t ran() const { return m_ran.load(std::memory_order_relaxed); }
 
  private:
   struct Job {
@@ -56,7 +57,7 @@ class HostUpdater {
   std::deque<Job> m_jobs;
   std::set<int> m_done;
   bool m_busy = false, m_stop = false;
-  uint64_t m_ran = 0;  // read after finish() (under its lock's ordering)
+  std::atomic<uint64_t> m_ran{0};
   std::thread m_worker;
 };
 
