@@ -96,15 +96,16 @@ offload_section() {
   # 5. Offload: bench/models/gpt_offload.pbtxt (12 x 1024, 152 M parameters,
   #    GEMM-bound) with a VRAM budget of a third of its fp32 state (the two
   #    parameter copies, gradients and Adam's two copies: 4.0 GiB), against
-  #    the same model all in VRAM; both optimizer placements (--offload-update
+  #    the same model all in VRAM; the optimizer placements (--offload-update
   #    device: chunks through the window, the kernels of the run that fits;
-  #    host: the CPU's Adam over the DRAM tier, ZeRO-Offload's). Prints:
+  #    host: the CPU's Adam over the DRAM tier, ZeRO-Offload's; auto: per
+  #    parameter by the measured rates, its reason printed). Prints:
   #    offload_<update>_vs_all_in_vram_ratio = all-in step / offloaded step
   #    (goal >= 0.7); TFLOP/s of each (6 x parameters x tokens per step);
   #    the copies' bytes per step, their time at cudaMemcpy's pinned rate
   #    (gpu_bench's 64 MiB figure, both directions), and the part of it hidden
   #    behind compute: 1 - (offloaded - all-in) / that time.
-  #    OFFLOAD_UPDATES="host" (or "device") runs one placement only.
+  #    OFFLOAD_UPDATES="host" (or "device", "auto") runs those placements only.
   local model=$top/bench/models/gpt_offload.pbtxt mb=${OFFLOAD_MICRO_BATCHES:-4} n=${OFFLOAD_STEPS:-30}
   local corpus=${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}
   local state budget all_out
@@ -127,13 +128,15 @@ offload_section() {
   awk -v ms="$all" -v p="$params" -v t="$tokens" -v m="$mb" \
     'BEGIN { printf "offload_all_in_vram_tflops %.4g TFLOP/s\n", 6 * p * t * m / (ms * 1e-3) / 1e12 }'
   local where out off loaded drained
-  for where in ${OFFLOAD_UPDATES:-device host}; do
+  for where in ${OFFLOAD_UPDATES:-device host auto}; do
     out=$("$exec" train "$model" --job "off-$where" --device cuda --steps "$n" --micro-batches "$mb" --log-every 100000 \
       --data "$corpus" --vram-budget "$budget" --offload-update "$where")
     off=$(median <<<"$out")
     loaded=$(sed -n 's/^offload: \([0-9.]*\) \([KMG]\)iB loaded.*/\1 \2/p' <<<"$out")
     drained=$(sed -n 's/.*loaded and \([0-9.]*\) \([KMG]\)iB drained.*/\1 \2/p' <<<"$out")
     echo "offload_${where}_step_ms_median $off ms"
+    # auto: the rank's choice and why, as a comment line.
+    grep -m1 'the optimizer where the step is shortest' <<<"$out" | sed 's/^/# /' || true
     awk -v a="$all" -v o="$off" -v w="$where" -v p="$params" -v t="$tokens" -v m="$mb" -v l="$loaded" -v d="$drained" \
         -v up="$pinned_up" -v down="$pinned_down" 'function bytes(s,  x) { split(s, x, " ")
           return x[1] * (x[2] == "G" ? 2^30 : x[2] == "M" ? 2^20 : 2^10) }

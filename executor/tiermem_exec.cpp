@@ -279,10 +279,17 @@ int main(int argc, char** argv) {
   std::string offload_update = "device";
   train_cmd->add_option("--offload-update", offload_update,
                         "offloaded (--vram-budget), where the optimizer runs: device (its kernels, chunk by chunk "
-                        "through the window: the bits of a run that fits) or host (the CPU over the home tier, "
-                        "ZeRO-Offload's way: no optimizer state crosses the bus)")
+                        "through the window: the bits of a run that fits), host (the CPU over the home tier, "
+                        "ZeRO-Offload's way: no optimizer state crosses the bus) or auto (per parameter: the host "
+                        "takes those whose gradients come home first, beside the backward pass, the device the rest, "
+                        "cut where the step is shortest by the host's Adam rate, the link's rate and the backward "
+                        "pass measured in the first step; it prints why)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"device", "host"}));
+      ->check(CLI::IsMember({"device", "host", "auto"}));
+  train_cmd->add_option("--offload-host-share", opt.host_share,
+                        "with --offload-update auto: this share of the parameters (0 to 1, by elements) on the host "
+                        "instead of the measured choice")
+      ->check(CLI::Range(0.0, 1.0));
   bool no_graphs = false;
   train_cmd->add_flag("--no-graphs", no_graphs,
                       "on a GPU, launch every kernel of every step instead of replaying the step captured once as a "
@@ -389,7 +396,15 @@ int main(int argc, char** argv) {
       return;
     }
     opt.budget = *budget;
-    opt.update_on_host = offload_update == "host";
+    opt.offload_update = offload_update == "host"   ? TrainOptions::OffloadUpdate::host
+                         : offload_update == "auto" ? TrainOptions::OffloadUpdate::automatic
+                                                    : TrainOptions::OffloadUpdate::device;
+    if (opt.host_share >= 0 && opt.offload_update != TrainOptions::OffloadUpdate::automatic) {
+      rc = fail(Status(ErrorCode::invalid_argument,
+                       "--offload-host-share splits the optimizer between host and device: it needs "
+                       "--offload-update auto (this run has --offload-update " + offload_update + ")"));
+      return;
+    }
     auto env = rank_from_environment();
     if (!env.ok()) {
       rc = fail(env.status());

@@ -79,10 +79,15 @@ struct TrainOptions {
   // offloaded (memory_plan.hpp): parameters, gradients and optimizer state
   // one tier down, streamed through a window.
   int64_t budget = 0;
-  // Offloaded: the optimizer on the host over the home tier (the CPU's Adam,
-  // ZeRO-Offload's way) instead of on the compute through the window (the
-  // kernels of a run that fits: its very bits).
-  bool update_on_host = false;
+  // Offloaded: where the optimizer runs. device: on the compute through the
+  // window (the kernels of a run that fits: its very bits); host: on the
+  // host over the home tier (the CPU's Adam, ZeRO-Offload's way); automatic:
+  // per parameter, where the step is shortest by the rates measured in the
+  // first step (update_split.hpp), or `host_share` of the parameters on the
+  // host when that is >= 0.
+  enum class OffloadUpdate { device, host, automatic };
+  OffloadUpdate offload_update = OffloadUpdate::device;
+  double host_share = -1;
   int epochs = 3;
   int64_t steps = 0;             // > 0: stop after this many steps instead
   uint64_t seed = 1;

@@ -12,13 +12,17 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <thread>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <tiermem/client.h>
+#include <tiermem/units.h>
 
 #include "tests/support/exec_cluster_test.hpp"
 #include "tests/support/exec_rank.hpp"
@@ -98,6 +102,26 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   offloaded.insert(offloaded.end(), {"--offload-update", "host", "-q"});
   run(1, "offloaded-host", offloaded);
   EXPECT_EQ(test::read_file(losses("offloaded-host")), whole) << "the optimizer on the host: the same bits";
+  // Per parameter (--offload-update auto): the host's updates of the first
+  // two steps measured with a copy through the window, then each parameter
+  // where the step is shortest; or the share asked for. The same bits.
+  std::vector<std::string> split = steps;
+  split.insert(split.end(), {"--budget", "15MiB", "--offload-update", "auto"});
+  const std::string chosen = run(1, "offloaded-auto", split);
+  EXPECT_TRUE(std::regex_search(chosen, std::regex(R"(rank 0: the optimizer where the step is shortest \(--offload-update auto\): .* parameters on the host, .* through the window; measured: the host's Adam [0-9.]+ G parameters/s, the link [0-9.]+ GB/s)")))
+      << chosen;
+  EXPECT_EQ(test::read_file(losses("offloaded-auto")), whole) << "the optimizer where the step is shortest: the same bits";
+  split.insert(split.end(), {"--offload-host-share", "0.5"});
+  const std::string halves = run(1, "offloaded-half", split);
+  std::smatch shares;
+  ASSERT_TRUE(std::regex_search(halves, shares, std::regex(R"(as asked \(--offload-host-share\): ([0-9.]+) M parameters on the host, ([0-9.]+) M through the window)")))
+      << halves;
+  const double host = std::stod(shares[1]), device = std::stod(shares[2]);
+  EXPECT_GT(host, 0) << halves;
+  EXPECT_GT(device, 0) << halves;
+  EXPECT_LE(host, device + 0.1) << "at most half on the host";
+  EXPECT_NE(halves.find("optimizer on the host for"), std::string::npos) << halves;
+  EXPECT_EQ(test::read_file(losses("offloaded-half")), whole) << "half on the host, half through the window: the same bits";
 
   // Two stages, each offloaded on its own node: the bits of the same two
   // stages whole (a rank of two on a host takes half its cores, and
@@ -226,6 +250,68 @@ TEST_F(OffloadTest, CheckpointedSegmentsFitMoreMicroBatchesToTheSameBits) {
   EXPECT_NE(refused.find("activation checkpointing runs on one stage for now"), std::string::npos) << refused;
 }
 
+// Where a job's tensors live and what its steps move, for the people
+// watching it: the progress line counts the bytes through the window a
+// step, and `tiermemctl job` shows each tensor class's tier with the step
+// report the rank keeps in its own memory (executor/step_report.hpp).
+TEST_F(OffloadTest, TiermemctlShowsWhereAJobsTensorsLiveAndWhatItsStepsMove) {
+  const std::string logs = run(1, "shown", {"--steps", "6", "--log-every", "3", "--budget", "15MiB", "--keep"});
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex(R"(step 6 .* offload ([0-9.]+ [KMG]iB) in, ([0-9.]+ [KMG]iB) out a step)")))
+      << logs;
+  ASSERT_TRUE(std::regex_search(logs, m, std::regex(R"(offload: ([0-9.]+ [KMG]iB) loaded and ([0-9.]+ [KMG]iB) drained per step)")))
+      << logs;
+  const std::string loaded = m[1].str(), drained = m[2].str();
+
+  const std::string socket = m_cluster->node(1).socket();
+  auto shown = test::run_command({test::tiermemctl_path(), "-s", socket, "--json", "job", "shown"});
+  ASSERT_EQ(shown.exit_code, 0) << shown.out << shown.err;
+  const auto j = nlohmann::json::parse(shown.out);
+  ASSERT_EQ(j["ranks"].size(), 1u) << shown.out;
+  const auto& rank = j["ranks"][0];
+  std::map<std::string, nlohmann::json> classes;
+  for (const auto& c : rank["classes"]) classes[c["class"].get<std::string>()] = c;
+  // Offloaded on the CPU: the per-step state one tier down (PMEM), the
+  // activations and the window where the kernels run (DRAM).
+  for (const char* home : {"params", "grads", "optimizer"}) {
+    ASSERT_TRUE(classes.count(home)) << home << "\n" << shown.out;
+    EXPECT_EQ(classes[home]["tier"], "pmem") << home;
+  }
+  for (const char* hot : {"work", "window"}) {
+    ASSERT_TRUE(classes.count(hot)) << hot << "\n" << shown.out;
+    EXPECT_EQ(classes[hot]["tier"], "dram") << hot;
+  }
+  const auto& step = rank["step"];
+  ASSERT_TRUE(step.is_object()) << shown.out;
+  EXPECT_EQ(step["steps_done"], 6);
+  EXPECT_EQ(step["total_steps"], 6);
+  EXPECT_GT(step["step_ms"].get<double>(), 0);
+  // Every parameter is read by the forward pass: at least the parameters
+  // (one of the arena's two copies) come through the window each step, and
+  // the rank's figures are the ones its log printed.
+  const auto params = classes["params"]["bytes"].get<int64_t>();
+  EXPECT_GE(step["loaded_bytes"].get<int64_t>(), params / 2) << shown.out;
+  EXPECT_GT(step["drained_bytes"].get<int64_t>(), 0) << shown.out;
+  EXPECT_EQ(format_size(step["loaded_bytes"].get<uint64_t>()), loaded) << shown.out;
+  EXPECT_EQ(format_size(step["drained_bytes"].get<uint64_t>()), drained) << shown.out;
+
+  auto text = test::run_command({test::tiermemctl_path(), "-s", socket, "job", "shown"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_TRUE(std::regex_search(text.out, std::regex(R"(0 +params +pmem .*parameters)"))) << text.out;
+  EXPECT_NE(text.out.find("rank 0 (stage 0, replica 0): step 6 of 6"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("offloaded: " + loaded + " loaded into the window and " + drained + " written home a step"),
+            std::string::npos)
+      << text.out;
+
+  auto none = test::run_command({test::tiermemctl_path(), "-s", socket, "job", "nosuch"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("no allocation of a job named 'nosuch'"), std::string::npos) << none.err;
+  auto freed = test::run_command({test::tiermemctl_path(), "-s", socket, "free", "--name-prefix", "shown."});
+  EXPECT_EQ(freed.exit_code, 0) << freed.err;
+  auto gone = test::run_command({test::tiermemctl_path(), "-s", socket, "job", "shown"});
+  EXPECT_EQ(gone.exit_code, 1) << gone.out;
+}
+
 TEST_F(OffloadTest, ABudgetTooSmallForTheActivationsIsRefusedBeforeAnythingIsAllocated) {
   int rc = 0;
   const std::string logs = run(1, "tiny", {"--steps", "2", "--budget", "1MiB"}, &rc);
@@ -237,6 +323,11 @@ TEST_F(OffloadTest, ABudgetTooSmallForTheActivationsIsRefusedBeforeAnythingIsAll
   auto list = (*client)->list();
   ASSERT_TRUE(list.ok());
   for (const AllocationInfo& a : *list) EXPECT_EQ(a.name.find("tiny"), std::string::npos) << a.name << " was made";
+  const std::string share = run(1, "share", {"--steps", "2", "--budget", "15MiB", "--offload-host-share", "0.5"}, &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(share.find("--offload-host-share splits the optimizer between host and device: it needs --offload-update auto"),
+            std::string::npos)
+      << share;
   auto bad = test::run_command({test::exec_path(), "plan", source("tests/data/gpt_wide.pbtxt"), "--budget", "lots"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--vram-budget 'lots' is not a size"), std::string::npos) << bad.err;

@@ -199,6 +199,9 @@ TEST_F(ExecGpuTest, AnOffloadedGptTrainsToTheBitsOfTheOneAllInVram) {
   EXPECT_EQ(offloaded, all_in) << "the optimizer on the GPU, offloaded: the bits of the run all in VRAM";
   expect_close(all_in, run_wide({"-q", "--vram-budget", "15MiB", "--offload-update", "host"}), 30, 1e-4,
                "the optimizer on the host");
+  expect_close(all_in,
+               run_wide({"-q", "--vram-budget", "15MiB", "--offload-update", "auto", "--offload-host-share", "0.5"}), 30,
+               1e-4, "half the optimizer on the host, half through the window");
   const auto bf16 = run_wide({"-q", "--precision", "bf16"});
   EXPECT_EQ(run_wide({"-q", "--precision", "bf16", "--vram-budget", "15MiB"}), bf16) << "bf16, offloaded";
 }

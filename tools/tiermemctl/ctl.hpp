@@ -101,6 +101,9 @@ int cmd_translate(const Context& ctx, const std::string& gva);
 int cmd_dump(const Context& ctx);
 int cmd_nodes(const Context& ctx);
 int cmd_health(const Context& ctx);
+// A training job's allocations by rank and tensor class, and each rank's
+// last step report (executor/step_report.hpp).
+int cmd_job(const Context& ctx, const std::string& job);
 int cmd_migrate(const Context& ctx, const std::string& gva, const std::string& tier);
 
 }  // namespace tiermem::ctl

@@ -102,6 +102,13 @@ int main(int argc, char** argv) {
   lookup->add_option("NAME", lookup_name, "its name")->required();
   lookup->callback([&] { rc = cmd_lookup(ctx, lookup_name); });
 
+  std::string job_name;
+  auto* job = app.add_subcommand("job", "a training job's memory: each rank's tensor classes (parameters, gradients, "
+                                        "optimizer state, activations, ...) with their tier and node, and the bytes "
+                                        "its last step moved between the tiers");
+  job->add_option("NAME", job_name, "the job (tiermem-exec train --job NAME)")->required();
+  job->callback([&] { rc = cmd_job(ctx, job_name); });
+
   std::string stats_prefix;
   bool buckets = false;
   auto* stats = app.add_subcommand("stats", "counters and gauges, as the metrics endpoint shows them (operators)");

@@ -69,7 +69,7 @@ Status Progress::cut_changed() {
   m_print = reporter && !m_options.quiet;
   // The progress line's window starts again on the rank that reports now.
   m_window_start = std::chrono::steady_clock::now();
-  m_window_steps = m_window_correct = m_window_rows = 0;
+  m_window_steps = m_window_correct = m_window_rows = m_window_loaded = m_window_drained = 0;
   m_window_loss = 0;
   m_window_comm = m_trace.seconds(SpanKind::comm) + m_trace.seconds(SpanKind::sync);
   m_window_compute = m_trace.seconds(SpanKind::compute);
@@ -91,6 +91,8 @@ void Progress::step_done(int64_t step, const StepStats& stats, double seconds, c
   m_window_loss += loss;
   m_window_correct += stats.correct;
   m_window_rows += stats.rows;
+  m_window_loaded += stats.loaded_bytes;
+  m_window_drained += stats.drained_bytes;
   const bool epoch_end = (step + 1) % m_job.steps_per_epoch == 0;
   const bool last = step + 1 == m_job.total_steps;
   const bool log = m_options.log_every > 0 ? (step + 1) % m_options.log_every == 0 || last : epoch_end || last;
@@ -106,13 +108,20 @@ void Progress::log_window(int64_t step, bool epoch_end, const EvalResult& test) 
               step / m_job.steps_per_epoch + 1, epochs, step + 1, m_window_loss / static_cast<double>(m_window_steps),
               100.0 * static_cast<double>(m_window_correct) / static_cast<double>(std::max<int64_t>(1, m_window_rows)));
   if (test.accuracy >= 0 && epoch_end) std::printf("test acc %.1f%%  test loss %.4f  ", 100 * test.accuracy, test.loss);
-  std::printf("%.0f samples/s  step %.2f ms (communication %.0f%%)\n",
+  std::printf("%.0f samples/s  step %.2f ms (communication %.0f%%)",
               static_cast<double>(m_window_steps * m_job.rows_per_step()) / secs,
               1e3 * secs / static_cast<double>(m_window_steps),
               100 * (comm - m_window_comm) / std::max(1e-9, comm - m_window_comm + compute - m_window_compute));
+  if (m_window_loaded + m_window_drained > 0) {
+    // Offloaded: what crossed between the home tier and the window.
+    std::printf("  offload %s in, %s out a step",
+                format_size(static_cast<uint64_t>(m_window_loaded / m_window_steps)).c_str(),
+                format_size(static_cast<uint64_t>(m_window_drained / m_window_steps)).c_str());
+  }
+  std::printf("\n");
   std::fflush(stdout);
   m_window_start = std::chrono::steady_clock::now();
-  m_window_steps = m_window_correct = m_window_rows = 0;
+  m_window_steps = m_window_correct = m_window_rows = m_window_loaded = m_window_drained = 0;
   m_window_loss = 0;
   m_window_comm = comm;
   m_window_compute = compute;

@@ -1,7 +1,7 @@
 // What a training job tells the people watching it: a header, a line per
-// epoch (or per --log-every steps) with loss, accuracy, throughput and the
-// share of communication, a summary at the end, and the per-step losses file
-// (--losses). Only the reporting rank (the loss's stage, first replica)
+// epoch (or per --log-every steps) with loss, accuracy, throughput, the
+// share of communication and (offloaded) the bytes streamed a step, a
+// summary at the end, and the per-step losses file (--losses). Only the reporting rank (the loss's stage, first replica)
 // prints; every rank may write its trace.
 #pragma once
 
@@ -55,6 +55,7 @@ class Progress {
   std::vector<double> m_step_seconds;  // for the median in the summary
   // The steps since the last progress line.
   int64_t m_window_steps = 0, m_window_correct = 0, m_window_rows = 0;
+  int64_t m_window_loaded = 0, m_window_drained = 0;  // offloaded: bytes through the window
   double m_window_loss = 0, m_window_comm = 0, m_window_compute = 0;
 };
 

@@ -1,5 +1,6 @@
 // Trainer: puts a rank together and runs it (see trainer_impl.hpp).
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "executor/runtime/control/progress.hpp"
 #include "executor/runtime/step/stage.hpp"
 #include "executor/runtime/control/trainer_impl.hpp"
+#include "executor/step_report.hpp"
 
 namespace tiermem::exec {
 
@@ -134,6 +136,7 @@ Status Trainer::train_steps() {
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     if ((step + 1) % m_job.steps_per_epoch == 0 && evaluates) TIERMEM_RETURN_IF_ERROR(stage->evaluate(step + 1, &eval));
     progress.step_done(step, stats, seconds, eval);
+    publish_step(step + 1, stats, seconds);
   }
   if (Status s = stage->finish(); !s.ok()) return s.with_context("step " + std::to_string(m_job.total_steps - 1));
   progress.finish(m_job.total_steps - first, eval);
@@ -141,9 +144,7 @@ Status Trainer::train_steps() {
   report_collectives();
   if (stage->stream().active() && !m_opt.quiet && m_job.total_steps > first) {
     const auto steps = static_cast<uint64_t>(m_job.total_steps - first);
-    std::string where = stage->host_adam() != nullptr ? "host: " + stage->host_adam()->describe()
-                        : m_opt.update_on_host              ? "host"
-                                                            : "compute";
+    std::string where = stage->optimizer_placement();
     if (const uint64_t beside = stage->overlapped_updates(); beside > 0) {
       where += "; " + std::to_string(beside / steps) + " parameter updates a step beside the backward pass";
     }
@@ -153,6 +154,21 @@ Status Trainer::train_steps() {
                 format_size(static_cast<uint64_t>(m_job.plan.window_peak)).c_str(), where.c_str());
   }
   return Status();
+}
+
+void Trainer::publish_step(int64_t done, const StepStats& stats, double seconds) {
+  StepReport r;
+  r.steps_done = done;
+  r.total_steps = m_job.total_steps;
+  r.stage = m_job.topo.stage();
+  r.replica = m_job.topo.replica();
+  r.unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+                  .count();
+  r.step_ms = 1e3 * seconds;
+  r.loaded_bytes = stats.loaded_bytes;
+  r.drained_bytes = stats.drained_bytes;
+  r.updates_beside_backward = static_cast<int64_t>(stats.updates_beside);
+  write_step_report(m_arenas.info().data() + k_step_report_offset, r);
 }
 
 Result<std::unique_ptr<StageRunner>> Trainer::make_stage(bool resumed) {

@@ -38,6 +38,9 @@ class Trainer {
   // Each stage's predicted step time beside the one measured here (a
   // pipeline that measured its devices): on stderr and in the trace.
   void report_stage_time(int64_t steps);
+  // The step report in this rank's info allocation (step_report.hpp), for
+  // `tiermemctl job`: `done` steps, the last one's figures.
+  void publish_step(int64_t done, const StepStats& stats, double seconds);
   // The groups that reduce through NCCL (collectives.hpp), made and
   // checked; after the mesh check, so every rank is up.
   Status make_collectives();

@@ -33,6 +33,7 @@
 #include "executor/compute.hpp"
 #include "executor/runtime/state/job.hpp"
 #include "executor/runtime/plan/job_plan.hpp"
+#include "executor/step_report.hpp"
 
 namespace tiermem::exec {
 
@@ -64,6 +65,9 @@ inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
 // offloaded, and a hash of its GPU's UUID (0: the CPU) (collectives.hpp;
 // 0, 0: not published yet).
 inline constexpr int64_t k_info_collectives = 34 << 10;
+// From 35 KiB on, the step report `tiermemctl job` reads (step_report.hpp).
+static_assert(k_step_report_offset >= k_info_collectives + 24 &&
+              k_step_report_offset + static_cast<int64_t>(sizeof(StepReport)) <= k_info_bytes);
 
 // The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.
 // A slot: words magic, committed step, parameter bytes, optimizer bytes,

@@ -22,11 +22,13 @@ void HostUpdater::queue(int op, uint64_t ticket, const TensorMemory& next, const
   m_wake.notify_one();
 }
 
-std::set<int> HostUpdater::finish() {
+std::set<int> HostUpdater::finish(Round* round) {
   std::unique_lock lock(m_mutex);
   m_idle.wait(lock, [this] { return m_jobs.empty() && !m_busy; });
   std::set<int> done;
   done.swap(m_done);
+  if (round != nullptr) *round = m_round;
+  m_round = Round{};
   return done;
 }
 
@@ -44,9 +46,15 @@ void HostUpdater::work() {
     // The gradient is home once its drain is; then the update, as the
     // step's end would run it.
     m_side.host_wait_side(job.ticket);
-    run_op(m_host, m_graph, m_graph.ops[static_cast<size_t>(job.op)], job.next, false, &job.committed);
+    const Op& op = m_graph.ops[static_cast<size_t>(job.op)];
+    const auto home = std::chrono::steady_clock::now();
+    run_op(m_host, m_graph, op, job.next, false, &job.committed);
+    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - home).count();
     {
       std::lock_guard lock(m_mutex);
+      if (m_round.elements == 0) m_round.first_home = home;
+      m_round.busy_s += busy;
+      m_round.elements += m_graph.tensors[static_cast<size_t>(op.in[0])].elements();
       m_done.insert(job.op);
       ++m_ran;
       m_busy = false;

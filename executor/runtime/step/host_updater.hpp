@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,8 +37,16 @@ class HostUpdater {
   // Update op `op` once side copy `ticket` is done, with the step's memory
   // (next copy) and committed copy; both stay valid until finish().
   void queue(int op, uint64_t ticket, const TensorMemory& next, const TensorMemory& committed);
-  // Waits for everything queued; the ops that ran since the last finish().
-  std::set<int> finish();
+  // What the updates since the last finish() took: the host's rate and the
+  // time the first of them could start (its gradient home).
+  struct Round {
+    std::chrono::steady_clock::time_point first_home{};  // epoch: none ran
+    double busy_s = 0;      // running updates
+    int64_t elements = 0;   // of the parameters updated
+  };
+  // Waits for everything queued; the ops that ran since the last finish()
+  // (and, `round`, what they took).
+  std::set<int> finish(Round* round = nullptr);
   // Updates run beside the backward pass since the start.
   uint64_t ran() const { return m_ran.load(std::memory_order_relaxed); }
 
@@ -56,6 +65,7 @@ class HostUpdater {
   std::condition_variable m_wake, m_idle;
   std::deque<Job> m_jobs;
   std::set<int> m_done;
+  Round m_round;
   bool m_busy = false, m_stop = false;
   std::atomic<uint64_t> m_ran{0};
   std::thread m_worker;

@@ -1,11 +1,14 @@
 #include "executor/runtime/step/stage.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <set>
 
 #include <tiermem/status_macros.h>
 
 #include "executor/interpreter.hpp"
+#include "executor/update_split.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -28,15 +31,32 @@ StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
       m_stream(p.job, p.arenas, p.compute, p.trace), m_update_compute(&p.compute),
       m_committer(p.job, p.options, p.client, p.dir, p.arenas, p.peers, p.trace, p.compute),
       m_evaluator(p.job, m_schedule, m_feeder, p.mail, p.compute, resumed) {
-  if (p.job.plan.offload && p.compute.memory_is_device() && p.options.update_on_host) {
+  using Where = TrainOptions::OffloadUpdate;
+  m_update_mode = p.options.offload_update;
+  // Beside the backward pass: not with clipping (the norm needs every
+  // gradient first), nor with data-parallel replicas (their gradients are
+  // summed after the step's sync, and an update may start only from the
+  // sum).
+  const bool beside = p.job.graph.optimizer.max_grad_norm() <= 0 && p.job.topo.replicas == 1;
+  if (!p.job.plan.offload) m_update_mode = Where::device;
+  if (m_update_mode == Where::automatic && !beside) {
+    // Nothing to hide host work in: the compute's kernels, the bits of a run
+    // that fits.
+    m_update_mode = Where::device;
+    if (!p.options.quiet) {
+      std::printf("rank %d: --offload-update auto: the optimizer on the compute through the window (%s)\n",
+                  p.job.topo.rank,
+                  p.job.topo.replicas > 1 ? "data-parallel replicas update from the sum, after the step"
+                                          : "gradient clipping needs every gradient before any update");
+    }
+  }
+  if (m_update_mode == Where::automatic) m_split_in = 2;
+  if (m_update_mode != Where::device && p.compute.memory_is_device()) {
     m_host_adam = std::make_unique<HostAdamPool>();
     m_host_compute = make_cpu_compute(m_host_adam.get());
     m_update_compute = m_host_compute.get();
   }
-  // Not with data-parallel replicas: their gradients are summed after the
-  // step's sync, and an update may start only from the sum.
-  if (p.job.plan.offload && p.options.update_on_host && p.job.graph.optimizer.max_grad_norm() <= 0 &&
-      p.job.topo.replicas == 1) {
+  if (m_update_mode != Where::device && beside) {
     Compute* host = m_host_compute.get();
     if (host == nullptr) {
       m_overlap_compute = make_cpu_compute();
@@ -99,7 +119,7 @@ Status StageRunner::run_position(int pos, int64_t step) {
   if (m_host_updater != nullptr) {
     for (int grad : m_stream.drained_at(pos)) {
       auto it = m_update_of_grad.find(grad);
-      if (it == m_update_of_grad.end()) continue;
+      if (it == m_update_of_grad.end() || m_device_updates.count(it->second) != 0) continue;
       // The update writes the copy the step before last committed from:
       // the step before committed first.
       if (!m_settled) {
@@ -127,11 +147,26 @@ Status StageRunner::update(int64_t step) {
     compute.copy(m_feeder.memory(t, -1, step, true), m_feeder.memory(t, -1, step, false),
                  static_cast<size_t>(m_job.graph.tensors[t].bytes()));
   }
-  // Offloaded, on the compute: chunks through the window.
-  if (m_stream.active() && !m_options.update_on_host) return m_stream.update(m_schedule.update_ops(), step % 2);
+  // Offloaded, on the compute: chunks through the window (auto: those
+  // parameters, while the host finishes the others).
+  if (m_stream.active() && m_update_mode == TrainOptions::OffloadUpdate::device) {
+    return m_stream.update(m_schedule.update_ops(), step % 2);
+  }
+  if (m_stream.active() && !m_device_updates.empty()) {
+    std::vector<int> through;
+    for (int i : m_schedule.update_ops()) {
+      if (m_device_updates.count(i) != 0) through.push_back(i);
+    }
+    TIERMEM_RETURN_IF_ERROR(m_stream.update(through, step % 2));
+  }
   // On the host beside the backward pass: what it did not update yet.
-  std::set<int> done;
-  if (m_host_updater != nullptr) done = m_host_updater->finish();
+  std::set<int> done = m_device_updates;
+  if (m_host_updater != nullptr) {
+    HostUpdater::Round round;
+    for (int op : m_host_updater->finish(&round)) done.insert(op);
+    // The step before the split is chosen: its rates.
+    if (m_split_in == 1) m_split_round = round;
+  }
   // Clipping: the norm of every gradient of the step (the stage's, which
   // plan_model checked is the job's), before any update reads one.
   if (const float max_norm = m_job.graph.optimizer.max_grad_norm(); max_norm > 0) {
@@ -161,6 +196,7 @@ Status StageRunner::compute_step(int64_t step) {
   TIERMEM_RETURN_IF_ERROR(m_mail.drain());
   if (!m_capturing) {
     TIERMEM_RETURN_IF_ERROR(m_compute.sync());
+    m_backward_done = std::chrono::steady_clock::now();
     TIERMEM_RETURN_IF_ERROR(m_mail.consumed_step(step));
     TIERMEM_RETURN_IF_ERROR(m_sums.gradients->after_sync(step));
     // The step before committed before its parameters are written over.
@@ -198,13 +234,79 @@ Status StageRunner::run_step(int64_t step, StepStats* stats) {
   m_compute.set_step(step + 1);
   if (m_update_compute != &m_compute) m_update_compute->set_step(step + 1);
   if (m_overlap_compute != nullptr) m_overlap_compute->set_step(step + 1);
+  const int64_t loaded = m_stream.loaded_bytes(), drained = m_stream.drained_bytes();
+  const uint64_t beside = overlapped_updates();
   TIERMEM_RETURN_IF_ERROR(m_replay ? replay_step(step) : compute_step(step));
   StepStats taken;
+  taken.loaded_bytes = m_stream.loaded_bytes() - loaded;
+  taken.drained_bytes = m_stream.drained_bytes() - drained;
+  taken.updates_beside = overlapped_updates() - beside;
   m_compute.take_stats(&taken.loss_sum, &taken.correct);
   taken.rows = m_schedule.loss_rows();
   TIERMEM_RETURN_IF_ERROR(m_compute.sync());
   *stats = taken;
-  return m_committer.end_step(step);
+  TIERMEM_RETURN_IF_ERROR(m_committer.end_step(step));
+  if (m_split_in > 0 && --m_split_in == 0) split_updates_by_rates();
+  return Status();
+}
+
+double StageRunner::measure_link() {
+  // The gradients' home, copied into the window and back (the same bytes:
+  // nothing reads them between steps), as the updates' chunks would cross.
+  const int64_t bytes = std::min<int64_t>({m_job.plan.window_peak, m_arenas.grads_bytes(), int64_t{64} << 20});
+  if (bytes <= 0) return 0;
+  std::byte* window = m_arenas.window().data();
+  std::byte* home = m_arenas.grads().data();
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2; ++i) {
+    m_compute.host_wait_side(m_compute.side_copy(window, home, static_cast<size_t>(bytes)));
+    m_compute.host_wait_side(m_compute.side_copy(home, window, static_cast<size_t>(bytes)));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds > 0 ? 4.0 * static_cast<double>(bytes) / seconds : 0;
+}
+
+void StageRunner::split_updates_by_rates() {
+  m_split_in = -1;
+  // In the order their gradients come home.
+  std::vector<UpdateOpCost> ops;
+  std::set<int> seen;
+  for (size_t pos = 0; pos < m_schedule.positions().size(); ++pos) {
+    for (int grad : m_stream.drained_at(static_cast<int>(pos))) {
+      auto it = m_update_of_grad.find(grad);
+      if (it == m_update_of_grad.end() || !seen.insert(it->second).second) continue;
+      const Op& op = m_job.graph.ops[static_cast<size_t>(it->second)];
+      ops.push_back({it->second, m_job.graph.tensors[static_cast<size_t>(op.in[0])].elements(),
+                     static_cast<int>(op.in.size())});
+    }
+  }
+  const HostUpdater::Round& round = m_split_round;
+  UpdateRates rates;
+  rates.host_params_per_s = round.busy_s > 0 ? static_cast<double>(round.elements) / round.busy_s : 0;
+  rates.link_bytes_per_s = measure_link();
+  if (round.elements > 0 && m_backward_done > round.first_home) {
+    rates.hidden_s = std::chrono::duration<double>(m_backward_done - round.first_home).count();
+  }
+  if (ops.empty() || rates.host_params_per_s <= 0 || rates.link_bytes_per_s <= 0) return;  // all on the host
+  const UpdateSplit split = split_updates(ops, rates, m_options.host_share);
+  m_device_updates = split.device_ops;
+  m_host_params = split.host_params;
+  m_device_params = split.device_params;
+  if (!m_options.quiet) {
+    std::printf("rank %d: %s\n", m_job.topo.rank, describe(split, rates, m_options.host_share >= 0).c_str());
+    std::fflush(stdout);
+  }
+}
+
+std::string StageRunner::optimizer_placement() const {
+  const std::string host = m_host_adam != nullptr ? "host (" + m_host_adam->describe() + ")" : "host";
+  if (m_update_mode == TrainOptions::OffloadUpdate::device) return "compute";
+  if (m_update_mode == TrainOptions::OffloadUpdate::host) return host;
+  if (m_device_updates.empty()) return host + ", every parameter (auto)";
+  char text[128];
+  std::snprintf(text, sizeof text, " for %.1f M parameters and the compute for %.1f M (auto)",
+                static_cast<double>(m_host_params) / 1e6, static_cast<double>(m_device_params) / 1e6);
+  return host + text;
 }
 
 Status StageRunner::evaluate(int64_t committed, EvalResult* result) {

@@ -14,9 +14,12 @@
 // stage that exchanges nothing captures its step once and replays it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 
 #include <tiermem/client.h>
 
@@ -43,6 +46,11 @@ struct StepStats {
   double loss_sum = 0;  // over the micro-batches
   int64_t correct = 0;
   int64_t rows = 0;
+  // Through the offload window (0: not offloaded): bytes loaded from the
+  // home tier and written back to it, and the host updates run during the
+  // backward pass.
+  int64_t loaded_bytes = 0, drained_bytes = 0;
+  uint64_t updates_beside = 0;
 };
 
 class StageRunner {
@@ -64,8 +72,11 @@ class StageRunner {
   Status finish() { return m_committer.settle(); }
   // Offload's copies (param_stream.hpp).
   const ParamStream& stream() const { return m_stream; }
-  // The host's optimizer threads (offloaded with --offload-update host), or null.
+  // The host's optimizer threads (offloaded with --offload-update host or
+  // auto on a GPU), or null.
   const HostAdamPool* host_adam() const { return m_host_adam.get(); }
+  // Offloaded: where the optimizer ran, for the run's last line.
+  std::string optimizer_placement() const;
   // Parameter updates run beside the backward pass since the start (0: none).
   uint64_t overlapped_updates() const { return m_host_updater != nullptr ? m_host_updater->ran() : 0; }
   // The evaluation of the parameters committed after `committed` steps
@@ -78,6 +89,10 @@ class StageRunner {
   Status replay_step(int64_t step);                  // the same, captured once and replayed
   Status run_position(int pos, int64_t step);        // one (op, micro-batch) of the schedule
   Status update(int64_t step);                       // the optimizer: the next parameters and state
+  // --offload-update auto: after the second step this process ran, the
+  // parameters whose updates go through the window (update_split.hpp).
+  void split_updates_by_rates();
+  double measure_link();  // bytes/s of a copy to the window and back
   // Runs op `op_id` at `at`, with what it receives before and sends after.
   Status run_op_at(int op_id, const StepPoint& at);
 
@@ -105,6 +120,14 @@ class StageRunner {
   std::unique_ptr<Compute> m_overlap_compute;  // the CPU's own (a CPU rank's compute is busy with the step)
   std::unique_ptr<HostUpdater> m_host_updater;
   std::map<int, int> m_update_of_grad;  // parameter gradient -> its update op
+  // Offloaded: where the optimizer runs (auto: per parameter, these ops on
+  // the compute through the window, the rest on the host).
+  TrainOptions::OffloadUpdate m_update_mode = TrainOptions::OffloadUpdate::device;
+  std::set<int> m_device_updates;
+  int m_split_in = -1;  // auto: steps until the split is chosen (-1: chosen)
+  HostUpdater::Round m_split_round;  // the host's updates of the step before
+  std::chrono::steady_clock::time_point m_backward_done{};  // this step's, on the host
+  int64_t m_host_params = 0, m_device_params = 0;
   bool m_settled = false;               // this step: the one before committed (settle) already
   Committer m_committer;
   Evaluator m_evaluator;
