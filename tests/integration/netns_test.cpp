@@ -2,6 +2,7 @@
 // one address space across a real (virtual) network, and a network partition
 // made and healed with `ip link`. Needs root and iproute2; exits 77
 // (skipped) saying why otherwise.
+#include <signal.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -12,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "tests/support/exec_rank.hpp"
 #include "tests/support/netns.hpp"
 #include "tests/support/test_daemon.hpp"
 
@@ -416,6 +419,77 @@ TEST_F(NetnsTest, ALinkThatFlapsLosesNoAcknowledgedWrite) {
   EXPECT_EQ(got, filled(acked)) << "an acknowledged write was lost: the copy holds " << got[0] << ", the last "
                                 << "acknowledged was " << acked;
   ASSERT_TRUE(m_net->link(1, true));
+}
+
+// A training job under a flapping link: one rank on node 1 with --replicas 1
+// (the snapshot of every step also on another node, committed once it is
+// whole there) while the copy's node's link goes down and up every 50-300 ms
+// (random) until the job ends. It finishes, and every loss is the
+// undisturbed run's.
+TEST_F(NetnsTest, ATrainingJobUnderAFlappingLinkFinishesWithTheUndisturbedLosses) {
+  start(true);
+  auto watch = m_daemons[0]->connect("watch");
+  ASSERT_NE(watch, nullptr);
+  ASSERT_TRUE(wait_for([&] {
+    return test::health_of(*watch, 2) == NodeHealth::healthy && test::health_of(*watch, 3) == NodeHealth::healthy;
+  }, 20s));
+  const auto args = [&](const std::string& job) {
+    return std::vector<std::string>{TIERMEM_SOURCE_ROOT "/config/models/mlp_digits.pbtxt", "--steps", "1500",
+                                    "--replicas", "1", "--log-every", "100", "--timeout", "60", "--job", job,
+                                    "--losses", m_dir + "/" + job + ".losses", "--keep"};
+  };
+  const auto ref_started = std::chrono::steady_clock::now();
+  test::ExecRank ref(0, 1, m_daemons[0]->socket(), args("ref"), m_dir + "/ref.log", m_net->exec_in(1));
+  ASSERT_EQ(ref.wait(), 0) << ref.log();
+  const double ref_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - ref_started).count();
+
+  test::ExecRank flapped(0, 1, m_daemons[0]->socket(), args("flap"), m_dir + "/flap.log", m_net->exec_in(1));
+  int holder = 0;
+  ASSERT_TRUE(wait_for([&] {
+    auto snapshot = watch->lookup("flap.r0.snapshot");
+    if (!snapshot.ok() || snapshot->replicas.empty()) return false;
+    holder = static_cast<int>(snapshot->replicas[0].node);
+    return true;
+  }, 30s)) << flapped.log();
+  std::mt19937 rng(4242);
+  std::uniform_int_distribution<int> wait_ms(50, 300);
+  bool up = true;
+  int flaps = 0;
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  while (std::chrono::steady_clock::now() < end && ::kill(flapped.pid(), 0) == 0 &&
+         flapped.log().find("summary:") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms(rng)));
+    up = !up;
+    ASSERT_TRUE(m_net->link(holder, up)) << "ip link failed";
+    ++flaps;
+  }
+  if (!up) ASSERT_TRUE(m_net->link(holder, true));
+  const int rc = flapped.wait();
+  std::printf("%d flaps of node %d's link (the snapshot's copy) while the job trained: undisturbed %.1f s\n", flaps,
+              holder, ref_s);
+  ASSERT_EQ(rc, 0) << flapped.log();
+  EXPECT_GE(flaps, 4) << "the job ended before the link flapped";
+  std::ifstream a(m_dir + "/ref.losses"), b(m_dir + "/flap.losses");
+  const std::string ref_losses((std::istreambuf_iterator<char>(a)), {}), flap_losses((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(ref_losses.empty());
+  EXPECT_EQ(flap_losses, ref_losses) << "the flapped job's losses are not the undisturbed run's";
+  // Kept (--keep): once healed, the snapshot's copy in sync holds the home's
+  // bytes (the last committed step's image, nothing acknowledged lost).
+  auto snapshot = watch->lookup("flap.r0.snapshot");
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status().to_string();
+  std::vector<char> home_bytes(snapshot->size);
+  ASSERT_TRUE(watch->read(snapshot->gva, home_bytes.data(), home_bytes.size()).ok());
+  EXPECT_TRUE(wait_for([&] {
+    auto t = watch->translate(snapshot->gva);
+    if (!t.ok()) return false;
+    for (const ReplicaInfo& r : t->allocation.replicas) {
+      if (r.state != ReplicaState::in_sync) continue;
+      auto near = m_daemons[r.node - 1]->connect("copy");
+      std::vector<char> copy(home_bytes.size());
+      if (near != nullptr && near->read(r.gva, copy.data(), copy.size()).ok() && copy == home_bytes) return true;
+    }
+    return false;
+  }, 20s)) << "no copy in sync holds the home's snapshot";
 }
 
 }  // namespace
