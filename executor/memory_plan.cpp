@@ -416,7 +416,7 @@ Result<MemoryPlan> plan_memory(const Graph& g, const Partition& partition, int p
 
 std::string format_plan(const Graph& g, const MemoryPlan& plan) {
   std::string out;
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line, "stage %d: %zu scheduled op runs over %d micro-batch(es), %s\n", plan.part,
                 plan.schedule.size(), plan.micro_batches,
                 plan.offload ? "op-major (offloaded)" : schedule_name(plan.pipeline));
@@ -451,6 +451,26 @@ std::string format_plan(const Graph& g, const MemoryPlan& plan) {
                   static_cast<double>(plan.all_in_compute) / static_cast<double>(std::max<int64_t>(plan.budget, 1)),
                   std::string(tier_name(plan.home)).c_str(), plan.visits.size(),
                   format_size(static_cast<uint64_t>(plan.window_peak)).c_str(), plan.prefetch_depth);
+    out += line;
+    // What a step moves between the tiers, and what the optimizer adds on
+    // either side (tiermem-exec train --offload-update).
+    std::map<int, const Op*> update_of_grad;
+    for (const Op& op : g.ops) {
+      if (op.phase == Phase::update && op.in.size() >= 2) update_of_grad[op.in[1]] = &op;
+    }
+    int64_t loads = 0, drains = 0, through = 0;
+    for (const Visit& v : plan.visits) {
+      const int64_t bytes = g.tensors[static_cast<size_t>(v.tensor)].bytes();
+      (v.grad ? drains : loads) += bytes;
+      auto it = v.grad ? update_of_grad.find(v.tensor) : update_of_grad.end();
+      if (it != update_of_grad.end()) through += bytes * (2 * static_cast<int64_t>(it->second->in.size()) - 1);
+    }
+    std::snprintf(line, sizeof line,
+                  "  a step moves %s in (parameters, each phase) and %s out (gradients); the optimizer adds %s "
+                  "through the window on the compute (--offload-update device: every operand in, all but the "
+                  "gradient back), none on the host (host; auto splits per parameter by the rates it measures)\n",
+                  format_size(static_cast<uint64_t>(loads)).c_str(), format_size(static_cast<uint64_t>(drains)).c_str(),
+                  format_size(static_cast<uint64_t>(through)).c_str());
     out += line;
   }
   std::snprintf(line, sizeof line, "  work arena: peak %s with reuse, %s without (%.1fx less)\n",

@@ -85,6 +85,8 @@ TEST_F(OffloadTest, AJobThreeTimesItsBudgetTrainsToTheBitsOfTheOneThatFits) {
   EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(b1\.fc\.w +window +dram .* loaded from home)"))) << plan.out;
   EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(grad/b1\.fc\.w +window .* drained home)"))) << plan.out;
   EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(b1\.fc\.w +params +pmem)"))) << plan.out;
+  EXPECT_TRUE(std::regex_search(plan.out, std::regex(R"(a step moves [0-9.]+ MiB in \(parameters, each phase\) and [0-9.]+ MiB out \(gradients\); the optimizer adds [0-9.]+ MiB through the window)")))
+      << plan.out;
 
   const std::vector<std::string> steps{"--steps", "24", "--log-every", "8"};
   const std::string whole_logs = run(1, "whole", steps);
