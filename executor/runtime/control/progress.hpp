@@ -1,8 +1,9 @@
 // What a training job tells the people watching it: a header, a line per
 // epoch (or per --log-every steps) with loss, accuracy, throughput, the
 // share of communication and (offloaded) the bytes streamed a step, a
-// summary at the end, and the per-step losses file (--losses). Only the reporting rank (the loss's stage, first replica)
-// prints; every rank may write its trace.
+// summary at the end, and the per-step losses file (--losses). Only the
+// reporting rank (the loss's stage, first replica) prints; every rank may
+// write its trace.
 #pragma once
 
 #include <chrono>
