@@ -9,7 +9,9 @@
 // where the step's tail is shortest:
 //   tail(cut) = max(host work - the backward pass it hides in,
 //                   the compute's bytes / the link's rate)
-// the two running at once after the backward pass (DeepSpeed's Twin-Flow
+// the two running at once after the backward pass; a cut that saves less
+// than a tenth of the backward pass is not taken (the two share the host's
+// memory bandwidth, which this leaves out) (DeepSpeed's Twin-Flow
 // splits by a fixed ratio; this one is measured). The rates are measured on
 // the rank (StageRunner: the host's updates of the first step, a copy
 // through the window), not assumed.
