@@ -3,9 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,13 +14,6 @@ namespace tiermem {
 namespace {
 
 std::string model(const std::string& name) { return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/" + name + ".pbtxt"; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 class ScheduleTest : public test::ExecClusterTest {
  protected:
@@ -70,7 +61,7 @@ TEST_F(ScheduleTest, OneForwardOneBackwardKeepsFewerActivationsAndGivesGpipesBit
     if (log == nullptr) args.push_back("-q");
     const std::string out_log = run(ranks, args);
     if (log != nullptr) *log = out_log;
-    const std::string out = slurp(file);
+    const std::string out = test::read_file(file);
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 12) << job << ": " << out_log;
     return out;
   };

@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <optional>
 #include <random>
 #include <thread>
@@ -469,8 +468,7 @@ TEST_F(NetnsTest, ATrainingJobUnderAFlappingLinkFinishesWithTheUndisturbedLosses
               holder, ref_s);
   ASSERT_EQ(rc, 0) << flapped.log();
   EXPECT_GE(flaps, 4) << "the job ended before the link flapped";
-  std::ifstream a(m_dir + "/ref.losses"), b(m_dir + "/flap.losses");
-  const std::string ref_losses((std::istreambuf_iterator<char>(a)), {}), flap_losses((std::istreambuf_iterator<char>(b)), {});
+  const std::string ref_losses = test::read_file(m_dir + "/ref.losses"), flap_losses = test::read_file(m_dir + "/flap.losses");
   EXPECT_FALSE(ref_losses.empty());
   EXPECT_EQ(flap_losses, ref_losses) << "the flapped job's losses are not the undisturbed run's";
   // Kept (--keep): once healed, the snapshot's copy in sync holds the home's
