@@ -197,7 +197,17 @@ TEST_P(DemotionTest, ColdPagesMoveDownWhileReadersAndWritersGoOnAndNothingIsLost
     std::this_thread::sleep_for(50ms);
     used = dram_used(*watcher);
   }
-  std::this_thread::sleep_for(500ms);  // readers and writers go on after the moves too
+  // Readers and writers go on after the moves too: half a second, and on a
+  // loaded machine (the tcp readers' first connections can take longer than
+  // the moves) until every cold allocation was read twice more and the hot
+  // one five times more.
+  const int cold_at_moves = cold_reads.load(), hot_at_moves = hot_reads.load();
+  std::this_thread::sleep_for(500ms);
+  const auto after_deadline = std::chrono::steady_clock::now() + 20s;
+  while ((cold_reads.load() < cold_at_moves + 2 * k_colds || hot_reads.load() < hot_at_moves + 5) &&
+         errors.load() == 0 && std::chrono::steady_clock::now() < after_deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
   stop = true;
   for (auto& t : threads) t.join();
 
