@@ -203,7 +203,7 @@ Status OfiTransport::init(const OfiOptions& options) {
   m_next_token = random_word();
   const auto spin = std::chrono::microseconds(options.spin_us < 0 ? 30 : options.spin_us);
   m_spin.set_limit(spin);
-  m_idle_spin.set_limit(spin);
+  m_idle_spin.set_limit(transport_detail::serving_spin(spin));
   for (size_t i = 0; i < k_request_buffers; ++i) {
     m_request_buffers.push_back(std::make_unique<RequestBuffer>());
     post_request_buffer(m_request_buffers.back().get());

@@ -183,7 +183,7 @@ Status UcxTransport::init(const UcxOptions& options) {
   m_use_messages = options.emulation != "ucx";
   const auto spin = std::chrono::microseconds(options.spin_us < 0 ? 30 : options.spin_us);
   m_spin.set_limit(spin);
-  m_idle_spin.set_limit(spin);
+  m_idle_spin.set_limit(transport_detail::serving_spin(spin));
   // Where only shared-memory transports are allowed, endpoints cannot detect
   // peer failures, and asking for it first (and being refused) leaves UCX
   // 1.13 with an endpoint whose first multi-fragment message never arrives:
