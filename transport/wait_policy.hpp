@@ -42,13 +42,17 @@ class SpinPolicy {
   // A wait ended after `took`, having polled for `polled` of it; `slept`
   // whether it had to sleep. A wait that polled and still slept says polling
   // did not pay; one that slept at once but would have been caught by polling
-  // (took less than the limit) says it would have.
+  // says it would have: its news came within the limit, and what it took
+  // beyond that may be its own wake-up (k_wake_allowance), which polling
+  // would not have paid. (Judged by `took` alone, a daemon whose client also
+  // slept saw both wake-ups in every gap, 100-120 us on an idle VM, and
+  // never learnt that polling would pay.)
   void record(std::chrono::nanoseconds took, std::chrono::nanoseconds polled, bool slept) {
     if (m_limit == 0) return;
     int delta = 0;
     if (!slept) delta = polled.count() > 0 ? 1 : 0;
     else if (polled.count() > 0) delta = -2;
-    else if (took.count() < m_limit) delta = 1;
+    else if (took.count() < m_limit + k_wake_allowance) delta = 1;
     if (delta == 0) return;
     int s = m_score.load(std::memory_order_relaxed);
     int next;
@@ -62,6 +66,10 @@ class SpinPolicy {
 
  private:
   static constexpr int k_score_limit = 8;
+  // What a sleeping thread's wake-up may cost (50-100 us on an idle VM
+  // whose cores sleep deeply; a busy host's scheduler slices are
+  // milliseconds, beyond it).
+  static constexpr int64_t k_wake_allowance = 100'000;  // ns
   static constexpr uint32_t k_probe_every = 32;
   int64_t m_limit;
   std::atomic<int> m_score{1};

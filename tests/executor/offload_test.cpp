@@ -24,6 +24,7 @@
 #include <tiermem/client.h>
 #include <tiermem/units.h>
 
+#include "executor/step_report.hpp"
 #include "tests/support/exec_cluster_test.hpp"
 #include "tests/support/exec_rank.hpp"
 #include "tests/support/test_daemon.hpp"
@@ -304,6 +305,27 @@ TEST_F(OffloadTest, TiermemctlShowsWhereAJobsTensorsLiveAndWhatItsStepsMove) {
   EXPECT_NE(text.out.find("offloaded: " + loaded + " loaded into the window and " + drained + " written home a step"),
             std::string::npos)
       << text.out;
+
+  // A rank that died while writing its report leaves the sequence word odd:
+  // the report is shown as not read, and why, not as "no step yet".
+  {
+    ASSERT_TRUE(classes.count("info")) << shown.out;
+    auto info = Gva::parse(classes["info"]["gva"].get<std::string>());
+    ASSERT_TRUE(info.ok()) << info.status().to_string();
+    auto c = m_cluster->node(1).connect("half-writer");
+    const uint64_t odd = 13;
+    ASSERT_TRUE(c->write(info->plus(exec::k_step_report_offset), &odd, sizeof odd).ok());
+    auto half = test::run_command({test::tiermemctl_path(), "-s", socket, "job", "shown"});
+    EXPECT_EQ(half.exit_code, 0) << half.err;
+    EXPECT_NE(half.out.find("rank 0: step report not read: it changed under 8 pairs of reads or is half written"),
+              std::string::npos)
+        << half.out;
+    auto half_json = test::run_command({test::tiermemctl_path(), "-s", socket, "--json", "job", "shown"});
+    ASSERT_EQ(half_json.exit_code, 0) << half_json.err;
+    const auto hj = nlohmann::json::parse(half_json.out);
+    EXPECT_TRUE(hj["ranks"][0]["step"].is_null()) << half_json.out;
+    EXPECT_NE(hj["ranks"][0].value("step_error", "").find("half written"), std::string::npos) << half_json.out;
+  }
 
   auto none = test::run_command({test::tiermemctl_path(), "-s", socket, "job", "nosuch"});
   EXPECT_EQ(none.exit_code, 1);

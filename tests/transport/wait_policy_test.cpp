@@ -35,7 +35,8 @@ ns one_request(Pair& p, ns client_gap_to_next) {
   const bool client_sleeps = p.round_trip > client_budget;
   const ns gap = k_transit + (client_sleeps ? k_wake : ns{0}) + client_gap_to_next + k_transit;
   const bool server_sleeps = gap > server_budget;
-  p.server.record(gap, std::min(gap, server_budget), server_sleeps);
+  // A server that slept sees its own wake-up too.
+  p.server.record(gap + (server_sleeps ? k_wake : ns{0}), std::min(gap, server_budget), server_sleeps);
   // The client's wait: transit, the server's wake-up if it slept, the work,
   // transit back.
   const ns answer = k_transit + (server_sleeps ? k_wake : ns{0}) + k_handle + k_transit;

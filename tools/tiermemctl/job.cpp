@@ -66,6 +66,7 @@ struct Entry {
 struct Rank {
   std::vector<Entry> entries;  // of its newest generation
   std::optional<exec::StepReport> report;
+  std::string report_error;  // why the report was not read; empty: none yet
 };
 
 // `name` split as one of the job's allocations; false when it is not.
@@ -90,18 +91,25 @@ bool parse_name(const std::string& job, const std::string& name, int* rank, int6
 }
 
 // The rank's step report, copied twice (a copy made while the rank wrote
-// it differs from the next); nothing when it has none yet.
-std::optional<exec::StepReport> read_report(Client& client, Gva info, uint64_t size) {
+// it differs from the next); nothing and no reason when it has none yet, a
+// reason when it could not be read (a refused or failed read, or a report
+// that kept changing: a rank dying mid-write leaves it half written).
+std::optional<exec::StepReport> read_report(Client& client, Gva info, uint64_t size, std::string* why) {
   if (size < static_cast<uint64_t>(exec::k_step_report_offset) + sizeof(exec::StepReport)) return std::nullopt;
   for (int attempt = 0; attempt < 8; ++attempt) {
     exec::StepReport a, b;
-    if (!client.read(info.plus(exec::k_step_report_offset), &a, sizeof a).ok()) return std::nullopt;
-    if (!client.read(info.plus(exec::k_step_report_offset), &b, sizeof b).ok()) return std::nullopt;
+    Status s = client.read(info.plus(exec::k_step_report_offset), &a, sizeof a);
+    if (s.ok()) s = client.read(info.plus(exec::k_step_report_offset), &b, sizeof b);
+    if (!s.ok()) {
+      *why = "not read: " + s.to_string();
+      return std::nullopt;
+    }
     if (std::memcmp(&a, &b, sizeof a) == 0) {
       if (exec::step_report_valid(a)) return a;
       if (a.magic != exec::k_step_report_magic) return std::nullopt;  // no step yet
     }
   }
+  *why = "not read: it changed under 8 pairs of reads or is half written (a rank that died while writing it)";
   return std::nullopt;
 }
 
@@ -170,7 +178,7 @@ int cmd_job(const Context& ctx, const std::string& job) {
       return x != y ? x < y : a.what < b.what;
     });
     for (const Entry& e : r.entries) {
-      if (e.what == "info") r.report = read_report(*client, e.info.gva, e.info.size);
+      if (e.what == "info") r.report = read_report(*client, e.info.gva, e.info.size, &r.report_error);
     }
   }
   if (ctx.json) {
@@ -189,6 +197,7 @@ int cmd_job(const Context& ctx, const std::string& job) {
       out["ranks"].push_back({{"rank", rank},
                               {"classes", classes},
                               {"step", r.report ? report_json(*r.report) : nlohmann::json(nullptr)}});
+      if (!r.report_error.empty()) out["ranks"].back()["step_error"] = r.report_error;
     }
     if (!unreachable.empty()) out["nodes_not_asked"] = unreachable;
     print_json(out);
@@ -213,7 +222,8 @@ int cmd_job(const Context& ctx, const std::string& job) {
                        .count();
   for (const auto& [rank, r] : ranks) {
     if (!r.report) {
-      std::printf("rank %d: no step reported yet\n", rank);
+      if (r.report_error.empty()) std::printf("rank %d: no step reported yet\n", rank);
+      else std::printf("rank %d: step report %s\n", rank, r.report_error.c_str());
       continue;
     }
     const exec::StepReport& s = *r.report;
