@@ -5,7 +5,8 @@
 # the same process (bench/loopback_anchor.hpp), ROUNDS times with nothing
 # beside it and ROUNDS times with a busy loop on every core (a trainer
 # computing). Prints, per figure, the median over the rounds and the spread
-# between rounds (max / min), then the goals of issue 29, met or missed.
+# between rounds (max / min), then the goals of issues 29 and 52, met or
+# missed.
 # Over shared memory it also prints ucx_perftest's figures as the ceiling.
 # With UCX_TLS=rc (InfiniBand) the same figures print; the anchor stays TCP.
 # ofi-tcp and ofi-shm run the daemons' data plane over libfabric instead
@@ -124,6 +125,13 @@ goals = [
     ("busy_client_put_bw_64KiB_vs_loopback_ratio", ">=", 0.3),
     ("busy_client_get_bw_64KiB_vs_loopback_ratio", ">=", 0.3),
 ]
+# The goals of issue 52 (the TCP path without same-host mapping, idle):
+# every size from 64 KiB to 16 MiB at 0.9 of the anchor both ways, an 8-byte
+# read within 1.2x of the anchor's round trip.
+if not tls.startswith("ofi_"):
+    goals += [("client_get_8B_latency_vs_loopback_ratio", "<=", 1.2)]
+    goals += [(f"client_{op}_bw_{size}KiB_vs_loopback_ratio", ">=", 0.9)
+              for size in (64, 1024, 16384) for op in ("put", "get")]
 for name, op, bound in goals:
     if name not in med:
         print(f"# goal {tls}_{name} {op} {bound}: not measured")
