@@ -85,8 +85,9 @@ class SpinPolicy {
 // and the pair stays there (remote_bench tcp: an 8-byte get at 100 us where
 // polling gives 15 us). Polling through a sleeping client's round trip lets
 // the server notice that polling pays, and the client follows (a server at
-// 90 us still fell back to sleeping in one run of three, at 120 us in none
-// of seven). A longer floor costs the busy host: at 200 us a descheduled
+// 90 us fell back to sleeping in one idle run of three; at 120 us, with
+// SpinPolicy's wake-up allowance, 2 runs of 6 still settled at 75-85 us, none
+// at the 100-120 us of both sleeping). A longer floor costs the busy host: at 200 us a descheduled
 // client's round trip waited out the server's poll (p90 230 us, coherent
 // fetch-adds at 0.57 with every core busy). A server nobody asks polls once,
 // then sleeps; on a busy host its SpinPolicy stops the polling as a waiter's
