@@ -158,6 +158,9 @@ Status Client::read(Gva gva, void* data, size_t length, QosClass qos) {
 
 Result<uint64_t> Client::fetch_add(Gva gva, uint64_t value) {
   uint64_t out = 0;
+  if (std::shared_ptr<ClientCore> c = core(); !c->lost() && c->short_atomic(gva, WordOp::fetch_add, value, 0, &out)) {
+    return out;
+  }
   TIERMEM_RETURN_IF_ERROR(run("fetch_add", false, [&](ClientCore& c) {
     TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::fetch_add, value, 0));
     return Status();
@@ -185,6 +188,10 @@ Result<uint64_t> Client::compare_swap(Gva gva, uint64_t expected, uint64_t desir
 
 Result<uint64_t> Client::compare_swap(Gva gva, uint64_t expected, uint64_t desired) {
   uint64_t out = 0;
+  if (std::shared_ptr<ClientCore> c = core();
+      !c->lost() && c->short_atomic(gva, WordOp::compare_swap, desired, expected, &out)) {
+    return out;
+  }
   TIERMEM_RETURN_IF_ERROR(run("compare_swap", false, [&](ClientCore& c) {
     TIERMEM_ASSIGN_OR_RETURN(out, c.atomic(gva, WordOp::compare_swap, desired, expected));
     return Status();

@@ -18,6 +18,7 @@
 #include "convert.hpp"
 #include "pages/sub_blocks.hpp"
 #include "pages/segment_layout.hpp"
+#include "pages/version.hpp"
 
 namespace tiermem::detail {
 namespace {
@@ -282,9 +283,15 @@ Result<std::shared_ptr<const CachedAllocation>> ClientCore::cached(Gva gva, bool
   return std::shared_ptr<const CachedAllocation>(a);
 }
 
-void ClientCore::forget(Gva gva) { m_cache.forget(gva); }
+void ClientCore::forget(Gva gva) {
+  m_coherent.forget_all();
+  m_cache.forget(gva);
+}
 
-void ClientCore::forget_node(NodeId node) { m_cache.forget_node(node); }
+void ClientCore::forget_node(NodeId node) {
+  m_coherent.forget_all();
+  m_cache.forget_node(node);
+}
 
 // --- data ----------------------------------------------------------------------------
 
@@ -693,14 +700,24 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
     auto frames = words.ok() ? access.frames(x->node, x->tier) : Result<FrameData*>(words.status());
     s = frames.status();
     uint64_t old = 0;
+    const uint64_t index = offset / page_size();
+    if (s.ok() && alloc.coherent && (path == Path::local || path == Path::mapped)) {
+      // A coherent word takes no lock: that the translation still holds is
+      // the page's epoch (a free gives it a new one before its frames go
+      // back). Mapped words only: through the data plane the check would be
+      // a second operation beside the atomic's one, and is not made.
+      uint64_t now = 0;
+      s = (*words)->load(alloc.first_page + index, 1, &now);
+      if (s.ok() && version::epoch_of(now) != version::epoch_of(alloc.page_versions[index])) s = stale_translation();
+    }
     if (s.ok()) {
-      const uint64_t index = offset / page_size();
       s = seqlocked_atomic(**words, **frames, alloc.first_page + index, alloc.page_versions[index],
                            alloc.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
                            compare, &old, ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
       count(path);
+      if (alloc.coherent) learn_coherent(gva, a, *x, path);
       return old;
     }
     if (is_stale(s)) {
@@ -718,6 +735,52 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
     return s;
   }
   return Status(ErrorCode::busy, "translation of " + gva.to_string() + " kept changing");
+}
+
+bool ClientCore::short_atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old) {
+  if (!m_direct || gva.offset % 8 != 0 || m_daemon_lost.load(std::memory_order_relaxed)) return false;
+  uint8_t path = 0;
+  if (!m_coherent.run(gva, page_size(), op, operand, compare, old, &path)) return false;
+  count(static_cast<Path>(path));
+  return true;
+}
+
+void ClientCore::learn_coherent(Gva gva, const std::shared_ptr<const CachedAllocation>& a, const Extent& x, Path path) {
+  if (a->qos != QosClass::standard || x.tier == Tier::vram || (path != Path::local && path != Path::mapped)) return;
+  CoherentWords::Route r;
+  if (a->base.node == node()) {
+    auto w = local_versions(a->first_page);
+    if (!w.ok()) return;
+    r.words = *w;
+  } else {
+    auto s = sibling(a->base.node);
+    if (!s.ok()) return;
+    auto w = (*s)->regions->versions(a->first_page);
+    if (!w.ok()) return;
+    r.words = *w;
+    r.keep[0] = *s;
+  }
+  if (x.node == node()) {
+    auto f = local_frames(x.tier);
+    if (!f.ok()) return;
+    r.frames = *f;
+  } else {
+    auto s = sibling(x.node);
+    if (!s.ok()) return;
+    auto f = (*s)->regions->frames(x.tier);
+    if (!f.ok()) return;
+    r.frames = *f;
+    r.keep[1] = *s;
+  }
+  r.base = a->base;
+  r.first = a->base.offset + x.gva_offset;
+  r.end = r.first + x.length;
+  r.frame_first = x.frame_offset;
+  r.first_page = a->first_page;
+  r.page_size = page_size();
+  r.alloc = a;
+  r.path = static_cast<uint8_t>(path);
+  m_coherent.learn(gva, std::move(r));
 }
 
 }  // namespace tiermem::detail

@@ -27,6 +27,7 @@
 
 #include "access/remote_memory.hpp"
 #include "client/batch_item.hpp"
+#include "client/coherent_words.hpp"
 #include "client/device_frames.hpp"
 #include "client/local_regions.hpp"
 #include "client/node_regions.hpp"
@@ -175,6 +176,10 @@ class ClientCore {
   std::shared_ptr<const CachedAllocation> peek(Gva gva);
   // Drops a cached translation (after free or migration).
   void forget(Gva gva);
+  // The short path for a word of a coherent allocation of the standard
+  // class (coherent_words.hpp): true when it ran the atomic (*old is the
+  // word before); false when the general path (atomic()) must.
+  bool short_atomic(Gva gva, WordOp op, uint64_t operand, uint64_t compare, uint64_t* old);
 
   // The file of a local tier holding frames [frame_offset, +length): its
   // descriptor and the offset in it. Errors: not_supported.
@@ -234,6 +239,10 @@ class ClientCore {
   Status read_copy(Gva gva, std::byte* buf, size_t length, const Status& failed);
   Result<uint64_t> atomic_rpc(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
   Result<uint64_t> atomic_once(Gva gva, WordOp op, uint64_t operand, uint64_t compare);
+  // After atomic_once ran on `gva` by `path` in extent `x` of `a`: keeps
+  // the route for short_atomic where the word is mapped memory of a
+  // coherent allocation.
+  void learn_coherent(Gva gva, const std::shared_ptr<const CachedAllocation>& a, const Extent& x, Path path);
   // QoS (H3): the class a call on `gva` runs in (asked, else the
   // allocation's default); calls of other classes than standard run under
   // m_qos.
@@ -282,6 +291,7 @@ class ClientCore {
   void tell_lost();
 
   TranslationCache m_cache{m_hello.page_size()};
+  CoherentWords m_coherent;
   // Other nodes through the data plane; a node that restarted voids its
   // translations.
   RemoteNodes m_nodes{m_stub, node(), [this](NodeId n) { forget_node(n); }};

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <thread>
@@ -120,6 +121,66 @@ TEST(SameHostTest, AWriterKilledMidWriteLeavesNoLockOnTheOtherDaemonsPages) {
   EXPECT_TRUE(cluster.node(1).alive() && cluster.node(2).alive());
 }
 
+// A coherent word (issue 52's short path: one CPU atomic once the page's
+// version word and the daemon's liveness agree with the translation), on
+// this client's node and mapped from the other daemon: four threads' adds
+// each counted once, compare-and-swap as asked, nothing through a daemon;
+// freed by another client of the tenant and its page given to new coherent
+// words, the old address is refused and the new words keep their bytes.
+TEST(SameHostTest, CoherentWordsTakeTheShortPathAndAFreedOneIsRefused) {
+  test::TestCluster cluster(2, small_pages());
+  ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
+  auto c = cluster.node(1).connect("adder");
+  auto other = cluster.node(1).connect("freer");
+  for (NodeId node : {NodeId{1}, NodeId{2}}) {
+    SCOPED_TRACE("memory of node " + std::to_string(node));
+    auto counter = c->alloc(64, {.tier = Tier::dram, .node = node, .coherent = true});
+    ASSERT_TRUE(counter.ok()) << counter.status().to_string();
+    const AccessCounters before = c->access_counters();
+    constexpr int k_threads = 4, k_adds = 5000;
+    std::vector<std::thread> adders;
+    std::atomic<int> failed{0};
+    for (int t = 0; t < k_threads; ++t) {
+      adders.emplace_back([&] {
+        for (int i = 0; i < k_adds; ++i) {
+          if (!c->fetch_add(counter->gva, 1).ok()) failed.fetch_add(1);
+        }
+      });
+    }
+    for (auto& t : adders) t.join();
+    EXPECT_EQ(failed.load(), 0);
+    auto sum = c->fetch_add(counter->gva, 0);
+    ASSERT_TRUE(sum.ok());
+    EXPECT_EQ(*sum, uint64_t{k_threads} * k_adds);
+    auto swapped = c->compare_swap(counter->gva, *sum, 7);
+    ASSERT_TRUE(swapped.ok());
+    EXPECT_EQ(*swapped, *sum);
+    auto kept = c->compare_swap(counter->gva, 1, 9);  // not 1: left as it is
+    ASSERT_TRUE(kept.ok());
+    EXPECT_EQ(*kept, 7u);
+    uint64_t seen = 0;
+    ASSERT_TRUE(other->read(counter->gva, &seen, 8).ok());
+    EXPECT_EQ(seen, 7u);
+    EXPECT_EQ(c->access_counters().through_daemon, before.through_daemon) << "an atomic went through a daemon";
+
+    ASSERT_TRUE(other->free(counter->gva).ok());
+    std::vector<Gva> fresh;
+    for (int i = 0; i < 32; ++i) {
+      auto f = other->alloc(64, {.tier = Tier::dram, .node = node, .coherent = true});
+      ASSERT_TRUE(f.ok()) << f.status().to_string();
+      fresh.push_back(f->gva);
+    }
+    auto late = c->fetch_add(counter->gva, 1000);
+    EXPECT_FALSE(late.ok()) << "an add to a freed word was acknowledged (it held " << (late.ok() ? *late : 0) << ")";
+    if (!late.ok()) EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
+    for (const Gva& g : fresh) {
+      uint64_t v = 1;
+      ASSERT_TRUE(other->read(g, &v, 8).ok());
+      EXPECT_EQ(v, 0u) << "the freed word's add landed in " << g.to_string();
+    }
+  }
+}
+
 // Node 2 restarts (SIGKILL): a client of node 1 that mapped its memory
 // follows it — the old mapping is refused, the new daemon's is mapped — and
 // reads the same bytes (node 2 took its memory over).
@@ -128,9 +189,11 @@ TEST(SameHostTest, TheOtherDaemonsRestartIsFollowed) {
   ASSERT_TRUE(cluster.ready() && cluster.wait_connected()) << cluster.logs();
   auto c = cluster.node(1).connect("follower");
   auto a = c->alloc(1 << 20, {.tier = Tier::dram, .node = 2});
-  ASSERT_TRUE(a.ok());
+  auto counter = c->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+  ASSERT_TRUE(a.ok() && counter.ok());
   const auto data = test::pattern(1 << 20, 9);
   ASSERT_TRUE(c->write(a->gva, data.data(), data.size()).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->fetch_add(counter->gva, 1).ok());  // the short path learnt
   cluster.node(2).kill();
   ASSERT_TRUE(cluster.node(2).restart()) << cluster.logs();
   ASSERT_TRUE(cluster.wait_connected()) << cluster.logs();
@@ -147,6 +210,14 @@ TEST(SameHostTest, TheOtherDaemonsRestartIsFollowed) {
   EXPECT_EQ(c->access_counters().through_daemon, before.through_daemon) << "mapped again, not through a daemon";
   ASSERT_TRUE(cluster.node(2).connect("home")->read(a->gva, back.data(), back.size()).ok());
   EXPECT_EQ(back, more);
+  // The coherent word: its adds before the restart kept, the next ones on
+  // the new daemon's memory.
+  auto added = c->fetch_add(counter->gva, 1);
+  ASSERT_TRUE(added.ok()) << added.status().to_string();
+  EXPECT_EQ(*added, 5u);
+  uint64_t word = 0;
+  ASSERT_TRUE(cluster.node(2).connect("home")->read(counter->gva, &word, 8).ok());
+  EXPECT_EQ(word, 6u);
 }
 
 }  // namespace
