@@ -277,7 +277,7 @@ Status RemoteVersionWords::locked_copy(const PageRange& range, std::span<const C
 Status RemoteVersionWords::issue_locked_atomic(TransportBatch& batch, uint64_t page, uint64_t cached, FrameData& data,
                                                uint64_t frame_offset, WordOp op, uint64_t operand, uint64_t compare,
                                                uint64_t* taken, uint64_t* old, uint64_t* released,
-                                               uint64_t* stopped) {
+                                               uint64_t* stopped, bool coherent) {
   auto* frames = dynamic_cast<RemoteFrameData*>(&data);
   if (frames == nullptr || frames->node().endpoint != m_node->endpoint || !frames->messages(frame_offset, 8)) {
     return Status(ErrorCode::not_supported, "frames elsewhere or one-sided");
@@ -286,6 +286,15 @@ Status RemoteVersionWords::issue_locked_atomic(TransportBatch& batch, uint64_t p
   if (m_transport.one_sided(*r->key)) return Status(ErrorCode::not_supported, "one-sided words");
   Endpoint& ep = *m_node->endpoint;
   TIERMEM_RETURN_IF_ERROR(m_transport.reserve(batch, ep, 5, 0, 0));
+  if (coherent) {
+    // Checked, not taken: nothing is written to the page's word, and a
+    // writer's lock does not hold the atomic back (as where it is mapped).
+    const WordCondition same_epoch{k_epoch_bits, cached & k_epoch_bits};
+    *taken = same_epoch.value;
+    TIERMEM_RETURN_IF_ERROR(m_transport.add_if(batch, ep, same_epoch, 0, 0, address(*r, page), *r->key, taken));
+    TIERMEM_RETURN_IF_ERROR(frames->issue_atomic(batch, frame_offset, op, operand, compare, old));
+    return m_transport.end_group(batch, ep, stopped);
+  }
   const WordCondition writable = writable_at(cached);
   *taken = writable.value;
   TIERMEM_RETURN_IF_ERROR(m_transport.add_if(batch, ep, writable, 1, 1, address(*r, page), *r->key, taken));
@@ -297,11 +306,11 @@ Status RemoteVersionWords::issue_locked_atomic(TransportBatch& batch, uint64_t p
 
 Status RemoteVersionWords::locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
                                          WordOp op, uint64_t operand, uint64_t compare, uint64_t* old,
-                                         uint64_t* seen) {
+                                         uint64_t* seen, bool coherent) {
   uint64_t taken = 0, before = 0, released = 0, stopped = 0;
   auto batch = m_transport.batch();
   TIERMEM_RETURN_IF_ERROR(issue_locked_atomic(*batch, page, cached, data, frame_offset, op, operand, compare, &taken,
-                                              &before, &released, &stopped));  // nothing was sent
+                                              &before, &released, &stopped, coherent));  // nothing was sent
   TIERMEM_RETURN_IF_ERROR(m_transport.wait(*batch, ScopedDeadline::bound(m_timeout)));
   if (stopped == 0) {
     *old = before;

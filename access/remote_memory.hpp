@@ -99,9 +99,9 @@ class RemoteVersionWords final : public VersionWords {
   Status locked_copy(const PageRange& range, std::span<const CopySegment> segments, bool to_memory,
                      uint64_t* blocked, uint64_t* seen) override;
   // Likewise: take the page, the atomic (and its persist), the release, in
-  // one message.
+  // one message (coherent: the page's epoch checked, then the atomic).
   Status locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset, WordOp op,
-                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen) override;
+                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen, bool coherent) override;
 
   // The same three as one group each of `batch` (Transport::end_group),
   // issued and not waited for: many operations to this node share one
@@ -121,10 +121,11 @@ class RemoteVersionWords final : public VersionWords {
   //   was copied and nothing stays locked.
   Status issue_locked_copy(TransportBatch& batch, const PageRange& range, std::span<const CopySegment> segments,
                            bool to_memory, uint64_t* olds, uint64_t* releases, uint64_t* stopped);
-  // - locked atomic: *taken the page word seen, *old the data word before.
+  // - locked atomic: *taken the page word seen, *old the data word before
+  //   (coherent: the page checked, not taken; *released untouched).
   Status issue_locked_atomic(TransportBatch& batch, uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset,
                              WordOp op, uint64_t operand, uint64_t compare, uint64_t* taken, uint64_t* old,
-                             uint64_t* released, uint64_t* stopped);
+                             uint64_t* released, uint64_t* stopped, bool coherent = false);
   const RemoteNode& node() const { return *m_node; }
 
  private:

@@ -141,15 +141,19 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight, bool lo
     auto* remote_frames = frames.ok() ? static_cast<RemoteFrameData*>(*frames) : nullptr;
     s = frames.status();
     if (s.ok() && index >= alloc.page_versions.size()) s = no;
-    p.coherent = alloc.coherent;
-    if (s.ok() && alloc.coherent) {
-      // A coherent page is never migrated: the atomic goes straight to its
-      // word, as the synchronous call's does.
-      s = m_nodes.transport()->reserve(*batch, *p.state->node->endpoint, 2, 0, 0);
-      if (s.ok()) s = remote_frames->issue_atomic(*batch, frame_offset, op, operand, item.a, &p.old);
-    } else if (s.ok()) {
+    if (s.ok()) {
+      // Taken, run and released in one request at the home, as the
+      // synchronous call's (a coherent page checked there, not taken).
       s = words.issue_locked_atomic(*batch, alloc.first_page + index, alloc.page_versions[index], *remote_frames,
-                                    frame_offset, op, operand, item.a, &p.taken, &p.old, &p.released, &p.stopped);
+                                    frame_offset, op, operand, item.a, &p.taken, &p.old, &p.released, &p.stopped,
+                                    alloc.coherent);
+      if (s.code() == ErrorCode::not_supported && alloc.coherent) {
+        // One-sided: a coherent page is never migrated, so the atomic goes
+        // straight to its word (nothing was added above).
+        p.coherent = true;
+        s = m_nodes.transport()->reserve(*batch, *p.state->node->endpoint, 2, 0, 0);
+        if (s.ok()) s = remote_frames->issue_atomic(*batch, frame_offset, op, operand, item.a, &p.old);
+      }
     }
   }
   // The compounds check everything before they add an operation: one that

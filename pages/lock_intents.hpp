@@ -87,8 +87,8 @@ class RecordedVersionWords final : public VersionWords {
     return m_inner.locked_copy(range, segments, to_memory, blocked, seen);
   }
   Status locked_atomic(uint64_t page, uint64_t cached, FrameData& data, uint64_t frame_offset, WordOp op,
-                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen) override {
-    return m_inner.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, seen);
+                       uint64_t operand, uint64_t compare, uint64_t* old, uint64_t* seen, bool coherent) override {
+    return m_inner.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, seen, coherent);
   }
   void mark_written(uint64_t page, uint64_t offset, uint64_t length, bool dirty) override {
     m_inner.mark_written(page, offset, length, dirty);

@@ -309,23 +309,27 @@ uint64_t host_atomic(std::byte* word, WordOp op, uint64_t operand, uint64_t comp
 Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uint64_t cached,
                         bool coherent, uint64_t frame_offset, WordOp op, uint64_t operand,
                         uint64_t compare, uint64_t* old, std::chrono::milliseconds timeout) {
-  if (coherent) {
-    TIERMEM_RETURN_IF_ERROR(words.check_owner());
-    return data.atomic(frame_offset, op, operand, compare, old);
-  }
   version::SpinWait wait(timeout);
   // The home takes the page, runs the atomic and lets go in one request
-  // where it can.
+  // where it can (the message path). A coherent page's is checked instead
+  // of taken, in the same request: a word freed since it was translated is
+  // refused (stale) instead of added into whatever took its frames.
   PageRange one;
   one.first_page = page;
   one.count = 1;
   one.cached = &cached;
   for (;;) {
     uint64_t seen = 0;
-    Status s = words.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, &seen);
+    Status s = words.locked_atomic(page, cached, data, frame_offset, op, operand, compare, old, &seen, coherent);
     if (s.code() == ErrorCode::not_supported) break;
     if (s.code() != ErrorCode::failed_precondition) return s;
     TIERMEM_RETURN_IF_ERROR(wait_for_page(words, one, 0, wait, &seen));
+  }
+  if (coherent) {
+    // One operation (mapped, or one-sided): the caller checked the epoch
+    // where the words are mapped; one-sided, nothing does.
+    TIERMEM_RETURN_IF_ERROR(words.check_owner());
+    return data.atomic(frame_offset, op, operand, compare, old);
   }
   uint64_t expected = cached;
   for (;;) {

@@ -84,11 +84,13 @@ class VersionWords {
   // The same for an atomic on one data word of page `page` (cached word
   // `cached`) in `data`: take the page, run the atomic (*old: the data word
   // before), make it durable where the tier is persistent, release; in one
-  // request. Errors: not_supported; failed_precondition (*seen: the page's
-  // word; nothing ran and nothing stays locked); others as the atomic.
+  // request. `coherent`: the page is checked, not taken (its epoch must be
+  // `cached`'s; a writer's lock does not hold a coherent atomic back).
+  // Errors: not_supported; failed_precondition (*seen: the page's word;
+  // nothing ran and nothing stays locked); others as the atomic.
   virtual Status locked_atomic(uint64_t /*page*/, uint64_t /*cached*/, FrameData& /*data*/,
                                uint64_t /*frame_offset*/, WordOp /*op*/, uint64_t /*operand*/,
-                               uint64_t /*compare*/, uint64_t* /*old*/, uint64_t* /*seen*/) {
+                               uint64_t /*compare*/, uint64_t* /*old*/, uint64_t* /*seen*/, bool /*coherent*/) {
     return Status(ErrorCode::not_supported, "no locked atomic at the home");
   }
   // Records a write in the page's L3 bits, where the words live with them.

@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include <tiermem/batch.h>
+
 #include "tests/support/cluster_fixture.hpp"
 
 namespace tiermem {
@@ -154,6 +156,45 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
   for (size_t i = 1; i < 3; ++i) {
     EXPECT_EQ((*nodes)[i].state, NodeState::connected);
     EXPECT_FALSE((*nodes)[i].transports.empty());
+  }
+}
+
+// A coherent word another client freed, its page given to new coherent
+// words: an add to the old address, alone or in a batch, is refused (the
+// home checks the page's epoch in the same request; mapped, the client
+// checks it) and the new words keep their bytes.
+TEST_P(ClusterTest, AFreedCoherentWordIsRefusedAndTheNewWordsKeepTheirBytes) {
+  auto client = m_cluster->node(1).connect("adder");
+  auto freer = m_cluster->node(2).connect("freer");
+  auto counter = client->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+  ASSERT_TRUE(counter.ok()) << counter.status().to_string();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->fetch_add(counter->gva, 1).ok());
+  {
+    Batch b(*client);
+    const size_t i = b.fetch_add(counter->gva, 1);
+    ASSERT_TRUE(b.wait().ok());
+    EXPECT_EQ(b.value(i), 3u);
+  }
+  ASSERT_TRUE(freer->free(counter->gva).ok());
+  std::vector<Gva> fresh;
+  for (int i = 0; i < 32; ++i) {
+    auto f = freer->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    fresh.push_back(f->gva);
+  }
+  auto late = client->fetch_add(counter->gva, 1000);
+  EXPECT_FALSE(late.ok()) << "an add to a freed word was acknowledged (it held " << (late.ok() ? *late : 0) << ")";
+  if (!late.ok()) EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
+  {
+    Batch b(*client);
+    const size_t i = b.fetch_add(counter->gva, 1000);
+    (void)b.wait();
+    EXPECT_FALSE(b.status(i).ok()) << "a batched add to a freed word was acknowledged";
+  }
+  for (const Gva& g : fresh) {
+    uint64_t v = 1;
+    ASSERT_TRUE(freer->read(g, &v, 8).ok());
+    EXPECT_EQ(v, 0u) << "the freed word's add landed in " << g.to_string();
   }
 }
 
