@@ -704,8 +704,8 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
     if (s.ok() && alloc.coherent && (path == Path::local || path == Path::mapped)) {
       // A coherent word takes no lock: that the translation still holds is
       // the page's epoch (a free gives it a new one before its frames go
-      // back). Mapped words only: through the data plane the check would be
-      // a second operation beside the atomic's one, and is not made.
+      // back). Mapped words here; on the message path the home checks it in
+      // the atomic's own request (seqlocked_atomic); one-sided, nobody does.
       uint64_t now = 0;
       s = (*words)->load(alloc.first_page + index, 1, &now);
       if (s.ok() && version::epoch_of(now) != version::epoch_of(alloc.page_versions[index])) s = stale_translation();
