@@ -13,9 +13,12 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include <tiermem/status_macros.h>
 #include <tiermem/units.h>
@@ -208,49 +211,78 @@ int compare_partitions(const std::string& model, int parts, int micro_batches, b
   return 0;
 }
 
-// Ranks of the job on this host, as the launcher says: TIERMEM_LOCAL_WORLD_SIZE,
-// torchrun's LOCAL_WORLD_SIZE or Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE; 1
-// when none does.
-int local_ranks() {
+// What the environment lacks for this process's threads, as NAME=value,
+// read through `get` (getenv, or the preinit array's envp). Element-wise
+// kernels run on OpenMP threads and GEMMs on OpenBLAS's own. With libgomp's
+// default (active) waiting its idle threads spin for a while after each
+// parallel region and take the cores OpenBLAS needs next: a step of the
+// Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy when it
+// loads, so the process sets it and starts again (once). (Setting it before
+// libgomp's constructor without starting again is not enough: libgomp then
+// shows the policy passive but keeps spinning, GOMP_SPINCOUNT 300000, and the
+// step took 12 ms instead of 2.4.) Ranks sharing a host share its cores: each
+// takes its part for both pools (every rank with all of them ran twice the
+// threads there are cores: two tensor-parallel ranks on two cores took 1.8x
+// one rank's step, 0.78x with a thread each), unless the environment says how
+// many. The ranks on this host, as the launcher says: TIERMEM_LOCAL_WORLD_SIZE,
+// torchrun's LOCAL_WORLD_SIZE or Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE.
+template <typename Get>
+std::vector<std::string> missing_thread_environment(Get&& get) {
+  std::vector<std::string> out;
+  if (get("OMP_WAIT_POLICY") == nullptr) out.emplace_back("OMP_WAIT_POLICY=passive");
+  int local = 1;
   for (const char* name : {"TIERMEM_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
-    if (const char* v = std::getenv(name); v != nullptr) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
+    if (const char* v = get(name); v != nullptr && std::atoi(v) > 0) {
+      local = std::atoi(v);
+      break;
     }
   }
-  return 1;
+  if (local > 1) {
+    const std::string threads =
+        std::to_string(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(local)));
+    for (const char* pool : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+      if (get(pool) == nullptr) out.push_back(std::string(pool) + "=" + threads);
+    }
+  }
+  return out;
 }
+
+// The start again, from the executable's preinit array: it runs before any
+// shared library's constructor (UCX's, OpenBLAS's thread pool, libgomp's,
+// protobuf's), so the first process costs only the loading of the libraries.
+// `tiermem-exec --version` took 49 ms starting again from main(), 40 ms from
+// here, 24 ms with the environment set by the launcher: every rank's start,
+// and a replacement rank's recovery, pays it. libc has not set `environ` yet
+// there (getenv sees nothing, setenv starts an empty one): the environment is
+// `envp`, and the new one is passed whole.
+void start_again_early(int, char** argv, char** envp) {
+  const auto get = [envp](const char* name) -> const char* {
+    const std::string_view n(name);
+    for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
+      const std::string_view v(*e);
+      if (v.size() > n.size() && v.substr(0, n.size()) == n && v[n.size()] == '=') return *e + n.size() + 1;
+    }
+    return nullptr;
+  };
+  std::vector<std::string> added = missing_thread_environment(get);
+  if (added.empty()) return;
+  std::vector<char*> env;
+  for (char** e = envp; e != nullptr && *e != nullptr; ++e) env.push_back(*e);
+  for (std::string& a : added) env.push_back(a.data());
+  env.push_back(nullptr);
+  ::execve("/proc/self/exe", argv, env.data());  // on failure main() tries again
+}
+__attribute__((section(".preinit_array"), used)) void (*const k_start_again_early)(int, char**, char**) =
+    &start_again_early;
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Element-wise kernels run on OpenMP threads and GEMMs on OpenBLAS's own.
-  // With libgomp's default (active) waiting its idle threads spin for a while
-  // after each parallel region and take the cores OpenBLAS needs next: a step
-  // of the Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy when
-  // it loads, before main, so set it and start again (once). (Setting it from
-  // the executable's preinit array, before libgomp's constructor, is not
-  // enough: libgomp then shows the policy passive but keeps spinning,
-  // GOMP_SPINCOUNT 300000, and the step took 12 ms instead of 2.4.)
-  bool again = false;
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    ::setenv("OMP_WAIT_POLICY", "passive", 1);
-    again = true;
+  // Started again from the preinit array already; here only if that failed.
+  if (auto added = missing_thread_environment([](const char* n) { return std::getenv(n); }); !added.empty()) {
+    for (const std::string& a : added) ::putenv(::strdup(a.c_str()));
+    ::execv("/proc/self/exe", argv);  // once; on failure, carry on as we are
   }
-  // Ranks sharing a host share its cores: each takes its part for both pools
-  // (every rank with all of them ran twice the threads there are cores: two
-  // tensor-parallel ranks on two cores took 1.8x one rank's step, 0.78x with
-  // a thread each), unless the environment says how many.
-  if (const int local = local_ranks(); local > 1) {
-    const std::string threads =
-        std::to_string(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(local)));
-    for (const char* pool : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-      if (std::getenv(pool) != nullptr) continue;
-      ::setenv(pool, threads.c_str(), 1);
-      again = true;
-    }
-  }
-  if (again) ::execv("/proc/self/exe", argv);  // once; on failure, carry on as we are
   keep_freed_memory_for_reuse();  // the snapshot's writes through the daemon (--replicas)
   // Progress lines as they happen, also into a pipe (ranks of a demo, logs).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
