@@ -103,6 +103,13 @@ std::string RequestHandler::metrics() {
 
   m_metrics.render(out, node);
 
+  const Replicator::CopyWrites copy_writes = m_replicas.copy_writes();
+  out.family("tiermem_copy_writes_total", "counter",
+             "Writes of replicated allocations homed here into their copies (H2), by path: one-sided through the "
+             "data plane, or as requests to the copies' daemons (where the data plane could not reach a copy).");
+  out.sample("tiermem_copy_writes_total", {{"node", node}, {"path", "data_plane"}}, copy_writes.data_plane);
+  out.sample("tiermem_copy_writes_total", {{"node", node}, {"path", "daemon"}}, copy_writes.through_daemon);
+
   if (m_peers != nullptr) {
     const std::vector<proto::NodeInfo> peers = m_peers->nodes();
     out.family("tiermem_peer_health", "gauge",

@@ -14,6 +14,7 @@ ReplicaService::ReplicaService(AddressSpace& space, const DaemonConfig& config, 
                                PeerManager* peers)
     : m_space(space), m_config(config), m_data_plane(data_plane), m_peers(peers) {
   if (peers == nullptr) return;
+  m_copy_writer = std::make_unique<CopyWriter>(*peers, data_plane, config, space.page_size());
   ReplicationOptions o;
   o.drop_after = std::chrono::milliseconds(config.replication_drop_after_ms > 0
                                                ? config.replication_drop_after_ms
@@ -28,6 +29,8 @@ ReplicaService::ReplicaService(AddressSpace& space, const DaemonConfig& config, 
       s = m_space.read(gva, dst, n, &access);
     }
     return s;
+  }, [this](const ReplicaInfo& copy, uint64_t offset, const void* data, size_t length, const Identity& who) {
+    return m_copy_writer->write(copy, offset, data, length, who);
   });
 }
 

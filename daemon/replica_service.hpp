@@ -18,6 +18,7 @@
 
 #include "control.pb.h"
 #include "daemon/config.hpp"
+#include "daemon/copy_writer.hpp"
 #include "daemon/replicator.hpp"
 #include "daemon/reply.hpp"
 #include "daemon/tenants.hpp"
@@ -41,6 +42,10 @@ class ReplicaService {
 
   // Whether copies are kept here (in a cluster: a Replicator runs).
   bool active() const { return m_replicator != nullptr; }
+  // Writes into copies so far, by path (zero when not active()).
+  Replicator::CopyWrites copy_writes() const {
+    return m_replicator != nullptr ? m_replicator->copy_writes() : Replicator::CopyWrites{};
+  }
   // A copy is written, freed and marked by its home only: permission_denied
   // (naming the home) when `who` is not acting for it.
   static Status guard_copy(const AllocationInfo& info, const Identity& who, const char* verb);
@@ -73,7 +78,8 @@ class ReplicaService {
   const DaemonConfig& m_config;
   DataPlane* m_data_plane;
   PeerManager* m_peers;
-  std::unique_ptr<Replicator> m_replicator;  // in a cluster
+  std::unique_ptr<CopyWriter> m_copy_writer;  // in a cluster; used by the Replicator
+  std::unique_ptr<Replicator> m_replicator;   // in a cluster
 };
 
 }  // namespace tiermem

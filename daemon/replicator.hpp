@@ -8,7 +8,8 @@
 // home is the only writer:
 //   - a write or atomic of a replicated allocation goes through the home
 //     daemon, which serializes them per allocation, writes every copy
-//     first (a peer request each), then its own pages (the seqlock as
+//     first (one-sided through the data plane, CopyWriter; else a peer
+//     request each), then its own pages (the seqlock as
 //     always); it is acknowledged once all of them hold it;
 //   - a copy that does not take a write fails the write (unavailable, not
 //     acknowledged: it may be on some copies), unless the copy's node is
@@ -26,6 +27,7 @@
 // partition the minority side serves nothing that could be stale).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -72,8 +74,12 @@ class Replicator {
  public:
   // `read_home` reads bytes of an allocation homed here (pages on other
   // nodes included), to fill a new copy.
+  // `write_direct` writes bytes into a copy through the data plane
+  // (CopyWriter::write); where it fails, other than by a timeout, the write
+  // goes to the copy's daemon as a request. Null: always as a request.
+  using WriteCopy = std::function<Status(const ReplicaInfo&, uint64_t, const void*, size_t, const Identity&)>;
   Replicator(AddressSpace& space, PeerManager& peers, ReplicationOptions options,
-             std::function<Status(Gva, void*, size_t)> read_home);
+             std::function<Status(Gva, void*, size_t)> read_home, WriteCopy write_direct = nullptr);
   ~Replicator();
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -104,6 +110,16 @@ class Replicator {
 
   // Stops the background work (also done by the destructor).
   void stop();
+
+  // Bytes written into copies so far, as writes: through the data plane
+  // (write_direct), and as requests to the copies' daemons.
+  struct CopyWrites {
+    uint64_t data_plane = 0;
+    uint64_t through_daemon = 0;
+  };
+  CopyWrites copy_writes() const {
+    return {m_direct_writes.load(std::memory_order_relaxed), m_daemon_writes.load(std::memory_order_relaxed)};
+  }
 
  private:
   // Requests to the node of a copy, as its home, for `who`.
@@ -150,6 +166,8 @@ class Replicator {
   PeerManager& m_peers;
   ReplicationOptions m_options;
   std::function<Status(Gva, void*, size_t)> m_read_home;
+  WriteCopy m_write_direct;
+  std::atomic<uint64_t> m_direct_writes{0}, m_daemon_writes{0};
 
   std::mutex m_locks_mutex;
   std::map<uint64_t, std::shared_ptr<std::mutex>> m_locks;  // per allocation base offset

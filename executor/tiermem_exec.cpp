@@ -13,7 +13,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -211,23 +210,29 @@ int compare_partitions(const std::string& model, int parts, int micro_batches, b
   return 0;
 }
 
-// What the environment lacks for this process's threads, as NAME=value,
-// read through `get` (getenv, or the preinit array's envp). Element-wise
-// kernels run on OpenMP threads and GEMMs on OpenBLAS's own. With libgomp's
-// default (active) waiting its idle threads spin for a while after each
-// parallel region and take the cores OpenBLAS needs next: a step of the
-// Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy when it
-// loads, so the process sets it and starts again (once). (Setting it before
-// libgomp's constructor without starting again is not enough: libgomp then
-// shows the policy passive but keeps spinning, GOMP_SPINCOUNT 300000, and the
-// step took 12 ms instead of 2.4.) Ranks sharing a host share its cores: each
-// takes its part for both pools (every rank with all of them ran twice the
-// threads there are cores: two tensor-parallel ranks on two cores took 1.8x
-// one rank's step, 0.78x with a thread each), unless the environment says how
-// many. The ranks on this host, as the launcher says: TIERMEM_LOCAL_WORLD_SIZE,
-// torchrun's LOCAL_WORLD_SIZE or Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE.
-template <typename Get>
-std::vector<std::string> missing_thread_environment(Get&& get) {
+// The environment `envp` lacks for this process's threads, as NAME=value.
+// Element-wise kernels run on OpenMP threads and GEMMs on OpenBLAS's own.
+// With libgomp's default (active) waiting its idle threads spin for a while
+// after each parallel region and take the cores OpenBLAS needs next: a step
+// of the Fashion-MNIST MLP takes 2-3x as long. libgomp reads the policy when
+// it loads, so the process sets it and starts again (once). (Setting it
+// before libgomp's constructor without starting again is not enough: libgomp
+// then shows the policy passive but keeps spinning, GOMP_SPINCOUNT 300000,
+// and the step took 12 ms instead of 2.4.) Ranks sharing a host share its
+// cores: each takes its part for both pools (every rank with all of them ran
+// twice the threads there are cores: two tensor-parallel ranks on two cores
+// took 1.8x one rank's step, 0.78x with a thread each), unless the
+// environment says how many. The ranks on this host, as the launcher says:
+// TIERMEM_LOCAL_WORLD_SIZE, torchrun's LOCAL_WORLD_SIZE or Open MPI's
+// OMPI_COMM_WORLD_LOCAL_SIZE.
+std::vector<std::string> missing_thread_environment(char** envp) {
+  const auto get = [envp](std::string_view name) -> const char* {
+    for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
+      const std::string_view v(*e);
+      if (v.size() > name.size() && v.starts_with(name) && v[name.size()] == '=') return *e + name.size() + 1;
+    }
+    return nullptr;
+  };
   std::vector<std::string> out;
   if (get("OMP_WAIT_POLICY") == nullptr) out.emplace_back("OMP_WAIT_POLICY=passive");
   int local = 1;
@@ -254,23 +259,17 @@ std::vector<std::string> missing_thread_environment(Get&& get) {
 // here, 24 ms with the environment set by the launcher: every rank's start,
 // and a replacement rank's recovery, pays it. libc has not set `environ` yet
 // there (getenv sees nothing, setenv starts an empty one): the environment is
-// `envp`, and the new one is passed whole.
+// `envp`, and the new one is passed whole. Once: the new process has what
+// was missing. Should the exec fail (no /proc), the process carries on as it
+// is, its threads spinning.
 void start_again_early(int, char** argv, char** envp) {
-  const auto get = [envp](const char* name) -> const char* {
-    const std::string_view n(name);
-    for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
-      const std::string_view v(*e);
-      if (v.size() > n.size() && v.substr(0, n.size()) == n && v[n.size()] == '=') return *e + n.size() + 1;
-    }
-    return nullptr;
-  };
-  std::vector<std::string> added = missing_thread_environment(get);
+  std::vector<std::string> added = missing_thread_environment(envp);
   if (added.empty()) return;
   std::vector<char*> env;
   for (char** e = envp; e != nullptr && *e != nullptr; ++e) env.push_back(*e);
   for (std::string& a : added) env.push_back(a.data());
   env.push_back(nullptr);
-  ::execve("/proc/self/exe", argv, env.data());  // on failure main() tries again
+  ::execve("/proc/self/exe", argv, env.data());
 }
 __attribute__((section(".preinit_array"), used)) void (*const k_start_again_early)(int, char**, char**) =
     &start_again_early;
@@ -278,11 +277,7 @@ __attribute__((section(".preinit_array"), used)) void (*const k_start_again_earl
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Started again from the preinit array already; here only if that failed.
-  if (auto added = missing_thread_environment([](const char* n) { return std::getenv(n); }); !added.empty()) {
-    for (const std::string& a : added) ::putenv(::strdup(a.c_str()));
-    ::execv("/proc/self/exe", argv);  // once; on failure, carry on as we are
-  }
+  // The thread environment is set: start_again_early, before any library loaded.
   keep_freed_memory_for_reuse();  // the snapshot's writes through the daemon (--replicas)
   // Progress lines as they happen, also into a pipe (ranks of a demo, logs).
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

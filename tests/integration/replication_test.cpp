@@ -139,9 +139,22 @@ TEST_P(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
   }
   EXPECT_NE(nodes[0], nodes[1]) << "two copies on one node";
 
-  // A write reaches every copy: each reads back the same bytes.
+  // A write reaches every copy: each reads back the same bytes. The home
+  // wrote them one-sided through its data plane, not as requests to the
+  // copies' daemons (its counters: the placement's own writes included).
+  auto copy_writes = [&](const std::string& path) -> long {
+    auto op = cluster.node(1).connect("operator");
+    auto text = op != nullptr ? op->metrics(1) : Result<std::string>(Status(ErrorCode::internal, "no operator"));
+    if (!text.ok()) return -1;
+    const std::string key = "tiermem_copy_writes_total{node=\"1\",path=\"" + path + "\"} ";
+    const size_t at = text->find(key);
+    return at == std::string::npos ? -1 : std::stol(text->substr(at + key.size()));
+  };
+  const long direct_before = copy_writes("data_plane");
   const auto data = test::pattern(k_size, 7);
   ASSERT_TRUE(c->write(a->gva, data.data(), data.size()).ok());
+  EXPECT_EQ(copy_writes("data_plane"), direct_before + 2) << "the write did not reach both copies one-sided";
+  EXPECT_EQ(copy_writes("daemon"), 0) << cluster.logs();
   for (const ReplicaInfo& r : a->replicas) {
     auto near = cluster.node(static_cast<int>(r.node)).connect("reader");
     std::vector<unsigned char> got(k_size);
