@@ -26,9 +26,11 @@ for b in daemon/tiermemd tools/tiermemctl tests/gpu/vram_test tests/gpu/exec_gpu
   strip -o "$dest/build/$b" "$build/$b"
 done
 # NCCL's test and raw bench, where this build has NCCL; the fault benches
-# (detection, training RTO and the replicated step on the machine's cores);
+# (detection, what copies cost a write, training RTO and the replicated step
+# on the machine's cores);
 # the host's Adam (bench/host_adam.sh).
-for b in tests/gpu/nccl_gpu_test bench/nccl_bench bench/health_bench bench/training_bench bench/host_adam_bench; do
+for b in tests/gpu/nccl_gpu_test bench/nccl_bench bench/health_bench bench/replication_bench bench/training_bench \
+  bench/host_adam_bench; do
   [ -e "$build/$b" ] || continue
   mkdir -p "$dest/build/$(dirname "$b")"
   strip -o "$dest/build/$b" "$build/$b"
