@@ -28,6 +28,8 @@
 #    (build/bench/nccl_bench) against the executor's data-parallel
 #    all-reduce, and the step on 2 GPUs against 1; see nccl_section.
 #    GPU_BENCH_ONLY=nccl runs only gpu_bench and that section.
+# 8. GPTs as users write them (issue 49), bf16 against PyTorch eager and
+#    torch.compile: see gpt_section. GPU_BENCH_ONLY=gpt runs only it.
 set -euo pipefail
 build=${1:?usage: bench/gpu.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
@@ -252,6 +254,49 @@ if [ "${GPU_BENCH_ONLY:-}" = nccl ]; then
   nccl_section
   exit 0
 fi
+# 8. GPTs as users write them (issue 49): nanoGPT's model.py exported at
+#    nanoGPT's character-level recipe size (6 x 384, 6 heads, context 256,
+#    64 sequences, no bias, dropout 0), and GPT-2 small's width (12 x 768,
+#    vocabulary 50304) at context 256 (16 sequences) and 1024 (8), trained
+#    with --precision bf16 against PyTorch's autocast-bf16 step with fused
+#    AdamW, eager and under torch.compile (bench/torch_nanogpt_step.py): the
+#    median steps, TFLOP/s by nanoGPT's estimate_mfu and
+#    exec_<tag>_vs_torch_best_ratio (goal <= 1.0). GPT_SIZES picks sizes
+#    (default: all); GPT_STEPS the steps (default 60); GPT_DIR keeps the
+#    exported models (default: a temporary directory). GPU_BENCH_ONLY=gpt
+#    runs only gpu_bench and this section. tiermem.fx is the build's (or
+#    $TIERMEM_PYTHONPATH's: a device pack's py/pkg).
+gpt_section() {
+  local n=${GPT_STEPS:-60} dir=${GPT_DIR:-$TIERMEM_CLUSTER_DIR/gpt} spec
+  mkdir -p "$dir"
+  echo "# GPTs as users write them, bf16, $n steps, medians, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  for spec in ${GPT_SIZES:-char:6:6:384:256:64:256 gpt2s_256:12:12:768:256:16:50304 gpt2s_1024:12:12:768:1024:8:50304}; do
+    local tag layers heads width context seqs vocab lines flops e c best g
+    IFS=: read -r tag layers heads width context seqs vocab <<<"$spec"
+    lines=$(PYTHONPATH=${TIERMEM_PYTHONPATH:-$build/client/python} python3 "$top/bench/torch_nanogpt_step.py" \
+      "$tag" "$layers" "$heads" "$width" "$context" "$seqs" "$vocab" "$n" "$dir/$tag.pbtxt" 2>&1 |
+      grep -E '^(torch_|nanogpt_|# )') || true
+    echo "$lines"
+    [ -e "$dir/$tag.pbtxt" ] || { echo "# $tag: export failed"; continue; }
+    g=$("$exec" train "$dir/$tag.pbtxt" --job "gpt-$tag" --device cuda --precision bf16 --steps "$n" --micro-batches 1 \
+        --log-every 100000 --data "${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}" | median)
+    echo "exec_${tag}_bf16_graph_step_ms_median $g ms"
+    flops=$(value "nanogpt_${tag}_flops_per_step" <<<"$lines")
+    e=$(value "torch_${tag}_eager_step_ms_median" <<<"$lines")
+    c=$(value "torch_${tag}_compile_step_ms_median" <<<"$lines")
+    best=$(printf '%s\n' $e $c | sort -g | head -1)
+    awk -v f="$flops" -v g="$g" -v e="$e" -v c="$c" -v b="$best" -v t="$tag" 'BEGIN {
+      printf "exec_%s_bf16_tflops %.1f TFLOP/s\n", t, f / g / 1e9
+      if (e != "") printf "torch_%s_eager_tflops %.1f TFLOP/s\n", t, f / e / 1e9
+      if (c != "") printf "torch_%s_compile_tflops %.1f TFLOP/s\n", t, f / c / 1e9
+      if (b != "") printf "exec_%s_vs_torch_best_ratio %.3f (goal <= 1.0)\n", t, g / b
+      printf "exec_%s_mfu %.3f (of 989 TFLOP/s)\n", t, f / g / 1e9 / 989 }'
+  done
+}
+if [ "${GPU_BENCH_ONLY:-}" = gpt ]; then
+  gpt_section
+  exit 0
+fi
 if [ "${GPU_BENCH_ONLY:-}" = offload ]; then
   offload_section
   exit 0
@@ -309,6 +354,7 @@ for precision in fp32 bf16; do
   echo "$out"
   report "$tag" "$out"
 done
+gpt_section
 offload_section
 balance_section
 nccl_section

@@ -137,7 +137,9 @@ class Compute {
   // With `p` > 0 (and dropout on), the probabilities are dropped out (the
   // draws of `salt`, index (s * heads + h) * t * t + i * t + j) before they
   // weigh the values; `probs` keeps them as they were, and the gradient
-  // draws the same again.
+  // draws the same again. A GPU with --precision bf16 and no dropout keeps
+  // in `probs` what its tiled kernels save instead (cuda/flash_attention.cuh):
+  // only attention_grad reads it.
   virtual void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,
                          int64_t kv_heads, int64_t t, float p, uint64_t salt) = 0;
   virtual void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "executor/compute.hpp"
+#include "executor/cuda/flash_attention.cuh"
 #include "executor/cuda/kernels.cuh"
 #include "executor/cuda/nccl_collective.hpp"
 #include "executor/kernels.hpp"
@@ -143,6 +145,13 @@ class CudaCompute final : public Compute {
   void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool acc) override {
     kc::position_embedding_grad(m_stream, dy, dtable, m, d, t, acc);
   }
+  // With --precision bf16 and no dropout, attention in tiles on tensor cores
+  // (flash_attention.cuh: probs holds its saved state, not the softmax);
+  // the forward pass and its gradient decide alike. TIERMEM_FLASH=0 keeps
+  // the GEMMs below (a measurement knob).
+  bool flash(float p, int64_t d, int64_t heads, int64_t t) const {
+    return m_precision == Precision::bf16 && p == 0 && m_flash && kc::flash_supported(d, heads, t);
+  }
   // Attention as GEMMs batched over (sequence, head) on q, k and v packed
   // per head ([b, t, dh]): S = scale Q K^T into probs (the masked half
   // too), the causal softmax in place, O = P V, O to y.
@@ -150,6 +159,10 @@ class CudaCompute final : public Compute {
   void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads, int64_t kv_heads,
                  int64_t t, float p, uint64_t salt) override {
     p = dropout_p(p);
+    if (flash(p, d, heads, t)) {
+      kc::flash_attention(m_stream, qkv, y, probs, m, d, heads, kv_heads, t, 1.0f / std::sqrt(static_cast<float>(d / heads)));
+      return;
+    }
     const int64_t batch = m / t * heads, dh = d / heads;
     float* q = attention_scratch(m * d, 5);
     float* kept = q == nullptr || p == 0 ? probs : attention_probs_scratch(batch * t * t);
@@ -170,6 +183,11 @@ class CudaCompute final : public Compute {
   void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
                       int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t salt, bool acc) override {
     p = dropout_p(p);
+    if (flash(p, d, heads, t)) {
+      kc::flash_attention_grad(m_stream, qkv, probs, dy, dqkv, m, d, heads, kv_heads, t,
+                               1.0f / std::sqrt(static_cast<float>(d / heads)), acc);
+      return;
+    }
     const int64_t batch = m / t * heads, dh = d / heads, n = m * d;
     const int64_t group = heads / kv_heads, dkv = dh * kv_heads, ld = d + 2 * dkv;
     float* q = attention_scratch(n, 5);
@@ -321,6 +339,12 @@ class CudaCompute final : public Compute {
 
   Status set_precision(Precision precision, int64_t max_operand) override {
     m_precision = precision;
+    // Measurement knobs (issue 49, to be settled by the H100's figures):
+    // how bf16 GEMMs and attention's batched GEMMs take fp32 operands.
+    m_gemm_compute = compute_type(std::getenv("TIERMEM_BF16_GEMM"), CUBLAS_COMPUTE_32F);
+    m_attention_compute = compute_type(std::getenv("TIERMEM_BF16_ATTENTION"), CUBLAS_COMPUTE_32F);
+    const char* flash = std::getenv("TIERMEM_FLASH");
+    m_flash = flash == nullptr || std::string(flash) != "0";
     if (precision == Precision::fp32 || max_operand <= m_bf16_room) return Status();
     m_bf16_a = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
     m_bf16_b = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
@@ -331,6 +355,14 @@ class CudaCompute final : public Compute {
     }
     m_bf16_room = max_operand;
     return Status();
+  }
+
+  static cublasComputeType_t compute_type(const char* name, cublasComputeType_t fallback) {
+    if (name == nullptr) return fallback;
+    const std::string n(name);
+    if (n == "bf16") return CUBLAS_COMPUTE_32F_FAST_16BF;
+    if (n == "tf32") return CUBLAS_COMPUTE_32F_FAST_TF32;
+    return CUBLAS_COMPUTE_32F;
   }
 
   // A second stream for copies beside the kernels: each waits for what the
@@ -434,6 +466,15 @@ class CudaCompute final : public Compute {
   void gemm(cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
             const float* b, int64_t ldb, float* c, int64_t ldc, bool acc) {
     const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+    if (m_precision == Precision::bf16 && m_gemm_compute != CUBLAS_COMPUTE_32F) {
+      // cuBLAS rounds the fp32 operands itself, inside the GEMM's kernel.
+      const cublasStatus_t s = cublasGemmEx(m_blas, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                                            static_cast<int>(k), &one, a, CUDA_R_32F, static_cast<int>(lda), b,
+                                            CUDA_R_32F, static_cast<int>(ldb), &beta, c, CUDA_R_32F,
+                                            static_cast<int>(ldc), m_gemm_compute, CUBLAS_GEMM_DEFAULT);
+      if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasGemmEx (fp32, fast): ") + cublasGetStatusString(s));
+      return;
+    }
     if (m_precision == Precision::bf16) {
       // Both operands rounded to bf16 (into the copies' room), the product
       // accumulated in fp32 into the fp32 result.
@@ -459,6 +500,16 @@ class CudaCompute final : public Compute {
                int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float* c, int64_t ldc,
                int64_t stride_c, int64_t batch, bool acc) {
     const float beta = acc ? 1.0f : 0.0f;
+    if (m_precision == Precision::bf16 && m_attention_compute != CUBLAS_COMPUTE_32F) {
+      // Tensor cores on the fp32 operands, rounded inside the kernel.
+      const cublasStatus_t s = cublasGemmStridedBatchedEx(
+          m_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
+          static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), stride_b, a,
+          CUDA_R_32F, static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(ldc), stride_c,
+          static_cast<int>(batch), m_attention_compute, CUBLAS_GEMM_DEFAULT);
+      if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasGemmStridedBatchedEx: ") + cublasGetStatusString(s));
+      return;
+    }
     const cublasStatus_t s = cublasSgemmStridedBatched(
         m_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
         static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), stride_b, a, static_cast<int>(lda),
@@ -528,6 +579,9 @@ class CudaCompute final : public Compute {
   double* m_clip_partials = nullptr;  // clip_gradients' first pass
   float* m_grad_scale = nullptr;      // clip_gradients' result, read by sgd and adam
   Precision m_precision = Precision::fp32;
+  cublasComputeType_t m_gemm_compute = CUBLAS_COMPUTE_32F;       // bf16: 32F = cast, then bf16 GEMM
+  cublasComputeType_t m_attention_compute = CUBLAS_COMPUTE_32F;  // bf16: 32F = fp32 SIMT
+  bool m_flash = true;                                            // bf16: tiled attention
   uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds

@@ -1,0 +1,36 @@
+// Causal attention without the T x T matrix in memory (issue 49): the
+// contract of kernels.hpp's attention with --precision bf16, dropout off,
+// on tensor cores (bf16 operands, fp32 sums and softmax statistics), in
+// the manner of FlashAttention-2: the forward pass keeps, per query row and
+// head, the running maximum and sum of its softmax and writes only O and the
+// row's log-sum-exp; the backward pass computes P again from them.
+//
+// What is saved between the passes lives in the op's probs tensor
+// ([m * heads, t] floats: the plan's room, its last use the gradient), laid
+// out as flash_state_floats() says; flash_supported() says when it fits and
+// the head width has a kernel (16, 32, 64, 128). Each output is written by
+// one block, in a fixed order: the same bits every run (no atomics).
+//
+// CUDA only (wmma); the HIP build check (kernels.cu) does not cover it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tiermem::exec::cuda {
+
+// Head width dh = d / heads with a kernel, and t >= dh + 2 (the state fits
+// in probs: log-sum-exp, O and the backward's row sums of dO * O).
+bool flash_supported(int64_t d, int64_t heads, int64_t t);
+
+// y = attention(qkv) (kernels.hpp), state <- (log-sum-exp [m * heads], O
+// [m, d]); `scale` multiplies Q K^T (1 / sqrt(dh)).
+void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, int64_t m, int64_t d, int64_t heads,
+                     int64_t kv_heads, int64_t t, float scale);
+// dqkv (+)= the gradient; `state` as the forward pass left it (its last
+// part, the row sums, is written here).
+void flash_attention_grad(cudaStream_t s, const float* qkv, float* state, const float* dy, float* dqkv, int64_t m,
+                          int64_t d, int64_t heads, int64_t kv_heads, int64_t t, float scale, bool accumulate);
+
+}  // namespace tiermem::exec::cuda

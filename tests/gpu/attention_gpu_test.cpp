@@ -1,0 +1,152 @@
+// Causal attention on the GPU with --precision bf16 (suite gpu; exits 77
+// where no CUDA device is): the tiled kernels (executor/cuda/
+// flash_attention.cu) against the CPU's (executor/kernels.cpp, fp32) on
+// random q, k, v and dY, forward and gradient, for every head width with a
+// kernel (16 to 128), lengths that are and are not a multiple of the 64-row
+// tile, grouped-query heads and an accumulated gradient; the batched GEMMs
+// of the same compute (TIERMEM_FLASH=0) as the error that bf16 operands
+// give anyway (TIERMEM_BF16_ATTENTION=bf16). Two runs give the same bits (no atomics).
+#include <cuda_runtime_api.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "executor/compute.hpp"
+#include "executor/kernels.hpp"
+
+namespace tiermem::exec {
+namespace {
+
+struct Case {
+  int64_t seqs, t, d, heads, kv_heads;
+};
+
+// The relative difference of two tensors (2-norms).
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct Outputs {
+  std::vector<float> y, dqkv;
+};
+
+// One forward and gradient on `compute` (bf16), dqkv starting at `start`
+// (accumulated into when `accumulate`).
+Outputs run(Compute& c, const Case& k, const std::vector<float>& qkv, const std::vector<float>& dy,
+            const std::vector<float>& start, bool accumulate) {
+  const int64_t m = k.seqs * k.t;
+  auto put = [&](const std::vector<float>& v) {
+    void* p = c.device_buffer(v.size() * 4);
+    c.copy(p, v.data(), v.size() * 4);
+    return static_cast<float*>(p);
+  };
+  float* dqkv_in = put(qkv);
+  float* ddy = put(dy);
+  float* ddqkv = put(start);
+  auto* y = static_cast<float*>(c.device_buffer(static_cast<size_t>(m * k.d) * 4));
+  auto* probs = static_cast<float*>(c.device_buffer(static_cast<size_t>(m * k.heads * k.t) * 4));
+  c.attention(dqkv_in, y, probs, m, k.d, k.heads, k.kv_heads, k.t, 0.0f, 0);
+  c.attention_grad(dqkv_in, probs, ddy, ddqkv, m, k.d, k.heads, k.kv_heads, k.t, 0.0f, 0, accumulate);
+  Outputs out{std::vector<float>(static_cast<size_t>(m * k.d)), std::vector<float>(start.size())};
+  c.copy(out.y.data(), y, out.y.size() * 4);
+  c.copy(out.dqkv.data(), ddqkv, out.dqkv.size() * 4);
+  EXPECT_TRUE(c.sync().ok()) << c.sync().message();
+  return out;
+}
+
+std::unique_ptr<Compute> bf16_compute(bool flash, int64_t max_operand) {
+  setenv("TIERMEM_FLASH", flash ? "1" : "0", 1);
+  setenv("TIERMEM_BF16_ATTENTION", "bf16", 1);  // the batched GEMMs on bf16 operands too
+  auto c = make_compute("cuda");
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  if (!c.ok()) return nullptr;
+  EXPECT_TRUE((*c)->set_precision(Precision::bf16, max_operand).ok());
+  return std::move(*c);
+}
+
+TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuAsBf16GemmsDo) {
+  const std::vector<Case> cases = {
+      {8, 32, 64, 4, 4},      // dh 16: gpt_tiny's shape
+      {3, 100, 128, 4, 4},    // dh 32, a length past one tile and not a multiple of it
+      {4, 256, 384, 6, 6},    // dh 64: nanoGPT's character-level recipe, fewer sequences
+      {2, 200, 256, 2, 2},    // dh 128
+      {2, 130, 256, 8, 2},    // grouped-query: 4 query heads a key/value head
+      {2, 70, 96, 4, 4},      // dh 24: no kernel, the batched GEMMs
+  };
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (const Case& k : cases) {
+    SCOPED_TRACE("seqs " + std::to_string(k.seqs) + " t " + std::to_string(k.t) + " d " + std::to_string(k.d) +
+                 " heads " + std::to_string(k.heads) + "/" + std::to_string(k.kv_heads));
+    const int64_t m = k.seqs * k.t, dkv = k.d / k.heads * k.kv_heads, ld = k.d + 2 * dkv;
+    std::vector<float> qkv(static_cast<size_t>(m * ld)), dy(static_cast<size_t>(m * k.d));
+    for (auto& v : qkv) v = 2.0f * uni(rng);  // logits up to several units: a peaked softmax too
+    for (auto& v : dy) v = uni(rng);
+    std::vector<float> start(qkv.size());
+    for (auto& v : start) v = uni(rng);
+
+    // The CPU (fp32): the reference, and the accumulated one.
+    std::vector<float> y(static_cast<size_t>(m * k.d)), probs(static_cast<size_t>(m * k.heads * k.t));
+    std::vector<float> dqkv(qkv.size()), dqkv_acc = start;
+    kernels::attention(qkv.data(), y.data(), probs.data(), m, k.d, k.heads, k.kv_heads, k.t, 0.0f, 0);
+    std::vector<float> probs2 = probs;
+    kernels::attention_grad(qkv.data(), probs.data(), dy.data(), dqkv.data(), m, k.d, k.heads, k.kv_heads, k.t, 0.0f,
+                            0, false);
+    kernels::attention_grad(qkv.data(), probs2.data(), dy.data(), dqkv_acc.data(), m, k.d, k.heads, k.kv_heads, k.t,
+                            0.0f, 0, true);
+
+    auto gemms = bf16_compute(false, m * ld);
+    auto tiles = bf16_compute(true, m * ld);
+    ASSERT_TRUE(gemms && tiles);
+    const Outputs g = run(*gemms, k, qkv, dy, start, false);
+    const Outputs f = run(*tiles, k, qkv, dy, start, false);
+    const double gy = rel(g.y, y), gd = rel(g.dqkv, dqkv), fy = rel(f.y, y), fd = rel(f.dqkv, dqkv);
+    std::printf("t %ld dh %ld heads %ld/%ld: y %.2e (GEMMs %.2e), dqkv %.2e (GEMMs %.2e)\n",
+                static_cast<long>(k.t), static_cast<long>(k.d / k.heads), static_cast<long>(k.heads),
+                static_cast<long>(k.kv_heads), fy, gy, fd, gd);
+    // bf16 operands: 2^-9 relative each; the GEMMs' own error, with room.
+    EXPECT_LT(fy, std::max(3 * gy, 2e-3));
+    EXPECT_LT(fd, std::max(3 * gd, 2e-3));
+    EXPECT_LT(fy, 2e-2);
+    EXPECT_LT(fd, 2e-2);
+    const Outputs again = run(*tiles, k, qkv, dy, start, false);
+    EXPECT_EQ(again.y, f.y) << "a second run gave other bits";
+    EXPECT_EQ(again.dqkv, f.dqkv) << "a second run gave other bits";
+    const Outputs acc = run(*tiles, k, qkv, dy, start, true);
+    EXPECT_LT(rel(acc.dqkv, dqkv_acc), std::max(3 * gd, 2e-3)) << "accumulated into dqkv";
+  }
+}
+
+}  // namespace
+}  // namespace tiermem::exec
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "no CUDA device: skipped\n");
+    return 77;
+  }
+  // The plugin beside tiermem-exec ($TIERMEM_EXEC on the device machine), or the build tree's.
+  if (std::getenv("TIERMEM_EXEC_CUDA") == nullptr) {
+    const char* exec = std::getenv("TIERMEM_EXEC");
+    const char* root = std::getenv("TIERMEM_BUILD_ROOT");
+    const std::string dir = exec != nullptr ? std::filesystem::path(exec).parent_path().string()
+                                            : std::string(root != nullptr ? root : ".") + "/executor";
+    setenv("TIERMEM_EXEC_CUDA", (dir + "/libtiermem-exec-cuda.so").c_str(), 1);
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
