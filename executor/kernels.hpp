@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "executor/elementwise_math.hpp"
 #include "executor/optimizer_math.hpp"
@@ -81,6 +82,21 @@ void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, i
 // dqkv (+)= the gradient of the above; `probs` is overwritten (its last use).
 void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv, int64_t m, int64_t d,
                     int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t key, bool accumulate);
+// Attention in tiles (a GPU with --precision bf16, no dropout:
+// cuda/flash_attention.cuh): whether a head width has a kernel and its
+// state fits in probs' room, and what it keeps per query row and head in
+// place of the softmax (its log-sum-exp, O's dh floats, the gradient's
+// row sum): a job that will run it saves [m * heads, dh + 2] there.
+// TIERMEM_FLASH=0 turns it off (the batched GEMMs instead: a comparison),
+// for the plan and the compute alike.
+inline bool tiled_attention_fits(int64_t d, int64_t heads, int64_t t) {
+  const char* off = std::getenv("TIERMEM_FLASH");
+  if (off != nullptr && off[0] == '0' && off[1] == '\0') return false;
+  if (heads <= 0 || d % heads != 0) return false;
+  const int64_t dh = d / heads;
+  return (dh == 16 || dh == 32 || dh == 64 || dh == 128) && t >= dh + 2;
+}
+inline int64_t tiled_attention_state(int64_t d, int64_t heads) { return d / heads + 2; }
 // y (+)= x * dropout_factor(key, i, p) (p = 0: y (+)= x).
 void dropout(const float* x, float* y, int64_t count, float p, uint64_t key, bool accumulate);
 // The angle of pair c (of a head of width dh) at position p: p * theta^(-2c/dh),

@@ -147,10 +147,10 @@ class CudaCompute final : public Compute {
   }
   // With --precision bf16 and no dropout, attention in tiles on tensor cores
   // (flash_attention.cuh: probs holds its saved state, not the softmax);
-  // the forward pass and its gradient decide alike. TIERMEM_FLASH=0 keeps
-  // the GEMMs below (a measurement knob).
+  // the forward pass and its gradient decide alike, and the plan sized
+  // probs for it (job_plan.cpp).
   bool flash(float p, int64_t d, int64_t heads, int64_t t) const {
-    return m_precision == Precision::bf16 && p == 0 && m_flash && kc::flash_supported(d, heads, t);
+    return m_precision == Precision::bf16 && p == 0 && kernels::tiled_attention_fits(d, heads, t);
   }
   // Attention as GEMMs batched over (sequence, head) on q, k and v packed
   // per head ([b, t, dh]): S = scale Q K^T into probs (the masked half
@@ -343,8 +343,6 @@ class CudaCompute final : public Compute {
     // how bf16 GEMMs and attention's batched GEMMs take fp32 operands.
     m_gemm_compute = compute_type(std::getenv("TIERMEM_BF16_GEMM"), CUBLAS_COMPUTE_32F);
     m_attention_compute = compute_type(std::getenv("TIERMEM_BF16_ATTENTION"), CUBLAS_COMPUTE_32F);
-    const char* flash = std::getenv("TIERMEM_FLASH");
-    m_flash = flash == nullptr || std::string(flash) != "0";
     if (precision == Precision::fp32 || max_operand <= m_bf16_room) return Status();
     m_bf16_a = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
     m_bf16_b = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
@@ -581,7 +579,6 @@ class CudaCompute final : public Compute {
   Precision m_precision = Precision::fp32;
   cublasComputeType_t m_gemm_compute = CUBLAS_COMPUTE_32F;       // bf16: 32F = cast, then bf16 GEMM
   cublasComputeType_t m_attention_compute = CUBLAS_COMPUTE_32F;  // bf16: 32F = fp32 SIMT
-  bool m_flash = true;                                            // bf16: tiled attention
   uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds

@@ -392,12 +392,6 @@ void backward(cudaStream_t s, const Shape& sh, float* state, const float* dy, fl
 
 }  // namespace
 
-bool flash_supported(int64_t d, int64_t heads, int64_t t) {
-  if (heads <= 0 || d % heads != 0) return false;
-  const int64_t dh = d / heads;
-  return (dh == 16 || dh == 32 || dh == 64 || dh == 128) && t >= dh + 2;
-}
-
 void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, int64_t m, int64_t d, int64_t heads,
                      int64_t kv_heads, int64_t t, float scale) {
   const Shape sh = shape_of(qkv, d, heads, kv_heads, t, scale);

@@ -6,9 +6,10 @@
 // row's log-sum-exp; the backward pass computes P again from them.
 //
 // What is saved between the passes lives in the op's probs tensor
-// ([m * heads, t] floats: the plan's room, its last use the gradient), laid
-// out as flash_state_floats() says; flash_supported() says when it fits and
-// the head width has a kernel (16, 32, 64, 128). Each output is written by
+// (the plan's room, its last use the gradient): the log-sum-exp [m * heads],
+// O [m, d] and the gradient's row sums of dO * O [m * heads];
+// kernels::tiled_attention_fits (executor/kernels.hpp) says when it fits
+// and the head width has a kernel (16, 32, 64, 128). Each output is written by
 // one block, in a fixed order: the same bits every run (no atomics).
 //
 // CUDA only (wmma); the HIP build check (kernels.cu) does not cover it.
@@ -19,10 +20,6 @@
 #include <cstdint>
 
 namespace tiermem::exec::cuda {
-
-// Head width dh = d / heads with a kernel, and t >= dh + 2 (the state fits
-// in probs: log-sum-exp, O and the backward's row sums of dO * O).
-bool flash_supported(int64_t d, int64_t heads, int64_t t);
 
 // y = attention(qkv) (kernels.hpp), state <- (log-sum-exp [m * heads], O
 // [m, d]); `scale` multiplies Q K^T (1 / sqrt(dh)).

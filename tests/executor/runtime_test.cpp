@@ -134,6 +134,43 @@ TEST(ScheduleTest, OneRankAloneExchangesNothing) {
   for (const auto& [op, mb] : s.positions()) EXPECT_FALSE(s.is_partial_sum(op));
 }
 
+// A GPU with --precision bf16 runs attention without dropout in tiles
+// (cuda/flash_attention.cuh): the plan saves the tiles' state, [m * heads,
+// dh + 2] (gpt_tiny: 4 heads of 16, context 32: 18 floats a row), not each
+// head's softmax, [m * heads, t]; fp32, or the CPU, saves the softmax, and
+// the stage's memory shrinks.
+TEST(PlanTest, Bf16OnAGpuSavesAttentionsTileStateNotItsSoftmax) {
+  auto saved = [](const std::string& precision, const std::string& device, int64_t* stage_bytes) {
+    TrainOptions o = options_for(1, 1);
+    o.model = std::string(TIERMEM_SOURCE_ROOT) + "/config/models/gpt_tiny.pbtxt";
+    o.precision = precision;
+    o.device = device;
+    auto job = plan_model(o, {.rank = 0, .world = 1});
+    EXPECT_TRUE(job.ok()) << job.status().to_string();
+    if (!job.ok()) return std::vector<std::vector<int64_t>>{};
+    std::vector<std::vector<int64_t>> shapes;
+    for (const Op& op : job->graph.ops) {
+      if (op.kind == proto::CAUSAL_ATTENTION) shapes.push_back(job->graph.tensors[op.out[1]].shape);
+    }
+    *stage_bytes = 0;
+    for (const ArenaPlan& a : job->plan.arenas) *stage_bytes += a.bytes;
+    return shapes;
+  };
+  int64_t fp32_bytes = 0, bf16_bytes = 0, cpu_bytes = 0;
+  const auto fp32 = saved("fp32", "cuda", &fp32_bytes);
+  const auto bf16 = saved("bf16", "cuda", &bf16_bytes);
+  const auto cpu = saved("bf16", "cpu", &cpu_bytes);  // refused later by the CPU's compute; planned as fp32
+  ASSERT_EQ(fp32.size(), 2u);
+  ASSERT_EQ(bf16.size(), 2u);
+  const int64_t rows = 8 * 32 * 4;  // sequences x context x heads
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(fp32[i], (std::vector<int64_t>{rows, 32}));
+    EXPECT_EQ(bf16[i], (std::vector<int64_t>{rows, 18}));
+  }
+  EXPECT_EQ(cpu, fp32);
+  EXPECT_LT(bf16_bytes, fp32_bytes);
+}
+
 // --- the parts that touch memory, over an in-process daemon ----------------------------
 
 class RuntimePartsTest : public ::testing::Test {

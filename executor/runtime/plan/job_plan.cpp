@@ -6,6 +6,7 @@
 
 #include <tiermem/status_macros.h>
 
+#include "executor/kernels.hpp"
 #include "executor/ops/op_registry.hpp"
 #include "executor/split.hpp"
 #include "executor/tensor_parallel.hpp"
@@ -54,9 +55,22 @@ Status check_dataset(const Graph& graph, const Split& data) {
   return Status();
 }
 
+// A GPU with --precision bf16 runs attention without dropout in tiles
+// (kernels.hpp's tiled_attention_fits): its saved tensor holds the tiles'
+// state, [m * heads, dh + 2], not every head's softmax, [m * heads, t].
+void compact_attention_state(Graph& g) {
+  for (const Op& op : g.ops) {
+    if (op.kind != proto::CAUSAL_ATTENTION || op.probability > 0 || op.out.size() < 2) continue;
+    const std::vector<int64_t>& y = g.tensors[op.out[0]].shape;
+    if (!kernels::tiled_attention_fits(y[1], op.heads, op.context)) continue;
+    g.tensors[op.out[1]].shape = {y[0] * op.heads, kernels::tiled_attention_state(y[1], op.heads)};
+  }
+}
+
 // What follows from the partition: the channels, this stage's memory, the
 // loss's stage.
 Status place(const TrainOptions& options, JobPlan* job) {
+  if (options.precision == "bf16" && options.device != "cpu") compact_attention_state(job->graph);
   // 1F1B: the forward pass from lower stages to higher ones (renumbered,
   // else cut contiguously).
   std::string reordered;
