@@ -117,6 +117,17 @@ std::optional<AllocationInfo> one_copy(test::TestCluster& cluster, std::unique_p
   return *a;
 }
 
+// Node 1's count of copy writes by `path` (data_plane, daemon); -1 when it
+// cannot say.
+long copy_writes_of(test::TestCluster& cluster, const std::string& path) {
+  auto op = cluster.node(1).connect("operator");
+  auto text = op != nullptr ? op->metrics(1) : Result<std::string>(Status(ErrorCode::internal, "no operator"));
+  if (!text.ok()) return -1;
+  const std::string key = "tiermem_copy_writes_total{node=\"1\",path=\"" + path + "\"} ";
+  const size_t at = text->find(key);
+  return at == std::string::npos ? -1 : std::stol(text->substr(at + key.size()));
+}
+
 // Every case over each fabric: copies are written and read through the
 // peers' data plane.
 class ReplicationTest : public ::testing::TestWithParam<std::string> {};
@@ -142,14 +153,7 @@ TEST_P(ReplicationTest, CopiesArePlacedOffTheHomeAndOnlyTheHomeWritesThem) {
   // A write reaches every copy: each reads back the same bytes. The home
   // wrote them one-sided through its data plane, not as requests to the
   // copies' daemons (its counters: the placement's own writes included).
-  auto copy_writes = [&](const std::string& path) -> long {
-    auto op = cluster.node(1).connect("operator");
-    auto text = op != nullptr ? op->metrics(1) : Result<std::string>(Status(ErrorCode::internal, "no operator"));
-    if (!text.ok()) return -1;
-    const std::string key = "tiermem_copy_writes_total{node=\"1\",path=\"" + path + "\"} ";
-    const size_t at = text->find(key);
-    return at == std::string::npos ? -1 : std::stol(text->substr(at + key.size()));
-  };
+  auto copy_writes = [&](const std::string& path) { return copy_writes_of(cluster, path); };
   const long direct_before = copy_writes("data_plane");
   const auto data = test::pattern(k_size, 7);
   ASSERT_TRUE(c->write(a->gva, data.data(), data.size()).ok());
@@ -409,6 +413,45 @@ TEST_P(ReplicationTest, AKilledCopyIsDroppedAtOnceReplacedAndFreedByItsNode) {
   Status r = reader->read(a->gva, got.data(), k_size);
   ASSERT_TRUE(r.ok()) << r.to_string();
   EXPECT_EQ(one_value(got), 3u);
+}
+
+// The home keeps each copy's place (node, offset, incarnation) from its
+// first write (daemon/copy_writer.cpp). A copy's node killed and started
+// again: the copy it held is dropped, and the repair loop makes a new one
+// there (at another offset, as measured: the old place is never reused).
+// The next write still goes one-sided to both copies, none through a
+// daemon, and each copy reads back what the home holds.
+TEST_P(ReplicationTest, ACopyMadeAgainOnARestartedNodeIsWrittenThroughTheDataPlane) {
+  test::TestCluster cluster(3, fast_cluster().over(GetParam()));
+  auto c = owner_on(cluster);
+  ASSERT_NE(c, nullptr);
+  auto a = c->alloc(k_size, {.tier = Tier::dram, .replicas = 2});
+  ASSERT_TRUE(a.ok()) << a.status().to_string() << cluster.logs();
+  ASSERT_EQ(a->replicas.size(), 2u);
+  ASSERT_TRUE(c->write(a->gva, filled(1).data(), k_size).ok());
+  const NodeId first = a->replicas[0].node;
+
+  cluster.node(static_cast<int>(first)).kill();
+  ASSERT_TRUE(wait_for([&] { return c->write(a->gva, filled(2).data(), k_size).ok() &&
+                                    live_copies(copies_of(*c, a->gva)) == 1; }, 10s))
+      << cluster.node(1).log();
+  ASSERT_TRUE(cluster.node(static_cast<int>(first)).restart()) << cluster.logs();
+  ASSERT_TRUE(wait_for([&] {
+    const auto copies = copies_of(*c, a->gva);
+    size_t on_first = 0;
+    for (const ReplicaInfo& r : copies) on_first += r.node == first && r.state == ReplicaState::in_sync ? 1 : 0;
+    return live_copies(copies) == 2 && on_first == 1;
+  }, 15s)) << "no new copy on the restarted node " << first << "\n" << cluster.logs();
+
+  const long direct = copy_writes_of(cluster, "data_plane"), daemon = copy_writes_of(cluster, "daemon");
+  ASSERT_TRUE(c->write(a->gva, filled(3).data(), k_size).ok());
+  EXPECT_EQ(copy_writes_of(cluster, "data_plane"), direct + 2) << "a copy was not written one-sided";
+  EXPECT_EQ(copy_writes_of(cluster, "daemon"), daemon) << cluster.logs();
+  for (const ReplicaInfo& r : copies_of(*c, a->gva)) {
+    std::vector<uint64_t> got(k_size / 8);
+    ASSERT_TRUE(cluster.node(static_cast<int>(r.node)).connect("reader")->read(r.gva, got.data(), k_size).ok());
+    EXPECT_EQ(one_value(got), 3u) << "the copy on node " << r.node;
+  }
 }
 
 // A daemon that comes back holds the copies it held, but its homes may have
