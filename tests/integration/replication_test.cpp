@@ -418,7 +418,7 @@ TEST_P(ReplicationTest, AKilledCopyIsDroppedAtOnceReplacedAndFreedByItsNode) {
 // The home keeps each copy's place (node, offset, incarnation) from its
 // first write (daemon/copy_writer.cpp). A copy's node killed and started
 // again: the copy it held is dropped, and the repair loop makes a new one
-// there (at another offset, as measured: the old place is never reused).
+// there (at another offset in the runs here).
 // The next write still goes one-sided to both copies, none through a
 // daemon, and each copy reads back what the home holds.
 TEST_P(ReplicationTest, ACopyMadeAgainOnARestartedNodeIsWrittenThroughTheDataPlane) {
