@@ -271,16 +271,20 @@ gpt_section() {
   mkdir -p "$dir"
   echo "# GPTs as users write them, bf16, $n steps, medians, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
   for spec in ${GPT_SIZES:-char:6:6:384:256:64:256 gpt2s_256:12:12:768:256:16:50304 gpt2s_1024:12:12:768:1024:8:50304}; do
-    local tag layers heads width context seqs vocab lines flops e c best g
+    local tag layers heads width context seqs vocab lines flops e c best g run
     IFS=: read -r tag layers heads width context seqs vocab <<<"$spec"
     lines=$(PYTHONPATH=${TIERMEM_PYTHONPATH:-$build/client/python} python3 "$top/bench/torch_nanogpt_step.py" \
       "$tag" "$layers" "$heads" "$width" "$context" "$seqs" "$vocab" "$n" "$dir/$tag.pbtxt" 2>&1 |
       grep -E '^(torch_|nanogpt_|# )') || true
     echo "$lines"
     [ -e "$dir/$tag.pbtxt" ] || { echo "# $tag: export failed"; continue; }
-    g=$("$exec" train "$dir/$tag.pbtxt" --job "gpt-$tag" --device cuda --precision bf16 --steps "$n" --micro-batches 1 \
-        --log-every 100000 --data "${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}" | median)
+    run=$("$exec" train "$dir/$tag.pbtxt" --job "gpt-$tag" --device cuda --precision bf16 --steps "$n" --micro-batches 1 \
+        --log-every 100000 --data "${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}" 2>&1) || echo "# $tag: $(tail -2 <<<"$run")"
+    g=$(median <<<"$run")
     echo "exec_${tag}_bf16_graph_step_ms_median $g ms"
+    # The plan's memory (tensors in the VRAM tier; cuBLAS's workspace and
+    # the kernels' scratch come on top) against PyTorch's peak allocation.
+    sed -n 's/^stage 0: \([0-9.]*\) \([KMG]\)iB in tiermem.*/exec_'"$tag"'_planned_vram \1 \2iB/p' <<<"$run"
     flops=$(value "nanogpt_${tag}_flops_per_step" <<<"$lines")
     e=$(value "torch_${tag}_eager_step_ms_median" <<<"$lines")
     c=$(value "torch_${tag}_compile_step_ms_median" <<<"$lines")

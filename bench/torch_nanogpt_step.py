@@ -12,8 +12,10 @@ Prints
     torch_<tag>_compile_step_ms_median V ms   (where torch.compile works)
     nanogpt_<tag>_flops_per_step V            (nanoGPT's estimate_mfu: 6 N + 12 L H Q T per token)
     nanogpt_<tag>_parameters V
+    torch_<tag>_{eager,compile}_peak_vram_mib V MiB   (torch.cuda.max_memory_allocated)
 
 usage: torch_nanogpt_step.py TAG LAYERS HEADS WIDTH CONTEXT SEQUENCES VOCAB STEPS OUT.pbtxt
+(STEPS 0: the export alone)
 """
 import os
 import statistics
@@ -85,11 +87,13 @@ n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.nu
 flops = (6 * n + 12 * layers * heads * (width // heads) * context) * sequences * context
 print(f"nanogpt_{tag}_parameters {n}")
 print(f"nanogpt_{tag}_flops_per_step {flops}")
-if not torch.cuda.is_available():
+if steps == 0 or not torch.cuda.is_available():  # 0 steps: the export alone
     sys.exit(0)
 torch.backends.cuda.matmul.allow_tf32 = True  # as nanoGPT's train.py sets
 torch.backends.cudnn.allow_tf32 = True
+torch.cuda.reset_peak_memory_stats()
 print(f"torch_{tag}_eager_step_ms_median {train(False):.4f} ms", flush=True)
+print(f"torch_{tag}_eager_peak_vram_mib {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
 torch.cuda.reset_peak_memory_stats()
 try:
     print(f"torch_{tag}_compile_step_ms_median {train(True):.4f} ms")
