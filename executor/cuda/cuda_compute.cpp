@@ -343,6 +343,7 @@ class CudaCompute final : public Compute {
     // how bf16 GEMMs and attention's batched GEMMs take fp32 operands.
     m_gemm_compute = compute_type(std::getenv("TIERMEM_BF16_GEMM"), CUBLAS_COMPUTE_32F);
     m_attention_compute = compute_type(std::getenv("TIERMEM_BF16_ATTENTION"), CUBLAS_COMPUTE_32F);
+    if (precision == Precision::bf16) kc::flash_attention_prepare();
     if (precision == Precision::fp32 || max_operand <= m_bf16_room) return Status();
     m_bf16_a = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
     m_bf16_b = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));

@@ -245,8 +245,9 @@ __global__ void __launch_bounds__(k_threads) dq_k(Shape sh, const float* dy, con
     const float row_lse = rl[me.row], row_d = rd[me.row];
     for (int c = me.first; c < me.first + 32; ++c) {
       const int at = me.row * k_sld + c;
-      const float p = k0 + c <= qi && k0 + c < t ? __expf(ss[at] * sh.scale - row_lse) : 0.0f;
-      dss[me.row * k_pld + c] = __float2bfloat16(p * (dps[at] - row_d));
+      const bool valid = k0 + c <= qi && k0 + c < t;  // else ss and dps hold what an earlier tile left
+      dss[me.row * k_pld + c] =
+          __float2bfloat16(valid ? __expf(ss[at] * sh.scale - row_lse) * (dps[at] - row_d) : 0.0f);
     }
     __syncwarp();
     for (int n = 0; n < DH / 16; ++n) {
@@ -391,6 +392,13 @@ void backward(cudaStream_t s, const Shape& sh, float* state, const float* dy, fl
 }
 
 }  // namespace
+
+void flash_attention_prepare() {
+  set_smem_limits<16>();
+  set_smem_limits<32>();
+  set_smem_limits<64>();
+  set_smem_limits<128>();
+}
 
 void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, int64_t m, int64_t d, int64_t heads,
                      int64_t kv_heads, int64_t t, float scale) {

@@ -21,6 +21,10 @@
 
 namespace tiermem::exec::cuda {
 
+// Sets what the kernels need of the device (their shared memory), before
+// any step is captured; the calls below do it too where it was not.
+void flash_attention_prepare();
+
 // y = attention(qkv) (kernels.hpp), state <- (log-sum-exp [m * heads], O
 // [m, d]); `scale` multiplies Q K^T (1 / sqrt(dh)).
 void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, int64_t m, int64_t d, int64_t heads,
