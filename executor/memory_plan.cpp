@@ -201,11 +201,21 @@ void stack(std::vector<Placement>& list, int t, int64_t bytes, int64_t* size) {
 // unless offloaded), the work arena (and the window) in plan->compute.
 void place_per_step(const Graph& g, const StageOps& ops, MemoryPlan* plan) {
   int64_t params = 0, grads = 0, optimizer = 0;
+  size_t states = 2;
   for (int op : ops.update) {
     const Op& u = g.ops[op];
     stack(plan->params, u.in[0], g.tensors[u.in[0]].bytes(), &params);
     stack(plan->grads, u.in[1], g.tensors[u.in[1]].bytes(), &grads);
-    for (size_t i = 2; i < u.in.size(); ++i) stack(plan->optimizer, u.in[i], g.tensors[u.in[i]].bytes(), &optimizer);
+    states = std::max(states, u.in.size());
+  }
+  // The state by kind (every first moment, then every second), each in the
+  // parameters' order: the updates of parameters side by side find their
+  // state side by side too, and run as one call (StageRunner::update).
+  for (size_t i = 2; i < states; ++i) {
+    for (int op : ops.update) {
+      const Op& u = g.ops[op];
+      if (i < u.in.size()) stack(plan->optimizer, u.in[i], g.tensors[u.in[i]].bytes(), &optimizer);
+    }
   }
   // Where the kernels run: every tensor in VRAM for GPU kernels, else in
   // the fastest tier the CPU addresses (Arenas places them so).

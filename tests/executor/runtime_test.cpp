@@ -171,6 +171,38 @@ TEST(PlanTest, Bf16OnAGpuSavesAttentionsTileStateNotItsSoftmax) {
   EXPECT_LT(bf16_bytes, fp32_bytes);
 }
 
+// The optimizer's state lies by kind (every first moment, then every
+// second) in the parameters' order, so that updates of parameters side by
+// side find their state side by side and run as one call: for gpt_tiny
+// (Adam, no weight decay) each of parameters, gradients, first and second
+// moments follows on from the one before in the update ops' order.
+TEST(PlanTest, UpdatesFindTheirParametersAndStateSideBySide) {
+  TrainOptions o = options_for(1, 1);
+  o.model = std::string(TIERMEM_SOURCE_ROOT) + "/config/models/gpt_tiny.pbtxt";
+  auto job = plan_model(o, {.rank = 0, .world = 1});
+  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  auto offset_in = [](const std::vector<Placement>& list, int tensor) -> int64_t {
+    for (const Placement& p : list) {
+      if (p.tensor == tensor) return p.offset;
+    }
+    return -1;
+  };
+  std::vector<const Op*> updates;
+  for (const Op& op : job->graph.ops) {
+    if (op.kind == proto::ADAM_UPDATE) updates.push_back(&op);
+  }
+  ASSERT_GT(updates.size(), 10u);
+  for (size_t u = 1; u < updates.size(); ++u) {
+    const Op& a = *updates[u - 1];
+    const Op& b = *updates[u];
+    const int64_t bytes = job->graph.tensors[a.in[0]].bytes();
+    EXPECT_EQ(offset_in(job->plan.params, b.in[0]), offset_in(job->plan.params, a.in[0]) + bytes);
+    EXPECT_EQ(offset_in(job->plan.grads, b.in[1]), offset_in(job->plan.grads, a.in[1]) + bytes);
+    EXPECT_EQ(offset_in(job->plan.optimizer, b.in[2]), offset_in(job->plan.optimizer, a.in[2]) + bytes) << "m";
+    EXPECT_EQ(offset_in(job->plan.optimizer, b.in[3]), offset_in(job->plan.optimizer, a.in[3]) + bytes) << "v";
+  }
+}
+
 // --- the parts that touch memory, over an in-process daemon ----------------------------
 
 class RuntimePartsTest : public ::testing::Test {

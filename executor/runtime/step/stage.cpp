@@ -172,13 +172,70 @@ Status StageRunner::update(int64_t step) {
   if (const float max_norm = m_job.graph.optimizer.max_grad_norm(); max_norm > 0) {
     compute.clip_gradients(m_arenas.grads().as<float>(), m_arenas.grads_bytes() / 4, max_norm);
   }
-  const TensorMemory committed = [&](int t) { return m_feeder.memory(t, -1, step, false); };
+  // Update ops whose arrays lie back to back in every arena (the plan lays
+  // parameters and their state out in one order) and whose settings agree
+  // go to the compute as one call: one kernel over all of them on a GPU (a
+  // multi-tensor optimizer), the same arithmetic element by element.
+  UpdateRun run;
   for (int i : m_schedule.update_ops()) {
     if (done.count(i) != 0) continue;
-    run_op(compute, m_job.graph, m_job.graph.ops[static_cast<size_t>(i)],
-           [&](int t) { return m_feeder.memory(t, -1, step, true); }, false, &committed);
+    const Op& op = m_job.graph.ops[static_cast<size_t>(i)];
+    if (op.kind != proto::ADAM_UPDATE && op.kind != proto::SGD_UPDATE) {
+      run.flush(compute);
+      run = UpdateRun();
+      const TensorMemory committed = [&](int t) { return m_feeder.memory(t, -1, step, false); };
+      run_op(compute, m_job.graph, op, [&](int t) { return m_feeder.memory(t, -1, step, true); }, false, &committed);
+      continue;
+    }
+    UpdateRun next = update_run_of(op, step);
+    if (!run.extend(next)) {
+      run.flush(compute);
+      run = next;
+    }
   }
+  run.flush(compute);
   return Status();
+}
+
+StageRunner::UpdateRun StageRunner::update_run_of(const Op& op, int64_t step) {
+  UpdateRun r;
+  r.kind = op.kind;
+  r.count = m_job.graph.tensors[op.in[0]].elements();
+  r.hyper = optimizer_hyper(m_job.graph, op.origin);
+  auto next = [&](int t) { return static_cast<float*>(m_feeder.memory(t, -1, step, true)); };
+  auto committed = [&](int t) { return static_cast<float*>(m_feeder.memory(t, -1, step, false)); };
+  // The order of Compute::adam's and sgd's arrays: param_in, param, grad,
+  // then each state's in and out.
+  r.arrays = {committed(op.in[0]), next(op.in[0]), next(op.in[1])};
+  for (size_t k = 2; k < op.in.size(); ++k) {
+    r.arrays.push_back(committed(op.in[k]));
+    r.arrays.push_back(next(op.in[k]));
+  }
+  return r;
+}
+
+bool StageRunner::UpdateRun::extend(const UpdateRun& next) {
+  const OptimizerHyper &a = hyper, &b = next.hyper;
+  const bool same = kind == next.kind && arrays.size() == next.arrays.size() && a.lr == b.lr && a.beta1 == b.beta1 &&
+                    a.beta2 == b.beta2 && a.epsilon == b.epsilon && a.momentum == b.momentum &&
+                    a.weight_decay == b.weight_decay && a.decoupled == b.decoupled && a.warmup == b.warmup &&
+                    a.decay == b.decay && a.min_lr == b.min_lr && a.max_grad_norm == b.max_grad_norm;
+  if (count == 0 || !same) return false;
+  for (size_t k = 0; k < arrays.size(); ++k) {
+    if (arrays[k] + count != next.arrays[k]) return false;
+  }
+  count += next.count;
+  return true;
+}
+
+void StageRunner::UpdateRun::flush(Compute& compute) const {
+  if (count == 0) return;
+  const auto& x = arrays;
+  if (kind == proto::ADAM_UPDATE) {
+    compute.adam(x[0], x[1], x[2], x[3], x[4], x[5], x[6], count, hyper);
+  } else {
+    compute.sgd(x[0], x[1], x[2], x[3], x[4], count, hyper);
+  }
 }
 
 // The ops of the step and the optimizer, queued (on a GPU) or run.

@@ -89,6 +89,18 @@ class StageRunner {
   Status replay_step(int64_t step);                  // the same, captured once and replayed
   Status run_position(int pos, int64_t step);        // one (op, micro-batch) of the schedule
   Status update(int64_t step);                       // the optimizer: the next parameters and state
+  // Consecutive update ops as one optimizer call (update()).
+  struct UpdateRun {
+    OpKind kind = proto::OP_UNSPECIFIED;
+    std::vector<float*> arrays;  // Compute::adam's or sgd's, in their order
+    int64_t count = 0;
+    OptimizerHyper hyper;
+    // Takes `next` in when its arrays follow on from these and its settings
+    // are the same.
+    bool extend(const UpdateRun& next);
+    void flush(Compute& compute) const;
+  };
+  UpdateRun update_run_of(const Op& op, int64_t step);
   // --offload-update auto: after the second step this process ran, the
   // parameters whose updates go through the window (update_split.hpp).
   void split_updates_by_rates();
