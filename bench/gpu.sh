@@ -261,7 +261,8 @@ fi
 #    with --precision bf16 against PyTorch's autocast-bf16 step with fused
 #    AdamW, eager and under torch.compile (bench/torch_nanogpt_step.py): the
 #    median steps, TFLOP/s by nanoGPT's estimate_mfu and
-#    exec_<tag>_vs_torch_best_ratio (goal <= 1.0). GPT_SIZES picks sizes
+#    exec_<tag>_vs_torch_best_ratio (goal <= 1.0); then the first size's
+#    bf16 losses against fp32's (goal within 2e-2). GPT_SIZES picks sizes
 #    (default: all); GPT_STEPS the steps (default 60); GPT_DIR keeps the
 #    exported models (default: a temporary directory). GPU_BENCH_ONLY=gpt
 #    runs only gpu_bench and this section. tiermem.fx is the build's (or
@@ -296,6 +297,20 @@ gpt_section() {
       if (b != "") printf "exec_%s_vs_torch_best_ratio %.3f (goal <= 1.0)\n", t, g / b
       printf "exec_%s_mfu %.3f (of 989 TFLOP/s)\n", t, f / g / 1e9 / 989 }'
   done
+  # bf16 against fp32 over GPT_LOSS_STEPS steps (default 200) of the first
+  # size, same seed and batches: the largest relative difference of a loss
+  # (goal <= 2e-2).
+  local first=${GPT_SIZES:-char} ls=${GPT_LOSS_STEPS:-200} p
+  first=${first%%:*}
+  [ -e "$dir/$first.pbtxt" ] || return 0
+  for p in fp32 bf16; do
+    "$exec" train "$dir/$first.pbtxt" --job "gpt-loss-$p" --device cuda --precision $p --steps "$ls" --micro-batches 1 \
+      --log-every 100000 --seed 3 --losses "$dir/$first.$p.losses" -q \
+      --data "${TIERMEM_CORPUS:-$top/tests/data/corpus.txt}" >/dev/null 2>&1 || echo "# $first $p: the loss run failed"
+  done
+  paste "$dir/$first.fp32.losses" "$dir/$first.bf16.losses" 2>/dev/null | awk -v t="$first" -v n="$ls" '
+    { r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > w) { w = r; at = NR } }
+    END { if (NR > 0) printf "exec_%s_bf16_vs_fp32_worst_rel %.2e (step %d of %d; goal <= 2e-2)\n", t, w, at, n }'
 }
 if [ "${GPU_BENCH_ONLY:-}" = gpt ]; then
   gpt_section
