@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -158,6 +159,9 @@ TEST(TiledAttentionTest, TheTilesSchemeGivesTheCpusAttentionAndGradient) {
 }
 
 TEST(TiledAttentionTest, OnlyHeadWidthsWithAKernelAndRoomForTheStateFit) {
+  unsetenv("TIERMEM_FLASH");
+  EXPECT_FALSE(kernels::tiled_attention_fits(384, 6, 256)) << "on without TIERMEM_FLASH=1";
+  setenv("TIERMEM_FLASH", "1", 1);
   EXPECT_TRUE(kernels::tiled_attention_fits(384, 6, 256));   // dh 64
   EXPECT_TRUE(kernels::tiled_attention_fits(64, 4, 32));     // dh 16, t 32 >= 18
   EXPECT_TRUE(kernels::tiled_attention_fits(1024, 8, 130));  // dh 128
@@ -165,6 +169,7 @@ TEST(TiledAttentionTest, OnlyHeadWidthsWithAKernelAndRoomForTheStateFit) {
   EXPECT_FALSE(kernels::tiled_attention_fits(512, 4, 129));  // dh 128, t < 130: the state would not fit
   EXPECT_FALSE(kernels::tiled_attention_fits(100, 3, 64));   // heads do not divide d
   EXPECT_EQ(kernels::tiled_attention_state(384, 6), 66);
+  unsetenv("TIERMEM_FLASH");
 }
 
 }  // namespace

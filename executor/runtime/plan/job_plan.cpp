@@ -55,8 +55,8 @@ Status check_dataset(const Graph& graph, const Split& data) {
   return Status();
 }
 
-// A GPU with --precision bf16 runs attention without dropout in tiles
-// (kernels.hpp's tiled_attention_fits): its saved tensor holds the tiles'
+// A GPU with --precision bf16 runs attention without dropout in tiles where
+// kernels.hpp's tiled_attention_fits says (TIERMEM_FLASH=1): its saved tensor holds the tiles'
 // state, [m * heads, dh + 2], not every head's softmax, [m * heads, t].
 void compact_attention_state(Graph& g) {
   for (const Op& op : g.ops) {
