@@ -265,8 +265,8 @@ fi
 #    bf16 losses against fp32's (goal within 2e-2). GPT_SIZES picks sizes
 #    (default: all); GPT_STEPS the steps (default 60); GPT_DIR keeps the
 #    exported models (default: a temporary directory). GPU_BENCH_ONLY=gpt
-#    runs only gpu_bench and this section; TIERMEM_FLASH=1 runs attention
-#    in tiles (executor/cuda/flash_attention.cu). tiermem.fx is the build's (or
+#    runs only gpu_bench and this section; TIERMEM_FLASH=0 runs attention
+#    as batched GEMMs instead of in tiles. tiermem.fx is the build's (or
 #    $TIERMEM_PYTHONPATH's: a device pack's py/pkg).
 gpt_section() {
   local n=${GPT_STEPS:-60} dir=${GPT_DIR:-$TIERMEM_CLUSTER_DIR/gpt} spec

@@ -64,13 +64,13 @@ def train(compiled):
     model = make().cuda()
     opt = model.configure_optimizers(DECAY, LR, BETAS, "cuda")
     run = torch.compile(model) if compiled else model
-    host = [torch.randint(0, 256, (sequences, context + 1)).pin_memory() for _ in range(4)]
-    batch = torch.empty(sequences, context + 1, dtype=torch.int64, device="cuda")
+    host = [torch.randint(0, 256, (2, sequences, context)).pin_memory() for _ in range(4)]
+    batch = torch.empty(2, sequences, context, dtype=torch.int64, device="cuda")  # inputs and targets, as train.py's x, y
 
     def step(i):
         batch.copy_(host[i % 4], non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = run(batch[:, :-1], batch[:, 1:])
+            _, loss = run(batch[0], batch[1])
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

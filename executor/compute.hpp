@@ -137,8 +137,8 @@ class Compute {
   // With `p` > 0 (and dropout on), the probabilities are dropped out (the
   // draws of `salt`, index (s * heads + h) * t * t + i * t + j) before they
   // weigh the values; `probs` keeps them as they were, and the gradient
-  // draws the same again. A GPU with --precision bf16, no dropout and
-  // TIERMEM_FLASH=1 (kernels::tiled_attention_fits) keeps
+  // draws the same again. A GPU with --precision bf16 and no dropout
+  // (kernels::tiled_attention_fits) keeps
   // in `probs` what its tiled kernels save instead (cuda/flash_attention.cuh):
   // only attention_grad reads it.
   virtual void attention(const float* qkv, float* y, float* probs, int64_t m, int64_t d, int64_t heads,

@@ -87,12 +87,11 @@ void attention_grad(const float* qkv, float* probs, const float* dy, float* dqkv
 // state fits in probs' room, and what it keeps per query row and head in
 // place of the softmax (its log-sum-exp, O's dh floats, the gradient's
 // row sum): a job that will run it saves [m * heads, dh + 2] there.
-// Off unless TIERMEM_FLASH=1, for the plan and the compute alike, until a
-// GPU has run it (written and tested against the CPU's kernels without one:
-// tests/gpu/attention_gpu_test.cpp sets it).
+// TIERMEM_FLASH=0 turns it off (the batched GEMMs instead: a comparison),
+// for the plan and the compute alike.
 inline bool tiled_attention_fits(int64_t d, int64_t heads, int64_t t) {
-  const char* on = std::getenv("TIERMEM_FLASH");
-  if (on == nullptr || on[0] != '1' || on[1] != '\0') return false;
+  const char* off = std::getenv("TIERMEM_FLASH");
+  if (off != nullptr && off[0] == '0' && off[1] == '\0') return false;
   if (heads <= 0 || d % heads != 0) return false;
   const int64_t dh = d / heads;
   return (dh == 16 || dh == 32 || dh == 64 || dh == 128) && t >= dh + 2;

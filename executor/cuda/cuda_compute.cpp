@@ -145,7 +145,7 @@ class CudaCompute final : public Compute {
   void position_embedding_grad(const float* dy, float* dtable, int64_t m, int64_t d, int64_t t, bool acc) override {
     kc::position_embedding_grad(m_stream, dy, dtable, m, d, t, acc);
   }
-  // With --precision bf16, no dropout and TIERMEM_FLASH=1 (kernels.hpp),
+  // With --precision bf16 and no dropout (kernels::tiled_attention_fits),
   // attention in tiles on tensor cores
   // (flash_attention.cuh: probs holds its saved state, not the softmax);
   // the forward pass and its gradient decide alike, and the plan sized

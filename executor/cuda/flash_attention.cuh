@@ -1,6 +1,6 @@
 // Causal attention without the T x T matrix in memory (issue 49): the
 // contract of kernels.hpp's attention with --precision bf16, dropout off
-// (and TIERMEM_FLASH=1: kernels::tiled_attention_fits),
+// (kernels::tiled_attention_fits),
 // on tensor cores (bf16 operands, fp32 sums and softmax statistics), in
 // the manner of FlashAttention-2: the forward pass keeps, per query row and
 // head, the running maximum and sum of its softmax and writes only O and the

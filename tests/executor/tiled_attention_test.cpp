@@ -159,9 +159,9 @@ TEST(TiledAttentionTest, TheTilesSchemeGivesTheCpusAttentionAndGradient) {
 }
 
 TEST(TiledAttentionTest, OnlyHeadWidthsWithAKernelAndRoomForTheStateFit) {
+  setenv("TIERMEM_FLASH", "0", 1);
+  EXPECT_FALSE(kernels::tiled_attention_fits(384, 6, 256)) << "on with TIERMEM_FLASH=0";
   unsetenv("TIERMEM_FLASH");
-  EXPECT_FALSE(kernels::tiled_attention_fits(384, 6, 256)) << "on without TIERMEM_FLASH=1";
-  setenv("TIERMEM_FLASH", "1", 1);
   EXPECT_TRUE(kernels::tiled_attention_fits(384, 6, 256));   // dh 64
   EXPECT_TRUE(kernels::tiled_attention_fits(64, 4, 32));     // dh 16, t 32 >= 18
   EXPECT_TRUE(kernels::tiled_attention_fits(1024, 8, 130));  // dh 128
@@ -169,7 +169,6 @@ TEST(TiledAttentionTest, OnlyHeadWidthsWithAKernelAndRoomForTheStateFit) {
   EXPECT_FALSE(kernels::tiled_attention_fits(512, 4, 129));  // dh 128, t < 130: the state would not fit
   EXPECT_FALSE(kernels::tiled_attention_fits(100, 3, 64));   // heads do not divide d
   EXPECT_EQ(kernels::tiled_attention_state(384, 6), 66);
-  unsetenv("TIERMEM_FLASH");
 }
 
 }  // namespace

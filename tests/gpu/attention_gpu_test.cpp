@@ -4,8 +4,8 @@
 // random q, k, v and dY, forward and gradient, for every head width with a
 // kernel (16 to 128), lengths that are and are not a multiple of the 64-row
 // tile, grouped-query heads and an accumulated gradient; the batched GEMMs
-// of the same compute (TIERMEM_FLASH=0) as the error that bf16 operands
-// give anyway (TIERMEM_BF16_ATTENTION=bf16). Two runs give the same bits (no atomics).
+// of the same compute (TIERMEM_FLASH=0, fp32) printed beside them. Two
+// runs give the same bits (no atomics).
 #include <cuda_runtime_api.h>
 
 #include <gtest/gtest.h>
@@ -45,8 +45,9 @@ struct Outputs {
 
 // One forward and gradient on `compute` (bf16), dqkv starting at `start`
 // (accumulated into when `accumulate`).
-Outputs run(Compute& c, const Case& k, const std::vector<float>& qkv, const std::vector<float>& dy,
+Outputs run(Compute& c, bool tiles, const Case& k, const std::vector<float>& qkv, const std::vector<float>& dy,
             const std::vector<float>& start, bool accumulate) {
+  setenv("TIERMEM_FLASH", tiles ? "1" : "0", 1);  // read as the calls are made (kernels::tiled_attention_fits)
   const int64_t m = k.seqs * k.t;
   auto put = [&](const std::vector<float>& v) {
     void* p = c.device_buffer(v.size() * 4);
@@ -67,9 +68,7 @@ Outputs run(Compute& c, const Case& k, const std::vector<float>& qkv, const std:
   return out;
 }
 
-std::unique_ptr<Compute> bf16_compute(bool flash, int64_t max_operand) {
-  setenv("TIERMEM_FLASH", flash ? "1" : "0", 1);
-  setenv("TIERMEM_BF16_ATTENTION", "bf16", 1);  // the batched GEMMs on bf16 operands too
+std::unique_ptr<Compute> bf16_compute(int64_t max_operand) {
   auto c = make_compute("cuda");
   EXPECT_TRUE(c.ok()) << c.status().message();
   if (!c.ok()) return nullptr;
@@ -77,7 +76,7 @@ std::unique_ptr<Compute> bf16_compute(bool flash, int64_t max_operand) {
   return std::move(*c);
 }
 
-TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuAsBf16GemmsDo) {
+TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuWithinBf16Rounding) {
   const std::vector<Case> cases = {
       {8, 32, 64, 4, 4},      // dh 16: gpt_tiny's shape
       {3, 100, 128, 4, 4},    // dh 32, a length past one tile and not a multiple of it
@@ -108,25 +107,26 @@ TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuAsBf16GemmsDo) {
     kernels::attention_grad(qkv.data(), probs2.data(), dy.data(), dqkv_acc.data(), m, k.d, k.heads, k.kv_heads, k.t,
                             0.0f, 0, true);
 
-    auto gemms = bf16_compute(false, m * ld);
-    auto tiles = bf16_compute(true, m * ld);
-    ASSERT_TRUE(gemms && tiles);
-    const Outputs g = run(*gemms, k, qkv, dy, start, false);
-    const Outputs f = run(*tiles, k, qkv, dy, start, false);
+    auto c = bf16_compute(m * ld);
+    ASSERT_TRUE(c);
+    const Outputs g = run(*c, false, k, qkv, dy, start, false);
+    const Outputs f = run(*c, true, k, qkv, dy, start, false);
     const double gy = rel(g.y, y), gd = rel(g.dqkv, dqkv), fy = rel(f.y, y), fd = rel(f.dqkv, dqkv);
     std::printf("t %ld dh %ld heads %ld/%ld: y %.2e (GEMMs %.2e), dqkv %.2e (GEMMs %.2e)\n",
                 static_cast<long>(k.t), static_cast<long>(k.d / k.heads), static_cast<long>(k.heads),
                 static_cast<long>(k.kv_heads), fy, gy, fd, gd);
-    // bf16 operands: 2^-9 relative each; the GEMMs' own error, with room.
-    EXPECT_LT(fy, std::max(3 * gy, 2e-3));
-    EXPECT_LT(fd, std::max(3 * gd, 2e-3));
-    EXPECT_LT(fy, 2e-2);
-    EXPECT_LT(fd, 2e-2);
-    const Outputs again = run(*tiles, k, qkv, dy, start, false);
+    // bf16 operands (q, k, v, P, dO, dS: 2^-9 relative each) with fp32
+    // sums: 2.5e-3 to 2.9e-3 (y) and 3.6e-3 to 3.8e-3 (dqkv) on an H100,
+    // against 1e-7 for the batched fp32 GEMMs; with room.
+    setenv("TIERMEM_FLASH", "1", 1);
+    if (kernels::tiled_attention_fits(k.d, k.heads, k.t)) EXPECT_NE(f.y, g.y) << "the tiles did not run";
+    EXPECT_LT(fy, 6e-3);
+    EXPECT_LT(fd, 8e-3);
+    const Outputs again = run(*c, true, k, qkv, dy, start, false);
     EXPECT_EQ(again.y, f.y) << "a second run gave other bits";
     EXPECT_EQ(again.dqkv, f.dqkv) << "a second run gave other bits";
-    const Outputs acc = run(*tiles, k, qkv, dy, start, true);
-    EXPECT_LT(rel(acc.dqkv, dqkv_acc), std::max(3 * gd, 2e-3)) << "accumulated into dqkv";
+    const Outputs acc = run(*c, true, k, qkv, dy, start, true);
+    EXPECT_LT(rel(acc.dqkv, dqkv_acc), 8e-3) << "accumulated into dqkv";
   }
 }
 

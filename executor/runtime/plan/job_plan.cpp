@@ -56,7 +56,7 @@ Status check_dataset(const Graph& graph, const Split& data) {
 }
 
 // A GPU with --precision bf16 runs attention without dropout in tiles where
-// kernels.hpp's tiled_attention_fits says (TIERMEM_FLASH=1): its saved tensor holds the tiles'
+// kernels.hpp's tiled_attention_fits says: its saved tensor holds the tiles'
 // state, [m * heads, dh + 2], not every head's softmax, [m * heads, t].
 void compact_attention_state(Graph& g) {
   for (const Op& op : g.ops) {
