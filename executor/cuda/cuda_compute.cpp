@@ -340,10 +340,11 @@ class CudaCompute final : public Compute {
 
   Status set_precision(Precision precision, int64_t max_operand) override {
     m_precision = precision;
-    // Measurement knobs (issue 49, to be settled by the H100's figures):
-    // how bf16 GEMMs and attention's batched GEMMs take fp32 operands.
+    // A measurement switch (issue 49; docs/benchmarks.md): TIERMEM_BF16_GEMM=bf16
+    // has cuBLAS round the fp32 operands inside its kernels instead of our
+    // casts (nanoGPT's char GPT 8 % faster on an H100, the 4096-wide MLP
+    // 33 % slower: not the default).
     m_gemm_compute = compute_type(std::getenv("TIERMEM_BF16_GEMM"), CUBLAS_COMPUTE_32F);
-    m_attention_compute = compute_type(std::getenv("TIERMEM_BF16_ATTENTION"), CUBLAS_COMPUTE_32F);
     if (precision == Precision::bf16) kc::flash_attention_prepare();
     if (precision == Precision::fp32 || max_operand <= m_bf16_room) return Status();
     m_bf16_a = static_cast<uint16_t*>(device_buffer(static_cast<size_t>(max_operand) * 2));
@@ -500,16 +501,6 @@ class CudaCompute final : public Compute {
                int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float* c, int64_t ldc,
                int64_t stride_c, int64_t batch, bool acc) {
     const float beta = acc ? 1.0f : 0.0f;
-    if (m_precision == Precision::bf16 && m_attention_compute != CUBLAS_COMPUTE_32F) {
-      // Tensor cores on the fp32 operands, rounded inside the kernel.
-      const cublasStatus_t s = cublasGemmStridedBatchedEx(
-          m_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-          static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), stride_b, a,
-          CUDA_R_32F, static_cast<int>(lda), stride_a, &beta, c, CUDA_R_32F, static_cast<int>(ldc), stride_c,
-          static_cast<int>(batch), m_attention_compute, CUBLAS_GEMM_DEFAULT);
-      if (s != CUBLAS_STATUS_SUCCESS) fail(std::string("cublasGemmStridedBatchedEx: ") + cublasGetStatusString(s));
-      return;
-    }
     const cublasStatus_t s = cublasSgemmStridedBatched(
         m_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
         static_cast<int>(m), static_cast<int>(k), &alpha, b, static_cast<int>(ldb), stride_b, a, static_cast<int>(lda),
@@ -580,7 +571,6 @@ class CudaCompute final : public Compute {
   float* m_grad_scale = nullptr;      // clip_gradients' result, read by sgd and adam
   Precision m_precision = Precision::fp32;
   cublasComputeType_t m_gemm_compute = CUBLAS_COMPUTE_32F;       // bf16: 32F = cast, then bf16 GEMM
-  cublasComputeType_t m_attention_compute = CUBLAS_COMPUTE_32F;  // bf16: 32F = fp32 SIMT
   uint16_t* m_bf16_a = nullptr;  // bf16 copies of a GEMM's operands (--precision bf16)
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds
