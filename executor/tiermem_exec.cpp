@@ -390,7 +390,8 @@ int main(int argc, char** argv) {
   bool no_shuffle = false;
   train_cmd->add_flag("--no-shuffle", no_shuffle, "take the training rows in order");
   train_cmd->add_option("--data", opt.data, "dataset file or directory (default: the Debian package's)");
-  train_cmd->add_option("--trace", opt.trace, "write a Chrome/Perfetto trace (.rankN appended when world > 1)");
+  train_cmd->add_option("--trace", opt.trace, "write a Chrome/Perfetto trace (.rankN appended when world > 1); on a GPU with --no-graphs each op "
+                        "waits for its kernels, so that its span is their time (tools/trace-top.py sums them up)");
   train_cmd->add_option("--losses", opt.losses, "write every step's loss (hex float per line)");
   train_cmd->add_option("--dump", opt.dump, "write the initial parameters (and --dump-batches batches) here");
   train_cmd->add_option("--dump-batches", opt.dump_batches, "batches to write with --dump");

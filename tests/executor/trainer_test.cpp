@@ -86,6 +86,24 @@ TEST_F(TrainerTest, PipelineOfTwoRanksOnTwoDaemonsLearnsTheDigits) {
     EXPECT_TRUE(compute.count("fc1.c" + std::to_string(rank))) << "rank " << rank << ": not its block of fc1";
     EXPECT_EQ(compute.count("fc2"), rank == 1 ? 1u : 0u) << "rank " << rank;
   }
+#if TIERMEM_HAVE_PYTHON
+  // tools/trace-top.py sums rank 1's trace up by op: every step (after the
+  // three it leaves out) ran fc2's backward once per micro-batch (2; the
+  // forward ops run more: an epoch's evaluation counts with its last step).
+  const std::string top = m_dir + "/top.json";
+  ASSERT_EQ(std::system(("python3 " TIERMEM_SOURCE_ROOT "/tools/trace-top.py --json " + trace + ".rank1 > " + top).c_str()),
+            0);
+  std::ifstream in(top);
+  const auto json = nlohmann::json::parse(in);
+  EXPECT_GT(json["steps"].get<int>(), 10);
+  EXPECT_GT(json["ms_per_step"].get<double>(), 0.0);
+  std::map<std::string, double> calls;
+  for (const auto& op : json["ops"]) calls[op["name"].get<std::string>()] = op["calls"].get<double>();
+  EXPECT_EQ(calls["fc#.grad_a"], 2.0) << json.dump();
+  EXPECT_EQ(calls["loss.grad"], 2.0) << json.dump();
+  EXPECT_GE(calls["fc#"], 2.0) << json.dump();
+  EXPECT_EQ(calls["optimizer"], 1.0) << json.dump();
+#endif
 }
 
 TEST_F(TrainerTest, SplitPipelineFollowsTheWholeModel) {

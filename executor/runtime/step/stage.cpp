@@ -27,6 +27,7 @@ StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
     : m_job(p.job), m_options(p.options), m_arenas(p.arenas), m_mail(p.mail), m_trace(p.trace), m_compute(p.compute),
       m_slowdown(p.options.slowdown), m_schedule(p.job),
       m_replay(captures_steps(p.job, p.options, m_schedule, p.compute)),
+      m_time_kernels(!p.options.trace.empty() && p.compute.memory_is_device() && !m_replay),
       m_feeder(p.job, m_schedule, p.options, p.arenas, p.mail, p.compute, m_replay), m_sums(std::move(sums)),
       m_stream(p.job, p.arenas, p.compute, p.trace), m_update_compute(&p.compute),
       m_committer(p.job, p.options, p.client, p.dir, p.arenas, p.peers, p.trace, p.compute),
@@ -106,6 +107,7 @@ Status StageRunner::run_op_at(int op_id, const StepPoint& at) {
     Slowdown::Scope slowed(m_slowdown, at.step >= m_options.slowdown_from);
     // Gradients sum their contributions; a recomputed forward op writes.
     run_op(m_compute, m_job.graph, op, resolve, op.phase == Phase::backward && !op.recompute);
+    if (m_time_kernels) TIERMEM_RETURN_IF_ERROR(m_compute.sync());
   }
   m_evaluator.ran(op, resolve, at);
   return m_feeder.send_outputs(op_id, at);
@@ -194,7 +196,7 @@ Status StageRunner::update(int64_t step) {
     }
   }
   run.flush(compute);
-  return Status();
+  return m_time_kernels ? compute.sync() : Status();
 }
 
 StageRunner::UpdateRun StageRunner::update_run_of(const Op& op, int64_t step) {

@@ -117,6 +117,9 @@ class StageRunner {
   Slowdown m_slowdown;  // --slowdown: an emulated slower device
   Schedule m_schedule;
   bool m_replay;
+  // --trace on a GPU, steps launched (--no-graphs): each op waits for its
+  // kernels, so that the trace's spans are their time on the device.
+  bool m_time_kernels;
   Feeder m_feeder;
   StageSums m_sums;
   // Offload: parameters and gradients through the window, and the
