@@ -19,7 +19,7 @@ final=$dest
 dest=$(mktemp -d /tmp/device-pack-XXXXXX)
 trap 'rm -rf "$dest"' EXIT
 mkdir -p "$dest/build" "$dest/lib" "$dest/ucx" "$dest/data/fashion"
-for b in daemon/tiermemd tools/tiermemctl tests/gpu/vram_test tests/gpu/exec_gpu_test tests/gpu/attention_gpu_test bench/gpu_bench \
+for b in daemon/tiermemd tools/tiermemctl tests/gpu/vram_test tests/gpu/exec_gpu_test tests/gpu/kernels_gpu_test bench/gpu_bench \
          tests/support/tenant_probe executor/tiermem-exec executor/libtiermem-exec-cuda.so; do
   [ -e "$build/$b" ] || { echo "device-pack: $build/$b is not built" >&2; exit 1; }
   mkdir -p "$dest/build/$(dirname "$b")"

@@ -25,7 +25,7 @@ packages=(
   libtomlplusplus-dev libcli11-dev libxxhash-dev fortunes
   iproute2 procps python3-torch python3-sklearn dataset-fashion-mnist
   python3-dev pybind11-dev libdlpack-dev python3-numpy python3-pytest prometheus systemd
-  hipcc libamdhip64-dev
+  hipcc libamdhip64-dev librocprim-dev
   debhelper dh-python lintian fakeroot python3-setuptools-whl python3-wheel-whl
 )
 

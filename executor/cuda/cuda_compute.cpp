@@ -137,7 +137,11 @@ class CudaCompute final : public Compute {
   }
   void embedding_grad(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d, int64_t vocab,
                       bool acc) override {
-    kc::embedding_grad(m_stream, ids, dy, dtable, m, d, vocab, acc);
+    float* scratch = grown(&m_embedding_sort, &m_embedding_sort_room, kc::embedding_grad_scratch(m), "the ids' sort");
+    if (scratch != nullptr &&
+        !kc::embedding_grad(m_stream, ids, dy, dtable, m, d, vocab, acc, reinterpret_cast<int32_t*>(scratch))) {
+      fail("the embedding gradient's sort of the ids failed");
+    }
   }
   void position_embedding(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) override {
     kc::position_embedding(m_stream, x, table, y, m, d, t);
@@ -362,7 +366,6 @@ class CudaCompute final : public Compute {
     if (name == nullptr) return fallback;
     const std::string n(name);
     if (n == "bf16") return CUBLAS_COMPUTE_32F_FAST_16BF;
-    if (n == "tf32") return CUBLAS_COMPUTE_32F_FAST_TF32;
     return CUBLAS_COMPUTE_32F;
   }
 
@@ -575,6 +578,8 @@ class CudaCompute final : public Compute {
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds
   float* m_sums = nullptr;  // column sums' partials per chunk of rows
+  int64_t m_embedding_sort_room = 0;
+  float* m_embedding_sort = nullptr;  // embedding_grad's sort of the ids (int32 words)
   int64_t m_sums_room = 0;
   float* m_attention = nullptr;  // attention's packed q, k, v and outputs
   int64_t m_attention_room = 0;

@@ -8,6 +8,12 @@
 
 #include <algorithm>
 
+#if defined(__HIPCC__)
+#include <rocprim/device/device_radix_sort.hpp>
+#else
+#include <cub/device/device_radix_sort.cuh>
+#endif
+
 namespace tiermem::exec::cuda {
 namespace {
 
@@ -583,36 +589,61 @@ __global__ void embedding_k(const int32_t* ids, const float* table, float* y, in
   TIERMEM_FOR_EACH(i, m * d) y[i] = table[static_cast<int64_t>(ids[i / d]) * d + i % d];
 }
 
-// A block per table row v (grid-stride): the ids go through shared memory a
-// tile at a time, and the threads (over the row's columns) add dy of every
-// token of v in token order: the same bits every run, and each id read
-// once per block rather than once per element.
-__global__ void embedding_grad_k(const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
-                                 int64_t vocab, bool accumulate) {
-  __shared__ int32_t tile[k_threads];
-  for (int64_t v = blockIdx.x; v < vocab; v += gridDim.x) {
-    // Up to 4 columns per thread in registers; wider rows loop.
-    for (int64_t c0 = 0; c0 < d; c0 += 4 * static_cast<int64_t>(blockDim.x)) {
-      float sum[4] = {0, 0, 0, 0};
-      for (int64_t t0 = 0; t0 < m; t0 += k_threads) {
-        __syncthreads();
-        if (t0 + threadIdx.x < m) tile[threadIdx.x] = ids[t0 + threadIdx.x];
-        __syncthreads();
-        const int64_t n = min(static_cast<int64_t>(k_threads), m - t0);
-        for (int64_t k = 0; k < n; ++k) {
-          if (tile[k] != v) continue;
-          for (int q = 0; q < 4; ++q) {
-            const int64_t c = c0 + q * blockDim.x + threadIdx.x;
-            if (c < d) sum[q] += dy[(t0 + k) * d + c];
-          }
-        }
-      }
-      for (int q = 0; q < 4; ++q) {
-        const int64_t c = c0 + q * blockDim.x + threadIdx.x;
-        if (c < d) dtable[v * d + c] = accumulate ? dtable[v * d + c] + sum[q] : sum[q];
-      }
-    }
+// The tokens sorted by id (a stable radix sort keeps token order within an
+// id: `keys` the ids, `rows` their token indices); a block per table row v
+// (grid-stride; blockIdx.y picks a span of k_threads columns) finds v's
+// tokens by binary search and each thread adds dy of its column over them
+// in token order: the same bits every run (and as the CPU's kernel sums
+// them), in time linear in the tokens rather than tokens x vocabulary.
+__device__ int64_t first_not_below(const int32_t* keys, int64_t m, int64_t v) {
+  int64_t lo = 0, hi = m;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (keys[mid] < v) lo = mid + 1; else hi = mid;
   }
+  return lo;
+}
+
+__global__ void iota_k(int32_t* v, int64_t m) { TIERMEM_FOR_EACH(i, m) v[i] = static_cast<int32_t>(i); }
+
+__global__ void embedding_grad_k(const int32_t* __restrict__ keys, const int32_t* __restrict__ rows,
+                                 const float* __restrict__ dy, float* dtable, int64_t m, int64_t d, int64_t vocab,
+                                 bool accumulate) {
+  __shared__ int64_t range[2];
+  const int64_t c = blockIdx.y * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t v = blockIdx.x; v < vocab; v += gridDim.x) {
+    __syncthreads();  // range may still be read for the row before
+    if (threadIdx.x < 2) range[threadIdx.x] = first_not_below(keys, m, v + threadIdx.x);
+    __syncthreads();
+    if (c >= d) continue;
+    float sum = 0;
+#pragma unroll 8
+    for (int64_t k = range[0]; k < range[1]; ++k) sum += dy[static_cast<int64_t>(rows[k]) * d + c];
+    dtable[v * d + c] = accumulate ? dtable[v * d + c] + sum : sum;
+  }
+}
+
+// The sort's room in `scratch` (int32 words): keys, token indices in and
+// out, each rounded to 256 bytes, then CUB's own.
+int64_t rounded_words(int64_t m) { return (m + 63) / 64 * 64; }
+
+// A stable sort of (id, token) pairs by id (CUB; rocPRIM for HIP); with
+// room == nullptr it sets *bytes to the room it needs. False: it failed.
+bool sort_pairs(void* room, size_t* bytes, const int32_t* keys_in, int32_t* keys, const int32_t* rows_in,
+                int32_t* rows, int64_t m, cudaStream_t s) {
+#if defined(__HIPCC__)
+  return rocprim::radix_sort_pairs(room, *bytes, keys_in, keys, rows_in, rows, static_cast<size_t>(m), 0, 32, s) ==
+         hipSuccess;
+#else
+  return cub::DeviceRadixSort::SortPairs(room, *bytes, keys_in, keys, rows_in, rows, static_cast<int>(m), 0, 32, s) ==
+         cudaSuccess;
+#endif
+}
+
+size_t sort_bytes(int64_t m) {
+  size_t bytes = 0;
+  sort_pairs(nullptr, &bytes, nullptr, nullptr, nullptr, nullptr, m, nullptr);
+  return bytes;
 }
 
 __global__ void position_embedding_k(const float* x, const float* table, float* y, int64_t m, int64_t d, int64_t t) {
@@ -693,10 +724,25 @@ void embedding(cudaStream_t s, const int32_t* ids, const float* table, float* y,
   embedding_k<<<blocks_for(m * d), k_threads, 0, s>>>(ids, table, y, m, d);
 }
 
-void embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
-                    int64_t vocab, bool accumulate) {
-  embedding_grad_k<<<static_cast<unsigned>(std::min<int64_t>(vocab, 65535)), k_threads, 0, s>>>(ids, dy, dtable, m, d,
-                                                                                             vocab, accumulate);
+int64_t embedding_grad_scratch(int64_t m) {
+  return 3 * rounded_words(m) + static_cast<int64_t>((sort_bytes(m) + 3) / 4);
+}
+
+bool embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
+                    int64_t vocab, bool accumulate, int32_t* scratch) {
+  int32_t* keys = scratch;
+  int32_t* rows_in = keys + rounded_words(m);
+  int32_t* rows = rows_in + rounded_words(m);
+  void* room = rows + rounded_words(m);
+  size_t bytes = sort_bytes(m);
+  if (m > 0) {
+    iota_k<<<blocks_for(m), k_threads, 0, s>>>(rows_in, m);
+    if (!sort_pairs(room, &bytes, ids, keys, rows_in, rows, m, s)) return false;
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(vocab, 65535)),
+                  static_cast<unsigned>((d + k_threads - 1) / k_threads));
+  embedding_grad_k<<<grid, k_threads, 0, s>>>(keys, rows, dy, dtable, m, d, vocab, accumulate);
+  return true;
 }
 
 void position_embedding(cudaStream_t s, const float* x, const float* table, float* y, int64_t m, int64_t d,

@@ -78,10 +78,13 @@ void clip_gradients(cudaStream_t s, const float* grads, int64_t count, float max
 // Sequences (kernels::embedding ... position_embedding_grad, same contracts;
 // the attention is cuda_compute.cpp's, batched GEMMs around the kernels below).
 // embedding_grad sums each table row's tokens in row order (no atomics: the
-// same bits every run).
+// same bits every run), the tokens sorted by id through `scratch`:
+// embedding_grad_scratch(m) int32 words of device memory (256-byte aligned);
+// false: the sort failed.
 void embedding(cudaStream_t s, const int32_t* ids, const float* table, float* y, int64_t m, int64_t d);
-void embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
-                    int64_t vocab, bool accumulate);
+int64_t embedding_grad_scratch(int64_t m);
+bool embedding_grad(cudaStream_t s, const int32_t* ids, const float* dy, float* dtable, int64_t m, int64_t d,
+                    int64_t vocab, bool accumulate, int32_t* scratch);
 void position_embedding(cudaStream_t s, const float* x, const float* table, float* y, int64_t m, int64_t d,
                         int64_t t);
 void position_embedding_grad(cudaStream_t s, const float* dy, float* dtable, int64_t m, int64_t d, int64_t t,

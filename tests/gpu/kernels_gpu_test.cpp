@@ -1,5 +1,11 @@
-// Causal attention on the GPU with --precision bf16 (suite gpu; exits 77
-// where no CUDA device is): the tiled kernels (executor/cuda/
+// The GPU's kernels against the CPU's (suite gpu; exits 77 where no CUDA
+// device is).
+//
+// The embedding gradient (executor/cuda/kernels.cu: the ids sorted, a block
+// per table row) gives the CPU's bits: each row's tokens summed in token
+// order; a few ids holding most tokens, as text has.
+//
+// Causal attention with --precision bf16: the tiled kernels (executor/cuda/
 // flash_attention.cu) against the CPU's (executor/kernels.cpp, fp32) on
 // random q, k, v and dY, forward and gradient, for every head width with a
 // kernel (16 to 128), lengths that are and are not a multiple of the 64-row
@@ -10,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -119,7 +126,9 @@ TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuWithinBf16Rounding) {
     // sums: 2.5e-3 to 2.9e-3 (y) and 3.6e-3 to 3.8e-3 (dqkv) on an H100,
     // against 1e-7 for the batched fp32 GEMMs; with room.
     setenv("TIERMEM_FLASH", "1", 1);
-    if (kernels::tiled_attention_fits(k.d, k.heads, k.t)) EXPECT_NE(f.y, g.y) << "the tiles did not run";
+    if (kernels::tiled_attention_fits(k.d, k.heads, k.t)) {
+      EXPECT_NE(f.y, g.y) << "the tiles did not run";
+    }
     EXPECT_LT(fy, 6e-3);
     EXPECT_LT(fd, 8e-3);
     const Outputs again = run(*c, true, k, qkv, dy, start, false);
@@ -127,6 +136,58 @@ TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuWithinBf16Rounding) {
     EXPECT_EQ(again.dqkv, f.dqkv) << "a second run gave other bits";
     const Outputs acc = run(*c, true, k, qkv, dy, start, true);
     EXPECT_LT(rel(acc.dqkv, dqkv_acc), 8e-3) << "accumulated into dqkv";
+  }
+}
+
+TEST(SequenceKernelsTest, EmbeddingGradientIsTheCpusBitsWithTheTokensSortedById) {
+  struct Shape {
+    int64_t m, d, vocab;
+  };
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  for (const Shape& k : {Shape{8192, 768, 50304}, Shape{16384, 384, 256}, Shape{1000, 300, 5000}, Shape{7, 33, 3}}) {
+    SCOPED_TRACE("m " + std::to_string(k.m) + " d " + std::to_string(k.d) + " vocab " + std::to_string(k.vocab));
+    // Ids as text has them: a third of the tokens one id, a third a few
+    // dozen, the rest anywhere (most rows of a large vocabulary get none).
+    std::vector<int32_t> ids(static_cast<size_t>(k.m));
+    for (auto& id : ids) {
+      const uint32_t r = rng();
+      id = static_cast<int32_t>(r % 3 == 0 ? k.vocab / 2 : (r % 3 == 1 ? (r >> 2) % std::min<int64_t>(40, k.vocab)
+                                                                        : (r >> 2) % k.vocab));
+    }
+    std::vector<float> dy(static_cast<size_t>(k.m * k.d)), start(static_cast<size_t>(k.vocab * k.d));
+    for (auto& v : dy) v = uni(rng);
+    for (auto& v : start) v = uni(rng);
+    std::vector<float> want(start.size()), want_acc = start;
+    kernels::embedding_grad(ids.data(), dy.data(), want.data(), k.m, k.d, k.vocab, false);
+    kernels::embedding_grad(ids.data(), dy.data(), want_acc.data(), k.m, k.d, k.vocab, true);
+
+    auto made = make_compute("cuda");
+    ASSERT_TRUE(made.ok()) << made.status().message();
+    Compute& c = **made;
+    auto* dids = static_cast<int32_t*>(c.device_buffer(ids.size() * 4));
+    auto* ddy = static_cast<float*>(c.device_buffer(dy.size() * 4));
+    auto* table = static_cast<float*>(c.device_buffer(start.size() * 4));
+    c.copy(dids, ids.data(), ids.size() * 4);
+    c.copy(ddy, dy.data(), dy.size() * 4);
+    std::vector<float> got(start.size());
+    c.embedding_grad(dids, ddy, table, k.m, k.d, k.vocab, false);  // the first call makes the sort's room
+    ASSERT_TRUE(c.sync().ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    c.embedding_grad(dids, ddy, table, k.m, k.d, k.vocab, false);
+    ASSERT_TRUE(c.sync().ok()) << c.sync().message();
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    c.copy(got.data(), table, got.size() * 4);
+    EXPECT_EQ(got, want) << "not the CPU's bits";
+    c.copy(table, start.data(), start.size() * 4);
+    c.embedding_grad(dids, ddy, table, k.m, k.d, k.vocab, true);
+    c.copy(got.data(), table, got.size() * 4);
+    ASSERT_TRUE(c.sync().ok());
+    // Accumulated: the start plus the row's sum (the CPU adds each token to
+    // the start in turn): within fp32 rounding.
+    EXPECT_LT(rel(got, want_acc), 1e-6);
+    std::printf("embedding gradient m %ld d %ld vocab %ld: %.3f ms\n", static_cast<long>(k.m), static_cast<long>(k.d),
+                static_cast<long>(k.vocab), ms);
   }
 }
 
