@@ -165,7 +165,10 @@ class CudaCompute final : public Compute {
                  int64_t t, float p, uint64_t salt) override {
     p = dropout_p(p);
     if (flash(p, d, heads, t)) {
-      kc::flash_attention(m_stream, qkv, y, probs, m, d, heads, kv_heads, t, 1.0f / std::sqrt(static_cast<float>(d / heads)));
+      uint16_t* scratch = flash_scratch(m, d, heads, kv_heads);
+      if (scratch == nullptr) return;
+      kc::flash_attention(m_stream, qkv, y, probs, m, d, heads, kv_heads, t,
+                          1.0f / std::sqrt(static_cast<float>(d / heads)), scratch);
       return;
     }
     const int64_t batch = m / t * heads, dh = d / heads;
@@ -189,8 +192,10 @@ class CudaCompute final : public Compute {
                       int64_t heads, int64_t kv_heads, int64_t t, float p, uint64_t salt, bool acc) override {
     p = dropout_p(p);
     if (flash(p, d, heads, t)) {
+      uint16_t* scratch = flash_scratch(m, d, heads, kv_heads);
+      if (scratch == nullptr) return;
       kc::flash_attention_grad(m_stream, qkv, probs, dy, dqkv, m, d, heads, kv_heads, t,
-                               1.0f / std::sqrt(static_cast<float>(d / heads)), acc);
+                               1.0f / std::sqrt(static_cast<float>(d / heads)), acc, scratch);
       return;
     }
     const int64_t batch = m / t * heads, dh = d / heads, n = m * d;
@@ -525,6 +530,11 @@ class CudaCompute final : public Compute {
   // the draw (micro-batch) is the launch's.
   void drop(const float* x, float* y, int64_t count, float p, uint64_t salt, bool acc = false) {
     kc::dropout(m_stream, x, y, count, p, m_dropout_seed, salt, m_step_device, m_draw, acc);
+  }
+  // The tiles' bf16 copies of qkv and dY (in the batched GEMMs' room).
+  uint16_t* flash_scratch(int64_t m, int64_t d, int64_t heads, int64_t kv_heads) {
+    const int64_t halves = kc::flash_attention_scratch(m, d, heads, kv_heads);
+    return reinterpret_cast<uint16_t*>(attention_scratch((halves + 1) / 2, 1));
   }
   float* attention_scratch(int64_t elements, int count) {
     return grown(&m_attention, &m_attention_room, elements * count, "attention");

@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace tiermem::exec::cuda {
@@ -37,22 +38,70 @@ using FragBt = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 struct Shape {
-  const float* qkv;
+  const bf16* qkv;  // the fp32 qkv rounded to bf16 (cast_k), in the caller's scratch
   int64_t ld;  // qkv's row: d + 2 dkv
   int64_t d, dkv, heads, group, t;
   float scale;
 };
 
+// x rounded to bf16 once per call (as each tile took it before: the same
+// bits), so that the tiles load 8 values at a time.
+__global__ void cast_k(const float* x, bf16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] = __float2bfloat16(x[i]);
+  }
+}
+
+void cast(cudaStream_t s, const float* x, bf16* y, int64_t n) {
+  const int64_t blocks = std::min<int64_t>((n + 255) / 256, 65535);
+  cast_k<<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), 256, 0, s>>>(x, y, n);
+}
+
 // Rows [r0, r0 + 64) of a sequence (whose first row is seq_row0) of the
-// columns [col0, col0 + DH) of a row-major fp32 matrix (rows `ld` apart) into
-// a bf16 tile of rows DH + 8 apart; rows at or past t are zero.
+// columns [col0, col0 + DH) of a row-major bf16 matrix (rows `ld` apart,
+// a multiple of 8, as col0 is) into a tile of rows DH + 8 apart, 16 bytes at
+// a time; rows at or past t are zero.
 template <int DH>
-__device__ void load_tile(bf16* tile, const float* src, int64_t ld, int64_t seq_row0, int64_t r0, int64_t t,
+__device__ void load_tile(bf16* tile, const bf16* src, int64_t ld, int64_t seq_row0, int64_t r0, int64_t t,
                           int64_t col0) {
-  for (int i = threadIdx.x; i < k_block * DH; i += k_threads) {
-    const int r = i / DH, c = i % DH;
-    const float v = r0 + r < t ? src[(seq_row0 + r0 + r) * ld + col0 + c] : 0.0f;
-    tile[r * (DH + 8) + c] = __float2bfloat16(v);
+  constexpr int V = DH / 8;  // 16-byte pieces a row
+  for (int i = threadIdx.x; i < k_block * V; i += k_threads) {
+    const int r = i / V, c = (i % V) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r0 + r < t) v = *reinterpret_cast<const uint4*>(src + (seq_row0 + r0 + r) * ld + col0 + c);
+    *reinterpret_cast<uint4*>(tile + r * (DH + 8) + c) = v;
+  }
+}
+
+// The same in two halves, so that the next tile's loads are in flight
+// while the current one is computed on: fetch_tile into registers (each
+// thread its Pieces 16-byte pieces), store_tile into shared memory later.
+template <int DH>
+struct Pieces {
+  static constexpr int n = k_block * (DH / 8) / k_threads;
+  uint4 v[n];
+};
+
+template <int DH>
+__device__ void fetch_tile(Pieces<DH>& p, const bf16* src, int64_t ld, int64_t seq_row0, int64_t r0, int64_t t,
+                           int64_t col0) {
+  constexpr int V = DH / 8;
+#pragma unroll
+  for (int k = 0; k < Pieces<DH>::n; ++k) {
+    const int i = threadIdx.x + k * k_threads, r = i / V, c = (i % V) * 8;
+    p.v[k] = r0 + r < t ? *reinterpret_cast<const uint4*>(src + (seq_row0 + r0 + r) * ld + col0 + c)
+                        : make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <int DH>
+__device__ void store_tile(bf16* tile, const Pieces<DH>& p) {
+  constexpr int V = DH / 8;
+#pragma unroll
+  for (int k = 0; k < Pieces<DH>::n; ++k) {
+    const int i = threadIdx.x + k * k_threads, r = i / V, c = (i % V) * 8;
+    *reinterpret_cast<uint4*>(tile + r * (DH + 8) + c) = p.v[k];
   }
 }
 
@@ -96,12 +145,19 @@ __global__ void __launch_bounds__(k_threads) forward_k(Shape sh, float* y, float
   const Lane me(warp);
   const int64_t qi = q0 + me.row;
   float m_run = -INFINITY, l_run = 0.0f;
+  Pieces<DH> kn, vn;
+  fetch_tile<DH>(kn, sh.qkv, sh.ld, seq_row0, 0, t, sh.d + g * DH);
+  fetch_tile<DH>(vn, sh.qkv, sh.ld, seq_row0, 0, t, sh.d + sh.dkv + g * DH);
   for (int kb = 0; kb <= qb; ++kb) {
     const int64_t k0 = static_cast<int64_t>(kb) * k_block;
     __syncthreads();
-    load_tile<DH>(ks, sh.qkv, sh.ld, seq_row0, k0, t, sh.d + g * DH);
-    load_tile<DH>(vs, sh.qkv, sh.ld, seq_row0, k0, t, sh.d + sh.dkv + g * DH);
+    store_tile<DH>(ks, kn);
+    store_tile<DH>(vs, vn);
     __syncthreads();
+    if (kb < qb) {
+      fetch_tile<DH>(kn, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + g * DH);
+      fetch_tile<DH>(vn, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + sh.dkv + g * DH);
+    }
     for (int j = 0; j < 4; ++j) {
       if (kb == qb && j > warp) continue;  // keys all past the warp's queries
       Acc acc;
@@ -202,7 +258,7 @@ __device__ void write_rows(Acc (&f)[DH / 16], float* out, float* to, int64_t ld,
 }
 
 template <int DH>
-__global__ void __launch_bounds__(k_threads) dq_k(Shape sh, const float* dy, const float* lse, const float* delta,
+__global__ void __launch_bounds__(k_threads) dq_k(Shape sh, const bf16* dy, const float* lse, const float* delta,
                                                   float* dqkv, bool accumulate) {
   constexpr int L = DH + 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -227,12 +283,19 @@ __global__ void __launch_bounds__(k_threads) dq_k(Shape sh, const float* dy, con
   const int64_t qi = q0 + me.row;
   Acc dq[DH / 16];
   for (auto& f : dq) wmma::fill_fragment(f, 0.0f);
+  Pieces<DH> kn, vn;
+  fetch_tile<DH>(kn, sh.qkv, sh.ld, seq_row0, 0, t, sh.d + g * DH);
+  fetch_tile<DH>(vn, sh.qkv, sh.ld, seq_row0, 0, t, sh.d + sh.dkv + g * DH);
   for (int kb = 0; kb <= qb; ++kb) {
     const int64_t k0 = static_cast<int64_t>(kb) * k_block;
     __syncthreads();
-    load_tile<DH>(ks, sh.qkv, sh.ld, seq_row0, k0, t, sh.d + g * DH);
-    load_tile<DH>(vs, sh.qkv, sh.ld, seq_row0, k0, t, sh.d + sh.dkv + g * DH);
+    store_tile<DH>(ks, kn);
+    store_tile<DH>(vs, vn);
     __syncthreads();
+    if (kb < qb) {
+      fetch_tile<DH>(kn, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + g * DH);
+      fetch_tile<DH>(vn, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + sh.dkv + g * DH);
+    }
     for (int j = 0; j < 4; ++j) {
       if (kb == qb && j > warp) continue;
       Acc acc;
@@ -266,7 +329,7 @@ __global__ void __launch_bounds__(k_threads) dq_k(Shape sh, const float* dy, con
 }
 
 template <int DH>
-__global__ void __launch_bounds__(k_threads) dkv_k(Shape sh, const float* dy, const float* lse, const float* delta,
+__global__ void __launch_bounds__(k_threads) dkv_k(Shape sh, const bf16* dy, const float* lse, const float* delta,
                                                    float* dqkv, bool accumulate) {
   constexpr int L = DH + 8;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -293,44 +356,57 @@ __global__ void __launch_bounds__(k_threads) dkv_k(Shape sh, const float* dy, co
   Acc dk[DH / 16], dv[DH / 16];
   for (auto& f : dk) wmma::fill_fragment(f, 0.0f);
   for (auto& f : dv) wmma::fill_fragment(f, 0.0f);
-  for (int64_t h = g * sh.group; h < (g + 1) * sh.group; ++h) {
-    const int64_t bh = s * sh.heads + h;
-    for (int qb = kb; qb < nqb; ++qb) {
-      const int64_t q0 = static_cast<int64_t>(qb) * k_block;
-      __syncthreads();
-      load_tile<DH>(qs, sh.qkv, sh.ld, seq_row0, q0, t, h * DH);
-      load_tile<DH>(dos, dy, sh.d, seq_row0, q0, t, h * DH);
-      load_rows(rl, rd, lse, delta, bh, q0, t);
-      __syncthreads();
+  // Every query block at or after this key block, of every head of the
+  // group: (head, query block) pairs in order, the next one's Q and dO in
+  // flight while this one is computed on.
+  const int per_head = nqb - kb;
+  const int64_t pairs = sh.group * per_head;
+  Pieces<DH> qn, don;
+  fetch_tile<DH>(qn, sh.qkv, sh.ld, seq_row0, k0, t, g * sh.group * DH);
+  fetch_tile<DH>(don, dy, sh.d, seq_row0, k0, t, g * sh.group * DH);
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t h = g * sh.group + pair / per_head, bh = s * sh.heads + h;
+    const int qb = kb + static_cast<int>(pair % per_head);
+    const int64_t q0 = static_cast<int64_t>(qb) * k_block;
+    __syncthreads();
+    store_tile<DH>(qs, qn);
+    store_tile<DH>(dos, don);
+    load_rows(rl, rd, lse, delta, bh, q0, t);
+    __syncthreads();
+    if (pair + 1 < pairs) {
+      const int64_t nh = g * sh.group + (pair + 1) / per_head;
+      const int64_t nq0 = static_cast<int64_t>(kb + (pair + 1) % per_head) * k_block;
+      fetch_tile<DH>(qn, sh.qkv, sh.ld, seq_row0, nq0, t, nh * DH);
+      fetch_tile<DH>(don, dy, sh.d, seq_row0, nq0, t, nh * DH);
+    }
+    for (int j = 0; j < 4; ++j) {
+      if (qb == kb && j < warp) continue;  // queries all before the warp's keys
+      Acc acc;
+      product_t<DH>(acc, ks + warp * 16 * L, qs + j * 16 * L);
+      wmma::store_matrix_sync(st + warp * 16 * k_sld + j * 16, acc, k_sld, wmma::mem_row_major);
+      product_t<DH>(acc, vs + warp * 16 * L, dos + j * 16 * L);
+      wmma::store_matrix_sync(dpt + warp * 16 * k_sld + j * 16, acc, k_sld, wmma::mem_row_major);
+    }
+    __syncwarp();
+    for (int c = me.first; c < me.first + 32; ++c) {
+      const int at = me.row * k_sld + c;
+      const bool valid = kj <= q0 + c && q0 + c < t && kj < t;
+      const float p = valid ? __expf(st[at] * sh.scale - rl[c]) : 0.0f;
+      pt[me.row * k_pld + c] = __float2bfloat16(p);
+      dst[me.row * k_pld + c] = __float2bfloat16(valid ? p * (dpt[at] - rd[c]) : 0.0f);
+    }
+    __syncwarp();
+    for (int n = 0; n < DH / 16; ++n) {
       for (int j = 0; j < 4; ++j) {
-        if (qb == kb && j < warp) continue;  // queries all before the warp's keys
-        Acc acc;
-        product_t<DH>(acc, ks + warp * 16 * L, qs + j * 16 * L);
-        wmma::store_matrix_sync(st + warp * 16 * k_sld + j * 16, acc, k_sld, wmma::mem_row_major);
-        product_t<DH>(acc, vs + warp * 16 * L, dos + j * 16 * L);
-        wmma::store_matrix_sync(dpt + warp * 16 * k_sld + j * 16, acc, k_sld, wmma::mem_row_major);
-      }
-      __syncwarp();
-      for (int c = me.first; c < me.first + 32; ++c) {
-        const int at = me.row * k_sld + c;
-        const bool valid = kj <= q0 + c && q0 + c < t && kj < t;
-        const float p = valid ? __expf(st[at] * sh.scale - rl[c]) : 0.0f;
-        pt[me.row * k_pld + c] = __float2bfloat16(p);
-        dst[me.row * k_pld + c] = __float2bfloat16(valid ? p * (dpt[at] - rd[c]) : 0.0f);
-      }
-      __syncwarp();
-      for (int n = 0; n < DH / 16; ++n) {
-        for (int j = 0; j < 4; ++j) {
-          if (qb == kb && j < warp) continue;
-          FragA a;
-          FragB b;
-          wmma::load_matrix_sync(b, dos + j * 16 * L + n * 16, L);
-          wmma::load_matrix_sync(a, pt + warp * 16 * k_pld + j * 16, k_pld);
-          wmma::mma_sync(dv[n], a, b, dv[n]);
-          wmma::load_matrix_sync(b, qs + j * 16 * L + n * 16, L);
-          wmma::load_matrix_sync(a, dst + warp * 16 * k_pld + j * 16, k_pld);
-          wmma::mma_sync(dk[n], a, b, dk[n]);
-        }
+        if (qb == kb && j < warp) continue;
+        FragA a;
+        FragB b;
+        wmma::load_matrix_sync(b, dos + j * 16 * L + n * 16, L);
+        wmma::load_matrix_sync(a, pt + warp * 16 * k_pld + j * 16, k_pld);
+        wmma::mma_sync(dv[n], a, b, dv[n]);
+        wmma::load_matrix_sync(b, qs + j * 16 * L + n * 16, L);
+        wmma::load_matrix_sync(a, dst + warp * 16 * k_pld + j * 16, k_pld);
+        wmma::mma_sync(dk[n], a, b, dk[n]);
       }
     }
   }
@@ -364,9 +440,12 @@ void set_smem_limits() {
   (void)done;
 }
 
-Shape shape_of(const float* qkv, int64_t d, int64_t heads, int64_t kv_heads, int64_t t, float scale) {
-  const int64_t dkv = d / heads * kv_heads;
-  return Shape{qkv, d + 2 * dkv, d, dkv, heads, heads / kv_heads, t, scale};
+// The shape, qkv cast into the scratch's first m (d + 2 dkv) values.
+Shape shape_of(cudaStream_t s, const float* qkv, int64_t m, int64_t d, int64_t heads, int64_t kv_heads, int64_t t,
+               float scale, bf16* scratch) {
+  const int64_t dkv = d / heads * kv_heads, ld = d + 2 * dkv;
+  cast(s, qkv, scratch, m * ld);
+  return Shape{scratch, ld, d, dkv, heads, heads / kv_heads, t, scale};
 }
 
 template <int DH>
@@ -377,13 +456,15 @@ void forward(cudaStream_t s, const Shape& sh, float* y, float* state, int64_t m)
 }
 
 template <int DH>
-void backward(cudaStream_t s, const Shape& sh, float* state, const float* dy, float* dqkv, int64_t m, bool acc) {
+void backward(cudaStream_t s, const Shape& sh, float* state, const float* dy_f, float* dqkv, int64_t m, bool acc) {
   set_smem_limits<DH>();
+  bf16* dy = const_cast<bf16*>(sh.qkv) + m * sh.ld;  // the scratch after qkv
+  cast(s, dy_f, dy, m * sh.d);
   const float* lse = state;
   const float* o = state + m * sh.heads;
   float* delta = state + m * sh.heads + m * sh.d;
   const int64_t warps = m * sh.heads;
-  delta_k<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, s>>>(dy, o, delta, m, sh.d, sh.heads, sh.t, DH);
+  delta_k<<<static_cast<unsigned>((warps * 32 + 255) / 256), 256, 0, s>>>(dy_f, o, delta, m, sh.d, sh.heads, sh.t, DH);
   const unsigned blocks = static_cast<unsigned>((sh.t + k_block - 1) / k_block);
   const dim3 kv_grid(static_cast<unsigned>(m / sh.t * (sh.heads / sh.group)), blocks);
   dkv_k<DH><<<kv_grid, k_threads, dkv_smem<DH>(), s>>>(sh, dy, lse, delta, dqkv, acc);
@@ -401,8 +482,8 @@ void flash_attention_prepare() {
 }
 
 void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, int64_t m, int64_t d, int64_t heads,
-                     int64_t kv_heads, int64_t t, float scale) {
-  const Shape sh = shape_of(qkv, d, heads, kv_heads, t, scale);
+                     int64_t kv_heads, int64_t t, float scale, uint16_t* scratch) {
+  const Shape sh = shape_of(s, qkv, m, d, heads, kv_heads, t, scale, reinterpret_cast<bf16*>(scratch));
   switch (d / heads) {
     case 16: return forward<16>(s, sh, y, state, m);
     case 32: return forward<32>(s, sh, y, state, m);
@@ -413,8 +494,9 @@ void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, i
 }
 
 void flash_attention_grad(cudaStream_t s, const float* qkv, float* state, const float* dy, float* dqkv, int64_t m,
-                          int64_t d, int64_t heads, int64_t kv_heads, int64_t t, float scale, bool accumulate) {
-  const Shape sh = shape_of(qkv, d, heads, kv_heads, t, scale);
+                          int64_t d, int64_t heads, int64_t kv_heads, int64_t t, float scale, bool accumulate,
+                          uint16_t* scratch) {
+  const Shape sh = shape_of(s, qkv, m, d, heads, kv_heads, t, scale, reinterpret_cast<bf16*>(scratch));
   switch (d / heads) {
     case 16: return backward<16>(s, sh, state, dy, dqkv, m, accumulate);
     case 32: return backward<32>(s, sh, state, dy, dqkv, m, accumulate);

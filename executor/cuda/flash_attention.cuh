@@ -26,13 +26,19 @@ namespace tiermem::exec::cuda {
 // any step is captured; the calls below do it too where it was not.
 void flash_attention_prepare();
 
+// The bf16 scratch both calls need (flash_attention_scratch values, 256-byte
+// aligned): qkv, and the gradient's dY, rounded to bf16 once per call.
+inline int64_t flash_attention_scratch(int64_t m, int64_t d, int64_t heads, int64_t kv_heads) {
+  return m * (d + 2 * (d / heads * kv_heads)) + m * d;
+}
 // y = attention(qkv) (kernels.hpp), state <- (log-sum-exp [m * heads], O
 // [m, d]); `scale` multiplies Q K^T (1 / sqrt(dh)).
 void flash_attention(cudaStream_t s, const float* qkv, float* y, float* state, int64_t m, int64_t d, int64_t heads,
-                     int64_t kv_heads, int64_t t, float scale);
+                     int64_t kv_heads, int64_t t, float scale, uint16_t* scratch);
 // dqkv (+)= the gradient; `state` as the forward pass left it (its last
 // part, the row sums, is written here).
 void flash_attention_grad(cudaStream_t s, const float* qkv, float* state, const float* dy, float* dqkv, int64_t m,
-                          int64_t d, int64_t heads, int64_t kv_heads, int64_t t, float scale, bool accumulate);
+                          int64_t d, int64_t heads, int64_t kv_heads, int64_t t, float scale, bool accumulate,
+                          uint16_t* scratch);
 
 }  // namespace tiermem::exec::cuda
