@@ -199,83 +199,110 @@ __global__ void gelu_grad_k(const float* x, const float* dy, float* dx, int64_t 
   }
 }
 
-// Sum over the block (k_threads threads); every thread gets it.
-__device__ float block_sum(float v, float* shared) {
+// A row per warp (8 rows a block of k_threads). Each row's sums keep the
+// arithmetic of block_sum over a block per row, which these kernels were
+// (the same bits): lane l sums, in turn for w = 0 .. k_threads / 32 - 1, the
+// columns l + 32 w, + k_threads, ... in order (thread l + 32 w's share),
+// the butterfly over the lanes gives warp w's sum, and the warps' sums are
+// added in order.
+__device__ float warp_total(float v) {
   for (int o = 16; o > 0; o /= 2) v += TIERMEM_SHFL_XOR(v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // shared may still be read from the call before
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < k_threads / 32; ++w) total += shared[w];
-  return total;
+  return v;
 }
 
-// One block per row.
+__device__ int64_t warp_row() { return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; }
+__device__ int64_t warps_in_grid() { return static_cast<int64_t>(gridDim.x) * blockDim.x / 32; }
+
 __global__ void layer_norm_k(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                             float* rstd, int64_t n, float epsilon) {
-  __shared__ float shared[k_threads / 32];
-  const float* row = x + blockIdx.x * n;
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) s += row[j];
-  const float mu = block_sum(s, shared) / static_cast<float>(n);
-  float q = 0;
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) q += (row[j] - mu) * (row[j] - mu);
-  const float rs = 1.0f / sqrtf(block_sum(q, shared) / static_cast<float>(n) + epsilon);
-  if (threadIdx.x == 0) {
-    mean[blockIdx.x] = mu;
-    rstd[blockIdx.x] = rs;
-  }
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
-    y[blockIdx.x * n + j] = (row[j] - mu) * rs * gamma[j] + (beta != nullptr ? beta[j] : 0.0f);
+                             float* rstd, int64_t m, int64_t n, float epsilon) {
+  for (int64_t r = warp_row(); r < m; r += warps_in_grid()) {
+    const int lane = threadIdx.x % 32;
+    const float* row = x + r * n;
+    float total = 0;
+    for (int w = 0; w < k_threads / 32; ++w) {
+      float s = 0;
+      for (int64_t j = lane + 32 * w; j < n; j += k_threads) s += row[j];
+      total += warp_total(s);
+    }
+    const float mu = total / static_cast<float>(n);
+    total = 0;
+    for (int w = 0; w < k_threads / 32; ++w) {
+      float q = 0;
+      for (int64_t j = lane + 32 * w; j < n; j += k_threads) q += (row[j] - mu) * (row[j] - mu);
+      total += warp_total(q);
+    }
+    const float rs = 1.0f / sqrtf(total / static_cast<float>(n) + epsilon);
+    if (lane == 0) {
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+    for (int64_t j = lane; j < n; j += 32) {
+      y[r * n + j] = (row[j] - mu) * rs * gamma[j] + (beta != nullptr ? beta[j] : 0.0f);
+    }
   }
 }
 
-// RMS norm, one block per row.
-__global__ void rms_norm_k(const float* x, const float* w, float* y, float* rstd, int64_t n, float epsilon) {
-  __shared__ float shared[k_threads / 32];
-  const float* row = x + blockIdx.x * n;
-  float q = 0;
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) q += row[j] * row[j];
-  const float rs = 1.0f / sqrtf(block_sum(q, shared) / static_cast<float>(n) + epsilon);
-  if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) y[blockIdx.x * n + j] = row[j] * rs * w[j];
+// RMS norm.
+__global__ void rms_norm_k(const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n,
+                           float epsilon) {
+  for (int64_t r = warp_row(); r < m; r += warps_in_grid()) {
+    const int lane = threadIdx.x % 32;
+    const float* row = x + r * n;
+    float total = 0;
+    for (int k = 0; k < k_threads / 32; ++k) {
+      float q = 0;
+      for (int64_t j = lane + 32 * k; j < n; j += k_threads) q += row[j] * row[j];
+      total += warp_total(q);
+    }
+    const float rs = 1.0f / sqrtf(total / static_cast<float>(n) + epsilon);
+    if (lane == 0) rstd[r] = rs;
+    for (int64_t j = lane; j < n; j += 32) y[r * n + j] = row[j] * rs * w[j];
+  }
 }
 
 __global__ void rms_norm_dx_k(const float* x, const float* w, const float* rstd, const float* dy, float* dx,
-                              int64_t n, bool accumulate) {
-  __shared__ float shared[k_threads / 32];
-  const int64_t r = blockIdx.x;
-  const float* xr = x + r * n;
-  const float* dyr = dy + r * n;
-  float sgx = 0;
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) sgx += dyr[j] * w[j] * xr[j] * rstd[r];
-  const float mean_gx = block_sum(sgx, shared) / static_cast<float>(n);
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
-    const float d = rstd[r] * (dyr[j] * w[j] - xr[j] * rstd[r] * mean_gx);
-    dx[r * n + j] = accumulate ? dx[r * n + j] + d : d;
+                              int64_t m, int64_t n, bool accumulate) {
+  for (int64_t r = warp_row(); r < m; r += warps_in_grid()) {
+    const int lane = threadIdx.x % 32;
+    const float* xr = x + r * n;
+    const float* dyr = dy + r * n;
+    float total = 0;
+    for (int k = 0; k < k_threads / 32; ++k) {
+      float sgx = 0;
+      for (int64_t j = lane + 32 * k; j < n; j += k_threads) sgx += dyr[j] * w[j] * xr[j] * rstd[r];
+      total += warp_total(sgx);
+    }
+    const float mean_gx = total / static_cast<float>(n);
+    for (int64_t j = lane; j < n; j += 32) {
+      const float d = rstd[r] * (dyr[j] * w[j] - xr[j] * rstd[r] * mean_gx);
+      dx[r * n + j] = accumulate ? dx[r * n + j] + d : d;
+    }
   }
 }
 
 __global__ void layer_norm_dx_k(const float* x, const float* gamma, const float* mean, const float* rstd,
-                                const float* dy, float* dx, int64_t n, bool accumulate) {
-  __shared__ float shared[k_threads / 32];
-  const int64_t r = blockIdx.x;
-  const float* xr = x + r * n;
-  const float* dyr = dy + r * n;
-  float sg = 0, sgx = 0;
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
-    const float g = dyr[j] * gamma[j];
-    sg += g;
-    sgx += g * ((xr[j] - mean[r]) * rstd[r]);
-  }
-  const float sum_g = block_sum(sg, shared);
-  const float sum_gx = block_sum(sgx, shared);
-  const float inv_n = 1.0f / static_cast<float>(n);
-  for (int64_t j = threadIdx.x; j < n; j += k_threads) {
-    const float xhat = (xr[j] - mean[r]) * rstd[r];
-    const float d = rstd[r] * (dyr[j] * gamma[j] - inv_n * sum_g - xhat * inv_n * sum_gx);
-    dx[r * n + j] = accumulate ? dx[r * n + j] + d : d;
+                                const float* dy, float* dx, int64_t m, int64_t n, bool accumulate) {
+  for (int64_t r = warp_row(); r < m; r += warps_in_grid()) {
+    const int lane = threadIdx.x % 32;
+    const float* xr = x + r * n;
+    const float* dyr = dy + r * n;
+    float sum_g = 0, sum_gx = 0;
+    for (int k = 0; k < k_threads / 32; ++k) {
+      float sg = 0, sgx = 0;
+      for (int64_t j = lane + 32 * k; j < n; j += k_threads) {
+        const float g = dyr[j] * gamma[j];
+        sg += g;
+        sgx += g * ((xr[j] - mean[r]) * rstd[r]);
+      }
+      sum_g += warp_total(sg);
+      sum_gx += warp_total(sgx);
+    }
+    const float inv_n = 1.0f / static_cast<float>(n);
+    for (int64_t j = lane; j < n; j += 32) {
+      const float xhat = (xr[j] - mean[r]) * rstd[r];
+      const float d = rstd[r] * (dyr[j] * gamma[j] - inv_n * sum_g - xhat * inv_n * sum_gx);
+      dx[r * n + j] = accumulate ? dx[r * n + j] + d : d;
+    }
   }
 }
 
@@ -305,7 +332,7 @@ __device__ RowSoftmax row_softmax(const float* row, int64_t c) {
 }
 
 __global__ void softmax_xent_rows_k(const float* logits, const int32_t* labels, int64_t m, int64_t c,
-                                    float* row_loss, int32_t* row_right) {
+                                    float* row_loss, int32_t* row_right, float2* row_stats) {
   const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   if (r >= m) return;
   const float* row = logits + r * c;
@@ -313,6 +340,7 @@ __global__ void softmax_xent_rows_k(const float* logits, const int32_t* labels, 
   if (threadIdx.x % 32 == 0) {
     row_loss[r] = logf(s.sum) + s.max - row[labels[r]];
     row_right[r] = s.arg == labels[r];
+    if (row_stats != nullptr) row_stats[r] = make_float2(s.max, s.sum);
   }
 }
 
@@ -338,11 +366,13 @@ __global__ void softmax_xent_total_k(const float* row_loss, const int32_t* row_r
 }
 
 __global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
-                                    float scale, bool accumulate) {
+                                    float scale, bool accumulate, const float2* row_stats) {
   const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   if (r >= m) return;
   const float* row = logits + r * c;
-  const RowSoftmax s = row_softmax(row, c);
+  // The forward pass's maximum and sum of this row where it kept them (the
+  // same numbers: one pass over the row instead of three).
+  const RowSoftmax s = row_stats != nullptr ? RowSoftmax{row_stats[r].x, 0, row_stats[r].y} : row_softmax(row, c);
   for (int64_t j = threadIdx.x % 32; j < c; j += 32) {
     const float p = expf(row[j] - s.max) / s.sum;
     const float g = (p - (j == labels[r] ? 1.0f : 0.0f)) * scale;
@@ -489,13 +519,13 @@ void unary_grad(cudaStream_t s, int fn, const float* x, const float* dy, float* 
 
 void layer_norm(cudaStream_t s, const float* x, const float* gamma, const float* beta, float* y, float* mean,
                 float* rstd, int64_t m, int64_t n, float epsilon) {
-  layer_norm_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, gamma, beta, y, mean, rstd, n, epsilon);
+  layer_norm_k<<<warp_blocks(m), k_threads, 0, s>>>(x, gamma, beta, y, mean, rstd, m, n, epsilon);
 }
 
 void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
                      const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
                      bool accumulate_dx, bool accumulate_params, float* scratch) {
-  layer_norm_dx_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, gamma, mean, rstd, dy, dx, n, accumulate_dx);
+  layer_norm_dx_k<<<warp_blocks(m), k_threads, 0, s>>>(x, gamma, mean, rstd, dy, dx, m, n, accumulate_dx);
   column_sums<true>(s, dy, x, mean, rstd, dbeta, dgamma, m, n, accumulate_params, scratch);
 }
 
@@ -505,12 +535,12 @@ void mul(cudaStream_t s, const float* a, const float* b, float* y, int64_t count
 
 void rms_norm(cudaStream_t s, const float* x, const float* w, float* y, float* rstd, int64_t m, int64_t n,
               float epsilon) {
-  rms_norm_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, w, y, rstd, n, epsilon);
+  rms_norm_k<<<warp_blocks(m), k_threads, 0, s>>>(x, w, y, rstd, m, n, epsilon);
 }
 
 void rms_norm_grad(cudaStream_t s, const float* x, const float* w, const float* rstd, const float* dy, float* dx,
                    float* dw, int64_t m, int64_t n, bool accumulate_dx, bool accumulate_w, float* scratch) {
-  rms_norm_dx_k<<<static_cast<unsigned>(m), k_threads, 0, s>>>(x, w, rstd, dy, dx, n, accumulate_dx);
+  rms_norm_dx_k<<<warp_blocks(m), k_threads, 0, s>>>(x, w, rstd, dy, dx, m, n, accumulate_dx);
   column_sums<true>(s, dy, x, nullptr, rstd, nullptr, dw, m, n, accumulate_w, scratch);
 }
 
@@ -521,14 +551,16 @@ void rotary(cudaStream_t s, const float* x, float* y, int64_t m, int64_t cols, i
 }
 
 void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
-                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits) {
-  softmax_xent_rows_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, m, c, row_loss, row_right);
+                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits, float* row_stats) {
+  softmax_xent_rows_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, m, c, row_loss, row_right,
+                                                          reinterpret_cast<float2*>(row_stats));
   softmax_xent_total_k<<<1, k_threads, 0, s>>>(row_loss, row_right, m, loss, stats, hits);
 }
 
 void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
-                       int64_t c, float scale, bool accumulate) {
-  softmax_xent_grad_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, dlogits, m, c, scale, accumulate);
+                       int64_t c, float scale, bool accumulate, const float* row_stats) {
+  softmax_xent_grad_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, dlogits, m, c, scale, accumulate,
+                                                          reinterpret_cast<const float2*>(row_stats));
 }
 
 void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,
