@@ -14,7 +14,6 @@
 #include <cstring>
 #include <map>
 #include <string>
-#include <tuple>
 #include <algorithm>
 #include <vector>
 
@@ -274,21 +273,12 @@ class CudaCompute final : public Compute {
       if (m_rows == nullptr) return fail("out of device memory for the loss");
     }
     float* rows = m_rows;
-    // Each row's maximum and sum, kept per logits tensor for its gradient.
-    float*& kept = m_xent_rows[{logits, m, c}];
-    if (kept == nullptr) kept = static_cast<float*>(device_buffer(static_cast<size_t>(m) * 8));
     kc::softmax_xent(m_stream, logits, labels, loss, m, c, rows, reinterpret_cast<int32_t*>(rows + m), m_stats,
-                     reinterpret_cast<unsigned long long*>(m_stats + 1), kept);
+                     reinterpret_cast<unsigned long long*>(m_stats + 1));
   }
-  // The logits' gradient reads the logits once where their forward pass
-  // kept each row's maximum and sum (softmax_xent on the same memory and
-  // shape: what the backward reads is what the forward read, or the
-  // gradient would be wrong anyway); else it computes them again.
   void softmax_xent_grad(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c, float scale,
                          bool acc) override {
-    const auto it = m_xent_rows.find({logits, m, c});
-    kc::softmax_xent_grad(m_stream, logits, labels, dlogits, m, c, scale, acc,
-                          it == m_xent_rows.end() ? nullptr : it->second);
+    kc::softmax_xent_grad(m_stream, logits, labels, dlogits, m, c, scale, acc);
   }
   void sgd(const float* param_in, float* param, const float* grad, const float* velocity_in, float* velocity,
            int64_t count, const OptimizerHyper& h) override {
@@ -606,8 +596,6 @@ class CudaCompute final : public Compute {
   float* m_attention_dp = nullptr;  // attention_grad's dP
   int64_t m_attention_dp_room = 0;
   float* m_rows = nullptr;  // softmax_xent's per-row scratch
-  // softmax_xent's row maxima and sums per (logits, rows, classes), for the gradient.
-  std::map<std::tuple<const float*, int64_t, int64_t>, float*> m_xent_rows;
   int64_t m_rows_capacity = 0;
   bool m_capturing = false;
   nccl::Registry m_groups;  // live collectives (they go before this compute)

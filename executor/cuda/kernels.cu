@@ -332,7 +332,7 @@ __device__ RowSoftmax row_softmax(const float* row, int64_t c) {
 }
 
 __global__ void softmax_xent_rows_k(const float* logits, const int32_t* labels, int64_t m, int64_t c,
-                                    float* row_loss, int32_t* row_right, float2* row_stats) {
+                                    float* row_loss, int32_t* row_right) {
   const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   if (r >= m) return;
   const float* row = logits + r * c;
@@ -340,7 +340,6 @@ __global__ void softmax_xent_rows_k(const float* logits, const int32_t* labels, 
   if (threadIdx.x % 32 == 0) {
     row_loss[r] = logf(s.sum) + s.max - row[labels[r]];
     row_right[r] = s.arg == labels[r];
-    if (row_stats != nullptr) row_stats[r] = make_float2(s.max, s.sum);
   }
 }
 
@@ -366,13 +365,11 @@ __global__ void softmax_xent_total_k(const float* row_loss, const int32_t* row_r
 }
 
 __global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
-                                    float scale, bool accumulate, const float2* row_stats) {
+                                    float scale, bool accumulate) {
   const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   if (r >= m) return;
   const float* row = logits + r * c;
-  // The forward pass's maximum and sum of this row where it kept them (the
-  // same numbers: one pass over the row instead of three).
-  const RowSoftmax s = row_stats != nullptr ? RowSoftmax{row_stats[r].x, 0, row_stats[r].y} : row_softmax(row, c);
+  const RowSoftmax s = row_softmax(row, c);
   for (int64_t j = threadIdx.x % 32; j < c; j += 32) {
     const float p = expf(row[j] - s.max) / s.sum;
     const float g = (p - (j == labels[r] ? 1.0f : 0.0f)) * scale;
@@ -551,16 +548,14 @@ void rotary(cudaStream_t s, const float* x, float* y, int64_t m, int64_t cols, i
 }
 
 void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
-                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits, float* row_stats) {
-  softmax_xent_rows_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, m, c, row_loss, row_right,
-                                                          reinterpret_cast<float2*>(row_stats));
+                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits) {
+  softmax_xent_rows_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, m, c, row_loss, row_right);
   softmax_xent_total_k<<<1, k_threads, 0, s>>>(row_loss, row_right, m, loss, stats, hits);
 }
 
 void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
-                       int64_t c, float scale, bool accumulate, const float* row_stats) {
-  softmax_xent_grad_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, dlogits, m, c, scale, accumulate,
-                                                          reinterpret_cast<const float2*>(row_stats));
+                       int64_t c, float scale, bool accumulate) {
+  softmax_xent_grad_k<<<warp_blocks(m), k_threads, 0, s>>>(logits, labels, dlogits, m, c, scale, accumulate);
 }
 
 void sgd(cudaStream_t s, const float* param_in, float* param, const float* grad, const float* velocity_in,

@@ -50,14 +50,11 @@ void layer_norm_grad(cudaStream_t s, const float* x, const float* gamma, const f
                      const float* dy, float* dx, float* dgamma, float* dbeta, int64_t m, int64_t n,
                      bool accumulate_dx, bool accumulate_params, float* scratch);
 // Per-row losses and hits into row_loss/row_right (m each, scratch), then
-// *loss = their mean, stats[0] += the mean, *hits += the hits; each row's
-// softmax maximum and sum into row_stats ([m][2], 8-byte aligned) unless null.
+// *loss = their mean, stats[0] += the mean, *hits += the hits.
 void softmax_xent(cudaStream_t s, const float* logits, const int32_t* labels, float* loss, int64_t m, int64_t c,
-                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits, float* row_stats);
-// With row_stats (as softmax_xent left them for these logits): one pass
-// over the logits instead of three, the same bits.
+                  float* row_loss, int32_t* row_right, double* stats, unsigned long long* hits);
 void softmax_xent_grad(cudaStream_t s, const float* logits, const int32_t* labels, float* dlogits, int64_t m,
-                       int64_t c, float scale, bool accumulate, const float* row_stats);
+                       int64_t c, float scale, bool accumulate);
 // Out of place (the `*_in` arrays read, the others written) or in place, as
 // kernels::sgd/adam; `step` and `grad_scale`: device memory, read when the
 // kernel runs (the schedule's learning rate and Adam's bias correction; the
