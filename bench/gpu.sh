@@ -311,12 +311,18 @@ gpt_section() {
   done
   # Beside it, the mean over the last quarter of the steps: an early loss
   # spike (both precisions spike, by different amounts) sets the worst.
-  paste "$dir/$first.fp32.losses" "$dir/$first.bf16.losses" 2>/dev/null | awk -v t="$first" -v n="$ls" '
-    { r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > w) { w = r; at = NR }; rel[NR] = r }
-    END { if (NR == 0) exit
-          printf "exec_%s_bf16_vs_fp32_worst_rel %.2e (step %d of %d; goal <= 2e-2)\n", t, w, at, n
-          for (i = int(NR * 3 / 4) + 1; i <= NR; ++i) { s += rel[i]; k++ }
-          printf "exec_%s_bf16_vs_fp32_last_quarter_mean_rel %.2e\n", t, s / k }'
+  # (Hex floats: read by Python, as mawk reads them and gawk does not.)
+  python3 - "$dir/$first.fp32.losses" "$dir/$first.bf16.losses" "$first" "$ls" <<'PY' 2>/dev/null || true
+import sys
+a, b = ([float.fromhex(l) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+t, n = sys.argv[3], sys.argv[4]
+rel = [abs(x - y) / abs(x) for x, y in zip(a, b)]
+if rel:
+    w = max(range(len(rel)), key=rel.__getitem__)
+    print(f"exec_{t}_bf16_vs_fp32_worst_rel {rel[w]:.2e} (step {w + 1} of {n}; goal <= 2e-2)")
+    tail = rel[len(rel) * 3 // 4:]
+    print(f"exec_{t}_bf16_vs_fp32_last_quarter_mean_rel {sum(tail) / len(tail):.2e}")
+PY
 }
 if [ "${GPU_BENCH_ONLY:-}" = gpt ]; then
   gpt_section
