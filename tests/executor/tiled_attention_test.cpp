@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "executor/kernels.hpp"
+#include "tests/support/relative_error.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -129,14 +130,7 @@ void tiled_backward(const std::vector<float>& qkv, const Shape& s, const std::ve
   }
 }
 
-double rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
+using tiermem::test::relative_error;
 
 TEST(TiledAttentionTest, TheTilesSchemeGivesTheCpusAttentionAndGradient) {
   std::mt19937 rng(3);
@@ -153,8 +147,8 @@ TEST(TiledAttentionTest, TheTilesSchemeGivesTheCpusAttentionAndGradient) {
     std::vector<float> ty(dy.size()), lse(static_cast<size_t>(s.m() * s.heads)), tdqkv(qkv.size(), 0.0f);
     tiled_forward(qkv, s, &ty, &lse);
     tiled_backward(qkv, s, ty, lse, dy, &tdqkv);
-    EXPECT_LT(rel(ty, y), 1e-5);
-    EXPECT_LT(rel(tdqkv, dqkv), 1e-5);
+    EXPECT_LT(relative_error(ty, y), 1e-5);
+    EXPECT_LT(relative_error(tdqkv, dqkv), 1e-5);
   }
 }
 

@@ -28,6 +28,7 @@
 
 #include "executor/compute.hpp"
 #include "executor/kernels.hpp"
+#include "tests/support/relative_error.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -36,15 +37,7 @@ struct Case {
   int64_t seqs, t, d, heads, kv_heads;
 };
 
-// The relative difference of two tensors (2-norms).
-double rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
+using tiermem::test::relative_error;
 
 struct Outputs {
   std::vector<float> y, dqkv;
@@ -118,7 +111,8 @@ TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuWithinBf16Rounding) {
     ASSERT_TRUE(c);
     const Outputs g = run(*c, false, k, qkv, dy, start, false);
     const Outputs f = run(*c, true, k, qkv, dy, start, false);
-    const double gy = rel(g.y, y), gd = rel(g.dqkv, dqkv), fy = rel(f.y, y), fd = rel(f.dqkv, dqkv);
+    const double gy = relative_error(g.y, y), gd = relative_error(g.dqkv, dqkv);
+    const double fy = relative_error(f.y, y), fd = relative_error(f.dqkv, dqkv);
     std::printf("t %ld dh %ld heads %ld/%ld: y %.2e (GEMMs %.2e), dqkv %.2e (GEMMs %.2e)\n",
                 static_cast<long>(k.t), static_cast<long>(k.d / k.heads), static_cast<long>(k.heads),
                 static_cast<long>(k.kv_heads), fy, gy, fd, gd);
@@ -135,7 +129,7 @@ TEST(FlashAttentionTest, ForwardAndGradientFollowTheCpuWithinBf16Rounding) {
     EXPECT_EQ(again.y, f.y) << "a second run gave other bits";
     EXPECT_EQ(again.dqkv, f.dqkv) << "a second run gave other bits";
     const Outputs acc = run(*c, true, k, qkv, dy, start, true);
-    EXPECT_LT(rel(acc.dqkv, dqkv_acc), 8e-3) << "accumulated into dqkv";
+    EXPECT_LT(relative_error(acc.dqkv, dqkv_acc), 8e-3) << "accumulated into dqkv";
   }
 }
 
@@ -185,7 +179,7 @@ TEST(SequenceKernelsTest, EmbeddingGradientIsTheCpusBitsWithTheTokensSortedById)
     ASSERT_TRUE(c.sync().ok());
     // Accumulated: the start plus the row's sum (the CPU adds each token to
     // the start in turn): within fp32 rounding.
-    EXPECT_LT(rel(got, want_acc), 1e-6);
+    EXPECT_LT(relative_error(got, want_acc), 1e-6);
     std::printf("embedding gradient m %ld d %ld vocab %ld: %.3f ms\n", static_cast<long>(k.m), static_cast<long>(k.d),
                 static_cast<long>(k.vocab), ms);
   }
