@@ -588,9 +588,9 @@ class CudaCompute final : public Compute {
   uint16_t* m_bf16_b = nullptr;
   int64_t m_bf16_room = 0;       // elements each holds
   float* m_sums = nullptr;  // column sums' partials per chunk of rows
-  int64_t m_embedding_sort_room = 0;
-  float* m_embedding_sort = nullptr;  // embedding_grad's sort of the ids (int32 words)
   int64_t m_sums_room = 0;
+  float* m_embedding_sort = nullptr;  // embedding_grad's sort of the ids (int32 words)
+  int64_t m_embedding_sort_room = 0;
   float* m_attention = nullptr;  // attention's packed q, k, v and outputs
   int64_t m_attention_room = 0;
   float* m_attention_dp = nullptr;  // attention_grad's dP

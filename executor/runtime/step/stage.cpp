@@ -27,7 +27,7 @@ StageRunner::StageRunner(const RankParts& p, bool resumed, StageSums sums)
     : m_job(p.job), m_options(p.options), m_arenas(p.arenas), m_mail(p.mail), m_trace(p.trace), m_compute(p.compute),
       m_slowdown(p.options.slowdown), m_schedule(p.job),
       m_replay(captures_steps(p.job, p.options, m_schedule, p.compute)),
-      m_time_kernels(!p.options.trace.empty() && p.compute.memory_is_device() && !m_replay),
+      m_time_kernels(!p.options.trace.empty() && p.compute.memory_is_device() && !p.options.graphs),
       m_feeder(p.job, m_schedule, p.options, p.arenas, p.mail, p.compute, m_replay), m_sums(std::move(sums)),
       m_stream(p.job, p.arenas, p.compute, p.trace), m_update_compute(&p.compute),
       m_committer(p.job, p.options, p.client, p.dir, p.arenas, p.peers, p.trace, p.compute),
