@@ -297,6 +297,36 @@ TEST_F(TrainerTest, AFinishedJobFreesItsMemoryAndAKeptOneIsRefusedUnlessRestarte
   EXPECT_TRUE(names_with(socket(1), "kept.").empty());
 }
 
+// A kept job's parameters and optimizer state are read back only as they
+// were laid out: the same model with its parameters declared in another
+// order (the same arena sizes, other offsets) is refused with what to do,
+// not resumed into mixed-up tensors; the model it started with resumes.
+TEST_F(TrainerTest, AKeptJobResumesOnlyWithTheLayoutItWasStartedWith) {
+  std::string text = slurp(model("mlp_digits"));
+  const std::string b1 = "tensor { name: \"b1\"", w2 = "tensor { name: \"w2\"";
+  const size_t at_b1 = text.find(b1), at_w2 = text.find(w2);
+  ASSERT_NE(at_b1, std::string::npos);
+  ASSERT_NE(at_w2, std::string::npos);
+  const size_t end_b1 = text.find('\n', at_b1) + 1, end_w2 = text.find('\n', at_w2) + 1;
+  ASSERT_EQ(end_b1, at_w2) << "b1 and w2 are declared one after the other";
+  const std::string line_b1 = text.substr(at_b1, end_b1 - at_b1), line_w2 = text.substr(at_w2, end_w2 - at_w2);
+  text.replace(at_b1, end_w2 - at_b1, line_w2 + line_b1);
+  const std::string swapped = m_dir + "/mlp_digits_swapped.pbtxt";
+  std::ofstream(swapped) << text;
+
+  run(1, {model("mlp_digits"), "--job", "layout", "--steps", "12", "-q", "--keep"});
+  int rc = 0;
+  std::string logs = run(1, {swapped, "--job", "layout", "--steps", "24", "-q"}, &rc);
+  EXPECT_EQ(rc, 1) << logs;
+  EXPECT_NE(logs.find("job 'layout' kept its parameters and optimizer state laid out otherwise"), std::string::npos)
+      << logs;
+  EXPECT_NE(logs.find("(another model, or another version of the layout)"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("--restart"), std::string::npos) << logs;
+  logs = run(1, {model("mlp_digits"), "--job", "layout", "--steps", "24"}, &rc);
+  EXPECT_EQ(rc, 0) << logs;
+  EXPECT_NE(logs.find("resumed at step 12"), std::string::npos) << logs;
+}
+
 TEST_F(TrainerTest, SnapshotsTheCommittedStateToPmem) {
   run(1, {model("mlp_digits"), "--job", "snap_a", "--steps", "25", "--snapshot-every", "10", "-q", "--keep"});
   run(1, {model("mlp_digits"), "--job", "snap_b", "--steps", "20", "-q", "--keep"});

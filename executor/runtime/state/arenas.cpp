@@ -8,6 +8,8 @@
 #include <fstream>
 #include <vector>
 
+#include <xxhash.h>
+
 #include <tiermem/status_macros.h>
 #include <tiermem/units.h>
 
@@ -177,15 +179,44 @@ std::string Arenas::placement(const Compute& compute) const {
          "; control words in host memory";
 }
 
+namespace {
+
+// Where each parameter and optimizer state tensor lies (k_info_layout).
+uint64_t state_layout(const JobPlan& job) {
+  std::string text;
+  for (const auto* placements : {&job.plan.params, &job.plan.optimizer}) {
+    for (const Placement& p : *placements) {
+      text += job.graph.tensors[p.tensor].name + " " + std::to_string(p.offset) + " " + std::to_string(p.bytes) + "\n";
+    }
+    text += "--\n";
+  }
+  return XXH3_64bits(text.data(), text.size());
+}
+
+}  // namespace
+
 Status Arenas::initialise(const JobPlan& job, const TrainOptions& options, Compute& compute) {
-  if (!m_restored_from.is_null()) return Status();
-  if (m_resumed) {
+  const uint64_t layout[2] = {k_layout_magic, state_layout(job)};
+  if (m_resumed && m_restored_from.is_null()) {
     if (!m_params.existed || !m_optimizer.existed) {
       return Status(ErrorCode::failed_precondition,
                     "job " + options.job + " has a committed step but its parameters are gone");
     }
+    uint64_t kept[2];
+    std::memcpy(kept, m_info.data() + k_info_layout, sizeof kept);
+    if (kept[0] != layout[0] || kept[1] != layout[1]) {
+      return Status(ErrorCode::failed_precondition,
+                    "job '" + options.job + "' kept its parameters and optimizer state laid out otherwise than " +
+                        "this tiermem-exec lays them out for " + options.model + " (" +
+                        (kept[0] != k_layout_magic ? "kept by an older tiermem-exec"
+                                                   : "another model, or another version of the layout") +
+                        "): resuming would read them mixed up. Run it with the model it was started with, or "
+                        "--restart to train it again from step 0");
+    }
     return Status();
   }
+  std::memcpy(m_info.data() + k_info_layout, layout, sizeof layout);
+  if (!m_restored_from.is_null()) return Status();
   // Initialised on the host, copied to where the kernels run.
   std::vector<float> host;
   for (const Placement& p : job.plan.params) {

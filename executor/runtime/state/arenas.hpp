@@ -65,8 +65,16 @@ inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
 // offloaded, and a hash of its GPU's UUID (0: the CPU) (collectives.hpp;
 // 0, 0: not published yet).
 inline constexpr int64_t k_info_collectives = 34 << 10;
+// Two words: k_layout_magic (its last byte the format) and a hash of where
+// each parameter and optimizer state tensor lies in its arena (tensor name,
+// offset, bytes), as the binary that started the job laid them out for its
+// model. A job resumed from its kept memory must find its own: another
+// model, or a tiermem-exec that lays the state out otherwise, would read
+// the kept tensors mixed up.
+inline constexpr int64_t k_info_layout = k_info_collectives + 24;
+inline constexpr uint64_t k_layout_magic = 0x54'4d'4c'41'59'4f'55'01;  // "TMLAYOU", format 1
 // From 35 KiB on, the step report `tiermemctl job` reads (step_report.hpp).
-static_assert(k_step_report_offset >= k_info_collectives + 24 &&
+static_assert(k_step_report_offset >= k_info_layout + 16 &&
               k_step_report_offset + static_cast<int64_t>(sizeof(StepReport)) <= k_info_bytes);
 
 // The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.
@@ -104,8 +112,9 @@ class Arenas {
   Status allocate(JobDirectory& dir, const JobPlan& job, const TrainOptions& options, int64_t mailbox_bytes,
                   Compute& compute);
   // A fresh job: parameters as their init says, optimizer state zero (and
-  // the initial parameters dumped when asked). A resumed one: checks that the
-  // committed copies survived. Errors: failed_precondition.
+  // the initial parameters dumped when asked), its layout recorded. A
+  // resumed one: checks that the committed copies survived and are laid out
+  // as this binary lays them out for this model. Errors: failed_precondition.
   Status initialise(const JobPlan& job, const TrainOptions& options, Compute& compute);
   // Where the arenas went, for people: "params 2 x 1.2 MiB, ..., messages
   // 2 MiB in VRAM of cuda:0 (NVIDIA H200); control words in host memory".
