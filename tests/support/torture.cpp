@@ -20,8 +20,9 @@
 //   torture [--kills N] [--workers W] [--preload P] [--seed S] [--min-ms A] [--max-ms B]
 //
 // Prints `name value [unit]` lines: kills, acknowledged_ops,
-// acknowledged_ops_lost, bytes_mismatched, ghosts, restart_ms_p50/p99 (a
-// SIGKILLed daemon's start to serving, P allocations recorded),
+// acknowledged_ops_lost, bytes_mismatched, ghosts, allocations_at_a_reused_gva,
+// restart_ms_p50/p99 (a SIGKILLed daemon's start to serving, P allocations
+// recorded),
 // recovery_ms_per_1000_records, pool_check_ok. Exit status 1 when anything
 // was lost, mismatched or came back, or the pool check failed.
 #include <fcntl.h>
@@ -162,7 +163,7 @@ int worker(const std::string& socket, const std::string& log_path, int id, unsig
 }
 
 struct Expected {
-  std::string name;
+  std::string gva;
   uint64_t size = 0;
   unsigned seed = 0;     // of the last acknowledged write (0: zeros)
   bool known = true;     // false: a write failed, its bytes may be there or not
@@ -171,12 +172,19 @@ struct Expected {
 
 struct Tally {
   uint64_t acknowledged = 0, lost = 0, mismatched = 0, ghosts = 0, unknown_content = 0;
+  uint64_t gvas_reused = 0;  // A lines at a GVA an earlier allocation (any worker's) had
 };
 
-// Replays the workers' logs into what the daemon must serve.
+// Replays the workers' logs into what the daemon must serve, by allocation
+// name. A log names an allocation by its GVA after the A line; that GVA is
+// resolved within the worker's own log, whose lines are in the order they
+// happened. Across workers they are not: a GVA one worker freed can be another
+// worker's next allocation, so the model is not keyed by GVA.
 std::map<std::string, Expected> replay(const std::vector<std::string>& logs, Tally* t) {
-  std::map<std::string, Expected> by_gva;
+  std::map<std::string, Expected> by_name;
+  std::map<std::string, int> allocated_at;  // GVA -> A lines there, all workers
   for (const std::string& path : logs) {
+    std::map<std::string, std::string> name_at;  // this worker's live GVAs
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {
@@ -184,41 +192,58 @@ std::map<std::string, Expected> replay(const std::vector<std::string>& logs, Tal
       std::string op, a, b, c;
       f >> op >> a >> b >> c;
       if (op == "A") {
-        by_gva[b] = Expected{a, std::stoull(c), 0, true, false};
+        by_name[a] = Expected{b, std::stoull(c), 0, true, false};
+        name_at[b] = a;
+        if (allocated_at[b]++ > 0) ++t->gvas_reused;
         ++t->acknowledged;
-      } else if (op == "W") {
-        by_gva[a].seed = static_cast<unsigned>(std::stoul(b));
-        by_gva[a].known = true;
+        continue;
+      }
+      const auto at = name_at.find(a);
+      if (at == name_at.end()) {
+        std::fprintf(stderr, "torture: %s: '%s' names no live allocation of its worker\n", path.c_str(), line.c_str());
+        ++t->lost;
+        continue;
+      }
+      Expected& e = by_name[at->second];
+      if (op == "W") {
+        e.seed = static_cast<unsigned>(std::stoul(b));
+        e.known = true;
         ++t->acknowledged;
       } else if (op == "U") {
-        by_gva[a].known = false;
+        e.known = false;
       } else if (op == "F") {
-        by_gva[a].freed = true;
+        e.freed = true;
+        name_at.erase(at);
         ++t->acknowledged;
       } else if (op == "M") {
         ++t->acknowledged;
       }
     }
   }
-  return by_gva;
+  return by_name;
 }
 
 void check(Client& c, const std::map<std::string, Expected>& model, Tally* t) {
-  for (const auto& [gva_text, e] : model) {
-    const Gva gva = *Gva::parse(gva_text);
-    auto found = c.lookup(e.name);
+  std::map<std::string, std::string> live;  // GVA -> name of what must be there
+  for (const auto& [name, e] : model) {
+    if (!e.freed) live[e.gva] = name;
+  }
+  for (const auto& [name, e] : model) {
+    const Gva gva = *Gva::parse(e.gva);
+    auto found = c.lookup(name);
     std::vector<unsigned char> got(e.size);
     const Status read = c.read(gva, got.data(), got.size());
     if (e.freed) {
-      if (found.ok() || read.ok()) {
+      // Its name must be gone; its GVA may read only as another live allocation.
+      if (found.ok() || (read.ok() && live.count(e.gva) == 0)) {
         ++t->ghosts;
-        std::fprintf(stderr, "torture: freed %s (%s) came back\n", e.name.c_str(), gva_text.c_str());
+        std::fprintf(stderr, "torture: freed %s (%s) came back\n", name.c_str(), e.gva.c_str());
       }
       continue;
     }
-    if (!found.ok() || found->gva.to_string() != gva_text || !read.ok()) {
+    if (!found.ok() || found->gva.to_string() != e.gva || !read.ok()) {
       ++t->lost;
-      std::fprintf(stderr, "torture: %s (%s) lost: %s / %s\n", e.name.c_str(), gva_text.c_str(),
+      std::fprintf(stderr, "torture: %s (%s) lost: %s / %s\n", name.c_str(), e.gva.c_str(),
                    found.ok() ? found->gva.to_string().c_str() : found.status().to_string().c_str(),
                    read.to_string().c_str());
       continue;
@@ -227,19 +252,16 @@ void check(Client& c, const std::map<std::string, Expected>& model, Tally* t) {
       ++t->unknown_content;
     } else if (got != content(e.size, e.seed)) {
       ++t->mismatched;
-      std::fprintf(stderr, "torture: %s (%s) does not hold its last acknowledged write (seed %u)\n", e.name.c_str(),
-                   gva_text.c_str(), e.seed);
+      std::fprintf(stderr, "torture: %s (%s) does not hold its last acknowledged write (seed %u)\n", name.c_str(),
+                   e.gva.c_str(), e.seed);
     }
   }
   // Nothing of the workers' that the logs do not know of.
   auto all = c.list();
   if (!all.ok()) return;
-  std::map<std::string, bool> live;
-  for (const auto& [gva, e] : model) {
-    if (!e.freed) live[gva] = true;
-  }
   for (const AllocationInfo& a : *all) {
-    if (a.name.rfind("w", 0) == 0 && live.count(a.gva.to_string()) == 0) {
+    const auto l = live.find(a.gva.to_string());
+    if (a.name.rfind("w", 0) == 0 && (l == live.end() || l->second != a.name)) {
       ++t->ghosts;
       std::fprintf(stderr, "torture: %s (%s) is unknown to the logs\n", a.name.c_str(), a.gva.to_string().c_str());
     }
@@ -324,6 +346,7 @@ int run(const Options& o) {
   std::printf("acknowledged_ops_lost %llu\n", static_cast<unsigned long long>(t.lost));
   std::printf("bytes_mismatched %llu\n", static_cast<unsigned long long>(t.mismatched));
   std::printf("ghosts %llu\n", static_cast<unsigned long long>(t.ghosts));
+  std::printf("allocations_at_a_reused_gva %llu\n", static_cast<unsigned long long>(t.gvas_reused));
   std::printf("allocations_with_unknown_content %llu\n", static_cast<unsigned long long>(t.unknown_content));
   std::printf("restart_ms_p50 %.1f ms\n", percentile(restart_ms, 0.5));
   std::printf("restart_ms_p99 %.1f ms\n", percentile(restart_ms, 0.99));
