@@ -13,8 +13,6 @@
 namespace tiermem {
 namespace {
 
-std::string model(const std::string& name) { return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/" + name + ".pbtxt"; }
-
 class ScheduleTest : public test::ExecClusterTest {
  protected:
   std::string run(int world, const std::vector<std::string>& args) { return run_ranks(world, args); }

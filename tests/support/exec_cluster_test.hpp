@@ -30,6 +30,12 @@ class ExecClusterTest : public ::testing::Test {
     if (HasFailure()) std::fprintf(stderr, "%s\n%s", m_cluster->logs().c_str(), failure_recap().c_str());
   }
 
+  // config/models/NAME.pbtxt of the source tree.
+  static std::string model(const std::string& name) {
+    return std::string(TIERMEM_SOURCE_ROOT) + "/config/models/" + name + ".pbtxt";
+  }
+  std::string socket(int node) { return m_cluster->node(node).socket(); }
+
   // Runs `world` ranks of tiermem-exec with `args`, rank r next to node
   // r % 2 + 1, and waits for them; returns their logs. A rank that failed
   // fails the case unless `rc` takes the worst exit code.
