@@ -51,7 +51,6 @@ struct Posted {
   CopyPlan plan;
   std::vector<uint64_t> first, second;  // a read's words before and after; a write's taken and released
   uint64_t stopped = 0, taken = 0, old = 0, released = 0;
-  bool coherent = false;  // an atomic straight to its word
   bool locked = false;    // a read that took its pages (a chain's)
   size_t barriers = 0;    // of the flight's, issued before it (a chain's)
 };
@@ -147,13 +146,8 @@ Status ClientCore::post_batch_item(BatchItem& item, BatchFlight& flight, bool lo
       s = words.issue_locked_atomic(*batch, alloc.first_page + index, alloc.page_versions[index], *remote_frames,
                                     frame_offset, op, operand, item.a, &p.taken, &p.old, &p.released, &p.stopped,
                                     alloc.coherent);
-      if (s.code() == ErrorCode::not_supported && alloc.coherent) {
-        // One-sided: a coherent page is never migrated, so the atomic goes
-        // straight to its word (nothing was added above).
-        p.coherent = true;
-        s = m_nodes.transport()->reserve(*batch, *p.state->node->endpoint, 2, 0, 0);
-        if (s.ok()) s = remote_frames->issue_atomic(*batch, frame_offset, op, operand, item.a, &p.old);
-      }
+      // One-sided (not_supported, nothing added): its synchronous call runs
+      // it, locking the page, a coherent one's too (atomic_once says why).
     }
   }
   // The compounds check everything before they add an operation: one that
@@ -254,7 +248,7 @@ void ClientCore::finish_batch(BatchFlight& flight) {
     switch (item.kind) {
       case BatchItem::Kind::read: settled = p.locked ? p.stopped == 0 : consistent(p); break;
       case BatchItem::Kind::write: settled = p.stopped == 0; break;
-      default: settled = p.coherent || p.stopped == 0; break;
+      default: settled = p.stopped == 0; break;
     }
     if (!settled) continue;  // a page taken or spoiled, or the translation stale: synchronously
     item.status = Status();

@@ -705,15 +705,22 @@ Result<uint64_t> ClientCore::atomic_once(Gva gva, WordOp op, uint64_t operand, u
       // A coherent word takes no lock: that the translation still holds is
       // the page's epoch (a free gives it a new one before its frames go
       // back). Mapped words here; on the message path the home checks it in
-      // the atomic's own request (seqlocked_atomic); one-sided, nobody does.
+      // the atomic's own request (seqlocked_atomic); one-sided, the page is
+      // locked instead (below).
       uint64_t now = 0;
       s = (*words)->load(alloc.first_page + index, 1, &now);
       if (s.ok() && version::epoch_of(now) != version::epoch_of(alloc.page_versions[index])) s = stale_translation();
     }
     if (s.ok()) {
-      s = seqlocked_atomic(**words, **frames, alloc.first_page + index, alloc.page_versions[index],
-                           alloc.coherent, x->frame_offset + (offset - x->gva_offset), op, operand,
-                           compare, &old, ScopedDeadline::bound(m_lock_timeout));
+      // One-sided, a coherent word's page is locked around the atomic like
+      // any other's: the lock's compare-swap fails once a free moved the
+      // page's epoch on, and a free waits for the lock. A check of the epoch
+      // one round trip before the atomic would leave that round trip for a
+      // free and a new allocation to take the frames.
+      const bool straight = alloc.coherent && path != Path::one_sided;
+      s = seqlocked_atomic(**words, **frames, alloc.first_page + index, alloc.page_versions[index], straight,
+                           x->frame_offset + (offset - x->gva_offset), op, operand, compare, &old,
+                           ScopedDeadline::bound(m_lock_timeout));
     }
     if (s.ok()) {
       count(path);

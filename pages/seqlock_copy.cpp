@@ -326,8 +326,8 @@ Status seqlocked_atomic(VersionWords& words, FrameData& data, uint64_t page, uin
     TIERMEM_RETURN_IF_ERROR(wait_for_page(words, one, 0, wait, &seen));
   }
   if (coherent) {
-    // One operation (mapped, or one-sided): the caller checked the epoch
-    // where the words are mapped; one-sided, nothing does.
+    // One operation, mapped or in this process: the caller checked the
+    // epoch. One-sided callers lock coherent pages too (pass false).
     TIERMEM_RETURN_IF_ERROR(words.check_owner());
     return data.atomic(frame_offset, op, operand, compare, old);
   }

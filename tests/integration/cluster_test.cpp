@@ -184,7 +184,73 @@ TEST_P(ClusterTest, AFreedCoherentWordIsRefusedAndTheNewWordsKeepTheirBytes) {
   }
   auto late = client->fetch_add(counter->gva, 1000);
   EXPECT_FALSE(late.ok()) << "an add to a freed word was acknowledged (it held " << (late.ok() ? *late : 0) << ")";
-  if (!late.ok()) EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
+  if (!late.ok()) {
+    EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
+  }
+  {
+    Batch b(*client);
+    const size_t i = b.fetch_add(counter->gva, 1000);
+    (void)b.wait();
+    EXPECT_FALSE(b.status(i).ok()) << "a batched add to a freed word was acknowledged";
+  }
+  for (const Gva& g : fresh) {
+    uint64_t v = 1;
+    ASSERT_TRUE(freer->read(g, &v, 8).ok());
+    EXPECT_EQ(v, 0u) << "the freed word's add landed in " << g.to_string();
+  }
+}
+
+// The same over libfabric's one-sided path (RMA and fabric atomics, forced
+// on the tcp provider with TIERMEM_OFI_ONE_SIDED=unchecked, as over RDMA
+// hardware): the client checks the page's epoch with a one-sided load before
+// its atomic, so an add to a word another client freed is refused and the
+// new words keep their bytes.
+class OneSidedClusterTest : public ::testing::Test, protected test::ClusterFixture {
+ protected:
+  void SetUp() override {
+    ::setenv("TIERMEM_OFI_ONE_SIDED", "unchecked", 1);
+    ASSERT_TRUE(start_cluster("ofi-tcp", 2, options("ofi-tcp")));
+  }
+  void TearDown() override {
+    stop_cluster();
+    ::unsetenv("TIERMEM_OFI_ONE_SIDED");
+  }
+};
+
+TEST_F(OneSidedClusterTest, AFreedCoherentWordIsRefusedAndTheNewWordsKeepTheirBytes) {
+  auto client = m_cluster->node(1).connect("adder");
+  auto freer = m_cluster->node(2).connect("freer");
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(freer, nullptr);
+  auto counter = client->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+  ASSERT_TRUE(counter.ok()) << counter.status().to_string();
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto old = client->fetch_add(counter->gva, 1);
+    ASSERT_TRUE(old.ok()) << old.status().to_string();
+    EXPECT_EQ(*old, i);
+  }
+  EXPECT_EQ(client->access_counters().direct_remote, 3u) << "the adds went one-sided";
+  EXPECT_EQ(client->access_counters().message + client->access_counters().through_daemon, 0u);
+  {
+    Batch b(*client);
+    const size_t i = b.fetch_add(counter->gva, 1);
+    ASSERT_TRUE(b.wait().ok());
+    EXPECT_EQ(b.value(i), 3u);
+  }
+  ASSERT_TRUE(freer->free(counter->gva).ok());
+  std::vector<Gva> fresh;
+  for (int i = 0; i < 32; ++i) {
+    auto f = freer->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+    ASSERT_TRUE(f.ok()) << f.status().to_string();
+    fresh.push_back(f->gva);
+  }
+  auto late = client->fetch_add(counter->gva, 1000);
+  EXPECT_FALSE(late.ok()) << "an add to a freed word was acknowledged (it held " << (late.ok() ? *late : 0) << ")";
+  if (!late.ok()) {
+    EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
+  }
+  auto swapped = client->compare_swap(counter->gva, 0, 1000);
+  EXPECT_FALSE(swapped.ok()) << "a compare-swap on a freed word was acknowledged";
   {
     Batch b(*client);
     const size_t i = b.fetch_add(counter->gva, 1000);
