@@ -400,6 +400,20 @@ TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
       {test::exec_path(), "sample", m_dir + "/small_table.pbtxt", "--socket", socket(1), "--job", "learn"});
   EXPECT_EQ(small_table.exit_code, 1);
   EXPECT_NE(small_table.err.find("fewer than the 256 byte values"), std::string::npos) << small_table.err;
+  // The same model with two parameters of one size declared the other way
+  // round (the same bytes, other offsets) is refused, not sampled from
+  // mixed-up weights.
+  std::string swapped = slurp(model("gpt_tiny"));
+  const std::string gain = "tensor { name: \"b0.ln1.g\" shape: [64] role: PARAM init: ONES }\n";
+  const std::string bias = "tensor { name: \"b0.ln1.b\" shape: [64] role: PARAM }\n";
+  ASSERT_NE(swapped.find(gain + bias), std::string::npos);
+  swapped.replace(swapped.find(gain + bias), gain.size() + bias.size(), bias + gain);
+  std::ofstream(m_dir + "/swapped.pbtxt") << swapped;
+  auto mixed = test::run_command(
+      {test::exec_path(), "sample", m_dir + "/swapped.pbtxt", "--socket", socket(1), "--job", "learn"});
+  EXPECT_EQ(mixed.exit_code, 1) << mixed.out;
+  EXPECT_NE(mixed.err.find("job 'learn' keeps its parameters laid out otherwise"), std::string::npos) << mixed.err;
+  EXPECT_NE(mixed.err.find("(trained from another model)"), std::string::npos) << mixed.err;
   int rc = 0;
   logs = run(1, {model("gpt_tiny"), "--job", "nocorpus", "--data", m_dir + "/no-such-corpus", "--steps", "1"}, &rc);
   EXPECT_EQ(rc, 1);

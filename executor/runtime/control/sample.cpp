@@ -15,6 +15,7 @@
 
 #include "executor/interpreter.hpp"
 #include "executor/runtime/plan/job_plan.hpp"
+#include "executor/runtime/state/arenas.hpp"
 
 namespace tiermem::exec {
 namespace {
@@ -95,6 +96,18 @@ Status sample_text(const SampleOptions& o) {
     return Status(ErrorCode::failed_precondition,
                   "job '" + o.job + "' keeps " + std::to_string(params->size) + " bytes of parameters, this model " +
                       std::to_string(2 * bytes) + ": it was trained from another model, or in several stages or tensor-parallel ranks (sample reads one whole rank)");
+  }
+  // The parameters must lie where this model puts them (arenas.hpp,
+  // k_info_layout): another model of the same sizes would be read mixed up.
+  uint64_t kept[k_info_layout_words] = {};
+  auto info = client->lookup(prefix + "info");
+  if (info.ok()) TIERMEM_RETURN_IF_ERROR(client->read(info->gva.plus(k_info_layout), kept, sizeof kept));
+  if (kept[0] != k_layout_magic || kept[2] != params_layout(job)) {
+    return Status(ErrorCode::failed_precondition,
+                  "job '" + o.job + "' keeps its parameters laid out otherwise than this tiermem-exec lays them out for " +
+                      o.model + " (" +
+                      (kept[0] != k_layout_magic ? "kept by an older tiermem-exec" : "trained from another model") +
+                      "): sampling would read them mixed up. Sample it with the model it was trained from");
   }
   uint64_t committed = 0;
   TIERMEM_RETURN_IF_ERROR(client->read(ctl->gva, &committed, sizeof committed));

@@ -181,10 +181,10 @@ std::string Arenas::placement(const Compute& compute) const {
 
 namespace {
 
-// Where each parameter and optimizer state tensor lies (k_info_layout).
-uint64_t state_layout(const JobPlan& job) {
+uint64_t layout_of(const JobPlan& job, bool with_optimizer) {
   std::string text;
   for (const auto* placements : {&job.plan.params, &job.plan.optimizer}) {
+    if (placements == &job.plan.optimizer && !with_optimizer) break;
     for (const Placement& p : *placements) {
       text += job.graph.tensors[p.tensor].name + " " + std::to_string(p.offset) + " " + std::to_string(p.bytes) + "\n";
     }
@@ -195,16 +195,19 @@ uint64_t state_layout(const JobPlan& job) {
 
 }  // namespace
 
+uint64_t state_layout(const JobPlan& job) { return layout_of(job, true); }
+uint64_t params_layout(const JobPlan& job) { return layout_of(job, false); }
+
 Status Arenas::initialise(const JobPlan& job, const TrainOptions& options, Compute& compute) {
-  const uint64_t layout[2] = {k_layout_magic, state_layout(job)};
+  const uint64_t layout[k_info_layout_words] = {k_layout_magic, state_layout(job), params_layout(job)};
   if (m_resumed && m_restored_from.is_null()) {
     if (!m_params.existed || !m_optimizer.existed) {
       return Status(ErrorCode::failed_precondition,
                     "job " + options.job + " has a committed step but its parameters are gone");
     }
-    uint64_t kept[2];
+    uint64_t kept[k_info_layout_words];
     std::memcpy(kept, m_info.data() + k_info_layout, sizeof kept);
-    if (kept[0] != layout[0] || kept[1] != layout[1]) {
+    if (kept[0] != layout[0] || kept[1] != layout[1] || kept[2] != layout[2]) {
       return Status(ErrorCode::failed_precondition,
                     "job '" + options.job + "' kept its parameters and optimizer state laid out otherwise than " +
                         "this tiermem-exec lays them out for " + options.model + " (" +

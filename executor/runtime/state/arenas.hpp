@@ -65,16 +65,21 @@ inline constexpr int64_t k_info_hash = 33 << 10;  // their all-reduced hash
 // offloaded, and a hash of its GPU's UUID (0: the CPU) (collectives.hpp;
 // 0, 0: not published yet).
 inline constexpr int64_t k_info_collectives = 34 << 10;
-// Two words: k_layout_magic (its last byte the format) and a hash of where
+// Three words: k_layout_magic (its last byte the format), a hash of where
 // each parameter and optimizer state tensor lies in its arena (tensor name,
 // offset, bytes), as the binary that started the job laid them out for its
-// model. A job resumed from its kept memory must find its own: another
-// model, or a tiermem-exec that lays the state out otherwise, would read
-// the kept tensors mixed up.
+// model (state_layout), and the same of the parameters alone
+// (params_layout). A job resumed from its kept memory must find its own:
+// another model, or a tiermem-exec that lays the state out otherwise, would
+// read the kept tensors mixed up; `tiermem-exec sample` reads the parameters
+// only (and trains nothing, whatever the optimizer was).
 inline constexpr int64_t k_info_layout = k_info_collectives + 24;
+inline constexpr int64_t k_info_layout_words = 3;
 inline constexpr uint64_t k_layout_magic = 0x54'4d'4c'41'59'4f'55'01;  // "TMLAYOU", format 1
+uint64_t state_layout(const JobPlan& job);
+uint64_t params_layout(const JobPlan& job);
 // From 35 KiB on, the step report `tiermemctl job` reads (step_report.hpp).
-static_assert(k_step_report_offset >= k_info_layout + 16 &&
+static_assert(k_step_report_offset >= k_info_layout + 8 * k_info_layout_words &&
               k_step_report_offset + static_cast<int64_t>(sizeof(StepReport)) <= k_info_bytes);
 
 // The PMEM snapshot (--snapshot-every): two slots, snapshot k in slot k % 2.
