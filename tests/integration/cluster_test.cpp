@@ -159,52 +159,67 @@ TEST_P(ClusterTest, CrossNodeAllocWriteReadAndAtomics) {
   }
 }
 
-// A coherent word another client freed, its page given to new coherent
-// words: an add to the old address, alone or in a batch, is refused (the
-// home checks the page's epoch in the same request; mapped, the client
-// checks it) and the new words keep their bytes.
-TEST_P(ClusterTest, AFreedCoherentWordIsRefusedAndTheNewWordsKeepTheirBytes) {
-  auto client = m_cluster->node(1).connect("adder");
-  auto freer = m_cluster->node(2).connect("freer");
-  auto counter = client->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+// Four adds (one batched) to a coherent word of node 2, which `freer` then
+// frees and gives its page to new coherent words: an add to the old address,
+// a compare-swap, and a batched add are refused and the new words keep their
+// bytes. `paths` checks the access counters after the first adds.
+void expect_a_freed_coherent_word_refused(Client& client, Client& freer,
+                                          const std::function<void(const AccessCounters&)>& paths) {
+  auto counter = client.alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
   ASSERT_TRUE(counter.ok()) << counter.status().to_string();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client->fetch_add(counter->gva, 1).ok());
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto old = client.fetch_add(counter->gva, 1);
+    ASSERT_TRUE(old.ok()) << old.status().to_string();
+    EXPECT_EQ(*old, i);
+  }
+  paths(client.access_counters());
   {
-    Batch b(*client);
+    Batch b(client);
     const size_t i = b.fetch_add(counter->gva, 1);
     ASSERT_TRUE(b.wait().ok());
     EXPECT_EQ(b.value(i), 3u);
   }
-  ASSERT_TRUE(freer->free(counter->gva).ok());
+  ASSERT_TRUE(freer.free(counter->gva).ok());
   std::vector<Gva> fresh;
   for (int i = 0; i < 32; ++i) {
-    auto f = freer->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
+    auto f = freer.alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
     ASSERT_TRUE(f.ok()) << f.status().to_string();
     fresh.push_back(f->gva);
   }
-  auto late = client->fetch_add(counter->gva, 1000);
+  auto late = client.fetch_add(counter->gva, 1000);
   EXPECT_FALSE(late.ok()) << "an add to a freed word was acknowledged (it held " << (late.ok() ? *late : 0) << ")";
   if (!late.ok()) {
     EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
   }
+  auto swapped = client.compare_swap(counter->gva, 0, 1000);
+  EXPECT_FALSE(swapped.ok()) << "a compare-swap on a freed word was acknowledged";
   {
-    Batch b(*client);
+    Batch b(client);
     const size_t i = b.fetch_add(counter->gva, 1000);
     (void)b.wait();
     EXPECT_FALSE(b.status(i).ok()) << "a batched add to a freed word was acknowledged";
   }
   for (const Gva& g : fresh) {
     uint64_t v = 1;
-    ASSERT_TRUE(freer->read(g, &v, 8).ok());
+    ASSERT_TRUE(freer.read(g, &v, 8).ok());
     EXPECT_EQ(v, 0u) << "the freed word's add landed in " << g.to_string();
   }
 }
 
+// On every fabric: the home checks the page's epoch in the same request
+// (message path); mapped, the client checks it.
+TEST_P(ClusterTest, AFreedCoherentWordIsRefusedAndTheNewWordsKeepTheirBytes) {
+  auto client = m_cluster->node(1).connect("adder");
+  auto freer = m_cluster->node(2).connect("freer");
+  ASSERT_NE(client, nullptr);
+  ASSERT_NE(freer, nullptr);
+  expect_a_freed_coherent_word_refused(*client, *freer, [](const AccessCounters&) {});
+}
+
 // The same over libfabric's one-sided path (RMA and fabric atomics, forced
 // on the tcp provider with TIERMEM_OFI_ONE_SIDED=unchecked, as over RDMA
-// hardware): the client checks the page's epoch with a one-sided load before
-// its atomic, so an add to a word another client freed is refused and the
-// new words keep their bytes.
+// hardware): the client locks the page around its atomic, and the lock's
+// compare-swap fails once the free moved the page's epoch on.
 class OneSidedClusterTest : public ::testing::Test, protected test::ClusterFixture {
  protected:
   void SetUp() override {
@@ -222,46 +237,10 @@ TEST_F(OneSidedClusterTest, AFreedCoherentWordIsRefusedAndTheNewWordsKeepTheirBy
   auto freer = m_cluster->node(2).connect("freer");
   ASSERT_NE(client, nullptr);
   ASSERT_NE(freer, nullptr);
-  auto counter = client->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
-  ASSERT_TRUE(counter.ok()) << counter.status().to_string();
-  for (uint64_t i = 0; i < 3; ++i) {
-    auto old = client->fetch_add(counter->gva, 1);
-    ASSERT_TRUE(old.ok()) << old.status().to_string();
-    EXPECT_EQ(*old, i);
-  }
-  EXPECT_EQ(client->access_counters().direct_remote, 3u) << "the adds went one-sided";
-  EXPECT_EQ(client->access_counters().message + client->access_counters().through_daemon, 0u);
-  {
-    Batch b(*client);
-    const size_t i = b.fetch_add(counter->gva, 1);
-    ASSERT_TRUE(b.wait().ok());
-    EXPECT_EQ(b.value(i), 3u);
-  }
-  ASSERT_TRUE(freer->free(counter->gva).ok());
-  std::vector<Gva> fresh;
-  for (int i = 0; i < 32; ++i) {
-    auto f = freer->alloc(64, {.tier = Tier::dram, .node = 2, .coherent = true});
-    ASSERT_TRUE(f.ok()) << f.status().to_string();
-    fresh.push_back(f->gva);
-  }
-  auto late = client->fetch_add(counter->gva, 1000);
-  EXPECT_FALSE(late.ok()) << "an add to a freed word was acknowledged (it held " << (late.ok() ? *late : 0) << ")";
-  if (!late.ok()) {
-    EXPECT_EQ(late.status().code(), ErrorCode::not_allocated) << late.status().to_string();
-  }
-  auto swapped = client->compare_swap(counter->gva, 0, 1000);
-  EXPECT_FALSE(swapped.ok()) << "a compare-swap on a freed word was acknowledged";
-  {
-    Batch b(*client);
-    const size_t i = b.fetch_add(counter->gva, 1000);
-    (void)b.wait();
-    EXPECT_FALSE(b.status(i).ok()) << "a batched add to a freed word was acknowledged";
-  }
-  for (const Gva& g : fresh) {
-    uint64_t v = 1;
-    ASSERT_TRUE(freer->read(g, &v, 8).ok());
-    EXPECT_EQ(v, 0u) << "the freed word's add landed in " << g.to_string();
-  }
+  expect_a_freed_coherent_word_refused(*client, *freer, [](const AccessCounters& c) {
+    EXPECT_EQ(c.direct_remote, 3u) << "the adds went one-sided";
+    EXPECT_EQ(c.message + c.through_daemon, 0u);
+  });
 }
 
 TEST_P(ClusterTest, CliWorksAcrossNodes) {
