@@ -13,10 +13,7 @@
 namespace tiermem {
 namespace {
 
-class ScheduleTest : public test::ExecClusterTest {
- protected:
-  std::string run(int world, const std::vector<std::string>& args) { return run_ranks(world, args); }
-};
+class ScheduleTest : public test::ExecClusterTest {};
 
 // --schedule 1f1b: one backward after each forward once the pipeline is
 // full. The plan keeps fewer micro-batches' activations (one on a single

@@ -31,9 +31,6 @@ std::string slurp(const std::string& path) { return test::read_file(path); }
 
 class TrainerResumeTest : public test::ExecClusterTest {
  protected:
-  std::string run(int world, const std::vector<std::string>& args, int* rc = nullptr) {
-    return run_ranks(world, args, rc);
-  }
   void resume_after(const std::string& job, const std::function<void(Rank&)>& disturb);
 };
 

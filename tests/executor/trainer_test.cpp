@@ -34,13 +34,7 @@ std::string slurp(const std::string& path) { return test::read_file(path); }
 
 using Rank = test::ExecRank;
 
-class TrainerTest : public test::ExecClusterTest {
- protected:
-  // Runs `world` ranks, rank r on node r % 2 + 1; returns rank 0's log.
-  std::string run(int world, const std::vector<std::string>& args, int* rc = nullptr) {
-    return run_ranks(world, args, rc);
-  }
-};
+class TrainerTest : public test::ExecClusterTest {};
 
 TEST_F(TrainerTest, PipelineOfTwoRanksOnTwoDaemonsLearnsTheDigits) {
   const std::string trace = m_dir + "/trace.json";
@@ -414,6 +408,18 @@ TEST_F(TrainerTest, GptLearnsTheCorpusAndAMissingCorpusIsAClearError) {
   EXPECT_EQ(mixed.exit_code, 1) << mixed.out;
   EXPECT_NE(mixed.err.find("job 'learn' keeps its parameters laid out otherwise"), std::string::npos) << mixed.err;
   EXPECT_NE(mixed.err.find("(trained from another model)"), std::string::npos) << mixed.err;
+  // A record zeroed (as a tiermem-exec before it left the job) is refused as
+  // kept by an older binary. executor/runtime/state/arenas.hpp: k_info_layout.
+  auto scribbler = m_cluster->node(1).connect("scribbler");
+  ASSERT_NE(scribbler, nullptr);
+  auto info = scribbler->lookup("learn.r0.info");
+  ASSERT_TRUE(info.ok()) << info.status().to_string();
+  constexpr uint64_t k_info_layout = (34u << 10) + 24;
+  const std::vector<unsigned char> zeros(24, 0);
+  ASSERT_TRUE(scribbler->write(info->gva.plus(k_info_layout), zeros.data(), zeros.size()).ok());
+  auto older = test::run_command({test::exec_path(), "sample", model("gpt_tiny"), "--socket", socket(1), "--job", "learn"});
+  EXPECT_EQ(older.exit_code, 1) << older.out;
+  EXPECT_NE(older.err.find("(kept by an older tiermem-exec)"), std::string::npos) << older.err;
   int rc = 0;
   logs = run(1, {model("gpt_tiny"), "--job", "nocorpus", "--data", m_dir + "/no-such-corpus", "--steps", "1"}, &rc);
   EXPECT_EQ(rc, 1);

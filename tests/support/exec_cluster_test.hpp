@@ -39,7 +39,7 @@ class ExecClusterTest : public ::testing::Test {
   // Runs `world` ranks of tiermem-exec with `args`, rank r next to node
   // r % 2 + 1, and waits for them; returns their logs. A rank that failed
   // fails the case unless `rc` takes the worst exit code.
-  std::string run_ranks(int world, const std::vector<std::string>& args, int* rc = nullptr) {
+  std::string run(int world, const std::vector<std::string>& args, int* rc = nullptr) {
     std::vector<std::unique_ptr<ExecRank>> ranks;
     for (int r = 0; r < world; ++r) {
       ranks.push_back(std::make_unique<ExecRank>(r, world, m_cluster->node(r % 2 + 1).socket(), args,
@@ -60,7 +60,7 @@ class ExecClusterTest : public ::testing::Test {
 
   std::unique_ptr<TestCluster> m_cluster;
   std::string m_dir;  // the cluster's directory: logs, losses, traces
-  int m_runs = 0;     // run_ranks calls so far
+  int m_runs = 0;     // run calls so far
 };
 
 }  // namespace tiermem::test

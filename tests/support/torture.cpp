@@ -226,7 +226,12 @@ std::map<std::string, Expected> replay(const std::vector<std::string>& logs, Tal
 void check(Client& c, const std::map<std::string, Expected>& model, Tally* t) {
   std::map<std::string, std::string> live;  // GVA -> name of what must be there
   for (const auto& [name, e] : model) {
-    if (!e.freed) live[e.gva] = name;
+    if (e.freed) continue;
+    if (const auto [at, fresh] = live.emplace(e.gva, name); !fresh) {
+      ++t->lost;  // two acknowledged allocations at one GVA: one of them is not there
+      std::fprintf(stderr, "torture: %s and %s were both given %s and neither was freed\n", at->second.c_str(),
+                   name.c_str(), e.gva.c_str());
+    }
   }
   for (const auto& [name, e] : model) {
     const Gva gva = *Gva::parse(e.gva);
