@@ -13,7 +13,8 @@
 // and the head width has a kernel (16, 32, 64, 128). Each output is written by
 // one block, in a fixed order: the same bits every run (no atomics).
 //
-// CUDA only (wmma); the HIP build check (kernels.cu) does not cover it.
+// CUDA only (mma.sync, ldmatrix, cp.async: sm_80 and later); the HIP build
+// check (kernels.cu) does not cover it.
 #pragma once
 
 #include <cuda_runtime_api.h>
