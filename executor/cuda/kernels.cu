@@ -291,19 +291,23 @@ __global__ void layer_norm_dx_k(const float* x, const float* gamma, const float*
   }
 }
 
-// One warp per row: max (first arg-max), sum of exponentials.
+// One warp per row: max (first arg-max), sum of exponentials. Each lane
+// takes every 32nd value in order; the loops are unrolled so that a lane has
+// several loads in flight (the same order of use: the same bits).
 struct RowSoftmax {
   float max;
   int arg;
   float sum;
 };
 
-__device__ RowSoftmax row_softmax(const float* row, int64_t c) {
+__device__ RowSoftmax row_softmax(const float* __restrict__ row, int64_t c) {
   const int lane = threadIdx.x % 32;
   float max = -INFINITY;
   int arg = 0x7fffffff;
+#pragma unroll 8
   for (int64_t j = lane; j < c; j += 32) {
-    if (row[j] > max) max = row[j], arg = static_cast<int>(j);
+    const float v = row[j];
+    if (v > max) max = v, arg = static_cast<int>(j);
   }
   for (int o = 16; o > 0; o /= 2) {
     const float om = TIERMEM_SHFL_XOR(max, o);
@@ -311,6 +315,7 @@ __device__ RowSoftmax row_softmax(const float* row, int64_t c) {
     if (om > max || (om == max && oa < arg)) max = om, arg = oa;
   }
   float sum = 0;
+#pragma unroll 8
   for (int64_t j = lane; j < c; j += 32) sum += expf(row[j] - max);
   for (int o = 16; o > 0; o /= 2) sum += TIERMEM_SHFL_XOR(sum, o);
   return {max, arg, sum};
@@ -349,12 +354,13 @@ __global__ void softmax_xent_total_k(const float* row_loss, const int32_t* row_r
   *hits += static_cast<unsigned long long>(total_right);
 }
 
-__global__ void softmax_xent_grad_k(const float* logits, const int32_t* labels, float* dlogits, int64_t m, int64_t c,
-                                    float scale, bool accumulate) {
+__global__ void softmax_xent_grad_k(const float* __restrict__ logits, const int32_t* labels,
+                                    float* __restrict__ dlogits, int64_t m, int64_t c, float scale, bool accumulate) {
   const int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   if (r >= m) return;
   const float* row = logits + r * c;
   const RowSoftmax s = row_softmax(row, c);
+#pragma unroll 4
   for (int64_t j = threadIdx.x % 32; j < c; j += 32) {
     const float p = expf(row[j] - s.max) / s.sum;
     const float g = (p - (j == labels[r] ? 1.0f : 0.0f)) * scale;
