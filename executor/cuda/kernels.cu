@@ -31,14 +31,16 @@ __global__ void bias_add_k(const float* x, const float* b, float* y, int64_t m, 
 constexpr int64_t k_sum_chunk = 128;
 
 template <bool k_layer_norm>
-__global__ void column_partials_k(const float* dy, const float* x, const float* mean, const float* rstd,
-                                  float* partial, float* partial_x, int64_t m, int64_t n) {
+__global__ void column_partials_k(const float* __restrict__ dy, const float* __restrict__ x,
+                                  const float* __restrict__ mean, const float* __restrict__ rstd, float* partial,
+                                  float* partial_x, int64_t m, int64_t n) {
   __shared__ float part[8][33];
   __shared__ float part_x[8][33];
   const int64_t j = blockIdx.x * 32 + threadIdx.x;
   const int64_t first = blockIdx.y * k_sum_chunk, last = min(m, first + k_sum_chunk);
   float s = 0, sx = 0;
   if (j < n) {
+#pragma unroll 4
     for (int64_t r = first + threadIdx.y; r < last; r += 8) {
       const float g = dy[r * n + j];
       s += g;
@@ -58,11 +60,14 @@ __global__ void column_partials_k(const float* dy, const float* x, const float* 
   if (k_layer_norm) partial_x[blockIdx.y * n + j] = total_x;
 }
 
+// A thread a column: few threads, each a long chain of loads; unrolled so
+// that several are in flight (added in the same order: the same bits).
 template <bool k_layer_norm>
-__global__ void column_totals_k(const float* partial, const float* partial_x, float* sum_dy, float* sum_dyx,
-                                int64_t chunks, int64_t n, bool accumulate) {
+__global__ void column_totals_k(const float* __restrict__ partial, const float* __restrict__ partial_x,
+                                float* sum_dy, float* sum_dyx, int64_t chunks, int64_t n, bool accumulate) {
   TIERMEM_FOR_EACH(j, n) {
     float total = 0, total_x = 0;
+#pragma unroll 16
     for (int64_t c = 0; c < chunks; ++c) {
       total += partial[c * n + j];
       if (k_layer_norm) total_x += partial_x[c * n + j];
