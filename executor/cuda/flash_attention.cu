@@ -203,6 +203,24 @@ __device__ void write_rows(const float (&f)[DH / 8][4], const Lane& me, float* t
   }
 }
 
+// The K and V tiles of key block kb in kv's double buffer (there on
+// return), the next block's copies (up to block `last`) issued into the
+// other half, whose readers of the step before are done.
+template <int DH>
+__device__ const bf16* key_tiles(bf16* kv, const Shape& sh, int64_t seq_row0, int64_t g, int kb, int last) {
+  constexpr int L = DH + 8;
+  if (kb < last) {
+    bf16* next = kv + ((kb + 1) % 2) * 2 * k_block * L;
+    const int64_t r0 = static_cast<int64_t>(kb + 1) * k_block;
+    async_tile<DH>(next, sh.qkv, sh.ld, seq_row0, r0, sh.t, sh.d + g * DH);
+    async_tile<DH>(next + k_block * L, sh.qkv, sh.ld, seq_row0, r0, sh.t, sh.d + sh.dkv + g * DH);
+  }
+  commit();
+  wait<1>();
+  __syncthreads();
+  return kv + (kb % 2) * 2 * k_block * L;
+}
+
 template <int DH>
 __global__ void __launch_bounds__(k_threads) forward_k(Shape sh, float* y, float* lse, float* ostash) {
   constexpr int L = DH + 8;
@@ -224,16 +242,8 @@ __global__ void __launch_bounds__(k_threads) forward_k(Shape sh, float* y, float
   commit();
   for (int kb = 0; kb <= qb; ++kb) {
     const int64_t k0 = static_cast<int64_t>(kb) * k_block;
-    bf16* ks = kv + (kb % 2) * 2 * k_block * L;
-    bf16* vs = ks + k_block * L;
-    if (kb < qb) {  // the next tile's, into the other half (read by the step before, done)
-      bf16* nk = kv + ((kb + 1) % 2) * 2 * k_block * L;
-      async_tile<DH>(nk, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + g * DH);
-      async_tile<DH>(nk + k_block * L, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + sh.dkv + g * DH);
-    }
-    commit();
-    wait<1>();
-    __syncthreads();
+    const bf16* ks = key_tiles<DH>(kv, sh, seq_row0, g, kb, qb);
+    const bf16* vs = ks + k_block * L;
     const int hi = kb == qb ? warp + 1 : 4;  // key groups past the warp's queries: all masked
     float s[8][4];
     scores<DH>(s, qs, warp * 16, ks, 0, hi);
@@ -344,16 +354,8 @@ __global__ void __launch_bounds__(k_threads) dq_k(Shape sh, const bf16* dy, cons
   float dq[DH / 8][4] = {};
   for (int kb = 0; kb <= qb; ++kb) {
     const int64_t k0 = static_cast<int64_t>(kb) * k_block;
-    bf16* ks = kv + (kb % 2) * 2 * k_block * L;
-    bf16* vs = ks + k_block * L;
-    if (kb < qb) {
-      bf16* nk = kv + ((kb + 1) % 2) * 2 * k_block * L;
-      async_tile<DH>(nk, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + g * DH);
-      async_tile<DH>(nk + k_block * L, sh.qkv, sh.ld, seq_row0, k0 + k_block, t, sh.d + sh.dkv + g * DH);
-    }
-    commit();
-    wait<1>();
-    __syncthreads();
+    const bf16* ks = key_tiles<DH>(kv, sh, seq_row0, g, kb, qb);
+    const bf16* vs = ks + k_block * L;
     const int hi = kb == qb ? warp + 1 : 4;
     float s[8][4], dp[8][4];
     scores<DH>(s, qs, warp * 16, ks, 0, hi);
